@@ -1,0 +1,67 @@
+"""control: the daemon answers get_default_active_thread_percentage within its bound.
+
+Absent (the client's rc 1 'Cannot find MPS control daemon process'), erroring (any
+other output: the client exits 0 on errors) and wedged (no answer: a stopped daemon
+makes the client hang forever) are different failures with different codes.
+"""
+
+from typing import Iterator, Mapping
+
+from mps_health.config import Config
+from mps_health.facts import ControlAnswer, Facts
+from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+
+NAME = "control"
+
+
+def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
+    reset = f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+    latency = (("latency_s", answer.latency_s),)
+    if answer.status == "exec-failed":
+        return Result(NAME, UNKNOWN, "control-client-missing", name, answer.detail,
+                      "install the CUDA MPS binaries or set commands.nvidia-cuda-mps-control "
+                      "in the config")
+    if answer.status == "skipped":
+        return Result(NAME, UNKNOWN, "control-busy", name, answer.detail,
+                      "another mps-health run is querying this daemon; if this persists, "
+                      "look for a hung mps-health process")
+    if answer.status == "timeout":
+        return Result(NAME, CRITICAL, "control-wedged", name,
+                      f"the control daemon did not answer within {answer.latency_s:.1f}s "
+                      "(wedged: clients and queries hang)", reset, latency)
+    if answer.status == "absent":
+        return Result(NAME, CRITICAL, "control-absent", name,
+                      "the client cannot find a control daemon for this pipe dir", reset, latency)
+    if answer.status != "ok":
+        return Result(NAME, CRITICAL, "control-error", name,
+                      f"the control daemon answered with an error: {answer.detail}", reset,
+                      latency)
+    percentage = float(answer.stdout.splitlines()[0])
+    values = (("latency_s", answer.latency_s), ("thread_percentage", percentage))
+    expected = config.control.expected_thread_percentage
+    if expected is not None and abs(percentage - expected) > 0.05:
+        return Result(NAME, WARNING, "control-percentage", name,
+                      f"default active thread percentage is {percentage:g}, expected "
+                      f"{expected:g}", f"run: echo set_default_active_thread_percentage "
+                      f"{expected:g} | nvidia-cuda-mps-control (with this instance's pipe dir)",
+                      values)
+    if answer.latency_s > config.control.warn_latency_s:
+        return Result(NAME, WARNING, "control-slow", name,
+                      f"the control daemon took {answer.latency_s:.2f}s to answer "
+                      f"(warning above {config.control.warn_latency_s:g}s)",
+                      "look for a loaded or swapping node; check the daemon's control.log",
+                      values)
+    return ok(NAME, name, f"answered in {answer.latency_s * 1000:.0f} ms "
+              f"(default active thread percentage {percentage:g})",
+              latency_s=answer.latency_s, thread_percentage=percentage)
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    answers: Mapping[str, ControlAnswer] = facts.sources["control"]  # type: ignore[assignment]
+    for inst in facts.instances:
+        answer = answers.get(inst.name)
+        if answer is None:
+            yield Result(NAME, UNKNOWN, "control-not-asked", inst.name,
+                         "no control query was made for this instance", "")
+        else:
+            yield judge(inst.name, answer, config)

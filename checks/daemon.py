@@ -1,0 +1,149 @@
+"""daemon: a live (not zombie) nvidia-cuda-mps-control serves each instance.
+
+Neither the control socket nor the pid file proves a daemon is alive (both survive a
+SIGKILL), so liveness comes from the process table: a control process whose
+CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreadable,
+the live control process the pid file names.
+"""
+
+import os
+from typing import Iterator, List, Mapping, Optional, Tuple
+
+from mps_health.config import Config
+from mps_health.facts import DirFact, Facts, Instance, ProcessFact
+from mps_health.results import CRITICAL, OK, WARNING, Result, ok
+
+NAME = "daemon"
+
+
+def _reset(inst: Instance) -> str:
+    return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
+
+
+def _pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+    if root in ("", "/"):
+        return (inst.pipe_dir,)
+    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
+
+
+def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
+                 root: str = "/") -> List[ProcessFact]:
+    """The live control daemons serving ``inst``, by environ or else by pid file."""
+    paths = _pipe_paths(inst, root)
+    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
+    found = [p for p in controls if p.pipe_dir in paths]
+    if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
+        named = int(pipe.pid_file)
+        found = [p for p in controls if p.pid == named and not p.environ_readable]
+    return found
+
+
+def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
+    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    if user == "any":
+        return None
+    if user == "job":
+        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
+                    config: Config, root: str) -> Iterator[Result]:
+    live = live_daemons(inst, procs, pipe, root)
+    severity = WARNING if inst.layout == "per-job" else CRITICAL
+    if not live:
+        stale = []
+        if pipe is not None and pipe.kind == "dir":
+            names = {e.name for e in pipe.entries}
+            if pipe.pid_file:
+                stale.append(f"pid file names {pipe.pid_file}, which is not a live daemon")
+            if "control" in names:
+                stale.append("control socket left behind")
+        if stale:
+            yield Result(NAME, severity, "daemon-stale", inst.name,
+                         f"no live nvidia-cuda-mps-control for {inst.pipe_dir}: "
+                         + "; ".join(stale) + " (clients silently run without MPS)",
+                         _reset(inst), (("daemon_up", 0.0),))
+        else:
+            yield Result(NAME, severity, "daemon-absent", inst.name,
+                         f"no nvidia-cuda-mps-control serves {inst.pipe_dir}",
+                         _reset(inst), (("daemon_up", 0.0),))
+        return
+    if len(live) > 1:
+        pids = ", ".join(str(p.pid) for p in live)
+        yield Result(NAME, CRITICAL, "daemon-duplicate", inst.name,
+                     f"{len(live)} control daemons share {inst.pipe_dir} (pids {pids})",
+                     _reset(inst), (("daemon_up", 1.0),))
+        return
+    daemon = live[0]
+    values = (("daemon_up", 1.0), ("daemon_pid", float(daemon.pid)))
+    if daemon.state in ("T", "t"):
+        yield Result(NAME, CRITICAL, "daemon-stopped", inst.name,
+                     f"control daemon {daemon.pid} is stopped (state {daemon.state}): "
+                     "every client and query hangs", _reset(inst), values)
+        return
+    if daemon.state == "D":
+        yield Result(NAME, WARNING, "daemon-uninterruptible", inst.name,
+                     f"control daemon {daemon.pid} is in uninterruptible sleep (state D)",
+                     "if this persists, check the GPU driver (dmesg) and then "
+                     + _reset(inst), values)
+        return
+    if config.mps.forbid_root_daemon and daemon.uid == 0:
+        yield Result(NAME, CRITICAL, "daemon-root", inst.name,
+                     f"control daemon {daemon.pid} runs as root where per-user daemons are "
+                     "required: any user can send it privileged commands", _reset(inst), values)
+        return
+    want = expected_uid(config.mps.daemon_user, pipe)
+    if want is not None and daemon.uid != want:
+        yield Result(NAME, WARNING, "daemon-wrong-user", inst.name,
+                     f"control daemon {daemon.pid} runs as uid {daemon.uid}, expected {want} "
+                     f"({config.mps.daemon_user})", _reset(inst), values)
+        return
+    yield ok(NAME, inst.name, f"control daemon {daemon.pid} serves {inst.pipe_dir}",
+             daemon_up=1.0, daemon_pid=float(daemon.pid))
+
+
+def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
+    live_controls = {p.pid: p for p in procs if p.role == "control" and p.state not in "ZX"}
+    for p in procs:
+        if p.role != "server" or p.state in ("Z", "X"):
+            continue
+        parent_alive = p.ppid in live_controls
+        same_dir = any(c.pipe_dir is not None and c.pipe_dir == p.pipe_dir
+                       for c in live_controls.values())
+        if not parent_alive and not same_dir:
+            yield Result(NAME, CRITICAL, "server-orphaned", "",
+                         f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}) runs with no control "
+                         f"daemon{' for ' + p.pipe_dir if p.pipe_dir else ''}",
+                         "run 'mps-health remediate reset' for its instance")
+
+
+def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], root: str,
+                layout: str) -> Iterator[Result]:
+    known = {path for i in insts for path in _pipe_paths(i, root)}
+    for p in procs:
+        if p.role == "control" and p.state not in ("Z", "X") and p.pipe_dir is not None \
+                and p.pipe_dir not in known and layout != "per-job":
+            yield Result(NAME, WARNING, "daemon-unexpected", "",
+                         f"control daemon {p.pid} (uid {p.uid}) serves {p.pipe_dir}, which no "
+                         "configured instance uses", "stop it, or add it to the config's mps "
+                         "section")
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]
+    dirs: Mapping[str, DirFact] = facts.sources["dirs"]  # type: ignore[assignment]
+    for inst in facts.instances:
+        yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
+    yield from _orphaned_servers(procs)
+    yield from _unexpected(procs, facts.instances, facts.root, config.mps.layout)
+    if not facts.instances:
+        yield Result(NAME, OK, "ok", "", "no MPS instance on this node (per-job layout, no job)")
+

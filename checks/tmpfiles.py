@@ -1,0 +1,82 @@
+"""tmpfiles: systemd-tmpfiles will not delete the pipe dirs while MPS idles.
+
+A pipe dir is at risk when an age-limited rule (d, D, e, v, q, Q with an age) covers
+one of its parents: after the age passes with no new client, the sockets are removed
+and the next job fails to reach MPS. It is guarded by an ``x`` rule matching the dir
+or a parent (the dir and its contents), or by ``X`` on the dir plus ``x`` on its
+contents. Globs match one path component at a time, as systemd's FNM_PATHNAME does.
+"""
+
+from typing import Iterator, Optional, Tuple
+
+from mps_health.config import Config
+from mps_health.facts import Facts, TmpfilesFacts, TmpfilesRule
+from mps_health.results import OK, WARNING, Result, ok
+
+NAME = "tmpfiles"
+AGING_TYPES = frozenset("dDevqQ")
+
+
+def path_match(pattern: str, path: str) -> bool:
+    """fnmatch with FNM_PATHNAME: '*' never crosses a '/'."""
+    if not any(c in pattern for c in "*?["):
+        return pattern.rstrip("/") == path.rstrip("/")
+    from fnmatch import fnmatchcase  # only for glob rules
+
+    pat_parts = pattern.rstrip("/").split("/")
+    path_parts = path.rstrip("/").split("/")
+    return len(pat_parts) == len(path_parts) and all(
+        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
+
+
+def _ancestors_and_self(path: str) -> Tuple[str, ...]:
+    parts = path.rstrip("/").split("/")
+    return tuple("/".join(parts[:i]) or "/" for i in range(2, len(parts) + 1))
+
+
+def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
+    """The rule that would age ``path`` (a rule with an age on one of its parents)."""
+    parents = _ancestors_and_self(path)[:-1] or ("/",)
+    for rule in rules:
+        if rule.type in AGING_TYPES and rule.age not in ("-", "", "0"):
+            if any(path_match(rule.path, p) for p in parents):
+                return rule
+    return None
+
+
+def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
+    lower_x = [r.path for r in rules if r.type == "x"]
+    upper_x = [r.path for r in rules if r.type == "X"]
+    whole = any(path_match(p, a) for p in lower_x for a in _ancestors_and_self(path))
+    if whole:
+        return True
+    contents = any(path_match(p, path + "/control") for p in lower_x)
+    itself = any(path_match(p, path) for p in upper_x)
+    return contents and itself
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    tf: TmpfilesFacts = facts.sources["tmpfiles"]  # type: ignore[assignment]
+    if not tf.available:
+        yield Result(NAME, OK, "ok", "", "no tmpfiles.d directories: systemd-tmpfiles "
+                     "does not clean this node")
+        return
+    paths = [(i.name, i.pipe_dir) for i in facts.instances]
+    if config.mps.layout == "per-job":
+        # Judge the template itself: a job started tomorrow must be guarded too.
+        sample = config.mps.pipe_dir.format(job="1", gpu="0")
+        paths = [("per-job", sample)] + paths
+    for name, path in paths:
+        rule = aging_rule(tf.rules, path)
+        if guarded(tf.rules, path):
+            yield ok(NAME, name, f"{path} is excluded from systemd-tmpfiles cleaning",
+                     guarded=1.0)
+        elif rule is not None or config.tmpfiles.require_guard:
+            why = (f"{rule.file}:{rule.line} ages {rule.path} after {rule.age}" if rule
+                   else "the config requires a guard")
+            yield Result(NAME, WARNING, "tmpfiles-unguarded", name,
+                         f"{path} is not excluded from systemd-tmpfiles cleaning ({why}): "
+                         "idle MPS sockets will be deleted",
+                         "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
+        else:
+            yield ok(NAME, name, f"{path} is not under an aged path", guarded=0.0)

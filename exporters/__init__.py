@@ -1,0 +1,1 @@
+"""Presentation stage: outputs only format a Report; they never probe or judge."""

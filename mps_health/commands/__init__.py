@@ -1,0 +1,1 @@
+"""One module per ``mps-health`` subcommand: ``register(parser)`` returns its handler."""

@@ -1,0 +1,62 @@
+"""``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3."""
+
+import argparse
+from typing import Callable
+
+from ..cli import add_common
+from .common import fail, load_config, names
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("-v", "--verbose", action="store_true", help="also list what is OK, and timings")
+    p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
+    p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
+    p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot instead of this node")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="time allowed for gathering facts (default: the config's budget_s)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import engine
+
+    replay = None
+    if args.replay:
+        from ..config import ConfigError, from_mapping
+        from ..snapshot import SnapshotError, loads
+
+        try:
+            with open(args.replay, encoding="utf-8") as f:
+                replay, saved_config = loads(f.read(), args.replay)
+        except OSError as e:
+            return fail(f"{args.replay}: cannot read: {e.strerror}")
+        except SnapshotError as e:
+            return fail(str(e))
+        if args.config:
+            config = load_config(args)
+        else:
+            try:
+                config = from_mapping(saved_config, f"{args.replay} (its config)")
+            except ConfigError as e:
+                return fail(str(e))
+    else:
+        config = load_config(args)
+    if config is None:
+        return 3
+    if args.budget is not None and not 0.1 <= args.budget <= 300:
+        return fail("--budget must be between 0.1 and 300 seconds")
+    try:
+        _, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
+    except engine.SelectionError as e:
+        return fail(str(e))
+    if args.format == "json":
+        from ..exporters import json as json_out
+
+        print(json_out.render(report))
+    else:
+        from ..exporters import text
+
+        print(text.render(report, verbose=args.verbose))
+    return report.state

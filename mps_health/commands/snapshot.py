@@ -1,0 +1,49 @@
+"""``mps-health snapshot -o FILE``: save every fact the checks would read, as JSON."""
+
+import argparse
+import os
+from typing import Callable
+
+from ..cli import add_common
+from .common import fail, load_config
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="where to write the snapshot ('-' for stdout)")
+    p.add_argument("--all", action="store_true",
+                   help="gather every known source, not only those the enabled checks need")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import engine, registry
+    from ..context import Context
+    from ..snapshot import dumps
+
+    config = load_config(args)
+    if config is None:
+        return 3
+    import time
+
+    if args.all:
+        needs = list(registry.SOURCES)
+    else:
+        needs = [n for c in engine.select_checks(config) for n in c.needs]
+    ctx = Context(config, args.root, time.monotonic() + config.budget_s)
+    facts = engine.gather(ctx, needs)
+    text = dumps(facts, config.raw)
+    if args.output == "-":
+        print(text)
+        return 0
+    tmp = f"{args.output}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, args.output)
+    except OSError as e:
+        return fail(f"{args.output}: cannot write: {e.strerror}")
+    print(f"snapshot of {facts.node} written to {args.output} "
+          f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
+    return 0

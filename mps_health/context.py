@@ -1,0 +1,38 @@
+"""What every probe is handed: the config, the system root and the run's deadline.
+
+``root`` is node_exporter's ``--path.rootfs``: every absolute path a probe reads is
+taken under it, so a whole fixture tree can stand in for a node.
+"""
+
+import os
+import time
+from typing import Mapping, NamedTuple, Optional
+
+from .config import Config
+
+
+class Context(NamedTuple):
+    config: Config
+    root: str = "/"
+    deadline: float = float("inf")  # time.monotonic() by which every fact must be in
+    env: Optional[Mapping[str, str]] = None  # environment for commands (default: ours)
+
+    def path(self, absolute: str) -> str:
+        """``absolute`` as seen under the configured root."""
+        if self.root in ("", "/"):
+            return absolute
+        return os.path.join(self.root, absolute.lstrip("/"))
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def proc(self) -> str:
+        return self.path("/proc")
+
+
+def node_name(config: Config, environ: Optional[Mapping[str, str]] = None) -> str:
+    """SLURMD_NODENAME (set by slurmd), else the config's node_name, else the short hostname."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("SLURMD_NODENAME") or config.node_name
+    return name or os.uname().nodename.split(".")[0]

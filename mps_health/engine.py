@@ -1,0 +1,132 @@
+"""The run: gather the facts the chosen checks need, then judge them.
+
+Sources that wait on other programs (the control client, scontrol) run in threads of
+their own against the run's deadline; a source that misses it, or fails, leaves one
+line in ``Facts.errors`` and makes only the checks that need it UNKNOWN, so one wedged
+daemon never hides the other results.
+"""
+
+import threading
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import __version__, instances, registry
+from .config import Config
+from .context import Context, node_name
+from .facts import Facts, Instance
+from .results import UNKNOWN, CheckRun, Report, Result
+
+
+class SelectionError(ValueError):
+    """--only/--skip or the config named a check that does not exist."""
+
+
+def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
+                  ) -> List[registry.CheckSpec]:
+    for name in (*only, *skip, *config.enable, *config.disable):
+        if name not in registry.CHECKS:
+            known = ", ".join(sorted(registry.CHECKS))
+            raise SelectionError(f"unknown check '{name}' (known: {known})")
+    if only:
+        names = list(only)
+    elif config.enable:
+        names = list(config.enable)
+    else:
+        names = [c.name for c in registry.CHECKS.values() if c.default_on]
+    dropped = set(skip) | set(config.disable)
+    return [registry.CHECKS[n] for n in names if n not in dropped]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def gather(ctx: Context, needs: Iterable[str]) -> Facts:
+    """Gather every needed source once; never raises, never outlives ``ctx.deadline``."""
+    started = time.time()
+    wanted = [registry.SOURCES[n] for n in dict.fromkeys(needs) if n in registry.SOURCES]
+    values: Dict[str, object] = {}
+    errors: Dict[str, str] = {}
+    durations: Dict[str, float] = {}
+    try:
+        insts = instances.gather(ctx)
+    except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
+        insts = ()
+        errors["instances"] = _one_line(e)
+
+    def collect(src: registry.Source) -> None:
+        t0 = time.monotonic()
+        try:
+            values[src.name] = registry.load(src.target)(ctx, insts)
+        except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
+            errors[src.name] = _one_line(e)
+        durations[src.name] = time.monotonic() - t0
+
+    threads: List[Tuple[registry.Source, threading.Thread]] = []
+    for src in wanted:
+        if src.blocking:
+            t = threading.Thread(target=collect, args=(src,), daemon=True)
+            t.start()
+            threads.append((src, t))
+    for src in wanted:
+        if not src.blocking:
+            collect(src)
+    for src, t in threads:
+        t.join(ctx.remaining())
+        if t.is_alive():
+            errors[src.name] = "did not finish within the run's budget"
+    return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
+                 errors, durations)
+
+
+def judge(facts: Facts, config: Config, checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
+    """Run each check over the facts. A check never raises out of here."""
+    runs: List[CheckRun] = []
+    for spec in checks:
+        t0 = time.monotonic()
+        missing = [n for n in spec.needs if n not in facts.sources]
+        if "instances" in facts.errors:
+            missing.insert(0, "instances")
+        if missing:
+            why = "; ".join(f"{n}: {facts.errors.get(n, 'not gathered')}" for n in missing)
+            result = Result(spec.name, UNKNOWN, "facts-unavailable", "",
+                            f"cannot judge: {why}", "run 'mps-health check -v' as root")
+            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0))
+            continue
+        try:
+            fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
+            results = tuple(fn(facts, config))
+            runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
+        except Exception as e:
+            result = Result(spec.name, UNKNOWN, "check-failed", "",
+                            f"the check itself failed: {_one_line(e)}",
+                            "report this as a bug with 'mps-health snapshot'")
+            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0, _one_line(e)))
+    return tuple(runs)
+
+
+def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
+        budget_s: Optional[float] = None, replay: Optional[Facts] = None
+        ) -> Tuple[Facts, Report]:
+    """Gather (or replay) and judge. Raises SelectionError for unknown check names."""
+    t0 = time.monotonic()
+    checks = select_checks(config, only, skip)
+    if replay is None:
+        budget = budget_s if budget_s is not None else config.budget_s
+        ctx = Context(config, root, t0 + budget)
+        facts = gather(ctx, [n for c in checks for n in c.needs])
+    else:
+        facts = replay
+    runs = judge(facts, config, checks)
+    report = Report(facts.node, facts.taken_at, time.monotonic() - t0, runs,
+                    dict(facts.durations), __version__)
+    return facts, report
+
+
+def instance_names(facts: Facts) -> List[str]:
+    return [i.name for i in facts.instances]
+
+
+def find_instance(facts: Facts, name: str) -> Optional[Instance]:
+    return next((i for i in facts.instances if i.name == name), None)

@@ -1,0 +1,89 @@
+"""Which MPS instances this node should have, from the config's layout.
+
+node: one daemon for the node. per-gpu: one per listed GPU. per-job: one per pipe dir
+a prolog created, found on disk by the configured template (``{job}``, and ``{gpu}``
+where a job holds several GPUs, in the last path component).
+"""
+
+import os
+from typing import List, Tuple
+
+from .config import Config
+from .context import Context
+from .facts import Instance
+
+
+def configured(config: Config) -> Tuple[Instance, ...]:
+    """Instances known from the config alone (none for per-job)."""
+    mps = config.mps
+    if mps.layout == "node":
+        return (Instance("node", "node", mps.pipe_dir, mps.log_dir),)
+    if mps.layout == "per-gpu":
+        return tuple(
+            Instance(f"gpu{g}", "per-gpu", mps.pipe_dir.format(gpu=g), mps.log_dir.format(gpu=g),
+                     gpu=g)
+            for g in mps.gpus
+        )
+    return ()
+
+
+def job_pattern(template: str):  # -> re.Pattern
+    """A regex for the last component of a per-job pipe dir template."""
+    import re  # only for the per-job layout
+
+    name = os.path.basename(template)
+    out = ""
+    for literal, field in _split_fields(name):
+        out += re.escape(literal)
+        if field == "job":
+            out += r"(?P<job>[0-9]+)"
+        elif field == "gpu":
+            out += r"(?P<gpu>[0-9A-Za-z-]+?)"
+        elif field:
+            raise ValueError(f"unknown field {{{field}}} in {template!r}")
+    return re.compile(out + r"\Z")
+
+
+def _split_fields(text: str) -> List[Tuple[str, str]]:
+    parts: List[Tuple[str, str]] = []
+    while text:
+        start = text.find("{")
+        if start < 0:
+            parts.append((text, ""))
+            break
+        end = text.find("}", start)
+        if end < 0:
+            parts.append((text, ""))
+            break
+        parts.append((text[:start], text[start + 1:end]))
+        text = text[end + 1:]
+    return parts
+
+
+def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
+    """Per-job instances: every entry in the pipe dir's parent that fits the template."""
+    mps = ctx.config.mps
+    parent = os.path.dirname(mps.pipe_dir)
+    pattern = job_pattern(mps.pipe_dir)
+    try:
+        names = sorted(os.listdir(ctx.path(parent)))
+    except OSError:
+        return ()
+    found: List[Instance] = []
+    for name in names:
+        m = pattern.match(name)
+        if not m:
+            continue
+        job = m.group("job")
+        gpu = m.groupdict().get("gpu")
+        fields = {"job": job, "gpu": gpu or ""}
+        label = f"job{job}" + (f"-gpu{gpu}" if gpu else "")
+        found.append(Instance(label, "per-job", os.path.join(parent, name),
+                              mps.log_dir.format(**fields), gpu=gpu, job_id=job))
+    return tuple(found)
+
+
+def gather(ctx: Context) -> Tuple[Instance, ...]:
+    if ctx.config.mps.layout == "per-job":
+        return discover_jobs(ctx)
+    return configured(ctx.config)

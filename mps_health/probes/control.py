@@ -1,0 +1,114 @@
+"""Ask each instance's control daemon one question through the real client.
+
+``echo get_default_active_thread_percentage | nvidia-cuda-mps-control`` with the
+instance's CUDA_MPS_PIPE_DIRECTORY. The client exits 1 only when it cannot reach a
+daemon; every other error exits 0 and must be read from stdout. A stopped daemon makes
+the client hang forever, so every query has a deadline and is killed with its process
+group. All instances are asked at once against one deadline, and a lock file makes our
+own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
+"""
+
+import os
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..context import Context
+from ..facts import ControlAnswer, Instance
+from ..runner import Completed, Pending, child_env, wait_all
+
+QUERY = "get_default_active_thread_percentage"
+NO_DAEMON = "Cannot find MPS control daemon process"
+
+
+def classify(command: str, done: Completed) -> ControlAnswer:
+    """Turn one finished client run into an answer (pure: tested on captured output)."""
+    out, err = done.stdout.strip(), done.stderr.strip()
+    if done.exec_error is not None:
+        return ControlAnswer(command, "exec-failed", None, "", "", 0.0, done.exec_error)
+    if done.timed_out:
+        return ControlAnswer(command, "timeout", None, out, err, done.elapsed_s,
+                             f"no answer within {done.elapsed_s:.1f}s")
+    first = (out or err).splitlines()[0] if (out or err) else ""
+    if done.rc == 1 and NO_DAEMON in out + err:
+        return ControlAnswer(command, "absent", 1, out, err, done.elapsed_s, NO_DAEMON)
+    if done.rc == 0 and out and _is_answer(command, out):
+        return ControlAnswer(command, "ok", 0, out, err, done.elapsed_s)
+    detail = first or f"no output (exit status {done.rc})"
+    return ControlAnswer(command, "error", done.rc, out, err, done.elapsed_s, detail)
+
+
+def _is_answer(command: str, out: str) -> bool:
+    if command.startswith("get_default_active_thread_percentage"):
+        try:
+            float(out.splitlines()[0])
+        except ValueError:
+            return False
+        return True
+    return not out.startswith(("Unknown command", NO_DAEMON))
+
+
+class _Lock:
+    """flock on a file per pipe dir; skipped (never fatal) where it cannot be made."""
+
+    def __init__(self, run_dir: str, pipe_dir: str) -> None:
+        self.path = os.path.join(run_dir, "control" + pipe_dir.replace("/", "_") + ".lock")
+        self.fd: Optional[int] = None
+
+    def acquire(self, deadline: float) -> bool:
+        import fcntl
+
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return True  # no lock possible here (not root): go on without one
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def ask_all(ctx: Context, instances: Tuple[Instance, ...],
+            command: str = QUERY) -> Dict[str, ControlAnswer]:
+    """Ask every instance ``command`` at once; one shared deadline bounds them all."""
+    cfg = ctx.config
+    deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
+    client = cfg.command("nvidia-cuda-mps-control")
+    started: List[Tuple[Instance, Pending, _Lock]] = []
+    answers: Dict[str, ControlAnswer] = {}
+    for inst in instances:
+        lock = _Lock(ctx.path(cfg.run_dir), inst.pipe_dir)
+        if not lock.acquire(deadline):
+            answers[inst.name] = ControlAnswer(
+                command, "skipped", None, "", "", 0.0,
+                "another mps-health query to this pipe dir did not finish in time")
+            continue
+        env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+                         "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)})
+        if ctx.env is not None:
+            env.update(ctx.env)
+        started.append((inst, Pending([client], command + "\n", env), lock))
+    try:
+        done = wait_all([p for _, p, _ in started], deadline)
+    finally:
+        for _, _, lock in started:
+            lock.release()
+    for (inst, _, _), completed in zip(started, done):
+        answers[inst.name] = classify(command, completed)
+    return answers
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:
+    return ask_all(ctx, instances)
+
+
+VALUE_TYPE = Dict[str, ControlAnswer]

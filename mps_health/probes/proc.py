@@ -1,0 +1,124 @@
+"""The MPS processes in the process table, read from /proc (under --root).
+
+``comm`` of both the control daemon and its servers is truncated by the kernel to
+``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``. A zombie has an
+empty cmdline; it keeps role "unknown" and state "Z".
+"""
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+from ..context import Context
+from ..facts import ProcessFact
+
+COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PIPE_DIRECTORY
+ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_stat(text: str) -> Tuple[str, str, int, int]:
+    """``/proc/PID/stat`` -> (comm, state, ppid, start time in clock ticks)."""
+    left, right = text.find("("), text.rfind(")")  # comm may hold spaces and parentheses
+    if left < 0 or right < left:
+        raise ParseError("no (comm) field in stat")
+    rest = text[right + 1:].split()
+    if len(rest) < 20:
+        raise ParseError(f"stat has {len(rest) + 2} fields, expected at least 22")
+    try:
+        return text[left + 1:right], rest[0], int(rest[1]), int(rest[19])
+    except ValueError:
+        raise ParseError("stat has a non-numeric ppid or start time") from None
+
+
+def parse_status_uid(text: str) -> int:
+    """The real uid from ``/proc/PID/status``."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1])
+    raise ParseError("no Uid: line in status")
+
+
+def parse_cmdline(data: bytes) -> Tuple[str, ...]:
+    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0") if a)
+
+
+def parse_environ(data: bytes) -> Dict[str, str]:
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def role_of(cmdline: Tuple[str, ...]) -> str:
+    if not cmdline:
+        return "unknown"
+    return ROLES.get(os.path.basename(cmdline[0]), "unknown")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
+    """The MPS process ``pid``, or None if it is not one (or is gone)."""
+    base = f"{proc_dir}/{pid}"
+    try:
+        comm, state, ppid, start = parse_stat(_read(f"{base}/stat").decode("utf-8", "replace"))
+        if not comm.startswith(COMM_PREFIX):
+            return None
+        cmdline = parse_cmdline(_read(f"{base}/cmdline"))
+        uid = parse_status_uid(_read(f"{base}/status").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None  # exited while we looked, or not readable: not ours to judge
+    pipe_dir: Optional[str] = None
+    readable = True
+    try:
+        env = parse_environ(_read(f"{base}/environ"))
+        pipe_dir = os.path.normpath(env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
+    except OSError:
+        readable = False  # environ is readable by root and the owner only
+    if state == "Z":
+        pipe_dir, readable = None, False
+    return ProcessFact(pid, ppid, state, uid, role_of(cmdline), cmdline, start, pipe_dir,
+                       readable)
+
+
+def read_processes(proc_dir: str) -> Tuple[ProcessFact, ...]:
+    found: List[ProcessFact] = []
+    try:
+        names = os.listdir(proc_dir)
+    except OSError as e:
+        raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
+    for name in names:
+        if name.isdigit():
+            fact = read_process(proc_dir, int(name))
+            if fact is not None:
+                found.append(fact)
+    found.sort(key=lambda p: p.pid)
+    return tuple(found)
+
+
+def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
+    return read_processes(ctx.proc)
+
+
+def same_process(proc_dir: str, fact: ProcessFact) -> bool:
+    """Is ``fact.pid`` still the process we saw (same start time, not a reused pid)?"""
+    current = read_process(proc_dir, fact.pid)
+    return current is not None and current.start_ticks == fact.start_ticks
+
+
+VALUE_TYPE = Tuple[ProcessFact, ...]
+
+
+def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
+    return read_processes(ctx.proc)

@@ -1,0 +1,122 @@
+"""The systemd-tmpfiles configuration, merged as systemd merges it.
+
+A file in /etc/tmpfiles.d masks the file of the same name in /run/tmpfiles.d, which
+masks /usr/local/lib and /usr/lib (and /lib on hosts without merged /usr); the
+surviving files are then read in file-name order, whatever their directory.
+"""
+
+import os
+from typing import Dict, List, Tuple
+
+from ..context import Context
+from ..facts import TmpfilesFacts, TmpfilesRule
+
+# Highest priority first.
+SEARCH_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/local/lib/tmpfiles.d",
+               "/usr/lib/tmpfiles.d", "/lib/tmpfiles.d")
+
+
+def split_line(line: str) -> List[str]:
+    """Split a tmpfiles.d line into fields; double or single quotes group a field."""
+    fields: List[str] = []
+    current: List[str] = []
+    quote = ""
+    in_field = False
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == quote:
+                quote = ""
+            elif c == "\\" and i + 1 < len(line):
+                i += 1
+                current.append(line[i])
+            else:
+                current.append(c)
+        elif c in "\"'":
+            quote, in_field = c, True
+        elif c.isspace():
+            if in_field:
+                fields.append("".join(current))
+                current, in_field = [], False
+        else:
+            current.append(c)
+            in_field = True
+        i += 1
+    if quote:
+        raise ValueError("unterminated quote")
+    if in_field:
+        fields.append("".join(current))
+    return fields
+
+
+def parse_tmpfiles(text: str, file: str) -> Tuple[List[TmpfilesRule], List[str]]:
+    """Rules of one file, and one error line per line that systemd would reject too."""
+    rules: List[TmpfilesRule] = []
+    errors: List[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            fields = split_line(line)
+        except ValueError as e:
+            errors.append(f"{file}:{number}: {e}")
+            continue
+        if len(fields) < 2:
+            errors.append(f"{file}:{number}: a type and a path are needed")
+            continue
+        rtype = fields[0].rstrip("!-=~^+")  # modifiers do not change what a rule covers
+        if not rtype:
+            errors.append(f"{file}:{number}: no rule type")
+            continue
+        age = fields[5] if len(fields) > 5 else "-"
+        rules.append(TmpfilesRule(file, number, rtype[0], fields[1], age))
+    return rules, errors
+
+
+def effective_files(listing: Dict[str, List[str]]) -> List[str]:
+    """Paths of the files systemd reads, given each search dir's *.conf names."""
+    chosen: Dict[str, str] = {}
+    for directory in SEARCH_DIRS:  # highest priority first: the first name seen wins
+        for name in listing.get(directory, []):
+            chosen.setdefault(name, f"{directory}/{name}")
+    return [chosen[name] for name in sorted(chosen)]
+
+
+def gather(ctx: Context) -> TmpfilesFacts:
+    listing: Dict[str, List[str]] = {}
+    for directory in SEARCH_DIRS:
+        real = ctx.path(directory)
+        if directory == "/lib/tmpfiles.d" and os.path.realpath(real) == os.path.realpath(
+                ctx.path("/usr/lib/tmpfiles.d")):
+            continue  # merged /usr: the same directory twice
+        try:
+            listing[directory] = [n for n in os.listdir(real) if n.endswith(".conf")]
+        except OSError:
+            continue
+    if not listing:
+        return TmpfilesFacts(False, (), ())
+    files = effective_files(listing)
+    rules: List[TmpfilesRule] = []
+    errors: List[str] = []
+    for path in files:
+        try:
+            with open(ctx.path(path), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            errors.append(f"{path}: cannot read: {e.strerror}")
+            continue
+        if text.strip() == "" and os.path.islink(ctx.path(path)):
+            continue  # a symlink to /dev/null masks a file: nothing to read
+        file_rules, file_errors = parse_tmpfiles(text, path)
+        rules.extend(file_rules)
+        errors.extend(file_errors)
+    return TmpfilesFacts(True, tuple(files), tuple(rules), tuple(errors))
+
+
+VALUE_TYPE = TmpfilesFacts
+
+
+def gather_for(ctx: Context, instances: object) -> TmpfilesFacts:
+    return gather(ctx)

@@ -1,0 +1,62 @@
+"""Where fact sources and checks are registered: one line each, switched on by name.
+
+A check names the fact sources it needs, so a run gathers only those: no NVML unless
+a GPU check runs, no Slurm call unless a Slurm check runs. Targets are imported lazily
+("module:function"), and a site adds its own check with one ``extra_checks`` entry.
+"""
+
+from typing import Dict, NamedTuple, Tuple
+
+
+class Source(NamedTuple):
+    name: str
+    target: str  # "module:function", called as function(ctx, instances)
+    value_type: str  # "module:NAME" of the value's type, for snapshot replay
+    blocking: bool = False  # waits on other programs: gathered in a thread of its own
+
+
+class CheckSpec(NamedTuple):
+    name: str
+    target: str  # "module:function", called as function(facts, config) -> results
+    needs: Tuple[str, ...]
+    default_on: bool = True
+    summary: str = ""
+
+
+SOURCES: Dict[str, Source] = {}
+CHECKS: Dict[str, CheckSpec] = {}
+
+
+def source(name: str, target: str, value_type: str, blocking: bool = False) -> None:
+    SOURCES[name] = Source(name, target, value_type, blocking)
+
+
+def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
+          summary: str = "") -> None:
+    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary)
+
+
+def load(target: str):  # -> the object named "module:attr"
+    import importlib
+
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# --- fact sources -----------------------------------------------------------------
+source("processes", "mps_health.probes.proc:gather_for", "mps_health.probes.proc:VALUE_TYPE")
+source("dirs", "mps_health.probes.dirs:gather", "mps_health.probes.dirs:VALUE_TYPE")
+source("control", "mps_health.probes.control:gather", "mps_health.probes.control:VALUE_TYPE",
+       blocking=True)
+source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
+       "mps_health.probes.tmpfiles:VALUE_TYPE")
+
+# --- checks -------------------------------------------------------------------------
+check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
+      summary="a live control daemon serves each instance")
+check("control", "mps_health.checks.control:check", ("control",),
+      summary="the control daemon answers in time")
+check("directories", "mps_health.checks.directories:check", ("dirs",),
+      summary="pipe and log dirs are real dirs with the right mode and owner")
+check("tmpfiles", "mps_health.checks.tmpfiles:check", ("tmpfiles",),
+      summary="systemd-tmpfiles will not clean the pipe dirs")
