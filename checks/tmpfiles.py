@@ -38,9 +38,9 @@ def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesR
     """The rule that would age ``path`` (a rule with an age on one of its parents)."""
     parents = _ancestors_and_self(path)[:-1] or ("/",)
     for rule in rules:
-        if rule.type in AGING_TYPES and rule.age not in ("-", "", "0"):
-            if any(path_match(rule.path, p) for p in parents):
-                return rule
+        if rule.type in AGING_TYPES and rule.age not in ("-", "", "0") \
+                and any(path_match(rule.path, p) for p in parents):
+            return rule
     return None
 
 
@@ -65,7 +65,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     if config.mps.layout == "per-job":
         # Judge the template itself: a job started tomorrow must be guarded too.
         sample = config.mps.pipe_dir.format(job="1", gpu="0")
-        paths = [("per-job", sample)] + paths
+        paths = [("per-job", sample), *paths]
     for name, path in paths:
         rule = aging_rule(tf.rules, path)
         if guarded(tf.rules, path):

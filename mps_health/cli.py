@@ -55,7 +55,7 @@ def build(argv: Sequence[str]) -> Tuple[Parser, Optional[str]]:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        parser, chosen = build(argv)
+        parser, _chosen = build(argv)
         args = parser.parse_args(argv)
         handler: Optional[Callable[[argparse.Namespace], int]] = getattr(args, "handler", None)
         if handler is None:

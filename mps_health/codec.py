@@ -50,7 +50,7 @@ def decode(tp: Any, data: Any, where: str = "$") -> Any:
         return tuple(decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
     if origin in (dict, Dict) or (origin is not None and getattr(origin, "__name__", "") in
                                   ("Mapping",)):
-        key_t, val_t = get_args(tp) or (str, Any)
+        _key_t, val_t = get_args(tp) or (str, Any)
         if not isinstance(data, dict):
             raise DecodeError(f"{where}: expected a mapping")
         return {k: decode(val_t, v, f"{where}.{k}") for k, v in data.items()}
@@ -62,7 +62,7 @@ def decode(tp: Any, data: Any, where: str = "$") -> Any:
         for field in tp._fields:
             if field in data:
                 kwargs[field] = decode(hints.get(field, Any), data[field], f"{where}.{field}")
-            elif field not in tp._field_defaults:
+            elif field not in getattr(tp, "_field_defaults", {}):
                 raise DecodeError(f"{where}: {tp.__name__} lacks '{field}'")
         return tp(**kwargs)
     if tp is float:

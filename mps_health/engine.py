@@ -80,7 +80,8 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
                  errors, durations)
 
 
-def judge(facts: Facts, config: Config, checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
+def judge(facts: Facts, config: Config,
+          checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
     """Run each check over the facts. A check never raises out of here."""
     runs: List[CheckRun] = []
     for spec in checks:

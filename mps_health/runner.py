@@ -6,6 +6,7 @@ uses a shell. Several commands can be started at once and collected against one
 deadline, so N wedged daemons cost one timeout, not N.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,7 +89,8 @@ def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
     def collect(i: int) -> None:
         done[i] = pending[i].wait(deadline)
 
-    threads = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(len(pending))]
+    threads = [threading.Thread(target=collect, args=(i,), daemon=True)
+               for i in range(len(pending))]
     for t in threads:
         t.start()
     for t in threads:
@@ -98,14 +100,10 @@ def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group ``proc`` leads (it was started in its own session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(OSError):
         proc.kill()
-    except OSError:
-        pass
 
 
 def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,

@@ -1,0 +1,119 @@
+"""Shared fixtures: the fake MPS control binary on PATH, fake daemons, config files."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional
+
+import pytest
+
+FAKES = Path(__file__).parent / "fakes"
+FIXTURES = Path(__file__).parent / "fixtures"
+FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.fixture
+def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
+    """tests/fakes first on PATH, for this process and the commands it starts."""
+    path = f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}"
+    monkeypatch.setenv("PATH", path)
+    return path
+
+
+class FakeDaemon:
+    """A fake control daemon serving ``pipe_dir``; quit (or killed by PID) at teardown."""
+
+    def __init__(self, pipe_dir: Path, log_dir: Path, env: dict) -> None:
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.env = env
+        self.pid: Optional[int] = None
+
+    def start(self) -> "FakeDaemon":
+        env = dict(os.environ, **self.env, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir),
+                   CUDA_MPS_LOG_DIRECTORY=str(self.log_dir))
+        subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10)
+        pid_file = self.pipe_dir / "nvidia-cuda-mps-control.pid"
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.01)
+        self.pid = int(pid_file.read_text())
+        return self
+
+    def query(self, command: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir))
+        return subprocess.run([sys.executable, FAKE_CONTROL], input=command + "\n", env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.pid is not None
+        os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.pid is None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGKILL)  # by the PID we started, never by name
+        except ProcessLookupError:
+            pass
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+        self.pid = None
+
+
+@pytest.fixture
+def mps_dirs(tmp_path: Path) -> Callable[..., tuple]:
+    """Make a pipe dir and a log dir (mode 0777) under tmp_path; returns (pipe, log)."""
+
+    def make(name: str = "mps") -> tuple:
+        pipe, log = tmp_path / f"{name}-pipe", tmp_path / f"{name}-log"
+        for d in (pipe, log):
+            d.mkdir()
+            d.chmod(0o777)
+        return pipe, log
+
+    return make
+
+
+@pytest.fixture
+def fake_daemon(fake_path: str,
+                mps_dirs: Callable[..., tuple]) -> Iterator[Callable[..., FakeDaemon]]:
+    """Start fake daemons: ``fake_daemon(name="mps", **env)``; all stopped afterwards."""
+    started: List[FakeDaemon] = []
+
+    def start(name: str = "mps", **env: str) -> FakeDaemon:
+        pipe, log = mps_dirs(name)
+        d = FakeDaemon(pipe, log, env).start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def write_config(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def node_config(tmp_path: Path, pipe: Path, log: Path, extra: str = "") -> str:
+    """A config for one node-wide instance on ``pipe``/``log`` with a private run dir."""
+    return write_config(tmp_path / "config.yaml", f"""
+run_dir: {tmp_path}/run
+state_dir: {tmp_path}/state
+mps:
+  pipe_dir: {pipe}
+  log_dir: {log}
+{extra}
+""")

@@ -1,0 +1,63 @@
+"""End to end: the installed ``mps-health check`` against fake daemons, every exit code."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import node_config, write_config
+
+
+def mps_health(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def test_healthy_daemon_is_ok(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    r = mps_health("check", "--config", cfg, "--skip", "tmpfiles")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("MPS OK - 3 checks passed")
+
+
+def test_stopped_daemon_is_critical_within_timeout(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 1.0\n")
+    d.signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    r = mps_health("check", "--config", cfg, "--format", "json")
+    elapsed = time.monotonic() - t0
+    d.signal(signal.SIGCONT)
+    assert r.returncode == 2
+    codes = {p["code"] for p in json.loads(r.stdout)["problems"]}
+    assert {"daemon-stopped", "control-wedged"} <= codes
+    assert elapsed < 10  # bounded; the exact bound is measured in bench/, not asserted here
+
+
+def test_killed_daemon_is_stale(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    d.signal(signal.SIGKILL)
+    time.sleep(0.1)
+    r = mps_health("check", "--config", cfg)
+    assert r.returncode == 2
+    assert "daemon-stale" in r.stdout and "control-absent" in r.stdout
+
+
+def test_bad_config_is_one_line_unknown(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "bad.yaml", "mps:\n  layout: sideways\n")
+    r = mps_health("check", "--config", cfg)
+    assert r.returncode == 3
+    assert r.stdout == ""
+    assert r.stderr.strip() == (f"mps-health: {cfg}: key 'mps.layout': must be one of node, "
+                                "per-gpu, per-job (got 'sideways')")
+
+
+def test_bad_argument_is_unknown_not_critical() -> None:
+    r = mps_health("check", "--format", "xml")
+    assert r.returncode == 3
+    assert len(r.stderr.strip().splitlines()) == 1
