@@ -61,3 +61,52 @@ def test_bad_argument_is_unknown_not_critical() -> None:
     r = mps_health("check", "--format", "xml")
     assert r.returncode == 3
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_slow_answer_is_warning(tmp_path: Path, fake_path: str, mps_dirs) -> None:
+    from conftest import FakeDaemon
+
+    pipe, log = mps_dirs("slow")
+    d = FakeDaemon(pipe, log, {"FAKE_MPS_DELAY": "0.3"}).start()
+    try:
+        cfg = node_config(tmp_path, pipe, log, "control:\n  warn_latency_s: 0.2\n")
+        r = mps_health("check", "--config", cfg, "--only", "control")
+    finally:
+        d.stop()
+    assert r.returncode == 1, r.stdout
+    assert "control-slow" in r.stdout
+
+
+def test_error_answer_is_critical(tmp_path: Path, fake_path: str, mps_dirs) -> None:
+    from conftest import FakeDaemon
+
+    pipe, log = mps_dirs("err")
+    d = FakeDaemon(pipe, log, {"FAKE_MPS_REPLY": 'Unknown command "x"'}).start()
+    try:
+        r = mps_health("check", "--config", node_config(tmp_path, pipe, log), "--only", "control")
+    finally:
+        d.stop()
+    assert r.returncode == 2
+    assert 'control-error: the control daemon answered with an error: Unknown command "x"' in r.stdout
+
+
+def test_missing_client_is_unknown(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log, "commands:\n  nvidia-cuda-mps-control: /nonexistent/x\n")
+    r = mps_health("check", "--config", cfg, "--only", "control")
+    assert r.returncode == 3
+    assert "control-client-missing" in r.stdout
+
+
+def test_unknown_check_name_is_unknown() -> None:
+    r = mps_health("check", "--only", "bogus")
+    assert r.returncode == 3
+    assert "unknown check 'bogus' (known:" in r.stderr
+
+
+def test_expected_percentage(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon(FAKE_MPS_PERCENTAGE="50.0")
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir,
+                      "control:\n  expected_thread_percentage: 100\n")
+    r = mps_health("check", "--config", cfg, "--only", "control")
+    assert r.returncode == 1 and "control-percentage" in r.stdout

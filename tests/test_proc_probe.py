@@ -1,0 +1,59 @@
+"""probes/proc: parsing real /proc files, and reading a --root tree."""
+
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from roottree import add_process
+
+from mps_health.probes import proc
+
+
+def test_parse_stat_of_captured_daemon() -> None:
+    text = (FIXTURES / "proc_fake-daemon" / "stat").read_text()
+    comm, state, ppid, start = proc.parse_stat(text)
+    assert (comm, state, ppid) == ("nvidia-cuda-mps", "S", 1)
+    assert start == 71559
+
+
+def test_parse_stat_comm_with_spaces_and_parens() -> None:
+    line = "42 (a) b (c) S 7 42 42 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 999 0 0"
+    assert proc.parse_stat(line) == ("a) b (c", "S", 7, 999)
+
+
+@pytest.mark.parametrize("bad", ["", "12 cat R", "1 (x) S", "1 (x) S a b c d e f g h i j k l m n o p q r s t"])
+def test_parse_stat_rejects_garbage(bad: str) -> None:
+    with pytest.raises(proc.ParseError):
+        proc.parse_stat(bad)
+
+
+def test_parse_status_uid() -> None:
+    text = (FIXTURES / "proc_fake-daemon" / "status").read_text()
+    assert proc.parse_status_uid(text) == 0
+    with pytest.raises(proc.ParseError):
+        proc.parse_status_uid("Name:\tx\n")
+
+
+def test_role_from_cmdline_not_comm() -> None:
+    assert proc.role_of(("nvidia-cuda-mps-control", "-d")) == "control"
+    assert proc.role_of(("/usr/bin/nvidia-cuda-mps-server",)) == "server"
+    assert proc.role_of(()) == "unknown"  # a zombie's cmdline is empty
+
+
+def test_environ_gives_pipe_dir_and_default(tmp_path: Path) -> None:
+    add_process(tmp_path, 100, pipe_dir="/tmp/nvidia-mps_0")
+    add_process(tmp_path, 101)  # no CUDA_MPS_PIPE_DIRECTORY: the daemon's default
+    add_process(tmp_path, 102, state="Z")
+    add_process(tmp_path, 103, role="server", pipe_dir="/tmp/nvidia-mps_0", ppid=100)
+    (tmp_path / "proc" / "200").mkdir()  # a process that vanished mid-read: ignored
+    facts = {p.pid: p for p in proc.read_processes(str(tmp_path / "proc"))}
+    assert facts[100].pipe_dir == "/tmp/nvidia-mps_0" and facts[100].role == "control"
+    assert facts[101].pipe_dir == "/tmp/nvidia-mps"
+    assert facts[102].state == "Z" and facts[102].role == "unknown"
+    assert facts[103].role == "server" and facts[103].ppid == 100
+    assert 200 not in facts
+
+
+def test_live_proc_finds_nothing_or_only_mps() -> None:
+    for p in proc.read_processes("/proc"):
+        assert p.role in ("control", "server", "unknown")

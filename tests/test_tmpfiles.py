@@ -1,0 +1,110 @@
+"""tmpfiles: parsing as systemd does, /etc > /run > /usr/lib, and the guard verdict."""
+
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from mps_health.checks import tmpfiles as guard
+from mps_health.config import from_mapping
+from mps_health.context import Context
+from mps_health.facts import Facts, Instance
+from mps_health.probes import tmpfiles
+from mps_health.results import OK, WARNING
+
+
+def rules_of(text: str):
+    rules, errors = tmpfiles.parse_tmpfiles(text, "/etc/tmpfiles.d/t.conf")
+    assert errors == []
+    return tuple(rules)
+
+
+def test_parse_real_debian_and_rhel_tmp_conf() -> None:
+    debian = rules_of((FIXTURES / "tmpfiles_tmp.conf__debian-12.conf").read_text())
+    assert [(r.type, r.path, r.age) for r in debian] == [("D", "/tmp", "-")]
+    rhel = rules_of((FIXTURES / "tmpfiles_tmp.conf__rhel-9.conf").read_text())
+    assert [(r.type, r.path, r.age) for r in rhel] == [("q", "/tmp", "10d"),
+                                                       ("q", "/var/tmp", "30d")]
+
+
+def test_parse_quotes_modifiers_and_errors() -> None:
+    rules = rules_of('D! "/tmp/with space" 1777 root root 1d\nx /tmp/nvidia-mps*\n')
+    assert rules[0].type == "D" and rules[0].path == "/tmp/with space" and rules[0].age == "1d"
+    assert rules[1].age == "-"
+    _, errors = tmpfiles.parse_tmpfiles('x "/tmp/open\nx\n', "f.conf")
+    assert errors == ["f.conf:1: unterminated quote", "f.conf:2: a type and a path are needed"]
+
+
+def test_etc_masks_usr_lib_and_order_is_by_name() -> None:
+    files = tmpfiles.effective_files({
+        "/usr/lib/tmpfiles.d": ["tmp.conf", "a.conf"],
+        "/etc/tmpfiles.d": ["tmp.conf"],
+        "/run/tmpfiles.d": ["b.conf", "a.conf"],
+    })
+    assert files == ["/run/tmpfiles.d/a.conf", "/run/tmpfiles.d/b.conf", "/etc/tmpfiles.d/tmp.conf"]
+
+
+RHEL = "q /tmp 1777 root root 10d\n"
+
+
+@pytest.mark.parametrize("guard_text,path,protected", [
+    ("", "/tmp/nvidia-mps", False),
+    ("x /tmp/nvidia-mps\n", "/tmp/nvidia-mps", True),
+    ("x /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n", "/tmp/nvidia-mps", True),  # the seed's guard
+    ("X /tmp/nvidia-mps\n", "/tmp/nvidia-mps", False),  # X spares the dir, not its sockets
+    ("X /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n", "/tmp/nvidia-mps", True),
+    ("x /tmp/nvidia-mps_*\n", "/tmp/nvidia-mps_3", True),
+    ("x /tmp/nvidia-mps_*\n", "/tmp/nvidia-mps", False),
+    ("x /tmp/*/nvidia-mps\n", "/tmp/a/b/nvidia-mps", False),  # '*' never crosses '/'
+    ("x /tmp/mps\n", "/tmp/mps/job1", True),  # a guarded parent guards what is inside
+])
+def test_guard_verdict(guard_text: str, path: str, protected: bool) -> None:
+    rules = rules_of(RHEL + guard_text)
+    assert guard.aging_rule(rules, path) is not None
+    assert guard.guarded(rules, path) is protected
+
+
+def test_debian_tmp_is_not_aged() -> None:
+    rules = rules_of((FIXTURES / "tmpfiles_tmp.conf__debian-12.conf").read_text())
+    assert guard.aging_rule(rules, "/tmp/nvidia-mps") is None
+
+
+def _judge(root: Path, mapping: dict, instances) -> list:
+    cfg = from_mapping(mapping, None)
+    value = tmpfiles.gather(Context(cfg, str(root)))
+    facts = Facts("n", 0.0, str(root), tuple(instances), {"tmpfiles": value}, {}, {})
+    return list(guard.check(facts, cfg))
+
+
+def test_check_over_a_root_tree(tmp_path: Path) -> None:
+    usr = tmp_path / "usr/lib/tmpfiles.d"
+    usr.mkdir(parents=True)
+    (usr / "tmp.conf").write_text(RHEL)
+    inst = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
+    [r] = _judge(tmp_path, {}, [inst])
+    assert (r.state, r.code) == (WARNING, "tmpfiles-unguarded")
+    assert "/usr/lib/tmpfiles.d/tmp.conf:1 ages /tmp after 10d" in r.message
+    etc = tmp_path / "etc/tmpfiles.d"
+    etc.mkdir(parents=True)
+    (etc / "nvidia-mps.conf").write_text("x /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n")
+    [r] = _judge(tmp_path, {}, [inst])
+    assert r.state == OK
+    # /etc masking /usr/lib's tmp.conf with an empty file removes the aging.
+    (etc / "nvidia-mps.conf").unlink()
+    (etc / "tmp.conf").write_text("# masked\n")
+    [r] = _judge(tmp_path, {}, [inst])
+    assert r.state == OK and "not under an aged path" in r.message
+
+
+def test_per_job_template_is_judged_too(tmp_path: Path) -> None:
+    usr = tmp_path / "usr/lib/tmpfiles.d"
+    usr.mkdir(parents=True)
+    (usr / "tmp.conf").write_text(RHEL)
+    results = _judge(tmp_path, {"mps": {"layout": "per-job"}}, [])
+    assert [(r.instance, r.code) for r in results] == [("per-job", "tmpfiles-unguarded")]
+
+
+def test_no_systemd_is_not_a_failure(tmp_path: Path) -> None:
+    inst = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
+    [r] = _judge(tmp_path, {}, [inst])
+    assert r.state == OK and "does not clean" in r.message
