@@ -38,7 +38,7 @@ def test_healthy_tree(tmp_path: Path) -> None:
 def test_stale_after_sigkill(tmp_path: Path) -> None:
     add_pipe_dir(tmp_path, "/tmp/nvidia-mps", 4242)  # all five entries stay, no process
     add_dir(tmp_path, "/var/log/nvidia-mps")
-    report, found = judge(tmp_path, {})
+    _report, found = judge(tmp_path, {})
     r = found[("node", "daemon-stale")]
     assert r.state == CRITICAL and "pid file names 4242" in r.message
 
@@ -89,7 +89,7 @@ def test_per_gpu_instances_are_kept_apart(tmp_path: Path) -> None:
     add_pipe_dir(tmp_path, "/tmp/nvidia-mps_1", 101)  # GPU 1's daemon was killed
     for g in (0, 1):
         add_dir(tmp_path, f"/var/log/nvidia-mps_{g}")
-    report, found = judge(tmp_path, {"mps": {"layout": "per-gpu", "gpus": [0, 1]}})
+    _report, found = judge(tmp_path, {"mps": {"layout": "per-gpu", "gpus": [0, 1]}})
     assert ("gpu0", "daemon-ok") in found
     assert found[("gpu1", "daemon-stale")].state == CRITICAL
     assert not [k for k in found if k[0] == "gpu0" and not k[1].endswith("-ok")]
