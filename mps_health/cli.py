@@ -1,16 +1,15 @@
 """The ``mps-health`` command line.
 
-Only the chosen subcommand's module is imported, so ``mps-health check`` pays for
-nothing else. Every failure ends as one line on stderr and a Nagios exit code, never
-a traceback (set MPS_HEALTH_DEBUG=1 to see one).
+Only the chosen subcommand's module is imported, and plain ``check`` runs skip argparse
+altogether, so the check slurmd starts every few minutes pays for nothing else. Every
+failure ends as one line on stderr and a Nagios exit code, never a traceback (set
+MPS_HEALTH_DEBUG=1 to see one).
 """
 
-import argparse
 import os
 import sys
-from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
-
-from . import __version__
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 EXIT_UNKNOWN = 3
 
@@ -25,43 +24,65 @@ class UsageError(Exception):
     """Bad arguments: exit 3 (UNKNOWN), as monitoring plugins do, never argparse's 2."""
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
+FAST_VALUED = {"--config": "config", "--root": "root", "--format": "format", "--only": "only",
+               "--skip": "skip"}
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="read every system path under DIR (fixture trees, containers)")
+def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
+    """``check`` with plain options only, parsed by hand; None means "ask argparse".
 
-
-def build(argv: Sequence[str]) -> Tuple[Parser, Optional[str]]:
-    parser = Parser(prog="mps-health", description="Keep NVIDIA MPS healthy on Slurm GPU nodes.")
-    parser.add_argument("-V", "--version", action="version", version=f"mps-health {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
-            import importlib
-
-            handler = importlib.import_module(module).register(p)
-            p.set_defaults(handler=handler)
-    return parser, chosen
+    slurmd and cron run ``mps-health check`` every few minutes on every node, and
+    argparse with the ``re`` it imports costs about 10 ms, most of the check's budget
+    beyond starting Python. Anything unusual (help, errors, rarer options) takes the
+    argparse path, which stays the one definition of the interface
+    (mps_health/commands/check.py); tests compare both paths.
+    """
+    if not argv or argv[0] != "check":
+        return None
+    ns: Dict[str, Any] = {"config": None, "root": "/", "format": "text", "verbose": False,
+                          "only": [], "skip": [], "replay": None, "budget": None}
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("-v", "--verbose"):
+            ns["verbose"] = True
+            continue
+        key, eq, value = arg.partition("=")
+        if key not in FAST_VALUED or (not eq and not rest):
+            return None
+        if not eq:
+            value = rest.pop(0)
+            if value.startswith("-"):
+                return None
+        if not value:
+            return None
+        ns[FAST_VALUED[key]] = value
+    if ns["format"] not in ("text", "json"):
+        return None
+    for key in ("only", "skip"):
+        value = ns[key]
+        if isinstance(value, str):
+            ns[key] = [n.strip() for n in value.split(",") if n.strip()]
+    return SimpleNamespace(**ns)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        parser, _chosen = build(argv)
+        fast = fast_check_args(argv)
+        if fast is not None:
+            from .commands import check
+
+            return check.run(fast)  # type: ignore[arg-type]
+        from .argv import build
+
+        parser = build(argv)
         args = parser.parse_args(argv)
-        handler: Optional[Callable[[argparse.Namespace], int]] = getattr(args, "handler", None)
+        handler = getattr(args, "handler", None)
         if handler is None:
             parser.print_help()
             return EXIT_UNKNOWN
-        return handler(args)
+        return int(handler(args))
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return EXIT_UNKNOWN

@@ -1,22 +1,25 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command runs in a new session (its own process group), so a client that forks,
-or hangs on a stopped MPS daemon, is killed with everything it started. Nothing here
-uses a shell. Several commands can be started at once and collected against one
-deadline, so N wedged daemons cost one timeout, not N.
+Every command starts in a new session (its own process group) with ``posix_spawnp``,
+so a client that forks, or hangs on a stopped MPS daemon, is killed with everything it
+started. Nothing here uses a shell. Several commands can be started at once and
+collected against one deadline with one poll loop, so N wedged daemons cost one
+timeout, not N, and each command is still timed to its own end.
+
+Why not ``subprocess``: importing it pulls in locale, re and enum, about 10 ms, which
+is most of what the whole check may cost beyond starting Python (bench/check_speed.py).
 """
 
-import contextlib
 import os
+import select
 import signal
-import subprocess
 import time
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 
 class Completed(NamedTuple):
     argv: List[str]
-    rc: Optional[int]  # None when it timed out or could not start
+    rc: Optional[int]  # None when it timed out or could not start; -N when killed by signal N
     stdout: str
     stderr: str
     elapsed_s: float
@@ -25,85 +28,135 @@ class Completed(NamedTuple):
 
 
 class Pending:
-    """A started command, to be collected with :meth:`wait`."""
+    """A started command, to be collected with :meth:`wait` or :func:`wait_all`."""
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
                  env: Optional[Mapping[str, str]] = None) -> None:
         self.argv = list(argv)
         self.started = time.monotonic()
         self.error: Optional[str] = None
-        self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None
+        self.out: Dict[int, bytearray] = {}
+        self.ended: Optional[float] = None
+        self.rc: Optional[int] = None
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=dict(env) if env is not None else None,
-                start_new_session=True,  # own process group: killed as a whole
-                close_fds=True,
-            )
+            self._spawn(stdin or "", env)
         except FileNotFoundError:
             self.error = f"{self.argv[0]}: command not found"
         except PermissionError:
             self.error = f"{self.argv[0]}: permission denied"
         except OSError as e:
             self.error = f"{self.argv[0]}: cannot run: {e.strerror}"
-        if self.proc is not None and self.proc.stdin is not None:
-            # Feed stdin now, not at collection time: the client reads its command
-            # first, and must not wait on us while we collect another command.
+
+    def _spawn(self, stdin: str, env: Optional[Mapping[str, str]]) -> None:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        actions = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                   (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        try:
+            self.pid = os.posix_spawnp(self.argv[0], self.argv,
+                                       dict(os.environ if env is None else env),
+                                       file_actions=actions, setsid=True)
+        except OSError:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        # Feed stdin now, not at collection time: the client reads its command first and
+        # must not wait on us while we collect another command. Commands are small.
+        try:
+            os.write(in_w, stdin.encode())
+        except OSError:
+            pass
+        os.close(in_w)
+        self.out = {out_r: bytearray(), err_r: bytearray()}
+        self.fds = (out_r, err_r)
+
+    def _reap(self, block: bool) -> bool:
+        """Collect the exit status; True once the process is gone."""
+        if self.rc is not None or self.pid is None:
+            return True
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self.rc = -1
+            return True
+        if pid == 0:
+            return False
+        self.rc = os.waitstatus_to_exitcode(status)
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the command's whole process group (it leads its own session)."""
+        if self.pid is None:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def result(self, timed_out: bool) -> Completed:
+        if self.pid is None:
+            return Completed(self.argv, None, "", "", 0.0, exec_error=self.error)
+        out, err = (bytes(self.out[fd]).decode("utf-8", "replace") for fd in self.fds)
+        for fd in self.fds:
             try:
-                self.proc.stdin.write((stdin or "").encode())
-                self.proc.stdin.close()
+                os.close(fd)
             except OSError:
                 pass
-            self.proc.stdin = None
+        end = self.ended if self.ended is not None else time.monotonic()
+        return Completed(self.argv, None if timed_out else self.rc, out, err,
+                         end - self.started, timed_out)
 
     def wait(self, deadline: float) -> Completed:
-        """Collect the command, killing its process group if ``deadline`` passes."""
-        if self.proc is None:
-            return Completed(self.argv, None, "", "", 0.0, exec_error=self.error)
-        try:
-            # A little grace past the deadline collects a command that already finished.
-            out, err = self.proc.communicate(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc)
-            try:
-                out, err = self.proc.communicate(timeout=1.0)
-            except subprocess.TimeoutExpired:  # a child kept the pipes open: give up on them
-                out, err = b"", b""
-            elapsed = time.monotonic() - self.started
-            return Completed(self.argv, None, _text(out), _text(err), elapsed, timed_out=True)
-        elapsed = time.monotonic() - self.started
-        return Completed(self.argv, self.proc.returncode, _text(out), _text(err), elapsed)
+        return wait_all([self], deadline)[0]
 
 
 def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
-    """Collect several commands at once, each timed to its own end, all by ``deadline``."""
-    if len(pending) <= 1:
-        return [p.wait(deadline) for p in pending]
-    import threading  # already imported by subprocess: costs nothing more
+    """Collect several commands with one poll loop, killing what is left at ``deadline``."""
+    poller = select.poll()
+    owner: Dict[int, Pending] = {}
+    for p in pending:
+        if p.pid is not None:
+            for fd in p.fds:
+                poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+                owner[fd] = p
+    open_fds = {p: len(p.fds) for p in pending if p.pid is not None}
+    while open_fds:
+        # A little grace past the deadline collects a command that already finished.
+        wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) + 1
+        events = poller.poll(wait_ms)
+        if not events and time.monotonic() >= deadline:
+            break
+        for fd, _ in events:
+            p = owner[fd]
+            chunk = os.read(fd, 65536)
+            if chunk:
+                p.out[fd] += chunk
+                continue
+            poller.unregister(fd)
+            open_fds[p] -= 1
+            if open_fds[p] == 0:
+                del open_fds[p]
+                _reap_until(p, deadline)
+                p.ended = time.monotonic()
+    results = []
+    for p in pending:
+        # A command that exited but left its pipes to a daemon it started has not timed out.
+        timed_out = p.pid is not None and not p._reap(block=False)
+        if timed_out:
+            p.kill()
+            p._reap(block=True)
+        results.append(p.result(timed_out))
+    return results
 
-    done: List[Optional[Completed]] = [None] * len(pending)
 
-    def collect(i: int) -> None:
-        done[i] = pending[i].wait(deadline)
-
-    threads = [threading.Thread(target=collect, args=(i,), daemon=True)
-               for i in range(len(pending))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [d for d in done if d is not None]
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group ``proc`` leads (it was started in its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        proc.kill()
+def _reap_until(p: Pending, deadline: float) -> None:
+    """The pipes closed; give the process until ``deadline`` to exit."""
+    while not p._reap(block=False) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
@@ -117,7 +170,3 @@ def child_env(extra: Mapping[str, str]) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
-
-
-def _text(data: Optional[bytes]) -> str:
-    return (data or b"").decode("utf-8", "replace")

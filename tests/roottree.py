@@ -27,6 +27,7 @@ def add_process(root: Path, pid: int, captured: str = "proc_fake-daemon", state:
     fields[0], fields[1] = state, str(ppid)
     comm = head.split(" (", 1)[1]
     (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields))
+    (d / "comm").write_text((src / "comm").read_text())
     status = (src / "status").read_text().splitlines()
     status = [f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" if s.startswith("Uid:") else s for s in status]
     (d / "status").write_text("\n".join(status) + "\n")

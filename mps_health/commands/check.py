@@ -1,13 +1,16 @@
 """``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3."""
 
-import argparse
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..cli import add_common
 from .common import fail, load_config, names
 
+if TYPE_CHECKING:
+    import argparse
 
-def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+
+def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+    from ..argv import add_common
+
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is OK, and timings")
@@ -19,7 +22,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: "argparse.Namespace") -> int:
     from .. import engine
 
     replay = None

@@ -1,12 +1,14 @@
 """Helpers the subcommands share: loading the config, reporting a failure in one line."""
 
-import argparse
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from ..config import Config, ConfigError, load
 
 EXIT_UNKNOWN = 3
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def fail(message: str, code: int = EXIT_UNKNOWN) -> int:
@@ -14,7 +16,7 @@ def fail(message: str, code: int = EXIT_UNKNOWN) -> int:
     return code
 
 
-def load_config(args: argparse.Namespace) -> Optional[Config]:
+def load_config(args: "argparse.Namespace") -> Optional[Config]:
     """The config, or None after printing why it is bad (the caller exits 3)."""
     try:
         return load(getattr(args, "config", None))

@@ -4,7 +4,7 @@ import argparse
 import os
 from typing import Callable
 
-from ..cli import add_common
+from ..argv import add_common
 from .common import fail, load_config
 
 

@@ -12,6 +12,7 @@ from ..context import Context
 from ..facts import ProcessFact
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
+COMM_PREFIX_BYTES = COMM_PREFIX.encode()
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PIPE_DIRECTORY
 ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 
@@ -64,8 +65,30 @@ def role_of(cmdline: Tuple[str, ...]) -> str:
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _comm_matches(proc_dir: str, pid: int) -> bool:
+    """The cheap first filter: /proc/PID/comm is far cheaper for the kernel than stat."""
+    try:
+        fd = os.open(f"{proc_dir}/{pid}/comm", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 64).startswith(COMM_PREFIX_BYTES)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
@@ -99,7 +122,7 @@ def read_processes(proc_dir: str) -> Tuple[ProcessFact, ...]:
     except OSError as e:
         raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
     for name in names:
-        if name.isdigit():
+        if name.isdigit() and _comm_matches(proc_dir, int(name)):
             fact = read_process(proc_dir, int(name))
             if fact is not None:
                 found.append(fact)

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""How much `mps-health check` costs beyond starting Python, against the seeds' audit.
+
+Everything is measured in one run and printed as ratios, so the figures do not depend
+on the machine's speed:
+
+* baseline: `python3 -c pass` with the same interpreter that runs mps-health;
+* `mps-health check` on a healthy node (one daemon answering);
+* the seeds' audit as a shell script: pgrep, the control query, stat, scontrol;
+* a wedged (SIGSTOPped) daemon: the check must return within the control timeout + 0.5 s;
+* the seeds' audit with slurmctld down: scontrol alone blocks for seconds.
+
+On a machine without a GPU the daemon is tests/fakes' fake, and its client is the C
+version (tests/fakes/fast_client.c) so the query costs what the real C client costs.
+On a GPU node (--real) the real nvidia-cuda-mps-control is used.
+
+Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON]
+PYTHON must have mps-health installed (not editable: an editable install adds its
+finder to every interpreter start, the baseline's too).
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
+
+SEED_AUDIT = r"""#!/bin/sh
+# The seeds' hand audit (seed 2's check_mps_health.yml, as one shell script).
+pgrep nvidia-cuda-mps >/dev/null
+echo get_default_active_thread_percentage | nvidia-cuda-mps-control >/dev/null
+stat -c %a "$CUDA_MPS_PIPE_DIRECTORY" >/dev/null
+if [ -n "$WITH_SCONTROL" ]; then scontrol show node "$(hostname -s)" | grep -E "Gres|State" >/dev/null; fi
+exit 0
+"""
+
+
+def timed(argv: List[str], env: Dict[str, str], runs: int, timeout: float = 60) -> List[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=timeout)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def med(xs: List[float]) -> float:
+    return statistics.median(xs)
+
+
+def build_fast_client(bindir: Path) -> Optional[Path]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    target = bindir / "nvidia-cuda-mps-control"
+    subprocess.run([cc, "-O2", "-o", str(target), str(FAKE.parent / "fast_client.c"),
+                    f'-DFAKE="{FAKE}"'], check=True)
+    return target
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--real", action="store_true", help="use the real MPS binaries (GPU node)")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--control-timeout", type=float, default=2.0)
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="mps-bench-"))
+    bindir = work / "bin"
+    # The defaults (no config file, so no YAML parse) when they are free; else private dirs.
+    pipe, log = Path("/tmp/nvidia-mps"), Path("/var/log/nvidia-mps")
+    use_defaults = not pipe.exists() and not log.exists()
+    if not use_defaults:
+        pipe, log = work / "pipe", work / "log"
+    for d in (pipe, log, bindir):
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o777)
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
+    if not args.real:
+        client = build_fast_client(bindir)
+        if client is None:
+            shutil.copy(FAKE, bindir / "nvidia-cuda-mps-control")
+            print("note: no C compiler, the fake client is Python (slower than the real one)")
+        env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    config = work / "config.yaml"
+    config.write_text(f"run_dir: {work}/run\nmps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
+                      f"control:\n  timeout_s: {args.control_timeout}\n")
+    audit = work / "seed_audit.sh"
+    audit.write_text(SEED_AUDIT)
+    audit.chmod(0o755)
+    entry = shutil.which("mps-health", path=str(Path(args.python).parent))
+    base_cmd = [entry] if entry else [args.python, "-m", "mps_health.cli"]
+    with_config = [*base_cmd, "check", "--config", str(config)]
+    check = [*base_cmd, "check"] if use_defaults else with_config
+
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
+    time.sleep(0.5)
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        rc = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
+        print(f"check on the healthy node: exit {rc.returncode}: {rc.stdout.splitlines()[0]}")
+        results: Dict[str, List[float]] = {"python": [], "check": [], "config": [], "audit": []}
+        for _ in range(args.runs):  # interleaved, so drift hits every series alike
+            results["python"] += timed([args.python, "-c", "pass"], env, 1)
+            results["check"] += timed(check, env, 1)
+            results["config"] += timed(with_config, env, 1)
+            results["audit"] += timed(["sh", str(audit)], env, 1)
+        base = med(results["python"])
+        print(f"\nhealthy node, median of {args.runs} runs:")
+        print(f"  python3 -c pass          {base * 1000:7.1f} ms  (baseline)")
+        c = med(results["check"])
+        what = "no config file" if use_defaults else "with a config file"
+        print(f"  mps-health check         {c * 1000:7.1f} ms  ratio {c / base:.2f} "
+              f"(goal <= 1.5; {what})")
+        y = med(results["config"])
+        print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
+        a = med(results["audit"])
+        print(f"  seeds' audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
+
+        # Wedged daemon.
+        os.kill(pid, signal.SIGSTOP)
+        wedged = timed(check, env, 3, timeout=60)
+        os.kill(pid, signal.SIGCONT)
+        w = max(wedged)
+        bound = args.control_timeout + 0.5
+        print(f"\nwedged (SIGSTOPped) daemon: worst of 3 {w:.2f} s; bound "
+              f"control timeout + 0.5 = {bound:.1f} s: {'within' if w <= bound else 'OVER'}")
+        audit_wedged = timed(["timeout", "30", "sh", str(audit)], env, 1, timeout=60)[0]
+        print(f"  seeds' audit on the same wedged daemon: {audit_wedged:.1f} s "
+              "(stopped by `timeout 30`; it has no bound of its own)")
+
+        # Seeds' audit with slurmctld down: scontrol against a controller nobody serves.
+        if shutil.which("scontrol"):
+            conf = work / "slurm.conf"
+            conf.write_text("ClusterName=bench\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+                            "NodeName=localhost CPUs=1 State=UNKNOWN\n"
+                            "PartitionName=p Nodes=localhost Default=YES\n")
+            down_env = dict(env, SLURM_CONF=str(conf), WITH_SCONTROL="1")
+            down = timed(["sh", str(audit)], down_env, 1, timeout=120)[0]
+            print(f"\nseeds' audit with slurmctld down: {down:.1f} s "
+                  f"({down / base:.0f}x python3 -c pass); mps-health makes no Slurm call "
+                  "unless a Slurm check is enabled, and bounds it when it does")
+        else:
+            print("\n(scontrol not installed: the slurmctld-down case is skipped)")
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, text=True,
+                       capture_output=True, timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+        if use_defaults:
+            shutil.rmtree(pipe, ignore_errors=True)
+            shutil.rmtree(log, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
