@@ -11,9 +11,32 @@ from typing import Callable, Iterator, List, Optional
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+pytest_plugins = ["mpsgpu"]  # the real-GPU fixtures (mps, mps_base)
+
 FAKES = Path(__file__).parent / "fakes"
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Tests marked gpu skip unless a real GPU with MPS is here (or MPS_HEALTH_GPU_FAKE=1)."""
+    import shutil
+
+    if os.environ.get("MPS_HEALTH_GPU_FAKE") == "1":
+        return
+    control = shutil.which("nvidia-cuda-mps-control")
+    real = False
+    if control and shutil.which("nvidia-smi"):
+        with open(control, "rb") as f:
+            real = f.read(4) == b"\x7fELF"  # our fake is a script
+    if real:
+        return
+    skip = pytest.mark.skip(reason="needs a real NVIDIA GPU with the MPS binaries "
+                                   "(or MPS_HEALTH_GPU_FAKE=1 to run against the fake)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def fixture_text(name: str) -> str:

@@ -1,0 +1,155 @@
+"""Real-GPU test helpers: a real MPS daemon in a private pipe dir, always quit at the end.
+
+Tests here are marked ``gpu`` and skip unless the real MPS binaries and an NVIDIA GPU
+exist. With MPS_HEALTH_GPU_FAKE=1 they run against tests/fakes' fake instead (parts
+that need CUDA skip), so they can be exercised on any machine before a GPU run.
+Never change the card's settings here (no nvidia-smi -c/-r/-pm, clocks, MIG).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator, Optional
+
+import pytest
+
+FAKES = Path(__file__).resolve().parent.parent / "fakes"
+USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
+
+
+def real_control() -> Optional[str]:
+    path = shutil.which("nvidia-cuda-mps-control")
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return path if f.read(4) == b"\x7fELF" else None  # our fake is a script
+
+
+def have_gpu() -> bool:
+    return real_control() is not None and shutil.which("nvidia-smi") is not None
+
+
+def have_torch_cuda() -> bool:
+    if USE_FAKE:
+        return False
+    r = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                       capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def say(*lines: str) -> None:
+    """Print for the record (run with -s); docs/gpu-validation.md is made from this."""
+    for line in lines:
+        print(line, flush=True)
+
+
+class Mps:
+    """One MPS instance (daemon, pipe dir, log dir) under a private temp dir."""
+
+    def __init__(self, base: Path, name: str = "mps", gpu: Optional[str] = None) -> None:
+        self.base = base
+        self.pipe = base / f"{name}-pipe"
+        self.log = base / f"{name}-log"
+        self.gpu = gpu
+        self.config = base / f"{name}.yaml"
+        for d in (self.pipe, self.log):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o777)
+        self.config.write_text(
+            f"run_dir: {base}/run\nstate_dir: {base}/state\n"
+            f"mps:\n  pipe_dir: {self.pipe}\n  log_dir: {self.log}\n"
+            "control:\n  timeout_s: 2.0\n")
+        self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
+                        CUDA_MPS_LOG_DIRECTORY=str(self.log))
+        if gpu is not None:
+            self.env["CUDA_VISIBLE_DEVICES"] = gpu
+        if USE_FAKE:
+            self.env["PATH"] = f"{FAKES}{os.pathsep}{self.env['PATH']}"
+
+    def control(self, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
+        return subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def start(self) -> subprocess.CompletedProcess:
+        r = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=self.env, capture_output=True,
+                           text=True, timeout=30)
+        for _ in range(300):
+            if self.daemon_pid() is not None:
+                break
+            time.sleep(0.01)
+        return r
+
+    def daemon_pid(self) -> Optional[int]:
+        try:
+            text = (self.pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() and Path(f"/proc/{text}").exists() else None
+
+    def check(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "mps_health.cli", "check", "--config", str(self.config),
+               *args]
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def quit(self) -> None:
+        pid = self.daemon_pid()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            try:
+                self.control("quit -t 5", timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)  # the PID we started, never by name
+
+
+def record_proc(pid: int, into: Path) -> None:
+    """Copy /proc/PID's stat, status, cmdline, comm (and environ's CUDA_* lines) as fixtures."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in ("stat", "status", "cmdline", "comm"):
+        (into / name).write_bytes(Path(f"/proc/{pid}/{name}").read_bytes())
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    keep = [e for e in env if e.startswith((b"CUDA_", b"PATH="))]
+    (into / "environ").write_bytes(b"\0".join(keep) + b"\0")
+
+
+def out_dir() -> Path:
+    """Where captured files go: $OUT on the device machine, else a temp dir."""
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="mpsh-out-"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def env_info() -> Dict[str, str]:
+    info = {}
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_mode",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        info["gpu"] = r.stdout.strip()
+    return info
+
+
+@pytest.fixture
+def mps_base() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="mpsh-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def mps(mps_base: Path) -> Iterator[Mps]:
+    m = Mps(mps_base)
+    yield m
+    m.quit()
+
+
