@@ -12,7 +12,8 @@ from typing import Callable, Iterator, List, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-pytest_plugins = ["mpsgpu"]  # the real-GPU fixtures (mps, mps_base)
+# The real Slurm cluster (tests/slurm_fixture.py) and the real-GPU fixtures (tests/gpu).
+pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
 FAKES = Path(__file__).parent / "fakes"
 FIXTURES = Path(__file__).parent / "fixtures"
