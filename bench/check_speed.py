@@ -110,19 +110,25 @@ def main() -> int:
     try:
         rc = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
         print(f"check on the healthy node: exit {rc.returncode}: {rc.stdout.splitlines()[0]}")
-        results: Dict[str, List[float]] = {"python": [], "check": [], "config": [], "audit": []}
+        results: Dict[str, List[float]] = {"python": [], "isolated": [], "check": [],
+                                           "config": [], "audit": []}
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
+            results["isolated"] += timed([args.python, "-I", "-S", "-c", "pass"], env, 1)
             results["check"] += timed(check, env, 1)
             results["config"] += timed(with_config, env, 1)
             results["audit"] += timed(["sh", str(audit)], env, 1)
         base = med(results["python"])
         print(f"\nhealthy node, median of {args.runs} runs:")
+        iso = med(results["isolated"])
         print(f"  python3 -c pass          {base * 1000:7.1f} ms  (baseline)")
+        print(f"  python3 -I -S -c pass    {iso * 1000:7.1f} ms  (no site-packages at all: "
+              "what this interpreter's .pth files cost is the difference)")
         c = med(results["check"])
         what = "no config file" if use_defaults else "with a config file"
         print(f"  mps-health check         {c * 1000:7.1f} ms  ratio {c / base:.2f} "
               f"(goal <= 1.5; {what})")
+        print(f"  check beyond the baseline: {(c - base) * 1000:+.1f} ms")
         y = med(results["config"])
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
@@ -131,14 +137,14 @@ def main() -> int:
         # Wedged daemon.
         os.kill(pid, signal.SIGSTOP)
         wedged = timed(check, env, 3, timeout=60)
+        audit_wedged = timed(["timeout", "10", "sh", str(audit)], env, 1, timeout=60)[0]
         os.kill(pid, signal.SIGCONT)
         w = max(wedged)
         bound = args.control_timeout + 0.5
         print(f"\nwedged (SIGSTOPped) daemon: worst of 3 {w:.2f} s; bound "
               f"control timeout + 0.5 = {bound:.1f} s: {'within' if w <= bound else 'OVER'}")
-        audit_wedged = timed(["timeout", "30", "sh", str(audit)], env, 1, timeout=60)[0]
         print(f"  seeds' audit on the same wedged daemon: {audit_wedged:.1f} s "
-              "(stopped by `timeout 30`; it has no bound of its own)")
+              "(stopped by `timeout 10`; it has no bound of its own)")
 
         # Seeds' audit with slurmctld down: scontrol against a controller nobody serves.
         if shutil.which("scontrol"):

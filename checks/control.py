@@ -57,7 +57,7 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    answers: Mapping[str, ControlAnswer] = facts.sources["control"]  # type: ignore[assignment]
+    answers: Mapping[str, ControlAnswer] = facts.get("control")
     for inst in facts.instances:
         answer = answers.get(inst.name)
         if answer is None:

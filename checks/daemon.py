@@ -138,8 +138,8 @@ def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], roo
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]
-    dirs: Mapping[str, DirFact] = facts.sources["dirs"]  # type: ignore[assignment]
+    procs: Tuple[ProcessFact, ...] = facts.get("processes")
+    dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
         yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
     yield from _orphaned_servers(procs)

@@ -86,7 +86,7 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    dirs: Mapping[str, DirFact] = facts.sources["dirs"]  # type: ignore[assignment]
+    dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
         longest = len(inst.pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
         if longest > SUN_PATH_MAX:

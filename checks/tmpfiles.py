@@ -56,7 +56,7 @@ def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    tf: TmpfilesFacts = facts.sources["tmpfiles"]  # type: ignore[assignment]
+    tf: TmpfilesFacts = facts.get("tmpfiles")
     if not tf.available:
         yield Result(NAME, OK, "ok", "", "no tmpfiles.d directories: systemd-tmpfiles "
                      "does not clean this node")

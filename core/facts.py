@@ -6,7 +6,7 @@ rather than dataclasses: they are frozen and typed, and importing them costs
 nothing, which matters for a program slurmd starts every few minutes.
 """
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 
 class Instance(NamedTuple):
@@ -109,3 +109,7 @@ class Facts(NamedTuple):
     sources: Dict[str, object]
     errors: Dict[str, str]  # source name -> one line saying why it is missing
     durations: Dict[str, float]  # source name -> seconds spent gathering it
+
+    def get(self, source: str) -> Any:
+        """A gathered source's value (the engine runs a check only when it is there)."""
+        return self.sources[source]

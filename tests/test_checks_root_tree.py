@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from conftest import write_config
-from roottree import RUNNING_ENTRIES, add_dir, add_pipe_dir, add_process
-
 from mps_health import engine
 from mps_health.config import from_mapping
 from mps_health.results import CRITICAL, OK, WARNING
+from roottree import RUNNING_ENTRIES, add_dir, add_pipe_dir, add_process
 
 
 def judge(root: Path, mapping: dict, only=("daemon", "directories")):

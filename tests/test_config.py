@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from mps_health import config
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from conftest import node_config
-
 from mps_health import config as config_mod
 from mps_health.context import Context
 from mps_health.facts import Instance

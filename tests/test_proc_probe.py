@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
-from roottree import add_process
-
 from mps_health.probes import proc
+from roottree import add_process
 
 
 def test_parse_stat_of_captured_daemon() -> None:

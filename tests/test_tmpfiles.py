@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 from mps_health.checks import tmpfiles as guard
-
 from mps_health.config import from_mapping
 from mps_health.context import Context
 from mps_health.facts import Facts, Instance
