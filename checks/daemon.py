@@ -20,7 +20,7 @@ def _reset(inst: Instance) -> str:
     return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
 
 
-def _pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
     if root in ("", "/"):
         return (inst.pipe_dir,)
     return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
@@ -29,7 +29,7 @@ def _pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
 def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                  root: str = "/") -> List[ProcessFact]:
     """The live control daemons serving ``inst``, by environ or else by pid file."""
-    paths = _pipe_paths(inst, root)
+    paths = pipe_paths(inst, root)
     controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
     found = [p for p in controls if p.pipe_dir in paths]
     if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
@@ -110,40 +110,11 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
              daemon_up=1.0, daemon_pid=float(daemon.pid))
 
 
-def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
-    live_controls = {p.pid: p for p in procs if p.role == "control" and p.state not in "ZX"}
-    for p in procs:
-        if p.role != "server" or p.state in ("Z", "X"):
-            continue
-        parent_alive = p.ppid in live_controls
-        same_dir = any(c.pipe_dir is not None and c.pipe_dir == p.pipe_dir
-                       for c in live_controls.values())
-        if not parent_alive and not same_dir:
-            yield Result(NAME, CRITICAL, "server-orphaned", "",
-                         f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}) runs with no control "
-                         f"daemon{' for ' + p.pipe_dir if p.pipe_dir else ''}",
-                         "run 'mps-health remediate reset' for its instance")
-
-
-def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], root: str,
-                layout: str) -> Iterator[Result]:
-    known = {path for i in insts for path in _pipe_paths(i, root)}
-    for p in procs:
-        if p.role == "control" and p.state not in ("Z", "X") and p.pipe_dir is not None \
-                and p.pipe_dir not in known and layout != "per-job":
-            yield Result(NAME, WARNING, "daemon-unexpected", "",
-                         f"control daemon {p.pid} (uid {p.uid}) serves {p.pipe_dir}, which no "
-                         "configured instance uses", "stop it, or add it to the config's mps "
-                         "section")
-
-
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     procs: Tuple[ProcessFact, ...] = facts.get("processes")
     dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
         yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
-    yield from _orphaned_servers(procs)
-    yield from _unexpected(procs, facts.instances, facts.root, config.mps.layout)
     if not facts.instances:
         yield Result(NAME, OK, "ok", "", "no MPS instance on this node (per-job layout, no job)")
 

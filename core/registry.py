@@ -54,6 +54,8 @@ source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
 # --- checks -------------------------------------------------------------------------
 check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
       summary="a live control daemon serves each instance")
+check("strays", "mps_health.checks.strays:check", ("processes",),
+      summary="no MPS server or daemon outside the configured instances")
 check("control", "mps_health.checks.control:check", ("control",),
       summary="the control daemon answers in time")
 check("directories", "mps_health.checks.directories:check", ("dirs",),

@@ -13,7 +13,7 @@ from mps_health.results import CRITICAL, OK, WARNING
 from roottree import RUNNING_ENTRIES, add_dir, add_pipe_dir, add_process
 
 
-def judge(root: Path, mapping: dict, only=("daemon", "directories")):
+def judge(root: Path, mapping: dict, only=("daemon", "directories", "strays")):
     (root / "proc").mkdir(exist_ok=True)  # a node with no MPS process at all
     cfg = from_mapping({"run_dir": str(root / "run"), **mapping}, None)
     _, report = engine.run(cfg, str(root), only=list(only))
