@@ -105,6 +105,7 @@ class LogPosition(NamedTuple):
     dev: int
     inode: int
     offset: int
+    head: str = ""  # its first bytes (latin-1): a new file that reused the inode differs
 
 
 class LogMemory(NamedTuple):

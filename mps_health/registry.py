@@ -52,6 +52,7 @@ source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
        "mps_health.probes.tmpfiles:VALUE_TYPE")
 source("servers", "mps_health.probes.servers:gather", "mps_health.probes.servers:VALUE_TYPE",
        blocking=True)
+source("logs", "mps_health.probes.logs:gather", "mps_health.probes.logs:VALUE_TYPE")
 
 # --- checks -------------------------------------------------------------------------
 check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
@@ -64,3 +65,5 @@ check("tmpfiles", "mps_health.checks.tmpfiles:check", ("tmpfiles",),
       summary="systemd-tmpfiles will not clean the pipe dirs")
 check("servers", "mps_health.checks.servers:check", ("servers",),
       summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
+check("logs", "mps_health.checks.logs:check", ("logs",),
+      summary="no pending clients, failed servers or refused connections in the MPS logs")
