@@ -26,11 +26,11 @@ def _reset(name: str) -> str:
 def describe(server: ServerFact) -> str:
     who = server.user or (f"uid {server.uid}" if server.uid is not None else "user unknown")
     if not server.clients:
-        return f"server {server.pid} ({who}), no client"
+        return f"server {server.pid} ({who}) with no client"
     shown = ", ".join(f"{c.pid}" + (f" ({c.user or c.uid})" if c.uid is not None else "")
                       for c in server.clients[:8])
     more = f", +{len(server.clients) - 8} more" if len(server.clients) > 8 else ""
-    return f"server {server.pid} ({who}), clients {shown}{more}"
+    return f"server {server.pid} ({who}) with clients {shown}{more}"
 
 
 def counts(cur: InstanceServers) -> Tuple[Tuple[str, float], ...]:

@@ -139,7 +139,8 @@ class CanaryFact(NamedTuple):
     # "served": its PID was in a server's client list while it held its context;
     # "not-served": it got a context, but no MPS server listed it (ran without MPS);
     # "failed": a CUDA call failed; "timeout": no context within the hard timeout;
-    # "no-libcuda": no driver here; "skipped": not run (reason in detail);
+    # "no-libcuda": no driver here; "skipped": not run on purpose, another user's
+    # clients are connected (reason in detail); "not-run": our own lock was busy;
     # "error": the canary could not be run or said something unexpected.
     status: str
     detail: str

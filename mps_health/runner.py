@@ -28,7 +28,8 @@ class Pending:
     """A started command, to be collected with :meth:`wait`."""
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
-                 env: Optional[Mapping[str, str]] = None) -> None:
+                 env: Optional[Mapping[str, str]] = None, user: Optional[int] = None,
+                 group: Optional[int] = None) -> None:
         self.argv = list(argv)
         self.started = time.monotonic()
         self.error: Optional[str] = None
@@ -42,6 +43,8 @@ class Pending:
                 env=dict(env) if env is not None else None,
                 start_new_session=True,  # own process group: killed as a whole
                 close_fds=True,
+                # As another user (the canary runs as the MPS daemon's user): root only.
+                user=user, group=group, extra_groups=[] if user is not None else None,
             )
         except FileNotFoundError:
             self.error = f"{self.argv[0]}: command not found"

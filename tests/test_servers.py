@@ -128,7 +128,7 @@ def test_fault_server_is_critical_with_pid_user_and_clients(tmp_path: Path, fake
     d.query(f"fake_server_set {server} FAULT")
     r = mps_health("check", "--config", cfg, "--only", "servers")
     assert r.returncode == 2, r.stdout + r.stderr
-    assert (f"CRITICAL servers[node] server-fault: server {server} (root), clients {client} "
+    assert (f"CRITICAL servers[node] server-fault: server {server} (root) with clients {client} "
             "(root) is in FAULT") in r.stdout
     assert "mps-health remediate reset node" in r.stdout
     r = mps_health("check", "--config", cfg, "--only", "servers", "--format", "json")
@@ -146,7 +146,7 @@ def test_initializing_is_stuck_only_across_runs(tmp_path: Path, fake_daemon) -> 
     time.sleep(1.2)
     second = mps_health("check", "--config", cfg, "--only", "servers")
     assert second.returncode == 2
-    assert f"server-stuck-initializing: server {server} (root), no client has been " \
+    assert f"server-stuck-initializing: server {server} (root) with no client has been " \
            "INITIALIZING for " in second.stdout
     assert "(limit 1s): its clients wait forever" in second.stdout
 
