@@ -58,7 +58,7 @@ def main() -> int:
     check = [sys.executable, "-m", "mps_health.cli", "check", "--config", str(cfg),
              "--skip", "tmpfiles"]
     runs = {
-        "baseline": check[:-1] + ["tmpfiles,servers,logs"],
+        "baseline": [*check[:-1], "tmpfiles,servers,logs"],
         "default": check,
         "python": [sys.executable, "-c", "pass"],
     }
