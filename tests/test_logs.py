@@ -222,3 +222,15 @@ def test_fake_daemon_log_lines_are_read(tmp_path: Path, fake_daemon) -> None:
     r = mps_health("check", "--config", cfg, "--only", "logs")
     assert r.returncode == 1
     assert f"Server {server} exited with status 139" in r.stdout
+
+
+def test_a_symlinked_log_dir_is_not_read(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    (log / "control.log").write_text(line("Unable to accept connection", time.time()))
+    link = tmp_path / "linked-log"
+    link.symlink_to(log)
+    cfg = node_config(tmp_path, pipe, link)
+    r = mps_health("check", "--config", cfg, "--only", "logs")
+    assert r.returncode == 3
+    assert f"UNKNOWN logs[node] logs-unreadable: {link}/control.log: cannot read: the log dir " \
+           "is a symlink" in r.stdout
