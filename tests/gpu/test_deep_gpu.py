@@ -13,11 +13,13 @@ before the one GPU run.
 import json
 import os
 import pwd
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -45,6 +47,27 @@ if not (REAL or FAKE):
                 allow_module_level=True)
 if os.geteuid() != 0:
     pytest.skip("runs as root (daemons, another user's client)", allow_module_level=True)
+
+
+_LINES: Dict[int, queue.Queue] = {}
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """One line of ``proc``'s stdout, or "" after ``timeout`` (a hung client never hangs us)."""
+    if proc.pid not in _LINES:
+        lines: queue.Queue = queue.Queue()
+        _LINES[proc.pid] = lines
+
+        def pump() -> None:
+            for line in proc.stdout or ():
+                lines.put(line)
+            lines.put("")
+
+        threading.Thread(target=pump, daemon=True).start()
+    try:
+        return _LINES[proc.pid].get(timeout=timeout)
+    except queue.Empty:
+        return ""
 
 
 def show(title: str, text: str) -> None:
@@ -295,8 +318,9 @@ def test_canary_skips_behind_another_users_client(node: Node,
                               text=True, start_new_session=True)
     try:
         if REAL:
-            line = client.stdout.readline() if client.stdout else ""
+            line = read_line(client, 120)
             if line.strip() != "ready":
+                os.killpg(client.pid, signal.SIGKILL)
                 client.wait(timeout=30)
                 err = client.stderr.read() if client.stderr else ""
                 show("the other user's torch client failed", line + err)
@@ -368,8 +392,8 @@ def test_illegal_address_and_fault(node: Node) -> None:
                                   start_new_session=True)
         said = []
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and client.stdout is not None:
-            line = client.stdout.readline()
+        while time.monotonic() < deadline:
+            line = read_line(client, max(0.1, deadline - time.monotonic()))
             if not line:
                 break
             said.append(line)
