@@ -80,6 +80,7 @@ _TOP_KEYS = {
     "control", "tmpfiles",
     # Sections read by other modules (gpu checks, slurm, exporters, remediation):
     "gpu", "slurm", "healthcheck", "exporter", "remediation", "nagios", "orphans",
+    "servers", "logs", "canary",  # the deep checks (checks/servers.py, logs.py, canary.py)
 }
 
 

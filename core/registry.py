@@ -50,6 +50,11 @@ source("control", "mps_health.probes.control:gather", "mps_health.probes.control
        blocking=True)
 source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
        "mps_health.probes.tmpfiles:VALUE_TYPE")
+source("servers", "mps_health.probes.servers:gather", "mps_health.probes.servers:VALUE_TYPE",
+       blocking=True)
+source("logs", "mps_health.probes.logs:gather", "mps_health.probes.logs:VALUE_TYPE")
+source("canary", "mps_health.probes.canary:gather", "mps_health.probes.canary:VALUE_TYPE",
+       blocking=True)
 
 # --- checks -------------------------------------------------------------------------
 check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
@@ -62,3 +67,9 @@ check("directories", "mps_health.checks.directories:check", ("dirs",),
       summary="pipe and log dirs are real dirs with the right mode and owner")
 check("tmpfiles", "mps_health.checks.tmpfiles:check", ("tmpfiles",),
       summary="systemd-tmpfiles will not clean the pipe dirs")
+check("servers", "mps_health.checks.servers:check", ("servers",),
+      summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
+check("logs", "mps_health.checks.logs:check", ("logs",),
+      summary="no pending clients, failed servers or refused connections in the MPS logs")
+check("canary", "mps_health.checks.canary:check", ("canary",), default_on=False,
+      summary="a real CUDA client through each instance is served by MPS")

@@ -14,7 +14,7 @@ import os
 import select
 import signal
 import time
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 
 class Completed(NamedTuple):
@@ -31,8 +31,10 @@ class Pending:
     """A started command, to be collected with :meth:`wait` or :func:`wait_all`."""
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
-                 env: Optional[Mapping[str, str]] = None) -> None:
+                 env: Optional[Mapping[str, str]] = None, user: Optional[int] = None,
+                 group: Optional[int] = None) -> None:
         self.argv = list(argv)
+        self._popen: Any = None
         self.started = time.monotonic()
         self.error: Optional[str] = None
         self.pid: Optional[int] = None
@@ -40,7 +42,10 @@ class Pending:
         self.ended: Optional[float] = None
         self.rc: Optional[int] = None
         try:
-            self._spawn(stdin or "", env)
+            if user is None and group is None:
+                self._spawn(stdin or "", env)
+            else:
+                self._spawn_as(stdin or "", env, user, group)
         except FileNotFoundError:
             self.error = f"{self.argv[0]}: command not found"
         except PermissionError:
@@ -74,6 +79,29 @@ class Pending:
         self.out = {out_r: bytearray(), err_r: bytearray()}
         self.fds = (out_r, err_r)
 
+    def _spawn_as(self, stdin: str, env: Optional[Mapping[str, str]], user: Optional[int],
+                  group: Optional[int]) -> None:
+        """As another user (root only): subprocess drops the ids in the child itself,
+        with no shell, no su and no preexec_fn. Only remediation and the canary need it,
+        so only they pay for importing subprocess."""
+        import subprocess
+
+        proc = subprocess.Popen(
+            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=dict(os.environ if env is None else env), start_new_session=True,
+            close_fds=True, user=user, group=group,
+            extra_groups=[] if user is not None else None)
+        self._popen = proc
+        self.pid = proc.pid
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            os.write(proc.stdin.fileno(), stdin.encode())
+        except OSError:
+            pass
+        proc.stdin.close()
+        self.out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+        self.fds = (proc.stdout.fileno(), proc.stderr.fileno())
+
     def _reap(self, block: bool) -> bool:
         """Collect the exit status; True once the process is gone."""
         if self.rc is not None or self.pid is None:
@@ -88,6 +116,10 @@ class Pending:
         self.rc = os.waitstatus_to_exitcode(status)
         return True
 
+    def finished(self) -> bool:
+        """Has the command exited? (Its output can still be collected with wait.)"""
+        return self._reap(block=False)
+
     def kill(self) -> None:
         """SIGKILL the command's whole process group (it leads its own session)."""
         if self.pid is None:
@@ -101,11 +133,16 @@ class Pending:
         if self.pid is None:
             return Completed(self.argv, None, "", "", 0.0, exec_error=self.error)
         out, err = (bytes(self.out[fd]).decode("utf-8", "replace") for fd in self.fds)
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if self._popen is not None:  # its file objects own the fds
+            self._popen.stdout.close()
+            self._popen.stderr.close()
+            self._popen.returncode = self.rc  # reaped here: Popen must not wait again
+        else:
+            for fd in self.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         end = self.ended if self.ended is not None else time.monotonic()
         return Completed(self.argv, None if timed_out else self.rc, out, err,
                          end - self.started, timed_out)

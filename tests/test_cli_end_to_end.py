@@ -22,7 +22,8 @@ def test_healthy_daemon_is_ok(tmp_path: Path, fake_daemon) -> None:
     # strays is skipped: it judges the whole node, where other tests' daemons may run.
     r = mps_health("check", "--config", cfg, "--skip", "tmpfiles,strays")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.startswith("MPS OK - 3 checks passed")
+    # Not a fixed count: every default-on check added (servers, logs, ...) changes it.
+    assert r.stdout.startswith("MPS OK - ") and " checks passed on " in r.stdout
 
 
 def test_stopped_daemon_is_critical_within_timeout(tmp_path: Path, fake_daemon) -> None:

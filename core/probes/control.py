@@ -18,6 +18,8 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
+# Queries whose empty answer means "none" (no server runs, a server has no client).
+EMPTY_OK = ("get_server_list", "get_client_list")
 
 
 def classify(command: str, done: Completed) -> ControlAnswer:
@@ -31,7 +33,7 @@ def classify(command: str, done: Completed) -> ControlAnswer:
     first = (out or err).splitlines()[0] if (out or err) else ""
     if done.rc == 1 and NO_DAEMON in out + err:
         return ControlAnswer(command, "absent", 1, out, err, done.elapsed_s, NO_DAEMON)
-    if done.rc == 0 and out and _is_answer(command, out):
+    if done.rc == 0 and (out or command.split()[0] in EMPTY_OK) and _is_answer(command, out):
         return ControlAnswer(command, "ok", 0, out, err, done.elapsed_s)
     detail = first or f"no output (exit status {done.rc})"
     return ControlAnswer(command, "error", done.rc, out, err, done.elapsed_s, detail)
@@ -92,11 +94,7 @@ def ask_all(ctx: Context, instances: Tuple[Instance, ...],
                 command, "skipped", None, "", "", 0.0,
                 "another mps-health query to this pipe dir did not finish in time")
             continue
-        env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
-                         "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)})
-        if ctx.env is not None:
-            env.update(ctx.env)
-        started.append((inst, Pending([client], command + "\n", env), lock))
+        started.append((inst, Pending([client], command + "\n", client_env(ctx, inst)), lock))
     try:
         done = wait_all([p for _, p, _ in started], deadline)
     finally:
@@ -105,6 +103,31 @@ def ask_all(ctx: Context, instances: Tuple[Instance, ...],
     for (inst, _, _), completed in zip(started, done):
         answers[inst.name] = classify(command, completed)
     return answers
+
+
+def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
+    """The environment that points the control client (or a CUDA client) at ``inst``."""
+    env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+                     "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)})
+    if ctx.env is not None:
+        env.update(ctx.env)
+    return env
+
+
+def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
+    """The lock our queries to ``inst``'s pipe dir take turns on (acquire, then release)."""
+    return _Lock(ctx.path(ctx.config.run_dir), inst.pipe_dir)
+
+
+def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:
+    """One query to ``inst``, bounded by the control timeout and ``deadline``.
+
+    For a series of queries (the server check): the caller holds :func:`pipe_lock`.
+    """
+    deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
+    client = ctx.config.command("nvidia-cuda-mps-control")
+    done = Pending([client], command + "\n", client_env(ctx, inst)).wait(deadline)
+    return classify(command, done)
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:

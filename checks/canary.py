@@ -1,0 +1,69 @@
+"""canary: a real CUDA client through each instance is served by MPS, quickly.
+
+The deepest check, off by default on the slurmd path (it starts a CUDA context):
+enable it with ``--only canary`` or ``checks.enable``; the exporter runs it. See
+``mps_health.probes.canary`` for how it runs and when it skips.
+"""
+
+from typing import Iterator, Mapping
+
+from mps_health.config import Config
+from mps_health.facts import Facts
+from mps_health.facts_deep import CanaryFact
+from mps_health.results import CRITICAL, OK, UNKNOWN, Result
+
+NAME = "canary"
+
+
+def _reset(name: str) -> str:
+    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+
+
+def judge(name: str, c: CanaryFact) -> Result:
+    values = tuple((k, v) for k, v in (
+        ("canary_served", 1.0 if c.status == "served" else 0.0),
+        ("canary_skipped", 1.0 if c.status == "skipped" else 0.0),
+        ("canary_latency_s", c.latency_s), ("canary_total_s", c.total_s)) if v is not None)
+    if c.status == "served":
+        return Result(NAME, OK, "ok", name,
+                      f"a CUDA client (pid {c.pid}, uid {c.uid}) got a context in "
+                      f"{(c.latency_s or 0) * 1000:.0f} ms, {c.detail}", "", values)
+    if c.status == "skipped":
+        return Result(NAME, OK, "canary-skipped", name, f"canary not run: {c.detail}", "",
+                      values)
+    if c.status == "not-served":
+        return Result(NAME, CRITICAL, "canary-not-served", name,
+                      f"the canary (pid {c.pid}) got a CUDA context in "
+                      f"{(c.latency_s or 0) * 1000:.0f} ms but no MPS server listed it: "
+                      "CUDA clients of this pipe dir silently run without MPS",
+                      _reset(name), values)
+    if c.status == "failed":
+        return Result(NAME, CRITICAL, "canary-failed", name,
+                      f"the canary's {c.detail} through MPS", _reset(name), values)
+    if c.status == "timeout":
+        return Result(NAME, CRITICAL, "canary-timeout", name, f"the canary got {c.detail}",
+                      _reset(name), values)
+    if c.status == "not-run":
+        return Result(NAME, UNKNOWN, "canary-not-run", name, f"canary not run: {c.detail}",
+                      "if this persists, look for a hung mps-health process", values)
+    if c.status == "no-libcuda":
+        return Result(NAME, UNKNOWN, "canary-no-libcuda", name,
+                      "libcuda.so.1 not found: no NVIDIA driver here, so the canary cannot run",
+                      "install the NVIDIA driver, or do not enable the canary on this node",
+                      values)
+    return Result(NAME, UNKNOWN, "canary-error", name, c.detail,
+                  "run 'mps-health check --only canary -v' as root", values)
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    found: Mapping[str, CanaryFact] = facts.sources["canary"]  # type: ignore[assignment]
+    for inst in facts.instances:
+        fact = found.get(inst.name)
+        if fact is None:
+            yield Result(NAME, UNKNOWN, "canary-not-run", inst.name,
+                         "the canary did not finish within the run's budget",
+                         "raise budget_s or lower canary.timeout_s")
+        else:
+            yield judge(inst.name, fact)
+    if not facts.instances:
+        yield Result(NAME, OK, "ok", "", "no MPS instance on this node")

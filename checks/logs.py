@@ -1,0 +1,105 @@
+"""logs: what the MPS logs said lately: pending clients, failed servers, refused connections.
+
+Findings come from ``mps_health.probes.logs`` with their own time and stay reported for
+``logs.window_s`` after it (an XID-style window), then clear by themselves. A client
+pushed to the pending list is reported once it has waited ``logs.pending_warn_s``,
+until it exits or a server starts for its user (MPS serves one user per GPU at a time,
+so another user's job blocks it).
+"""
+
+import time
+from typing import Dict, Iterator, List, Sequence
+
+from mps_health.config import Config
+from mps_health.facts import Facts
+from mps_health.facts_deep import LogFinding, LogsFacts
+from mps_health.probes.logs import settings
+from mps_health.results import OK, UNKNOWN, WARNING, Result, ok
+
+NAME = "logs"
+
+# code -> (state, what it means, what to do)
+MEANING = {
+    "log-server-exit": (WARNING, "MPS server(s) exited with a non-zero status",
+                        "read server.log and control.log around that time; if it repeats, "
+                        "run 'mps-health remediate reset {name}'"),
+    "log-daemon-exit": (WARNING, "the control daemon exited with a non-zero status",
+                        "read control.log; 'mps-health check' shows whether it runs again"),
+    "log-server-start-failed": (WARNING, "the daemon failed to start a server for a user",
+                                "a client of another user reached a per-user daemon: check "
+                                "that each job's CUDA_MPS_PIPE_DIRECTORY is its own daemon's"),
+    "log-accept-failed": (WARNING, "the control daemon could not accept connections",
+                          "check open files and the pipe dir; if it repeats, "
+                          "run 'mps-health remediate reset {name}'"),
+    "log-fatal": (WARNING, "fatal errors or exceptions were logged",
+                  "read server.log around that time and check dmesg for Xid errors"),
+}
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def _resolved(p: LogFinding, findings: Sequence[LogFinding], alive: Sequence[int]) -> bool:
+    if p.pid not in alive:
+        return True  # the client exited (served, gave up, or killed)
+    return any(f.code == "log-server-start" and f.log_dir == p.log_dir and f.uid == p.uid
+               and f.at >= p.at for f in findings)
+
+
+def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
+          config: Config) -> Iterator[Result]:
+    cfg = settings(config)
+    now = lf.taken_at
+    recent = [f for f in findings if now - f.at <= cfg.window_s]
+    waiting = [p for p in findings if p.code == "log-pending-client"
+               and not _resolved(p, findings, lf.alive) and now - p.at >= cfg.pending_warn_s]
+    values = (("log_findings", float(sum(f.code in MEANING for f in recent))),
+              ("pending_clients", float(len(waiting))))
+    found = False
+    for p in waiting[:8]:
+        found = True
+        yield Result(NAME, WARNING, "client-pending", name,
+                     f"client {p.pid} of uid {p.uid} was pushed to the pending list at "
+                     f"{_clock(p.at)} and has waited {now - p.at:.0f}s: another user's "
+                     "server holds the GPU (MPS serves one user per GPU at a time)",
+                     "check which jobs share the GPU ('mps-health check -v', squeue -w "
+                     "this node); MPS GPUs should be allocated to one user at a time",
+                     (*values, ("pending_wait_s", now - p.at)))
+    by_code: Dict[str, List[LogFinding]] = {}
+    for f in recent:
+        if f.code in MEANING:
+            by_code.setdefault(f.code, []).append(f)
+    for code, group in by_code.items():
+        found = True
+        state, meaning, action = MEANING[code]
+        last = max(group, key=lambda f: f.at)
+        yield Result(NAME, state, code, name,
+                     f"{len(group)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
+                     f"{_clock(last.at)} in {last.file}: {last.text}",
+                     action.format(name=name), (*values, (code.replace("-", "_"),
+                                                          float(len(group)))))
+    if not found:
+        yield Result(NAME, OK, "ok", name, f"nothing notable in the last "
+                     f"{cfg.window_s / 60:g} min", "", values)
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
+    done = set()
+    for inst in facts.instances:
+        if inst.log_dir in done:
+            continue
+        done.add(inst.log_dir)
+        files = [f for f in lf.files if f.path.startswith(inst.log_dir.rstrip("/") + "/")]
+        if files and all(f.status == "error" for f in files):
+            yield Result(NAME, UNKNOWN, "logs-unreadable", inst.name,
+                         "; ".join(f"{f.path}: {f.detail}" for f in files),
+                         "run the check as root")
+            continue
+        mine = [f for f in lf.findings if f.log_dir == inst.log_dir]
+        yield from judge(inst.name, mine, lf, config)
+    if lf.state_error:
+        yield Result(NAME, OK, "ok", "", f"offsets not kept: {lf.state_error}")
+    if not facts.instances:
+        yield ok(NAME, "", "no MPS instance on this node")

@@ -1,0 +1,106 @@
+"""servers: no MPS server in FAULT, none stuck INITIALIZING, no restart or churn lately.
+
+A daemon that answers does not prove MPS serves work: a server in FAULT refuses new
+clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until the affected clients exit, and one stuck
+INITIALIZING holds its clients forever. Both are named with the server's PID, user and
+clients. Restarts of the daemon and servers that vanished under live clients (churn,
+see ``mps_health.servertrack``) stay reported for ``servers.event_window_s``.
+"""
+
+from typing import Iterator, List, Optional, Tuple
+
+from mps_health.config import Config
+from mps_health.facts import Facts, Instance
+from mps_health.facts_deep import InstanceServers, ServerFact, ServerMemory, ServersFacts
+from mps_health.probes.servers import settings
+from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.servertrack import advance, status_since
+
+NAME = "servers"
+
+
+def _reset(name: str) -> str:
+    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+
+
+def describe(server: ServerFact) -> str:
+    who = server.user or (f"uid {server.uid}" if server.uid is not None else "user unknown")
+    if not server.clients:
+        return f"server {server.pid} ({who}) with no client"
+    shown = ", ".join(f"{c.pid}" + (f" ({c.user or c.uid})" if c.uid is not None else "")
+                      for c in server.clients[:8])
+    more = f", +{len(server.clients) - 8} more" if len(server.clients) > 8 else ""
+    return f"server {server.pid} ({who}) with clients {shown}{more}"
+
+
+def counts(cur: InstanceServers) -> Tuple[Tuple[str, float], ...]:
+    live = [s for s in cur.servers if s.status != "gone"]
+    return (("servers", float(len(live))),
+            ("clients", float(sum(len(s.clients) for s in live))),
+            ("servers_fault", float(sum(s.status == "FAULT" for s in live))),
+            ("servers_initializing", float(sum(s.status == "INITIALIZING" for s in live))))
+
+
+def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float,
+          config: Config) -> Iterator[Result]:
+    cfg = settings(config)
+    values = counts(cur)
+    found = False
+    for server in cur.servers:
+        if server.status == "FAULT":
+            found = True
+            yield Result(NAME, CRITICAL, "server-fault", inst.name,
+                         f"{describe(server)} is in FAULT: new clients get "
+                         "CUDA_ERROR_MPS_SERVER_NOT_READY until its clients exit",
+                         _reset(inst.name) + "; it ends the faulted clients' MPS session",
+                         values)
+        elif server.status == "INITIALIZING":
+            since: Optional[float] = status_since(memory, server)
+            waited = now - since if since is not None else 0.0
+            if waited >= cfg.init_stuck_s:
+                found = True
+                yield Result(NAME, CRITICAL, "server-stuck-initializing", inst.name,
+                             f"{describe(server)} has been INITIALIZING for {waited:.0f}s "
+                             f"(limit {cfg.init_stuck_s:g}s): its clients wait forever",
+                             _reset(inst.name), (*values, ("initializing_s", waited)))
+        elif server.status == "error":
+            found = True
+            yield Result(NAME, UNKNOWN, "server-unreadable", inst.name,
+                         f"server {server.pid}: {server.detail}",
+                         "see the control check; run 'mps-health check -v' as root", values)
+    for event in memory.events:
+        found = True
+        age = now - event.at
+        yield Result(NAME, WARNING, event.code, inst.name,
+                     f"{event.message} ({age / 60:.0f} min ago)",
+                     "read the instance's control.log around that time; see the logs check",
+                     values)
+    if not found:
+        live = [s for s in cur.servers if s.status != "gone"]
+        text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
+        yield Result(NAME, 0, "ok", inst.name, text, "", values)
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
+    if sf.state_error:
+        yield Result(NAME, 0, "ok", "", f"history not kept: {sf.state_error}")
+    for inst in facts.instances:
+        cur = sf.instances.get(inst.name)
+        if cur is None:
+            yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
+                         "no server query was made for this instance", "")
+            continue
+        memory = advance(sf.previous.get(inst.name), cur, sf.alive, sf.taken_at,
+                         settings(config).event_window_s)
+        if cur.query not in ("ok", "idle"):
+            yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
+                         f"cannot list the servers ({cur.query}: {cur.detail})",
+                         "see the daemon and control checks")
+            events: List[Result] = [r for r in judge(inst, cur._replace(servers=()), memory,
+                                                     sf.taken_at, config) if r.state]
+            yield from events
+            continue
+        yield from judge(inst, cur, memory, sf.taken_at, config)
+    if not facts.instances:
+        yield ok(NAME, "", "no MPS instance on this node")

@@ -1,0 +1,155 @@
+"""Acquisition stage: the frozen facts of the deep checks (servers, logs, canary).
+
+Kept apart from ``mps_health.facts`` so the core stays small; same rules: NamedTuples,
+typed, cheap to import, saved as-is in snapshots. The state the deep checks keep across
+runs (``previous`` below) is part of the facts, so a check stays a pure function of
+what was gathered and a snapshot replays exactly what the run judged.
+"""
+
+from typing import Dict, NamedTuple, Optional, Tuple
+
+# --- servers -------------------------------------------------------------------------
+
+
+class ClientFact(NamedTuple):
+    """A client PID from ``get_client_list``, with what /proc says about it."""
+
+    pid: int
+    uid: Optional[int]  # None when the process is gone or unreadable
+    user: Optional[str]
+    start_ticks: Optional[int]
+
+
+class ServerFact(NamedTuple):
+    """One MPS server from ``get_server_list`` and its ``get_server_status``."""
+
+    pid: int
+    # ACTIVE | INITIALIZING | FAULT as the daemon says; "gone" when it answered
+    # "Server PID not found" (exited since the list); "error" when a query failed.
+    status: str
+    detail: str
+    uid: Optional[int]
+    user: Optional[str]
+    start_ticks: Optional[int]
+    clients: Tuple[ClientFact, ...]
+
+
+class InstanceServers(NamedTuple):
+    """What one instance's control daemon said about its servers."""
+
+    # "ok": asked; "idle": the daemon has no child process, so no server runs and
+    # nothing was asked; otherwise the control status of the failed query: "absent",
+    # "timeout", "error", "exec-failed", "skipped".
+    query: str
+    detail: str
+    daemon_pid: Optional[int]
+    daemon_start: Optional[int]
+    servers: Tuple[ServerFact, ...]
+    elapsed_s: float
+
+
+class RememberedServer(NamedTuple):
+    pid: int
+    start_ticks: int
+    status: str
+    status_since: float  # Unix time this status was first seen for this server
+    user: str
+    clients: Tuple[Tuple[int, int], ...]  # (pid, start ticks) of its clients
+
+
+class ServerEvent(NamedTuple):
+    """Something seen between two runs (a restart, churn), reported for a window."""
+
+    at: float
+    code: str
+    message: str
+
+
+class ServerMemory(NamedTuple):
+    """What the previous run saw of one instance (state_dir/servers.json)."""
+
+    taken_at: float
+    daemon_pid: Optional[int]
+    daemon_start: Optional[int]
+    servers: Tuple[RememberedServer, ...]
+    events: Tuple[ServerEvent, ...] = ()
+
+
+class ServersFacts(NamedTuple):
+    taken_at: float  # Unix time of this gathering: "now" for the check
+    instances: Dict[str, InstanceServers]
+    previous: Dict[str, ServerMemory]
+    alive: Tuple[Tuple[int, int], ...]  # previous runs' clients (pid, start) still alive
+    state_error: str = ""  # why the state could not be read or saved ("" when fine)
+
+
+# --- logs ----------------------------------------------------------------------------
+
+
+class LogFinding(NamedTuple):
+    """One notable log line (or group), kept with its own time for windowed reporting."""
+
+    at: float  # Unix time from the line's timestamp
+    code: str  # log-pending-client, log-server-exit, log-accept-failed, ...
+    log_dir: str
+    file: str  # "control.log" | "server.log"
+    text: str  # the line's message, without the timestamp prefix
+    pid: int = 0  # the client or server PID the line names (0: none)
+    uid: int = -1  # the user the line names (-1: none)
+    status: int = 0  # exit status for log-server-exit
+
+
+class LogPosition(NamedTuple):
+    """Where reading stopped in one log file: its identity and the next byte to read."""
+
+    dev: int
+    inode: int
+    offset: int
+    head: str = ""  # its first bytes (latin-1): a new file that reused the inode differs
+
+
+class LogMemory(NamedTuple):
+    """state_dir/logs.json: positions per file path, findings still in their window."""
+
+    positions: Dict[str, LogPosition]
+    findings: Tuple[LogFinding, ...]
+
+
+class LogFileFact(NamedTuple):
+    path: str  # as configured (log_dir/control.log)
+    status: str  # "read" | "missing" | "error"
+    detail: str = ""  # rotation, truncation, skipped bytes, or the error
+    bytes_read: int = 0
+
+
+class LogsFacts(NamedTuple):
+    taken_at: float
+    files: Tuple[LogFileFact, ...]
+    findings: Tuple[LogFinding, ...]  # remembered (within the window) and new
+    alive: Tuple[int, ...]  # PIDs of pending clients that still exist
+    state_error: str = ""
+
+
+# --- canary --------------------------------------------------------------------------
+
+
+class CanaryFact(NamedTuple):
+    """One run of the CUDA canary through one instance."""
+
+    # "served": its PID was in a server's client list while it held its context;
+    # "not-served": it got a context, but no MPS server listed it (ran without MPS);
+    # "failed": a CUDA call failed; "timeout": no context within the hard timeout;
+    # "no-libcuda": no driver here; "skipped": not run on purpose, another user's
+    # clients are connected (reason in detail); "not-run": our own lock was busy;
+    # "error": the canary could not be run or said something unexpected.
+    status: str
+    detail: str
+    uid: int  # the user it ran (or would have run) as
+    pid: int = 0
+    latency_s: Optional[float] = None  # cuInit to a usable context
+    total_s: Optional[float] = None  # launch to exit, as the checker saw it
+    server_pid: int = 0  # the server that listed it
+    cuda_error: str = ""  # e.g. CUDA_ERROR_MPS_CONNECTION_FAILED (805) at cuCtxCreate
+
+
+CanaryFacts = Dict[str, CanaryFact]

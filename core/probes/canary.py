@@ -1,0 +1,291 @@
+"""Run the CUDA canary through each instance and see whether MPS really served it.
+
+Per instance: ask the servers for their clients first, and skip when another user's
+clients are connected (MPS serves one user per GPU at a time: the canary would queue
+behind that job, and could delay it). Otherwise start ``mps_health/canary_client.py``
+(or the configured ``commands.mps-health-canary``) as the daemon's user, in its own
+process group, with a hard timeout. Once it holds a context it writes a ready file;
+the servers' client lists are read while it waits, and its PID found there means MPS
+served it. Removing the ready file lets it free and exit. A context with no server
+listing it means CUDA clients on this pipe dir silently run without MPS.
+"""
+
+import contextlib
+import os
+import time
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from ..config import Config, ConfigError
+from ..context import Context
+from ..facts import Instance
+from ..facts_deep import CanaryFact
+from ..runner import Completed, Pending
+from . import control
+from .servers import identity, parse_pid_list, user_name
+
+TAG = "mps-health-canary"
+COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
+
+
+class CanaryConfig(NamedTuple):
+    timeout_s: float = 10.0  # the hard limit of one canary run, launch to exit
+    user: str = ""  # run as: "" for the control daemon's user, or a name or uid
+    device: int = 0  # CUDA device ordinal, as the MPS server exposes them
+    alloc_bytes: int = 1 << 20
+
+
+def settings(config: Config) -> CanaryConfig:
+    section = config.section("canary")
+    for key in section:
+        if key not in CanaryConfig._fields:
+            raise ConfigError(f"{config.path}: key 'canary.{key}': unknown key (known here: "
+                              f"{', '.join(CanaryConfig._fields)})")
+
+    def fail(key: str, why: str) -> None:
+        raise ConfigError(f"{config.path}: key 'canary.{key}': {why} (got {section[key]!r})")
+
+    timeout = section.get("timeout_s", 10.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0.5 <= timeout <= 120:
+        fail("timeout_s", "must be a number of seconds between 0.5 and 120")
+    user = section.get("user", "")
+    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+        user = str(user)
+    if not isinstance(user, str):
+        fail("user", "must be a user name or uid")
+    device = section.get("device", 0)
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        fail("device", "must be a CUDA device ordinal (0, 1, ...)")
+    size = section.get("alloc_bytes", 1 << 20)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1 << 30:
+        fail("alloc_bytes", "must be a number of bytes between 1 and 1073741824")
+    return CanaryConfig(float(timeout), user, device, size)
+
+
+# --- parse (pure) ---------------------------------------------------------------------
+
+def parse_verdict(stdout: str) -> Tuple[str, Dict[str, str], str]:
+    """The canary's last ``mps-health-canary`` line -> (kind, key=value fields, rest)."""
+    for raw in reversed(stdout.strip().splitlines()):
+        words = raw.split()
+        if len(words) >= 2 and words[0] == TAG:
+            fields = {}
+            for w in words[2:]:
+                key, sep, value = w.partition("=")
+                if sep and key.isidentifier():
+                    fields[key] = value
+            if words[1] == "cuda-error":  # name=... may hold spaces: take the rest
+                at = raw.find(" name=")
+                if at >= 0:
+                    fields["name"] = raw[at + 6:].strip()
+            return words[1], fields, raw.split(None, 2)[2] if len(words) > 2 else ""
+    raise ValueError("no verdict line")
+
+
+def parse_ready(text: str) -> Tuple[int, float]:
+    """The ready file: 'PID SECONDS'."""
+    pid, seconds = text.split()
+    return int(pid), float(seconds)
+
+
+def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: int,
+              uid: int, timeout_s: float) -> CanaryFact:
+    """One finished canary run as a fact (pure: tested on the canary's own output)."""
+    if done.exec_error is not None:
+        return CanaryFact("error", f"cannot run the canary: {done.exec_error}", uid)
+    pid, context_s = ready if ready is not None else (0, None)
+    if done.timed_out:
+        why = ("it held a context but did not exit" if ready is not None else
+               "no CUDA context: clients of this pipe dir hang")
+        return CanaryFact("timeout", f"no result within {timeout_s:g}s ({why})", uid, pid,
+                          context_s, done.elapsed_s, served_by)
+    try:
+        kind, fields, rest = parse_verdict(done.stdout)
+    except ValueError:
+        said = (done.stdout.strip() or done.stderr.strip() or "nothing").splitlines()[-1]
+        return CanaryFact("error", f"the canary exited with status {done.rc} and said: "
+                          f"{said[:200]}", uid, pid, context_s, done.elapsed_s)
+    if kind == "no-libcuda":
+        return CanaryFact("no-libcuda", rest, uid, total_s=done.elapsed_s)
+    if kind == "cuda-error":
+        name = fields.get("name", "?")
+        return CanaryFact("failed", f"{fields.get('step', '?')} failed: {name} "
+                          f"({fields.get('code', '?')})", uid, pid, context_s, done.elapsed_s,
+                          served_by, f"{name} ({fields.get('code', '?')}) at "
+                          f"{fields.get('step', '?')}")
+    if kind == "ok" and ready is not None:
+        latency = float(fields.get("context_s", context_s or 0.0))
+        if served_by:
+            return CanaryFact("served", f"served by MPS server {served_by}", uid, pid, latency,
+                              done.elapsed_s, served_by)
+        return CanaryFact("not-served", "it got a CUDA context but no MPS server listed it",
+                          uid, pid, latency, done.elapsed_s)
+    return CanaryFact("error", f"unexpected verdict: {kind} {rest}".strip(), uid, pid,
+                      context_s, done.elapsed_s)
+
+
+# --- read (I/O) -----------------------------------------------------------------------
+
+def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int]:
+    """The configured user, else the live daemon's, else what the config expects."""
+    if cfg.user:
+        if cfg.user.isdigit():
+            return int(cfg.user)
+        import pwd
+
+        try:
+            return pwd.getpwnam(cfg.user).pw_uid
+        except KeyError:
+            return None
+    from .servers import read_daemon
+
+    daemon_pid, _start, _busy = read_daemon(ctx, inst)
+    if daemon_pid is not None:
+        ident = identity(ctx.proc, daemon_pid)
+        if ident is not None:
+            return ident[0]
+    from ..checks.daemon import expected_uid
+
+    want = expected_uid(ctx.config.mps.daemon_user, None)
+    return os.geteuid() if want is None else want
+
+
+def clients(ctx: Context, inst: Instance, deadline: float
+            ) -> Tuple[str, str, List[Tuple[int, int, Optional[int]]]]:
+    """(control status, detail, [(server, client pid, client uid)]) under the pipe lock."""
+    lock = control.pipe_lock(ctx, inst)
+    if not lock.acquire(min(deadline, time.monotonic() + ctx.config.control.timeout_s)):
+        return "skipped", "another mps-health query to this pipe dir did not finish", []
+    try:
+        listing = control.ask(ctx, inst, "get_server_list", deadline)
+        if listing.status != "ok":
+            return listing.status, listing.detail, []
+        found = []
+        for server in parse_pid_list(listing.stdout):
+            answer = control.ask(ctx, inst, f"get_client_list {server}", deadline)
+            if answer.status != "ok" or answer.stdout.strip().endswith("not found"):
+                continue
+            for pid in parse_pid_list(answer.stdout):
+                ident = identity(ctx.proc, pid)
+                found.append((server, pid, ident[0] if ident else None))
+        return "ok", "", found
+    except ValueError as e:
+        return "error", str(e), []
+    finally:
+        lock.release()
+
+
+def _argv(config: Config) -> List[str]:
+    import sys
+
+    if COMMAND in config.commands:
+        return [config.commands[COMMAND]]
+    from .. import canary_client
+
+    return [sys.executable, "-I", "-S", os.path.abspath(canary_client.__file__)]
+
+
+def _private_dir(ctx: Context, uid: int) -> str:
+    import tempfile
+
+    base = ctx.config.run_dir
+    try:
+        os.makedirs(base, mode=0o755, exist_ok=True)
+    except OSError:
+        base = tempfile.gettempdir()
+    path = tempfile.mkdtemp(prefix="canary-", dir=base)
+    if uid != os.geteuid():
+        os.chown(path, uid, -1)  # the canary writes its ready file here
+    return path
+
+
+def _remove(directory: str) -> None:
+    for name in ("ready", "ready.tmp"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+
+
+def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
+    uid = canary_user(ctx, inst, cfg)
+    if uid is None:
+        return CanaryFact("error", f"user {cfg.user!r} does not exist (canary.user)", -1)
+    deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
+    status, detail, before = clients(ctx, inst, deadline)
+    if status == "skipped":
+        return CanaryFact("not-run", detail, uid)
+    # A daemon that does not answer is tried anyway: the canary then shows, within its
+    # own timeout, that CUDA clients hang (or not) on this instance.
+    others = [(s, p, u) for s, p, u in before if u is not None and u != uid]
+    if others:
+        server, pid, other = others[0]
+        return CanaryFact("skipped", f"{len(others)} client(s) of another user are connected "
+                          f"(e.g. {pid}, {user_name(other) or other}, on server {server}): "
+                          "the canary would queue behind them", uid)
+    workdir = _private_dir(ctx, uid)
+    ready_path = os.path.join(workdir, "ready")
+    env = control.client_env(ctx, inst)
+    env.update(MPS_HEALTH_CANARY_READY=ready_path, MPS_HEALTH_CANARY_HOLD_S=str(cfg.timeout_s),
+               MPS_HEALTH_CANARY_DEVICE=str(cfg.device),
+               MPS_HEALTH_CANARY_BYTES=str(cfg.alloc_bytes))
+    switch = uid != os.geteuid()
+    gid = None
+    if switch:
+        import pwd
+
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = uid
+    try:
+        pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
+        ready: Optional[Tuple[int, float]] = None
+        while pending.pid is not None and time.monotonic() < deadline:
+            if os.path.exists(ready_path):
+                try:
+                    with open(ready_path, encoding="ascii") as f:
+                        ready = parse_ready(f.read())
+                except (OSError, ValueError):
+                    ready = (pending.pid or 0, 0.0)
+                break
+            if pending.finished():
+                break
+            time.sleep(0.005)
+        served_by = 0
+        if ready is not None:
+            _status, _detail, during = clients(ctx, inst, deadline)
+            served_by = next((s for s, p, _u in during if p == ready[0]), 0)
+            with contextlib.suppress(OSError):
+                os.unlink(ready_path)  # the go: free, destroy, exit
+        done = pending.wait(deadline)
+    finally:
+        _remove(workdir)
+    fact = judge_run(done, ready, served_by, uid, cfg.timeout_s)
+    if status == "timeout":
+        fact = fact._replace(detail=fact.detail + "; the control daemon did not answer "
+                             "get_server_list either")
+    return fact
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
+    import threading
+
+    cfg = settings(ctx.config)
+    facts: Dict[str, CanaryFact] = {}
+
+    def one(inst: Instance) -> None:
+        try:
+            facts[inst.name] = run_one(ctx, inst, cfg)
+        except OSError as e:
+            facts[inst.name] = CanaryFact("error", f"cannot run the canary: {e}", -1)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in instances]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(ctx.remaining())
+    return facts
+
+
+VALUE_TYPE = Dict[str, CanaryFact]

@@ -1,0 +1,302 @@
+"""control.log and server.log, read incrementally: only the bytes written since last run.
+
+Where reading stopped is saved per file as (device, inode, offset) in
+state_dir/logs.json, so a line is read once and never reported twice. A file whose inode
+changed was rotated: the rest of the old file is read from its new name (control.log.1,
+control.log-DATE, found by inode) before the new file from its start; a file shorter
+than the offset was truncated and is read from its start. At most ``max_read_bytes`` are
+read per file and run (the newest), so a log that exploded costs a bounded read, and the
+first run reads only that much of the end, never the whole file.
+
+Notable lines become findings with their own timestamp; findings are remembered for
+``window_s`` and judged by the logs check, like an XID check: reported for a while,
+then cleared.
+"""
+
+import os
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..config import Config, ConfigError
+from ..context import Context
+from ..facts import Instance
+from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
+
+FILES = ("control.log", "server.log")
+PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
+HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
+
+
+class LogsConfig(NamedTuple):
+    window_s: float = 900.0  # a finding stays reported this long
+    pending_warn_s: float = 30.0  # a client pending longer than this is reported
+    max_read_bytes: float = 4 << 20  # per file and run
+
+
+def settings(config: Config) -> LogsConfig:
+    section = config.section("logs")
+    out = {}
+    for key in section:
+        if key not in LogsConfig._fields:
+            raise ConfigError(f"{config.path}: key 'logs.{key}': unknown key (known here: "
+                              f"{', '.join(LogsConfig._fields)})")
+    for key, default in LogsConfig._field_defaults.items():
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{config.path}: key 'logs.{key}': must be a number > 0 "
+                              f"(got {value!r})")
+        out[key] = float(value)
+    return LogsConfig(**out)
+
+
+# --- parse (pure) ---------------------------------------------------------------------
+
+def parse_time(date: str, clock: str) -> Optional[float]:
+    """'2026-12-02' '12:28:16.570' (local time, as the daemon writes it) -> Unix time."""
+    try:
+        y, mo, d = (int(x) for x in date.split("-"))
+        hh, mm, ss = clock.split(":")
+        whole, _, frac = ss.partition(".")
+        if not (1 <= mo <= 12 and 1 <= d <= 31 and 0 <= int(hh) <= 23 and 0 <= int(mm) <= 59
+                and 0 <= int(whole) <= 60):
+            return None
+        t = time.mktime((y, mo, d, int(hh), int(mm), int(whole), 0, 0, -1))
+        return t + (float("0." + frac) if frac.isdigit() else 0.0)
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_line(line: str) -> Optional[Tuple[Optional[float], str, str]]:
+    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (time, role, text)."""
+    if not line.startswith("["):
+        return None
+    close = line.find("]")
+    head = line[1:close].split() if close > 0 else []
+    if len(head) != 4:
+        return None
+    return parse_time(head[0], head[1]), head[2], line[close + 1:].strip()
+
+
+def _int_after(text: str, marker: str) -> Optional[int]:
+    at = text.find(marker)
+    if at < 0:
+        return None
+    digits = ""
+    for c in text[at + len(marker):]:
+        if not c.isdigit():
+            break
+        digits += c
+    return int(digits) if digits else None
+
+
+def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
+    """A message's (code, pid, uid, status), or None when it is not worth keeping."""
+    if text.startswith("NEW CLIENT ") and "push client to pending list" in text:
+        uid = _int_after(text, " from user ")
+        return "log-pending-client", _int_after(text, "NEW CLIENT ") or 0, \
+            -1 if uid is None else uid, 0
+    if text.startswith("Starting new server "):
+        uid = _int_after(text, " for user ")
+        return "log-server-start", _int_after(text, "Starting new server ") or 0, \
+            -1 if uid is None else uid, 0
+    if text.startswith("Server ") and " exited with status " in text:
+        status = _int_after(text, " exited with status ")
+        if status is None or status == 0:
+            return None  # a server ending with its clients is the normal case
+        return "log-server-exit", _int_after(text, "Server ") or 0, -1, status
+    if text.startswith("Exit with status "):
+        status = _int_after(text, "Exit with status ")
+        return None if not status else ("log-daemon-exit", 0, -1, status)
+    if "Failed to start server using uid" in text:
+        uid = _int_after(text, "using uid ")
+        return "log-server-start-failed", 0, -1 if uid is None else uid, 0
+    if "Unable to accept connection" in text:
+        return "log-accept-failed", 0, -1, 0
+    lowered = text.lower()
+    if "fatal" in lowered or "exception" in lowered:
+        return "log-fatal", 0, -1, 0
+    return None
+
+
+def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[LogFinding]:
+    """Findings in a chunk of whole lines; a line without a usable time gets ``read_at``."""
+    found: List[LogFinding] = []
+    for line in text.splitlines():
+        parsed = parse_line(line)
+        if parsed is None:
+            continue
+        at, _role, message = parsed
+        kind = classify(message)
+        if kind is None:
+            continue
+        if at is None or at > read_at + 86400:
+            at = read_at  # a clock or timezone we cannot trust: date it by reading
+        code, pid, uid, status = kind
+        found.append(LogFinding(at, code, log_dir, file, message[:300], pid, uid, status))
+    return found
+
+
+# --- read (I/O) -----------------------------------------------------------------------
+
+def _open(path: str) -> Tuple[int, os.stat_result]:
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(0, "not a regular file")
+    return fd, st
+
+
+def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:
+    """Whole lines of [start, end), at most the last ``max_bytes``: (text, next, note)."""
+    note = ""
+    skipped = max(0, end - start - max_bytes)
+    if skipped:
+        note = f"skipped {skipped} bytes (more than {max_bytes} new)"
+        start += skipped
+    data = os.pread(fd, end - start, start) if end > start else b""
+    if skipped:
+        cut = data.find(b"\n")  # we landed mid-line: drop its tail
+        data, start = (data[cut + 1:], start + cut + 1) if cut >= 0 else (b"", end)
+    last = data.rfind(b"\n")
+    if last < 0:
+        return "", start, note  # no whole line yet: read it next run
+    return data[:last + 1].decode("utf-8", "replace"), start + last + 1, note
+
+
+def _rotated(directory: str, name: str, pos: LogPosition) -> Optional[str]:
+    """The old file's new name (same device and inode), if it is still there."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for other in sorted(names):
+        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")):
+            try:
+                st = os.lstat(os.path.join(directory, other))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
+                return other
+    return None
+
+
+def _head(fd: int, size: int) -> str:
+    return os.pread(fd, min(size, HEAD_BYTES), 0).decode("latin-1")
+
+
+def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int
+              ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+    """New text of ``real_dir/name``: ([(file name, text), ...], next position, note).
+
+    Raises OSError when the file cannot be read (FileNotFoundError when missing).
+    """
+    path = os.path.join(real_dir, name)
+    fd, st = _open(path)
+    chunks: List[Tuple[str, str]] = []
+    notes: List[str] = []
+    try:
+        start = 0
+        head = _head(fd, st.st_size)
+        if pos is None:
+            notes.append("first read")  # from the start, bounded to the newest bytes
+        elif (pos.dev, pos.inode) == (st.st_dev, st.st_ino) and st.st_size >= pos.offset \
+                and not head.startswith(pos.head):
+            # Same inode, new beginning: replaced (inode reused) or truncated and refilled.
+            notes.append("replaced or truncated and rewritten")
+        elif (pos.dev, pos.inode) != (st.st_dev, st.st_ino):
+            old = _rotated(real_dir, name, pos)
+            if old is not None:
+                try:
+                    ofd, ost = _open(os.path.join(real_dir, old))
+                    try:
+                        text, _next, note = _read_range(ofd, pos.offset, ost.st_size, max_bytes)
+                    finally:
+                        os.close(ofd)
+                    chunks.append((old, text))
+                    notes.append(f"rotated: read the rest of {old}" + (f", {note}" if note
+                                                                        else ""))
+                except OSError:
+                    notes.append(f"rotated: {old} unreadable")
+            else:
+                notes.append("rotated: the old file is gone")
+        elif st.st_size < pos.offset:
+            notes.append(f"truncated (was {pos.offset} bytes, now {st.st_size})")
+        else:
+            start = pos.offset
+        text, next_offset, note = _read_range(fd, start, st.st_size, max_bytes)
+        if note:
+            notes.append(note)
+        elif notes == ["first read"]:
+            notes = []
+        chunks.append((name, text))
+    finally:
+        os.close(fd)
+    return chunks, LogPosition(st.st_dev, st.st_ino, next_offset, head), "; ".join(notes)
+
+
+def _pid_alive(proc_dir: str, pid: int) -> bool:
+    return pid > 0 and os.path.exists(f"{proc_dir}/{pid}")
+
+
+def log_dirs(instances: Sequence[Instance]) -> List[str]:
+    return list(dict.fromkeys(i.log_dir for i in instances))
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
+    from ..state import StateFile
+
+    cfg = settings(ctx.config)
+    now = time.time()
+    state = StateFile(ctx.config.state_dir, "logs")
+    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    memory, error = state.load(LogMemory, LogMemory({}, ()))
+    positions: Dict[str, LogPosition] = {}
+    files: List[LogFileFact] = []
+    new: List[LogFinding] = []
+    for log_dir in log_dirs(instances):
+        if os.path.islink(ctx.path(log_dir)):
+            # A per-job log dir belongs to a user: never read where a link points as root.
+            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
+                                     "cannot read: the log dir is a symlink") for n in FILES)
+            continue
+        for name in FILES:
+            shown = os.path.join(log_dir, name)
+            try:
+                chunks, pos, note = read_file(ctx.path(log_dir), name,
+                                              memory.positions.get(shown),
+                                              int(cfg.max_read_bytes))
+            except FileNotFoundError:
+                files.append(LogFileFact(shown, "missing"))
+                continue
+            except OSError as e:
+                files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
+                continue
+            if pos is not None:
+                positions[shown] = pos
+            size = 0
+            for file_name, text in chunks:
+                size += len(text)
+                new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                          now))
+            files.append(LogFileFact(shown, "read", note, size))
+    merged = {f: None for f in (*memory.findings, *new)}  # ordered, without repeats
+    pending = [f.pid for f in merged if f.code == "log-pending-client"]
+    alive = tuple(sorted({p for p in pending if _pid_alive(ctx.proc, p)}))
+    kept = tuple(f for f in merged
+                 if now - f.at <= cfg.window_s
+                 or (f.code == "log-pending-client" and f.pid in alive
+                     and now - f.at <= PENDING_KEEP_S))
+    facts = LogsFacts(now, tuple(files), kept, alive, error or state.error)
+    if locked:
+        saved = state.save(LogMemory(positions, kept)) \
+            if (positions, kept) != (dict(memory.positions), memory.findings) else ""
+        state.unlock()
+        if saved:
+            facts = facts._replace(state_error=saved)
+    return facts
+
+
+VALUE_TYPE = LogsFacts

@@ -1,0 +1,286 @@
+"""Every MPS server of every instance: status, user and clients, through the real client.
+
+Per instance: ``get_server_list``, then ``get_server_status PID`` and ``get_client_list
+PID`` for each server, one client run each (the client's exit status says nothing, so
+each answer is parsed), all while holding the pipe dir's lock that the control probe
+takes, so our queries to one daemon never overlap. Users come from /proc.
+
+Cheap when idle: a server is a child of its control daemon, so when the daemon the pid
+file names has no child process at all, no server runs and nothing is asked (the fast
+tier pays two small /proc reads, not a client run). The previous run's memory
+(state_dir/servers.json) is read into the facts and the next one written here, after
+gathering: replay never writes.
+"""
+
+import os
+import threading
+import time
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from ..config import Config, ConfigError
+from ..context import Context
+from ..facts import Instance
+from ..facts_deep import ClientFact, InstanceServers, ServerFact, ServerMemory, ServersFacts
+from . import control, proc
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
+
+
+class ParseError(ValueError):
+    pass
+
+
+class ServersConfig(NamedTuple):
+    init_stuck_s: float = 60.0  # INITIALIZING longer than this is stuck
+    event_window_s: float = 3600.0  # restarts and churn stay reported this long
+
+
+def settings(config: Config) -> ServersConfig:
+    """The ``servers`` section, checked key by key (ConfigError names the key)."""
+    section = config.section("servers")
+    out = {}
+    for key, default in ServersConfig._field_defaults.items():
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{config.path}: key 'servers.{key}': must be a number of "
+                              f"seconds >= 0 (got {value!r})")
+        out[key] = float(value)
+    for key in section:
+        if key not in ServersConfig._fields:
+            raise ConfigError(f"{config.path}: key 'servers.{key}': unknown key (known here: "
+                              f"{', '.join(ServersConfig._fields)})")
+    return ServersConfig(**out)
+
+
+# --- parse (pure) ---------------------------------------------------------------------
+
+def parse_pid_list(text: str) -> Tuple[int, ...]:
+    """``get_server_list`` / ``get_client_list``: one PID a line; empty means none."""
+    pids = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not line.isdigit():
+            raise ParseError(f"expected one PID a line, got {line[:60]!r}")
+        pids.append(int(line))
+    return tuple(pids)
+
+
+def parse_server_status(text: str) -> str:
+    """``get_server_status PID``: ACTIVE, INITIALIZING, FAULT; "gone" for not found."""
+    first = (text.strip().splitlines() or [""])[0].strip()
+    if first in STATUSES:
+        return first
+    if first.startswith("Server ") and first.endswith(" not found"):
+        return "gone"
+    raise ParseError(f"unexpected status {first[:60]!r}")
+
+
+def parse_children(text: str) -> Tuple[int, ...]:
+    """``/proc/PID/task/TID/children``: PIDs separated by spaces."""
+    return tuple(int(w) for w in text.split() if w.isdigit())
+
+
+# --- read (I/O) -----------------------------------------------------------------------
+
+def _read_small(path: str, follow: bool = True) -> Optional[str]:
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
+    stat_text = _read_small(f"{proc_dir}/{pid}/stat")
+    status_text = _read_small(f"{proc_dir}/{pid}/status")
+    if stat_text is None or status_text is None:
+        return None
+    try:
+        _comm, state, _ppid, start = proc.parse_stat(stat_text)
+        uid = proc.parse_status_uid(status_text)
+    except proc.ParseError:
+        return None
+    return None if state in ("Z", "X") else (uid, start)
+
+
+_names: Dict[int, Optional[str]] = {}
+
+
+def user_name(uid: Optional[int]) -> Optional[str]:
+    if uid is None:
+        return None
+    if uid not in _names:
+        import pwd
+
+        try:
+            _names[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _names[uid] = None
+    return _names[uid]
+
+
+def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
+    """(daemon pid, start ticks, has children) from the pid file and /proc.
+
+    ``has children`` is True whenever it cannot be shown false, so the daemon is asked.
+    """
+    text = _read_small(os.path.join(ctx.path(inst.pipe_dir), PID_FILE), follow=False)
+    if text is None or not text.strip().isdigit():
+        return None, None, True
+    pid = int(text.strip())
+    fact = proc.read_process(ctx.proc, pid)
+    if fact is None or fact.role != "control" or fact.state in ("Z", "X"):
+        return None, None, True
+    try:
+        tids = os.listdir(f"{ctx.proc}/{pid}/task")
+    except OSError:
+        return pid, fact.start_ticks, True
+    for tid in tids:
+        children = _read_small(f"{ctx.proc}/{pid}/task/{tid}/children")
+        if children is None or parse_children(children):
+            return pid, fact.start_ticks, True
+    return pid, fact.start_ticks, False
+
+
+def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
+    out: List[ClientFact] = []
+    for pid in pids:
+        ident = identity(ctx.proc, pid)
+        uid, start = ident if ident else (None, None)
+        out.append(ClientFact(pid, uid, user_name(uid), start))
+    return tuple(out)
+
+
+def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
+    ident = identity(ctx.proc, pid)
+    uid, start = ident if ident else (None, None)
+    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
+    if status_answer.status != "ok":
+        return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
+                          user_name(uid), start, ())
+    try:
+        status = parse_server_status(status_answer.stdout)
+    except ParseError as e:
+        return ServerFact(pid, "error", f"get_server_status: {e}", uid, user_name(uid), start, ())
+    if status == "gone":
+        return ServerFact(pid, "gone", "exited since the server list", uid, user_name(uid),
+                          start, ())
+    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
+    try:
+        if clients_answer.status != "ok":
+            raise ParseError(clients_answer.detail)
+        if clients_answer.stdout.strip().endswith("not found"):
+            return ServerFact(pid, "gone", "exited since the server list", uid,
+                              user_name(uid), start, ())
+        pids = parse_pid_list(clients_answer.stdout)
+    except ParseError as e:
+        return ServerFact(pid, status, f"get_client_list: {e}", uid, user_name(uid), start, ())
+    return ServerFact(pid, status, "", uid, user_name(uid), start, read_clients(ctx, pids))
+
+
+def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
+    t0 = time.monotonic()
+    daemon_pid, daemon_start, busy = read_daemon(ctx, inst)
+    if not busy:
+        return InstanceServers("idle", "the control daemon has no server process",
+                               daemon_pid, daemon_start, (), time.monotonic() - t0)
+    timeout = ctx.config.control.timeout_s
+    lock = control.pipe_lock(ctx, inst)
+    if not lock.acquire(min(time.monotonic() + timeout, ctx.deadline)):
+        return InstanceServers("skipped", "another mps-health query to this pipe dir did not "
+                               "finish in time", daemon_pid, daemon_start, (),
+                               time.monotonic() - t0)
+    try:
+        # Each query gets the control timeout; all of them together the run's deadline.
+        listing = control.ask(ctx, inst, "get_server_list", ctx.deadline)
+        if listing.status != "ok":
+            return InstanceServers(listing.status, listing.detail, daemon_pid, daemon_start,
+                                   (), time.monotonic() - t0)
+        try:
+            pids = parse_pid_list(listing.stdout)
+        except ParseError as e:
+            return InstanceServers("error", f"get_server_list: {e}", daemon_pid, daemon_start,
+                                   (), time.monotonic() - t0)
+        servers = []
+        for pid in pids:
+            server = read_server(ctx, inst, pid, ctx.deadline)
+            servers.append(server)
+            if server.status == "error" and "no answer" in server.detail:
+                break  # wedged since the list: the next query would hang as well
+        return InstanceServers("ok", "", daemon_pid, daemon_start, tuple(servers),
+                               time.monotonic() - t0)
+    finally:
+        lock.release()
+
+
+def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tuple[int, int], ...]:
+    """Which clients of the previous run's servers still live (same pid and start)."""
+    alive = []
+    for memory in previous.values():
+        for server in memory.servers:
+            for pid, start in server.clients:
+                ident = identity(ctx.proc, pid)
+                if ident is not None and ident[1] == start:
+                    alive.append((pid, start))
+    return tuple(sorted(set(alive)))
+
+
+def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemory]) -> bool:
+    """Worth a write? Not when only the time moved (an idle node writes nothing)."""
+    def strip(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
+        return {k: v._replace(taken_at=0.0) for k, v in m.items()}
+
+    return strip(before) != strip(after)
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
+    from .. import servertrack
+    from ..state import StateFile
+
+    cfg = settings(ctx.config)
+    now = time.time()
+    results: Dict[str, InstanceServers] = {}
+
+    def one(inst: Instance) -> None:
+        results[inst.name] = read_instance(ctx, inst)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in instances]
+    for t in threads:
+        t.start()
+    state = StateFile(ctx.config.state_dir, "servers")
+    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    previous, error = state.load(Dict[str, ServerMemory], {})
+    alive = read_alive(ctx, previous)
+    for t in threads:
+        t.join(ctx.remaining())
+    for inst in instances:
+        results.setdefault(inst.name, InstanceServers(
+            "timeout", "no answer within the run's budget", None, None, (), 0.0))
+    facts = ServersFacts(now, dict(results), previous, alive, error or state.error)
+    if locked:
+        memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
+                                                 alive, now, cfg.event_window_s)
+                  for inst in instances}
+        # Keep the memory of instances not seen this run (a per-job dir between jobs)
+        # only for the window: their events still matter, their servers do not.
+        for name, old in previous.items():
+            if name not in memory and now - old.taken_at <= cfg.event_window_s:
+                memory[name] = old
+        saved = state.save(memory) if _changed(previous, memory) else ""
+        state.unlock()
+        if saved:
+            facts = facts._replace(state_error=saved)
+    return facts
+
+
+VALUE_TYPE = ServersFacts

@@ -1,0 +1,82 @@
+"""Identity of control daemons and MPS servers across runs: pure, shared by probe and check.
+
+A process is named by (pid, start ticks), so a reused PID is a new process. Between two
+runs, two things are worth an event:
+
+* the control daemon of an instance changed (``daemon-restarted``): it died or was
+  restarted, and every client it served lost MPS;
+* a server went away while clients it served in the previous run still live
+  (``server-churn``): a server that ends with its job leaves no client behind, so this
+  one died (or was killed) under running work, "without a job ending".
+
+The probe calls :func:`advance` to save the next memory; the check calls it on the same
+facts to know the events, so both agree and the check stays pure.
+"""
+
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from .facts_deep import (
+    InstanceServers,
+    RememberedServer,
+    ServerEvent,
+    ServerFact,
+    ServerMemory,
+)
+
+
+def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
+    return tuple((c.pid, c.start_ticks) for c in server.clients if c.start_ticks is not None)
+
+
+def _who(server: RememberedServer) -> str:
+    return f"server {server.pid}" + (f" ({server.user})" if server.user else "")
+
+
+def advance(previous: Optional[ServerMemory], current: InstanceServers,
+            alive: Iterable[Tuple[int, int]], now: float, window_s: float) -> ServerMemory:
+    """The memory after this run: statuses with the time first seen, events in window."""
+    events: List[ServerEvent] = [e for e in (previous.events if previous else ())
+                                 if now - e.at <= window_s]
+    if current.query not in ("ok", "idle"):
+        # Nothing reliable seen this run: keep what we knew, do not invent events.
+        if previous is None:
+            return ServerMemory(now, current.daemon_pid, current.daemon_start, (), tuple(events))
+        return previous._replace(events=tuple(events))
+    if previous is not None and previous.daemon_pid is not None \
+            and current.daemon_pid is not None \
+            and (previous.daemon_pid, previous.daemon_start) != (current.daemon_pid,
+                                                                 current.daemon_start):
+        events.append(ServerEvent(now, "daemon-restarted",
+                                  f"the control daemon changed since the last run "
+                                  f"(was {previous.daemon_pid}, now {current.daemon_pid}): "
+                                  "its clients lost MPS"))
+    seen: Dict[Tuple[int, int], ServerFact] = {
+        (s.pid, s.start_ticks): s for s in current.servers
+        if s.start_ticks is not None and s.status != "gone"}
+    still: Set[Tuple[int, int]] = set(alive)
+    for old in (previous.servers if previous else ()):
+        if (old.pid, old.start_ticks) in seen:
+            continue
+        orphans = [pid for pid, start in old.clients if (pid, start) in still]
+        if orphans:
+            shown = ", ".join(str(p) for p in orphans[:8])
+            events.append(ServerEvent(now, "server-churn",
+                                      f"{_who(old)} went away while its clients {shown} still "
+                                      "run (no job ended)"))
+    remembered: List[RememberedServer] = []
+    before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
+    for key, server in seen.items():
+        was = before.get(key)
+        since = was.status_since if was is not None and was.status == server.status else now
+        remembered.append(RememberedServer(server.pid, key[1], server.status, since,
+                                           server.user or "", _clients(server)))
+    return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
+                        tuple(events))
+
+
+def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
+    """When ``server``'s current status was first seen (from the advanced memory)."""
+    for s in memory.servers:
+        if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
+            return s.status_since
+    return None

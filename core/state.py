@@ -1,0 +1,88 @@
+"""What the deep checks remember between runs: small JSON files under ``state_dir``.
+
+Read and written only by the probes that gather (never by checks, never in replay),
+under an flock so the exporter, slurmd's health check and a human's run take turns.
+A file that cannot be read or decoded starts the memory afresh, with one line saying
+why; a state dir that cannot be written (not root) makes each run start from nothing,
+which costs accuracy (no offsets, no history), never correctness of what is reported.
+"""
+
+import contextlib
+import os
+import time
+from typing import Any, Optional, Tuple
+
+
+class StateFile:
+    """``state_dir/NAME.json`` and its lock ``NAME.lock``; use as a context manager."""
+
+    def __init__(self, state_dir: str, name: str) -> None:
+        self.dir = state_dir
+        self.path = os.path.join(state_dir, name + ".json")
+        self.lock_path = os.path.join(state_dir, name + ".lock")
+        self.fd: Optional[int] = None
+        self.error = ""
+
+    def lock(self, deadline: float) -> bool:
+        """Take the lock by ``deadline``; False (with ``error`` set) if not."""
+        import fcntl
+
+        try:
+            os.makedirs(self.dir, mode=0o755, exist_ok=True)
+            self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            self.error = f"cannot use state dir {self.dir}: {e.strerror}"
+            return False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self.error = f"{self.lock_path} is held by another run; state not saved"
+                    os.close(self.fd)
+                    self.fd = None
+                    return False
+                time.sleep(0.01)
+
+    def unlock(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def load(self, value_type: Any, empty: Any) -> Tuple[Any, str]:
+        """The saved value decoded as ``value_type``, or ``empty`` and why not."""
+        import json
+
+        from . import codec
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return empty, ""
+        except OSError as e:
+            return empty, f"cannot read {self.path}: {e.strerror}; starting afresh"
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = json.loads(f.read(4 << 20).decode("utf-8"))
+            return codec.decode(value_type, data, self.path), ""
+        except (ValueError, codec.DecodeError) as e:
+            return empty, f"{self.path} is damaged ({e}); starting afresh"
+
+    def save(self, value: Any) -> str:
+        """Write ``value`` atomically (temp file, fsync-free rename); '' or why not."""
+        import json
+
+        from . import codec
+
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(codec.encode(value), f, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return f"cannot save {self.path}: {e.strerror}"
+        return ""

@@ -1,0 +1,235 @@
+"""logs: the real control.log lines, incremental reads, rotation, truncation, the window."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+from conftest import fixture_text, node_config
+from mps_health.facts_deep import LogPosition
+from mps_health.probes import logs as probe
+
+REFERENCE = "control.log__h200-cuda13.0_reference-md-lines.txt"
+
+
+def mps_health(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
+                          capture_output=True, text=True, timeout=30, env=dict(os.environ))
+
+
+def logs_results(r: subprocess.CompletedProcess) -> List[dict]:
+    data = json.loads(r.stdout)
+    return [x for c in data["checks"] if c["name"] == "logs" for x in c["results"]]
+
+
+def line(text: str, at: float, role: str = "Control", pid: int = 436) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+    return f"[{stamp} {role} {pid:5d}] {text}\n"
+
+
+# --- parse, on the lines seen on the H200 -----------------------------------------------
+
+def test_reference_lines_are_classified() -> None:
+    found = probe.parse_findings(fixture_text(REFERENCE), "/var/log/nvidia-mps", "control.log",
+                                 read_at=2e9)
+    got = [(f.code, f.pid, f.uid, f.status) for f in found]
+    assert got == [
+        ("log-pending-client", 1201, 1000, 0),
+        ("log-accept-failed", 0, -1, 0),
+        ("log-server-start", 510, 0, 0),
+        ("log-server-start-failed", 0, 0, 0),
+        ("log-server-exit", 510, -1, 1),
+        ("log-daemon-exit", 0, -1, 1),
+    ]  # "exited with status 0" and the comment lines are not findings
+    assert found[0].at == time.mktime((2026, 12, 2, 12, 28, 16, 0, 0, -1)) + 0.57
+    assert found[3].text == "Failed to start server using uid 0, error: Operation not permitted"
+
+
+def test_parse_line_needs_the_real_prefix() -> None:
+    assert probe.parse_line("[2026-12-02 12:28:16.570 Server   510] x") == (
+        time.mktime((2026, 12, 2, 12, 28, 16, 0, 0, -1)) + 0.57, "Server", "x")
+    assert probe.parse_line("Unable to accept connection") is None
+    assert probe.parse_line("[garbage] Unable to accept connection") is None
+    at, _, _ = probe.parse_line("[2026-13-45 99:99:99.1 Control 1] x")  # type: ignore[misc]
+    assert at is None  # an impossible date is dated by reading, not trusted
+
+
+# --- incremental reads --------------------------------------------------------------------
+
+def read(d: Path, pos, max_bytes: int = 1 << 20):
+    return probe.read_file(str(d), "control.log", pos, max_bytes)
+
+
+def test_reads_only_new_whole_lines(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("[a] one\n[b] two\n[c] thr")
+    chunks, pos, note = read(tmp_path, None)
+    assert chunks == [("control.log", "[a] one\n[b] two\n")] and note == ""
+    assert pos.offset == len("[a] one\n[b] two\n")
+    with log.open("a") as f:
+        f.write("ee\n[d] four\n")
+    chunks, pos2, _ = read(tmp_path, pos)
+    assert chunks == [("control.log", "[c] three\n[d] four\n")]
+    assert read(tmp_path, pos2)[0] == [("control.log", "")]
+
+
+def test_rotation_reads_the_rest_of_the_old_file_then_the_new(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("old 1\n")
+    _, pos, _ = read(tmp_path, None)
+    with log.open("a") as f:
+        f.write("old 2\n")
+    log.rename(tmp_path / "control.log.1")
+    log.write_text("new 1\n")
+    chunks, pos2, note = read(tmp_path, pos)
+    assert chunks == [("control.log.1", "old 2\n"), ("control.log", "new 1\n")]
+    assert note == "rotated: read the rest of control.log.1"
+    assert pos2.inode == log.stat().st_ino and pos2.offset == 6
+
+
+def test_rotation_with_the_old_file_gone(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("old\n")
+    _, pos, _ = read(tmp_path, None)
+    (tmp_path / "next").write_text("new\n")  # made while the old one lives: a new inode
+    log.unlink()
+    (tmp_path / "next").rename(log)
+    chunks, _, note = read(tmp_path, pos)
+    assert chunks == [("control.log", "new\n")] and note == "rotated: the old file is gone"
+
+
+def test_a_new_file_that_reused_the_inode_is_read_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("first daemon\n")
+    _, pos, _ = read(tmp_path, None)
+    with log.open("w") as f:  # truncated and refilled past the old offset between runs
+        f.write("second daemon, a longer line\n")
+    chunks, _, note = read(tmp_path, pos)
+    assert chunks == [("control.log", "second daemon, a longer line\n")]
+    assert note == "replaced or truncated and rewritten"
+
+
+def test_truncation_reads_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("a long first line\nanother\n")
+    _, pos, _ = read(tmp_path, None)
+    with log.open("w") as f:  # copytruncate, then a new line
+        f.write("fresh\n")
+    chunks, _, note = read(tmp_path, pos)
+    assert chunks == [("control.log", "fresh\n")]
+    assert note == "truncated (was 26 bytes, now 6)"
+
+
+def test_a_huge_backlog_costs_a_bounded_read(tmp_path: Path) -> None:
+    log = tmp_path / "control.log"
+    log.write_text("x" * 95 + "\n" + "".join(f"line {i:04d}\n" for i in range(100)))
+    chunks, pos, note = read(tmp_path, LogPosition(*_ident(log), 0), max_bytes=50)
+    assert chunks == [("control.log", "line 0096\nline 0097\nline 0098\nline 0099\n")]
+    assert note == "skipped 1046 bytes (more than 50 new)"
+    assert pos.offset == log.stat().st_size
+    first = read(tmp_path, None, max_bytes=50)  # first run: the end only
+    assert first[0] == chunks and first[2] == "first read; skipped 1046 bytes (more than 50 new)"
+
+
+def _ident(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def test_a_symlinked_log_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("[x] secret\n")
+    (tmp_path / "control.log").symlink_to(tmp_path / "elsewhere")
+    try:
+        read(tmp_path, None)
+    except OSError as e:
+        assert e.errno is not None
+    else:
+        raise AssertionError("a symlink was followed")
+
+
+# --- the check, end to end ------------------------------------------------------------------
+
+def test_findings_are_reported_within_the_window_and_never_twice(tmp_path: Path,
+                                                                  mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log, "logs:\n  window_s: 3\n")
+    now = time.time()
+    (log / "control.log").write_text(
+        line("Server 510 exited with status 1", now)
+        + line("Failed to start server using uid 0, error: Operation not permitted", now))
+    (log / "server.log").write_text(line("Unable to accept connection", now, "Server", 510))
+    r = mps_health("check", "--config", cfg, "--only", "logs")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "WARNING logs[node] log-server-exit: 1 in the last 0.05 min: MPS server(s) exited " \
+           "with a non-zero status; last at" in r.stdout
+    assert "in control.log: Server 510 exited with status 1" in r.stdout
+    assert "log-accept-failed: 1 in the last" in r.stdout and "in server.log" in r.stdout
+    with (log / "control.log").open("a") as f:
+        f.write(line("Server 511 exited with status 1", time.time()))
+    again = mps_health("check", "--config", cfg, "--only", "logs", "--format", "json")
+    exits = [x for x in logs_results(again) if x["code"] == "log-server-exit"]
+    assert exits[0]["message"].startswith("2 in the last")  # the old one once, plus the new
+    assert exits[0]["values"]["log_server_exit"] == 2
+    time.sleep(3.2)
+    cleared = mps_health("check", "--config", cfg, "--only", "logs")
+    assert cleared.returncode == 0, cleared.stdout
+
+
+def test_pending_client_is_reported_until_it_exits(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log, "logs:\n  pending_warn_s: 1\n")
+    client = subprocess.Popen(["sleep", "60"])
+    try:
+        (log / "control.log").write_text(line(
+            f"NEW CLIENT {client.pid} from user 1000: Server is not ready, push client to "
+            "pending list", time.time() - 5))
+        r = mps_health("check", "--config", cfg, "--only", "logs")
+        assert r.returncode == 1
+        assert f"client-pending: client {client.pid} of uid 1000 was pushed to the pending " \
+               "list at" in r.stdout
+        assert "another user's server holds the GPU" in r.stdout
+    finally:
+        client.kill()
+        client.wait()
+    assert mps_health("check", "--config", cfg, "--only", "logs").returncode == 0
+
+
+def test_pending_client_is_resolved_by_a_server_for_its_user(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log, "logs:\n  pending_warn_s: 1\n")
+    client = subprocess.Popen(["sleep", "60"])
+    try:
+        (log / "control.log").write_text(
+            line(f"NEW CLIENT {client.pid} from user 1000: Server is not ready, push client "
+                 "to pending list", time.time() - 5)
+            + line("Starting new server 777 for user 1000", time.time() - 2))
+        r = mps_health("check", "--config", cfg, "--only", "logs")
+        assert r.returncode == 0, r.stdout
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_fake_daemon_log_lines_are_read(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    server = d.query("fake_server_start").stdout.strip()
+    d.query(f"fake_server_stop {server} 139")
+    r = mps_health("check", "--config", cfg, "--only", "logs")
+    assert r.returncode == 1
+    assert f"Server {server} exited with status 139" in r.stdout
+
+
+def test_a_symlinked_log_dir_is_not_read(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    (log / "control.log").write_text(line("Unable to accept connection", time.time()))
+    link = tmp_path / "linked-log"
+    link.symlink_to(log)
+    cfg = node_config(tmp_path, pipe, link)
+    r = mps_health("check", "--config", cfg, "--only", "logs")
+    assert r.returncode == 3
+    assert f"UNKNOWN logs[node] logs-unreadable: {link}/control.log: cannot read: the log dir " \
+           "is a symlink" in r.stdout
