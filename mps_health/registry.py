@@ -21,6 +21,9 @@ class CheckSpec(NamedTuple):
     needs: Tuple[str, ...]
     default_on: bool = True
     summary: str = ""
+    # Also on by default when the config has one of these sections (GPU/Slurm checks:
+    # a node without NVML or Slurm never pays for them, nor fails them, unless asked).
+    when_configured: Tuple[str, ...] = ()
 
 
 SOURCES: Dict[str, Source] = {}
@@ -32,8 +35,8 @@ def source(name: str, target: str, value_type: str, blocking: bool = False) -> N
 
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
-          summary: str = "") -> None:
-    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary)
+          summary: str = "", when_configured: Tuple[str, ...] = ()) -> None:
+    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary, when_configured)
 
 
 def load(target: str):  # -> the object named "module:attr"
