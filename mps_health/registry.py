@@ -53,6 +53,11 @@ source("control", "mps_health.probes.control:gather", "mps_health.probes.control
        blocking=True)
 source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
        "mps_health.probes.tmpfiles:VALUE_TYPE")
+source("nvml", "mps_health.probes.nvml:gather", "mps_health.probes.nvml:VALUE_TYPE", blocking=True)
+source("slurm", "mps_health.probes.slurm:gather", "mps_health.probes.slurm:VALUE_TYPE",
+       blocking=True)
+source("gres_conf", "mps_health.probes.gres_conf:gather", "mps_health.probes.gres_conf:VALUE_TYPE")
+source("job_dirs", "mps_health.probes.jobdirs:gather", "mps_health.probes.jobdirs:VALUE_TYPE")
 
 # --- checks -------------------------------------------------------------------------
 check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
@@ -63,3 +68,13 @@ check("directories", "mps_health.checks.directories:check", ("dirs",),
       summary="pipe and log dirs are real dirs with the right mode and owner")
 check("tmpfiles", "mps_health.checks.tmpfiles:check", ("tmpfiles",),
       summary="systemd-tmpfiles will not clean the pipe dirs")
+check("compute-mode", "mps_health.checks.compute_mode:check", ("nvml",), default_on=False,
+      when_configured=("gpu",),
+      summary="each GPU's compute mode is the expected one; no MIG under MPS")
+check("gres-drift", "mps_health.checks.gres_drift:check",
+      ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
+      when_configured=("slurm",),
+      summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
+check("orphans", "mps_health.checks.orphans:check", ("slurm", "job_dirs", "processes"),
+      default_on=False, when_configured=("slurm", "orphans"),
+      summary="no per-job MPS dirs or daemons outlive their job")
