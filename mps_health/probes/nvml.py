@@ -256,7 +256,7 @@ def read_gpu(api: Any, index: int) -> GpuFact:
     fact = GpuFact(index, lost=lost)
     try:
         fact = _interpret(fact, values)
-    except (NvmlError, TypeError, ValueError, IndexError):
+    except (NvmlError, TypeError, ValueError, LookupError):
         errors.append("recording: an answer has the wrong shape")
     return fact._replace(errors=tuple(errors))
 
