@@ -254,3 +254,21 @@ def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, tmp_path, 
     assert rc == UNKNOWN and states == {"UNKNOWN"}
     assert "slurm-unavailable" in codes
     assert elapsed < 2 + 5  # the 2 s timeout plus interpreter start; never scontrol's own 10 s+
+
+
+def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) -> None:
+    from mps_health.snapshot import dumps, loads
+
+    cluster, top, raw = per_job
+    job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
+    (job_id,) = cluster.wait_running(1)
+    wait_for(top / f"nvidia-mps_job{job_id}" / "nvidia-cuda-mps-control.pid")
+    facts, cfg = gather(cluster, tmp_path, raw, checks=("gres-drift", "orphans"))
+    assert len(facts.sources["job_dirs"]) == 2
+    again, _ = loads(dumps(facts, cfg.raw), "snapshot.json")
+    for name in ("slurm", "nvml", "gres_conf", "job_dirs"):
+        assert again.sources[name] == facts.sources[name], name
+    assert again.sources["slurm"].jobs[0].holds_mps
+    assert verdicts(again, cfg) == verdicts(facts, cfg)
+    cluster.cancel_all()
+    job.wait(30)
