@@ -104,3 +104,14 @@ def test_gpu_checks_run_only_when_configured() -> None:
     assert "compute-mode" in gpu and "gres-drift" not in gpu
     slurm = [c.name for c in engine.select_checks(from_mapping({"slurm": {}}, None))]
     assert {"gres-drift", "orphans"} <= set(slurm)
+
+
+def test_real_h200_default_mode_judged_both_ways() -> None:
+    from test_nvml import h200_recording
+
+    nvml = read_nvml(h200_recording())
+    facts = Facts("h200", 0.0, "/", (), {"nvml": nvml}, {}, {})
+    for raw, want in (({"gpu": {}}, (WARNING, "compute-mode-mismatch")),
+                      ({"gpu": {"compute_mode": {"mps": "DEFAULT"}}}, (OK, "ok"))):
+        (run,) = engine.judge(facts, from_mapping(raw, None), [CHECKS["compute-mode"]])
+        assert [(r.state, r.code) for r in run.results] == [want]

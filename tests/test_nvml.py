@@ -112,3 +112,31 @@ def test_record_then_replay_round_trips() -> None:
     api = load_record(fixture_text(MIXED), MIXED)
     again = RecordedApi(record(api))
     assert read_nvml(again) == read_nvml(api)
+
+
+def h200_recording() -> RecordedApi:
+    """The real H200 capture (tests/gpu/dump_nvml.py's format) as a recording of ours."""
+    dump = json.loads(fixture_text("nvml_dump__h200-driver580.json"))
+
+    def procs(value):
+        return value if isinstance(value, str) else [[p["pid"], p["used_memory"]] for p in value]
+
+    devices = [{"uuid": g["uuid"], "minor": g["minor"], "name": g["name"],
+                "compute_mode": g["compute_mode"], "mig_mode": g["mig_mode"],
+                "persistence_mode": g["persistence"],
+                "compute_processes": procs(g["compute_processes"]),
+                "mps_processes": procs(g["mps_processes"])} for g in dump["gpus"]]
+    return RecordedApi({"format": "mps-health-nvml-record", "format_version": 1,
+                        "init_error": None, "driver_version": dump["driver"],
+                        "device_count": len(devices), "devices": devices})
+
+
+def test_real_h200_capture() -> None:
+    nvml = read_nvml(h200_recording())
+    assert nvml.available and nvml.driver_version == "580.159.04"
+    (gpu,) = nvml.gpus
+    assert (gpu.gpu_index, gpu.minor, gpu.name) == (0, 0, "NVIDIA H200")
+    assert gpu.uuid == "GPU-15679ef6-f0ce-236f-4585-607064cf111a"
+    assert gpu.compute_mode == "DEFAULT"  # as seen on the H200 (REFERENCE.md)
+    assert (gpu.mig_current, gpu.mig_pending, gpu.persistence) == (False, False, True)
+    assert gpu.processes == () and gpu.mps_processes == () and gpu.errors == ()
