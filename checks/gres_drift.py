@@ -87,11 +87,13 @@ def judge_counts(node: SlurmNode, nvml: Optional[NvmlFacts], conf: GresConf,
                      f"Slurm offers gpu:{slurm_gpus} on {node.name} but NVML sees "
                      f"{nvml_gpus} GPUs", "find the missing GPU (nvidia-smi, dmesg); "
                      + RECONFIGURE, values)
-    elif nvml_gpus is not None and conf_gpus is not None and not mig \
-            and conf_gpus != nvml_gpus:
+    elif conf_gpus is not None and not mig \
+            and conf_gpus != (nvml_gpus if nvml_gpus is not None else slurm_gpus):
+        seen = f"NVML sees {nvml_gpus} GPUs" if nvml_gpus is not None \
+            else f"Slurm offers gpu:{slurm_gpus}"
         yield Result(NAME, CRITICAL, "gres-conf-gpu-count", "",
-                     f"gres.conf lists {conf_gpus} gpu devices for {node.name} but NVML sees "
-                     f"{nvml_gpus} GPUs", RECONFIGURE, values)
+                     f"gres.conf lists {conf_gpus} gpu devices for {node.name} but {seen}",
+                     RECONFIGURE, values)
     else:
         yield ok(NAME, "", f"GPU count agrees: Slurm gpu:{slurm_gpus}"
                  + (f", NVML {nvml_gpus}" if nvml_gpus is not None else "")

@@ -8,6 +8,7 @@ live: scontrol/squeue answers, gres.conf and its device nodes, the fake MPS daem
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -272,3 +273,20 @@ def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) 
     assert verdicts(again, cfg) == verdicts(facts, cfg)
     cluster.cancel_all()
     job.wait(30)
+
+
+def test_gres_conf_against_slurm_without_nvml(slurm_cluster, fake_daemon, tmp_path) -> None:
+    # No driver (this machine for real): gres.conf is still compared with Slurm's Gres.
+    from mps_health.probes.nvml import PynvmlApi
+
+    d = fake_daemon()
+    conf = tmp_path / "gres.conf"
+    conf.write_text(f"Name=gpu File={slurm_cluster.devices[0]}\n")
+    facts, cfg = gather(slurm_cluster, tmp_path, {**node_cfg(d), "slurm": {
+        "timeout_s": 20, "gres_conf": str(conf)}})
+    facts.sources["nvml"] = read_nvml(PynvmlApi()) if not shutil.which("nvidia-smi") \
+        else read_nvml(load_record(fixture_text("nvml__cpu-vm_no-driver.json"), "x"))
+    found = bad(verdicts(facts, cfg))
+    assert ("", UNKNOWN, "nvml-unavailable") in found
+    assert ("", CRITICAL, "gres-conf-gpu-count") in found
+    assert all(state != CRITICAL or code == "gres-conf-gpu-count" for _, state, code in found)
