@@ -32,7 +32,8 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
     elif config.enable:
         names = list(config.enable)
     else:
-        names = [c.name for c in registry.CHECKS.values() if c.default_on]
+        names = [c.name for c in registry.CHECKS.values()
+                 if c.default_on or any(k in config.raw for k in c.when_configured)]
     dropped = set(skip) | set(config.disable)
     return [registry.CHECKS[n] for n in names if n not in dropped]
 

@@ -21,6 +21,9 @@ class CheckSpec(NamedTuple):
     needs: Tuple[str, ...]
     default_on: bool = True
     summary: str = ""
+    # Also on by default when the config has one of these sections (GPU/Slurm checks:
+    # a node without NVML or Slurm never pays for them, nor fails them, unless asked).
+    when_configured: Tuple[str, ...] = ()
 
 
 SOURCES: Dict[str, Source] = {}
@@ -32,8 +35,8 @@ def source(name: str, target: str, value_type: str, blocking: bool = False) -> N
 
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
-          summary: str = "") -> None:
-    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary)
+          summary: str = "", when_configured: Tuple[str, ...] = ()) -> None:
+    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary, when_configured)
 
 
 def load(target: str):  # -> the object named "module:attr"
@@ -55,6 +58,11 @@ source("servers", "mps_health.probes.servers:gather", "mps_health.probes.servers
 source("logs", "mps_health.probes.logs:gather", "mps_health.probes.logs:VALUE_TYPE")
 source("canary", "mps_health.probes.canary:gather", "mps_health.probes.canary:VALUE_TYPE",
        blocking=True)
+source("nvml", "mps_health.probes.nvml:gather", "mps_health.probes.nvml:VALUE_TYPE", blocking=True)
+source("slurm", "mps_health.probes.slurm:gather", "mps_health.probes.slurm:VALUE_TYPE",
+       blocking=True)
+source("gres_conf", "mps_health.probes.gres_conf:gather", "mps_health.probes.gres_conf:VALUE_TYPE")
+source("job_dirs", "mps_health.probes.jobdirs:gather", "mps_health.probes.jobdirs:VALUE_TYPE")
 
 # --- checks -------------------------------------------------------------------------
 check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
@@ -73,3 +81,13 @@ check("logs", "mps_health.checks.logs:check", ("logs",),
       summary="no pending clients, failed servers or refused connections in the MPS logs")
 check("canary", "mps_health.checks.canary:check", ("canary",), default_on=False,
       summary="a real CUDA client through each instance is served by MPS")
+check("compute-mode", "mps_health.checks.compute_mode:check", ("nvml",), default_on=False,
+      when_configured=("gpu",),
+      summary="each GPU's compute mode is the expected one; no MIG under MPS")
+check("gres-drift", "mps_health.checks.gres_drift:check",
+      ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
+      when_configured=("slurm",),
+      summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
+check("orphans", "mps_health.checks.orphans:check", ("slurm", "job_dirs", "processes"),
+      default_on=False, when_configured=("slurm", "orphans"),
+      summary="no per-job MPS dirs or daemons outlive their job")

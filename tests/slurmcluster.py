@@ -434,7 +434,7 @@ class SlurmCluster:
         """Tails of every daemon's log, for error messages."""
         paths = [self.log_dir / "slurmctld.log", self.log_dir / "slurmd.log",
                  self.log_dir / "slurmctld.out", self.log_dir / "slurmd.out",
-                 self.dir / "munge" / "munged.log"]
+                 self.log_dir / "munged.out"]
         return "\n".join(tail(p, lines) for p in paths)
 
     def _wait(self, ready, timeout: float, what: str, name: str) -> None:

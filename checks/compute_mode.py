@@ -1,0 +1,118 @@
+"""compute-mode: each GPU's compute mode is what the site expects; no MIG under MPS.
+
+Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
+instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
+stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
+own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
+the per-gpu layout's ``mps.gpus``, else every GPU (seed 2's mixed node is
+``mps: {layout: per-gpu, gpus: [0]}`` on a 2-GPU node). PROHIBITED where something
+else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
+other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
+"""
+
+from typing import Iterator, Optional, Tuple
+
+from mps_health.config import Config, ConfigError
+from mps_health.facts import Facts
+from mps_health.probes.nvml import GpuFact, NvmlFacts
+from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.slurm_settings import GpuSettings, gpu_settings, mps_gpu_ids
+
+NAME = "compute-mode"
+
+
+def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
+    """The one UNKNOWN line for a node where NVML cannot be used (shared by GPU checks)."""
+    action = {
+        "PYNVML_MISSING": "pip install nvidia-ml-py",
+        "LIBRARY_NOT_FOUND": "install the NVIDIA driver, or do not enable GPU checks on "
+                             "nodes without GPUs",
+        "DRIVER_NOT_LOADED": "load the driver (modprobe nvidia) and look at dmesg",
+        "NO_PERMISSION": "run mps-health as root",
+        "LIB_RM_VERSION_MISMATCH": "reboot the node (or reload the nvidia module)",
+    }.get(nvml.error_code or "", "look at dmesg and nvidia-smi")
+    return Result(check, UNKNOWN, "nvml-unavailable", "", f"NVML: {nvml.error}", action)
+
+
+def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:
+    return mps_ids is None or str(gpu.gpu_index) in mps_ids or \
+        (gpu.uuid is not None and gpu.uuid in mps_ids)
+
+
+def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
+    for key, mode in gs.modes:
+        if key == str(gpu.gpu_index) or key == gpu.uuid:
+            return mode
+    return gs.mode_mps if mps else gs.mode_other
+
+
+def _gpu_name(gpu: GpuFact) -> str:
+    return f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
+
+
+def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
+    inst = f"gpu{gpu.gpu_index}"
+    if gpu.lost:
+        yield Result(NAME, CRITICAL, "gpu-lost", inst,
+                     f"{_gpu_name(gpu)} has fallen off the bus (NVML: GPU_IS_LOST)",
+                     "drain the node and reset the GPU or reboot; look at dmesg (Xid 79)")
+        return
+    want = expected_mode(gpu, mps, gs)
+    role = "served by MPS" if mps else "not served by MPS"
+    if gpu.compute_mode is None:
+        why = ", ".join(e for e in gpu.errors if e.startswith("compute_mode")) or "no answer"
+        yield Result(NAME, UNKNOWN, "compute-mode-unreadable", inst,
+                     f"cannot read the compute mode of {_gpu_name(gpu)}: {why}",
+                     "run mps-health as root; check nvidia-smi -q -d COMPUTE")
+    elif want != "any" and gpu.compute_mode != want:
+        severity = CRITICAL if gpu.compute_mode == "PROHIBITED" else WARNING
+        yield Result(NAME, severity, "compute-mode-mismatch", inst,
+                     f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode}, expected "
+                     f"{want} ({role})",
+                     f"run: nvidia-smi -i {gpu.gpu_index} -c {want} (as root, while no job uses "
+                     "it), or set gpu.compute_mode in the config",
+                     (("compute_mode_ok", 0.0),))
+    else:
+        yield ok(NAME, inst, f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode} "
+                 f"({role}{'' if want != 'any' else ', any mode accepted'})",
+                 compute_mode_ok=1.0)
+    if mps and gpu.mig_current:
+        yield Result(NAME, WARNING, "mig-on-mps-gpu", inst,
+                     f"{_gpu_name(gpu)} has MIG enabled but MPS is configured to serve it: "
+                     "clients reach MIG instances, not the GPU the site planned for",
+                     f"disable MIG (nvidia-smi -i {gpu.gpu_index} -mig 0, then reset the GPU) or "
+                     "take the GPU out of gpu.mps_gpus")
+    if gpu.mig_current is not None and gpu.mig_pending is not None \
+            and gpu.mig_current != gpu.mig_pending:
+        yield Result(NAME, WARNING, "mig-change-pending", inst,
+                     f"{_gpu_name(gpu)} has a MIG mode change pending "
+                     f"({'on' if gpu.mig_current else 'off'} -> "
+                     f"{'on' if gpu.mig_pending else 'off'}) until it is reset",
+                     f"drain the node, then nvidia-smi -i {gpu.gpu_index} -r")
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    try:
+        gs = gpu_settings(config)
+        mps_ids = mps_gpu_ids(config)
+    except ConfigError as e:
+        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
+        return
+    nvml: NvmlFacts = facts.sources["nvml"]  # type: ignore[assignment]
+    if not nvml.available:
+        yield nvml_unavailable(NAME, nvml)
+        return
+    if not nvml.gpus:
+        yield Result(NAME, CRITICAL if mps_ids else WARNING, "no-gpus", "",
+                     "NVML sees no GPU on this node", "look at nvidia-smi and dmesg")
+        return
+    for gpu in nvml.gpus:
+        yield from judge_gpu(gpu, serves_mps(gpu, mps_ids), gs)
+    for wanted in mps_ids or ():
+        if not any(str(g.gpu_index) == wanted or g.uuid == wanted for g in nvml.gpus):
+            yield Result(NAME, CRITICAL, "mps-gpu-missing", f"gpu{wanted}",
+                         f"MPS is configured to serve GPU {wanted}, but NVML sees no such GPU "
+                         f"({len(nvml.gpus)} GPUs: "
+                         f"{', '.join(str(g.gpu_index) for g in nvml.gpus)})",
+                         "find the missing GPU (nvidia-smi, dmesg) or fix mps.gpus / "
+                         "gpu.mps_gpus")

@@ -1,0 +1,97 @@
+"""orphans: per-job MPS dirs and daemons whose job no longer runs on this node.
+
+With the per-job layout the prolog makes a pipe and a log dir per job and starts the
+job user's daemon; an epilog that failed, or a node that rebooted mid-job, leaves them
+behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any state:
+a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
+not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
+EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL; a leftover control daemon or
+dirs alone: WARNING. Each orphan is named with its job id, owner and age.
+"""
+
+from typing import Dict, Iterator, List, Tuple
+
+from mps_health.checks.gres_drift import slurm_unavailable
+from mps_health.config import Config, ConfigError
+from mps_health.facts import Facts, ProcessFact
+from mps_health.probes.jobdirs import JobDir
+from mps_health.probes.slurm import SlurmFacts
+from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from mps_health.slurm_settings import orphan_settings
+
+NAME = "orphans"
+
+
+def age_text(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+def _processes_for(paths: List[str], procs: Tuple[ProcessFact, ...], role: str
+                   ) -> List[ProcessFact]:
+    return [p for p in procs if p.role == role and p.state not in ("Z", "X")
+            and p.pipe_dir is not None and p.pipe_dir in paths]
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    if config.mps.layout != "per-job":
+        yield Result(NAME, OK, "ok", "", f"layout '{config.mps.layout}' has no per-job dirs")
+        return
+    try:
+        min_age = orphan_settings(config).min_age_s
+    except ConfigError as e:
+        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
+        return
+    slurm: SlurmFacts = facts.sources["slurm"]  # type: ignore[assignment]
+    dirs: Tuple[JobDir, ...] = facts.sources["job_dirs"]  # type: ignore[assignment]
+    procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]
+    if slurm.jobs is None:
+        if slurm.node is None:
+            yield slurm_unavailable(NAME, slurm)
+        else:
+            yield Result(NAME, UNKNOWN, "slurm-unavailable", "",
+                         f"cannot tell which jobs run here: {slurm.jobs_error}",
+                         "check slurmctld ('scontrol ping'); this is not an MPS failure")
+        return
+    alive = {j.job_id for j in slurm.jobs}
+    by_job: Dict[str, List[JobDir]] = {}
+    for d in dirs:
+        by_job.setdefault(d.job_id, []).append(d)
+    found = 0
+    for job_id, jds in sorted(by_job.items(), key=lambda kv: int(kv[0])):
+        if job_id in alive:
+            continue
+        age = facts.taken_at - max(d.mtime for d in jds)
+        if age < min_age:
+            continue
+        found += 1
+        owner = next((d.owner or str(d.uid) for d in jds if d.role == "pipe"),
+                     jds[0].owner or str(jds[0].uid))
+        paths = [d.path for d in jds if d.role == "pipe"]
+        servers = _processes_for(paths, procs, "server")
+        controls = _processes_for(paths, procs, "control")
+        where = ", ".join(f"{d.role} dir {d.path}" for d in jds)
+        head = f"job {job_id} (owner {owner}) no longer runs here but left {where}, " \
+               f"{age_text(age)} old"
+        values = (("age_s", float(age)),)
+        action = f"run 'mps-health remediate reset job{job_id}' (dry run first: --dry-run)"
+        if servers:
+            yield Result(NAME, CRITICAL, "orphan-server", f"job{job_id}",
+                         f"{head}; its MPS server {servers[0].pid} still holds the GPU",
+                         action, values)
+        elif controls:
+            yield Result(NAME, WARNING, "orphan-daemon", f"job{job_id}",
+                         f"{head}; its control daemon {controls[0].pid} still runs", action,
+                         values)
+        else:
+            yield Result(NAME, WARNING, "orphan-dir", f"job{job_id}", head, action, values)
+    if not found:
+        yield Result(NAME, OK, "ok", "",
+                     f"no orphaned per-job MPS dirs ({len(by_job)} job dirs, "
+                     f"{len(alive)} jobs on {slurm.node_name})", "", (("orphans", 0.0),))

@@ -1,0 +1,394 @@
+"""Slurm's view of this node: one ``scontrol -d show node NODE -o`` per run.
+
+``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
+holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
+``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+, cached per
+scontrol binary in the run dir), the JSON form is read instead. With the per-job
+layout the jobs on this node come from one ``squeue -h -w NODE`` started at the same
+time, so both wait on one deadline. slurmctld down or scontrol hanging is an error
+line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
+"""
+
+import os
+import time
+from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
+
+from ..context import Context, node_name
+from ..runner import Completed, Pending, child_env, run, wait_all
+from .hostlist import ParseError, split_top
+
+SQUEUE_FORMAT = "%A|%u|%T|%M|%b"  # job id, user, state, time used, gres per node
+JSON_SINCE = (23, 2)
+
+
+class GresItem(NamedTuple):
+    """One GRES of a node's Gres/GresUsed, e.g. ``mps:(null):1(IDX:0)``."""
+
+    name: str
+    type: Optional[str]
+    quantity: int
+    indices: Optional[Tuple[int, ...]] = None  # GPU indices in use (IDX, or used a/b slots)
+    per_device: Optional[Tuple[Tuple[int, int], ...]] = None  # 23.11+: (used, total) per GPU
+
+
+class SlurmNode(NamedTuple):
+    name: str
+    state: str  # as Slurm prints it: "IDLE", "MIXED+DRAIN", ...
+    flags: Tuple[str, ...]  # the state split on '+': ("MIXED", "DRAIN")
+    reason: str
+    gres: Tuple[GresItem, ...]
+    gres_used: Optional[Tuple[GresItem, ...]]  # None when Slurm did not print it
+    slurmd_version: Optional[str] = None
+
+
+class SlurmJob(NamedTuple):
+    job_id: str
+    user: str
+    state: str
+    elapsed_s: Optional[float]
+    gres: str  # squeue's tres-per-node, e.g. "gres:mps:50"
+
+    @property
+    def holds_mps(self) -> bool:
+        """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
+        for part in self.gres.split(","):
+            for prefix in ("gres:", "gres/"):
+                if part.startswith(prefix):
+                    part = part[len(prefix):]
+            if part.split(":")[0] == "mps":
+                return True
+        return False
+
+
+class SlurmFacts(NamedTuple):
+    node_name: str
+    node: Optional[SlurmNode] = None
+    error_code: Optional[str] = None  # timeout | unreachable | node-unknown | exec-failed | ...
+    error: Optional[str] = None  # one line for the admin
+    jobs: Optional[Tuple[SlurmJob, ...]] = None  # None: not asked, or it failed (jobs_error)
+    jobs_error: Optional[str] = None
+    output: str = "text"
+    calls: Tuple[str, ...] = ()  # every command this run started, for the record
+
+
+# --- pure parsers ---------------------------------------------------------------------
+
+def parse_count(text: str) -> int:
+    t = text.strip()
+    factor = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:].upper(), 1)
+    digits = t[:-1] if factor != 1 else t
+    if not digits.isdigit():
+        raise ParseError(f"GRES count {text!r} is not a number")
+    return int(digits) * factor
+
+
+def parse_indices(text: str) -> Tuple[int, ...]:
+    """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
+    if text.strip() in ("N/A", ""):
+        return ()
+    found: List[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ParseError(f"bad GRES index list {text!r}")
+        if sep and int(hi) - int(lo) > 4096:
+            raise ParseError(f"GRES index range {part!r} is too large")
+        found.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return tuple(found)
+
+
+def parse_gres_item(text: str) -> GresItem:
+    """``name[:type][:count][(detail)]`` as Slurm prints a node's Gres or GresUsed."""
+    body, detail = text.strip(), ""
+    if body.endswith(")") and not body.endswith("(null)") and "(" in body:
+        open_at = body.rindex("(")  # the last group: "(null)" may stand before it as a type
+        body, detail = body[:open_at], body[open_at + 1:-1]
+    if "(" in body.replace("(null)", "") or ")" in body.replace("(null)", ""):
+        raise ParseError(f"bad GRES {text!r}")
+    parts = body.split(":")
+    if not parts[0] or not all(c.isalnum() or c in "_-" for c in parts[0]):
+        raise ParseError(f"bad GRES name in {text!r}")
+    name = parts[0]
+    gtype: Optional[str] = None
+    count = 1
+    if len(parts) == 2:
+        if parts[1][:1].isdigit():
+            count = parse_count(parts[1])
+        else:
+            gtype = parts[1]
+    elif len(parts) == 3:
+        gtype, count = parts[1], parse_count(parts[2])
+    elif len(parts) > 3:
+        raise ParseError(f"too many ':' in GRES {text!r}")
+    if gtype in ("(null)", ""):
+        gtype = None
+    indices: Optional[Tuple[int, ...]] = None
+    per_device: Optional[Tuple[Tuple[int, int], ...]] = None
+    if detail.startswith("IDX:"):
+        indices = parse_indices(detail[4:])
+    elif "/" in detail:  # 23.11+ shared GRES: used/total per device, in index order
+        pairs = []
+        for slot in detail.split(","):
+            used, _, total = slot.partition("/")
+            if not used.isdigit() or not total.isdigit():
+                raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
+            pairs.append((int(used), int(total)))
+        per_device = tuple(pairs)
+        indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
+    elif detail and not detail.startswith("S:"):
+        raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
+    return GresItem(name, gtype, count, indices, per_device)
+
+
+def parse_gres(text: str) -> Tuple[GresItem, ...]:
+    """A node's ``Gres=`` or ``GresUsed=`` value (``(null)`` and empty are no GRES)."""
+    t = text.strip()
+    if t in ("", "(null)", "N/A"):
+        return ()
+    return tuple(parse_gres_item(p) for p in split_top(t) if p.strip())
+
+
+def parse_fields(line: str) -> Mapping[str, str]:
+    """``Key=Value`` pairs of one ``scontrol ... -o`` line; Reason= takes the rest."""
+    fields = {}
+    reason_at = line.find(" Reason=")
+    if reason_at >= 0:
+        fields["Reason"] = line[reason_at + len(" Reason="):].strip()
+        line = line[:reason_at]
+    key = None
+    for word in line.split():
+        k, sep, v = word.partition("=")
+        if sep and k and (k[0].isalpha() and all(c.isalnum() or c in "_:/" for c in k)):
+            key = k
+            fields[key] = v
+        elif key is not None:
+            fields[key] += " " + word  # a value with spaces, e.g. OS=Linux 6.1 #1 SMP
+        else:
+            raise ParseError(f"'{word[:40]}' before any Key=Value")
+    return fields
+
+
+def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
+          version: Optional[str]) -> SlurmNode:
+    flags = tuple(f for f in state.replace("*", "+NOT_RESPONDING").split("+") if f)
+    return SlurmNode(name, state, flags, reason, parse_gres(gres),
+                     None if used is None else parse_gres(used), version)
+
+
+def parse_node_line(text: str) -> SlurmNode:
+    """The node of ``scontrol -d show node NODE -o`` (one line)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) != 1:
+        raise ParseError(f"expected one node line, got {len(lines)}")
+    fields = parse_fields(lines[0])
+    if "NodeName" not in fields or "State" not in fields:
+        raise ParseError("no NodeName= and State= in scontrol's output")
+    reason = fields.get("Reason", "")
+    return _node(fields["NodeName"], fields["State"], "" if reason == "(null)" else reason,
+                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"))
+
+
+def parse_node_json(text: str, name: str) -> SlurmNode:
+    """The node ``name`` in ``scontrol --json show node NODE`` (Slurm 23.02+)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ParseError(f"scontrol --json printed no JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ParseError("scontrol --json: the top level is not an object")
+    errors = data.get("errors") or []
+    if isinstance(errors, list) and errors:
+        first = errors[0]
+        text_ = first.get("description") or first.get("error") if isinstance(first, dict) \
+            else first
+        raise ParseError(f"scontrol --json reported: {text_}")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise ParseError("scontrol --json: no 'nodes' list")
+    node = next((n for n in nodes if isinstance(n, dict) and n.get("name") == name), None)
+    if node is None:
+        raise ParseError(f"scontrol --json: no node '{name}' in the answer")
+    state: Any = node.get("state", "")
+    if isinstance(state, list):
+        state_text = "+".join(str(s).upper() for s in state)
+    elif isinstance(state, str):
+        state_text = state.upper()
+        flags = node.get("state_flags") or []
+        if isinstance(flags, list) and flags:
+            state_text += "".join(f"+{str(f).upper()}" for f in flags)
+    else:
+        raise ParseError("scontrol --json: 'state' is neither a string nor a list")
+    for key in ("gres", "gres_used", "reason"):
+        if not isinstance(node.get(key, ""), str):
+            raise ParseError(f"scontrol --json: '{key}' is not a string")
+    version = node.get("version")
+    return _node(name, state_text, node.get("reason") or "", node.get("gres") or "",
+                 node.get("gres_used", ""), version if isinstance(version, str) else None)
+
+
+def parse_elapsed(text: str) -> Optional[float]:
+    """squeue's ``%M`` (``[days-][hours:]minutes:seconds``) in seconds; None if not a time."""
+    t = text.strip()
+    days = 0
+    if "-" in t:
+        d, _, t = t.partition("-")
+        if not d.isdigit():
+            return None
+        days = int(d)
+    parts = t.split(":")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return float(days * 86400 + seconds)
+
+
+def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
+    """Lines of ``squeue -h -o '%A|%u|%T|%M|%b'``."""
+    jobs: List[SlurmJob] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.strip().split("|")
+        if len(fields) != 5 or not fields[0].strip().isdigit():
+            raise ParseError(f"squeue line {number} is not 'JOBID|USER|STATE|TIME|GRES': "
+                             f"{line[:80]!r}")
+        job, user, state, elapsed, gres = (f.strip() for f in fields)
+        jobs.append(SlurmJob(job, user, state, parse_elapsed(elapsed),
+                             "" if gres in ("N/A", "(null)") else gres))
+    return tuple(jobs)
+
+
+def parse_version(text: str) -> Tuple[int, int]:
+    """``slurm 23.02.7`` / ``slurm-wlm 22.05.8`` into (major, minor)."""
+    words = text.split()
+    if len(words) < 2:
+        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
+    parts = words[1].split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str, str]:
+    """(code, one line) for a Slurm command that gave no usable answer."""
+    if done.exec_error:
+        return "exec-failed", done.exec_error
+    if done.timed_out:
+        return "timeout", (f"{what} did not answer within {timeout_s:g}s: slurmctld is down, "
+                           "unreachable or overloaded")
+    err = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    first = err[0] if err else f"exit status {done.rc}"
+    if "Unable to contact slurm controller" in first:
+        return "unreachable", f"{what}: {first}"
+    if "not found" in first or "Invalid node name" in first:
+        return "node-unknown", f"{what}: {first}"
+    return "error", f"{what}: {first}"
+
+
+# --- reading --------------------------------------------------------------------------
+
+def _version_cache(ctx: Context, binary: str) -> Tuple[Optional[str], str]:
+    """(cached "MAJOR.MINOR" or None, cache key) for the scontrol found on PATH."""
+    import shutil
+
+    env = ctx.env if ctx.env is not None else os.environ
+    found = shutil.which(binary, path=env.get("PATH")) if "/" not in binary else binary
+    if not found:
+        return None, ""
+    try:
+        st = os.stat(found)
+    except OSError:
+        return None, ""
+    key = f"{os.path.realpath(found)}:{st.st_mtime_ns}:{st.st_size}"
+    try:
+        with open(os.path.join(ctx.path(ctx.config.run_dir), "slurm-version"),
+                  encoding="utf-8") as f:
+            cached_key, _, version = f.read().strip().partition("\t")
+        if cached_key == key:
+            return version, key
+    except OSError:
+        pass
+    return None, key
+
+
+def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
+             timeout_s: float, calls: List[str]) -> bool:
+    """Whether to ask for --json: by config, or (auto) by the cached client version."""
+    if output != "auto":
+        return output == "json"
+    version, key = _version_cache(ctx, scontrol)
+    if version is None and key:
+        calls.append(f"{scontrol} --version")
+        done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
+        try:
+            major, minor = parse_version(done.stdout)
+            version = f"{major}.{minor}"
+        except ParseError:
+            return False
+        try:
+            os.makedirs(ctx.path(ctx.config.run_dir), mode=0o755, exist_ok=True)
+            path = os.path.join(ctx.path(ctx.config.run_dir), "slurm-version")
+            with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as f:
+                f.write(f"{key}\t{version}\n")
+            os.replace(f"{path}.{os.getpid()}", path)
+        except OSError:
+            pass  # not root: ask again next run (local and cheap)
+    if version is None:
+        return False
+    major_s, _, minor_s = version.partition(".")
+    return major_s.isdigit() and minor_s.isdigit() and \
+        (int(major_s), int(minor_s)) >= JSON_SINCE
+
+
+def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
+    from ..slurm_settings import settings
+
+    cfg = settings(ctx.config)
+    node = node_name(ctx.config, ctx.env)
+    env = child_env(ctx.env or {})
+    scontrol = ctx.config.command("scontrol")
+    calls: List[str] = []
+    as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
+    argv = [scontrol, "--json", "show", "node", node] if as_json else \
+        [scontrol, "-d", "show", "node", node, "-o"]
+    pending = [Pending(argv, env=env)]
+    calls.append(" ".join(argv))
+    if want_jobs:
+        squeue = [ctx.config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
+        pending.append(Pending(squeue, env=env))
+        calls.append(" ".join(squeue))
+    deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
+    done = wait_all(pending, deadline)
+    facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
+    shown = "scontrol show node"
+    if done[0].rc == 0:
+        try:
+            parsed = parse_node_json(done[0].stdout, node) if as_json \
+                else parse_node_line(done[0].stdout)
+            facts = facts._replace(node=parsed)
+        except ParseError as e:
+            facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
+    else:
+        code, line = classify_failure(done[0], shown, cfg.timeout_s)
+        facts = facts._replace(error_code=code, error=line)
+    if want_jobs:
+        if done[1].rc == 0:
+            try:
+                facts = facts._replace(jobs=parse_squeue(done[1].stdout))
+            except ParseError as e:
+                facts = facts._replace(jobs_error=f"squeue: {e}")
+        else:
+            facts = facts._replace(jobs_error=classify_failure(done[1], "squeue",
+                                                               cfg.timeout_s)[1])
+    return facts
+
+
+def gather(ctx: Context, instances: object) -> SlurmFacts:
+    return read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
+
+
+VALUE_TYPE = SlurmFacts

@@ -1,0 +1,116 @@
+"""compute-mode on recorded NVML facts: expectations by layout, overrides, MIG, lost GPUs."""
+
+from typing import Any, Dict, List, Tuple
+
+from conftest import fixture_text
+from mps_health import engine
+from mps_health.config import from_mapping
+from mps_health.facts import Facts
+from mps_health.probes.nvml import load_record, read_nvml
+from mps_health.registry import CHECKS
+from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
+
+MIXED = "nvml__HANDWRITTEN_8gpu-h200-mixed.json"
+TWO = "nvml__HANDWRITTEN_2gpu-test-node.json"
+
+
+def judge(fixture: str, config: Dict[str, Any]) -> List[Tuple[str, int, str]]:
+    nvml = read_nvml(load_record(fixture_text(fixture), fixture))
+    facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
+    cfg = from_mapping(config, "site.yaml")
+    (run,) = engine.judge(facts, cfg, [CHECKS["compute-mode"]])
+    return [(r.instance, r.state, r.code) for r in run.results]
+
+
+def problems(results: List[Tuple[str, int, str]]) -> List[Tuple[str, int, str]]:
+    return [r for r in results if r[1] != OK]
+
+
+def test_mixed_node_as_configured_only_reports_the_pending_mig() -> None:
+    cfg = {"mps": {"layout": "per-gpu", "gpus": [0, 1, 2, 3]}, "gpu": {}}
+    results = judge(MIXED, cfg)
+    assert problems(results) == [("gpu6", WARNING, "mig-change-pending")]
+    assert ("gpu0", OK, "ok") in results and ("gpu7", OK, "ok") in results
+
+
+def test_seed2_mixed_two_gpu_node() -> None:
+    # seed 2: MPS on GPU 0 only (EXCLUSIVE_PROCESS), GPU 1 for exclusive jobs (DEFAULT).
+    cfg = {"mps": {"layout": "per-gpu", "gpus": [0]}, "gpu": {}}
+    assert problems(judge(TWO, cfg)) == []
+
+
+def test_node_wide_daemon_expects_exclusive_process_everywhere() -> None:
+    results = judge(TWO, {"gpu": {}})
+    assert problems(results) == [("gpu1", WARNING, "compute-mode-mismatch")]
+
+
+def test_per_gpu_override_by_index_and_uuid() -> None:
+    assert problems(judge(TWO, {"gpu": {"compute_mode": {"1": "default"}}})) == []
+    uuid = read_nvml(load_record(fixture_text(TWO), TWO)).gpus[1].uuid
+    assert problems(judge(TWO, {"gpu": {"compute_mode": {uuid: "any"}}})) == []
+
+
+def test_prohibited_is_critical() -> None:
+    assert problems(judge(TWO, {"gpu": {"mps_gpus": [], "compute_mode": {
+        "other": "PROHIBITED"}}})) == [("gpu0", WARNING, "compute-mode-mismatch"),
+                                       ("gpu1", WARNING, "compute-mode-mismatch")]
+    rec = fixture_text(TWO).replace('"compute_mode": 0', '"compute_mode": 2')
+    nvml = read_nvml(load_record(rec, TWO))
+    assert nvml.gpus[1].compute_mode == "PROHIBITED"
+    facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
+    (run,) = engine.judge(facts, from_mapping({"gpu": {"mps_gpus": [0]}}, None),
+                          [CHECKS["compute-mode"]])
+    assert [(r.instance, r.state) for r in run.results if r.state] == [("gpu1", CRITICAL)]
+
+
+def test_mig_on_an_mps_gpu() -> None:
+    results = judge(MIXED, {"gpu": {"mps_gpus": [5], "compute_mode": {"mps": "any"}}})
+    assert ("gpu5", WARNING, "mig-on-mps-gpu") in problems(results)
+
+
+def test_configured_mps_gpu_that_does_not_exist() -> None:
+    results = judge(TWO, {"mps": {"layout": "per-gpu", "gpus": [0, 9]}, "gpu": {}})
+    assert problems(results) == [("gpu9", CRITICAL, "mps-gpu-missing")]
+
+
+def test_lost_gpu_is_critical_and_unreadable_mode_unknown() -> None:
+    cfg = {"mps": {"layout": "per-gpu", "gpus": [0, 1, 2, 3]}, "gpu": {}}
+    found = problems(judge("nvml__HANDWRITTEN_8gpu-h200-gpu-lost.json", cfg))
+    assert ("gpu3", CRITICAL, "gpu-lost") in found
+    assert ("gpu7", UNKNOWN, "compute-mode-unreadable") in found
+
+
+def test_no_driver_is_unknown_never_critical() -> None:
+    assert judge("nvml__cpu-vm_no-driver.json", {"gpu": {}}) == [
+        ("", UNKNOWN, "nvml-unavailable")]
+
+
+def test_bad_gpu_config_is_one_line() -> None:
+    nvml = read_nvml(load_record(fixture_text(TWO), TWO))
+    facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
+    cfg = from_mapping({"gpu": {"compute_mode": {"mps": "SHARED"}}}, "site.yaml")
+    (run,) = engine.judge(facts, cfg, [CHECKS["compute-mode"]])
+    (r,) = run.results
+    assert (r.state, r.code) == (UNKNOWN, "config-invalid")
+    assert r.message == ("site.yaml: key 'gpu.compute_mode.mps': must be one of DEFAULT, "
+                         "EXCLUSIVE_PROCESS, PROHIBITED, any (got 'SHARED')")
+
+
+def test_gpu_checks_run_only_when_configured() -> None:
+    plain = [c.name for c in engine.select_checks(from_mapping({}, None))]
+    assert "compute-mode" not in plain and "gres-drift" not in plain
+    gpu = [c.name for c in engine.select_checks(from_mapping({"gpu": {}}, None))]
+    assert "compute-mode" in gpu and "gres-drift" not in gpu
+    slurm = [c.name for c in engine.select_checks(from_mapping({"slurm": {}}, None))]
+    assert {"gres-drift", "orphans"} <= set(slurm)
+
+
+def test_real_h200_default_mode_judged_both_ways() -> None:
+    from test_nvml import h200_recording
+
+    nvml = read_nvml(h200_recording())
+    facts = Facts("h200", 0.0, "/", (), {"nvml": nvml}, {}, {})
+    for raw, want in (({"gpu": {}}, (WARNING, "compute-mode-mismatch")),
+                      ({"gpu": {"compute_mode": {"mps": "DEFAULT"}}}, (OK, "ok"))):
+        (run,) = engine.judge(facts, from_mapping(raw, None), [CHECKS["compute-mode"]])
+        assert [(r.state, r.code) for r in run.results] == [want]

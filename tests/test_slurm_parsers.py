@@ -1,0 +1,148 @@
+"""Slurm parsers on real captured 22.05 output and the hand-written 23.02/23.11 forms."""
+
+import pytest
+from conftest import fixture_text
+from mps_health.probes.hostlist import ParseError
+from mps_health.probes.slurm import (
+    GresItem,
+    classify_failure,
+    parse_elapsed,
+    parse_gres,
+    parse_node_json,
+    parse_node_line,
+    parse_squeue,
+    parse_version,
+)
+from mps_health.runner import Completed
+
+V22 = "scontrol_show_node_-d_-o__slurm-22.05_{}.txt"
+
+
+def test_idle_node_22_05() -> None:
+    node = parse_node_line(fixture_text(V22.format("idle")))
+    assert node.name == "mpsnode"
+    assert node.state == "IDLE" and node.flags == ("IDLE",)
+    assert node.reason == ""
+    assert node.gres == (GresItem("gpu", None, 2), GresItem("mps", None, 200))
+    assert node.gres_used == (GresItem("gpu", None, 0), GresItem("mps", None, 0, ()))
+    assert node.slurmd_version == "22.05.8"
+
+
+def test_mps_job_22_05_counts_gpus_not_percent() -> None:
+    # Seen on 22.05: one --gres=mps:50 job reads mps:(null):1(IDX:0): 1 is the number of
+    # GPUs holding mps, IDX their indices.
+    node = parse_node_line(fixture_text(V22.format("mps-job")))
+    assert node.state == "MIXED"
+    mps = [g for g in node.gres_used or () if g.name == "mps"]
+    assert mps == [GresItem("mps", None, 1, (0,))]
+
+
+def test_mps_and_gpu_jobs_22_05() -> None:
+    node = parse_node_line(fixture_text(V22.format("mps-and-gpu-jobs")))
+    assert node.gres_used == (GresItem("gpu", None, 1), GresItem("mps", None, 1, (0,)))
+
+
+def test_drained_by_us_keeps_the_whole_reason() -> None:
+    node = parse_node_line(fixture_text(V22.format("drained-by-mps-health")))
+    assert node.flags == ("IDLE", "DRAIN")
+    assert node.reason.startswith("MPS-HC: daemon-dead node: control daemon is not running [root@")
+
+
+def test_down_by_admin() -> None:
+    node = parse_node_line(fixture_text(V22.format("down-by-admin")))
+    assert node.flags == ("DOWN", "NOT_RESPONDING")
+    assert node.reason.startswith("fan failure [root@")
+
+
+def test_os_value_with_spaces_does_not_break_fields() -> None:
+    node = parse_node_line(fixture_text(V22.format("gpu2-job")))
+    assert node.gres_used is not None and node.gres_used[0] == GresItem("gpu", None, 2)
+
+
+def test_23_02_handwritten_types_sockets_and_idx() -> None:
+    node = parse_node_line(fixture_text(
+        "scontrol_show_node_-d_-o__slurm-23.02_HANDWRITTEN_mps-jobs.txt"))
+    assert node.gres == (GresItem("gpu", "h200", 8), GresItem("mps", "h200", 400))
+    assert node.gres_used == (GresItem("gpu", "h200", 2, (4, 5)),
+                              GresItem("mps", "h200", 80, (0, 1)))
+    assert node.flags == ("MIXED", "DRAIN")
+    assert node.reason.startswith("MPS-HC: mps-gpu-no-daemon gpu1")
+
+
+def test_23_11_handwritten_per_device_usage() -> None:
+    node = parse_node_line(fixture_text(
+        "scontrol_show_node_-d_-o__slurm-23.11_HANDWRITTEN_mps-jobs.txt"))
+    mps = node.gres_used[1] if node.gres_used else None
+    assert mps == GresItem("mps", "h200", 80, (0, 1), ((50, 100), (30, 100), (0, 100), (0, 100)))
+
+
+def test_23_02_json_matches_the_text_form() -> None:
+    from_json = parse_node_json(fixture_text(
+        "scontrol_--json_show_node__slurm-23.02_HANDWRITTEN_mps-jobs.json"), "gpu01")
+    from_text = parse_node_line(fixture_text(
+        "scontrol_show_node_-d_-o__slurm-23.02_HANDWRITTEN_mps-jobs.txt"))
+    assert from_json._replace(reason="") == from_text._replace(reason="")
+    assert from_text.reason.startswith(from_json.reason)
+
+
+def test_json_errors_and_missing_node_are_parse_errors() -> None:
+    with pytest.raises(ParseError, match="reported: Invalid node"):
+        parse_node_json('{"errors": [{"description": "Invalid node"}], "nodes": []}', "x")
+    with pytest.raises(ParseError, match="no node 'x'"):
+        parse_node_json('{"nodes": [{"name": "y", "state": []}]}', "x")
+    with pytest.raises(ParseError, match="no JSON"):
+        parse_node_json(fixture_text(
+            "scontrol_--json_show_node__slurm-22.05_unsupported.stderr.txt"), "mpsnode")
+
+
+def test_squeue_three_jobs() -> None:
+    jobs = parse_squeue(fixture_text("squeue_-h_-w_-o__slurm-22.05_three-jobs.txt"))
+    assert [(j.job_id, j.user, j.state, j.holds_mps) for j in jobs] == [
+        ("1", "root", "RUNNING", True), ("2", "mpshtest", "RUNNING", True),
+        ("3", "root", "RUNNING", False)]
+    assert all(j.elapsed_s is not None and j.elapsed_s >= 0 for j in jobs)
+
+
+@pytest.mark.parametrize("text,seconds", [("0:01", 1), ("12:34", 754), ("1:02:03", 3723),
+                                          ("2-01:00:00", 176400), ("INVALID", None)])
+def test_elapsed(text: str, seconds) -> None:
+    assert parse_elapsed(text) == seconds
+
+
+def test_version() -> None:
+    assert parse_version(fixture_text("scontrol_--version__slurm-22.05.txt")) == (22, 5)
+    assert parse_version("slurm 23.11.4\n") == (23, 11)
+    with pytest.raises(ParseError):
+        parse_version("scontrol: unrecognized option")
+
+
+def _failed(stdout: str = "", stderr: str = "", timed_out: bool = False) -> Completed:
+    return Completed(["scontrol"], None if timed_out else 1, stdout, stderr, 2.0, timed_out)
+
+
+def test_failures_are_classified_from_real_output() -> None:
+    down = _failed(stderr=fixture_text(
+        "scontrol_show_node_-d_-o__slurm-22.05_controller-down.stderr.txt"))
+    assert classify_failure(down, "scontrol show node", 5)[0] == "unreachable"
+    missing = _failed(stdout=fixture_text(
+        "scontrol_show_node_-d_-o__slurm-22.05_not-found.stdout.txt"))
+    assert classify_failure(missing, "scontrol show node", 5) == (
+        "node-unknown", "scontrol show node: Node nosuchnode not found")
+    sq = _failed(stderr=fixture_text("squeue_-h_-w_-o__slurm-22.05_not-found.stderr.txt"))
+    assert classify_failure(sq, "squeue", 5)[0] == "node-unknown"
+    code, line = classify_failure(_failed(timed_out=True), "scontrol show node", 2.5)
+    assert code == "timeout" and "within 2.5s" in line
+
+
+@pytest.mark.parametrize("bad", ["gpu:x:y", "gpu:a:b:c:d", "gpu(IDX:0", "gpu:1(IDX:2-1)",
+                                 "gpu:1(what)", ":1", "mps:1(1/x)"])
+def test_bad_gres_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(ParseError):
+        parse_gres(bad)
+
+
+def test_node_line_errors() -> None:
+    with pytest.raises(ParseError, match="one node line"):
+        parse_node_line("")
+    with pytest.raises(ParseError, match="NodeName"):
+        parse_node_line("Foo=bar")
