@@ -17,6 +17,9 @@ from .facts import Facts, Instance
 from .results import UNKNOWN, CheckRun, Report, Result
 
 
+JOIN_GRACE_S = 0.5
+
+
 class SelectionError(ValueError):
     """--only/--skip or the config named a check that does not exist."""
 
@@ -29,11 +32,10 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
             raise SelectionError(f"unknown check '{name}' (known: {known})")
     if only:
         names = list(only)
-    elif config.enable:
-        names = list(config.enable)
-    else:
+    else:  # the defaults, those whose config section is present, and checks.enable
         names = [c.name for c in registry.CHECKS.values()
-                 if c.default_on or any(k in config.raw for k in c.when_configured)]
+                 if c.default_on or any(k in config.raw for k in c.when_configured)
+                 or c.name in config.enable]
     dropped = set(skip) | set(config.disable)
     return [registry.CHECKS[n] for n in names if n not in dropped]
 
@@ -74,7 +76,9 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         if not src.blocking:
             collect(src)
     for src, t in threads:
-        t.join(ctx.remaining())
+        # Sources bound their own commands by ctx.deadline; the grace lets one that just
+        # killed a wedged client report "timeout" rather than be cut off as unfinished.
+        t.join(ctx.remaining() + JOIN_GRACE_S)
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
