@@ -32,6 +32,7 @@ from mps_health import __version__
 from mps_health.config import Config
 from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result
 
+from .budget import within_budget
 from .series import Sample, samples, unit_of
 
 PROG = "check_mps"
@@ -343,8 +344,8 @@ def build(config: Config, args: argparse.Namespace) -> Tuple[nagiosplugin.Check,
         else ""
     # -w/-c judge latency here: switch off the core's own slow-answer warning.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
-    node = MpsNode(config, args.only, args.skip, budget_for(args.timeout, config.budget_s),
-                   args.root)
+    budget = budget_for(args.timeout, config.budget_s)
+    node = MpsNode(within_budget(config, budget), args.only, args.skip, budget, args.root)
     check = nagiosplugin.Check(
         node, ResultContext("mps_result"), PerfContext("perf"),
         LatencyContext("latency", warn, crit, fmt_metric="{valueunit}"),

@@ -33,8 +33,10 @@ class Refresher:
     def __init__(self, config: Config, root: str, only: Sequence[str], skip: Sequence[str],
                  interval_s: float, budget_s: float) -> None:
         from .exporters import prometheus
+        from .exporters.budget import within_budget
 
-        self.config, self.root, self.only, self.skip = config, root, list(only), list(skip)
+        self.config = within_budget(config, budget_s)  # a wedged daemon judged, not lost
+        self.root, self.only, self.skip = root, list(only), list(skip)
         self.interval_s, self.budget_s = interval_s, budget_s
         self.record: Optional[prometheus.RunRecord] = None
         self.page: bytes = prometheus.exposition(None)  # build info until the first run

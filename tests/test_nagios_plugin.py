@@ -13,10 +13,9 @@ from pathlib import Path
 
 import nagiosplugin
 import pytest
-from conftest import FakeDaemon, node_config, write_config
-from plugin_output import parse
-
+from conftest import node_config, write_config
 from mps_health.exporters import nagios
+from plugin_output import parse
 
 
 def check_mps(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -72,7 +71,7 @@ def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daem
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
     d.signal(signal.SIGSTOP)
     try:
-        r = check_mps("--config", cfg, "-t", "3", "-v")
+        r = check_mps("--config", cfg, "-t", "2", "-v")  # budget 1.4s < control.timeout_s 2
     finally:
         d.signal(signal.SIGCONT)
     assert r.returncode == 2, r.stdout  # CRITICAL, not the plugin's own UNKNOWN timeout
@@ -80,7 +79,8 @@ def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daem
     print(r.stdout)
     assert out.text.startswith(("daemon-stopped node:", "control-wedged node:"))
     long_text = "\n".join(out.long_lines)
-    assert "CRITICAL control-wedged node: the control daemon did not answer" in long_text
+    assert "CRITICAL control-wedged node: the control daemon did not answer within 1.1s" \
+        in long_text
     assert "-> run 'mps-health remediate reset node'" in long_text
     assert out.perf("node_daemon_up").value == "1"
 

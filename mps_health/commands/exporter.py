@@ -16,7 +16,6 @@ import signal
 import threading
 from typing import Callable, NamedTuple
 
-from ..cli import add_common
 from ..config import Config, ConfigError
 from .common import fail, load_config, names
 
@@ -49,7 +48,10 @@ def exporter_config(config: Config) -> ExporterConfig:
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    add_common(p)
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    p.add_argument("--root", metavar="DIR", default="/",
+                   help="read every system path under DIR (fixture trees, containers)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
                         f"{DEFAULT_LISTEN}; port 0 picks a free one)")
