@@ -33,7 +33,7 @@ from mps_health.config import Config
 from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result
 
 from .budget import within_budget
-from .series import Sample, samples, unit_of
+from .series import PREFIX, Sample, samples
 
 PROG = "check_mps"
 EXIT_UNKNOWN = 3
@@ -157,9 +157,28 @@ class MpsNode(nagiosplugin.Resource):
                                       low, high, context="latency" if latency else "perf")
 
 
+# The plugin's headline number keeps the short label admins graph (node_latency).
+PERF_ALIASES = {("control", "latency_s"): "latency"}
+
+
+def perf_name(s: Sample) -> str:
+    """The sample's name without instance: its metric name, less prefix and unit suffix."""
+    alias = PERF_ALIASES.get((s.check, s.key))
+    if alias is not None:
+        return alias
+    name = s.metric[len(PREFIX):]
+    for suffix in ("_seconds", "_bytes"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
-    """A perfdata label for each sample: INSTANCE[_GPU]_KEY, the check added on clashes."""
-    def parts(s: Sample, with_check: bool) -> str:
+    """A stable perfdata label for each sample: INSTANCE[_GPU]_NAME (graphs key on it)."""
+    out = []
+    for s in found:
+        if s.key.endswith("_pid"):
+            continue  # an id, not a measurement
         labels = dict(s.labels)
         words = [s.instance] if s.instance else []
         gpu = labels.get("gpu")
@@ -168,17 +187,10 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
         elif gpu is None and "UUID" in labels:
             words.append(labels["UUID"])
         words += [v for k, v in s.labels if k not in ("mps_instance", "gpu", "UUID")]
-        if with_check or not words:
-            words.append(s.check)
-        words.append(unit_of(s.key)[0])
+        words.append(perf_name(s))
         text = "_".join(words)
-        return "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)
-
-    usable = [s for s in found if not s.key.endswith("_pid")]  # an id, not a measurement
-    first = [parts(s, False) for s in usable]
-    out = []
-    for s, label in zip(usable, first):
-        out.append((parts(s, True) if first.count(label) > 1 else label, s))
+        out.append(("".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_"
+                            for c in text), s))
     return out
 
 

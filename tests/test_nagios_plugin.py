@@ -151,7 +151,7 @@ def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> 
     first, second = nagios.run(args), nagios.run(args)
     assert first[1] == second[1] == 0
     labels = [p.label for p in parse(*first).perfdata]
-    assert labels == ["node_latency", "node_thread_percentage"]
+    assert labels == ["node_control_thread_percentage", "node_latency"]
     assert [p.label for p in parse(*second).perfdata] == labels
 
 
