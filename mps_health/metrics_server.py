@@ -7,11 +7,9 @@ runs stop finishing, ``mps_health_last_run_timestamp_seconds`` stops moving: tha
 what the alert watches.
 """
 
-import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional, Sequence, Tuple
 
 from . import engine
@@ -80,47 +78,76 @@ def process_page() -> bytes:
     return generate_latest(reg)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "MetricsServer"
-    protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
-    server_version = "mps-health-exporter"
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+MAX_HEAD = 16384  # bytes of request line and headers we accept
+IDLE_S = 120.0  # a keep-alive connection idle this long is closed (Prometheus' is 90 s)
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+
+class MetricsHTTP:
+    """A minimal HTTP/1.1 server for /metrics on one asyncio loop.
+
+    One thread serves every connection: with a thread per connection (http.server), 16
+    concurrent scrapers fight over the GIL and a cached page took 3x node_exporter's
+    time (bench/monitoring_speed.py). Keep-alive as Prometheus uses it; GET and HEAD only.
+    """
+
+    def __init__(self, refresher: Refresher, with_process: bool = True) -> None:
+        self.refresher = refresher
+        self.with_process = with_process
+        self.open: set = set()  # writers of open connections, closed at shutdown
+
+    def route(self, path: str) -> Tuple[int, str, bytes]:
         if path == "/metrics":
             from .exporters.prometheus import CONTENT_TYPE
 
-            body = self.server.refresher.page
-            if self.server.with_process:
+            body = self.refresher.page
+            if self.with_process:
                 body += process_page()
-            self._send(200, CONTENT_TYPE, body)
-        elif path == "/":
-            self._send(200, "text/html; charset=utf-8", LANDING)
-        else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+            return 200, CONTENT_TYPE, body
+        if path == "/":
+            return 200, "text/html; charset=utf-8", LANDING
+        return 404, "text/plain; charset=utf-8", b"not found: try /metrics\n"
 
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    async def handle(self, reader, writer) -> None:  # asyncio.StreamReader/StreamWriter
+        import asyncio
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # a line per scrape would flood the journal
-
-
-class MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: Tuple[str, int], refresher: Refresher,
-                 with_process: bool = True) -> None:
-        self.refresher = refresher
-        self.with_process = with_process
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        self.open.add(writer)
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_S)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                        asyncio.TimeoutError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                words = lines[0].split()
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (h.partition(":") for h in lines[1:] if h)}
+                close = headers.get("connection", "").lower() == "close"
+                if len(words) != 3 or not words[2].startswith("HTTP/1."):
+                    code, ctype, body, close = 400, "text/plain", b"bad request\n", True
+                elif words[0] not in ("GET", "HEAD"):
+                    code, ctype, body = 405, "text/plain", b"GET /metrics\n"
+                else:
+                    code, ctype, body = self.route(words[1].split("?", 1)[0])
+                if words[2:3] == ["HTTP/1.0"] and headers.get("connection", "").lower() \
+                        != "keep-alive":
+                    close = True
+                if headers.get("content-length", "0") not in ("", "0"):
+                    close = True  # we read no request bodies: do not misread one as a request
+                writer.write((f"HTTP/1.1 {code} {REASONS[code]}\r\nContent-Type: {ctype}\r\n"
+                              f"Content-Length: {len(body)}\r\n"
+                              f"{'Connection: close' if close else 'Connection: keep-alive'}"
+                              "\r\n\r\n").encode("latin-1")
+                             + (body if words[:1] != ["HEAD"] else b""))
+                await writer.drain()
+                if close:
+                    return
+        except ConnectionError:
+            return
+        finally:
+            self.open.discard(writer)
+            writer.close()
 
 
 def parse_listen(text: str) -> Tuple[str, int]:
@@ -138,21 +165,32 @@ def parse_listen(text: str) -> Tuple[str, int]:
 
 def serve(refresher: Refresher, address: Tuple[str, int],
           announce: Callable[[str], None], stop: threading.Event) -> None:
-    """Serve until ``stop`` is set (SIGTERM/SIGINT): HTTP and refresher in threads."""
-    server = MetricsServer(address, refresher)
-    host, port = str(server.server_address[0]), int(server.server_address[1])
-    shown = f"[{host}]" if ":" in host else host
-    announce(f"serving http://{shown}:{port}/metrics, checks every "
-             f"{refresher.interval_s:g}s (budget {refresher.budget_s:g}s)")
-    http = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    """Serve until ``stop`` is set (SIGTERM/SIGINT): HTTP on this thread's asyncio loop,
+    the checks in a thread of their own. OSError when the address cannot be bound."""
+    import asyncio
+
     checks = threading.Thread(target=refresher.loop, args=(stop,), name="checks", daemon=True)
-    http.start()
-    checks.start()
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        # Let a run in flight end, so its bounded commands are killed by their deadline.
+
+    async def main() -> None:
+        http = MetricsHTTP(refresher)
+        server = await asyncio.start_server(http.handle, address[0], address[1],
+                                            reuse_address=True, backlog=128,
+                                            limit=MAX_HEAD)
+        host, port = server.sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in str(host) else host
+        announce(f"serving http://{shown}:{port}/metrics, checks every "
+                 f"{refresher.interval_s:g}s (budget {refresher.budget_s:g}s)")
+        checks.start()
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(0.25)
+        finally:
+            server.close()
+            for writer in list(http.open):  # idle keep-alive connections end now
+                writer.close()
+            await asyncio.wait_for(server.wait_closed(), 5.0)
+
+    asyncio.run(main())
+    # Let a run in flight end, so its bounded commands are killed by their deadline.
+    if checks.is_alive():
         checks.join(refresher.budget_s + 2.0)

@@ -137,3 +137,33 @@ def test_port_in_use_is_one_line_unknown(tmp_path: Path, mps_dirs) -> None:
                        "--listen", f"127.0.0.1:{port}")
     assert r.returncode == 3
     assert r.stderr == f"mps-health: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_http_keep_alive_head_and_bad_requests(tmp_path: Path, mps_dirs) -> None:
+    import http.client
+    import socket
+
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log)
+    with exporter(tmp_path, cfg, "--interval", "60", "--only", "directories") as (_p, url):
+        host, port = url.split("//", 1)[1].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        bodies = []
+        for _ in range(3):  # one connection, several scrapes: keep-alive as Prometheus does
+            conn.request("GET", "/metrics?x=1")
+            r = conn.getresponse()
+            bodies.append(r.read())
+            assert r.status == 200 and r.getheader("Connection") == "keep-alive"
+        conn.request("HEAD", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read() == b"" and int(r.getheader("Content-Length")) > 0
+        conn.request("POST", "/metrics", body=b"")
+        assert conn.getresponse().status == 405
+        conn.close()
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GARBAGE\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):  # the server answers, then closes
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert all(b"mps_health_build_info" in b for b in bodies)

@@ -140,6 +140,6 @@ def serve(config: Config, args: argparse.Namespace, listen: str, interval: float
 
     try:
         serve_forever(refresher, address, announce, stop)
-    except OSError as e:
-        return fail(f"cannot listen on {listen}: {e.strerror or e}")
+    except OSError as e:  # asyncio words it at length; the errno says it in the usual words
+        return fail(f"cannot listen on {listen}: {os.strerror(e.errno) if e.errno else e}")
     return 0
