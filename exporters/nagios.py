@@ -273,9 +273,6 @@ class MpsSummary(nagiosplugin.Summary):
             text += f"; also {shown}"
         return _clean(text)
 
-    def verbose(self, results: nagiosplugin.Results) -> List[str]:
-        return long_output(results, self.node.report, 1)
-
 
 def findings(results: nagiosplugin.Results) -> List[Tuple[int, str, str]]:
     """(state, 'code instance', message) of every non-OK result, worst first."""
