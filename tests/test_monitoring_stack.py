@@ -17,7 +17,16 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 from conftest import node_config
-from monitoring_tools import exporter, free_port, get, metric_lines, need, started, wait_for
+from monitoring_tools import (
+    exporter,
+    free_port,
+    get,
+    metric_lines,
+    need,
+    node_wide_check,
+    started,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ALERTS = REPO / "contrib" / "prometheus" / "mps-health-alerts.yml"
@@ -94,7 +103,7 @@ def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, fake_daemon,
                                                     prometheus) -> None:
     d = fake_daemon()
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
-    with exporter(tmp_path, cfg, "--interval", "1", "--skip", "daemon") as (_proc, url):
+    with exporter(tmp_path, cfg, "--interval", "1", "--skip", node_wide_check()) as (_p, url):
         target = url.split("//", 1)[1]
         prom = prometheus(target)
         found = wait_for("a dir_ok series in Prometheus", lambda: api(

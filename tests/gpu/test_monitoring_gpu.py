@@ -60,7 +60,8 @@ def pythonpath() -> str:
     tree = Path(tempfile.mkdtemp(prefix="mpsmon-import-"))
     pkg = tree / "mps_health"
     pkg.mkdir()
-    for item in (REPO / "mps_health").iterdir():
+    core = REPO / "core" if (REPO / "core").is_dir() else REPO / "mps_health"
+    for item in core.iterdir():
         (pkg / item.name).symlink_to(item)
     for sub in ("checks", "exporters", "remediation", "slurm"):
         if (REPO / sub).is_dir() and not (pkg / sub).exists():
