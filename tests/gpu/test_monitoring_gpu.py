@@ -10,6 +10,8 @@ skipping the CUDA client. check_mps needs nagiosplugin; where it is not installe
 steps skip with that reason (``pip install nagiosplugin``, or a wheel carried in).
 """
 
+import atexit
+import functools
 import os
 import shutil
 import signal
@@ -53,11 +55,13 @@ def show(title: str, text: str) -> None:
     print(f"\n=== {title}\n{text.rstrip()}", flush=True)
 
 
+@functools.cache
 def pythonpath() -> str:
     """Where mps_health imports from: installed, or a tree of links to this checkout."""
     if importable("mps_health.exporters.prometheus", dict(os.environ)):
         return ""
     tree = Path(tempfile.mkdtemp(prefix="mpsmon-import-"))
+    atexit.register(shutil.rmtree, tree, True)
     pkg = tree / "mps_health"
     pkg.mkdir()
     core = REPO / "core" if (REPO / "core").is_dir() else REPO / "mps_health"
