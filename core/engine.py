@@ -16,7 +16,6 @@ from .context import Context, node_name
 from .facts import Facts, Instance
 from .results import UNKNOWN, CheckRun, Report, Result
 
-
 JOIN_GRACE_S = 0.5
 
 

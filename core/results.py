@@ -28,6 +28,9 @@ class Result(NamedTuple):
     action: str = ""  # what to run or do; empty for OK
     # Numbers for perfdata and metrics (latency_s, clients, ...), never needed to judge.
     values: Tuple[Tuple[str, float], ...] = ()
+    # Extra identity of what the values describe, e.g. (("gpu", "0"), ("UUID", "GPU-...")):
+    # Prometheus labels and Nagios perfdata label parts (see docs/metrics.md).
+    labels: Tuple[Tuple[str, str], ...] = ()
 
 
 class CheckRun(NamedTuple):

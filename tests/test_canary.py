@@ -198,8 +198,9 @@ def test_runs_as_the_daemons_user(fake_path: str) -> None:
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
         subprocess.run([python, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10,
                        user=NOBODY, group=NOBODY)
-        for _ in range(200):
-            if (pipe / "nvidia-cuda-mps-control.pid").exists():
+        pid_file = pipe / "nvidia-cuda-mps-control.pid"
+        for _ in range(500):  # the fake writes it after binding: wait for the content
+            if pid_file.exists() and pid_file.read_text().strip():
                 break
             time.sleep(0.01)
         daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())

@@ -1,0 +1,178 @@
+"""Prometheus: one run's Report as metric families, for /metrics and node_exporter's textfile.
+
+Presentation only: it formats a ``RunRecord`` (the report, when it ran, whether it could
+judge) and never probes. Each call builds fresh metric families into a registry of its own
+(``CollectorRegistry()``), so the textfile never repeats ``process_*`` series, which would
+make node_exporter drop the whole file. Names and labels: docs/metrics.md.
+"""
+
+import os
+import platform
+from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+
+from mps_health import __version__, registry
+from mps_health.results import STATE_NAMES, UNKNOWN, Report
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+from .series import PREFIX, Sample, labels_of, samples
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2.x parses
+TEXTFILE_NAME = "mps_health.prom"
+LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
+
+
+class RunRecord(NamedTuple):
+    """What one run left for the outputs: the report and the run's own health."""
+
+    report: Optional[Report]  # None when the run itself failed (see error)
+    finished_at: float  # Unix time the run ended
+    success: bool  # every check could judge (no UNKNOWN): see run_success()
+    last_success_at: Optional[float]  # this run's end if success, else the previous one's
+    instance_gpus: Mapping[str, str] = {}  # instance name -> GPU index or UUID
+    error: str = ""  # one line, when report is None
+
+
+def run_success(report: Report) -> bool:
+    """Did every check judge? An UNKNOWN result means the monitor itself is blind there."""
+    return all(r.state != UNKNOWN for run in report.runs for r in run.results)
+
+
+def _gauge(name: str, doc: str, value: Optional[float] = None,
+           labels: Optional[Mapping[str, str]] = None) -> Metric:
+    m = Metric(name, doc, "gauge")
+    if value is not None:
+        m.add_sample(name, dict(labels or {}), float(value))
+    return m
+
+
+def _value_help(sample: Sample) -> str:
+    spec = registry.CHECKS.get(sample.check)
+    what = f" ({spec.summary})" if spec is not None and spec.summary else ""
+    unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
+            "flag": ", 1 or 0"}.get(sample.unit, "")
+    return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
+
+
+def _value_families(report: Report, gpus: Mapping[str, str]) -> List[Metric]:
+    by_name: Dict[str, List[Sample]] = {}
+    for s in samples(report, gpus):
+        by_name.setdefault(s.metric, []).append(s)
+    out = []
+    for name in sorted(by_name):
+        group = sorted(by_name[name], key=lambda s: s.labels)
+        m = Metric(name, _value_help(group[0]), "gauge")
+        for s in group:
+            m.add_sample(name, dict(s.labels), s.value)
+        out.append(m)
+    return out
+
+
+def _problem_family(report: Report, gpus: Mapping[str, str]) -> Metric:
+    name = PREFIX + "problems"
+    counts: Dict[Tuple[Tuple[str, str], ...], int] = {}
+    for r in report.problems():
+        base = (("check", r.check), ("code", r.code), ("state", STATE_NAMES[r.state].lower()))
+        labels = base + labels_of(r.instance, getattr(r, "labels", ()), gpus)
+        counts[labels] = counts.get(labels, 0) + 1
+    m = Metric(name, "Findings that are not OK, by check, code and instance (absent when "
+               "healthy); the code names the runbook entry.", "gauge")
+    for labels in sorted(counts):
+        m.add_sample(name, dict(labels), float(counts[labels]))
+    return m
+
+
+def _report_families(report: Report, gpus: Mapping[str, str]) -> Iterator[Metric]:
+    yield _gauge(PREFIX + "status", "Worst state of the last run: 0 OK, 1 WARNING, "
+                 "2 CRITICAL, 3 UNKNOWN (Nagios codes).", report.state)
+    yield _gauge(PREFIX + "run_duration_seconds", "Time the last run took, gathering "
+                 "and judging.", report.duration_s)
+    status = Metric(PREFIX + "check_status", "State of each check in the last run: "
+                    "0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.", "gauge")
+    success = Metric(PREFIX + "check_success", "1 when the check could judge (no UNKNOWN "
+                     "result), as node_scrape_collector_success.", "gauge")
+    duration = Metric(PREFIX + "check_duration_seconds", "Time each check took to judge.",
+                      "gauge")
+    for run in sorted(report.runs, key=lambda r: r.name):
+        labels = {"check": run.name}
+        status.add_sample(status.name, labels, float(run.state))
+        judged = run.error is None and all(r.state != UNKNOWN for r in run.results)
+        success.add_sample(success.name, labels, 1.0 if judged else 0.0)
+        duration.add_sample(duration.name, labels, run.duration_s)
+    yield from (status, success, duration)
+    sources = Metric(PREFIX + "source_duration_seconds", "Time spent gathering each "
+                     "fact source in the last run.", "gauge")
+    for name in sorted(report.gather_s):
+        sources.add_sample(sources.name, {"source": name}, report.gather_s[name])
+    yield sources
+    yield _problem_family(report, gpus)
+    yield from _value_families(report, gpus)
+
+
+def families(record: Optional[RunRecord]) -> List[Metric]:
+    """Every family for one scrape or one textfile (only build info before the first run)."""
+    out = [_gauge(PREFIX + "build_info", "mps-health version, as a label; always 1.", 1,
+                  {"version": __version__, "python": platform.python_version()})]
+    if record is None:
+        return out
+    out.append(_gauge(PREFIX + "last_run_timestamp_seconds", "Unix time the last run ended "
+                      "(alert when it stops moving).", record.finished_at))
+    if record.last_success_at is not None:
+        out.append(_gauge(LAST_SUCCESS, "Unix time of the last run in which every check "
+                          "could judge.", record.last_success_at))
+    out.append(_gauge(PREFIX + "run_success", "1 when every check of the last run could "
+                      "judge, 0 when one was UNKNOWN or the run failed.",
+                      1.0 if record.success else 0.0))
+    if record.report is not None:
+        out.extend(_report_families(record.report, record.instance_gpus))
+    return out
+
+
+class _Families:
+    """A collector over a fixed list: the registry asks it once per exposition."""
+
+    def __init__(self, metrics: List[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> List[Metric]:
+        return self.metrics
+
+
+def _registry(record: Optional[RunRecord]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)  # fresh: no process_* or python_* series
+    reg.register(_Families(families(record)))
+    return reg
+
+
+def exposition(record: Optional[RunRecord]) -> bytes:
+    """The text exposition format (0.0.4) of one record."""
+    return generate_latest(_registry(record))
+
+
+def write_textfile(directory: str, record: RunRecord) -> str:
+    """Write DIR/mps_health.prom atomically (temp name, then rename); returns the path."""
+    from prometheus_client import write_to_textfile
+
+    path = os.path.join(directory, TEXTFILE_NAME)
+    write_to_textfile(path, _registry(record))
+    return path
+
+
+def parse_last_success(text: str) -> Optional[float]:
+    """The last-success timestamp a previous textfile recorded, if any (pure)."""
+    for line in text.splitlines():
+        if line.startswith(LAST_SUCCESS + " "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def read_last_success(directory: str) -> Optional[float]:
+    try:
+        with open(os.path.join(directory, TEXTFILE_NAME), encoding="utf-8") as f:
+            return parse_last_success(f.read())
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,177 @@
+"""check_mps end to end against fake daemons: every state, checked by the strict grammar.
+
+Where a test needs a clean OK it skips the check that judges the whole node's daemons
+(``node_wide_check()``): on a shared test machine other fake daemons may run, and that
+check rightly warns about them (daemon-unexpected).
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nagiosplugin
+import pytest
+from conftest import node_config, write_config
+from monitoring_tools import node_wide_check
+from mps_health.exporters import nagios
+from plugin_output import parse
+
+
+def check_mps(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.exporters.nagios", *args],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    r = check_mps("--config", cfg, "--skip", node_wide_check())
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = parse(r.stdout, r.returncode)
+    print(r.stdout)
+    assert (out.service, out.separator) == ("MPS", " - ")
+    assert re.match(r"\d+ checks passed on \S+ in \d+\.\d\ds \Z", out.text), out.text
+    latency = out.perf("node_latency")
+    assert (latency.uom, latency.warn, latency.crit, latency.min) == ("s", "0.5", "1", "0")
+    assert 0 < float(latency.value) < 5
+    assert out.perf("node_dir_ok")[1:] == ("1", "", "", "", "0", "1")
+    assert out.long_lines == [] and r.stderr == ""
+
+
+def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    r = check_mps("--config", node_config(tmp_path, d.pipe_dir, d.log_dir))
+    out = parse(r.stdout, r.returncode)
+    assert out.perf("node_daemon_up")[1:] == ("1", "", "", "", "0", "1")
+    assert out.state in ("OK", "WARNING")  # WARNING only for other tests' daemons
+
+
+def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    r = check_mps("--config", cfg, "--only", "control", "-w", "0.8", "-c", "30")
+    assert r.returncode == 1, r.stdout
+    out = parse(r.stdout, r.returncode)
+    print(r.stdout)
+    assert out.text.startswith("node_latency: ") and "outside range 0:0.8" in out.text
+    assert out.perf("node_latency")[3:5] == ("0.8", "30")
+
+
+def test_slow_answer_is_critical_by_the_c_range(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    r = check_mps("--config", cfg, "--only", "control", "-w", "0.2", "-c", "@0.5:60")
+    assert r.returncode == 2, r.stdout
+    assert parse(r.stdout, 2).perf("node_latency").crit == "@0.5:60"
+
+
+def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    d.signal(signal.SIGSTOP)
+    try:
+        r = check_mps("--config", cfg, "-t", "2", "-v")  # budget 1.4s < control.timeout_s 2
+    finally:
+        d.signal(signal.SIGCONT)
+    assert r.returncode == 2, r.stdout  # CRITICAL, not the plugin's own UNKNOWN timeout
+    out = parse(r.stdout, 2)
+    print(r.stdout)
+    assert out.text.startswith(("daemon-stopped node:", "control-wedged node:"))
+    long_text = "\n".join(out.long_lines)
+    assert "CRITICAL control-wedged node: the control daemon did not answer within 1.1s" \
+        in long_text
+    assert "-> run 'mps-health remediate reset node'" in long_text
+    assert out.perf("node_daemon_up").value == "1"
+
+
+def test_bad_config_is_unknown(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "bad.yaml", "mps:\n  layout: sideways\n")
+    r = check_mps("--config", cfg)
+    assert r.returncode == 3
+    assert r.stdout == (f"MPS UNKNOWN - {cfg}: key 'mps.layout': must be one of node, per-gpu, "
+                        "per-job (got 'sideways')\n")
+    parse(r.stdout, 3)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["-w", "abc"], "invalid range 'abc'"),
+    (["-c", "5:1"], "invalid range '5:1'"),
+    (["-t", "0"], "timeout 0 out of range"),
+    (["-t", "2.5"], "whole seconds"),
+    (["--only", "nope"], "unknown check 'nope'"),
+])
+def test_bad_arguments_are_unknown_not_critical(args, says) -> None:
+    r = check_mps(*args)
+    assert r.returncode == 3, r.stdout
+    assert says in r.stdout and r.stdout.count("\n") == 1 and r.stderr == ""
+    assert parse(r.stdout, 3).state == "UNKNOWN"
+
+
+def test_help_and_version_exit_unknown_as_monitoring_plugins_do() -> None:
+    h = check_mps("-h")
+    assert h.returncode == 3 and h.stdout.startswith("usage: check_mps")
+    for option in ("-w RANGE", "-c RANGE", "-t SECONDS", "--only A,B", "--config FILE"):
+        assert option in h.stdout
+    v = check_mps("-V")
+    assert v.returncode == 3 and v.stdout.startswith("check_mps v")
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("check_mps", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("check_mps is not installed next to this python")
+    r = subprocess.run([script, "-V"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3 and "nagiosplugin 1." in r.stdout
+
+
+def test_plugin_timeout_is_unknown(tmp_path: Path) -> None:
+    """The plugin's own time limit (SIGALRM) ends a probe stuck in the kernel: UNKNOWN."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    class Stuck(nagiosplugin.Resource):
+        def probe(self):
+            with open(fifo):  # no writer: blocks as a read from a hung file system does
+                return []
+
+    check = nagiosplugin.Check(Stuck(), name="MPS")
+    text, code = nagios.execute(check, 1)
+    assert code == 3
+    assert text == ("MPS UNKNOWN - check_mps timed out after 1s before the checks finished "
+                    "(raise -t, or look for a hung process on the node)\n")
+    parse(text, 3)
+
+
+def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> None:
+    """nagiosplugin's Runtime singleton would repeat the perfdata; our runs are separate."""
+    d = fake_daemon()
+    args = ["--config", node_config(tmp_path, d.pipe_dir, d.log_dir), "--only", "control"]
+    first, second = nagios.run(args), nagios.run(args)
+    assert first[1] == second[1] == 0
+    labels = [p.label for p in parse(*first).perfdata]
+    assert labels == ["node_control_thread_percentage", "node_latency"]
+    assert [p.label for p in parse(*second).perfdata] == labels
+
+
+def test_output_stays_under_8k_with_many_instances(tmp_path: Path) -> None:
+    gpus = ", ".join(str(n) for n in range(300))
+    cfg = write_config(tmp_path / "c.yaml", f"""
+run_dir: {tmp_path}/run
+mps:
+  layout: per-gpu
+  pipe_dir: {tmp_path}/pipe_{{gpu}}
+  log_dir: {tmp_path}/log_{{gpu}}
+  gpus: [{gpus}]
+""")
+    r = check_mps("--config", cfg, "--skip", "control", "-v")
+    assert r.returncode == 2
+    out = parse(r.stdout, 2)  # under 8 KiB, every perfdata item whole
+    assert out.text.startswith("daemon-absent gpu0: no nvidia-cuda-mps-control serves")
+    assert out.long_lines[-1].startswith("... ") and "more lines cut" in out.long_lines[-1]
+    assert out.perf("gpu0_daemon_up").value == "0"
+    assert len(r.stdout.encode()) > 6000  # it did fill the space it had

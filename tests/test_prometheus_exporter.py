@@ -1,0 +1,169 @@
+"""``mps-health exporter``: served and textfile output against fake daemons, checked by
+promtool; scrapes answered from the cache while a wedged daemon holds a run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import node_config, write_config
+from monitoring_tools import exporter, get, metric_lines, need, wait_for
+
+
+def mps_health(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run([need("promtool"), "check", "metrics"], input=text,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_textfile_is_valid_and_has_no_process_series(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    out = tmp_path / "textfile"
+    out.mkdir()
+    r = mps_health("exporter", "--config", cfg, "--textfile", str(out))
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mps_health.prom"]  # no temp file left
+    text = (out / "mps_health.prom").read_text()
+    print(text)
+    checked = promtool_check(text)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert not [line for line in text.splitlines() if line.startswith(("process_", "python_"))]
+    assert metric_lines(text, "mps_health_daemon_up") == [
+        'mps_health_daemon_up{mps_instance="node"} 1.0']
+    assert metric_lines(text, "mps_health_dir_ok") == ['mps_health_dir_ok{mps_instance="node"} 1.0']
+    latency = metric_lines(text, "mps_health_control_latency_seconds")
+    assert len(latency) == 1 and 0 < float(latency[0].split()[-1]) < 5
+    assert 'mps_health_check_success{check="control"} 1.0' in text
+    assert metric_lines(text, "mps_health_run_success") == ["mps_health_run_success 1.0"]
+    assert metric_lines(text, "mps_health_build_info")[0].startswith("mps_health_build_info{")
+
+
+def test_textfile_keeps_the_last_success_of_a_blind_run(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    out = tmp_path / "textfile"
+    out.mkdir()
+    good = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    assert mps_health("exporter", "--config", good, "--textfile", str(out)).returncode == 0
+    first = metric_lines((out / "mps_health.prom").read_text(),
+                         "mps_health_last_success_timestamp_seconds")
+    assert len(first) == 1
+    blind = write_config(tmp_path / "blind.yaml", Path(good).read_text()
+                         + "commands:\n  nvidia-cuda-mps-control: /nonexistent/client\n")
+    time.sleep(0.05)
+    assert mps_health("exporter", "--config", blind, "--textfile", str(out)).returncode == 0
+    text = (out / "mps_health.prom").read_text()
+    assert metric_lines(text, "mps_health_last_success_timestamp_seconds") == first
+    assert metric_lines(text, "mps_health_run_success") == ["mps_health_run_success 0.0"]
+    assert ('mps_health_problems{check="control",code="control-client-missing",'
+            'mps_instance="node",state="unknown"} 1.0') in text
+    assert 'mps_health_check_success{check="control"} 0.0' in text
+
+
+def test_served_metrics_are_valid_with_process_series(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    with exporter(tmp_path, cfg, "--interval", "1") as (proc, url):
+        assert get(url + "/")[0] == 200 and get(url + "/nope")[0] == 404
+        body = wait_for("a first run", lambda: (
+            lambda b: b if "mps_health_last_run_timestamp_seconds" in b else None)(
+                get(url + "/metrics")[2]))
+        status, ctype, _ = get(url + "/metrics")
+        assert status == 200 and ctype == "text/plain; version=0.0.4; charset=utf-8"
+        checked = promtool_check(body)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert metric_lines(body, "process_resident_memory_bytes")
+        assert metric_lines(body, "mps_health_daemon_up") == [
+            'mps_health_daemon_up{mps_instance="node"} 1.0']
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+
+
+def test_scrapes_do_not_wait_for_a_wedged_daemon(tmp_path: Path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 3.0\n")
+    d.signal(signal.SIGSTOP)
+    try:
+        with exporter(tmp_path, cfg, "--interval", "5", "--only", "control") as (_proc, url):
+            wedged = ('mps_health_problems{check="control",code="control-wedged",'
+                      'mps_instance="node",state="critical"} 1.0')
+            body = wait_for("the wedged verdict", lambda: (
+                lambda b: b if wedged in b else None)(get(url + "/metrics")[2]), timeout=30)
+            run_s = float(metric_lines(body, "mps_health_run_duration_seconds")[0].split()[1])
+            assert run_s >= 3.0  # each run waits out the control timeout...
+            slowest = 0.0
+            for _ in range(20):  # ...while the scrapes during the next runs do not
+                t0 = time.monotonic()
+                assert get(url + "/metrics", timeout=run_s)[0] == 200
+                slowest = max(slowest, time.monotonic() - t0)
+                time.sleep(0.1)
+            print(f"run {run_s:.2f}s, slowest scrape {slowest * 1000:.1f}ms")
+            assert slowest < run_s / 3
+    finally:
+        d.signal(signal.SIGCONT)
+
+
+def test_bad_exporter_settings_are_one_line_unknown(tmp_path: Path) -> None:
+    bad = write_config(tmp_path / "bad.yaml", "exporter:\n  interval_s: 0\n")
+    r = mps_health("exporter", "--config", bad)
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == (f"mps-health: {bad}: key 'exporter.interval_s': must be between 1 and "
+                        "3600 (got 0)\n")
+    unknown = write_config(tmp_path / "unknown.yaml", "exporter:\n  port: 1\n")
+    r = mps_health("exporter", "--config", unknown)
+    assert r.returncode == 3 and "key 'exporter.port': unknown key" in r.stderr
+    r = mps_health("exporter", "--listen", "nowhere")
+    assert r.returncode == 3 and r.stderr.startswith("mps-health: listen address 'nowhere'")
+    r = mps_health("exporter", "--textfile", str(tmp_path / "missing"))
+    assert r.returncode == 3 and "no such directory" in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_port_in_use_is_one_line_unknown(tmp_path: Path, mps_dirs) -> None:
+    import socket
+
+    pipe, log = mps_dirs()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = mps_health("exporter", "--config", node_config(tmp_path, pipe, log),
+                       "--listen", f"127.0.0.1:{port}")
+    assert r.returncode == 3
+    assert r.stderr == f"mps-health: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_http_keep_alive_head_and_bad_requests(tmp_path: Path, mps_dirs) -> None:
+    import http.client
+    import socket
+
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log)
+    with exporter(tmp_path, cfg, "--interval", "60", "--only", "directories") as (_p, url):
+        host, port = url.split("//", 1)[1].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        bodies = []
+        for _ in range(3):  # one connection, several scrapes: keep-alive as Prometheus does
+            conn.request("GET", "/metrics?x=1")
+            r = conn.getresponse()
+            bodies.append(r.read())
+            assert r.status == 200 and r.getheader("Connection") == "keep-alive"
+        conn.request("HEAD", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read() == b"" and int(r.getheader("Content-Length")) > 0
+        conn.request("POST", "/metrics", body=b"")
+        assert conn.getresponse().status == 405
+        conn.close()
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GARBAGE\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):  # the server answers, then closes
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert all(b"mps_health_build_info" in b for b in bodies)
