@@ -124,7 +124,8 @@ def record_proc(pid: int, into: Path) -> None:
 
 def out_dir() -> Path:
     """Where captured files go: $OUT on the device machine, else a temp dir."""
-    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="mpsh-out-"))
+    base = os.environ.get("OUT")
+    out = Path(base, "captures") if base else Path(tempfile.mkdtemp(prefix="mpsh-out-"))
     out.mkdir(parents=True, exist_ok=True)
     return out
 
