@@ -5,7 +5,6 @@ import shutil
 
 import pytest
 from conftest import fixture_text
-
 from mps_health.probes.nvml import (
     NvmlError,
     ProcessUse,
