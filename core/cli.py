@@ -17,6 +17,7 @@ EXIT_UNKNOWN = 3
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
     "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
+    "slurm": ("mps_health.slurm.command", "gres.conf/slurm.conf from NVML; install job hooks"),
 }
 
 

@@ -80,6 +80,7 @@ _TOP_KEYS = {
     "control", "tmpfiles",
     # Sections read by other modules (gpu checks, slurm, exporters, remediation):
     "gpu", "slurm", "healthcheck", "exporter", "remediation", "nagios", "orphans",
+    "jobs",  # per-job MPS hooks (mps_health.slurm.settings)
 }
 
 
