@@ -145,9 +145,24 @@ def unified(expected: Sequence[str], installed: Sequence[str], installed_name: s
                                         fromfile=installed_name, tofile=expected_name))
 
 
+def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
+    """Sort key: 'Name=gpu File=/dev/nvidia10' after '.../nvidia9'."""
+    out = []
+    for word in line.split():
+        head = word.rstrip("0123456789")
+        tail = word[len(head):]
+        out.append((head, int(tail) if tail else -1))
+    return tuple(out)
+
+
 def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
-    """"" when the installed gres.conf says the same for ``node``, else a unified diff."""
-    want, have = gres_lines(expected, node), gres_lines(installed, node)
+    """"" when the installed gres.conf says the same for ``node``, else a unified diff.
+
+    Line order does not count (gpu lines first, or each GPU's gpu and mps lines
+    together, describe the same node): both sides are sorted before comparing.
+    """
+    want = sorted(gres_lines(expected, node), key=_natural)
+    have = sorted(gres_lines(installed, node), key=_natural)
     return "" if want == have else unified(want, have, installed_name, "from NVML")
 
 
