@@ -26,7 +26,7 @@ from . import daemons, safedirs
 from .hooklog import HookLog
 from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
-from .settings import JobsSettings
+from .settings import SUN_PATH_MAX, JobsSettings, socket_path_bytes
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -112,6 +112,9 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
                 f"commands.{CONTROL} to its absolute path)")
     as_user = for_user(job.uid, job.gid, job.user)
     for dirs in job_dirs(config, job.job_id, job.gpus):
+        if socket_path_bytes(dirs.pipe_dir) > SUN_PATH_MAX:
+            return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
+                    f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
         for path in (dirs.log_dir, dirs.pipe_dir):
             notes: List[str] = []
             try:

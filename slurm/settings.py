@@ -15,9 +15,9 @@ START_FOR = ("mps", "gpu")
 ON_FAILURE = ("fail", "continue")
 SUN_PATH_MAX = 108  # sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the pipe dir
-# The longest values a template field takes: Slurm job ids are 32-bit, GPU ids up to a
-# MIG UUID ("MIG-" and 36 characters).
-LONGEST_FIELDS = {"job": "4294967295", "gpu": "MIG-" + "f" * 36}
+# The longest values a template field takes: Slurm job ids are 32-bit; Slurm gives GPU
+# indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
+LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
 
 class JobsSettings(NamedTuple):
@@ -81,6 +81,11 @@ def jobs_settings(config: Config) -> JobsSettings:
     )
 
 
+def socket_path_bytes(pipe_dir: str) -> int:
+    """Bytes of the longest socket path the daemon binds in ``pipe_dir``, NUL included."""
+    return len(pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
+
+
 def check_templates(config: Config) -> None:
     """Per-job templates the hooks can use: {job} and {gpu} only, in the last component."""
     mps = config.mps
@@ -98,7 +103,7 @@ def check_templates(config: Config) -> None:
     if "{gpu}" in mps.pipe_dir and "{gpu}" not in mps.log_dir:
         raise _fail(config, "mps.log_dir", "needs {gpu} too when mps.pipe_dir has it (one "
                     "daemon per GPU, each with its own control.log)")
-    longest = len(mps.pipe_dir.format(**LONGEST_FIELDS).encode()) + 1 + len(LONGEST_ENTRY) + 1
+    longest = socket_path_bytes(mps.pipe_dir.format(**LONGEST_FIELDS))
     if longest > SUN_PATH_MAX:
         raise _fail(config, "mps.pipe_dir", f"too long for a unix socket path ({longest} bytes "
                     f"with the largest job id and '/{LONGEST_ENTRY}', limit {SUN_PATH_MAX})")

@@ -53,11 +53,13 @@ def user_python(base: Path, user: str) -> Optional[str]:
     /root, which other users cannot enter). None when neither works.
     """
     probe = ["-I", "-c", "import mps_health.slurm.hooks, mps_health.config"]
-    for python in (sys.executable,):
-        r = subprocess.run([python, *probe], capture_output=True, timeout=60,
+    try:
+        r = subprocess.run([sys.executable, *probe], capture_output=True, timeout=60,
                            **as_user_kwargs(user))
         if r.returncode == 0:
-            return python
+            return sys.executable
+    except OSError:
+        pass  # the user cannot even start it
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None:
         return None
