@@ -89,6 +89,7 @@ class Site:
                  pipe: str = "nvidia-mps_job{job}", log: str = "nvidia-log_job{job}",
                  control: str = FAKE_CONTROL) -> None:
         self.user = user
+        self.python = python
         self.pw = pwd.getpwnam(user)
         self.base = Path(tempfile.mkdtemp(prefix="mpsh-site-", dir="/tmp"))
         self.base.chmod(0o755)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Iterator
 
@@ -118,7 +119,11 @@ def test_two_mps_jobs_at_once_get_two_daemons(cluster: SlurmCluster, site: Site)
             for _ in range(2)]
     try:
         ids = cluster.wait_running(2, timeout=60)
+        deadline = time.monotonic() + 30  # RUNNING comes before the step's prolog ends
         pids = {daemon_pid(site.pipe_dir(j)) for j in ids}
+        while None in pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = {daemon_pid(site.pipe_dir(j)) for j in ids}
         assert None not in pids and len(pids) == 2
     finally:
         settle(cluster)
@@ -133,3 +138,28 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_failed_start_drains_the_node_and_leaves_nothing(
+        make_slurm_cluster, site: Site) -> None:
+    """Prolog exit 1 (on_start_failure: fail): Slurm drains the node and holds the job."""
+    broken = Site(site.user, site.python, control="/bin/true",
+                  extra_config="  start_timeout_s: 1")
+    try:
+        hooks = {h.replace("-", "_"): str(broken.hooks / f"mps-health-{h}")
+                 for h in ("prolog", "task-prolog", "epilog")}
+        c = make_slurm_cluster(node_name="failnode", **hooks)
+        batch = c.run(["sbatch", "--gres=mps:50", "--output=/dev/null", "--wrap", "true"],
+                      user=site.user, timeout=60)
+        assert batch.returncode == 0, batch.stderr
+        state = c.wait_state(lambda s: "DRAIN" in s, 60)
+        line = c.node_line()
+        print(f"after the failed prolog: State={state}; {line[line.find('Reason='):]}")
+        assert "Reason=Prolog error" in line
+        squeue = c.run(["squeue", "-h", "-o", "%T|%r"]).stdout.strip()
+        print(f"the batch job: {squeue}")
+        assert squeue.endswith("|launch failed requeued held")
+        assert broken.entries() == [] and broken.processes() == []
+        c.cancel_all()
+    finally:
+        broken.close()
