@@ -224,12 +224,20 @@ def conf(args: "argparse.Namespace") -> int:
 
 
 def install(args: "argparse.Namespace") -> int:
+    from mps_health.config import ConfigError
+
     from .install import InstallError, conf_lines, plan
     from .install import install as write
+    from .settings import jobs_settings
 
     config = os.path.abspath(args.config) if args.config else None
-    if args.config and load_config(args) is None:
+    loaded = load_config(args)
+    if loaded is None:
         return 3
+    try:
+        jobs_settings(loaded)  # the hooks would refuse it at every job: say so now
+    except ConfigError as e:
+        return fail(str(e))
     if args.dry_run:
         for w in plan(args.prefix, args.python, config):
             print(f"==> {w.path} (mode 0755)\n{w.text}")
