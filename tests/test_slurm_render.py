@@ -4,6 +4,7 @@ Recordings: the real H200 dump (1 GPU, tests/gpu/dump_nvml.py's format) and the 
 node recording (probe format; minors 2 and 3 swapped, GPU 5 with MIG on).
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,10 @@ def test_cli_gres_conf_default_mps_gpus_from_the_config(tmp_path: Path) -> None:
                    str(FIXTURES / EIGHT))
     assert r.returncode == 0, r.stderr
     assert [x for x in lines(r.stdout) if "mps" in x] == ["Name=mps Count=50 File=/dev/nvidia1"]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a driver")
+def test_cli_without_a_driver_says_so_in_one_line() -> None:
+    r = mps_health("slurm", "gres-conf")
+    assert r.returncode == 3 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith("mps-health: NVML: ")

@@ -199,3 +199,24 @@ def test_cancelled_job_leaves_nothing(site: Site) -> None:
         os.killpg(client.pid, signal.SIGKILL)  # the client we started, by its PID
         client.wait(30)
     run_epilog(site, job)
+
+
+def test_gres_conf_and_slurm_conf_from_live_nvml() -> None:
+    """On the GPU node: the lines come from the real NVML (the fake run uses the H200 dump)."""
+    record = [] if not USE_FAKE else [
+        "--nvml-record", str(Path(__file__).parent.parent / "fixtures" /
+                             "nvml_dump__h200-driver580.json")]
+    cli = [sys.executable, "-m", "mps_health.cli", "slurm"]
+    g = subprocess.run([*cli, "gres-conf", *record], capture_output=True, text=True, timeout=60)
+    say(f"--- mps-health slurm gres-conf: exit {g.returncode} {g.stderr.strip()}",
+        *("    " + x for x in g.stdout.splitlines()))
+    assert g.returncode == 0
+    lines = [x for x in g.stdout.splitlines() if x and not x.startswith("#")]
+    assert lines[:2] == ["Name=gpu File=/dev/nvidia0", "Name=mps Count=100 File=/dev/nvidia0"]
+    for line in lines:
+        device = line.split("File=", 1)[1]
+        assert USE_FAKE or os.path.exists(device), f"{device} does not exist"
+    c = subprocess.run([*cli, "conf", *record], capture_output=True, text=True, timeout=60)
+    say(f"--- mps-health slurm conf: exit {c.returncode} {c.stderr.strip()}",
+        *("    " + x for x in c.stdout.splitlines()))
+    assert c.returncode == 0 and "GresTypes=gpu,mps" in c.stdout
