@@ -18,6 +18,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
     "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
     "exporter": ("mps_health.commands.exporter", "serve Prometheus metrics, or write a textfile"),
+    "slurm": ("mps_health.slurm.command", "gres.conf/slurm.conf from NVML; install job hooks"),
 }
 
 

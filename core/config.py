@@ -81,6 +81,7 @@ _TOP_KEYS = {
     # Sections read by other modules (gpu checks, slurm, exporters, remediation):
     "gpu", "slurm", "healthcheck", "exporter", "remediation", "nagios", "orphans",
     "servers", "logs", "canary",  # the deep checks (checks/servers.py, logs.py, canary.py)
+    "jobs",  # per-job MPS hooks (mps_health.slurm.settings)
 }
 
 

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""What the per-job hooks cost a job, against baselines measured in the same run.
+
+Every figure is a median over interleaved runs, printed with its ratio to a baseline,
+so nothing depends on the machine's speed:
+
+* `true` (a fork and exec) and `python3 -I -c pass` with the hooks' interpreter;
+* seed 1's bash prolog for a job without GPUs (its `[ -z "$SLURM_JOB_GPUS" ]` exit);
+* our Prolog, TaskProlog and Epilog for a job without GPUs (the fast path: no config
+  read), and the Prolog for a whole-GPU job that gets no MPS (config read);
+* our Prolog and Epilog for an MPS job (directories, daemon start as the job's user,
+  first answer; then quit, verified cleanup), against seed 1's `su -` scripts doing the
+  same with the same daemon.
+
+The daemon is tests/fakes' fake; its client is the C version (fast_client.c) where a
+compiler exists, so a query costs what the real client costs. Needs root and the
+test user (tests/slurmcluster.py's ensure_user creates it).
+
+Usage: python3 bench/slurm_prolog_cost.py [--runs N]
+"""
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from jobhooks import FAKE_CONTROL, Site, user_python  # noqa: E402
+from slurmcluster import ensure_user  # noqa: E402
+
+SEED_PROLOG = """#!/bin/bash
+# seed 1's /etc/slurm/prolog.d/mps_start (the control binary's path made absolute)
+if [ -z "$SLURM_JOB_GPUS" ]; then
+    exit 0
+fi
+MPS_DIR="{parent}/seed-mps_${{SLURM_JOB_ID}}"
+MPS_LOG="{parent}/seed-log_${{SLURM_JOB_ID}}"
+mkdir -p "$MPS_DIR" "$MPS_LOG"
+chown -R "${{SLURM_JOB_UID}}:${{SLURM_JOB_GID}}" "$MPS_DIR" "$MPS_LOG"
+export CUDA_VISIBLE_DEVICES=$SLURM_JOB_GPUS
+su - "$SLURM_JOB_USER" -c "
+    export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR; \\
+    export CUDA_MPS_LOG_DIRECTORY=$MPS_LOG; \\
+    export CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; \\
+    {control} -d
+"
+exit 0
+"""
+SEED_EPILOG = """#!/bin/bash
+MPS_DIR="{parent}/seed-mps_${{SLURM_JOB_ID}}"
+if [ -d "$MPS_DIR" ]; then
+    su - "$SLURM_JOB_USER" -c "
+        export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR; \\
+        echo quit | {control}
+    "
+    rm -rf "$MPS_DIR"
+    rm -rf "{parent}/seed-log_${{SLURM_JOB_ID}}"
+fi
+exit 0
+"""
+
+
+def once(argv: List[str], env: Dict[str, str], user_kw: Optional[dict] = None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, **(user_kw or {}))
+    return time.perf_counter() - t0
+
+
+def fast_client(work: Path) -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("note: no C compiler: the fake's client is Python (slower than the real one)")
+        return FAKE_CONTROL
+    target = work / "nvidia-cuda-mps-control"
+    subprocess.run([cc, "-O2", "-o", str(target), str(REPO / "tests/fakes/fast_client.c"),
+                    f'-DFAKE="{FAKE_CONTROL}"'], check=True)
+    target.chmod(0o755)
+    return str(target)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    user = ensure_user().pw_name
+    work = Path(tempfile.mkdtemp(prefix="mpsh-bench-", dir="/tmp"))
+    work.chmod(0o755)
+    python = user_python(work, user)
+    if python is None:
+        raise SystemExit(f"no Python that {user} can run imports mps_health")
+    control = fast_client(work)
+    site = Site(user, python, control=control)
+    seed_prolog, seed_epilog = work / "seed_prolog", work / "seed_epilog"
+    for path, text in ((seed_prolog, SEED_PROLOG), (seed_epilog, SEED_EPILOG)):
+        path.write_text(text.format(parent=site.parent, control=control))
+        path.chmod(0o755)
+    r: Dict[str, List[float]] = {k: [] for k in (
+        "true", "python", "seed-none", "prolog-none", "task-none", "epilog-none",
+        "prolog-gpu", "prolog-mps", "epilog-mps", "seed-prolog-mps", "seed-epilog-mps")}
+    try:
+        job = 1000
+        for _ in range(args.runs):  # interleaved, so drift hits every series alike
+            none = site.env("prolog", "1", label="no-gres")
+            r["true"].append(once(["true"], none))
+            r["python"].append(once([python, "-I", "-c", "pass"], none))
+            r["seed-none"].append(once([str(seed_prolog)], none))
+            r["prolog-none"].append(once([str(site.hooks / "mps-health-prolog")], none))
+            r["task-none"].append(once([str(site.hooks / "mps-health-task-prolog")],
+                                       site.env("task-prolog", "1", label="no-gres")))
+            r["epilog-none"].append(once([str(site.hooks / "mps-health-epilog")],
+                                         site.env("epilog", "1", label="no-gres")))
+            r["prolog-gpu"].append(once([str(site.hooks / "mps-health-prolog")],
+                                        site.env("prolog", "2", label="gpu-1")))
+            job += 1
+            r["prolog-mps"].append(once([str(site.hooks / "mps-health-prolog")],
+                                        site.env("prolog", str(job))))
+            r["epilog-mps"].append(once([str(site.hooks / "mps-health-epilog")],
+                                        site.env("epilog", str(job))))
+            seed_env = dict(site.env("prolog", str(job)), PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+            r["seed-prolog-mps"].append(once([str(seed_prolog)], seed_env))
+            time.sleep(0.2)  # the seed's prolog returns before its daemon is up
+            r["seed-epilog-mps"].append(once([str(seed_epilog)], seed_env))
+        left = site.entries()
+        med = {k: statistics.median(v) for k, v in r.items()}
+        py, tr = med["python"], med["true"]
+
+        def line(label: str, key: str, base: float, base_name: str) -> None:
+            print(f"  {label:<44} {med[key] * 1000:8.1f} ms  {med[key] / base:6.2f}x {base_name}")
+
+        print(f"median of {args.runs} runs (interpreter {python})")
+        print(f"  {'true':<44} {tr * 1000:8.1f} ms")
+        print(f"  {'python3 -I -c pass':<44} {py * 1000:8.1f} ms  (baseline)")
+        print("job without GPUs (most jobs):")
+        line("seed 1's bash prolog", "seed-none", tr, "true")
+        line("our Prolog (fast path)", "prolog-none", py, "python3 -I -c pass")
+        line("our TaskProlog (fast path)", "task-none", py, "python3 -I -c pass")
+        line("our Epilog (fast path)", "epilog-none", py, "python3 -I -c pass")
+        print("whole-GPU job, no MPS (config read, nothing started):")
+        line("our Prolog", "prolog-gpu", py, "python3 -I -c pass")
+        print("MPS job (dirs, daemon as the job's user; then quit and cleanup):")
+        line("our Prolog (until the daemon answers)", "prolog-mps", py, "python3 -I -c pass")
+        line("our Epilog", "epilog-mps", py, "python3 -I -c pass")
+        line("seed 1's prolog (su -, returns before ready)", "seed-prolog-mps", py,
+             "python3 -I -c pass")
+        line("seed 1's epilog (su -)", "seed-epilog-mps", py, "python3 -I -c pass")
+        print(f"  ours/seed: prolog {med['prolog-mps'] / med['seed-prolog-mps']:.2f}, epilog "
+              f"{med['epilog-mps'] / med['seed-epilog-mps']:.2f}")
+        ours = [e for e in left if not e.startswith("seed-")]
+        print(f"left in the parent dir after every run: ours {ours or 'nothing'}; "
+              f"seed {len(left) - len(ours)} entries")
+    finally:
+        site.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

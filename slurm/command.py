@@ -1,0 +1,253 @@
+"""``mps-health slurm``: gres.conf and slurm.conf lines from NVML, and the job hooks.
+
+  mps-health slurm gres-conf [--mps-gpus all|none|0,1] [--diff]   gres.conf lines
+  mps-health slurm conf [--prefix /etc/slurm] [--diff]            slurm.conf lines
+  mps-health slurm install [--prefix /etc/slurm]                  write the hook scripts
+
+``--diff`` compares with the installed file: exit 0 when it says the same, 1 with a
+unified diff when not, 3 when it cannot tell (as every other failure here).
+"""
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+
+from mps_health.commands.common import fail, load_config
+
+if TYPE_CHECKING:
+    import argparse
+
+    from mps_health.config import Config
+
+DEFAULT_PREFIX = "/etc/slurm"
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+    sub = p.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", parser_class=type(p))
+
+    def common(q: "argparse.ArgumentParser") -> None:
+        q.add_argument("--config", metavar="FILE",
+                       help="config file (default /etc/mps-health/config.yaml if it exists)")
+
+    def gpu_options(q: "argparse.ArgumentParser") -> None:
+        common(q)
+        q.add_argument("--mps-gpus", metavar="all|none|0,1",
+                       help="GPUs (indices or UUIDs) that get Name=mps lines (default: the "
+                            "config's gpu.mps_gpus, else every GPU)")
+        q.add_argument("--count", type=int, metavar="N",
+                       help="mps Count per GPU (default: slurm.mps_per_gpu, else 100)")
+        q.add_argument("--nvml-record", metavar="FILE",
+                       help="read the GPUs from an NVML recording instead of NVML")
+        q.add_argument("--node-name", metavar="NAME",
+                       help="this node's Slurm name (default: SLURMD_NODENAME, node_name, "
+                            "the short hostname)")
+
+    g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
+    gpu_options(g)
+    g.add_argument("--dev-dir", default="/dev", metavar="DIR",
+                   help="where the nvidiaN device files are (default /dev)")
+    g.add_argument("--with-node-name", action="store_true",
+                   help="start each line with NodeName=NODE (for a cluster-wide gres.conf)")
+    g.add_argument("--diff", action="store_true",
+                   help="compare with the installed gres.conf; exit 1 when it differs")
+    g.add_argument("--gres-conf", metavar="FILE",
+                   help="the installed gres.conf (default: slurm.gres_conf, else beside "
+                        "slurm.conf)")
+    g.set_defaults(slurm_handler=gres_conf)
+
+    c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
+    gpu_options(c)
+    c.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
+                   help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
+    c.add_argument("--health-check-program", metavar="PATH",
+                   help="default: mps-health-healthcheck beside this Python's scripts")
+    c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
+    c.add_argument("--diff", action="store_true",
+                   help="compare with the installed slurm.conf; exit 1 when it differs")
+    c.add_argument("--slurm-conf", metavar="FILE",
+                   help="the installed slurm.conf (default: $SLURM_CONF, else "
+                        "/etc/slurm/slurm.conf)")
+    c.set_defaults(slurm_handler=conf)
+
+    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts")
+    common(i)
+    i.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
+                   help="directory for mps-health-{prolog,task-prolog,epilog} (default "
+                        "/etc/slurm)")
+    i.add_argument("--python", default=sys.executable, metavar="PATH",
+                   help="interpreter the scripts run with (default: this one)")
+    i.add_argument("--force", action="store_true", help="replace files we did not write")
+    i.add_argument("--dry-run", action="store_true", help="print the scripts, write nothing")
+    i.set_defaults(slurm_handler=install)
+
+    def run(args: "argparse.Namespace") -> int:
+        handler = getattr(args, "slurm_handler", None)
+        if handler is None:
+            p.print_help()
+            return 3
+        return int(handler(args))
+
+    return run
+
+
+# --- settings shared with the checks' config --------------------------------------------
+def _lenient(config: "Config", section: str, key: str) -> Any:
+    """A key of a section another module validates (slurm, gpu): read, not judged here."""
+    return config.section(section).get(key)
+
+
+def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
+    from .gpus import parse_choice
+
+    if args.mps_gpus is not None:
+        return parse_choice(args.mps_gpus)
+    chosen = _lenient(config, "gpu", "mps_gpus")
+    if chosen is not None and chosen != "all":
+        items = chosen if isinstance(chosen, list) else [chosen]
+        return tuple(str(g).strip() for g in items)
+    if config.mps.layout == "per-gpu":
+        return config.mps.gpus
+    return None
+
+
+def mps_count(args: "argparse.Namespace", config: "Config") -> int:
+    count = args.count if args.count is not None else _lenient(config, "slurm", "mps_per_gpu")
+    if count is None:
+        return 100
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"mps Count must be a whole number of at least 1 (got {count!r})")
+    return count
+
+
+def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
+    from .gpus import gres_gpus, nvml_facts
+
+    facts = nvml_facts(args.nvml_record)
+    return gres_gpus(facts, mps_choice(args, config)), facts.driver_version
+
+
+def _node(args: "argparse.Namespace", config: "Config") -> str:
+    from mps_health.context import node_name
+
+    return args.node_name or node_name(config)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        fail(f"{path}: cannot read: {e.strerror}")
+        return None
+
+
+def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count) or None
+    from .gpus import GpusError
+
+    config = load_config(args)
+    if config is None:
+        return None
+    try:
+        gpus, driver = _gpus(args, config)
+        count = mps_count(args, config)
+    except (GpusError, ValueError) as e:
+        fail(str(e))
+        return None
+    if not gpus:
+        fail("NVML sees no GPU on this node: nothing to write")
+        return None
+    return config, gpus, driver, count
+
+
+def gres_conf(args: "argparse.Namespace") -> int:
+    from .render import diff_gres_conf, render_gres_conf
+
+    prepared = _prepare(args)
+    if prepared is None:
+        return 3
+    config, gpus, driver, count = prepared
+    node = _node(args, config)
+    text = render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
+    if not args.diff:
+        sys.stdout.write(text)
+        return 0
+    path = args.gres_conf or _lenient(config, "slurm", "gres_conf") or os.path.join(
+        os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
+    installed = _read(path)
+    if installed is None:
+        return 3
+    diff = diff_gres_conf(text, installed, node, path)
+    if diff:
+        sys.stdout.write(diff)
+        print(f"mps-health: {path} differs from NVML for {node} (- installed, + expected)",
+              file=sys.stderr)
+        return 1
+    print(f"{path} matches NVML for {node}")
+    return 0
+
+
+def health_check_default() -> str:
+    import sysconfig
+
+    return os.path.join(sysconfig.get_path("scripts"), "mps-health-healthcheck")
+
+
+def conf(args: "argparse.Namespace") -> int:
+    from .render import diff_slurm_conf, render_slurm_conf
+
+    prepared = _prepare(args)
+    if prepared is None:
+        return 3
+    config, gpus, _, count = prepared
+    if not 1 <= args.health_check_interval <= 86400:
+        return fail("--health-check-interval must be between 1 and 86400 seconds")
+    node = _node(args, config)
+    text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix,
+                             args.health_check_program or health_check_default(),
+                             args.health_check_interval)
+    if not args.diff:
+        sys.stdout.write(text)
+        return 0
+    path = args.slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
+    installed = _read(path)
+    if installed is None:
+        return 3
+    diff = diff_slurm_conf(text, installed, node, path)
+    if diff:
+        sys.stdout.write(diff)
+        print(f"mps-health: {path} lacks settings mps-health needs (- installed, + expected)",
+              file=sys.stderr)
+        return 1
+    print(f"{path} has every setting mps-health needs for {node}")
+    return 0
+
+
+def install(args: "argparse.Namespace") -> int:
+    from mps_health.config import ConfigError
+
+    from .install import InstallError, conf_lines, plan
+    from .install import install as write
+    from .settings import jobs_settings
+
+    config = os.path.abspath(args.config) if args.config else None
+    loaded = load_config(args)
+    if loaded is None:
+        return 3
+    try:
+        jobs_settings(loaded)  # the hooks would refuse it at every job: say so now
+    except ConfigError as e:
+        return fail(str(e))
+    if args.dry_run:
+        for w in plan(args.prefix, args.python, config):
+            print(f"==> {w.path} (mode 0755)\n{w.text}")
+        return 0
+    try:
+        scripts = write(args.prefix, args.python, config, args.force)
+    except (InstallError, OSError) as e:
+        return fail(f"install: {e}")
+    for w in scripts:
+        print(f"wrote {w.path}")
+    print("slurm.conf (every node and the controller), then `scontrol reconfigure`:")
+    sys.stdout.write(conf_lines(scripts))
+    return 0

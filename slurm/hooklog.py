@@ -1,0 +1,72 @@
+"""Where the job hooks say what they did: syslog, stderr, and optionally a file.
+
+slurmd keeps no hook output by default, so syslog (facility daemon, ident
+``mps-health-prolog`` and so on) is the record; stderr helps when a hook is run by
+hand. Never stdout: slurmd reads the TaskProlog's stdout as ``export`` lines. Every
+line names the job. A log that cannot be written is skipped, never an error.
+"""
+
+import os
+import sys
+from typing import List, Optional
+
+LEVELS = {"info": 6, "warning": 4, "error": 3}  # syslog priorities
+
+
+class HookLog:
+    def __init__(self, hook: str, job: str = "?", log_file: Optional[str] = None,
+                 to_stderr: bool = True) -> None:
+        self.ident = f"mps-health-{hook}"
+        self.job = job
+        self.log_file = log_file
+        self.to_stderr = to_stderr
+        self.lines: List[str] = []  # what was said, for the caller (and tests)
+        self._syslog = None
+        try:
+            import syslog
+
+            syslog.openlog(self.ident, syslog.LOG_PID, syslog.LOG_DAEMON)
+            self._syslog = syslog
+        except (ImportError, OSError):
+            pass
+
+    def _say(self, level: str, message: str) -> None:
+        line = f"job {self.job}: {message}"
+        self.lines.append(f"{level}: {line}")
+        if self._syslog is not None:
+            try:
+                self._syslog.syslog(LEVELS[level], line)
+            except OSError:
+                pass
+        if self.to_stderr:
+            try:
+                print(f"{self.ident}: {level}: {line}", file=sys.stderr, flush=True)
+            except OSError:
+                pass
+        if self.log_file:
+            self._append(f"{self.ident}[{os.getpid()}]: {level}: {line}\n")
+
+    def _append(self, text: str) -> None:
+        import time
+
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        try:
+            fd = os.open(self.log_file or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        except OSError:
+            return  # e.g. the TaskProlog, as the user, cannot write root's log: syslog has it
+        try:
+            os.write(fd, f"{stamp} {text}".encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def info(self, message: str) -> None:
+        self._say("info", message)
+
+    def warning(self, message: str) -> None:
+        self._say("warning", message)
+
+    def error(self, message: str) -> None:
+        self._say("error", message)

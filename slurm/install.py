@@ -1,0 +1,91 @@
+"""``mps-health slurm install``: write the three hook scripts slurm.conf points at.
+
+Each is a four-line Python script (templates/hook.j2) with the interpreter and the
+config file written into it: slurmd starts hooks with no PATH and no arguments, and a
+plain script starts faster than a console-script wrapper (no ``re`` import). Scripts
+are root's, mode 0755, written to a temporary name and renamed; a file at the target
+name that we did not write is never replaced without ``--force``.
+"""
+
+import os
+from typing import List, NamedTuple, Optional
+
+from .render import HOOK_KEYS, hook_paths, render_hook
+
+MARKER = "# mps-health Slurm "
+
+
+class InstallError(Exception):
+    """Why nothing (more) was installed, in one line."""
+
+
+class Written(NamedTuple):
+    hook: str
+    path: str
+    text: str
+
+
+def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
+    return [Written(hook, path, render_hook(hook, python, config, path))
+            for hook, path in hook_paths(prefix).items()]
+
+
+def _ours(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True  # nothing there: free to write
+    except OSError:
+        return False  # a symlink, or unreadable: not ours
+    try:
+        head = os.read(fd, 512).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    return MARKER in head
+
+
+def check_python(python: str) -> None:
+    """The interpreter must import the hooks as slurmd will run them (-I, no PATH)."""
+    from .runas import run_as
+
+    r = run_as([python, "-I", "-c", "import mps_health.slurm.hooks"], 60, None, env={})
+    if r.exec_error or r.rc != 0:
+        said = r.exec_error or (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise InstallError(f"{python} cannot import mps_health.slurm.hooks ({said}): give "
+                           "--python the interpreter mps-health is installed for")
+
+
+def install(prefix: str, python: str, config: Optional[str], force: bool) -> List[Written]:
+    if not os.path.isabs(prefix) or not os.path.isdir(prefix):
+        raise InstallError(f"{prefix}: not an existing directory (give an absolute --prefix)")
+    if config is not None and not os.path.isabs(config):
+        raise InstallError(f"--config {config}: give an absolute path (hooks run from /)")
+    check_python(python)
+    scripts = plan(prefix, python, config)
+    for w in scripts:
+        if not force and not _ours(w.path):
+            raise InstallError(f"{w.path} exists and was not written by mps-health: move it, "
+                               "or use --force")
+    for w in scripts:
+        _write(w.path, w.text)
+    return scripts
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fchmod(fd, 0o755)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def conf_lines(scripts: List[Written]) -> str:
+    return "".join(f"{HOOK_KEYS[w.hook]}={w.path}\n" for w in scripts)

@@ -1,0 +1,257 @@
+"""The per-job MPS life cycle: what the Prolog, TaskProlog and Epilog do.
+
+Prolog (root, before the job): for a job that gets MPS, make its log and pipe dirs
+(safedirs: no symlink followed, nothing planted accepted), owned by the job's user;
+start ``nvidia-cuda-mps-control -d`` as that user with the job's GPUs; wait until it
+answers. On failure, undo what was made, then fail (Slurm drains the node and requeues
+the job) or carry on without MPS, as ``jobs.on_start_failure`` says.
+
+TaskProlog (the job's user, before each task): print ``export
+CUDA_MPS_PIPE_DIRECTORY=...`` (and the log dir) when the job's pipe dir exists, is a
+real dir and belongs to this user.
+
+Epilog (root, after the job, also after scancel): ``quit -t N`` as the job's user, end
+what is left by verified PID, remove the dirs. It exits 0 for any problem it can log;
+only a process that survives SIGKILL (stuck in the driver) fails it, because that
+node needs a person.
+"""
+
+import os
+from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
+
+from mps_health.config import Config
+from mps_health.facts import ProcessFact
+
+from . import daemons, safedirs
+from .hooklog import HookLog
+from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
+from .runas import RunAs, for_user, resolve, user_env
+from .settings import SUN_PATH_MAX, JobsSettings, socket_path_bytes
+
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class JobDirs(NamedTuple):
+    pipe_dir: str
+    log_dir: str
+    gpus: Tuple[str, ...]  # the GPUs this daemon is given (CUDA_VISIBLE_DEVICES)
+
+
+def job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
+    """The dirs the job's daemons use: one set, or one per GPU when the template has {gpu}."""
+    mps = config.mps
+    out = []
+    for fields in instance_fields(job_id, mps.pipe_dir, gpus):
+        own = (fields["gpu"],) if fields["gpu"] else gpus
+        out.append(JobDirs(mps.pipe_dir.format(**fields), mps.log_dir.format(**fields), own))
+    return tuple(out)
+
+
+def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
+    """The job's dirs from the template and, with {gpu}, also any found on disk."""
+    expected = list(job_dirs(config, job_id, gpus))
+    if "{gpu}" in config.mps.pipe_dir:
+        from mps_health.instances import job_pattern
+
+        pattern = job_pattern(config.mps.pipe_dir)
+        parent = os.path.dirname(config.mps.pipe_dir)
+        for name in safedirs.list_names(parent):
+            m = pattern.match(name)
+            if m and m.group("job") == job_id:
+                gpu = m.group("gpu")
+                fields = {"job": job_id, "gpu": gpu}
+                found = JobDirs(os.path.join(parent, name), config.mps.log_dir.format(**fields),
+                                (gpu,))
+                if found.pipe_dir not in {d.pipe_dir for d in expected}:
+                    expected.append(found)
+    return tuple(expected)
+
+
+def daemon_env(job: JobEnv, dirs: JobDirs, as_user: RunAs) -> Dict[str, str]:
+    extra = {"CUDA_VISIBLE_DEVICES": ",".join(dirs.gpus),
+             "CUDA_MPS_PIPE_DIRECTORY": dirs.pipe_dir,
+             "CUDA_MPS_LOG_DIRECTORY": dirs.log_dir}
+    if job.mps_percentage is not None:
+        # The daemon's default for its servers: the job's gres/mps share.
+        extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = job.mps_percentage
+    return user_env(as_user, job.user, extra)
+
+
+# --- Prolog ---------------------------------------------------------------------------
+def prolog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
+           proc_dir: str = "/proc") -> int:
+    if not wants_daemon(job, settings.start_for):
+        return 0
+    if config.mps.layout != "per-job":
+        log.warning(f"mps.layout is {config.mps.layout} in {config.path}: the per-job "
+                    "prolog starts nothing (set mps.layout: per-job)")
+        return 0
+    failure = _start_all(job, config, settings, log, proc_dir)
+    if failure is None:
+        return 0
+    log.error(failure)
+    leftovers = cleanup(job, config, settings, log, proc_dir)
+    if leftovers:
+        log.error("could not clean up after the failed start: " + leftovers)
+    if settings.on_start_failure == "fail":
+        log.error("exit 1: Slurm drains the node and requeues the job "
+                  "(jobs.on_start_failure: fail)")
+        return 1
+    log.warning("the job runs without MPS (jobs.on_start_failure: continue)")
+    return 0
+
+
+def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
+               proc_dir: str) -> Optional[str]:
+    """Make the dirs and start each daemon; None, or the one line saying what failed."""
+    if job.uid == 0 and config.mps.forbid_root_daemon:
+        return "the job runs as root and mps.forbid_root_daemon is set: no daemon started"
+    control = resolve(config.command(CONTROL))
+    if control is None:
+        return (f"{config.command(CONTROL)} not found (slurmd gives the prolog no PATH: set "
+                f"commands.{CONTROL} to its absolute path)")
+    as_user = for_user(job.uid, job.gid, job.user)
+    for dirs in job_dirs(config, job.job_id, job.gpus):
+        if socket_path_bytes(dirs.pipe_dir) > SUN_PATH_MAX:
+            return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
+                    f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
+        for path in (dirs.log_dir, dirs.pipe_dir):
+            notes: List[str] = []
+            try:
+                safedirs.make_job_dir(*os.path.split(path), job.uid, job.gid,
+                                      config.mps.dir_mode, notes)
+            except (safedirs.UnsafePath, OSError) as e:
+                return f"cannot make {path}: {e}"
+            for note in notes:
+                log.warning(note)
+        started = daemons.start_daemon(control, dirs.pipe_dir, as_user,
+                                       daemon_env(job, dirs, as_user),
+                                       settings.start_timeout_s, proc_dir)
+        if started.pid is None:
+            return f"MPS daemon for GPUs {','.join(dirs.gpus)} did not start: {started.detail}"
+        log.info(f"started MPS daemon {started.pid} as {job.user} for GPUs "
+                 f"{','.join(dirs.gpus)} in {dirs.pipe_dir} ({started.elapsed_s:.2f}s)")
+    return None
+
+
+# --- TaskProlog -----------------------------------------------------------------------
+def task_gpu(env: Mapping[str, str]) -> Optional[str]:
+    """The one GPU of a task (for {gpu} templates): SLURM_STEP_GPUS, else CUDA_VISIBLE_DEVICES."""
+    for name in ("SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
+        try:
+            gpus = parse_gpus(env.get(name, ""))
+        except ValueError:
+            continue
+        if len(gpus) == 1:
+            return gpus[0]
+    return None
+
+
+def task_exports(env: Mapping[str, str], config: Config, uid: int,
+                 log: Optional[HookLog] = None) -> List[str]:
+    """The ``export`` lines for a task of this job (none when it has no daemon of ours)."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    if config.mps.layout != "per-job" or not job_id.isdigit():
+        return []
+    if env.get("SLURM_JOB_UID", str(uid)) != str(uid):
+        return []  # run for another user's job: never point a task at someone's dir
+    gpu = ""
+    if "{gpu}" in config.mps.pipe_dir:
+        gpu = task_gpu(env) or ""
+        if not gpu:
+            if log is not None:
+                log.warning("one MPS daemon per GPU, but this task sees several GPUs (or "
+                            "none): CUDA_MPS_PIPE_DIRECTORY not set; bind one GPU per task")
+            return []
+    fields = {"job": job_id, "gpu": gpu}
+    pipe = config.mps.pipe_dir.format(**fields)
+    if not safedirs.owned_dir(pipe, uid):
+        return []
+    lines = [f"export CUDA_MPS_PIPE_DIRECTORY={pipe}"]
+    logs = config.mps.log_dir.format(**fields)
+    if safedirs.owned_dir(logs, uid):
+        lines.append(f"export CUDA_MPS_LOG_DIRECTORY={logs}")
+    return lines
+
+
+def task_prolog(env: Mapping[str, str], config: Config, out: TextIO,
+                log: Optional[HookLog] = None) -> int:
+    for line in task_exports(env, config, os.getuid(), log):
+        out.write(line + "\n")
+    out.flush()
+    return 0
+
+
+# --- Epilog ---------------------------------------------------------------------------
+def epilog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
+           proc_dir: str = "/proc") -> int:
+    if config.mps.layout != "per-job":
+        return 0
+    stuck = cleanup(job, config, settings, log, proc_dir)
+    if stuck:
+        log.error(stuck + ": exit 1 so that Slurm drains the node")
+        return 1
+    return 0
+
+
+def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
+            proc_dir: str = "/proc") -> str:
+    """Quit, end and remove everything of the job; "" or the processes that survived."""
+    all_dirs = found_job_dirs(config, job.job_id, job.gpus)
+    pipes = {d.pipe_dir for d in all_dirs}
+    procs = daemons.job_processes(proc_dir, pipes)
+    if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
+        return ""
+    as_user = for_user(job.uid, job.gid, job.user)
+    control = resolve(config.command(CONTROL))
+    for dirs in all_dirs:
+        daemon = [p for p in procs if p.role == "control" and p.pipe_dir == dirs.pipe_dir]
+        if not daemon or control is None:
+            continue
+        if daemon[0].state in ("T", "t", "D"):
+            log.warning(f"daemon {daemon[0].pid} is in state {daemon[0].state}: not asking "
+                        "it to quit (the client would hang); ending it")
+            continue
+        problem = daemons.quit_daemon(control, dirs.pipe_dir, as_user,
+                                      daemon_env(job, dirs, as_user), settings.quit_timeout_s)
+        if problem:
+            log.warning(f"daemon {daemon[0].pid} in {dirs.pipe_dir}: {problem}")
+    daemons.wait_gone(proc_dir, procs, 1.0)
+    stuck = _end_leftovers(job, procs, settings, log, proc_dir)
+    for dirs in all_dirs:
+        for path in (dirs.pipe_dir, dirs.log_dir):
+            left = safedirs.remove_job_dir(path, (job.uid, 0))
+            if left:
+                log.warning(left)
+    if procs or all_dirs:
+        log.info(f"cleaned up MPS for the job ({len(procs)} process(es), "
+                 f"dirs {', '.join(sorted(pipes))})")
+    return stuck
+
+
+def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSettings,
+                   log: HookLog, proc_dir: str) -> str:
+    left = [p for p in procs if daemons.alive(proc_dir, p)]
+    foreign = [p for p in left if p.uid != job.uid]
+    for p in foreign:
+        log.warning(f"{p.role} {p.pid} serves this job's pipe dir but runs as uid {p.uid}, "
+                    "not the job's user: left alone")
+    mine = [p for p in left if p.uid == job.uid]
+    if not mine:
+        return ""
+    ended, survivors = daemons.end_processes(proc_dir, mine, settings.kill_grace_s)
+    if ended:
+        log.warning("ended leftover MPS processes by verified PID: "
+                    + ", ".join(f"{p.role} {p.pid}" for p in ended))
+    if survivors:
+        return "MPS processes survived SIGKILL (stuck in the driver?): " + ", ".join(
+            f"{p.role} {p.pid}" for p in survivors)
+    return ""
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.lstat(path)
+        return True
+    except OSError:
+        return False

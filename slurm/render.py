@@ -1,0 +1,233 @@
+"""gres.conf and slurm.conf lines from the GPUs, and how they differ from what is installed.
+
+Rendering uses the Jinja2 templates shipped in ``mps_health/slurm/templates``.
+Comparison is by meaning, not by text: comments and blank lines are dropped, keys are
+matched case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges are
+expanded, and only lines for this node count (no NodeName=, or a NodeName= whose
+host list holds it). Everything here is pure; reading the files is the command's job.
+"""
+
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .gpus import GresGpu
+
+HOOK_NAMES = {"prolog": "mps-health-prolog", "task-prolog": "mps-health-task-prolog",
+              "epilog": "mps-health-epilog"}
+HOOK_KEYS = {"prolog": "Prolog", "task-prolog": "TaskProlog", "epilog": "Epilog"}
+# gres.conf keys in the order we write them (Slurm reads them case-insensitively).
+GRES_KEYS = ("NodeName", "AutoDetect", "Name", "Type", "Count", "File", "Cores", "Links",
+             "Flags", "MultipleFiles")
+
+
+def template(name: str):  # -> jinja2.Template
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mps_health.slurm", "templates"),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False)
+    return env.get_template(name)
+
+
+def gres_value(gpus: Sequence[GresGpu], count: int) -> str:
+    """The node's ``Gres=`` in slurm.conf: ``gpu:2,mps:200``."""
+    mps = sum(count for g in gpus if g.mps)
+    return f"gpu:{len(gpus)}" + (f",mps:{mps}" if mps else "")
+
+
+def render_gres_conf(gpus: Sequence[GresGpu], node: str, driver: Optional[str], count: int,
+                     dev_dir: str = "/dev", node_prefix: bool = False) -> str:
+    mps = [str(g.gpu_index) for g in sorted(gpus, key=lambda g: g.gpu_index) if g.mps]
+    by_index = sorted(gpus, key=lambda g: g.gpu_index)
+    return template("gres.conf.j2").render(
+        gpus=gpus, node=node, driver=driver or "unknown", count=count,
+        dev_dir=dev_dir.rstrip("/") or "", prefix=f"NodeName={node} " if node_prefix else "",
+        mps_names=("GPU " + ",".join(mps)) if mps else "no GPU",
+        in_pci_order=[g.minor for g in by_index] == sorted(g.minor for g in by_index))
+
+
+def hook_paths(prefix: str) -> Dict[str, str]:
+    return {hook: f"{prefix.rstrip('/')}/{name}" for hook, name in HOOK_NAMES.items()}
+
+
+def render_slurm_conf(gpus: Sequence[GresGpu], node: str, count: int, layout: str,
+                      hooks_prefix: str, health_check_program: str,
+                      health_check_interval: int) -> str:
+    paths = hook_paths(hooks_prefix)
+    return template("slurm.conf.j2").render(
+        gpus=gpus, node=node, mps_count=sum(1 for g in gpus if g.mps), layout=layout,
+        per_job=layout == "per-job", prolog=paths["prolog"],
+        task_prolog=paths["task-prolog"], epilog=paths["epilog"],
+        health_check_program=health_check_program,
+        health_check_interval=health_check_interval, gres=gres_value(gpus, count))
+
+
+def render_hook(hook: str, python: str, config: Optional[str], path: str) -> str:
+    return template("hook.j2").render(hook=hook, python=python, path=path,
+                                      key=HOOK_KEYS[hook], hook_literal=repr(hook),
+                                      config_literal=repr(config))
+
+
+# --- comparing with what is installed ---------------------------------------------------
+def expand_brackets(text: str) -> List[str]:
+    """Slurm's host/file ranges: ``gpu[01-03,7]`` -> gpu01 gpu02 gpu03 gpu7 (one bracket)."""
+    start = text.find("[")
+    end = text.find("]", start + 1)
+    if start < 0 or end < 0:
+        return [text]
+    head, body, tail = text[:start], text[start + 1:end], text[end + 1:]
+    out: List[str] = []
+    for part in body.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return [text]  # not a range we understand: compare it as written
+        width = len(lo) if lo.startswith("0") else 0
+        for n in range(int(lo), int(hi or lo) + 1):
+            out += [head + str(n).zfill(width) + t for t in expand_brackets(tail)]
+    return out
+
+
+def expand_hostlist(text: str) -> List[str]:
+    """``a[1-2],b`` -> a1 a2 b (commas inside brackets belong to the range)."""
+    parts, depth, word = [], 0, ""
+    for c in text:
+        depth += c == "["
+        depth -= c == "]"
+        if c == "," and depth == 0:
+            parts.append(word)
+            word = ""
+        else:
+            word += c
+    parts.append(word)
+    return [h for p in parts if p for h in expand_brackets(p)]
+
+
+def _tokens(line: str) -> Dict[str, str]:
+    canon = {k.lower(): k for k in GRES_KEYS}
+    out: Dict[str, str] = {}
+    for word in line.split():
+        key, _, value = word.partition("=")
+        out[canon.get(key.lower(), key)] = value
+    return out
+
+
+def gres_lines(text: str, node: str) -> List[str]:
+    """The gres.conf lines that apply to ``node``, one device each, in a canonical form."""
+    out: List[str] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = _tokens(line)
+        hosts = tokens.pop("NodeName", None)
+        if hosts is not None and node not in expand_hostlist(hosts):
+            continue
+        files = expand_brackets(tokens["File"]) if "File" in tokens else [None]
+        count = tokens.get("Count")
+        for f in files:
+            one = dict(tokens)
+            if f is not None:
+                one["File"] = f
+            if count and count.isdigit() and len(files) > 1 and tokens.get("Name") == "mps":
+                one["Count"] = str(int(count) // len(files))  # an mps Count is split evenly
+            order = {k: i for i, k in enumerate(GRES_KEYS)}
+            out.append(" ".join(f"{k}={v}" for k, v in
+                                sorted(one.items(), key=lambda kv: order.get(kv[0], 99))))
+    return out
+
+
+def unified(expected: Sequence[str], installed: Sequence[str], installed_name: str,
+            expected_name: str) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff([x + "\n" for x in installed],
+                                        [x + "\n" for x in expected],
+                                        fromfile=installed_name, tofile=expected_name))
+
+
+def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
+    """Sort key: 'Name=gpu File=/dev/nvidia10' after '.../nvidia9'."""
+    out = []
+    for word in line.split():
+        head = word.rstrip("0123456789")
+        tail = word[len(head):]
+        out.append((head, int(tail) if tail else -1))
+    return tuple(out)
+
+
+def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
+    """"" when the installed gres.conf says the same for ``node``, else a unified diff.
+
+    Line order does not count (gpu lines first, or each GPU's gpu and mps lines
+    together, describe the same node): both sides are sorted before comparing.
+    """
+    want = sorted(gres_lines(expected, node), key=_natural)
+    have = sorted(gres_lines(installed, node), key=_natural)
+    return "" if want == have else unified(want, have, installed_name, "from NVML")
+
+
+# --- slurm.conf ---------------------------------------------------------------------------
+class ConfLine(NamedTuple):
+    key: str  # canonical key as we write it, or "Gres" for the node line's Gres=
+    value: str
+
+
+def conf_settings(rendered: str) -> List[ConfLine]:
+    """The Key=Value settings of our rendered lines, and the node's Gres from the comment."""
+    out: List[ConfLine] = []
+    for raw in rendered.splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            rest = line.lstrip("#").strip()
+            if rest.startswith("Gres="):
+                out.append(ConfLine("Gres", rest[len("Gres="):]))
+            continue
+        key, sep, value = line.partition("=")
+        if sep:
+            out.append(ConfLine(key, value))
+    return out
+
+
+def parse_slurm_conf(text: str, node: str) -> Tuple[Dict[str, str], Optional[str]]:
+    """Global settings (keys lower-cased, last one wins) and ``node``'s Gres= (None: none)."""
+    settings: Dict[str, str] = {}
+    gres: Optional[str] = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        first_key, _, first_value = words[0].partition("=")
+        if first_key.lower() == "nodename":
+            if node in expand_hostlist(first_value):
+                for w in words[1:]:
+                    k, _, v = w.partition("=")
+                    if k.lower() == "gres":
+                        gres = v
+            continue
+        if first_key.lower() in ("partitionname", "nodeset", "frontendname",
+                                 "downnodes", "switchname"):
+            continue
+        for w in words:
+            k, sep, v = w.partition("=")
+            if sep:
+                settings[k.lower()] = v
+    return settings, gres
+
+
+def diff_slurm_conf(rendered: str, installed: str, node: str, installed_name: str) -> str:
+    """"" when slurm.conf has every rendered setting, else a unified diff of those lines."""
+    settings, gres = parse_slurm_conf(installed, node)
+    want: List[str] = []
+    have: List[str] = []
+    for line in conf_settings(rendered):
+        if line.key == "Gres":
+            want.append(f"NodeName={node} Gres={line.value}")
+            have.append(f"NodeName={node} Gres={gres}" if gres is not None
+                        else f"NodeName={node} (no Gres=)")
+            continue
+        want.append(f"{line.key}={line.value}")
+        value = settings.get(line.key.lower())
+        have.append(f"{line.key}={value}" if value is not None else f"({line.key} not set)")
+    return "" if want == have else unified(want, have, installed_name, "mps-health slurm conf")
+

@@ -1,0 +1,219 @@
+"""gres.conf and slurm.conf lines from recorded NVML facts, and --diff against installed files.
+
+Recordings: the real H200 dump (1 GPU, tests/gpu/dump_nvml.py's format) and the 8-GPU
+node recording (probe format; minors 2 and 3 swapped, GPU 5 with MIG on).
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, fixture_text
+from mps_health.probes.nvml import read_nvml
+from mps_health.slurm.gpus import GpusError, gres_gpus, load_recording, parse_choice
+from mps_health.slurm.render import (
+    diff_gres_conf,
+    diff_slurm_conf,
+    expand_hostlist,
+    gres_lines,
+    gres_value,
+    render_gres_conf,
+    render_slurm_conf,
+)
+
+H200 = "nvml_dump__h200-driver580.json"
+EIGHT = "nvml__HANDWRITTEN_8gpu-h200-mixed.json"
+
+
+def gpus_of(name: str, choice=None):
+    facts = read_nvml(load_recording(fixture_text(name), name))
+    return gres_gpus(facts, choice), facts.driver_version
+
+
+def lines(text: str) -> list:
+    return [x for x in text.splitlines() if x and not x.startswith("#")]
+
+
+def mps_health(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_real_h200_dump() -> None:
+    gpus, driver = gpus_of(H200)
+    assert driver == "580.159.04"
+    text = render_gres_conf(gpus, "gpu01", driver, 100)
+    assert lines(text) == ["Name=gpu File=/dev/nvidia0", "Name=mps Count=100 File=/dev/nvidia0"]
+    assert "# GPU 0: NVIDIA H200 GPU-15679ef6-f0ce-236f-4585-607064cf111a" in text
+    assert "NOTE" not in text
+
+
+def test_eight_gpus_all_with_mps_in_device_file_order() -> None:
+    gpus, driver = gpus_of(EIGHT)
+    text = render_gres_conf(gpus, "gpu01", driver, 100)
+    got = lines(text)
+    assert got[:4] == ["Name=gpu File=/dev/nvidia0", "Name=mps Count=100 File=/dev/nvidia0",
+                       "Name=gpu File=/dev/nvidia1", "Name=mps Count=100 File=/dev/nvidia1"]
+    assert [x for x in got if x.startswith("Name=gpu")] == [
+        f"Name=gpu File=/dev/nvidia{n}" for n in range(8)]
+    # GPU 5 has MIG on: a gpu line, no mps line, and the comment says why.
+    assert "Name=mps Count=100 File=/dev/nvidia5" not in got
+    assert "GPU 5: NVIDIA H200 GPU-00000005-1111-2222-3333-444455550005 (MIG on" in text
+    assert len([x for x in got if x.startswith("Name=mps")]) == 7
+    # Minors 2 and 3 are swapped against the PCI order: the admin is told.
+    assert "not in NVML (PCI bus) order" in text
+    assert gres_value(gpus, 100) == "gpu:8,mps:700"
+
+
+def test_mixed_node_mps_only_on_chosen_gpus() -> None:
+    gpus, driver = gpus_of(EIGHT, parse_choice("0,1,2,3"))
+    got = lines(render_gres_conf(gpus, "gpu01", driver, 100))
+    assert len([x for x in got if x.startswith("Name=gpu")]) == 8
+    # NVML GPUs 2 and 3 are /dev/nvidia3 and /dev/nvidia2.
+    assert [x for x in got if x.startswith("Name=mps")] == [
+        f"Name=mps Count=100 File=/dev/nvidia{n}" for n in (0, 1, 2, 3)]
+    gpus, _ = gpus_of(EIGHT, parse_choice("GPU-00000003-1111-2222-3333-444455550003"))
+    assert [g.minor for g in gpus if g.mps] == [2]
+    assert gres_value(gpus, 100) == "gpu:8,mps:100"
+
+
+def test_choices_and_their_errors() -> None:
+    assert parse_choice("all") is None and parse_choice("none") == ()
+    with pytest.raises(GpusError, match="--mps-gpus names 9, which this node does not have"):
+        gpus_of(H200, ("9",))
+    with pytest.raises(GpusError, match="takes all, none"):
+        parse_choice(",")
+
+
+def test_gpu_without_minor_number_is_a_clear_error() -> None:
+    name = "nvml__HANDWRITTEN_8gpu-h200-gpu-lost.json"
+    with pytest.raises(GpusError, match=r"GPU 3: NVML gives no minor number \(uuid: GPU_IS_LOST\)"):
+        gpus_of(name)
+
+
+def test_node_prefix_and_dev_dir() -> None:
+    gpus, driver = gpus_of(H200)
+    text = render_gres_conf(gpus, "gpu01", driver, 50, "/srv/dev/", node_prefix=True)
+    assert lines(text) == ["NodeName=gpu01 Name=gpu File=/srv/dev/nvidia0",
+                           "NodeName=gpu01 Name=mps Count=50 File=/srv/dev/nvidia0"]
+
+
+def test_diff_ignores_comments_order_case_and_ranges() -> None:
+    gpus, driver = gpus_of("nvml__HANDWRITTEN_2gpu-test-node.json")
+    rendered = render_gres_conf(gpus, "gpu01", driver, 100)
+    installed = """# hand written
+NodeName=gpu[01-04] name=gpu File=/dev/nvidia[0-1]
+NodeName=gpu[01-04] Name=mps File=/dev/nvidia[0-1] Count=200
+NodeName=gpu05 Name=gpu File=/dev/nvidia7
+"""
+    assert diff_gres_conf(rendered, installed, "gpu01", "gres.conf") == ""
+    assert gres_lines(installed, "gpu05") == ["Name=gpu File=/dev/nvidia7"]
+
+
+def test_diff_shows_what_differs() -> None:
+    gpus, driver = gpus_of("nvml__HANDWRITTEN_2gpu-test-node.json", ("0",))
+    rendered = render_gres_conf(gpus, "gpu01", driver, 100)
+    installed = "Name=gpu File=/dev/nvidia[0-1]\nName=mps Count=200 File=/dev/nvidia[0-1]\n"
+    diff = diff_gres_conf(rendered, installed, "gpu01", "/etc/slurm/gres.conf")
+    assert diff.splitlines()[:2] == ["--- /etc/slurm/gres.conf", "+++ from NVML"]
+    assert "-Name=mps Count=100 File=/dev/nvidia1" in diff.splitlines()
+
+
+def test_hostlists() -> None:
+    assert expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7",
+                                                       "login1"]
+    assert expand_hostlist("a[x-y]") == ["a[x-y]"]
+
+
+def test_slurm_conf_lines_for_per_job() -> None:
+    gpus, _ = gpus_of(EIGHT, ("0", "1", "2", "3"))
+    text = render_slurm_conf(gpus, "gpu01", 100, "per-job", "/etc/slurm",
+                             "/usr/local/bin/mps-health-healthcheck", 300)
+    assert lines(text) == [
+        "GresTypes=gpu,mps",
+        "SelectType=select/cons_tres",
+        "Prolog=/etc/slurm/mps-health-prolog",
+        "TaskProlog=/etc/slurm/mps-health-task-prolog",
+        "Epilog=/etc/slurm/mps-health-epilog",
+        "HealthCheckProgram=/usr/local/bin/mps-health-healthcheck",
+        "HealthCheckInterval=300",
+        "HealthCheckNodeState=ANY",
+    ]
+    assert "#   Gres=gpu:8,mps:400" in text
+
+
+def test_slurm_conf_without_hooks_for_a_node_wide_daemon() -> None:
+    gpus, _ = gpus_of(H200)
+    text = render_slurm_conf(gpus, "gpu01", 100, "node", "/etc/slurm", "/x/hc", 60)
+    assert not any(x.startswith(("Prolog=", "Epilog=", "TaskProlog=")) for x in lines(text))
+    assert "mps.layout is node" in text
+
+
+def test_slurm_conf_diff() -> None:
+    gpus, _ = gpus_of(H200)
+    rendered = render_slurm_conf(gpus, "gpu01", 100, "per-job", "/etc/slurm", "/x/hc", 300)
+    good = "\n".join(lines(rendered)) + "\nNodeName=gpu[01-02] CPUs=8 Gres=gpu:1,mps:100\n"
+    assert diff_slurm_conf(rendered, good, "gpu01", "slurm.conf") == ""
+    bad = good.replace("Epilog=/etc/slurm/mps-health-epilog", "Epilog=/etc/slurm/old-epilog")
+    bad = bad.replace("gresTypes=", "GresTypes=").replace("Gres=gpu:1,mps:100", "Gres=gpu:1")
+    diff = diff_slurm_conf(rendered, bad, "gpu01", "slurm.conf").splitlines()
+    assert "-Epilog=/etc/slurm/old-epilog" in diff and "+Epilog=/etc/slurm/mps-health-epilog" in diff
+    assert "-NodeName=gpu01 Gres=gpu:1" in diff and "+NodeName=gpu01 Gres=gpu:1,mps:100" in diff
+
+
+def test_cli_gres_conf_from_a_recording() -> None:
+    r = mps_health("slurm", "gres-conf", "--nvml-record", str(FIXTURES / EIGHT), "--mps-gpus",
+                   "0", "--node-name", "gpu01")
+    assert r.returncode == 0, r.stderr
+    assert "Name=mps Count=100 File=/dev/nvidia0\n" in r.stdout
+    assert r.stdout.count("Name=mps") == 1 and r.stdout.count("Name=gpu") == 8
+
+
+def test_cli_diff_exit_codes(tmp_path: Path) -> None:
+    record = str(FIXTURES / H200)
+    same = tmp_path / "gres.conf"
+    same.write_text("Name=gpu File=/dev/nvidia0\nName=mps Count=100 File=/dev/nvidia0\n")
+    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+                   str(same), "--node-name", "n1")
+    assert (r.returncode, r.stdout.strip()) == (0, f"{same} matches NVML for n1")
+    other = tmp_path / "gres-old.conf"
+    other.write_text("Name=gpu File=/dev/nvidia0\n")
+    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+                   str(other), "--node-name", "n1")
+    assert r.returncode == 1 and "+Name=mps Count=100 File=/dev/nvidia0" in r.stdout
+    assert r.stderr.strip() == (f"mps-health: {other} differs from NVML for n1 "
+                                "(- installed, + expected)")
+    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+                   str(tmp_path / "missing.conf"))
+    assert r.returncode == 3 and "cannot read: No such file or directory" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nvml-record", "/nonexistent.json"], "/nonexistent.json: cannot read"),
+    (["--nvml-record", str(FIXTURES / "nvml__cpu-vm_no-driver.json")],
+     "NVML: libnvidia-ml.so.1 not found: no NVIDIA driver is installed on this node"),
+    (["--nvml-record", str(FIXTURES / H200), "--mps-gpus", "3"], "--mps-gpus names 3"),
+    (["--nvml-record", str(FIXTURES / H200), "--count", "0"], "mps Count must be"),
+])
+def test_cli_errors_are_one_line_exit_3(args: list, message: str) -> None:
+    r = mps_health("slurm", "gres-conf", *args)
+    assert r.returncode == 3 and r.stdout == ""
+    assert len(r.stderr.splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+def test_cli_gres_conf_default_mps_gpus_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("gpu:\n  mps_gpus: [1]\nslurm:\n  mps_per_gpu: 50\n")
+    r = mps_health("slurm", "gres-conf", "--config", str(config), "--nvml-record",
+                   str(FIXTURES / EIGHT))
+    assert r.returncode == 0, r.stderr
+    assert [x for x in lines(r.stdout) if "mps" in x] == ["Name=mps Count=50 File=/dev/nvidia1"]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a driver")
+def test_cli_without_a_driver_says_so_in_one_line() -> None:
+    r = mps_health("slurm", "gres-conf")
+    assert r.returncode == 3 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith("mps-health: NVML: ")
