@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 
 class Completed(NamedTuple):
@@ -24,17 +24,35 @@ class Completed(NamedTuple):
     exec_error: Optional[str] = None  # why it could not start (not found, not executable)
 
 
+class RunAs(NamedTuple):
+    """Run a command as this user (the caller must be root), from ``cwd``, with ``umask``."""
+
+    uid: int
+    gid: int
+    groups: Tuple[int, ...] = ()
+    cwd: str = "/"
+    umask: int = 0o022
+
+
 class Pending:
     """A started command, to be collected with :meth:`wait`."""
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
-                 env: Optional[Mapping[str, str]] = None) -> None:
+                 env: Optional[Mapping[str, str]] = None, as_user: Optional["RunAs"] = None,
+                 ) -> None:
         self.argv = list(argv)
         self.started = time.monotonic()
         self.error: Optional[str] = None
         self.proc: Optional[subprocess.Popen] = None
+        # Privileges are dropped by subprocess itself between fork and exec (setgroups,
+        # setgid, setuid): no preexec_fn, no su/sudo with a command line to quote.
+        drop: Dict[str, object] = {}
+        if as_user is not None:
+            drop = {"user": as_user.uid, "group": as_user.gid,
+                    "extra_groups": list(as_user.groups), "cwd": as_user.cwd,
+                    "umask": as_user.umask}
         try:
-            self.proc = subprocess.Popen(
+            self.proc = subprocess.Popen(  # type: ignore[call-overload]
                 self.argv,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -42,6 +60,7 @@ class Pending:
                 env=dict(env) if env is not None else None,
                 start_new_session=True,  # own process group: killed as a whole
                 close_fds=True,
+                **drop,
             )
         except FileNotFoundError:
             self.error = f"{self.argv[0]}: command not found"
@@ -107,9 +126,9 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None) -> Completed:
+        env: Optional[Mapping[str, str]] = None, as_user: Optional[RunAs] = None) -> Completed:
     """Run one command to completion or ``timeout_s``, whichever comes first."""
-    return Pending(argv, stdin, env).wait(time.monotonic() + timeout_s)
+    return Pending(argv, stdin, env, as_user).wait(time.monotonic() + timeout_s)
 
 
 def child_env(extra: Mapping[str, str]) -> Dict[str, str]:
