@@ -11,6 +11,8 @@ from typing import Callable, Iterator, List, Optional
 
 import pytest
 
+pytest_plugins = ["slurm_fixture"]  # the real Slurm cluster: tests/slurm_fixture.py
+
 FAKES = Path(__file__).parent / "fakes"
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
