@@ -18,6 +18,7 @@ EXIT_UNKNOWN = 3
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
     "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
+    "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
     "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
 }
 
