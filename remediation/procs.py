@@ -73,9 +73,16 @@ def _open_pidfd(pid: int) -> Optional[int]:
         return None  # gone already, or an old kernel: the /proc check still guards us
 
 
+def gone(proc_dir: str, fact: ProcessFact) -> bool:
+    """Has the process ``fact`` describes ended (exited, zombie, or its PID reused)?
+    An exiting process loses its cmdline before it becomes a zombie: still running."""
+    now = read_process(proc_dir, fact.pid)
+    return now is None or now.start_ticks != fact.start_ticks or now.state in GONE_STATES
+
+
 def _wait_gone(proc_dir: str, fact: ProcessFact, until: float) -> bool:
     while True:
-        if still_same(proc_dir, fact) is None:
+        if gone(proc_dir, fact):
             return True
         if time.monotonic() >= until:
             return False
@@ -95,8 +102,7 @@ def end(proc_dir: str, fact: ProcessFact, term_timeout_s: float) -> Ended:
         _send(fact.pid, pidfd, signal.SIGCONT)
         if _wait_gone(proc_dir, fact, time.monotonic() + term_timeout_s):
             return Ended(fact.pid, "terminated", "ended by SIGTERM")
-        if still_same(proc_dir, fact) is None:
-            return Ended(fact.pid, "terminated", "ended by SIGTERM")
+        # Still there with the same start time (pidfd or not, the same process): kill it.
         _send(fact.pid, pidfd, signal.SIGKILL)
         if _wait_gone(proc_dir, fact, time.monotonic() + 5.0):
             return Ended(fact.pid, "killed", f"ignored SIGTERM for {term_timeout_s:g}s: SIGKILL")
