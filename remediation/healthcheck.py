@@ -149,7 +149,9 @@ def _said(action: str, outcome: str, why: str) -> str:
         return f"resumed ({why})"
     if outcome == "already":
         return "already drained by us"
-    return f"{action}: {why}" if outcome == "dry-run" else f"not {action}ed: {why}"
+    if outcome == "dry-run":
+        return f"{action}: {why}"
+    return f"{'not drained' if action == 'drain' else 'not resumed'}: {why}"
 
 
 def _path(root: str, absolute: str) -> str:

@@ -13,10 +13,12 @@ from typing import FrozenSet, NamedTuple, Optional, Tuple
 from mps_health.config import Config
 from mps_health.runner import run
 
-# States where Slurm, or a person, owns what happens to the node next.
+# States where Slurm, or a person, owns what happens to the node next. NOT_RESPONDING is
+# not one: it comes and goes with slurmctld's pings (NHC ignores it too), and a node
+# that runs us is evidently up.
 HANDS_OFF = frozenset({"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
-                       "NOT_RESPONDING", "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN",
-                       "POWERING_UP", "UNKNOWN", "FUTURE"})
+                       "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "UNKNOWN",
+                       "FUTURE"})
 DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
 

@@ -52,7 +52,7 @@ def test_parse_reason_with_spaces_and_commas() -> None:
     ("idle", True, False),
     ("drained-mps-hc", False, True),
     ("mixed-drain-mps-hc", False, True),
-    ("drained-by-admin-not-responding", False, False),
+    ("drained-by-admin-not-responding", False, False),  # someone else's reason
     ("down", False, False),
     ("reboot-requested", False, False),
 ])
@@ -66,7 +66,7 @@ def test_why_a_drain_is_refused_is_said() -> None:
     assert slurmnode.may_drain(node("down"), TAG) == \
         (False, "node is DOWN: left to Slurm and the admins")
     assert slurmnode.may_drain(node("drained-by-admin-not-responding"), TAG) == \
-        (False, "node is IDLE+DRAIN+NOT_RESPONDING: left to Slurm and the admins")
+        (False, "already drained by someone else (disk replaced, ticket 123): left alone")
     assert slurmnode.may_drain(node("drained-mps-hc"), TAG) == (False, "already drained by us")
     human = slurmnode.NodeView("n", "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), "disk replaced")
     assert slurmnode.may_drain(human, TAG) == \
