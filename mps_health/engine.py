@@ -17,6 +17,12 @@ from .facts import Facts, Instance
 from .results import UNKNOWN, CheckRun, Report, Result
 
 
+# A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
+# and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
+# judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
+JOIN_GRACE_S = 1.0
+
+
 class SelectionError(ValueError):
     """--only/--skip or the config named a check that does not exist."""
 
@@ -73,7 +79,7 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         if not src.blocking:
             collect(src)
     for src, t in threads:
-        t.join(ctx.remaining())
+        t.join(ctx.remaining() + JOIN_GRACE_S)
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
