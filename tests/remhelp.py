@@ -26,6 +26,16 @@ def mps_health(*args: str, env: Optional[dict] = None, timeout: float = 60
                           text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
+def healthcheck_exe() -> str:
+    """The installed console script slurm.conf names (next to this Python, or on PATH)."""
+    exe = Path(sys.executable).parent / "mps-health-healthcheck"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("mps-health-healthcheck")
+    assert found, "mps-health-healthcheck is not installed (pip install -e .)"
+    return found
+
+
 def kill_daemons_under(base: str) -> None:
     """End every fake MPS process whose pipe dir is under ``base`` (ours), by PID."""
     for p in read_processes("/proc"):

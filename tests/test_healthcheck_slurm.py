@@ -10,7 +10,6 @@ would (rightly) report.
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -18,24 +17,13 @@ from typing import Iterator
 import pytest
 from mps_health.remediation.detach import RESULT_FILE, format_result
 from mps_health.remediation.lock import NodeLock
-from remhelp import make_dirs, start_fake, tree, write_config  # noqa: F401
+from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
 from slurm_fixture import _require
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 NODE = "hcnode"
-
-
-def healthcheck_exe() -> str:
-    exe = Path(sys.executable).parent / "mps-health-healthcheck"
-    if exe.exists():
-        return str(exe)
-    import shutil
-
-    found = shutil.which("mps-health-healthcheck")
-    assert found, "mps-health-healthcheck is not installed (pip install -e .)"
-    return found
 
 
 @pytest.fixture(scope="module")
