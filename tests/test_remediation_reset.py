@@ -330,3 +330,41 @@ def test_bad_remediation_config_is_one_line(tree: Path) -> None:
                                 "number (got 'soon')")
     assert load(cfg).path == cfg
 
+
+
+def test_audit_goes_to_syslog_too(tree: Path) -> None:
+    """The syslog module writes to /dev/log: listen there (only where no syslog daemon
+    owns it, so nothing real is disturbed)."""
+    import socket
+
+    import pytest
+
+    if os.path.lexists("/dev/log"):
+        pytest.skip("/dev/log belongs to this machine's syslog daemon")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind("/dev/log")
+    except OSError as e:
+        pytest.skip(f"cannot listen on /dev/log: {e}")
+    try:
+        make_dirs(tree / "pipe", tree / "log")
+        cfg = write_config(tree, remediation="  syslog: true")
+        cfg_text = Path(cfg).read_text().replace("  syslog: false\n", "")
+        Path(cfg).write_text(cfg_text)
+        r = reset(cfg)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sock.settimeout(2.0)
+        got = []
+        try:
+            while True:
+                got.append(sock.recv(65536).decode())
+        except socket.timeout:
+            pass
+    finally:
+        sock.close()
+        os.unlink("/dev/log")
+    ours = [m for m in got if " mps-health[" in m and "action=reset" in m]  # the machine is shared
+    print("\n".join(ours))
+    assert any("event=begin" in m and str(tree) in m for m in ours)
+    assert any("event=finish result=ok" in m for m in ours)
+    assert all(m.startswith("<29>") for m in ours)  # facility daemon (3), severity notice (5)
