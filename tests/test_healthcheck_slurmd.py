@@ -174,6 +174,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
                                        hc="  timeout_s: 15\n  scontrol_timeout_s: 3")
                            .replace("run_dir:", "budget_s: 300\nrun_dir:"))
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
+    wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
     daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
     log_before = (s.cluster.log_dir / "slurmd.log").read_text()
     os.kill(daemon, signal.SIGSTOP)
@@ -198,4 +199,37 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
         assert skipped
     finally:
         os.kill(daemon, signal.SIGCONT)
+        resume_if_drained(s)
+
+
+def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setup) -> None:
+    """slurmd kills the program's process group once it exits: the detached child, in a
+    session of its own, still finishes, writes the result and drains the node."""
+    from mps_health.remediation.detach import RESULT_FILE, read_result
+
+    s = setup
+    Path(s.cfg).write_text(config_text(s.base, control_timeout=3.0, hc="  detached: true"))
+    resume_if_drained(s)
+    wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
+    # After a drain of ours was lifted by hand, a clean run or two tell us it is over.
+    wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
+    daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    result = s.base / "run" / RESULT_FILE
+    first = len(runs(s))
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        wait_for("the drain", lambda: "DRAIN" in node(s).flags, 60)
+        v = node(s)
+        print(f"detached: State={v.state} Reason={v.reason}")
+        assert v.reason.startswith("MPS-HC: control-wedged node: ")
+        stored = read_result(str(result))
+        assert stored is not None and stored.rc == 2
+        starts = {r[1]: r[2] for r in runs(s)[first:] if r[0] == "start"}
+        spans = [r[2] - starts[r[1]] for r in runs(s)[first:] if r[0] == "end"
+                 and r[1] in starts]
+        print("detached answers to slurmd took:", [f"{x:.2f}s" for x in spans])
+        assert spans and max(spans) < 2.5  # the checks themselves take over 3 s
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+        Path(s.cfg).write_text(config_text(s.base))
         resume_if_drained(s)
