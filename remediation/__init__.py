@@ -1,5 +1,1 @@
-"""Remediation stage: careful repair of MPS instances (dry-run plan first, verified PIDs).
-
-Nothing here runs on the plain check path; every action prints its plan, acts only
-without --dry-run, goes through the node's remediation lock and the audit log.
-"""
+"""Careful repair: dry-run plan first, act on verified PIDs, never follow symlinks."""

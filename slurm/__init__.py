@@ -1,0 +1,1 @@
+"""Slurm integration: prolog/epilog helpers, gres.conf reading and rendering."""
