@@ -16,7 +16,6 @@ from .context import Context, node_name
 from .facts import Facts, Instance
 from .results import UNKNOWN, CheckRun, Report, Result
 
-
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
 # judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
