@@ -40,8 +40,9 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
     live = [p for p in procs if p.state not in GONE_STATES]
     daemons = tuple(p for p in live if p.role == "control" and p.pipe_dir in paths)
     pids = {d.pid for d in daemons}
+    # A server is the daemon's child: its parentage is proof enough, whatever its environ.
     servers = tuple(p for p in live if p.role == "server" and (
-        p.pipe_dir in paths or (p.ppid in pids and not p.environ_readable)))
+        p.pipe_dir in paths or p.ppid in pids))
     return daemons, servers
 
 

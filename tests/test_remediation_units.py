@@ -257,6 +257,23 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     assert not alive(pid)
 
 
+def test_the_processes_of_an_instance() -> None:
+    from mps_health.facts import ProcessFact
+
+    inst = Instance("gpu0", "per-gpu", "/tmp/mps_0", "/var/log/mps_0", gpu="0")
+
+    def p(pid, ppid, role, pipe, state="S"):
+        return ProcessFact(pid, ppid, state, 0, role, (f"nvidia-cuda-mps-{role}",), pid, pipe,
+                           True)
+
+    found = (p(10, 1, "control", "/tmp/mps_0"), p(11, 10, "server", "/tmp/nvidia-mps"),
+             p(12, 1, "server", "/tmp/mps_0"), p(20, 1, "control", "/tmp/mps_1"),
+             p(21, 20, "server", "/tmp/mps_1"), p(30, 1, "control", "/tmp/mps_0", "Z"))
+    daemons, servers = procs.of_instance(inst, found)
+    assert [d.pid for d in daemons] == [10]
+    assert [s.pid for s in servers] == [11, 12]
+
+
 def test_a_non_mps_process_is_never_signalled() -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
