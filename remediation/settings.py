@@ -72,12 +72,17 @@ def healthcheck(config: Config) -> HealthcheckSettings:
     drain_on = str(v.string(section, "drain_on", "critical", "healthcheck"))
     if drain_on not in ("critical", "warning"):
         v.fail("healthcheck.drain_on", f"must be critical or warning (got {drain_on!r})")
+    timeout = v.number(section, "timeout_s", 45.0, "healthcheck", 2.0, 3600.0)
+    scontrol = v.number(section, "scontrol_timeout_s", 5.0, "healthcheck", 0.5, 60.0)
+    if timeout < 2 * scontrol + 2:
+        v.fail("healthcheck.timeout_s", f"must leave room for the checks and two scontrol calls: "
+               f"at least 2 x scontrol_timeout_s + 2 = {2 * scontrol + 2:g} (got {timeout:g})")
     return HealthcheckSettings(
         tag=tag,
         fail_runs=_count(v, section, "fail_runs", 2),
         pass_runs=_count(v, section, "pass_runs", 2),
-        timeout_s=v.number(section, "timeout_s", 45.0, "healthcheck", 2.0, 3600.0),
-        scontrol_timeout_s=v.number(section, "scontrol_timeout_s", 5.0, "healthcheck", 0.5, 60.0),
+        timeout_s=timeout,
+        scontrol_timeout_s=scontrol,
         drain_on=drain_on,
         detached=v.boolean(section, "detached", False, "healthcheck"),
         result_ttl_s=v.number(section, "result_ttl_s", 900.0, "healthcheck", 1.0),

@@ -198,6 +198,8 @@ def test_settings_errors_are_one_line() -> None:
     assert "healthcheck.fail_runs': must be a whole number from 1 to 100 (got 0)" in \
         settings_error("healthcheck", {"fail_runs": 0})
     assert "key 'remediation.kill': unknown key" in settings_error("remediation", {"kill": 1})
+    assert "at least 2 x scontrol_timeout_s + 2 = 12 (got 8)" in \
+        settings_error("healthcheck", {"timeout_s": 8})
     defaults = settings.healthcheck(from_mapping({}, None))
     assert (defaults.tag, defaults.fail_runs, defaults.pass_runs) == ("MPS-HC:", 2, 2)
     assert defaults.timeout_s < settings.SLURMD_KILL_S
