@@ -220,6 +220,16 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
     assert second.returncode == 2
     assert "control-wedged" in second.stdout and "result from" in second.stdout
     os.kill(pid, signal.SIGCONT)
+    wait_for_background_run(tree)
+
+
+def wait_for_background_run(tree: Path) -> None:
+    """The detached child refreshing the result must be done before the tree goes."""
+    lock = NodeLock(str(tree / "run"), "healthcheck")
+    deadline = time.monotonic() + 30
+    while not lock.try_acquire("test teardown") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lock.release()
 
 
 def test_a_result_from_another_boot_is_not_reported(clean_node, tree: Path) -> None:
@@ -231,6 +241,7 @@ def test_a_result_from_another_boot_is_not_reported(clean_node, tree: Path) -> N
     r = hc(clean_node, cfg)
     assert r.returncode == 0
     assert "no current result" in r.stdout and "before the reboot" not in r.stdout
+    wait_for_background_run(tree)
 
 
 def test_dry_run_changes_nothing(clean_node, tree: Path) -> None:
