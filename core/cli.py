@@ -18,6 +18,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
     "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
     "exporter": ("mps_health.commands.exporter", "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
     "slurm": ("mps_health.slurm.command", "gres.conf/slurm.conf from NVML; install job hooks"),
 }
 

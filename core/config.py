@@ -51,7 +51,8 @@ class Config(NamedTuple):
     state_dir: str = "/var/lib/mps-health"
     run_dir: str = "/run/mps-health"
     commands: Mapping[str, str] = {}
-    enable: Tuple[str, ...] = ()  # empty: every check that is on by default
+    only: Tuple[str, ...] = ()  # exactly these checks (empty: the defaults, see engine)
+    enable: Tuple[str, ...] = ()  # checks to run besides the defaults (e.g. canary)
     disable: Tuple[str, ...] = ()
     mps: MpsConfig = MpsConfig()
     control: ControlConfig = ControlConfig()
@@ -124,7 +125,7 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
     tmpf = v.mapping(data, "tmpfiles")
     v.known(tmpf, {"require_guard"}, "tmpfiles")
     checks = v.mapping(data, "checks")
-    v.known(checks, {"enable", "disable"}, "checks")
+    v.known(checks, {"only", "enable", "disable"}, "checks")
     commands = v.mapping(data, "commands")
     for name, value in commands.items():
         if not isinstance(value, str) or not value:
@@ -137,6 +138,7 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         state_dir=v.abspath(data, "state_dir", "/var/lib/mps-health", ""),
         run_dir=v.abspath(data, "run_dir", "/run/mps-health", ""),
         commands={**DEFAULT_COMMANDS, **commands},
+        only=v.names(checks, "only", "checks"),
         enable=v.names(checks, "enable", "checks"),
         disable=v.names(checks, "disable", "checks"),
         mps=mps,

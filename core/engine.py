@@ -16,7 +16,10 @@ from .context import Context, node_name
 from .facts import Facts, Instance
 from .results import UNKNOWN, CheckRun, Report, Result
 
-JOIN_GRACE_S = 0.5
+# A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
+# and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
+# judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
+JOIN_GRACE_S = 1.0
 
 
 class SelectionError(ValueError):
@@ -25,12 +28,12 @@ class SelectionError(ValueError):
 
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
                   ) -> List[registry.CheckSpec]:
-    for name in (*only, *skip, *config.enable, *config.disable):
+    for name in (*only, *skip, *config.only, *config.enable, *config.disable):
         if name not in registry.CHECKS:
             known = ", ".join(sorted(registry.CHECKS))
             raise SelectionError(f"unknown check '{name}' (known: {known})")
-    if only:
-        names = list(only)
+    if only or config.only:
+        names = list(only or config.only)
     else:  # the defaults, those whose config section is present, and checks.enable
         names = [c.name for c in registry.CHECKS.values()
                  if c.default_on or any(k in config.raw for k in c.when_configured)
@@ -75,8 +78,6 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         if not src.blocking:
             collect(src)
     for src, t in threads:
-        # Sources bound their own commands by ctx.deadline; the grace lets one that just
-        # killed a wedged client report "timeout" rather than be cut off as unfinished.
         t.join(ctx.remaining() + JOIN_GRACE_S)
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"

@@ -14,7 +14,7 @@ import os
 import select
 import signal
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 
 class Completed(NamedTuple):
@@ -27,12 +27,22 @@ class Completed(NamedTuple):
     exec_error: Optional[str] = None  # why it could not start (not found, not executable)
 
 
+class RunAs(NamedTuple):
+    """Run a command as this user (the caller must be root), from ``cwd``, with ``umask``."""
+
+    uid: int
+    gid: int
+    groups: Tuple[int, ...] = ()
+    cwd: str = "/"
+    umask: int = 0o022
+
+
 class Pending:
     """A started command, to be collected with :meth:`wait` or :func:`wait_all`."""
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
                  env: Optional[Mapping[str, str]] = None, user: Optional[int] = None,
-                 group: Optional[int] = None) -> None:
+                 group: Optional[int] = None, as_user: Optional[RunAs] = None) -> None:
         self.argv = list(argv)
         self._popen: Any = None
         self.started = time.monotonic()
@@ -42,10 +52,13 @@ class Pending:
         self.ended: Optional[float] = None
         self.rc: Optional[int] = None
         try:
-            if user is None and group is None:
+            if as_user is None and (user is not None or group is not None):
+                as_user = RunAs(user if user is not None else os.getuid(),
+                                group if group is not None else os.getgid())
+            if as_user is None:
                 self._spawn(stdin or "", env)
             else:
-                self._spawn_as(stdin or "", env, user, group)
+                self._spawn_as(stdin or "", env, as_user)
         except FileNotFoundError:
             self.error = f"{self.argv[0]}: command not found"
         except PermissionError:
@@ -79,8 +92,7 @@ class Pending:
         self.out = {out_r: bytearray(), err_r: bytearray()}
         self.fds = (out_r, err_r)
 
-    def _spawn_as(self, stdin: str, env: Optional[Mapping[str, str]], user: Optional[int],
-                  group: Optional[int]) -> None:
+    def _spawn_as(self, stdin: str, env: Optional[Mapping[str, str]], who: RunAs) -> None:
         """As another user (root only): subprocess drops the ids in the child itself,
         with no shell, no su and no preexec_fn. Only remediation and the canary need it,
         so only they pay for importing subprocess."""
@@ -89,8 +101,8 @@ class Pending:
         proc = subprocess.Popen(
             self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=dict(os.environ if env is None else env), start_new_session=True,
-            close_fds=True, user=user, group=group,
-            extra_groups=[] if user is not None else None)
+            close_fds=True, user=who.uid, group=who.gid, extra_groups=list(who.groups),
+            cwd=who.cwd, umask=who.umask)
         self._popen = proc
         self.pid = proc.pid
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -151,8 +163,15 @@ class Pending:
         return wait_all([self], deadline)[0]
 
 
+LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
+
+
 def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
-    """Collect several commands with one poll loop, killing what is left at ``deadline``."""
+    """Collect several commands with one poll loop, killing what is left at ``deadline``.
+
+    A command that exited while something it started (``nvidia-cuda-mps-control -d``'s
+    daemon) still holds its stdout is collected shortly after its exit, not at EOF.
+    """
     poller = select.poll()
     owner: Dict[int, Pending] = {}
     for p in pending:
@@ -160,22 +179,36 @@ def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
             for fd in p.fds:
                 poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
                 owner[fd] = p
-    open_fds = {p: len(p.fds) for p in pending if p.pid is not None}
+    open_fds = {p: set(p.fds) for p in pending if p.pid is not None}
+    exited: Dict[Pending, float] = {}
     while open_fds:
-        # A little grace past the deadline collects a command that already finished.
-        wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) + 1
+        now = time.monotonic()
+        for p in list(open_fds):  # finished, but its pipes were handed on: stop reading
+            if p not in exited and p.finished():
+                exited[p] = now
+            if p in exited and now - exited[p] >= LEFT_PIPES_GRACE_S:
+                for fd in open_fds.pop(p):
+                    poller.unregister(fd)
+                p.ended = exited[p]
+        if not open_fds:
+            break
+        # A little grace past the deadline collects a command that already finished;
+        # wake up now and then to notice a command that exited with its pipes held open.
+        wait_ms = min(max(0, int((deadline - now) * 1000)) + 1, 50)
         events = poller.poll(wait_ms)
         if not events and time.monotonic() >= deadline:
             break
         for fd, _ in events:
             p = owner[fd]
+            if p not in open_fds or fd not in open_fds[p]:
+                continue
             chunk = os.read(fd, 65536)
             if chunk:
                 p.out[fd] += chunk
                 continue
             poller.unregister(fd)
-            open_fds[p] -= 1
-            if open_fds[p] == 0:
+            open_fds[p].discard(fd)
+            if not open_fds[p]:
                 del open_fds[p]
                 _reap_until(p, deadline)
                 p.ended = time.monotonic()
@@ -197,9 +230,9 @@ def _reap_until(p: Pending, deadline: float) -> None:
 
 
 def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None) -> Completed:
+        env: Optional[Mapping[str, str]] = None, as_user: Optional[RunAs] = None) -> Completed:
     """Run one command to completion or ``timeout_s``, whichever comes first."""
-    return Pending(argv, stdin, env).wait(time.monotonic() + timeout_s)
+    return Pending(argv, stdin, env, as_user=as_user).wait(time.monotonic() + timeout_s)
 
 
 def child_env(extra: Mapping[str, str]) -> Dict[str, str]:

@@ -41,15 +41,15 @@ def _range_items(body: str, whole: str) -> List[str]:
     for part in body.split(","):
         lo, sep, hi = part.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ParseError(f"bad range '{part}' in {whole!r} (expected N or N-M)")
+            raise ParseError(f"bad range {part!r} in {whole!r} (expected N or N-M)")
         if not sep:
             items.append(lo)
             continue
         start, end = int(lo), int(hi)
         if end < start:
-            raise ParseError(f"range '{part}' in {whole!r} runs backwards")
+            raise ParseError(f"range {part!r} in {whole!r} runs backwards")
         if end - start >= MAX_NAMES:
-            raise ParseError(f"range '{part}' in {whole!r} is too large")
+            raise ParseError(f"range {part!r} in {whole!r} is too large")
         width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
         items.extend(str(n).zfill(width) for n in range(start, end + 1))
     return items

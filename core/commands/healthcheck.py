@@ -1,0 +1,61 @@
+"""``mps-health healthcheck``: the Slurm HealthCheckProgram (also ``mps-health-healthcheck``).
+
+slurm.conf: ``HealthCheckProgram=/usr/bin/mps-health-healthcheck`` (slurmd passes no
+arguments: the config comes from /etc/mps-health/config.yaml, the node name from
+SLURMD_NODENAME). Runs the checks within a budget below slurmd's 60 s kill, counts
+failed and clean runs, and drains or resumes the node (reason tag ``MPS-HC:``) only
+when that must change. Exit status is the checks' state (0 OK ... 3 UNKNOWN): slurmd
+logs the output of a run that fails.
+"""
+
+import argparse
+import os
+import sys
+from typing import Callable, List, Optional
+
+from ..argv import add_common
+from .common import fail, load_config
+
+# slurmd gives the program an almost empty environment: find scontrol and the MPS client.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--detached", dest="mode", action="store_const", const="detached",
+                      help="answer with the last result, check in the background "
+                      "(default: the config's healthcheck.detached)")
+    mode.add_argument("--foreground", dest="mode", action="store_const", const="foreground",
+                      help="check now and answer with this run's result")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="judge and say what would be done; no drain, no resume, no state saved")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from ..remediation.healthcheck import main_run
+
+    if not os.environ.get("PATH"):
+        os.environ["PATH"] = SAFE_PATH
+    config = load_config(args)
+    if config is None:
+        return 3
+    try:
+        result = main_run(config, args.root, args.dry_run, args.mode)
+    except ConfigError as e:
+        return fail(str(e))
+    print("\n".join(result.lines), flush=True)
+    return result.rc
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The console script slurm.conf names: ``mps-health healthcheck`` with no arguments."""
+    from ..cli import main as cli_main
+
+    return cli_main(["healthcheck", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""``mps-health remediate ACTION``: careful repair, each action planned before it acts.
+
+reset [INSTANCE], drain, resume, orphans, tmpfiles-guard. Every action prints its plan
+and stops there with --dry-run. Exit 0 done or nothing to do, 1 refused (nothing
+changed), 2 acted but failed, 3 could not start.
+"""
+
+import argparse
+from typing import Callable
+
+from ..argv import add_common
+from .common import fail, load_config
+
+ACTIONS = {
+    "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
+    "drain": "drain this node in Slurm with our tag (never over someone else's drain)",
+    "resume": "resume this node only if our tag is still its drain reason",
+    "orphans": "stop and remove per-job MPS instances whose job is no longer on the node",
+    "tmpfiles-guard": "write the systemd-tmpfiles exclusion for every configured instance",
+}
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    for name, text in ACTIONS.items():
+        a = sub.add_parser(name, help=text, description=text)
+        add_common(a)
+        a.add_argument("-n", "--dry-run", action="store_true",
+                       help="print the plan and change nothing")
+        if name == "reset":
+            a.add_argument("instance", nargs="?", help="instance name (node, gpu0, job1234)")
+            a.add_argument("--all", action="store_true", help="every instance of this node")
+            a.add_argument("--force", action="store_true",
+                           help="act even on a healthy instance or with clients connected "
+                           "(they lose their MPS server)")
+        elif name == "drain":
+            a.add_argument("--reason", default="manual", help="text after our tag")
+        elif name == "tmpfiles-guard":
+            a.add_argument("--force", action="store_true",
+                           help="overwrite the file even if mps-health did not write it")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from ..remediation import actions
+
+    config = load_config(args)
+    if config is None:
+        return 3
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        if args.action == "reset":
+            return actions.reset(config, args.root, args.instance, args.all, args.force,
+                                 args.dry_run, say)
+        if args.action in ("drain", "resume"):
+            from ..remediation import node_actions
+
+            return node_actions.run(config, args.root, args.action,
+                                    getattr(args, "reason", ""), args.dry_run, say)
+        if args.action == "orphans":
+            from ..remediation import orphans
+
+            return orphans.run(config, args.root, args.dry_run, say)
+        from ..remediation import tmpfiles_guard
+
+        return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
+    except (actions.ActionError, ConfigError) as e:
+        return fail(str(e))

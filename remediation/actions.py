@@ -1,0 +1,172 @@
+"""What each ``mps-health remediate`` action does around its work: choose the instance,
+print the plan, stop there on --dry-run, otherwise take the node lock, act, and leave
+an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing changed;
+--force overrides), 2 acted but failed, 3 could not start (config, usage, lock, rights).
+"""
+
+import os
+from typing import Callable, Optional, Tuple
+
+from mps_health import instances
+from mps_health.config import Config
+from mps_health.context import Context, node_name
+from mps_health.facts import Instance
+from mps_health.results import STATE_NAMES
+
+from . import reset as reset_mod
+from .audit import Audit
+from .dirs import DirTarget
+from .jobs import SlurmError, jobs_on_node
+from .lock import LockBusy, NodeLock
+from .settings import RemediationSettings, remediation
+from .users import UserError, resolve
+
+DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
+
+Say = Callable[[str], None]
+
+
+class ActionError(Exception):
+    """The action cannot start; the message is its one line, exit 3."""
+
+
+def audit_for(ctx: Context, settings: RemediationSettings, action: str,
+              actor: Optional[str] = None) -> Audit:
+    return Audit(ctx.path(settings.audit_log), settings.syslog, node_name(ctx.config), action,
+                 actor)
+
+
+def lock_node(ctx: Context, settings: RemediationSettings, what: str) -> NodeLock:
+    try:
+        return NodeLock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
+    except LockBusy as e:
+        raise ActionError(str(e)) from None
+    except OSError as e:
+        raise ActionError(f"cannot take the remediation lock in {ctx.config.run_dir}: "
+                          f"{e.strerror}") from None
+
+
+def need_root(dry_run: bool, action: str) -> None:
+    if not dry_run and os.geteuid() != 0:
+        raise ActionError(f"{action} must run as root (add --dry-run to see the plan)")
+
+
+def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
+    found = instances.gather(ctx)
+    names = ", ".join(i.name for i in found) or "none"
+    if name:
+        chosen = tuple(i for i in found if i.name == name)
+        if not chosen:
+            raise ActionError(f"no MPS instance named '{name}' on this node (known: {names})")
+        return chosen
+    if every or len(found) == 1:
+        if not found:
+            raise ActionError("no MPS instance on this node to reset")
+        return found
+    raise ActionError(f"name the instance to reset ({names}), or give --all")
+
+
+def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
+               ) -> reset_mod.Target:
+    mps = ctx.config.mps
+    job_uid = None
+    if "job" in (mps.dir_owner, mps.daemon_user) and inst.job_id is not None:
+        try:
+            jobs = jobs_on_node(ctx.config, node_name(ctx.config), settings.term_timeout_s + 5)
+        except SlurmError as e:
+            raise ActionError(f"cannot tell the user of job {inst.job_id}: {e}") from None
+        job = jobs.get(inst.job_id)
+        if job is None:
+            raise ActionError(f"job {inst.job_id} is not on this node any more: its instance "
+                              "is an orphan; see 'mps-health remediate orphans'")
+        job_uid = job.uid
+    try:
+        owner = resolve(mps.dir_owner, job_uid, "mps.dir_owner")
+        daemon_user = resolve(mps.daemon_user, job_uid, "mps.daemon_user")
+    except UserError as e:
+        raise ActionError(str(e)) from None
+    keep = mps.dir_owner == "any"
+    trusted = frozenset({0, owner.uid, daemon_user.uid})
+    uid = None if keep else owner.uid
+    gid = None if keep else owner.gid
+    return reset_mod.Target(
+        DirTarget(inst.pipe_dir, mps.dir_mode, uid, gid, trusted, clear=True),
+        DirTarget(inst.log_dir, mps.dir_mode, uid, gid, trusted, clear=False),
+        owner, daemon_user)
+
+
+def _show_state(obs: reset_mod.Observed, say: Say) -> None:
+    if not obs.problems:
+        say("  now: healthy (daemon, control and directories checks pass)")
+    for r in obs.problems:
+        say(f"  now: {STATE_NAMES[r.state]} {r.code}: {r.message}")
+    c = obs.clients
+    if c is not None:
+        who = ", ".join(map(str, c.pids)) if c.pids else ("unknown" if not c.known else "none")
+        say(f"  clients: {who} ({c.how})")
+
+
+def reset(config: Config, root: str, name: Optional[str], every: bool, force: bool,
+          dry_run: bool, say: Say) -> int:
+    settings = remediation(config)
+    ctx = Context(config, root)
+    need_root(dry_run, "reset")
+    chosen = choose(ctx, name, every)
+    lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
+        i.name for i in chosen))
+    try:
+        codes = [_reset_one(ctx, inst, settings, force, dry_run, say) for inst in chosen]
+    finally:
+        if lock is not None:
+            lock.release()
+    return max(codes)
+
+
+def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, force: bool,
+               dry_run: bool, say: Say) -> int:
+    target = target_for(ctx, inst, settings)
+    say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
+    obs = reset_mod.observe(ctx, inst, settings)
+    _show_state(obs, say)
+    plan = reset_mod.plan(ctx, obs, target, settings, force)
+    for note in plan.notes:
+        say(f"  note: {note}")
+    audit = None if dry_run else audit_for(ctx, settings, "reset")
+    problems = ",".join(r.code for r in obs.problems) or "none"
+    if plan.nothing:
+        say(f"  {plan.nothing}")
+        if audit:
+            audit.record("checked", "healthy", instance=inst.name)
+        return DONE
+    if plan.refused:
+        say(f"  refused: {plan.refused}")
+        if audit:
+            audit.record("refused", "refused", instance=inst.name, problems=problems,
+                         why=plan.refused)
+        return REFUSED
+    say("  plan:")
+    for number, step in enumerate(plan.steps, 1):
+        say(f"  {number}. {step.text}")
+    if dry_run or audit is None:
+        say("  dry run: nothing was changed")
+        return DONE
+    import time
+
+    started = time.monotonic()
+    audit.record("begin", instance=inst.name, problems=problems, force=str(force).lower(),
+                 plan=" | ".join(s.text for s in plan.steps))
+    say("  acting:")
+
+    def record(step: str, result: str, text: str) -> None:
+        audit.record(step, result, instance=inst.name, detail=text)
+
+    ok = reset_mod.execute(ctx, plan, obs, target, settings, say, record)
+    spent = time.monotonic() - started
+    if ok:
+        say(f"  result: {inst.name} is healthy again after {spent:.1f}s")
+    else:
+        say(f"  result: {inst.name} is NOT healthy after {spent:.1f}s; see the failed step "
+            "above and the daemon's control.log")
+    audit.record("finish", "ok" if ok else "failed", instance=inst.name, seconds=f"{spent:.2f}")
+    return DONE if ok else FAILED
+

@@ -1,0 +1,146 @@
+"""Which clients are connected to an instance, as far as can be told, and through what.
+
+The control daemon says it best (``get_server_list``, then ``get_client_list PID``);
+NVML adds the MPS clients of the instance's GPUs where the driver is there. When the
+daemon does not answer and NVML cannot tell, a client is still impossible if no
+nvidia-cuda-mps-server of the instance runs (clients only ever talk to a server);
+otherwise the answer is "unknown", and a reset refuses as if clients were there.
+"""
+
+import contextlib
+import time
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+from mps_health.context import Context
+from mps_health.facts import ControlAnswer, Instance, ProcessFact
+from mps_health.probes.control import NO_DAEMON, ask_all
+
+
+class Clients(NamedTuple):
+    known: bool  # False: could not tell (then treat as connected)
+    servers: Tuple[int, ...]
+    pids: Tuple[int, ...]
+    how: str  # one line saying how we know
+
+
+def ask(ctx: Context, inst: Instance, command: str, timeout_s: float) -> ControlAnswer:
+    """One control command to one instance, bounded by ``timeout_s``."""
+    cfg = ctx.config
+    longer = cfg._replace(control=cfg.control._replace(timeout_s=timeout_s))
+    sub = ctx._replace(config=longer, deadline=time.monotonic() + timeout_s + 1.0)
+    return ask_all(sub, (inst,), command)[inst.name]
+
+
+def answered(answer: ControlAnswer) -> bool:
+    """Did the daemon itself answer (the client exits 0 for answers and for most errors)?"""
+    return answer.rc == 0 and not answer.stdout.startswith(("Unknown command", NO_DAEMON))
+
+
+def pid_lines(text: str) -> Tuple[int, ...]:
+    """PIDs, one a line, as get_server_list and get_client_list print them."""
+    return tuple(int(w) for w in text.split() if w.isdigit())
+
+
+def from_control(ctx: Context, inst: Instance, timeout_s: float) -> Optional[Clients]:
+    servers_answer = ask(ctx, inst, "get_server_list", timeout_s)
+    if not answered(servers_answer):
+        return None
+    servers = pid_lines(servers_answer.stdout)
+    pids: List[int] = []
+    for server in servers:
+        a = ask(ctx, inst, f"get_client_list {server}", timeout_s)
+        if not answered(a):
+            return None
+        pids.extend(p for p in pid_lines(a.stdout) if p not in pids)
+    return Clients(True, servers, tuple(pids), "asked the control daemon")
+
+
+def nvml_clients(gpus: Sequence[str]) -> Optional[Tuple[int, ...]]:
+    """MPS client PIDs on these GPUs (all GPUs if empty), or None if NVML cannot tell."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # the deprecated pynvml shim warns on import
+            warnings.simplefilter("ignore")
+            import pynvml  # nvidia-ml-py; absent on nodes without the driver
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        handles = []
+        if gpus:
+            for g in gpus:
+                if g.isdigit():
+                    handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(g)))
+                else:
+                    handles.append(pynvml.nvmlDeviceGetHandleByUUID(g))
+        else:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                       for i in range(pynvml.nvmlDeviceGetCount())]
+        pids: List[int] = []
+        for h in handles:
+            for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h):
+                if p.pid not in pids:
+                    pids.append(p.pid)
+        return tuple(pids)
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_answers: bool,
+         timeout_s: float, use_nvml: bool = True) -> Clients:
+    """The clients of ``inst``; ``servers`` are its server processes seen in /proc."""
+    seen = tuple(s.pid for s in servers)
+    control = from_control(ctx, inst, timeout_s) if daemon_answers else None
+    nvml: Optional[Tuple[int, ...]] = None
+    if use_nvml and inst.layout != "per-job":  # NVML cannot tell per-job instances apart
+        nvml = nvml_clients([inst.gpu] if inst.gpu else [])
+    if control is not None:
+        extra = tuple(p for p in (nvml or ()) if p not in control.pids)
+        how = control.how + (" and NVML" if nvml is not None else "")
+        return Clients(True, control.servers, control.pids + extra, how)
+    if nvml is not None:
+        return Clients(True, seen, nvml, "NVML (the control daemon does not answer)")
+    if not seen:
+        return Clients(True, (), (), "no nvidia-cuda-mps-server of this instance runs")
+    return Clients(False, seen, (), f"the control daemon does not answer and server "
+                   f"{', '.join(map(str, seen))} runs: clients cannot be ruled out")
+
+
+def job_of(proc_dir: str, pid: int) -> str:
+    """The Slurm job a process belongs to ('' if none): SLURM_JOB_ID, else its cgroup."""
+    try:
+        with open(f"{proc_dir}/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"SLURM_JOB_ID="):
+                    return item.split(b"=", 1)[1].decode("ascii", "replace")
+    except OSError:
+        pass
+    try:
+        with open(f"{proc_dir}/{pid}/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    marker = "/job_"
+    at = text.find(marker)
+    if at < 0:
+        return ""
+    digits = ""
+    for c in text[at + len(marker):]:
+        if not c.isdigit():
+            break
+        digits += c
+    return digits
+
+
+def describe(proc_dir: str, pids: Sequence[int]) -> str:
+    parts = []
+    for pid in pids[:8]:
+        job = job_of(proc_dir, pid)
+        parts.append(f"{pid}" + (f" (job {job})" if job else ""))
+    more = f", +{len(pids) - 8} more" if len(pids) > 8 else ""
+    return ", ".join(parts) + more
+

@@ -1,0 +1,120 @@
+"""What the health check remembers between runs (anti-flap), and what it decides from it.
+
+The state file (``state_dir/healthcheck.state``) keeps the failed and clean runs in a
+row, and whether the node is drained by us. ``decide`` is pure: from the counts, this
+run's verdict and Slurm's own word where it gives one (``SLURM_NODE_IS_HEALTHY``), it
+says whether slurmctld must be asked anything at all. Most runs ask nothing.
+"""
+
+import os
+from typing import NamedTuple, Optional
+
+from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
+
+STATE_FILE = "healthcheck.state"
+
+
+class HcState(NamedTuple):
+    fails: int = 0  # failed runs in a row
+    passes: int = 0  # clean runs in a row
+    drained: bool = False  # we drained the node and have not seen it back in service
+    last_code: str = ""  # the failure code of the last failed run
+    verified_at: float = 0.0  # when we last read the node while we believed it drained
+
+
+class Need(NamedTuple):
+    action: str  # "none" | "drain" | "resume" | "forget"
+    why: str
+
+
+def verdict_of(state: int, drain_on: str) -> str:
+    """A run's verdict: "fail", "pass" or "unknown" (the tool could not judge)."""
+    if state == CRITICAL or (state == WARNING and drain_on == "warning"):
+        return "fail"
+    if state in (OK, WARNING):
+        return "pass"
+    return "unknown" if state == UNKNOWN else "fail"
+
+
+def count(state: HcState, verdict: str, code: str = "") -> HcState:
+    if verdict == "fail":
+        return state._replace(fails=state.fails + 1, passes=0, last_code=code)
+    if verdict == "pass":
+        return state._replace(passes=state.passes + 1, fails=0)
+    return state  # UNKNOWN is our own trouble: it neither drains nor resumes
+
+
+def decide(state: HcState, verdict: str, fail_runs: int, pass_runs: int, recheck_s: float,
+           node_healthy: Optional[bool], now: float) -> Need:
+    """``state`` already counts this run; ``node_healthy`` is SLURM_NODE_IS_HEALTHY
+    (True yes, False no, None where Slurm does not set it)."""
+    if verdict == "fail":
+        if state.fails < fail_runs:
+            return Need("none", f"failed run {state.fails} of {fail_runs} before draining")
+        if node_healthy is True:
+            return Need("drain", f"{state.fails} failed runs in a row and the node is in service")
+        if node_healthy is False:
+            return Need("none", "failing, and the node is already out of service")
+        if not state.drained:
+            return Need("drain", f"{state.fails} failed runs in a row")
+        if now - state.verified_at >= recheck_s:
+            return Need("drain", "still failing: make sure the node is still drained")
+        return Need("none", "still failing; drained by us")
+    if verdict == "pass":
+        if not state.drained:
+            return Need("none", "healthy")
+        if node_healthy is True:
+            return Need("forget", "healthy, and someone already returned the node to service")
+        if state.passes < pass_runs:
+            return Need("none", f"clean run {state.passes} of {pass_runs} before resuming")
+        return Need("resume", f"{state.passes} clean runs in a row")
+    return Need("none", "could not judge MPS this run: no change")
+
+
+def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
+    """SLURM_NODE_IS_HEALTHY (Slurm 26.05.2+): unset before the node registers and on
+    older Slurm."""
+    if value == "yes":
+        return True
+    if value == "no":
+        return False
+    return None
+
+
+def load(path: str) -> HcState:
+    """The saved state; a missing or unreadable file starts afresh (never fatal)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(4096)
+    except OSError:
+        return HcState()
+    return parse(text)
+
+
+def parse(text: str) -> HcState:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    try:
+        return HcState(fails=max(0, int(values.get("fails", 0))),
+                       passes=max(0, int(values.get("passes", 0))),
+                       drained=values.get("drained") == "yes",
+                       last_code=values.get("last_code", ""),
+                       verified_at=float(values.get("verified_at", 0.0)))
+    except ValueError:
+        return HcState()
+
+
+def dumps(state: HcState) -> str:
+    return (f"fails={state.fails}\npasses={state.passes}\n"
+            f"drained={'yes' if state.drained else 'no'}\nlast_code={state.last_code}\n"
+            f"verified_at={state.verified_at:.0f}\n")
+
+
+def save(path: str, state: HcState) -> None:
+    from .safefs import write_atomic
+
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_atomic("/", path, dumps(state).encode(), 0o644)

@@ -1,0 +1,215 @@
+"""The HealthCheckProgram run: judge MPS, count, and drain or resume only when needed.
+
+slurmd runs it as root with no arguments and an almost empty environment, every
+HealthCheckInterval seconds and once before the node registers, and kills its process
+group after 60 s. So: the whole run has a budget well below that (checks first, then
+at most two bounded scontrol calls); a hung check is abandoned, not waited for; runs
+never overlap (a flock); and slurmctld is asked nothing unless something must change.
+"""
+
+import contextlib
+import os
+import threading
+import time
+from typing import Callable, List, NamedTuple, Optional, Tuple
+
+from mps_health import engine
+from mps_health.config import Config
+from mps_health.context import node_name
+from mps_health.results import CRITICAL, UNKNOWN, WARNING, Report, Result
+
+from . import detach, hcstate, slurmnode
+from .audit import Audit, who
+from .lock import NodeLock
+from .settings import HealthcheckSettings, healthcheck, remediation
+
+Say = Callable[[str], None]
+LOCK_NAME = "healthcheck"
+
+
+class RunResult(NamedTuple):
+    rc: int
+    lines: Tuple[str, ...]
+
+
+def budget_for(config: Config, hc: HealthcheckSettings) -> float:
+    """Time for the checks: what is left after two scontrol calls and a margin."""
+    spare = hc.timeout_s - 2 * hc.scontrol_timeout_s - 1.0
+    return max(0.5, min(config.budget_s, spare))
+
+
+def run_checks(config: Config, root: str, hc: HealthcheckSettings
+               ) -> Tuple[Optional[Report], float]:
+    """The engine in a thread we can walk away from: (report or None if it hung, budget)."""
+    budget = budget_for(config, hc)
+    box: List[Report] = []
+    errors: List[BaseException] = []
+
+    def work() -> None:
+        try:
+            box.append(engine.run(config, root, budget_s=budget)[1])
+        except BaseException as e:  # reported as UNKNOWN below, never a traceback
+            errors.append(e)
+
+    t = threading.Thread(target=work, name="mps-health-checks", daemon=True)
+    t.start()
+    t.join(budget + 2.0)
+    if errors:
+        raise errors[0]
+    return (box[0] if box else None), budget
+
+
+def first_failure(report: Report, drain_on: str) -> Optional[Result]:
+    wanted = (CRITICAL,) if drain_on == "critical" else (CRITICAL, WARNING)
+    bad = [r for r in report.problems() if r.state in wanted]
+    bad.sort(key=lambda r: 0 if r.state == CRITICAL else 1)
+    return bad[0] if bad else None
+
+
+def reason_for(report: Optional[Report], hc: HealthcheckSettings) -> Tuple[str, str]:
+    """(failure code, drain reason) for this run."""
+    if report is None:
+        return "healthcheck-timeout", slurmnode.reason_text(
+            hc.tag, "healthcheck-timeout", "the MPS checks did not finish in time")
+    r = first_failure(report, hc.drain_on)
+    if r is None:
+        return "unknown", slurmnode.reason_text(hc.tag, "unknown", "MPS check failed")
+    others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
+    where = f" {r.instance}" if r.instance else ""
+    more = f" (+{others} more)" if others > 0 else ""
+    return r.code, slurmnode.reason_text(hc.tag, f"{r.code}{where}:", r.message + more)
+
+
+def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
+    if report is None:
+        return CRITICAL, [f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
+                          f"within {budget + 2:.0f}s (a hung probe); abandoned, not waited for"]
+    from mps_health.exporters import text
+
+    return report.state, text.render(report).splitlines()
+
+
+def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] = None
+             ) -> RunResult:
+    """One complete health check run (the caller holds the health check lock)."""
+    environ = dict(os.environ) if environ is None else environ
+    hc = healthcheck(config)
+    rem = remediation(config)
+    node = node_name(config, environ)
+    report, budget = run_checks(config, root, hc)
+    state_code, lines = _summary(report, budget)
+    verdict = hcstate.verdict_of(state_code, hc.drain_on)
+    code, reason = reason_for(report, hc) if verdict == "fail" else ("", "")
+    state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
+    before = hcstate.load(state_path)
+    state = hcstate.count(before, verdict, code)
+    healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
+    now = time.time()
+    need = hcstate.decide(state, verdict, hc.fail_runs, hc.pass_runs, hc.recheck_s, healthy, now)
+    outcome, why = "none", need.why
+    if need.action in ("drain", "resume") and dry_run:
+        outcome, why = "dry-run", f"would {need.action}: {need.why}"
+    elif need.action == "drain":
+        outcome, why, _ = slurmnode.drain_if_allowed(config, node, hc.tag, reason,
+                                                     hc.scontrol_timeout_s)
+        if outcome in ("drained", "already"):
+            state = state._replace(drained=True, verified_at=now)
+        elif outcome == "left":
+            state = state._replace(drained=False)
+    elif need.action == "resume":
+        outcome, why, _ = slurmnode.resume_if_ours(config, node, hc.tag, hc.scontrol_timeout_s)
+        if outcome in ("resumed", "left"):
+            state = state._replace(drained=False)
+    elif need.action == "forget":
+        state = state._replace(drained=False)
+    if outcome in ("drained", "resumed", "error"):
+        audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
+                      f"{who(environ)} via healthcheck")
+        audit.record(need.action, "ok" if outcome != "error" else "failed",
+                     reason=reason if need.action == "drain" else "", detail=why)
+    if not dry_run:
+        try:
+            hcstate.save(state_path, state)
+        except OSError as e:
+            lines.append(f"MPS-HC: warning: cannot save {state_path}: {e.strerror}")
+    ours = "drained by us" if state.drained else "not drained by us"
+    lines.append(f"MPS-HC: {verdict}; failed {state.fails}/{hc.fail_runs}, clean "
+                 f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}")
+    return RunResult(state_code, tuple(lines))
+
+
+def _said(action: str, outcome: str, why: str) -> str:
+    if action == "none" or outcome == "none":
+        return why
+    if outcome == "error":
+        return f"{action} failed, will retry next run: {why}"
+    if outcome == "drained":
+        return f"drained ({why})"
+    if outcome == "resumed":
+        return f"resumed ({why})"
+    if outcome == "already":
+        return "already drained by us"
+    if outcome == "dry-run":
+        return f"{action}: {why}"
+    return f"{'not drained' if action == 'drain' else 'not resumed'}: {why}"
+
+
+def _path(root: str, absolute: str) -> str:
+    if root in ("", "/"):
+        return absolute
+    return os.path.join(root, absolute.lstrip("/"))
+
+
+def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> RunResult:
+    """run_once under the health check lock; a run still going elsewhere wins."""
+    run_dir = _path(root, config.run_dir)
+    lock = NodeLock(run_dir, LOCK_NAME)
+    try:
+        got = lock.try_acquire("healthcheck")
+    except OSError as e:
+        return RunResult(UNKNOWN, (f"MPS UNKNOWN - cannot take the health check lock in "
+                                   f"{run_dir}: {e.strerror}",))
+    if not got:
+        return RunResult(0, ("MPS-HC: the previous health check is still running; this run "
+                             "is skipped",))
+    try:
+        result = run_once(config, root, dry_run)
+        if write and not dry_run:
+            # The stored answer is a convenience for detached mode: never fatal.
+            with contextlib.suppress(OSError):
+                detach.write_result(os.path.join(run_dir, detach.RESULT_FILE), result.rc,
+                                    detach.boot_id(), "\n".join(result.lines))
+        return result
+    finally:
+        lock.release()
+
+
+def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
+    """Answer with the stored result and refresh it in a detached child."""
+    run_dir = _path(root, config.run_dir)
+    stored = detach.current(detach.read_result(os.path.join(run_dir, detach.RESULT_FILE)),
+                            detach.boot_id(), time.time(), hc.result_ttl_s)
+    busy = NodeLock(run_dir, LOCK_NAME)
+    try:
+        free = busy.try_acquire("healthcheck (probe)")
+    except OSError:
+        free = False
+    busy.release()
+    if free:
+        detach.spawn(lambda: locked_run(config, root, dry_run=False).rc)
+    note = "refreshing in the background" if free else "a check is already running"
+    if stored is None:
+        return RunResult(0, (f"MPS-HC: no current result (first run since boot, or expired); "
+                             f"{note}",))
+    age = time.time() - stored.written_at
+    return RunResult(stored.rc, (*stored.text.splitlines(),
+                                 f"MPS-HC: result from {age:.0f}s ago; {note}"))
+
+
+def main_run(config: Config, root: str, dry_run: bool, mode: Optional[str]) -> RunResult:
+    hc = healthcheck(config)
+    remediation(config)  # validate the section before anything runs
+    if (mode or ("detached" if hc.detached else "foreground")) == "detached" and not dry_run:
+        return detached(config, root, hc)
+    return locked_run(config, root, dry_run)
+

@@ -1,0 +1,74 @@
+"""``remediate drain`` and ``remediate resume``: the health check's tag rules, by hand.
+
+drain: only a node in service with no reason of someone else; the reason is
+``MPS-HC: manual: TEXT``. resume: only a node whose reason still starts with our tag,
+read just before resuming; it also clears the health check's memory of its own drain
+(the counts start again), so the next failing run is judged afresh.
+"""
+
+import contextlib
+import os
+
+from mps_health.config import Config
+from mps_health.context import Context, node_name
+
+from . import hcstate, slurmnode
+from .actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
+from .settings import healthcheck, remediation
+
+
+def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: Say) -> int:
+    hc = healthcheck(config)
+    settings = remediation(config)
+    ctx = Context(config, root)
+    node = node_name(config)
+    reason = slurmnode.reason_text(hc.tag, "manual:", text or "manual")
+    say(f"{action} {node}" + (f" with reason '{reason}'" if action == "drain" else
+                              f" if its reason starts with '{hc.tag}'"))
+    if dry_run:
+        try:
+            now = slurmnode.read_node(config, node, hc.scontrol_timeout_s)
+        except slurmnode.SlurmCallError as e:
+            say(f"  cannot read the node: {e}")
+            return CANNOT
+        allowed, why = (slurmnode.may_drain(now, hc.tag) if action == "drain"
+                        else slurmnode.may_resume(now, hc.tag))
+        say(f"  now: State={now.state} Reason={now.reason or '(none)'}")
+        say(f"  would {'' if allowed else 'not '}{action}: {why}")
+        say("  dry run: nothing was changed")
+        return DONE
+    lock = lock_node(ctx, settings, f"{action} {node}")
+    try:
+        if action == "drain":
+            outcome, why, view = slurmnode.drain_if_allowed(config, node, hc.tag, reason,
+                                                            hc.scontrol_timeout_s)
+        else:
+            outcome, why, view = slurmnode.resume_if_ours(config, node, hc.tag,
+                                                          hc.scontrol_timeout_s)
+            if outcome == "resumed":
+                _forget_drain(ctx)
+    finally:
+        lock.release()
+    if view is not None:
+        say(f"  was: State={view.state} Reason={view.reason or '(none)'}")
+    result = {"drained": "ok", "resumed": "ok", "already": "ok", "left": "refused"}.get(
+        outcome, "failed")
+    audit_for(ctx, settings, action).record(action, result, node_reason=reason
+                                            if action == "drain" else "", detail=why)
+    if outcome in ("drained", "resumed"):
+        say(f"  {outcome}: {why}")
+        return DONE
+    if outcome == "already":
+        say(f"  nothing to do: {why}")
+        return DONE
+    if outcome == "left":
+        say(f"  refused: {why}")
+        return REFUSED
+    say(f"  FAILED: {why}")
+    return FAILED
+
+
+def _forget_drain(ctx: Context) -> None:
+    path = os.path.join(ctx.path(ctx.config.state_dir), hcstate.STATE_FILE)
+    with contextlib.suppress(OSError):  # the health check then re-learns from Slurm
+        hcstate.save(path, hcstate.HcState())

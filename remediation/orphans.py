@@ -1,0 +1,177 @@
+"""``remediate orphans``: stop and remove per-job MPS instances whose job has left the node.
+
+The small interface, for the orphans check to wire in: ``orphans_of(instances, jobs)``
+is pure (an instance is an orphan when Slurm lists no job of its id on this node), and
+``clean(ctx, orphans, ...)`` removes them. The job list comes from one ``squeue`` call;
+if it fails, nothing is an orphan (an empty answer from a broken squeue must never
+look like "no jobs"). A pipe dir younger than ``orphan_min_age_s`` is skipped: its
+job's prolog may still be setting it up.
+
+Each orphan: ``quit -t N`` sent as the daemon's own user; what is left of its daemon
+and servers ended by verified PID; its pipe and log dirs removed without following any
+symlink (a symlink is unlinked, never entered).
+"""
+
+import os
+import time
+from typing import Collection, List, Mapping, Sequence, Tuple
+
+from mps_health.config import Config
+from mps_health.context import Context, node_name
+from mps_health.facts import Instance
+from mps_health.instances import discover_jobs
+from mps_health.probes.proc import read_processes
+from mps_health.runner import RunAs
+from mps_health.runner import run as run_command
+
+from . import procs, safefs
+from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
+from .jobs import SlurmError, jobs_on_node
+from .settings import RemediationSettings, remediation
+from .users import by_uid, groups_of
+
+
+def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple[Instance, ...]:
+    """Per-job instances whose job Slurm does not list on this node (pure)."""
+    return tuple(i for i in instances if i.job_id is not None and i.job_id not in job_ids)
+
+
+def _age(ctx: Context, path: str, now: float) -> float:
+    try:
+        return now - os.lstat(ctx.path(path)).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> List[str]:
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    lines = []
+    for d in daemons:
+        lines.append(f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its "
+                     f"user (uid {d.uid})")
+    if daemons or servers:
+        listed = ", ".join(procs.describe(p) for p in (*daemons, *servers))
+        lines.append(f"end what is left of {listed} by verified PID")
+    lines.append(f"remove {inst.pipe_dir} and {inst.log_dir} (symlinks unlinked, never followed)")
+    return lines
+
+
+def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> str:
+    user = by_uid(uid)
+    env = {"PATH": os.environ.get("PATH") or "/usr/bin:/bin",
+           "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+           "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
+    as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
+    done = run_command([ctx.config.command("nvidia-cuda-mps-control")], timeout_s + 5.0,
+               stdin=f"quit -t {timeout_s:g}\n", env=env, as_user=as_user)
+    if done.timed_out:
+        return f"quit as {user.name}: no answer within {timeout_s + 5:g}s"
+    return f"quit as {user.name}: exit status {done.rc}"
+
+
+def _remove(ctx: Context, path: str) -> str:
+    parent, name = safefs.split(path)
+    try:
+        pfd = safefs.open_dir(ctx.root, parent)
+    except safefs.UnsafePath as e:
+        return f"{path}: not removed: {e.strerror}"
+    try:
+        kind = safefs.look(pfd, name).kind
+        if kind == "missing":
+            return f"{path}: already gone"
+        safefs.remove_tree(pfd, name)
+        return f"removed {path}" + (" (a symlink: unlinked, target untouched)"
+                                    if kind == "symlink" else "")
+    finally:
+        os.close(pfd)
+
+
+def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings) -> Tuple[bool, str]:
+    done: List[str] = []
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    for d in daemons:
+        if d.state not in ("T", "t"):
+            done.append(_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s))
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    ended = procs.end_all(ctx.proc, (*daemons, *servers), settings.term_timeout_s)
+    done.extend(f"{e.pid}: {e.detail}" for e in ended)
+    if any(e.outcome == "alive" for e in ended):
+        return False, "; ".join(done) + " - dirs kept while a process lives"
+    for path in dict.fromkeys((inst.pipe_dir, inst.log_dir)):
+        try:
+            done.append(_remove(ctx, path))
+        except OSError as e:
+            return False, "; ".join(done) + f"; {path}: {e.strerror}"
+    return True, "; ".join(done)
+
+
+def clean(ctx: Context, orphans: Sequence[Instance], settings: RemediationSettings,
+          say: Say) -> int:
+    """Remove ``orphans``; 0 if all went, 2 if one failed (the caller holds the lock)."""
+    audit = audit_for(ctx, settings, "orphans")
+    code = DONE
+    for inst in orphans:
+        ok, text = clean_one(ctx, inst, settings)
+        say(f"  {inst.name}: {'ok' if ok else 'FAILED'}: {text}")
+        audit.record("remove", "ok" if ok else "failed", instance=inst.name,
+                     job=inst.job_id or "", detail=text)
+        if not ok:
+            code = FAILED
+    return code
+
+
+def find(ctx: Context, settings: RemediationSettings, jobs: Mapping[str, object],
+         now: float) -> Tuple[Tuple[Instance, ...], List[str]]:
+    """(orphans old enough to remove, notes about the ones skipped)."""
+    found = orphans_of(discover_jobs(ctx), set(jobs))
+    old, notes = [], []
+    for inst in found:
+        age = _age(ctx, inst.pipe_dir, now)
+        if age < settings.orphan_min_age_s:
+            notes.append(f"{inst.name}: its pipe dir is {age:.0f}s old (under "
+                         f"{settings.orphan_min_age_s:g}s): left for now")
+        else:
+            old.append(inst)
+    return tuple(old), notes
+
+
+def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
+    settings = remediation(config)
+    ctx = Context(config, root)
+    if config.mps.layout != "per-job":
+        say(f"orphans: the {config.mps.layout} layout has no per-job instances: nothing to do")
+        return DONE
+    need_root(dry_run, "orphans")
+    node = node_name(config)
+    try:
+        jobs = jobs_on_node(config, node, settings.term_timeout_s + 5.0)
+    except SlurmError as e:
+        raise ActionError(f"cannot list the jobs on {node}, so no instance is judged an "
+                          f"orphan: {e}") from None
+    orphans, notes = find(ctx, settings, jobs, time.time())
+    say(f"orphans on {node}: {len(orphans)} (jobs Slurm lists here: "
+        f"{', '.join(sorted(jobs)) or 'none'})")
+    for note in notes:
+        say(f"  note: {note}")
+    for inst in orphans:
+        say(f"  {inst.name} (job {inst.job_id}, pipe dir {inst.pipe_dir}):")
+        for line in plan_lines(ctx, inst, settings):
+            say(f"    - {line}")
+    if not orphans:
+        return DONE
+    if dry_run:
+        say("  dry run: nothing was changed")
+        return DONE
+    lock = lock_node(ctx, settings, "orphans")
+    try:
+        # The job list again, under the lock: a job that arrived meanwhile keeps its dirs.
+        try:
+            jobs = jobs_on_node(config, node, settings.term_timeout_s + 5.0)
+        except SlurmError as e:
+            say(f"  cannot list the jobs again: {e}; nothing removed")
+            return CANNOT
+        still = tuple(i for i in orphans if i.job_id not in jobs)
+        return clean(ctx, still, settings, say)
+    finally:
+        lock.release()
+

@@ -1,0 +1,284 @@
+"""reset: bring one MPS instance back the careful way, plan first.
+
+1. Observe: the instance's processes (by the pipe dir in their environ), its dirs by
+   lstat, the daemon's answer, the core checks' verdict, and the connected clients.
+2. Plan: nothing for a healthy instance (unless forced); a refusal while clients are
+   connected or cannot be ruled out (unless forced); otherwise the steps below.
+3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
+   this instance's daemon and servers by verified PID; move aside a symlinked or
+   foreign pipe/log dir, clear stale entries, give the dirs their mode and owner;
+   start the daemon as the configured user with the instance's environment; verify
+   with a control query and the core checks.
+"""
+
+import os
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from mps_health import engine, registry
+from mps_health.context import Context, node_name
+from mps_health.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from mps_health.probes import control as control_probe
+from mps_health.probes.dirs import read_dir
+from mps_health.probes.proc import read_processes
+from mps_health.results import CRITICAL, OK, UNKNOWN, Result
+from mps_health.runner import RunAs, run
+
+from . import clients as clients_mod
+from . import dirs, procs, safefs
+from .settings import RemediationSettings
+from .users import User, groups_of
+
+CORE_CHECKS = ("daemon", "control", "directories")
+
+
+class Observed(NamedTuple):
+    inst: Instance
+    daemons: Tuple[ProcessFact, ...]
+    servers: Tuple[ProcessFact, ...]
+    pipe: DirFact
+    log: DirFact
+    answer: ControlAnswer
+    results: Tuple[Result, ...]  # the core checks' results for this instance
+    clients: Optional[clients_mod.Clients]
+
+    @property
+    def problems(self) -> Tuple[Result, ...]:
+        return tuple(r for r in self.results if r.state != OK)
+
+
+class Target(NamedTuple):
+    """What the instance should look like after the reset."""
+
+    pipe: dirs.DirTarget
+    log: dirs.DirTarget
+    dir_owner: User
+    daemon_user: User
+
+
+class Step(NamedTuple):
+    kind: str  # "quit" | "end" | "pipe-dir" | "log-dir" | "start" | "verify"
+    text: str
+
+
+class Plan(NamedTuple):
+    inst: Instance
+    steps: Tuple[Step, ...]
+    refused: str = ""  # why nothing will be done without --force ("" if not refused)
+    nothing: str = ""  # why nothing needs doing ("" if something does)
+    notes: Tuple[str, ...] = ()
+
+
+def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
+          dir_facts: Dict[str, DirFact], answer: ControlAnswer) -> Tuple[Result, ...]:
+    """The core checks (daemon, control, directories) on this instance alone."""
+    facts = Facts(node_name(ctx.config), time.time(), ctx.root, (inst,),
+                  {"processes": found, "dirs": dir_facts, "control": {inst.name: answer}}, {}, {})
+    specs = [registry.CHECKS[n] for n in CORE_CHECKS if n in registry.CHECKS]
+    runs = engine.judge(facts, ctx.config, specs)
+    return tuple(r for run_ in runs for r in run_.results if r.instance == inst.name)
+
+
+def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
+            with_clients: bool = True) -> Observed:
+    found = read_processes(ctx.proc)
+    daemons, servers = procs.of_instance(inst, found, ctx.root)
+    pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
+    log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
+    # Asked even when the daemon is stopped: the answer (a timeout) is bounded and honest.
+    answer = clients_mod.ask(ctx, inst, control_probe.QUERY, ctx.config.control.timeout_s)
+    results = judge(ctx, inst, found, {inst.pipe_dir: pipe, inst.log_dir: log}, answer)
+    who = None
+    if with_clients:
+        who = clients_mod.find(ctx, inst, servers, answer.status == "ok",
+                               ctx.config.control.timeout_s)
+    return Observed(inst, daemons, servers, pipe, log, answer, results, who)
+
+
+def daemon_env(ctx: Context, inst: Instance, user: User,
+               settings: RemediationSettings) -> Dict[str, str]:
+    """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
+    env = {
+        "PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+        "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir),
+    }
+    if inst.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = inst.gpu
+    env.update(dict(settings.daemon_env))
+    return env
+
+
+def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
+    if d.kind == "error":
+        return [f"inspect {d.path} again when acting (lstat failed now: {d.error})"]
+    return dirs.describe(d.kind, d.mode, d.uid, d.link_target, target, owner.name)
+
+
+def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSettings,
+         force: bool) -> Plan:
+    """The steps to take, or why none will be taken (pure over the observations)."""
+    inst = obs.inst
+    notes: List[str] = []
+    if obs.pipe.pid_file and obs.pipe.pid_file.isdigit() and \
+            int(obs.pipe.pid_file) not in {d.pid for d in obs.daemons}:
+        notes.append(f"the pid file names {obs.pipe.pid_file}, which is not a daemon of this "
+                     "instance: that process is left alone")
+    if not obs.problems and not force:
+        return Plan(inst, (), nothing=f"{inst.name} is healthy: nothing to do "
+                    "(--force restarts it anyway)", notes=tuple(notes))
+    who = obs.clients
+    if who is not None and not force:
+        if not who.known:
+            return Plan(inst, (), refused=f"{who.how}; refusing without --force",
+                        notes=tuple(notes))
+        if who.pids:
+            listed = clients_mod.describe(ctx.proc, who.pids)
+            return Plan(inst, (), refused=f"{len(who.pids)} client(s) connected: {listed} "
+                        f"({who.how}); a reset would break them: drain the node and wait for "
+                        "the jobs, or use --force", notes=tuple(notes))
+    steps: List[Step] = []
+    running = [d for d in obs.daemons if d.state not in ("T", "t")]
+    if running and obs.answer.status == "ok":
+        n = settings.quit_timeout_s
+        steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
+                          f"to quit ('quit -t {n:g}': servers still busy after {n:g}s are "
+                          f"killed), waiting at most {n + 5:g}s"))
+    leftovers = list(obs.daemons) + list(obs.servers)
+    if leftovers:
+        listed = ", ".join(procs.describe(p) for p in leftovers)
+        steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
+                          f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s"))
+    else:
+        steps.append(Step("end", "end any daemon or server of this instance found by then "
+                          "(none now)"))
+    pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
+    steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
+                      f"check {inst.pipe_dir} again (it looks right now)"))
+    log_lines = _dir_lines(obs.log, target.log, target.dir_owner)
+    if log_lines:
+        steps.append(Step("log-dir", "; then ".join(log_lines)))
+    env = daemon_env(ctx, inst, target.daemon_user, settings)
+    shown = " ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_"))
+    steps.append(Step("start", f"start '{ctx.config.command('nvidia-cuda-mps-control')} -d' as "
+                      f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
+    steps.append(Step("verify", f"verify: the daemon answers within {settings.verify_timeout_s:g}s "
+                      "and the daemon, control and directories checks pass"))
+    return Plan(inst, tuple(steps), notes=tuple(notes))
+
+
+def os_error_text(e: OSError) -> str:
+    if isinstance(e, safefs.UnsafePath) or not e.filename:
+        return e.strerror or str(e)
+    return f"{e.filename}: {e.strerror}"
+
+
+class Outcome(NamedTuple):
+    ok: bool
+    text: str
+    stop: bool = False  # do not go on with later steps
+
+
+Say = Callable[[str], None]
+
+
+def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
+    n = settings.quit_timeout_s
+    a = clients_mod.ask(ctx, inst, f"quit -t {n:g}", n + 5.0)
+    if a.status == "timeout":
+        return Outcome(True, f"no answer within {n + 5:g}s: ending it by PID instead")
+    if a.rc == 0:
+        return Outcome(True, "the daemon accepted 'quit'")
+    return Outcome(True, f"quit was not accepted ({a.detail or a.status}): ending it by PID")
+
+
+def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
+            settings: RemediationSettings) -> Outcome:
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    # What we planned on, plus any process of this instance started since (same pipe dir).
+    todo = list(planned) + [p for p in (*daemons, *servers)
+                            if (p.pid, p.start_ticks) not in {(q.pid, q.start_ticks)
+                                                              for q in planned}]
+    if not todo:
+        return Outcome(True, "no daemon or server of this instance is left")
+    ended = procs.end_all(ctx.proc, todo, settings.term_timeout_s)
+    text = "; ".join(f"{e.pid}: {e.detail}" for e in ended)
+    alive = [e for e in ended if e.outcome == "alive"]
+    if alive:
+        return Outcome(False, text + " - not touching its pipe dir while it lives", stop=True)
+    return Outcome(True, text)
+
+
+def _do_start(ctx: Context, inst: Instance, target: Target,
+              settings: RemediationSettings) -> Outcome:
+    user = target.daemon_user
+    env = daemon_env(ctx, inst, user, settings)
+    as_user = None
+    if user.uid != os.geteuid():
+        as_user = RunAs(user.uid, user.gid, groups_of(user), "/")
+    argv = [ctx.config.command("nvidia-cuda-mps-control"), "-d"]
+    done = run(argv, 10.0, env=env, as_user=as_user)
+    said = (done.stdout + done.stderr).strip().replace("\n", " ")
+    if done.exec_error:
+        return Outcome(False, done.exec_error, stop=True)
+    if done.timed_out:
+        return Outcome(False, "'-d' did not return within 10s", stop=True)
+    if done.rc != 0:
+        return Outcome(False, f"'-d' failed with status {done.rc}: {said or 'no output'}",
+                       stop=True)
+    return Outcome(True, f"started as {user.name}" + (f" ({said})" if said else ""))
+
+
+def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
+               ) -> Tuple[Outcome, Optional[Observed]]:
+    deadline = time.monotonic() + settings.verify_timeout_s
+    answer = None
+    while time.monotonic() < deadline:
+        answer = clients_mod.ask(ctx, inst, control_probe.QUERY,
+                                 min(ctx.config.control.timeout_s, settings.verify_timeout_s))
+        if answer.status == "ok":
+            break
+        time.sleep(0.1)
+    obs = observe(ctx, inst, settings, with_clients=False)
+    bad = list(obs.problems)
+    if answer is None or answer.status != "ok":
+        why = answer.detail if answer is not None else "not asked"
+        return Outcome(False, f"the daemon did not answer within "
+                       f"{settings.verify_timeout_s:g}s ({why})"), obs
+    worst = [r for r in bad if r.state in (CRITICAL, UNKNOWN)]
+    if worst:
+        return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst)), obs
+    extra = (" (still: " + "; ".join(f"{r.code}: {r.message}" for r in bad) + ")") if bad else ""
+    return Outcome(True, f"answered in {answer.latency_s * 1000:.0f} ms; checks pass{extra}"), obs
+
+
+def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
+            settings: RemediationSettings, say: Say,
+            record: Callable[[str, str, str], None]) -> bool:
+    """Run the plan's steps in order; True when the instance verified healthy."""
+    inst = p.inst
+    planned = tuple(obs.daemons) + tuple(obs.servers)
+    verified = False
+    for number, step in enumerate(p.steps, 1):
+        try:
+            if step.kind == "quit":
+                out = _do_quit(ctx, inst, settings)
+            elif step.kind == "end":
+                out = _do_end(ctx, inst, planned, settings)
+            elif step.kind in ("pipe-dir", "log-dir"):
+                dt = target.pipe if step.kind == "pipe-dir" else target.log
+                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt)))
+            elif step.kind == "start":
+                out = _do_start(ctx, inst, target, settings)
+            else:
+                out, _ = _do_verify(ctx, inst, settings)
+                verified = out.ok
+        except OSError as e:
+            out = Outcome(False, os_error_text(e), stop=True)
+        say(f"  {number}. {'ok' if out.ok else 'FAILED'}: {out.text}")
+        record(f"step-{step.kind}", "ok" if out.ok else "failed", out.text)
+        if not out.ok and (out.stop or step.kind in ("pipe-dir", "log-dir")):
+            return False
+    return verified

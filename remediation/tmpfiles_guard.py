@@ -1,0 +1,120 @@
+"""``remediate tmpfiles-guard``: keep systemd-tmpfiles away from every configured instance.
+
+Writes /etc/tmpfiles.d/mps-health.conf (under --root) with one ``x PATH`` line per pipe
+and log dir: ``x`` excludes the path and everything in it from cleaning. Per-job
+templates become globs (``{job}`` and ``{gpu}`` -> ``*``), so tomorrow's jobs are
+covered too. A file of that name not written by us is left alone unless --force.
+The dry run shows the change as a unified diff; the write is atomic (temp file, fsync,
+rename) and is checked afterwards by reading the merged configuration back.
+"""
+
+import os
+from typing import List, Optional
+
+from mps_health.config import Config, MpsConfig
+from mps_health.context import Context
+
+from . import safefs
+from .actions import DONE, FAILED, REFUSED, Say, audit_for, lock_node, need_root
+from .settings import remediation
+
+GUARD_FILE = "/etc/tmpfiles.d/mps-health.conf"
+HEADER = ("# Written by 'mps-health remediate tmpfiles-guard': systemd-tmpfiles must not clean\n"
+          "# the MPS pipe and log dirs. Edits here are overwritten; change the mps-health\n"
+          "# config instead.\n")
+
+
+def guarded_paths(mps: MpsConfig) -> List[str]:
+    """The pipe and log dirs of every configured instance, per-job ones as globs."""
+    if mps.layout == "node":
+        found = [mps.pipe_dir, mps.log_dir]
+    elif mps.layout == "per-gpu":
+        found = [p.format(gpu=g) for g in mps.gpus for p in (mps.pipe_dir, mps.log_dir)]
+    else:
+        found = [p.replace("{job}", "*").replace("{gpu}", "*") for p in (mps.pipe_dir,
+                                                                         mps.log_dir)]
+    return list(dict.fromkeys(found))
+
+
+def _quote(path: str) -> str:
+    if any(c.isspace() or c in "\"'\\" for c in path):
+        return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return path
+
+
+def render(mps: MpsConfig) -> str:
+    return HEADER + "".join(f"x {_quote(p)}\n" for p in guarded_paths(mps))
+
+
+def diff(old: Optional[str], new: str) -> str:
+    import difflib
+
+    before = (old or "").splitlines(keepends=True)
+    lines = difflib.unified_diff(before, new.splitlines(keepends=True),
+                                 fromfile=GUARD_FILE if old is not None else "/dev/null",
+                                 tofile=GUARD_FILE)
+    return "".join(lines).rstrip("\n")
+
+
+def verify(ctx: Context) -> List[str]:
+    """Instances the merged tmpfiles.d configuration still does not guard."""
+    from mps_health.checks.tmpfiles import guarded
+    from mps_health.probes.tmpfiles import gather
+
+    facts = gather(ctx)
+    mps = ctx.config.mps
+    if mps.layout == "per-job":
+        samples = [mps.pipe_dir.format(job="1", gpu="0"), mps.log_dir.format(job="1", gpu="0")]
+    else:
+        samples = guarded_paths(mps)
+    return [p for p in samples if not guarded(facts.rules, p)]
+
+
+def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
+    settings = remediation(config)
+    ctx = Context(config, root)
+    new = render(config.mps)
+    try:
+        raw = safefs.read_small(root, GUARD_FILE)
+    except OSError as e:
+        say(f"tmpfiles-guard: cannot read {GUARD_FILE}: {e.strerror}")
+        return FAILED
+    old = raw.decode("utf-8", "replace") if raw is not None else None
+    if old == new:
+        say(f"tmpfiles-guard: {GUARD_FILE} is up to date")
+        return DONE
+    if old is not None and not old.startswith(HEADER.splitlines()[0]) and not force:
+        say(f"tmpfiles-guard: refused: {GUARD_FILE} exists and was not written by mps-health; "
+            "merge these lines by hand or use --force to replace it:")
+        say(diff(old, new))
+        return REFUSED
+    say(f"tmpfiles-guard: {'create' if old is None else 'update'} {GUARD_FILE}:")
+    say(diff(old, new))
+    if dry_run:
+        say("dry run: nothing was changed")
+        return DONE
+    need_root(dry_run, "tmpfiles-guard")
+    lock = lock_node(ctx, settings, "tmpfiles-guard")
+    audit = audit_for(ctx, settings, "tmpfiles-guard")
+    try:
+        parent = ctx.path(os.path.dirname(GUARD_FILE))
+        if not os.path.isdir(parent) and os.path.isdir(os.path.dirname(parent)):
+            os.mkdir(parent, 0o755)
+        safefs.write_atomic(root, GUARD_FILE, new.encode(), 0o644)
+    except OSError as e:
+        say(f"FAILED: cannot write {GUARD_FILE}: {e.strerror}")
+        audit.record("write", "failed", file=GUARD_FILE, detail=str(e.strerror))
+        return FAILED
+    finally:
+        lock.release()
+    missing = verify(ctx)
+    if missing:
+        say(f"FAILED: written, but still not guarded: {', '.join(missing)} (another tmpfiles.d "
+            "file may override it; see 'systemd-tmpfiles --cat-config')")
+        audit.record("write", "failed", file=GUARD_FILE, detail="not guarded: " +
+                     ", ".join(missing))
+        return FAILED
+    say(f"written; every instance is excluded from cleaning ({len(guarded_paths(config.mps))} "
+        "paths)")
+    audit.record("write", "ok", file=GUARD_FILE, paths=" ".join(guarded_paths(config.mps)))
+    return DONE

@@ -1,0 +1,282 @@
+"""``mps-health remediate reset`` on a real GPU: each fault repaired, timed; clients refused.
+
+Run on the GPU node as root: ``python3 -m pytest -m gpu tests/gpu -v -s`` (after
+``python3 -m pip install --no-deps --no-build-isolation -e .``). Every daemon runs on a
+private pipe dir under /tmp/mpsh-gpu-*, never /tmp/nvidia-mps, and is quit at the end;
+no GPU setting is changed. With MPS_HEALTH_GPU_FAKE=1 the same tests run on CPU against
+tests/fakes/nvidia-cuda-mps-control (the torch client test is skipped there).
+
+Each test prints what it saw (check and reset outputs, timings) for docs/gpu-validation.md.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List, NamedTuple, Optional
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HERE = Path(__file__).resolve().parent
+FAKE_CONTROL = str(HERE.parent / "fakes" / "nvidia-cuda-mps-control")
+USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
+
+
+def real_control() -> Optional[str]:
+    found = shutil.which("nvidia-cuda-mps-control")
+    if found and os.path.realpath(found) != os.path.realpath(FAKE_CONTROL) \
+            and shutil.which("nvidia-smi"):
+        return found
+    return None
+
+
+CONTROL = FAKE_CONTROL if USE_FAKE else real_control()
+if CONTROL is None:
+    pytest.skip("needs a GPU with the MPS binaries (or MPS_HEALTH_GPU_FAKE=1 on CPU)",
+                allow_module_level=True)
+if os.geteuid() != 0:
+    pytest.skip("run as root: reset ends daemons and repairs dirs", allow_module_level=True)
+try:
+    import mps_health.remediation  # noqa: F401
+except ImportError:
+    pytest.fail("mps_health is not installed: python3 -m pip install --no-deps "
+                "--no-build-isolation -e .", pytrace=False)
+
+
+class Inst(NamedTuple):
+    base: Path
+    pipe: Path
+    log: Path
+    cfg: str
+
+
+TIMINGS: List[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_timings() -> Iterator[None]:
+    """The summary for docs/gpu-validation.md, printed after the module's tests."""
+    yield
+    print("\nfault-to-healthy timings (" + ("fake daemon" if USE_FAKE else "real MPS") + "):")
+    for line in TIMINGS:
+        print("  " + line)
+
+
+def cli(*args: str, timeout: float = 120, show: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
+                       text=True, timeout=timeout)
+    if show:
+        print(f"$ mps-health {' '.join(args)}  -> exit {r.returncode}")
+        print((r.stdout + r.stderr).rstrip())
+    return r
+
+
+def control(inst: Inst, command: str, timeout: float = 10) -> str:
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(inst.pipe),
+               CUDA_MPS_LOG_DIRECTORY=str(inst.log))
+    r = subprocess.run([CONTROL], input=command + "\n", env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return r.stdout
+
+
+def daemon_pid(inst: Inst) -> Optional[int]:
+    """The live control daemon whose environ names this pipe dir (root reads environ)."""
+    from mps_health.probes.proc import read_processes
+
+    for p in read_processes("/proc"):
+        if p.role == "control" and p.pipe_dir == str(inst.pipe) and p.state not in ("Z", "X"):
+            return p.pid
+    return None
+
+
+def problems(inst: Inst) -> List[str]:
+    r = cli("check", "--config", inst.cfg, "--only", "daemon,control,directories",
+            "--format", "json", show=False)
+    found = [p for p in json.loads(r.stdout)["problems"] if p["instance"] == "node"]
+    for p in found:
+        print(f"  check: {p['state']} {p['code']}: {p['message']}")
+    return [p["code"] for p in found]
+
+
+@pytest.fixture
+def inst() -> Iterator[Inst]:
+    base = Path(tempfile.mkdtemp(prefix="mpsh-gpu-", dir="/tmp"))
+    base.chmod(0o755)
+    pipe, log = base / "pipe", base / "log"
+    for d in (pipe, log):
+        d.mkdir()
+        d.chmod(0o777)
+    cfg = base / "config.yaml"
+    cfg.write_text(f"""
+run_dir: {base}/run
+state_dir: {base}/state
+commands:
+  nvidia-cuda-mps-control: {CONTROL}
+mps:
+  pipe_dir: {pipe}
+  log_dir: {log}
+remediation:
+  audit_log: {base}/audit.log
+  syslog: false
+  quit_timeout_s: 5
+  term_timeout_s: 5
+""")
+    i = Inst(base, pipe, log, str(cfg))
+    start = subprocess.run([CONTROL, "-d"], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe),
+                                                     CUDA_MPS_LOG_DIRECTORY=str(log)),
+                           capture_output=True, text=True, timeout=30)
+    assert start.returncode == 0, start.stdout + start.stderr
+    deadline = time.monotonic() + 15
+    while control(i, "get_default_active_thread_percentage").strip() == "" and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        yield i
+    finally:
+        pid = daemon_pid(i)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                control(i, "quit", timeout=15)
+            time.sleep(0.5)
+            pid = daemon_pid(i)
+            if pid is not None:  # by the PID we verified, never by name
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def repair_and_time(inst: Inst, fault: str, t_fault: float) -> None:
+    found = problems(inst)
+    print(f"fault {fault}: the check finds {found}")
+    assert found, f"{fault}: the check saw nothing wrong"
+    t0 = time.monotonic()
+    r = cli("remediate", "reset", "--config", inst.cfg)
+    reset_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert problems(inst) == [], f"{fault}: still unhealthy after reset"
+    total = time.monotonic() - t_fault
+    line = f"{fault:<24} found {','.join(found):<40} reset {reset_s:5.2f}s  fault-to-healthy " \
+           f"{total:5.2f}s"
+    TIMINGS.append(line)
+    print("TIMING " + line)
+
+
+def test_stale_dir_after_sigkill(inst: Inst) -> None:
+    pid = daemon_pid(inst)
+    assert pid is not None
+    t = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    print("pipe dir after SIGKILL:", sorted(os.listdir(inst.pipe)))
+    repair_and_time(inst, "stale dir (SIGKILL)", t)
+
+
+def test_wedged_daemon_sigstop(inst: Inst) -> None:
+    pid = daemon_pid(inst)
+    assert pid is not None
+    t = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    repair_and_time(inst, "wedged daemon (SIGSTOP)", t)
+    assert daemon_pid(inst) != pid
+
+
+def test_wrong_mode_0700(inst: Inst) -> None:
+    t = time.monotonic()
+    inst.pipe.chmod(0o700)
+    repair_and_time(inst, "pipe dir mode 0700", t)
+    assert stat.S_IMODE(os.lstat(inst.pipe).st_mode) == 0o777
+
+
+def test_symlinked_pipe_dir(inst: Inst) -> None:
+    pid = daemon_pid(inst)
+    control(inst, "quit", timeout=15)
+    sensitive = inst.base / "sensitive"
+    sensitive.mkdir(mode=0o700)
+    (sensitive / "data").write_text("do not touch\n")
+    before = sorted(os.listdir(sensitive)), stat.S_IMODE(os.lstat(sensitive).st_mode)
+    shutil.rmtree(inst.pipe)
+    t = time.monotonic()
+    inst.pipe.symlink_to(sensitive)
+    repair_and_time(inst, "symlinked pipe dir", t)
+    assert (sorted(os.listdir(sensitive)), stat.S_IMODE(os.lstat(sensitive).st_mode)) == before
+    assert not inst.pipe.is_symlink() and daemon_pid(inst) not in (None, pid)
+
+
+TORCH_CLIENT = r"""
+import os, sys, time
+import torch
+x = torch.ones(1 << 20, device="cuda")
+torch.cuda.synchronize()
+open(sys.argv[1], "w").write(str(os.getpid()))
+while True:
+    x = x * 1.0001
+    torch.cuda.synchronize()
+    time.sleep(0.05)
+"""
+
+TORCH_ONCE = r"""
+import torch
+x = torch.ones(1 << 20, device="cuda") * 2
+torch.cuda.synchronize()
+print("sum", float(x.sum()))
+"""
+
+
+@pytest.mark.skipif(USE_FAKE, reason="needs CUDA and torch")
+def test_a_torch_client_makes_reset_refuse_and_force_loses_only_it(inst: Inst) -> None:
+    pytest.importorskip("torch")
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(inst.pipe),
+               CUDA_MPS_LOG_DIRECTORY=str(inst.log))
+    ready = inst.base / "client.ready"
+    client = subprocess.Popen([sys.executable, "-c", TORCH_CLIENT, str(ready)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and client.poll() is None:
+            time.sleep(0.2)
+        assert ready.exists(), "the torch client did not start: " + (client.stderr.read()
+                                                                     if client.poll() is not None
+                                                                     else "timeout")
+        servers = control(inst, "get_server_list").split()
+        clients = [c for s in servers for c in control(inst, f"get_client_list {s}").split()]
+        print(f"servers {servers}, clients {clients}, torch pid {client.pid}")
+        assert str(client.pid) in clients, "the torch client is not an MPS client"
+        inst.pipe.chmod(0o700)  # something to repair while the client is connected
+        refused = cli("remediate", "reset", "--config", inst.cfg)
+        assert refused.returncode == 1
+        assert f"client(s) connected: {client.pid}" in refused.stdout
+        assert client.poll() is None, "a refused reset must not touch the client"
+        old_daemon = daemon_pid(inst)
+        t0 = time.monotonic()
+        forced = cli("remediate", "reset", "--config", inst.cfg, "--force")
+        print(f"forced reset took {time.monotonic() - t0:.2f}s")
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        try:
+            rc = client.wait(60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        err = client.stderr.read() if rc is not None else ""
+        print(f"torch client after the forced reset: exit {rc}; stderr tail: {err[-600:]}")
+        assert rc not in (None, 0), "the client should have lost its MPS server"
+        assert problems(inst) == []
+        assert daemon_pid(inst) not in (None, old_daemon)
+        again = subprocess.run([sys.executable, "-c", TORCH_ONCE], env=env, capture_output=True,
+                               text=True, timeout=120)
+        print("a new client through the new daemon:", again.returncode, again.stdout.strip(),
+              again.stderr.strip()[-300:])
+        assert again.returncode == 0 and "sum" in again.stdout
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()

@@ -1,0 +1,152 @@
+"""Helpers for the remediation tests: private trees, configs, a test user, clean-up by PID."""
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+from conftest import FAKE_CONTROL
+from mps_health.probes.proc import read_processes
+
+TEST_USER = "mpsh-remtest"
+
+
+def mps_health(*args: str, env: Optional[dict] = None, timeout: float = 60
+               ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+def healthcheck_exe() -> str:
+    """The installed console script slurm.conf names (next to this Python, or on PATH)."""
+    exe = Path(sys.executable).parent / "mps-health-healthcheck"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("mps-health-healthcheck")
+    assert found, "mps-health-healthcheck is not installed (pip install -e .)"
+    return found
+
+
+def kill_daemons_under(base: str) -> None:
+    """End every fake MPS process whose pipe dir is under ``base`` (ours), by PID."""
+    for p in read_processes("/proc"):
+        if p.pipe_dir and p.pipe_dir.startswith(base.rstrip("/") + "/") and p.state != "Z":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+                os.kill(p.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """A private dir others may traverse (a daemon run as the test user must reach it)."""
+    base = Path(tempfile.mkdtemp(prefix="mpsh-rem-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        kill_daemons_under(str(base))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def test_user() -> Iterator[pwd.struct_passwd]:
+    """An ordinary user for foreign-owned dirs and per-user daemons (created, then removed)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a test user")
+    created = False
+    try:
+        pw = pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        TEST_USER], check=True, capture_output=True)
+        created = True
+        pw = pwd.getpwnam(TEST_USER)
+    yield pw
+    if created:
+        subprocess.run(["userdel", TEST_USER], capture_output=True)
+
+
+def write_config(base: Path, extra: str = "", layout: str = "node", pipe: str = "",
+                 log: str = "", remediation: str = "") -> str:
+    pipe = pipe or f"{base}/pipe"
+    log = log or f"{base}/log"
+    text = f"""
+run_dir: {base}/run
+state_dir: {base}/state
+commands:
+  nvidia-cuda-mps-control: {FAKE_CONTROL}
+control:
+  timeout_s: 1.0
+mps:
+  layout: {layout}
+  pipe_dir: {pipe}
+  log_dir: {log}
+{extra}
+remediation:
+  audit_log: {base}/audit.log
+  syslog: false
+  quit_timeout_s: 2
+  term_timeout_s: 2
+  verify_timeout_s: 10
+{remediation}
+"""
+    path = base / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def make_dirs(*paths: Path, mode: int = 0o777) -> None:
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+        p.chmod(mode)
+
+
+def start_fake(pipe: Path, log: Path, **env: str) -> int:
+    """A fake daemon on ``pipe`` (as root); returns its PID."""
+    full = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log),
+                **env)
+    subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=full, check=True, timeout=10)
+    return wait_pid_file(pipe)
+
+
+def wait_pid_file(pipe: Path, old: Optional[int] = None, timeout: float = 10.0) -> int:
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            if pid != old:
+                return pid
+        time.sleep(0.02)
+    raise AssertionError(f"no new pid file in {pipe}")
+
+
+def daemons_of(pipe: Path) -> List[int]:
+    return [p.pid for p in read_processes("/proc")
+            if p.role == "control" and p.pipe_dir == str(pipe) and p.state not in ("Z", "X")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def environ_of(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = f.read().split(b"\0")
+    return dict(i.decode().split("=", 1) for i in items if b"=" in i)
+
+
+def uid_of(pid: int) -> int:
+    return os.stat(f"/proc/{pid}").st_uid

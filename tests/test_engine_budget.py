@@ -1,0 +1,31 @@
+"""A wedged daemon under a budget shorter than the control timeout is still CRITICAL.
+
+The control source bounds its query by the run's deadline; the engine must wait the
+moment it takes to turn the killed query into a fact, or the daemon that hangs every
+client would be reported UNKNOWN (facts-unavailable) and the health check would never
+drain for it.
+"""
+
+import json
+import signal
+import time
+
+from conftest import node_config
+from remhelp import mps_health
+
+
+def test_wedged_daemon_is_critical_when_the_budget_ends_first(tmp_path, fake_daemon) -> None:
+    d = fake_daemon()
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 60\n")
+    d.signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = mps_health("check", "--config", cfg, "--only", "control", "--budget", "2",
+                       "--format", "json")
+        took = time.monotonic() - t0
+    finally:
+        d.signal(signal.SIGCONT)
+    codes = [p["code"] for p in json.loads(r.stdout)["problems"]]
+    assert r.returncode == 2, r.stdout
+    assert codes == ["control-wedged"]
+    assert took < 10

@@ -1,0 +1,166 @@
+"""``remediate orphans``, ``drain`` and ``resume`` against a real slurmctld and squeue."""
+# ruff: noqa: F811  (the fixtures tree and test_user come from remhelp)
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import FAKE_CONTROL
+from mps_health.remediation.slurmnode import parse_show_node
+from remhelp import (  # noqa: F401
+    alive,
+    daemons_of,
+    make_dirs,
+    mps_health,
+    test_user,
+    tree,
+    uid_of,
+    wait_pid_file,
+    write_config,
+)
+from slurm_fixture import _require
+from slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+NODE = "remnode"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    _require()
+    c = SlurmCluster(node_name=NODE).start()
+    yield c
+    c.stop()
+
+
+def per_job_config(base: Path, cluster: SlurmCluster) -> str:
+    cfg = Path(write_config(base, layout="per-job", pipe=f"{base}/nvidia-mps_job{{job}}",
+                            log=f"{base}/nvidia-log_job{{job}}",
+                            remediation="  orphan_min_age_s: 0"))
+    cfg.write_text(f"node_name: {NODE}\n" + cfg.read_text())
+    return str(cfg)
+
+
+def user_daemon(base: Path, job: str, user) -> int:
+    """A per-job fake daemon run by the job's user, in dirs that user owns."""
+    pipe, log = base / f"nvidia-mps_job{job}", base / f"nvidia-log_job{job}"
+    make_dirs(pipe, log, mode=0o700)
+    for d in (pipe, log):
+        os.chown(d, user.pw_uid, user.pw_gid)
+    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    subprocess.run([FAKE_CONTROL, "-d"], env=env, user=user.pw_uid, group=user.pw_gid,
+                   extra_groups=[], cwd="/", check=True, timeout=10)
+    return wait_pid_file(pipe)
+
+
+def run(cluster: SlurmCluster, cfg: str, *args: str) -> subprocess.CompletedProcess:
+    return mps_health("remediate", *args, "--config", cfg, env={"SLURM_CONF": str(cluster.conf)})
+
+
+def test_orphans_of_ended_jobs_are_quit_as_their_user_and_removed(cluster: SlurmCluster,
+                                                                   tree: Path,
+                                                                   test_user) -> None:
+    job = cluster.start_job(["srun", "sleep", "120"])
+    try:
+        (running,) = cluster.wait_running(1)
+        live = user_daemon(tree, running, test_user)
+        gone = user_daemon(tree, "99999", test_user)
+        target = tree / "precious"
+        make_dirs(target)
+        (target / "keep").write_text("k")
+        (tree / "nvidia-mps_job88888").symlink_to(target)  # an orphan entry that is a symlink
+        cfg = per_job_config(tree, cluster)
+        dry = run(cluster, cfg, "orphans", "--dry-run")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert f"jobs Slurm lists here: {running}" in dry.stdout
+        assert "job99999 (job 99999" in dry.stdout and "job88888" in dry.stdout
+        assert f"job{running} " not in dry.stdout
+        assert f"as its user (uid {test_user.pw_uid})" in dry.stdout
+        assert alive(gone)
+        r = run(cluster, cfg, "orphans")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"quit as {test_user.pw_name}" in r.stdout
+        assert not alive(gone)
+        assert not (tree / "nvidia-mps_job99999").exists()
+        assert not (tree / "nvidia-log_job99999").exists()
+        assert not os.path.lexists(tree / "nvidia-mps_job88888")
+        assert (target / "keep").read_text() == "k"  # the symlink's target is untouched
+        assert alive(live) and (tree / f"nvidia-mps_job{running}").is_dir()
+        assert uid_of(live) == test_user.pw_uid
+        audit = (tree / "audit.log").read_text()
+        assert "action=orphans event=remove result=ok instance=job99999" in audit
+    finally:
+        cluster.cancel_all()
+        job.wait(30)
+
+
+def test_no_job_list_means_no_orphan(cluster: SlurmCluster, tree: Path, test_user) -> None:
+    pid = user_daemon(tree, "77777", test_user)
+    cfg = per_job_config(tree, cluster)
+    cluster.stop_controller()
+    try:
+        r = run(cluster, cfg, "orphans")
+    finally:
+        cluster.start_controller()
+        cluster.wait_state(lambda st: st.startswith("IDLE"), 60)
+    assert r.returncode == 3
+    assert "cannot list the jobs on remnode, so no instance is judged an orphan" in r.stderr
+    assert alive(pid) and (tree / "nvidia-mps_job77777").is_dir()
+
+
+def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, tree: Path) -> None:
+    cluster.wait_state(lambda st: st.startswith("IDLE") and "DRAIN" not in st, 60)
+    cfg = per_job_config(tree, cluster)
+    r = run(cluster, cfg, "drain", "--reason", "resetting MPS")
+    assert r.returncode == 0, r.stdout + r.stderr
+    v = parse_show_node(cluster.scontrol("show", "node", NODE, "-o"))
+    assert "DRAIN" in v.flags and v.reason == "MPS-HC: manual: resetting MPS"
+    again = run(cluster, cfg, "drain")
+    assert again.returncode == 0 and "already drained by us" in again.stdout
+    back = run(cluster, cfg, "resume")
+    assert back.returncode == 0 and "resumed" in back.stdout
+    assert "DRAIN" not in parse_show_node(cluster.scontrol("show", "node", NODE, "-o")).flags
+    cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN", "Reason=firmware update")
+    try:
+        refused = run(cluster, cfg, "resume")
+        assert refused.returncode == 1
+        assert "refused: drained by someone else (firmware update): left alone" in refused.stdout
+        over = run(cluster, cfg, "drain", "--reason", "mine")
+        assert over.returncode == 1
+        v = parse_show_node(cluster.scontrol("show", "node", NODE, "-o"))
+        assert v.reason == "firmware update"
+    finally:
+        cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+    audit = (tree / "audit.log").read_text()
+    assert "action=drain event=drain result=ok" in audit
+    assert "action=resume event=resume result=refused" in audit
+
+
+def test_per_job_reset_restarts_the_daemon_as_the_jobs_user(cluster: SlurmCluster, tree: Path,
+                                                           test_user) -> None:
+    cluster.wait_state(lambda st: st.startswith("IDLE") and "DRAIN" not in st, 60)
+    job = cluster.start_job(["srun", "sleep", "120"], user=test_user.pw_name)
+    try:
+        (running,) = cluster.wait_running(1)
+        old = user_daemon(tree, running, test_user)
+        os.kill(old, 9)  # stale, as after a crash
+        cfg = per_job_config(tree, cluster)
+        r = run(cluster, cfg, "reset", f"job{running}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"as {test_user.pw_name} (uid {test_user.pw_uid})" in r.stdout
+        (new,) = daemons_of(tree / f"nvidia-mps_job{running}")
+        assert uid_of(new) == test_user.pw_uid
+        assert os.lstat(tree / f"nvidia-mps_job{running}").st_uid == test_user.pw_uid
+        gone = run(cluster, cfg, "reset", "job424242")
+        assert gone.returncode == 3 and "no MPS instance named 'job424242'" in gone.stderr
+        make_dirs(tree / "nvidia-mps_job55555", tree / "nvidia-log_job55555")
+        ended = run(cluster, cfg, "reset", "job55555")
+        assert ended.returncode == 3
+        assert "job 55555 is not on this node any more: its instance is an orphan" in ended.stderr
+    finally:
+        cluster.cancel_all()
+        job.wait(30)
