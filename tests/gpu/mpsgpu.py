@@ -63,7 +63,9 @@ class Mps:
         self.config.write_text(
             f"run_dir: {base}/run\nstate_dir: {base}/state\n"
             f"mps:\n  pipe_dir: {self.pipe}\n  log_dir: {self.log}\n"
-            "control:\n  timeout_s: 2.0\n")
+            "control:\n  timeout_s: 2.0\n"
+            # strays judges the whole node, where other tests' daemons may run.
+            "checks:\n  disable: [strays]\n")
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if gpu is not None:

@@ -38,6 +38,11 @@ def codes(r: subprocess.CompletedProcess) -> list:
 LAST_TOOK = [0.0]
 
 
+def healthy(r: subprocess.CompletedProcess) -> bool:
+    """OK, or only the servers check's reminder that this test restarted the daemon."""
+    return r.returncode in (0, 1) and set(codes(r)) <= {"daemon-restarted"}
+
+
 def timed_check(m: Mps, label: str) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
     r = m.check("--format", "json")
@@ -68,7 +73,7 @@ def test_healthy_then_each_fault(mps: Mps) -> None:
     assert r.returncode == 2 and "daemon-stale" in codes(r)
     again = mps.start()
     say(f"-d in the stale dir: rc {again.returncode} {again.stdout.strip()!r}")
-    assert timed_check(mps, "restarted in the stale dir").returncode == 0
+    assert healthy(timed_check(mps, "restarted in the stale dir"))
 
     # SIGSTOP: wedged, reported within the control timeout + 0.5 s.
     pid = mps.daemon_pid()
@@ -78,14 +83,14 @@ def test_healthy_then_each_fault(mps: Mps) -> None:
     os.kill(pid, signal.SIGCONT)
     assert LAST_TOOK[0] <= 2.0 + 0.5, "wedged daemon not reported within timeout + 0.5 s"
     assert r.returncode == 2 and {"daemon-stopped", "control-wedged"} <= set(codes(r))
-    assert timed_check(mps, "SIGCONT").returncode == 0
+    assert healthy(timed_check(mps, "SIGCONT"))
 
     # chmod 0700 of the pipe dir.
     mps.pipe.chmod(0o700)
     r = timed_check(mps, "pipe dir chmod 0700")
     assert r.returncode == 2 and "pipe-dir-mode" in codes(r)
     mps.pipe.chmod(0o777)
-    assert timed_check(mps, "pipe dir 0777 again").returncode == 0
+    assert healthy(timed_check(mps, "pipe dir 0777 again"))
 
     # Log dir removed (the running daemon keeps its open files).
     moved_log = mps.log.with_name("log-moved-away")
