@@ -110,11 +110,22 @@ def main() -> int:
     try:
         rc = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
         print(f"check on the healthy node: exit {rc.returncode}: {rc.stdout.splitlines()[0]}")
+        # The same check with no site-packages processing at all (python -S -E, the
+        # package's folder put on sys.path by hand): on an interpreter whose .pth files
+        # are slow (a torch venv spends ~100 ms there), this is the check's own cost.
+        import mps_health
+
+        pkg_parent = str(Path(mps_health.__file__).resolve().parent.parent)
+        bare_check = [args.python, "-S", "-E", "-c",
+                      f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
+                      "from mps_health.cli import main; rc = main(sys.argv[1:]); "
+                      "sys.stdout.flush(); os._exit(rc)", *check[1:]]
         results: Dict[str, List[float]] = {"python": [], "isolated": [], "check": [],
-                                           "config": [], "audit": []}
+                                           "bare": [], "config": [], "audit": []}
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
-            results["isolated"] += timed([args.python, "-I", "-S", "-c", "pass"], env, 1)
+            results["isolated"] += timed([args.python, "-S", "-E", "-c", "pass"], env, 1)
+            results["bare"] += timed(bare_check, env, 1)
             results["check"] += timed(check, env, 1)
             results["config"] += timed(with_config, env, 1)
             results["audit"] += timed(["sh", str(audit)], env, 1)
@@ -122,13 +133,16 @@ def main() -> int:
         print(f"\nhealthy node, median of {args.runs} runs:")
         iso = med(results["isolated"])
         print(f"  python3 -c pass          {base * 1000:7.1f} ms  (baseline)")
-        print(f"  python3 -I -S -c pass    {iso * 1000:7.1f} ms  (no site-packages at all: "
+        print(f"  python3 -S -E -c pass    {iso * 1000:7.1f} ms  (no site-packages at all: "
               "what this interpreter's .pth files cost is the difference)")
         c = med(results["check"])
         what = "no config file" if use_defaults else "with a config file"
         print(f"  mps-health check         {c * 1000:7.1f} ms  ratio {c / base:.2f} "
               f"(goal <= 1.5; {what})")
         print(f"  check beyond the baseline: {(c - base) * 1000:+.1f} ms")
+        b = med(results["bare"])
+        print(f"  check under python3 -S -E {b * 1000:6.1f} ms  ratio {b / iso:.2f} against "
+              "python3 -S -E -c pass (the check's own cost, no .pth at all)")
         y = med(results["config"])
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
