@@ -56,3 +56,17 @@ def test_environ_gives_pipe_dir_and_default(tmp_path: Path) -> None:
 def test_live_proc_finds_nothing_or_only_mps() -> None:
     for p in proc.read_processes("/proc"):
         assert p.role in ("control", "server", "unknown")
+
+
+@pytest.mark.parametrize("captured,role", [("proc_h200-daemon", "control"),
+                                           ("proc_h200-server", "server")])
+def test_real_h200_processes(tmp_path: Path, captured: str, role: str) -> None:
+    """/proc files of the real daemon and server, captured on the H200 (tests/gpu)."""
+    src = FIXTURES / captured
+    d = tmp_path / "proc" / "4242"
+    d.mkdir(parents=True)
+    for name in ("stat", "status", "cmdline", "comm", "environ"):
+        (d / name).write_bytes((src / name).read_bytes())
+    [fact] = proc.read_processes(str(tmp_path / "proc"))
+    assert fact.role == role and fact.state == "S" and fact.uid == 0
+    assert fact.pipe_dir is not None and fact.pipe_dir.startswith("/tmp/mpsh-")
