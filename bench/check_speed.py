@@ -120,12 +120,14 @@ def main() -> int:
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
                       "from mps_health.cli import main; rc = main(sys.argv[1:]); "
                       "sys.stdout.flush(); os._exit(rc)", *check[1:]]
+        core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
         results: Dict[str, List[float]] = {"python": [], "isolated": [], "check": [],
-                                           "bare": [], "config": [], "audit": []}
+                                           "bare": [], "core": [], "config": [], "audit": []}
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
             results["isolated"] += timed([args.python, "-S", "-E", "-c", "pass"], env, 1)
             results["bare"] += timed(bare_check, env, 1)
+            results["core"] += timed(core_only, env, 1)
             results["check"] += timed(check, env, 1)
             results["config"] += timed(with_config, env, 1)
             results["audit"] += timed(["sh", str(audit)], env, 1)
@@ -143,6 +145,9 @@ def main() -> int:
         b = med(results["bare"])
         print(f"  check under python3 -S -E {b * 1000:6.1f} ms  ratio {b / iso:.2f} against "
               "python3 -S -E -c pass (the check's own cost, no .pth at all)")
+        k = med(results["core"])
+        print(f"  ... core checks only     {k * 1000:6.1f} ms  ratio {k / iso:.2f} (daemon, control, "
+              "directories, tmpfiles: the first issue's set)")
         y = med(results["config"])
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
