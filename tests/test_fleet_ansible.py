@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from remhelp import make_dirs, mps_health, start_fake, tree  # noqa: F401
@@ -44,7 +43,7 @@ def node_state(base: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def test_role_audit_reset(tree: Path, dists) -> None:  # noqa: F811
+def test_role_audit_reset(tree: Path, dists) -> None:
     base = tree
     pipe, log = base / "pipe", base / "log"
     make_dirs(pipe, log)
