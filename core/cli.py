@@ -21,6 +21,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
     "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
     "slurm": ("mps_health.slurm.command", "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": ("mps_health.remediation.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
 }
 
 
