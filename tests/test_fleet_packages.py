@@ -38,9 +38,8 @@ def test_pipx_install(dists, tmp_path: Path) -> None:
                PIPX_MAN_DIR=str(tmp_path / "man"))
     r = _run([pipx, "install", "--system-site-packages", str(dists.wheel)], env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    # pipx exposes entry points only; mps-health itself is a plain script (script-files,
-    # for start-up speed), so it stays in the pipx venv: docs/fleet.md says to link it.
-    v = _run([str(tmp_path / "pipx/venvs/mps-health/bin/mps-health"), "--version"])
+    # pipx links the entry points onto PATH: mps-health, check_mps, mps-health-healthcheck.
+    v = _run([str(tmp_path / "bin/mps-health"), "--version"])
     assert v.returncode == 0 and v.stdout.strip() == "mps-health 0.1.0", v
     assert (tmp_path / "bin/mps-health-healthcheck").exists()
     n = _run([str(tmp_path / "bin/check_mps"), "-V"])

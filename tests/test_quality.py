@@ -25,7 +25,9 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
     assert {t for t in tops if not t.startswith("mps_health-")} == {"mps_health"}
     for sub in ("checks", "exporters", "remediation", "slurm", "probes", "commands"):
         assert f"mps_health/{sub}/__init__.py" in names
-    assert any(n.endswith("scripts/mps-health") for n in names)
+    entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names
+                        if n.endswith("entry_points.txt"))
+    assert "mps-health = mps_health.cli:console_main" in entry_points
 
 
 def _link_tree(root: Path) -> Path:
