@@ -7,29 +7,19 @@ killed with its whole process group at the timeout. Output goes to unlinked temp
 files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
 its inherited descriptors, and a pipe would then never reach end-of-file.
 
-This is the job-hook twin of the remediation branch's ``runner.RunAs`` (same fields);
-once that is in the core runner, :func:`run_as` can become ``runner.run(...,
-as_user=...)``. ``subprocess`` is imported here only: the plain check never loads it.
+It takes the core runner's ``RunAs``. It keeps its own loop because hooks want the
+output in files, not pipes, whatever the daemon does with them. ``subprocess`` is
+imported here only: the plain check never loads it.
 """
 
 import os
 import signal
 import time
-from typing import Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence
 
-from mps_health.runner import Completed
+from mps_health.runner import Completed, RunAs
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class RunAs(NamedTuple):
-    """Run a command as this user (the caller must be root), from ``cwd``, with ``umask``."""
-
-    uid: int
-    gid: int
-    groups: Tuple[int, ...] = ()
-    cwd: str = "/"
-    umask: int = 0o022
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
