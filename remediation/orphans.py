@@ -16,6 +16,7 @@ import os
 import time
 from typing import Collection, List, Mapping, Sequence, Tuple
 
+from mps_health import processes as procs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
@@ -25,7 +26,7 @@ from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
 from mps_health.runner import run as run_command
 
-from . import procs, safefs
+from . import safefs
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
 from .settings import RemediationSettings, remediation
 from .users import by_uid, groups_of

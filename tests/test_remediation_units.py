@@ -11,11 +11,12 @@ import pytest
 from conftest import fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
+from mps_health import processes as procs
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
 from mps_health.probes.slurm import SlurmNode, parse_node_line
-from mps_health.remediation import detach, dirs, hcstate, procs, safefs, settings, slurmnode
+from mps_health.remediation import detach, dirs, hcstate, safefs, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
@@ -242,9 +243,31 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
     assert procs.end("/proc", reused, 1.0).outcome == "replaced"
+    other_user = fact._replace(uid=fact.uid + 1)  # "the same PID, another owner"
+    assert procs.end("/proc", other_user, 1.0).outcome == "replaced"
     assert alive(pid)
     assert procs.end("/proc", fact, 1.0).outcome == "terminated"
     assert not alive(pid)
+
+
+def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(tree: Path) -> None:
+    server = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
+    started = [subprocess.Popen([server], stdout=subprocess.PIPE, text=True,
+                                env={"PATH": "/usr/bin:/bin", "FAKE_MPS_IGNORE_TERM": "1",
+                                     "CUDA_MPS_PIPE_DIRECTORY": str(tree)})
+               for _ in range(3)]
+    try:
+        for s in started:
+            assert s.stdout is not None and s.stdout.readline() == "ready\n"
+        facts = [read_process("/proc", s.pid) for s in started]
+        assert all(f is not None and f.role == "server" for f in facts)
+        ended = procs.end_all("/proc", [f for f in facts if f is not None], 0.5)
+        assert [e.outcome for e in ended] == ["killed"] * 3
+        assert all(s.wait(5) == -9 for s in started)
+    finally:
+        for s in started:
+            s.kill()
+            s.wait()
 
 
 def test_the_processes_of_an_instance() -> None:
