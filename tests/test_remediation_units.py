@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
+from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import detach, dirs, hcstate, procs, safefs, settings, slurmnode
-from mps_health.remediation.jobs import parse_squeue
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
@@ -23,14 +23,14 @@ from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
 TAG = "MPS-HC:"
 
 
-def node(name: str) -> slurmnode.NodeView:
-    return slurmnode.parse_show_node(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
+def node(name: str) -> SlurmNode:
+    return parse_node_line(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
 
 
 # --- scontrol show node -o (Slurm 22.05, captured from the test cluster) --------------
 def test_parse_idle_node() -> None:
     v = node("idle")
-    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", {"IDLE"}, "")
+    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", ("IDLE",), "")
 
 
 def test_parse_our_drain_strips_slurms_user_and_time() -> None:
@@ -44,7 +44,7 @@ def test_parse_our_drain_strips_slurms_user_and_time() -> None:
 def test_parse_reason_with_spaces_and_commas() -> None:
     v = node("drained-by-admin-not-responding")
     assert v.reason == "disk replaced, ticket 123"
-    assert {"IDLE", "DRAIN", "NOT_RESPONDING"} == v.flags
+    assert v.flags == ("IDLE", "DRAIN", "NOT_RESPONDING")
 
 
 @pytest.mark.parametrize("name, drain, resume", [
@@ -67,7 +67,7 @@ def test_why_a_drain_is_refused_is_said() -> None:
     assert slurmnode.may_drain(node("drained-by-admin-not-responding"), TAG) == \
         (False, "already drained by someone else (disk replaced, ticket 123): left alone")
     assert slurmnode.may_drain(node("drained-mps-hc"), TAG) == (False, "already drained by us")
-    human = slurmnode.NodeView("n", "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), "disk replaced")
+    human = SlurmNode("n", "IDLE+DRAIN", ("IDLE", "DRAIN"), "disk replaced", (), None)
     assert slurmnode.may_drain(human, TAG) == \
         (False, "already drained by someone else (disk replaced): left alone")
     assert slurmnode.may_resume(human, TAG) == \
@@ -76,14 +76,14 @@ def test_why_a_drain_is_refused_is_said() -> None:
 
 def test_no_such_node_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a node record: 'Node nosuch not found'"):
-        slurmnode.parse_show_node(
+        parse_node_line(
             fixture_text("scontrol_show_node_-o__slurm-22.05_no-such-node.txt"))
 
 
 @given(st.text())
 def test_any_text_parses_or_fails_clearly(text: str) -> None:
     try:
-        v = slurmnode.parse_show_node(text)
+        v = parse_node_line(text)
     except ValueError as e:
         assert str(e)
     else:
@@ -94,17 +94,6 @@ def test_reason_text_is_one_bounded_line() -> None:
     r = slurmnode.reason_text(TAG, "control-wedged gpu0:", "a\nlong " + "x" * 300)
     assert r.startswith("MPS-HC: control-wedged gpu0: a long x")
     assert len(r) == 120 and "\n" not in r and r.endswith("...")
-
-
-# --- squeue --------------------------------------------------------------------------------
-def test_parse_squeue_one_job() -> None:
-    jobs = parse_squeue(fixture_text("squeue_--noheader_--format_A-U-T__slurm-22.05_one-job.txt"))
-    assert list(jobs) == ["1"] and jobs["1"].uid == 0 and jobs["1"].state == "RUNNING"
-
-
-def test_garbled_squeue_is_an_error_not_an_empty_list() -> None:
-    with pytest.raises(ValueError, match="squeue line 1 is not 'JOBID UID STATE'"):
-        parse_squeue("slurm_load_jobs error: Unable to contact slurm controller\n")
 
 
 def test_orphans_are_instances_whose_job_slurm_does_not_list() -> None:
