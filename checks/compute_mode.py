@@ -12,7 +12,7 @@ other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 
 from typing import Iterator, Optional, Tuple
 
-from mps_health.config import Config, ConfigError
+from mps_health.config import Config
 from mps_health.facts import Facts
 from mps_health.probes.nvml import GpuFact, NvmlFacts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
@@ -92,12 +92,8 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    try:
-        gs = gpu_settings(config)
-        mps_ids = mps_gpu_ids(config)
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
-        return
+    gs = gpu_settings(config)
+    mps_ids = mps_gpu_ids(config)
     nvml: NvmlFacts = facts.sources["nvml"]  # type: ignore[assignment]
     if not nvml.available:
         yield nvml_unavailable(NAME, nvml)

@@ -19,14 +19,14 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from mps_health.config import Config
+from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.facts import ProcessFact
 
 from . import daemons, safedirs
 from .hooklog import HookLog
 from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
-from .settings import SUN_PATH_MAX, JobsSettings, socket_path_bytes
+from .settings import JobsSettings
 
 CONTROL = "nvidia-cuda-mps-control"
 
