@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
-from .facts import Facts, Instance
+from .facts import Facts
 from .results import UNKNOWN, CheckRun, Report, Result
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
@@ -134,10 +134,3 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                     dict(facts.durations), __version__)
     return facts, report
 
-
-def instance_names(facts: Facts) -> List[str]:
-    return [i.name for i in facts.instances]
-
-
-def find_instance(facts: Facts, name: str) -> Optional[Instance]:
-    return next((i for i in facts.instances if i.name == name), None)

@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from mps_health import engine
 from mps_health.config import Config
@@ -24,7 +24,6 @@ from .audit import Audit, who
 from .lock import NodeLock
 from .settings import HealthcheckSettings, healthcheck, remediation
 
-Say = Callable[[str], None]
 LOCK_NAME = "healthcheck"
 
 

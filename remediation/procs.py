@@ -46,16 +46,6 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
     return daemons, servers
 
 
-def still_same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:
-    """The live process ``fact`` describes, or None if it is gone, a zombie or another one."""
-    now = read_process(proc_dir, fact.pid)
-    if now is None or now.state in GONE_STATES:
-        return None
-    if now.start_ticks != fact.start_ticks or now.role != fact.role:
-        return None
-    return now
-
-
 def _send(pid: int, pidfd: Optional[int], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         if pidfd is not None:
