@@ -4,8 +4,8 @@ Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
 instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
 stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
 own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
-the per-gpu layout's ``mps.gpus``, else every GPU (seed 2's mixed node is
-``mps: {layout: per-gpu, gpus: [0]}`` on a 2-GPU node). PROHIBITED where something
+the per-gpu layout's ``mps.gpus``, else every GPU (a mixed node, MPS on GPU 0 and
+exclusive jobs on GPU 1, is ``mps: {layout: per-gpu, gpus: [0]}``). PROHIBITED where something
 else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
 other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 """

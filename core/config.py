@@ -163,8 +163,10 @@ def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Rec
     if per_job and "{gpu}" in m.pipe_dir and "{gpu}" not in m.log_dir:
         raise Invalid("needs {gpu} too when mps.pipe_dir has it (one daemon per GPU, each "
                       "with its own control.log)", "log_dir")
+    # Per-job: the prologs make each pipe dir, and must never meet one too long for the
+    # daemon's socket. A fixed dir too long is the directories check's pipe-path-too-long.
     longest = socket_path_bytes(m.pipe_dir.format(**LONGEST_FIELDS))
-    if longest > SUN_PATH_MAX:
+    if per_job and longest > SUN_PATH_MAX:
         raise Invalid(f"too long for a unix socket path ({longest} bytes with the largest "
                       f"field values and '/{LONGEST_ENTRY}', limit {SUN_PATH_MAX})", "pipe_dir")
     return m

@@ -34,8 +34,8 @@ def test_mixed_node_as_configured_only_reports_the_pending_mig() -> None:
     assert ("gpu0", OK, "ok") in results and ("gpu7", OK, "ok") in results
 
 
-def test_seed2_mixed_two_gpu_node() -> None:
-    # seed 2: MPS on GPU 0 only (EXCLUSIVE_PROCESS), GPU 1 for exclusive jobs (DEFAULT).
+def test_mixed_two_gpu_node() -> None:
+    # MPS on GPU 0 only (EXCLUSIVE_PROCESS), GPU 1 for exclusive jobs (DEFAULT).
     cfg = {"mps": {"layout": "per-gpu", "gpus": [0]}, "gpu": {}}
     assert problems(judge(TWO, cfg)) == []
 

@@ -8,7 +8,7 @@ import pytest
 from mps_health import config
 
 
-def test_no_file_gives_seed_defaults_without_yaml() -> None:
+def test_no_file_gives_the_defaults_without_yaml() -> None:
     code = ("import sys; from mps_health import config; "
             "c = config.load(); print(c.mps.pipe_dir, c.mps.log_dir, oct(c.mps.dir_mode)); "
             "print('yaml' in sys.modules)")
