@@ -30,7 +30,7 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
     if dry_run:
         try:
             now = slurmnode.read_node(config, node, timeout_s)
-        except slurmnode.SlurmCallError as e:
+        except slurmnode.SlurmError as e:
             say(f"  cannot read the node: {e}")
             return CANNOT
         allowed, why = (slurmnode.may_drain(now, tag) if action == "drain"
