@@ -20,7 +20,7 @@ import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
 from mps_health import processes, safedirs
-from mps_health.config import Config
+from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.facts import ProcessFact
 from mps_health.probes.proc import read_processes
 
@@ -28,7 +28,7 @@ from . import daemons
 from .hooklog import HookLog
 from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
-from .settings import SUN_PATH_MAX, JobsSettings, socket_path_bytes
+from .settings import JobsSettings
 
 CONTROL = "nvidia-cuda-mps-control"
 

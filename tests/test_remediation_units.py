@@ -20,6 +20,7 @@ from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
+from mps_health.slurm_settings import settings as slurm_settings
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
 
 TAG = "MPS-HC:"
@@ -176,22 +177,23 @@ def test_results_expire_and_do_not_survive_a_reboot() -> None:
 # --- settings ------------------------------------------------------------------------------
 def settings_error(section: str, body: dict) -> str:
     with pytest.raises(ConfigError) as e:
-        cfg = from_mapping({section: body}, "/etc/mps-health/config.yaml")
-        (settings.healthcheck if section == "healthcheck" else settings.remediation)(cfg)
+        from_mapping({section: body}, "/etc/mps-health/config.yaml")
     return str(e.value)
 
 
 def test_settings_errors_are_one_line() -> None:
-    assert settings_error("healthcheck", {"tag": "NHC:"}) == (
-        "/etc/mps-health/config.yaml: key 'healthcheck.tag': must not start with NHC: LBNL NHC "
+    assert settings_error("slurm", {"drain_tag": "NHC:"}) == (
+        "/etc/mps-health/config.yaml: key 'slurm.drain_tag': must not start with NHC: LBNL NHC "
         "would resume our drains")
     assert "healthcheck.fail_runs': must be a whole number from 1 to 100 (got 0)" in \
         settings_error("healthcheck", {"fail_runs": 0})
     assert "key 'remediation.kill': unknown key" in settings_error("remediation", {"kill": 1})
-    assert "at least 2 x scontrol_timeout_s + 2 = 12 (got 8)" in \
+    assert "at least 2 x slurm.timeout_s + 2 = 12 (got 8)" in \
         settings_error("healthcheck", {"timeout_s": 8})
-    defaults = settings.healthcheck(from_mapping({}, None))
-    assert (defaults.tag, defaults.fail_runs, defaults.pass_runs) == ("MPS-HC:", 2, 2)
+    cfg = from_mapping({}, None)
+    defaults = settings.healthcheck(cfg)
+    assert (slurm_settings(cfg).drain_tag, defaults.fail_runs, defaults.pass_runs) == \
+        ("MPS-HC:", 2, 2)
     assert defaults.timeout_s < settings.SLURMD_KILL_S
 
 
@@ -315,9 +317,9 @@ def test_guard_covers_every_layout() -> None:
     gpu = from_mapping({"mps": {"layout": "per-gpu", "gpus": [0, 3]}}, None).mps
     assert guarded_paths(gpu) == ["/tmp/nvidia-mps_0", "/var/log/nvidia-mps_0",
                                   "/tmp/nvidia-mps_3", "/var/log/nvidia-mps_3"]
-    job = from_mapping({"mps": {"layout": "per-job",
-                                "pipe_dir": "/tmp/mps_{job}_{gpu}"}}, None).mps
-    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/nvidia-log_job*"]
+    job = from_mapping({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps_{job}_{gpu}",
+                                "log_dir": "/tmp/mps-log_{job}_{gpu}"}}, None).mps
+    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/mps-log_*_*"]
     assert render(node).splitlines()[-2:] == ["x /tmp/nvidia-mps", "x /var/log/nvidia-mps"]
 
 
