@@ -14,6 +14,7 @@ import time
 from typing import Iterable, List, NamedTuple, Optional, Tuple
 
 from mps_health.facts import Instance, ProcessFact
+from mps_health.instances import pipe_paths
 from mps_health.probes.proc import read_process
 
 GONE_STATES = ("Z", "X")
@@ -23,13 +24,6 @@ class Ended(NamedTuple):
     pid: int
     outcome: str  # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive"
     detail: str = ""
-
-
-def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
-    """The pipe dir as a daemon's environ may name it (with and without --root)."""
-    if root in ("", "/"):
-        return (inst.pipe_dir,)
-    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
 
 
 def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
