@@ -9,7 +9,9 @@ from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
 from . import safefs
 
-# What a daemon leaves in its pipe dir (REFERENCE.md section 1); nothing else is removed.
+# What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
+# control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
+# else is removed.
 STALE_ENTRIES = ("control", "control_privileged", "control_lock", "log",
                  "nvidia-cuda-mps-control.pid")
 
