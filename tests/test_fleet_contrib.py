@@ -15,7 +15,7 @@ from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from remhelp import make_dirs, start_fake, tree  # noqa: F401
 
-UNITS = ("nvidia-mps@.service", "mps-health-exporter.service",
+UNITS = ("nvidia-mps.service", "nvidia-mps@.service", "mps-health-exporter.service",
          "mps-health-textfile.service", "mps-health-textfile.timer")
 
 
@@ -25,10 +25,11 @@ def _unit_root(base: Path) -> Path:
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    (root / "usr/bin").mkdir(parents=True)
-    for name in ("mps-health", "nvidia-cuda-mps-control"):
-        (root / "usr/bin" / name).write_text("#!/bin/sh\nexit 0\n")
-        (root / "usr/bin" / name).chmod(0o755)
+    # mps-health where the README's install links it; the units name it without a path.
+    for path in ("usr/local/sbin/mps-health", "usr/bin/nvidia-cuda-mps-control"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("#!/bin/sh\nexit 0\n")
+        (root / path).chmod(0o755)
     (root / "etc/systemd/system").mkdir(parents=True)
     for unit in UNITS:
         shutil.copy(CONTRIB / "systemd" / unit, root / "etc/systemd/system" / unit)
@@ -44,30 +45,47 @@ def test_units_verify(tree: Path) -> None:
     if not Path("/usr/lib/systemd/system/sysinit.target").exists():
         pytest.skip("systemd's own units are not installed (apt-get install systemd)")
     root = _unit_root(tree)
-    r = _verify(root, "nvidia-mps@0.service", "mps-health-exporter.service",
-                "mps-health-textfile.service", "mps-health-textfile.timer")
+    r = _verify(root, "nvidia-mps.service", "nvidia-mps@0.service",
+                "mps-health-exporter.service", "mps-health-textfile.service",
+                "mps-health-textfile.timer")
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
     # The same run does judge the files: a typo and a missing program are reported.
     bad = root / "etc/systemd/system/nvidia-mps@.service"
     bad.write_text(bad.read_text().replace("Type=forking", "Type=forkin"))
-    (root / "usr/bin/mps-health").unlink()
+    (root / "usr/local/sbin/mps-health").unlink()
     r = _verify(root, "nvidia-mps@0.service")
     assert "Failed to parse service type" in r.stderr
-    assert "/usr/bin/mps-health is not executable" in r.stderr
+    assert "Command mps-health is not executable" in r.stderr
+    # The packages' /usr/sbin is searched too.
+    (root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "usr/bin/nvidia-cuda-mps-control", root / "usr/sbin/mps-health")
+    r = _verify(root, "nvidia-mps.service", "mps-health-exporter.service")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-def test_mps_unit_lines() -> None:
-    text = (CONTRIB / "systemd/nvidia-mps@.service").read_text()
+@pytest.mark.parametrize("unit, pipe, log, extra", [
+    ("nvidia-mps@.service", "/tmp/nvidia-mps_%i", "/var/log/nvidia-mps_%i",
+     ["Environment=CUDA_VISIBLE_DEVICES=%i"]),
+    ("nvidia-mps.service", "/tmp/nvidia-mps", "/var/log/nvidia-mps", []),
+])
+def test_mps_unit_lines(unit: str, pipe: str, log: str, extra: list) -> None:
+    """Each unit matches its layout's defaults in mps-health's config."""
+    text = (CONTRIB / "systemd" / unit).read_text()
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    for want in ("Type=forking", "Environment=CUDA_VISIBLE_DEVICES=%i",
-                 "Environment=CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps_%i",
-                 "Environment=CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps_%i",
-                 "PIDFile=/tmp/nvidia-mps_%i/nvidia-cuda-mps-control.pid",
+    for want in ("Type=forking", *extra,
+                 f"Environment=CUDA_MPS_PIPE_DIRECTORY={pipe}",
+                 f"Environment=CUDA_MPS_LOG_DIRECTORY={log}",
+                 f"PIDFile={pipe}/nvidia-cuda-mps-control.pid",
                  "ExecStart=/usr/bin/nvidia-cuda-mps-control -d",
-                 "ExecStartPre=/usr/bin/mps-health unit prepare"):
+                 "ExecStartPre=mps-health unit prepare"):
         assert want in lines
     assert not any("/bin/sh" in line for line in lines)  # no shell anywhere
+    if unit == "nvidia-mps.service":
+        from mps_health.config import from_mapping
+
+        mps = from_mapping({}, None).mps  # no config file: the node layout
+        assert (mps.layout, mps.pipe_dir, mps.log_dir) == ("node", pipe, log)
 
 
 def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
