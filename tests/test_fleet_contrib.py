@@ -251,24 +251,46 @@ def test_config_example_loads() -> None:
     assert c.mps.layout == "per-gpu"  # the layout of contrib/systemd/nvidia-mps@.service
 
 
-def test_rpm_builds_and_lists(dists, tmp_path: Path) -> None:
+def _spec_wheels(dest: Path) -> None:
+    """The wheels the spec bundles (its Source lines), downloaded with pip; skips offline."""
+    import re
+
+    spec = (CONTRIB / "rpm/mps-health.spec").read_text()
+    pins = [f"{m[0]}=={m[1]}" for m in re.findall(r"^Source\d+:\s+(\w+)-([\w.]+)-py3-none-any\.whl$",
+                                                   spec, re.M)]
+    assert len(pins) == 3, pins
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--dest", str(dest), *pins], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"cannot download {pins} (no PyPI?): {r.stderr.strip().splitlines()[-1:]}")
+
+
+def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
+    """The RPM carries everything it imports (RHEL's PyYAML and Jinja2 as Requires, the
+    rest bundled in /opt/mps-health), the example config only as documentation, and
+    nothing that points into the build root; its payload runs."""
     rpmbuild = need("rpmbuild")
     src = tmp_path / "sources"
     src.mkdir()
     shutil.copy(dists.sdist, src)
+    _spec_wheels(src)
     # --nodeps: Debian's rpm database is empty; BuildRequires are for RHEL builders.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     r = subprocess.run([rpmbuild, "-bb", "--nodeps", "--define", f"_topdir {tmp_path}",
                         "--define", f"_sourcedir {src}", str(CONTRIB / "rpm/mps-health.spec")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rpms = list((tmp_path / "RPMS/noarch").glob("mps-health-0.1.0-1*.noarch.rpm"))
     assert len(rpms) == 1
     files = subprocess.run(["rpm", "-qlp", str(rpms[0])], capture_output=True, text=True,
                            check=True).stdout.split()
-    print("\n".join(f for f in files if "/mps_health/" not in f))
+    print("\n".join(f for f in files if "/site-packages/" not in f))
     expected = {
-        "/etc/mps-health/config.yaml", "/usr/bin/mps-health", "/usr/bin/mps-health-healthcheck",
-        "/usr/bin/check_mps", "/usr/lib/systemd/system/nvidia-mps@.service",
+        "/usr/sbin/mps-health", "/usr/sbin/mps-health-healthcheck",
+        "/usr/lib64/nagios/plugins/check_mps", "/opt/mps-health/bin/python3",
+        "/opt/mps-health/pyvenv.cfg", "/usr/share/doc/mps-health/config.example.yaml",
+        "/usr/lib/systemd/system/nvidia-mps.service",
+        "/usr/lib/systemd/system/nvidia-mps@.service",
         "/usr/lib/systemd/system/mps-health-exporter.service",
         "/usr/lib/systemd/system/mps-health-textfile.service",
         "/usr/lib/systemd/system/mps-health-textfile.timer",
@@ -276,18 +298,41 @@ def test_rpm_builds_and_lists(dists, tmp_path: Path) -> None:
         "/usr/libexec/mps-health/mps-health-task-prolog",
         "/usr/libexec/mps-health/mps-health-epilog",
         "/usr/share/mps-health/nhc/mps_health.nhc", "/var/lib/mps-health",
-        "/var/log/mps-health",
+        "/var/log/mps-health", "/etc/mps-health",
     }
     assert expected <= set(files), expected - set(files)
-    assert any(f.endswith("/mps_health/remediation/unit.py") for f in files)
-    assert any(f.endswith("/mps_health/slurm/templates/hook.j2") for f in files)
+    assert "/etc/mps-health/config.yaml" not in files  # no live config: the defaults apply
+    for bundled in ("/mps_health/remediation/unit.py", "/mps_health/slurm/templates/hook.j2",
+                    "/nagiosplugin/__init__.py", "/prometheus_client/__init__.py", "/pynvml.py"):
+        assert any(f.startswith("/opt/mps-health/lib/") and f.endswith(bundled)
+                   for f in files), bundled
     conf = subprocess.run(["rpm", "-qp", "--configfiles", str(rpms[0])], capture_output=True,
                           text=True, check=True).stdout.split()
-    assert conf == ["/etc/mps-health/config.yaml"]
-    # The hook is the one 'mps-health slurm install' writes, for the system python3.
+    assert conf == []
+    requires = subprocess.run(["rpm", "-qp", "--requires", str(rpms[0])], capture_output=True,
+                              text=True, check=True).stdout.splitlines()
+    assert {"python3-pyyaml", "python3-jinja2", "python3 >= 3.9"} <= set(requires), requires
+
     need("cpio")
+    root = tmp_path / "payload"
+    root.mkdir()
     payload = subprocess.run(["rpm2cpio", str(rpms[0])], capture_output=True, check=True).stdout
-    cpio = subprocess.run(["cpio", "-i", "--quiet", "--to-stdout",
-                           "./usr/libexec/mps-health/mps-health-prolog"], input=payload,
-                          capture_output=True, check=True)
-    assert cpio.stdout.decode().startswith("#!/usr/bin/python3 -I\n# mps-health Slurm prolog")
+    subprocess.run(["cpio", "-idm", "--quiet"], input=payload, cwd=root, check=True)
+    leaked = subprocess.run(["grep", "-rlI", str(tmp_path / "BUILDROOT"), str(root)],
+                            capture_output=True, text=True)
+    assert leaked.stdout == ""  # no #! line, pyvenv.cfg or record points into the build root
+    hook = (root / "usr/libexec/mps-health/mps-health-prolog").read_text()
+    assert hook.startswith("#!/opt/mps-health/bin/python3 -I\n# mps-health Slurm prolog")
+    assert (root / "opt/mps-health/bin/check_mps").read_text().startswith(
+        "#!/opt/mps-health/bin/python3\n")
+    # The payload's own Python (this machine's python3, as on the builder), isolated from
+    # this test's environment: every import is met by the bundle or the Requires.
+    python = str(root / "opt/mps-health/bin/python3")
+    r = subprocess.run([python, "-I", "-c", "import mps_health.exporters.nagios, nagiosplugin, "
+                        "prometheus_client, pynvml, yaml, jinja2; print(nagiosplugin.__file__)"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r
+    r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",
+                        "--replay", str(Path(__file__).parent.parent / "examples/broken-node.json")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r
