@@ -24,6 +24,7 @@ import time
 from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from .facts import Instance, ProcessFact
+from .instances import pipe_paths
 from .pidfile import read_pid
 from .probes.proc import read_process
 
@@ -53,10 +54,7 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
     """(control daemons, servers) of ``inst``; under ``--root`` a daemon's environ may name
     its pipe dir with or without the root."""
-    paths = [inst.pipe_dir]
-    if root not in ("", "/"):
-        paths.append(os.path.join(root, inst.pipe_dir.lstrip("/")))
-    return of_pipe_dirs(procs, paths)
+    return of_pipe_dirs(procs, pipe_paths(inst, root))
 
 
 def daemon_of(proc_dir: str, pipe_dir: str, uid: Optional[int] = None

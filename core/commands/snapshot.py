@@ -2,10 +2,11 @@
 
 import argparse
 import os
+import time
 from typing import Callable
 
-from ..argv import add_common
-from .common import fail, load_config
+from ..exitcodes import Failure
+from .common import add_common, load_config
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -23,10 +24,6 @@ def run(args: argparse.Namespace) -> int:
     from ..snapshot import dumps
 
     config = load_config(args)
-    if config is None:
-        return 3
-    import time
-
     if args.all:
         needs = list(registry.SOURCES)
     else:
@@ -42,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         write_atomic(os.path.abspath(args.output), (text + "\n").encode(), 0o644)
     except OSError as e:
-        return fail(f"{args.output}: cannot write: {e.strerror or e}")
+        raise Failure(f"{args.output}: cannot write: {e.strerror or e}") from None
     print(f"snapshot of {facts.node} written to {args.output} "
           f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
     return 0
