@@ -150,11 +150,12 @@ def exposition(record: Optional[RunRecord]) -> bytes:
 
 
 def write_textfile(directory: str, record: RunRecord) -> str:
-    """Write DIR/mps_health.prom atomically (temp name, then rename); returns the path."""
-    from prometheus_client import write_to_textfile
+    """Write DIR/mps_health.prom with ``safefiles.write_atomic``; returns the path.
+    (prometheus_client's write_to_textfile opens a predictable temp name, following links.)"""
+    from mps_health.safefiles import write_atomic
 
-    path = os.path.join(directory, TEXTFILE_NAME)
-    write_to_textfile(path, _registry(record))
+    path = os.path.abspath(os.path.join(directory, TEXTFILE_NAME))
+    write_atomic(path, exposition(record))
     return path
 
 
@@ -170,8 +171,10 @@ def parse_last_success(text: str) -> Optional[float]:
 
 
 def read_last_success(directory: str) -> Optional[float]:
+    from mps_health.safefiles import read_small
+
     try:
-        with open(os.path.join(directory, TEXTFILE_NAME), encoding="utf-8") as f:
-            return parse_last_success(f.read())
+        raw = read_small(os.path.join(directory, TEXTFILE_NAME))
+        return None if raw is None else parse_last_success(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return None

@@ -19,11 +19,9 @@ The command is ``mps-health unit`` (mps_health.commands.unit). Exit 0 done, 2 fa
 """
 
 import os
-from typing import Callable, Optional
+from typing import Callable
 
 from mps_health.exitcodes import ExitCode, Failure
-
-PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
 def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None]) -> int:
@@ -42,32 +40,17 @@ def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None]) 
     return ExitCode.DONE
 
 
-def _daemon_pid(pipe_dir: str) -> Optional[int]:
-    """The pid file's PID, if that process is a live control daemon (cmdline checked)."""
-    try:
-        with open(os.path.join(pipe_dir, PID_FILE), "rb") as f:
-            pid = int(f.read(32).strip() or b"0")
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv0 = f.read().split(b"\0", 1)[0]
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
-        return None
-    if pid <= 0 or state in (b"Z", b"X") or \
-            os.path.basename(argv0) != b"nvidia-cuda-mps-control":
-        return None
-    return pid
-
-
 def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None]) -> int:
     import time
 
     from mps_health import runner
+    from mps_health.processes import daemon_of, gone
 
-    pid = _daemon_pid(pipe_dir)
-    if pid is None:
+    daemon = daemon_of("/proc", pipe_dir)
+    if daemon is None:
         say(f"no live control daemon for {pipe_dir}: nothing to stop")
         return ExitCode.DONE
+    pid = daemon.pid
     # quit -t N: the daemon kills servers still busy after N s, so it exits within our wait.
     grace = max(1, int(timeout_s / 2))
     env = runner.child_env({"CUDA_MPS_PIPE_DIRECTORY": pipe_dir})
@@ -76,7 +59,7 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
         raise Failure(f"unit stop: cannot run {control}: {r.exec_error}", ExitCode.FAILED)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _daemon_pid(pipe_dir) != pid:
+        if gone("/proc", daemon):
             say(f"control daemon {pid} for {pipe_dir} has quit")
             return ExitCode.DONE
         time.sleep(0.1)

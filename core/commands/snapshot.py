@@ -34,13 +34,12 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         print(text)
         return 0
-    tmp = f"{args.output}.tmp{os.getpid()}"
+    from ..safefiles import write_atomic
+
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.output)
+        write_atomic(os.path.abspath(args.output), (text + "\n").encode(), 0o644)
     except OSError as e:
-        raise Failure(f"{args.output}: cannot write: {e.strerror}") from None
+        raise Failure(f"{args.output}: cannot write: {e.strerror or e}") from None
     print(f"snapshot of {facts.node} written to {args.output} "
           f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
     return 0
