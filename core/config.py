@@ -83,6 +83,7 @@ _TOP_KEYS = {
     "gpu", "slurm", "healthcheck", "exporter", "remediation", "nagios", "orphans",
     "servers", "logs", "canary",  # the deep checks (checks/servers.py, logs.py, canary.py)
     "jobs",  # per-job MPS hooks (mps_health.slurm.settings)
+    "clients",  # who MPS serves (checks/clients.py)
 }
 
 
