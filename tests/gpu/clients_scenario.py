@@ -36,7 +36,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-CONTROL = shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
+FAKES = Path(__file__).resolve().parent.parent / "fakes"
+# --fake: the fake daemon and a client without CUDA (it joins through fake_client_connect),
+# to exercise this script on a machine without a GPU before the one real run.
+FAKE = "--fake" in sys.argv
+CONTROL = str(FAKES / "nvidia-cuda-mps-control") if FAKE else (
+    shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control")
 USERS = ("mpsh-alice", "mpsh-bob")
 WORK = Path("/tmp/mpsh-clients-work")
 LOG_DIR = str(WORK / "log")
@@ -45,14 +50,17 @@ CLIENT = r"""
 import json, os, sys, time
 if sys.argv[2] != "-":
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = sys.argv[2]  # after exec: not in /proc
-import torch
-props = torch.cuda.get_device_properties(0)
-free, total = torch.cuda.mem_get_info()
-x = torch.ones(64 * 1024 * 1024, device="cuda")  # 256 MiB
-torch.cuda.synchronize()
-print(json.dumps({"pid": os.getpid(), "sms": props.multi_processor_count,
-                  "free_bytes": free, "total_bytes": total,
-                  "allocated_bytes": torch.cuda.memory_allocated()}), flush=True)
+if sys.argv[3] == "fake":
+    print(json.dumps({"pid": os.getpid(), "sms": None}), flush=True)
+else:
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    free, total = torch.cuda.mem_get_info()
+    x = torch.ones(64 * 1024 * 1024, device="cuda")  # 256 MiB
+    torch.cuda.synchronize()
+    print(json.dumps({"pid": os.getpid(), "sms": props.multi_processor_count,
+                      "free_bytes": free, "total_bytes": total,
+                      "allocated_bytes": torch.cuda.memory_allocated()}), flush=True)
 sys.stdin.readline()  # the scenario closes stdin: a clean exit, as a job's end
 """
 
@@ -65,6 +73,8 @@ CLIENTS = [
     ("job104", "mpsh-alice", "104", "gres:mps:20", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"},
      "100"),
     ("job201", "mpsh-bob", "201", "gres:mps:50", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "-"),
+    # Started after the server's percentage was lowered to 50: what a new client gets.
+    ("job105", "mpsh-alice", "105", "gres:mps:50", {}, "-"),
 ]
 
 
@@ -76,6 +86,9 @@ class Scenario:
         self.env["CUDA_MPS_LOG_DIRECTORY"] = LOG_DIR
         self.procs: Dict[str, subprocess.Popen] = {}
         self.ready: Dict[str, dict] = {}
+        self.fake_pending: Dict[str, tuple] = {}
+        self.tag = ""
+        self.results: Dict[str, dict] = {"views": {}, "checks": {}}
 
     def note(self, text: str) -> None:
         print(text, flush=True)
@@ -83,7 +96,8 @@ class Scenario:
 
     def ask(self, command: str) -> str:
         t0 = time.monotonic()
-        r = subprocess.run([CONTROL], input=command + "\n", env=self.env, capture_output=True,
+        argv = [sys.executable, CONTROL] if FAKE else [CONTROL]
+        r = subprocess.run(argv, input=command + "\n", env=self.env, capture_output=True,
                            text=True, timeout=20)
         took = time.monotonic() - t0
         self.note(f"$ echo {command} | nvidia-cuda-mps-control   (rc {r.returncode}, "
@@ -91,8 +105,8 @@ class Scenario:
         return r.stdout
 
     def start_daemon(self) -> None:
-        r = subprocess.run([CONTROL, "-d"], env=self.env, capture_output=True, text=True,
-                           timeout=30)
+        argv = [sys.executable, CONTROL, "-d"] if FAKE else [CONTROL, "-d"]
+        r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
         self.note(f"$ nvidia-cuda-mps-control -d   (rc {r.returncode}) {r.stdout}{r.stderr}")
         for _ in range(500):
             if Path("/tmp/nvidia-mps/nvidia-cuda-mps-control.pid").exists():
@@ -104,8 +118,11 @@ class Scenario:
         env = {k: v for k, v in self.env.items() if k != "CUDA_MPS_LOG_DIRECTORY"}
         env.update(mps_env, SLURM_JOB_ID=job, SLURM_JOB_USER=user, HOME=str(WORK),
                    CUDA_VISIBLE_DEVICES="0")
-        argv = ["runuser", "-u", user, "--", sys.executable, str(WORK / "client.py"), name,
-                inside]
+        # The node's python3 holds torch on the GPU machine; a venv under /root would not
+        # be readable by the users, so the fake client takes the system's.
+        python = "/usr/bin/python3" if FAKE else sys.executable
+        argv = ["runuser", "-u", user, "--", python, str(WORK / "client.py"), name,
+                inside, "fake" if FAKE else "cuda"]
         self.procs[name] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             text=True, start_new_session=True)
@@ -124,9 +141,23 @@ class Scenario:
                 line = proc.stdout.readline()
                 if not line:
                     break
-                self.ready[name] = json.loads(line)
+                info = json.loads(line)
+                if FAKE:  # what CUDA does through MPS: join the server of its user
+                    uid = pwd.getpwnam(next(c[1] for c in CLIENTS if c[0] == name)).pw_uid
+                    said = self.ask(f"fake_client_connect {info['pid']} {uid}").strip()
+                    if said == "pending":
+                        self.fake_pending[name] = (info, uid)
+                        continue
+                self.ready[name] = info
                 self.note(f"{name} ready: {line.strip()}")
                 return self.ready[name]
+            if name in self.fake_pending:
+                info, uid = self.fake_pending[name]
+                if self.ask(f"fake_client_connect {info['pid']} {uid}").strip() != "pending":
+                    del self.fake_pending[name]
+                    self.ready[name] = info
+                    self.note(f"{name} ready: {json.dumps(info)}")
+                    return info
         self.note(f"{name}: not ready within {timeout:.0f}s")
         return None
 
@@ -169,6 +200,8 @@ class Scenario:
         self.note("\n".join(lines))
 
     def nvml(self) -> None:
+        if FAKE:
+            return
         try:
             import pynvml
 
@@ -181,11 +214,17 @@ class Scenario:
                     [{"pid": p.pid, "usedGpuMemory": p.usedGpuMemory} for p in procs]))
             self.note(f"NVML uuid: {pynvml.nvmlDeviceGetUUID(h)}")
             pynvml.nvmlShutdown()
+            from mps_health.probes.nvml import PynvmlApi, record
+
+            data = record(PynvmlApi())
+            data["note"] = f"recorded by tests/gpu/clients_scenario.py ({self.tag})"
+            (self.out / f"nvml_record_{self.tag}.json").write_text(json.dumps(data, indent=1))
         except Exception as e:  # a capture: say what failed and go on
             self.note(f"NVML: {type(e).__name__}: {e}")
 
     def snapshot(self, tag: str) -> None:
         """Every question the control client takes about what runs now."""
+        self.tag = tag
         self.note(f"\n===== {tag}")
         servers = self.ask("get_server_list").split()
         for s in servers:
@@ -199,8 +238,9 @@ class Scenario:
         self.ask("get_default_active_thread_percentage")
         self.ask("get_default_device_pinned_mem_limit 0")
         self.nvml()
-        r = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
-        self.note("$ nvidia-smi\n" + r.stdout[-2500:])
+        if not FAKE:
+            r = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+            self.note("$ nvidia-smi\n" + r.stdout[-2500:])
         for name in sorted(self.ready):
             pid = self.client_pid(name)
             if pid and name in self.procs:
@@ -209,20 +249,31 @@ class Scenario:
 
     def mps_health(self, tag: str) -> None:
         config = WORK / "config.yaml"
-        for args in (["clients"], ["clients", "--format", "json"], ["check", "-v"],
-                     ["check", "--format", "json"], ["snapshot", "-o", str(self.out / f"snapshot-{tag}.json")]):
+        runs = (("clients", ["clients"]), ("clients-json", ["clients", "--format", "json"]),
+                ("check", ["check", "-v"]), ("check-json", ["check", "--format", "json"]),
+                ("snapshot", ["snapshot", "--all", "-o", str(self.out / f"snapshot_{tag}.json")]))
+        for label, args in runs:
+            t0 = time.monotonic()
             r = subprocess.run([sys.executable, "-m", "mps_health.cli", *args, "--config",
                                 str(config)], capture_output=True, text=True, timeout=60,
                                env=self.env, cwd="/")
-            self.note(f"$ mps-health {' '.join(args)}   (rc {r.returncode})\n"
+            took = time.monotonic() - t0
+            self.note(f"$ mps-health {' '.join(args)}   (rc {r.returncode}, {took:.2f}s)\n"
                       f"{r.stdout}{r.stderr}".rstrip())
-            (self.out / f"mps-health_{'_'.join(a.strip('-') for a in args[:3])}__{tag}.txt"
-             ).write_text(r.stdout + r.stderr)
+            (self.out / f"mps-health_{label}_{tag}.txt").write_text(r.stdout + r.stderr)
+            if label.endswith("-json"):
+                try:
+                    data = json.loads(r.stdout)
+                except ValueError:
+                    data = {"unparsed": r.stdout + r.stderr}
+                kind = "views" if label.startswith("clients") else "checks"
+                self.results[kind][tag] = dict(data, rc=r.returncode, seconds=took)
 
     def run(self) -> int:
         self.note(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.uname()}")
-        r = subprocess.run([CONTROL, "-h"], capture_output=True, text=True, timeout=20)
-        self.note(f"$ nvidia-cuda-mps-control -h   (rc {r.returncode})\n{r.stdout}{r.stderr}")
+        if not FAKE:
+            r = subprocess.run([CONTROL, "-h"], capture_output=True, text=True, timeout=20)
+            self.note(f"$ nvidia-cuda-mps-control -h   (rc {r.returncode})\n{r.stdout}{r.stderr}")
         self.start_daemon()
         self.ask("get_server_list")
         self.ask("ps")
@@ -245,10 +296,15 @@ class Scenario:
         self.snapshot("alice")
         servers = self.ask("get_server_list").split()
         if servers:
+            # The server's percentage, not the default, is what new clients get.
             self.ask(f"set_active_thread_percentage {servers[0]} 50")
             self.ask(f"get_active_thread_percentage {servers[0]}")
             self.ask("get_default_active_thread_percentage")
+            self.start_client(CLIENTS[5])
+            self.wait_ready("job105", 180)
             self.ask(f"set_active_thread_percentage {servers[0]} 60")
+            self.ask(f"get_active_thread_percentage {servers[0]}")
+            self.stop_client("job105")
         self.start_client(CLIENTS[4])
         if self.wait_ready("job201", 8) is None:
             self.ask("get_server_list")
@@ -264,6 +320,10 @@ class Scenario:
         self.ask("get_server_list")
         return 0
 
+    def save(self) -> None:
+        self.results["ready"] = self.ready
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+
     def cleanup(self) -> None:
         for name in list(self.procs):
             self.stop_client(name)
@@ -278,6 +338,7 @@ class Scenario:
         for name in ("control.log", "server.log"):
             self.note(f"--- {name}\n" + tail(Path(LOG_DIR, name), 400))
         (self.out / "transcript.txt").write_text("\n".join(self.transcript) + "\n")
+        self.save()
 
 
 def tail(path: Path, lines: int) -> str:
@@ -299,6 +360,8 @@ def prepare() -> None:
     WORK.mkdir(mode=0o755)
     os.chmod(WORK, 0o777)  # torch writes caches under HOME
     (WORK / "client.py").write_text(CLIENT)
+    os.makedirs(LOG_DIR, mode=0o777)
+    os.chmod(LOG_DIR, 0o777)  # as the site's unit makes it
     squeue = WORK / "squeue"
     squeue.write_text("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%T|%M|%b' as Slurm prints it\n"
                       + "".join(f"echo '{job}|{user}|RUNNING|0:42|{gres}'\n"
@@ -308,7 +371,9 @@ def prepare() -> None:
         f"run_dir: {WORK}/run\nstate_dir: {WORK}/state\n"
         f"mps:\n  layout: node\n  log_dir: {LOG_DIR}\n"
         f"commands:\n  nvidia-cuda-mps-control: {CONTROL}\n  squeue: {squeue}\n"
-        + ("checks:\n  enable: [clients]\n" if have_clients_check() else ""))
+        "control:\n  timeout_s: 5.0\n"
+        "checks:\n  disable: [strays]\n"  # other daemons of the machine are not ours
+        + ("clients: {}\n" if have_clients_check() else ""))
 
 
 def have_clients_check() -> bool:
@@ -325,7 +390,8 @@ def main(argv: List[str]) -> int:
     if "--inside" not in argv:
         # A private /tmp: the default pipe dir is ours alone, the machine's is untouched.
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
-                               sys.executable, os.path.abspath(__file__), "--inside", str(out)],
+                               sys.executable, os.path.abspath(__file__), "--inside",
+                               *(["--fake"] if FAKE else []), str(out)],
                               timeout=560).returncode
     # Only the default pipe dir is made private: the rest of /tmp (maybe $OUT) stays.
     made = not os.path.exists("/tmp/nvidia-mps")
