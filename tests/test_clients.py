@@ -336,3 +336,37 @@ def test_idle_daemon_asks_nothing(tmp_path: Path, fake_daemon) -> None:
     assert r.returncode == 0 and "no server runs, so no client" in r.stdout
     log = (d.log_dir / "control.log").read_text()
     assert "Cmd:ps" not in log and "Cmd:device_query" not in log
+
+
+# --- the H200 run, replayed ---------------------------------------------------------------
+
+@pytest.mark.parametrize("phase", ["alice", "bob"])
+def test_the_h200_snapshots_replay_to_the_same_view(phase: str) -> None:
+    """Snapshots taken on the H200 (tests/gpu/clients_scenario.py) print here exactly what
+    `mps-health clients` printed there: NVML's memory per client included."""
+    snap = Path(__file__).parent / "fixtures" / f"snapshot__h200-clients_{phase}.json"
+    r = mps_health("clients", "--replay", str(snap))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == fixture_text(f"mps-health_clients__h200_{phase}.txt")
+
+
+def test_the_h200_alice_snapshot_is_judged_as_there() -> None:
+    snap = Path(__file__).parent / "fixtures" / "snapshot__h200-clients_alice.json"
+    r = mps_health("check", "--replay", str(snap), "--format", "json")
+    found = sorted((p["code"], p["message"].split(")")[0])
+                   for p in json.loads(r.stdout)["problems"])
+    assert found == [("client-not-mps-job", "client 533 (mpsh-alice, job 103"),
+                     ("client-over-limit", "client 532 (mpsh-alice, job 102")]
+    assert r.returncode == 1
+
+
+def test_nvml_memory_of_mps_clients_from_the_h200_recording() -> None:
+    from mps_health.probes.nvml import load_record, read_nvml
+
+    rec = load_record(fixture_text("nvml__h200_mps-clients.json"), "fixture")
+    gpu = read_nvml(rec).gpus[0]
+    clients = {p.pid: p.used_memory_bytes for p in gpu.mps_processes or ()}
+    everyone = {p.pid for p in gpu.processes or ()}
+    assert sorted(clients) == [530, 531, 532, 533]  # the clients only
+    assert everyone - set(clients) == {596}  # the compute list adds the server
+    assert clients[531] == 473956352  # the env-30 client holds less than the others
