@@ -18,11 +18,12 @@ contexts; each client's job id and CUDA_MPS_* environment from /proc) and one sq
 """
 
 import math
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from mps_health.config import Config, ConfigError
+from mps_health.config import Config
 from mps_health.facts import Facts, Instance
 from mps_health.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
+from mps_health.probes.clientinfo import SECTION, ClientsConfig
 from mps_health.probes.jobs import JobsFacts, gres_count
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 from mps_health.probes.slurm import SlurmJob
@@ -32,33 +33,8 @@ from mps_health.textsafe import escape
 NAME = "clients"
 
 
-class ClientsConfig(NamedTuple):
-    max_contexts_per_device: int = 48  # NVIDIA's MPS limit on Volta and newer
-    contexts_warn_ratio: float = 0.9  # warn at this share of the limit
-    per_gpu_isolation: Optional[bool] = None  # None: when mps.layout is per-gpu
-
-
 def settings(config: Config) -> ClientsConfig:
-    """The ``clients`` section, checked key by key (ConfigError names the key)."""
-    section = config.section("clients")
-    where = config.path or "<defaults>"
-    for key in section:
-        if key not in ClientsConfig._fields:
-            raise ConfigError(f"{where}: key 'clients.{key}': unknown key (known here: "
-                              f"{', '.join(ClientsConfig._fields)})")
-    cap = section.get("max_contexts_per_device", 48)
-    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 1024:
-        raise ConfigError(f"{where}: key 'clients.max_contexts_per_device': must be a whole "
-                          f"number between 1 and 1024 (got {cap!r})")
-    ratio = section.get("contexts_warn_ratio", 0.9)
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-        raise ConfigError(f"{where}: key 'clients.contexts_warn_ratio': must be a number "
-                          f"above 0 and at most 1 (got {ratio!r})")
-    isolation = section.get("per_gpu_isolation")
-    if isolation is not None and not isinstance(isolation, bool):
-        raise ConfigError(f"{where}: key 'clients.per_gpu_isolation': must be true, false "
-                          f"or null (got {isolation!r})")
-    return ClientsConfig(cap, float(ratio), isolation)
+    return config.get(SECTION)
 
 
 def who(c: ClientFact) -> str:
@@ -199,12 +175,8 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     from mps_health.slurm_settings import settings as slurm_settings
 
-    try:
-        cfg = settings(config)
-        mps_per_gpu = slurm_settings(config).mps_per_gpu
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix that key in the config")
-        return
+    cfg = settings(config)
+    mps_per_gpu = slurm_settings(config).mps_per_gpu
     isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \
         else config.mps.layout == "per-gpu"
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]

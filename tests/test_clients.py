@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator, List
 
@@ -127,6 +128,11 @@ def test_environ_read_is_bounded_and_a_cut_entry_dropped(monkeypatch: pytest.Mon
     try:
         from mps_health.probes.servers import identity
 
+        for _ in range(500):  # until the child has exec'd (before, /proc shows our environ)
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                break
+            time.sleep(0.01)
+
         start = identity("/proc", p.pid)[1]  # type: ignore[index]
         whole = clientinfo.read_client("/proc", p.pid, start)
         assert (whole.environ, whole.job_id, whole.thread_percentage) == ("read", "42", 25.0)
@@ -147,8 +153,10 @@ def test_environ_read_is_bounded_and_a_cut_entry_dropped(monkeypatch: pytest.Mon
 # --- the checks (pure) ------------------------------------------------------------------
 
 INST = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
-JOBS = parse_squeue("101|alice|RUNNING|0:42|gres:mps:30\n102|alice|RUNNING|0:42|gres:mps:50\n"
-                    "103|alice|RUNNING|0:42|gres:gpu:1\n104|alice|RUNNING|0:42|gres/mps:20\n")
+JOBS = parse_squeue("101|alice|999|RUNNING|0:42|gres:mps:30\n"
+                    "102|alice|999|RUNNING|0:42|gres:mps:50\n"
+                    "103|alice|999|RUNNING|0:42|gres:gpu:1\n"
+                    "104|alice|999|RUNNING|0:42|gres/mps:20\n")
 
 
 def client(pid: int, job: str, pct=None, environ: str = "read", pipe=None) -> ClientFact:
@@ -182,7 +190,7 @@ def codes(results) -> List[str]:
 
 def test_gres_counts() -> None:
     assert [gres_count(j, "mps") for j in JOBS] == [30, 50, None, 20]
-    assert gres_count(SlurmJob("1", "u", "RUNNING", 1.0, "gres:mps:a100:25"), "mps") == 25
+    assert gres_count(SlurmJob("1", "u", 1000, "RUNNING", 1.0, "gres:mps:a100:25"), "mps") == 25
 
 
 def test_the_h200_scenario_is_judged_as_the_run_saw_it() -> None:
@@ -265,16 +273,19 @@ def test_hostile_text_is_escaped() -> None:
     assert "x\\x0a\\x1b[31mOK" in results[0].message
 
 
-def test_bad_config_is_one_unknown_line() -> None:
-    results = run_check(server(), raw={"clients": {"contexts_warn_ratio": 2}})
-    assert [(r.code, r.state) for r in results] == [("config-invalid", UNKNOWN)]
-    assert "clients.contexts_warn_ratio" in results[0].message
+def test_bad_config_is_one_line_at_load() -> None:
+    from mps_health.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'clients\.contexts_warn_ratio': must be a number"):
+        from_mapping({"clients": {"contexts_warn_ratio": 2}}, "site.yaml")
+    with pytest.raises(ConfigError, match=r"'clients\.per_gpu_isolation': must be true, false"):
+        from_mapping({"clients": {"per_gpu_isolation": "yes"}}, "site.yaml")
 
 
 # --- end to end on the fake daemon ------------------------------------------------------
 
-SQUEUE = ("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%T|%M|%b' (lines as Slurm 22.05 prints)\n"
-          "printf '101|root|RUNNING|0:42|gres:mps:30\\n103|root|RUNNING|0:42|gres:gpu:1\\n'\n")
+SQUEUE = ("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%U|%T|%M|%b' (lines as Slurm 22.05 prints)\n"
+          "printf '101|root|0|RUNNING|0:42|gres:mps:30\\n103|root|0|RUNNING|0:42|gres:gpu:1\\n'\n")
 
 
 def mps_health(*args: str) -> subprocess.CompletedProcess:

@@ -34,13 +34,14 @@ def cluster() -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0) -> str:
+def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0,
+                    scontrol_timeout: float = 10.0) -> str:
     make_dirs(base / "pipe", base / "log")
     cfg = write_config(base, extra="", remediation="")
     text = Path(cfg).read_text()
     text = text.replace("control:\n  timeout_s: 1.0", f"control:\n  timeout_s: {control_timeout}")
     text += "checks:\n  only: [control, directories]\n"
-    text += f"healthcheck:\n  scontrol_timeout_s: 10\n{healthcheck}\n"
+    text += f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{healthcheck}\n"
     Path(cfg).write_text(text)
     return cfg
 
@@ -56,9 +57,9 @@ def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
 
 
 def node(cluster: SlurmCluster):
-    from mps_health.remediation.slurmnode import parse_show_node
+    from mps_health.probes.slurm import parse_node_line
 
-    return parse_show_node(cluster.scontrol("show", "node", cluster.node_name, "-o"))
+    return parse_node_line(cluster.scontrol("show", "node", cluster.node_name, "-o"))
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def clean_node(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The node back to IDLE, no reason, before and after each test."""
     def reset() -> None:
         v = node(cluster)
-        if v.flags & {"DRAIN", "DOWN"}:
+        if {"DRAIN", "DOWN"}.intersection(v.flags):
             cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])
         cluster.wait_state(lambda s: s.split("+")[0] == "IDLE" and "DRAIN" not in s, 30)
 
@@ -96,7 +97,7 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
     fourth = hc(cluster, cfg)
     assert "resumed (drained by us" in fourth.stdout, fourth.stdout
     v = node(cluster)
-    assert not v.flags & {"DRAIN", "DOWN"} and v.reason == ""
+    assert not {"DRAIN", "DOWN"}.intersection(v.flags) and v.reason == ""
     audit = (tree / "audit.log").read_text()
     assert "action=healthcheck event=drain result=ok" in audit
     assert "action=healthcheck event=resume result=ok" in audit
@@ -170,7 +171,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
 
 def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1\n  scontrol_timeout_s: 3\n")
+    cfg = write_hc_config(tree, "  fail_runs: 1\n", scontrol_timeout=3)
     cluster.stop_controller()
     try:
         t0 = time.monotonic()

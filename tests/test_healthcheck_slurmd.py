@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, NamedTuple, Tuple
 
 import pytest
+from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
-from mps_health.remediation.slurmnode import NodeView, parse_show_node
 from remhelp import healthcheck_exe, make_dirs, mps_health, start_fake, write_config
 from slurm_fixture import _require
 from slurmcluster import SlurmCluster
@@ -33,12 +33,13 @@ class Setup(NamedTuple):
     cfg: str
 
 
-def config_text(base: Path, control_timeout: float = 1.0, hc: str = "") -> str:
+def config_text(base: Path, control_timeout: float = 1.0, hc: str = "",
+                scontrol_timeout: float = 5.0) -> str:
     cfg = Path(write_config(base))
     text = cfg.read_text().replace("control:\n  timeout_s: 1.0",
                                    f"control:\n  timeout_s: {control_timeout}")
     return text + ("checks:\n  only: [control, directories]\n"
-                   f"healthcheck:\n  scontrol_timeout_s: 5\n{hc}\n")
+                   f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{hc}\n")
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,8 @@ exit $rc
         shutil.rmtree(base, ignore_errors=True)
 
 
-def node(s: Setup) -> NodeView:
-    return parse_show_node(s.cluster.scontrol("show", "node", NODE, "-o"))
+def node(s: Setup) -> SlurmNode:
+    return parse_node_line(s.cluster.scontrol("show", "node", NODE, "-o"))
 
 
 def runs(s: Setup) -> List[Tuple[str, str, float, str]]:
@@ -129,7 +130,7 @@ def test_slurmd_gives_the_program_almost_no_environment(setup: Setup) -> None:
 def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
     s = setup
     wait_for("a clean run", lambda: any(r[3] == "rc=0" for r in runs(s)), 30)
-    assert not node(s).flags & {"DRAIN"}
+    assert "DRAIN" not in node(s).flags
     daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
     t_fault = time.monotonic()
     os.kill(daemon, signal.SIGKILL)  # a stale pipe dir: every client silently loses MPS
@@ -171,7 +172,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     budget (healthcheck.timeout_s 15) ends each run well before."""
     s = setup
     Path(s.cfg).write_text(config_text(s.base, control_timeout=60.0,
-                                       hc="  timeout_s: 15\n  scontrol_timeout_s: 3")
+                                       hc="  timeout_s: 15", scontrol_timeout=3)
                            .replace("run_dir:", "budget_s: 300\nrun_dir:"))
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)

@@ -11,26 +11,29 @@ import pytest
 from conftest import fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
+from mps_health import processes as procs
+from mps_health import safedirs
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
-from mps_health.remediation import detach, dirs, hcstate, procs, safefs, settings, slurmnode
-from mps_health.remediation.jobs import parse_squeue
+from mps_health.probes.slurm import SlurmNode, parse_node_line
+from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
+from mps_health.slurm_settings import settings as slurm_settings
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
 
 TAG = "MPS-HC:"
 
 
-def node(name: str) -> slurmnode.NodeView:
-    return slurmnode.parse_show_node(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
+def node(name: str) -> SlurmNode:
+    return parse_node_line(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
 
 
 # --- scontrol show node -o (Slurm 22.05, captured from the test cluster) --------------
 def test_parse_idle_node() -> None:
     v = node("idle")
-    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", {"IDLE"}, "")
+    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", ("IDLE",), "")
 
 
 def test_parse_our_drain_strips_slurms_user_and_time() -> None:
@@ -44,7 +47,7 @@ def test_parse_our_drain_strips_slurms_user_and_time() -> None:
 def test_parse_reason_with_spaces_and_commas() -> None:
     v = node("drained-by-admin-not-responding")
     assert v.reason == "disk replaced, ticket 123"
-    assert {"IDLE", "DRAIN", "NOT_RESPONDING"} == v.flags
+    assert v.flags == ("IDLE", "DRAIN", "NOT_RESPONDING")
 
 
 @pytest.mark.parametrize("name, drain, resume", [
@@ -67,7 +70,7 @@ def test_why_a_drain_is_refused_is_said() -> None:
     assert slurmnode.may_drain(node("drained-by-admin-not-responding"), TAG) == \
         (False, "already drained by someone else (disk replaced, ticket 123): left alone")
     assert slurmnode.may_drain(node("drained-mps-hc"), TAG) == (False, "already drained by us")
-    human = slurmnode.NodeView("n", "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), "disk replaced")
+    human = SlurmNode("n", "IDLE+DRAIN", ("IDLE", "DRAIN"), "disk replaced", (), None)
     assert slurmnode.may_drain(human, TAG) == \
         (False, "already drained by someone else (disk replaced): left alone")
     assert slurmnode.may_resume(human, TAG) == \
@@ -76,14 +79,14 @@ def test_why_a_drain_is_refused_is_said() -> None:
 
 def test_no_such_node_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a node record: 'Node nosuch not found'"):
-        slurmnode.parse_show_node(
+        parse_node_line(
             fixture_text("scontrol_show_node_-o__slurm-22.05_no-such-node.txt"))
 
 
 @given(st.text())
 def test_any_text_parses_or_fails_clearly(text: str) -> None:
     try:
-        v = slurmnode.parse_show_node(text)
+        v = parse_node_line(text)
     except ValueError as e:
         assert str(e)
     else:
@@ -94,17 +97,6 @@ def test_reason_text_is_one_bounded_line() -> None:
     r = slurmnode.reason_text(TAG, "control-wedged gpu0:", "a\nlong " + "x" * 300)
     assert r.startswith("MPS-HC: control-wedged gpu0: a long x")
     assert len(r) == 120 and "\n" not in r and r.endswith("...")
-
-
-# --- squeue --------------------------------------------------------------------------------
-def test_parse_squeue_one_job() -> None:
-    jobs = parse_squeue(fixture_text("squeue_--noheader_--format_A-U-T__slurm-22.05_one-job.txt"))
-    assert list(jobs) == ["1"] and jobs["1"].uid == 0 and jobs["1"].state == "RUNNING"
-
-
-def test_garbled_squeue_is_an_error_not_an_empty_list() -> None:
-    with pytest.raises(ValueError, match="squeue line 1 is not 'JOBID UID STATE'"):
-        parse_squeue("slurm_load_jobs error: Unable to contact slurm controller\n")
 
 
 def test_orphans_are_instances_whose_job_slurm_does_not_list() -> None:
@@ -185,22 +177,23 @@ def test_results_expire_and_do_not_survive_a_reboot() -> None:
 # --- settings ------------------------------------------------------------------------------
 def settings_error(section: str, body: dict) -> str:
     with pytest.raises(ConfigError) as e:
-        cfg = from_mapping({section: body}, "/etc/mps-health/config.yaml")
-        (settings.healthcheck if section == "healthcheck" else settings.remediation)(cfg)
+        from_mapping({section: body}, "/etc/mps-health/config.yaml")
     return str(e.value)
 
 
 def test_settings_errors_are_one_line() -> None:
-    assert settings_error("healthcheck", {"tag": "NHC:"}) == (
-        "/etc/mps-health/config.yaml: key 'healthcheck.tag': must not start with NHC: LBNL NHC "
+    assert settings_error("slurm", {"drain_tag": "NHC:"}) == (
+        "/etc/mps-health/config.yaml: key 'slurm.drain_tag': must not start with NHC: LBNL NHC "
         "would resume our drains")
     assert "healthcheck.fail_runs': must be a whole number from 1 to 100 (got 0)" in \
         settings_error("healthcheck", {"fail_runs": 0})
     assert "key 'remediation.kill': unknown key" in settings_error("remediation", {"kill": 1})
-    assert "at least 2 x scontrol_timeout_s + 2 = 12 (got 8)" in \
+    assert "at least 2 x slurm.timeout_s + 2 = 12 (got 8)" in \
         settings_error("healthcheck", {"timeout_s": 8})
-    defaults = settings.healthcheck(from_mapping({}, None))
-    assert (defaults.tag, defaults.fail_runs, defaults.pass_runs) == ("MPS-HC:", 2, 2)
+    cfg = from_mapping({}, None)
+    defaults = settings.healthcheck(cfg)
+    assert (slurm_settings(cfg).drain_tag, defaults.fail_runs, defaults.pass_runs) == \
+        ("MPS-HC:", 2, 2)
     assert defaults.timeout_s < settings.SLURMD_KILL_S
 
 
@@ -218,17 +211,20 @@ def test_dir_actions() -> None:
 
 def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(tree: Path, test_user) -> None:
     shared = tree / "shared"
-    make_dirs(shared, tree / "real" / "sub")
+    make_dirs(shared, tree / "real" / "sub", mode=0o755)
     shared.chmod(0o1777)
     (shared / "link").symlink_to(tree / "real")
     os.lchown(shared / "link", test_user.pw_uid, test_user.pw_gid)
-    with pytest.raises(safefs.UnsafePath, match="a symlink owned by uid"):
-        safefs.open_dir("/", f"{shared}/link/sub")
+    with pytest.raises(safedirs.UnsafePath, match="a symlink owned by uid"):
+        safedirs.open_dir(f"{shared}/link/sub")
     os.lchown(shared / "link", 0, 0)  # root's own link there is followed (like /var/run)
-    fd = safefs.open_dir("/", f"{shared}/link/sub")
+    fd = safedirs.open_dir(f"{shared}/link/sub")
     os.close(fd)
-    with pytest.raises(safefs.UnsafePath, match=r"'\.\.'"):
-        safefs.open_dir("/", f"{tree}/real/../real")
+    with pytest.raises(safedirs.UnsafePath, match=r"'\.\.'"):
+        safedirs.open_dir(f"{tree}/real/../real")
+    (tree / "real").chmod(0o777)  # anyone could swap what is inside: not walked through
+    with pytest.raises(safedirs.UnsafePath, match="writable by others without the sticky bit"):
+        safedirs.open_dir(f"{tree}/real/sub")
 
 
 def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
@@ -236,9 +232,9 @@ def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
     (tree / "victim" / "keep").write_text("k")
     (tree / "gone" / "deep" / "link").symlink_to(tree / "victim")
     (tree / "gone" / "file").write_text("f")
-    fd = safefs.open_dir("/", str(tree))
+    fd = safedirs.open_dir(str(tree))
     try:
-        safefs.remove_tree(fd, "gone")
+        assert safedirs.remove_tree(fd, "gone", f"{tree}/gone") == []
     finally:
         os.close(fd)
     assert not (tree / "gone").exists()
@@ -253,9 +249,31 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
     assert procs.end("/proc", reused, 1.0).outcome == "replaced"
+    other_user = fact._replace(uid=fact.uid + 1)  # "the same PID, another owner"
+    assert procs.end("/proc", other_user, 1.0).outcome == "replaced"
     assert alive(pid)
     assert procs.end("/proc", fact, 1.0).outcome == "terminated"
     assert not alive(pid)
+
+
+def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(tree: Path) -> None:
+    server = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
+    started = [subprocess.Popen([server], stdout=subprocess.PIPE, text=True,
+                                env={"PATH": "/usr/bin:/bin", "FAKE_MPS_IGNORE_TERM": "1",
+                                     "CUDA_MPS_PIPE_DIRECTORY": str(tree)})
+               for _ in range(3)]
+    try:
+        for s in started:
+            assert s.stdout is not None and s.stdout.readline() == "ready\n"
+        facts = [read_process("/proc", s.pid) for s in started]
+        assert all(f is not None and f.role == "server" for f in facts)
+        ended = procs.end_all("/proc", [f for f in facts if f is not None], 0.5)
+        assert [e.outcome for e in ended] == ["killed"] * 3
+        assert all(s.wait(5) == -9 for s in started)
+    finally:
+        for s in started:
+            s.kill()
+            s.wait()
 
 
 def test_the_processes_of_an_instance() -> None:
@@ -299,9 +317,9 @@ def test_guard_covers_every_layout() -> None:
     gpu = from_mapping({"mps": {"layout": "per-gpu", "gpus": [0, 3]}}, None).mps
     assert guarded_paths(gpu) == ["/tmp/nvidia-mps_0", "/var/log/nvidia-mps_0",
                                   "/tmp/nvidia-mps_3", "/var/log/nvidia-mps_3"]
-    job = from_mapping({"mps": {"layout": "per-job",
-                                "pipe_dir": "/tmp/mps_{job}_{gpu}"}}, None).mps
-    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/nvidia-log_job*"]
+    job = from_mapping({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps_{job}_{gpu}",
+                                "log_dir": "/tmp/mps-log_{job}_{gpu}"}}, None).mps
+    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/mps-log_*_*"]
     assert render(node).splitlines()[-2:] == ["x /tmp/nvidia-mps", "x /var/log/nvidia-mps"]
 
 

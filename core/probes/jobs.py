@@ -1,10 +1,10 @@
 """The Slurm jobs running on this node, and what each asked for: one ``squeue`` per run.
 
-``squeue -h -w NODE -o '%A|%u|%T|%M|%b'`` (the same call and parser as the slurm
-probe's per-job list), bounded by ``slurm.timeout_s`` and the run's deadline. Used to
-judge MPS clients against their job's request (``--gres=mps:N`` or ``gpu``). Without
-Slurm (no squeue, slurmctld down) the facts say why. Not asked at all while no
-instance's daemon has a server (two small /proc reads each, as the servers probe).
+``squeue -h -w NODE -o SQUEUE_FORMAT`` (the slurm probe's call and parser), bounded by
+``slurm.timeout_s`` and the run's deadline. Used to judge MPS clients against their
+job's request (``--gres=mps:N`` or ``gpu``). Without Slurm (no squeue, slurmctld down)
+the facts say why. Not asked at all while no instance's daemon has a server (two small
+/proc reads each, as the servers probe).
 """
 
 import time
@@ -14,7 +14,7 @@ from ..context import Context, node_name
 from ..facts import Instance
 from ..runner import Pending, child_env
 from .hostlist import ParseError
-from .slurm import SQUEUE_FORMAT, SlurmJob, classify_failure, parse_squeue
+from .slurm import SlurmJob, classify_failure, parse_squeue, squeue_argv
 
 
 class JobsFacts(NamedTuple):
@@ -49,7 +49,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
     if not any(read_daemon(ctx, inst)[2] for inst in instances):
         return JobsFacts(node, None, "", asked=False)
     timeout = settings(ctx.config).timeout_s
-    argv = [ctx.config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
+    argv = squeue_argv(ctx.config, node)
     done = Pending(argv, env=child_env(ctx.env or {})).wait(
         min(time.monotonic() + timeout, ctx.deadline))
     if done.rc != 0:

@@ -363,9 +363,9 @@ def prepare() -> None:
     os.makedirs(LOG_DIR, mode=0o777)
     os.chmod(LOG_DIR, 0o777)  # as the site's unit makes it
     squeue = WORK / "squeue"
-    squeue.write_text("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%T|%M|%b' as Slurm prints it\n"
-                      + "".join(f"echo '{job}|{user}|RUNNING|0:42|{gres}'\n"
-                                for _n, user, job, gres, _e, _i in CLIENTS))
+    squeue.write_text("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%U|%T|%M|%b' as Slurm prints it\n"
+                      + "".join(f"echo '{job}|{user}|{pwd.getpwnam(user).pw_uid}|RUNNING|0:42|"
+                                f"{gres}'\n" for _n, user, job, gres, _e, _i in CLIENTS))
     squeue.chmod(0o755)
     (WORK / "config.yaml").write_text(
         f"run_dir: {WORK}/run\nstate_dir: {WORK}/state\n"
