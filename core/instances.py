@@ -6,11 +6,11 @@ where a job holds several GPUs, in the last path component).
 """
 
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
-from .facts import Instance
+from .facts import DirFact, Instance
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:
@@ -87,3 +87,27 @@ def gather(ctx: Context) -> Tuple[Instance, ...]:
     if ctx.config.mps.layout == "per-job":
         return discover_jobs(ctx)
     return configured(ctx.config)
+
+
+def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+    """The pipe dir as a daemon's environ may name it (with and without --root)."""
+    if root in ("", "/"):
+        return (inst.pipe_dir,)
+    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
+
+
+def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
+    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    if user == "any":
+        return None
+    if user == "job":
+        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+

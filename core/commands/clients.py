@@ -11,7 +11,8 @@ taken from users' processes is escaped before it is printed.
 import json
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from .common import fail, load_config
+from ..exitcodes import Failure
+from .common import add_common, load_config
 
 if TYPE_CHECKING:
     import argparse
@@ -23,8 +24,6 @@ SOURCES = ("servers", "jobs", "nvml", "control")
 
 
 def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
-    from ..argv import add_common
-
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--replay", metavar="FILE", help="read a saved snapshot instead of this node")
@@ -33,36 +32,22 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def gather(args: "argparse.Namespace") -> Tuple[Optional["Facts"], Optional["Config"], int]:
+def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
+    """This node's facts within the budget, or a snapshot's (Failure: one line, exit 3)."""
     import time
 
     from .. import engine
     from ..context import Context
+    from .check import replayed
 
     if args.replay:
-        from ..config import ConfigError, from_mapping
-        from ..snapshot import SnapshotError, loads
-
-        try:
-            with open(args.replay, encoding="utf-8") as f:
-                facts, saved = loads(f.read(), args.replay)
-        except OSError as e:
-            return None, None, fail(f"{args.replay}: cannot read: {e.strerror}")
-        except SnapshotError as e:
-            return None, None, fail(str(e))
-        try:
-            config = load_config(args) if args.config else from_mapping(saved, args.replay)
-        except ConfigError as e:
-            return None, None, fail(str(e))
-        return facts, config, 0
+        return replayed(args)
     config = load_config(args)
-    if config is None:
-        return None, None, 3
     budget = args.budget if args.budget is not None else config.budget_s
     if not 0.1 <= budget <= 300:
-        return None, None, fail("--budget must be between 0.1 and 300 seconds")
+        raise Failure("--budget must be between 0.1 and 300 seconds")
     ctx = Context(config, args.root, time.monotonic() + budget)
-    return engine.gather(ctx, SOURCES), config, 0
+    return engine.gather(ctx, SOURCES), config
 
 
 def gpu_memory(facts: "Facts") -> Dict[int, int]:
@@ -197,9 +182,7 @@ def render_text(data: Dict[str, Any]) -> str:
 
 
 def run(args: "argparse.Namespace") -> int:
-    facts, config, code = gather(args)
-    if facts is None or config is None:
-        return code or 3
+    facts, config = gather(args)
     data = view(facts, config)
     if args.format == "json":
         print(json.dumps(data, indent=1, sort_keys=True))
