@@ -18,8 +18,10 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
-# Queries whose empty answer means "none" (no server runs, a server has no client).
-EMPTY_OK = ("get_server_list", "get_client_list")
+# Queries whose empty answer means "none" (no server runs, a server has no client, no
+# pinned memory limit is set: the H200's daemon printed nothing then).
+EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
+            "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
 
 
 def classify(command: str, done: Completed) -> ControlAnswer:
