@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from mps_health.filelock import node_lock
 from mps_health.remediation.detach import RESULT_FILE, format_result
-from mps_health.remediation.lock import NodeLock
 from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
 from slurm_fixture import _require
 from slurmcluster import SlurmCluster
@@ -34,13 +34,14 @@ def cluster() -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0) -> str:
+def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0,
+                    scontrol_timeout: float = 10.0) -> str:
     make_dirs(base / "pipe", base / "log")
     cfg = write_config(base, extra="", remediation="")
     text = Path(cfg).read_text()
     text = text.replace("control:\n  timeout_s: 1.0", f"control:\n  timeout_s: {control_timeout}")
     text += "checks:\n  only: [control, directories]\n"
-    text += f"healthcheck:\n  scontrol_timeout_s: 10\n{healthcheck}\n"
+    text += f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{healthcheck}\n"
     Path(cfg).write_text(text)
     return cfg
 
@@ -170,7 +171,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
 
 def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1\n  scontrol_timeout_s: 3\n")
+    cfg = write_hc_config(tree, "  fail_runs: 1\n", scontrol_timeout=3)
     cluster.stop_controller()
     try:
         t0 = time.monotonic()
@@ -188,7 +189,7 @@ def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) 
 
 def test_runs_never_overlap(clean_node, tree: Path) -> None:
     cfg = write_hc_config(tree)
-    held = NodeLock(str(tree / "run"), "healthcheck").acquire(0, "a long run")
+    held = node_lock(str(tree / "run"), "healthcheck").acquire(0, "a long run")
     try:
         r = hc(clean_node, cfg)
     finally:
@@ -225,7 +226,7 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
 
 def wait_for_background_run(tree: Path) -> None:
     """The detached child refreshing the result must be done before the tree goes."""
-    lock = NodeLock(str(tree / "run"), "healthcheck")
+    lock = node_lock(str(tree / "run"), "healthcheck")
     deadline = time.monotonic() + 30
     while not lock.try_acquire("test teardown") and time.monotonic() < deadline:
         time.sleep(0.2)
