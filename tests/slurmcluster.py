@@ -177,13 +177,18 @@ class SlurmCluster:
                  **(env or {})}
         return self.root.wrap(argv, user), {"env": clean, "cwd": str(self.dir)}
 
+    def client_commands(self) -> Dict[str, str]:
+        """mps-health's ``commands:`` for this cluster's scontrol and squeue (absolute:
+        its runner looks a bare name up on our own PATH, not on the Context's)."""
+        if self.root is None:
+            return {}
+        return {name: str(self.root.client_dir / name) for name in ("scontrol", "squeue")}
+
     def mps_health_argv(self) -> List[str]:
         """mps-health as the node has it: the root's install, or this checkout's."""
-        if self.root is not None:
-            return self.root.mps_health()
-        import sys
+        from slurmroot import mps_health_argv
 
-        return [sys.executable, "-m", "mps_health.cli"]
+        return mps_health_argv(self.root)
 
     # --- start and stop -------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "SlurmCluster":

@@ -102,8 +102,7 @@ class SlurmRoot:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.holder: Optional[subprocess.Popen] = None
-        self.client_dir = Path(tempfile.mkdtemp(prefix="slurm24-clients-"))
-        self.client_dir.chmod(0o755)
+        self.client_dir = path.with_name(path.name + "-clients")
 
     # --- preparing ------------------------------------------------------------------
     def install_mps_health(self, cache: Path) -> None:
@@ -150,6 +149,7 @@ class SlurmRoot:
             err = self.holder.stderr.read() if self.holder.stderr else ""
             self.stop()
             raise SlurmRootError(f"the root's mount namespace did not come up: {err.strip()}")
+        self.client_dir.mkdir(mode=0o755, exist_ok=True)
         for name in CLIENTS:
             wrapper = self.client_dir / name
             wrapper.write_text("#!/bin/sh\n# Slurm's client of the Debian 13 test root.\n"
@@ -187,6 +187,16 @@ class SlurmRoot:
     def mps_health(self) -> List[str]:
         """The installed ``mps-health`` of the root, as a command for this machine."""
         return self.wrap([f"{VENV}/bin/mps-health"])
+
+    @property
+    def python(self) -> str:
+        """The root's Python with mps-health (a path inside the root)."""
+        return f"{VENV}/bin/python3"
+
+
+def mps_health_argv(root: Optional[SlurmRoot]) -> List[str]:
+    """mps-health as a node has it: the root's install, or this checkout's."""
+    return root.mps_health() if root is not None else [sys.executable, "-m", "mps_health.cli"]
 
 
 def make_root(dest: Path, cache: Path) -> SlurmRoot:
