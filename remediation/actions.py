@@ -11,12 +11,12 @@ from mps_health import instances
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
+from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.results import STATE_NAMES
 
 from . import reset as reset_mod
 from .audit import Audit
 from .dirs import DirTarget
-from .jobs import SlurmError, jobs_on_node
 from .lock import LockBusy, NodeLock
 from .settings import RemediationSettings, remediation
 from .users import UserError, resolve
@@ -72,7 +72,7 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
     job_uid = None
     if "job" in (mps.dir_owner, mps.daemon_user) and inst.job_id is not None:
         try:
-            jobs = jobs_on_node(ctx.config, node_name(ctx.config), settings.term_timeout_s + 5)
+            jobs = read_jobs(ctx.config, node_name(ctx.config), settings.term_timeout_s + 5)
         except SlurmError as e:
             raise ActionError(f"cannot tell the user of job {inst.job_id}: {e}") from None
         job = jobs.get(inst.job_id)

@@ -28,7 +28,7 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
     if dry_run:
         try:
             now = slurmnode.read_node(config, node, hc.scontrol_timeout_s)
-        except slurmnode.SlurmCallError as e:
+        except slurmnode.SlurmError as e:
             say(f"  cannot read the node: {e}")
             return CANNOT
         allowed, why = (slurmnode.may_drain(now, hc.tag) if action == "drain"

@@ -16,17 +16,18 @@ import os
 import time
 from typing import Collection, List, Mapping, Sequence, Tuple
 
+from mps_health import processes as procs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
 from mps_health.instances import discover_jobs
 from mps_health.probes.proc import read_processes
+from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
 from mps_health.runner import run as run_command
 
-from . import procs, safefs
+from . import safefs
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
-from .jobs import SlurmError, jobs_on_node
 from .settings import RemediationSettings, remediation
 from .users import by_uid, groups_of
 
@@ -144,7 +145,7 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     need_root(dry_run, "orphans")
     node = node_name(config)
     try:
-        jobs = jobs_on_node(config, node, settings.term_timeout_s + 5.0)
+        jobs = read_jobs(config, node, settings.term_timeout_s + 5.0)
     except SlurmError as e:
         raise ActionError(f"cannot list the jobs on {node}, so no instance is judged an "
                           f"orphan: {e}") from None
@@ -166,7 +167,7 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     try:
         # The job list again, under the lock: a job that arrived meanwhile keeps its dirs.
         try:
-            jobs = jobs_on_node(config, node, settings.term_timeout_s + 5.0)
+            jobs = read_jobs(config, node, settings.term_timeout_s + 5.0)
         except SlurmError as e:
             say(f"  cannot list the jobs again: {e}; nothing removed")
             return CANNOT

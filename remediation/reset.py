@@ -16,6 +16,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health import engine, registry
+from mps_health import processes as procs
 from mps_health.context import Context, node_name
 from mps_health.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.probes import control as control_probe
@@ -25,7 +26,7 @@ from mps_health.results import CRITICAL, OK, UNKNOWN, Result
 from mps_health.runner import RunAs, run
 
 from . import clients as clients_mod
-from . import dirs, procs, safefs
+from . import dirs, safefs
 from .settings import RemediationSettings
 from .users import User, groups_of
 

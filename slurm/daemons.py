@@ -1,20 +1,15 @@
-"""A job's MPS processes: start its daemon as the job's user, quit it, end what is left.
+"""A job's MPS daemon: start it as the job's user and quit it.
 
-Processes are found in /proc (``mps_health.probes.proc``): control daemons whose
-environment names one of the job's pipe dirs, and servers whose environment names it
-or whose parent is such a daemon. They are signalled only after checking, again in
-/proc, that each PID is still the process we saw (same start time) and is not a
-zombie: a PID reused by an unrelated process is never touched.
+What is left after a quit is ended by ``mps_health.processes`` (verified PIDs).
 """
 
 import os
-import signal
 import stat
 import time
-from typing import Collection, List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 
 from mps_health.facts import ProcessFact
-from mps_health.probes.proc import read_process, read_processes
+from mps_health.probes.proc import read_process
 
 from .runas import RunAs, run_as
 
@@ -27,22 +22,6 @@ class Started(NamedTuple):
     pid: Optional[int]  # None when it did not come up
     detail: str  # what went wrong, or the daemon's first answer
     elapsed_s: float
-
-
-def job_processes(proc_dir: str, pipe_dirs: Collection[str]) -> Tuple[ProcessFact, ...]:
-    """Live MPS daemons and servers that belong to the job's pipe dirs."""
-    wanted = {os.path.normpath(p) for p in pipe_dirs}
-    procs = [p for p in read_processes(proc_dir) if p.state not in ("Z", "X")]
-    daemons = {p.pid for p in procs if p.role == "control" and p.pipe_dir in wanted}
-    return tuple(p for p in procs
-                 if p.pid in daemons or (p.role == "server" and (
-                     p.pipe_dir in wanted or p.ppid in daemons)))
-
-
-def alive(proc_dir: str, fact: ProcessFact) -> bool:
-    """Still the process we saw (pid and start time), and not a zombie."""
-    now = read_process(proc_dir, fact.pid)
-    return now is not None and now.start_ticks == fact.start_ticks and now.state not in "ZX"
 
 
 def _pid_file(pipe_dir: str) -> Optional[int]:
@@ -125,35 +104,3 @@ def quit_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict,
     if r.rc != 0:
         return f"'quit -t {force}' failed: rc {r.rc}: {(r.stdout + r.stderr).strip()!r}"
     return ""
-
-
-def end_processes(proc_dir: str, facts: Collection[ProcessFact], grace_s: float,
-                  ) -> Tuple[List[ProcessFact], List[ProcessFact]]:
-    """SIGTERM, then SIGKILL after ``grace_s``, each verified PID; (ended, survivors)."""
-    targets = [f for f in facts if alive(proc_dir, f)]
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-        for f in targets:
-            if alive(proc_dir, f):
-                _signal(f.pid, sig)
-                if f.state in ("T", "t") and sig == signal.SIGTERM:
-                    _signal(f.pid, signal.SIGCONT)  # a stopped process acts on TERM only now
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(alive(proc_dir, f) for f in targets):
-            time.sleep(0.02)
-        if not any(alive(proc_dir, f) for f in targets):
-            break
-    survivors = [f for f in targets if alive(proc_dir, f)]
-    return [f for f in targets if f not in survivors], survivors
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(alive(proc_dir, f) for f in facts):
-        time.sleep(0.02)

@@ -44,15 +44,43 @@ def _ours(path: str) -> bool:
     return MARKER in head
 
 
-def check_python(python: str) -> None:
-    """The interpreter must import the hooks as slurmd will run them (-I, no PATH)."""
+# Run by the interpreter the hooks will use: the dirs its mps_health (and the YAML
+# loader the config needs) come from, one per line.
+PROBE = ("import os, mps_health, mps_health.slurm.hooks as h\n"
+         "print(os.path.dirname(mps_health.__file__)); print(os.path.dirname(h.__file__))\n"
+         "try:\n import yaml; print(os.path.dirname(yaml.__file__))\n"
+         "except ImportError: pass\n")
+DEFAULT_CONFIG = "/etc/mps-health/config.yaml"
+FOR_JOB_USERS = ("the TaskProlog runs as the job's user: install mps-health where every user "
+                 "can read it (a venv in /opt/mps-health, see the README's Install on a node)")
+
+
+def check_python(python: str) -> List[str]:
+    """The interpreter must import the hooks as slurmd will run them (-I, no PATH);
+    returns the package dirs it imports them from."""
     from .runas import run_as
 
-    r = run_as([python, "-I", "-c", "import mps_health.slurm.hooks"], 60, None, env={})
+    r = run_as([python, "-I", "-c", PROBE], 60, None, env={})
     if r.exec_error or r.rc != 0:
         said = r.exec_error or (r.stderr.strip().splitlines() or ["?"])[-1]
         raise InstallError(f"{python} cannot import mps_health.slurm.hooks ({said}): give "
                            "--python the interpreter mps-health is installed for")
+    return [line for line in r.stdout.splitlines() if line.startswith("/")]
+
+
+def check_job_users(python: str, packages: List[str], prefix: str,
+                    config: Optional[str]) -> None:
+    """Job users must reach the interpreter, the packages, the hooks and the config."""
+    from . import reach
+
+    config = config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    for what, problem in (
+            (f"the interpreter {python}", reach.executable(python)),
+            ("the mps_health package", reach.package_tree(packages)),
+            (f"the hook directory {prefix}", reach.directory(prefix)),
+            (f"the config {config}", reach.readable(config) if config else "")):
+        if problem:
+            raise InstallError(f"job users cannot use {what}: {problem}; {FOR_JOB_USERS}")
 
 
 def install(prefix: str, python: str, config: Optional[str], force: bool) -> List[Written]:
@@ -60,7 +88,7 @@ def install(prefix: str, python: str, config: Optional[str], force: bool) -> Lis
         raise InstallError(f"{prefix}: not an existing directory (give an absolute --prefix)")
     if config is not None and not os.path.isabs(config):
         raise InstallError(f"--config {config}: give an absolute path (hooks run from /)")
-    check_python(python)
+    check_job_users(python, check_python(python), prefix, config)
     scripts = plan(prefix, python, config)
     for w in scripts:
         if not force and not _ours(w.path):

@@ -19,8 +19,10 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
+from mps_health import processes
 from mps_health.config import Config
 from mps_health.facts import ProcessFact
+from mps_health.probes.proc import read_processes
 
 from . import daemons, safedirs
 from .hooklog import HookLog
@@ -199,7 +201,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     """Quit, end and remove everything of the job; "" or the processes that survived."""
     all_dirs = found_job_dirs(config, job.job_id, job.gpus)
     pipes = {d.pipe_dir for d in all_dirs}
-    procs = daemons.job_processes(proc_dir, pipes)
+    procs = sum(processes.of_pipe_dirs(read_processes(proc_dir), pipes), ())
     if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
         return ""
     as_user = for_user(job.uid, job.gid, job.user)
@@ -216,7 +218,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
                                       daemon_env(job, dirs, as_user), settings.quit_timeout_s)
         if problem:
             log.warning(f"daemon {daemon[0].pid} in {dirs.pipe_dir}: {problem}")
-    daemons.wait_gone(proc_dir, procs, 1.0)
+    processes.wait_gone(proc_dir, procs, 1.0)
     stuck = _end_leftovers(job, procs, settings, log, proc_dir)
     for dirs in all_dirs:
         for path in (dirs.pipe_dir, dirs.log_dir):
@@ -231,7 +233,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
 
 def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSettings,
                    log: HookLog, proc_dir: str) -> str:
-    left = [p for p in procs if daemons.alive(proc_dir, p)]
+    left = [p for p in procs if processes.same(proc_dir, p)]
     foreign = [p for p in left if p.uid != job.uid]
     for p in foreign:
         log.warning(f"{p.role} {p.pid} serves this job's pipe dir but runs as uid {p.uid}, "
@@ -239,7 +241,9 @@ def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSe
     mine = [p for p in left if p.uid == job.uid]
     if not mine:
         return ""
-    ended, survivors = daemons.end_processes(proc_dir, mine, settings.kill_grace_s)
+    results = processes.end_all(proc_dir, mine, settings.kill_grace_s, kill_wait_s=2.0)
+    ended = [p for p, e in zip(mine, results) if e.outcome in ("terminated", "killed")]
+    survivors = [p for p, e in zip(mine, results) if e.outcome == "alive"]
     if ended:
         log.warning("ended leftover MPS processes by verified PID: "
                     + ", ".join(f"{p.role} {p.pid}" for p in ended))

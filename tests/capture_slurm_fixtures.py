@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from mps_health.probes.slurm import SQUEUE_FORMAT
 from slurmcluster import SlurmCluster, ensure_user
 
 OUT = Path(__file__).parent / "fixtures"
@@ -51,7 +52,7 @@ def main() -> int:
         time.sleep(1.5)  # a non-zero time used in squeue
         node("mps-and-gpu-jobs")
         save(f"squeue_-h_-w_-o__{tag}_three-jobs.txt",
-             c.run(["squeue", "-h", "-w", c.node_name, "-o", "%A|%u|%T|%M|%b"]).stdout)
+             c.run(["squeue", "-h", "-w", c.node_name, "-o", SQUEUE_FORMAT]).stdout)
         c.cancel_all()
         jobs.append(c.start_job(["srun", "--gres=gpu:2", "sleep", "120"]))
         c.wait_running(1)
@@ -70,7 +71,7 @@ def main() -> int:
         failed(f"scontrol_show_node_-d_-o__{tag}_not-found",
                c.run(["scontrol", "-d", "show", "node", "nosuchnode", "-o"]))
         failed(f"squeue_-h_-w_-o__{tag}_not-found",
-               c.run(["squeue", "-h", "-w", "nosuchnode", "-o", "%A|%u|%T|%M|%b"]))
+               c.run(["squeue", "-h", "-w", "nosuchnode", "-o", SQUEUE_FORMAT]))
         failed(f"scontrol_--json_show_node__{tag}_unsupported",
                c.run(["scontrol", "--json", "show", "node", c.node_name]))
         c.stop_controller()

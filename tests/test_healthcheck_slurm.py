@@ -56,9 +56,9 @@ def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
 
 
 def node(cluster: SlurmCluster):
-    from mps_health.remediation.slurmnode import parse_show_node
+    from mps_health.probes.slurm import parse_node_line
 
-    return parse_show_node(cluster.scontrol("show", "node", cluster.node_name, "-o"))
+    return parse_node_line(cluster.scontrol("show", "node", cluster.node_name, "-o"))
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def clean_node(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The node back to IDLE, no reason, before and after each test."""
     def reset() -> None:
         v = node(cluster)
-        if v.flags & {"DRAIN", "DOWN"}:
+        if {"DRAIN", "DOWN"}.intersection(v.flags):
             cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])
         cluster.wait_state(lambda s: s.split("+")[0] == "IDLE" and "DRAIN" not in s, 30)
 
@@ -96,7 +96,7 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
     fourth = hc(cluster, cfg)
     assert "resumed (drained by us" in fourth.stdout, fourth.stdout
     v = node(cluster)
-    assert not v.flags & {"DRAIN", "DOWN"} and v.reason == ""
+    assert not {"DRAIN", "DOWN"}.intersection(v.flags) and v.reason == ""
     audit = (tree / "audit.log").read_text()
     assert "action=healthcheck event=drain result=ok" in audit
     assert "action=healthcheck event=resume result=ok" in audit

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
+from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
-from mps_health.remediation.slurmnode import NodeView, parse_show_node
 from remhelp import healthcheck_exe, make_dirs, start_fake, write_config
 from slurmcluster import SlurmCluster
 from slurmroot import VENV
@@ -82,8 +82,8 @@ exit $rc
         shutil.rmtree(base, ignore_errors=True)
 
 
-def node(s: Setup) -> NodeView:
-    return parse_show_node(s.cluster.scontrol("show", "node", NODE, "-o"))
+def node(s: Setup) -> SlurmNode:
+    return parse_node_line(s.cluster.scontrol("show", "node", NODE, "-o"))
 
 
 def runs(s: Setup) -> List[Tuple[str, str, float, str]]:
@@ -147,7 +147,7 @@ def test_slurmd_gives_the_program_almost_no_environment(setup: Setup) -> None:
 def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
     s = setup
     wait_for("a clean run", lambda: any(r[3] == "rc=0" for r in runs(s)), 30)
-    assert not node(s).flags & {"DRAIN"}
+    assert "DRAIN" not in node(s).flags
     daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
     t_fault = time.monotonic()
     os.kill(daemon, signal.SIGKILL)  # a stale pipe dir: every client silently loses MPS
@@ -178,7 +178,7 @@ def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
         assert v.reason == ""
     else:  # 24.11 keeps the last reason after RESUME (and `Reason=` does not clear it)
         assert v.reason.startswith("MPS-HC: control-absent node: ")
-    assert not v.flags & {"DRAIN", "DOWN"}
+    assert not set(v.flags) & {"DRAIN", "DOWN"}
     # A human drains it with a reason of their own: our clean runs never resume it.
     s.cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN",
                        "Reason=hands off: GPU swap")

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 from conftest import FAKE_CONTROL
-from mps_health.remediation.slurmnode import parse_show_node
+from mps_health.probes.slurm import parse_node_line
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
@@ -117,13 +117,13 @@ def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, tr
     cfg = per_job_config(tree, cluster)
     r = run(cluster, cfg, "drain", "--reason", "resetting MPS")
     assert r.returncode == 0, r.stdout + r.stderr
-    v = parse_show_node(cluster.scontrol("show", "node", NODE, "-o"))
+    v = parse_node_line(cluster.scontrol("show", "node", NODE, "-o"))
     assert "DRAIN" in v.flags and v.reason == "MPS-HC: manual: resetting MPS"
     again = run(cluster, cfg, "drain")
     assert again.returncode == 0 and "already drained by us" in again.stdout
     back = run(cluster, cfg, "resume")
     assert back.returncode == 0 and "resumed" in back.stdout
-    assert "DRAIN" not in parse_show_node(cluster.scontrol("show", "node", NODE, "-o")).flags
+    assert "DRAIN" not in parse_node_line(cluster.scontrol("show", "node", NODE, "-o")).flags
     cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN", "Reason=firmware update")
     try:
         refused = run(cluster, cfg, "resume")
@@ -131,7 +131,7 @@ def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, tr
         assert "refused: drained by someone else (firmware update): left alone" in refused.stdout
         over = run(cluster, cfg, "drain", "--reason", "mine")
         assert over.returncode == 1
-        v = parse_show_node(cluster.scontrol("show", "node", NODE, "-o"))
+        v = parse_node_line(cluster.scontrol("show", "node", NODE, "-o"))
         assert v.reason == "firmware update"
     finally:
         cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")

@@ -11,11 +11,12 @@ import pytest
 from conftest import fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
+from mps_health import processes as procs
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
-from mps_health.remediation import detach, dirs, hcstate, procs, safefs, settings, slurmnode
-from mps_health.remediation.jobs import parse_squeue
+from mps_health.probes.slurm import SlurmNode, parse_node_line
+from mps_health.remediation import detach, dirs, hcstate, safefs, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
@@ -23,14 +24,14 @@ from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
 TAG = "MPS-HC:"
 
 
-def node(name: str) -> slurmnode.NodeView:
-    return slurmnode.parse_show_node(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
+def node(name: str) -> SlurmNode:
+    return parse_node_line(fixture_text(f"scontrol_show_node_-o__slurm-22.05_{name}.txt"))
 
 
 # --- scontrol show node -o (Slurm 22.05, captured from the test cluster) --------------
 def test_parse_idle_node() -> None:
     v = node("idle")
-    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", {"IDLE"}, "")
+    assert (v.name, v.state, v.flags, v.reason) == ("mpsnode", "IDLE", ("IDLE",), "")
 
 
 def test_parse_our_drain_strips_slurms_user_and_time() -> None:
@@ -44,7 +45,7 @@ def test_parse_our_drain_strips_slurms_user_and_time() -> None:
 def test_parse_reason_with_spaces_and_commas() -> None:
     v = node("drained-by-admin-not-responding")
     assert v.reason == "disk replaced, ticket 123"
-    assert {"IDLE", "DRAIN", "NOT_RESPONDING"} == v.flags
+    assert v.flags == ("IDLE", "DRAIN", "NOT_RESPONDING")
 
 
 @pytest.mark.parametrize("name, drain, resume", [
@@ -67,7 +68,7 @@ def test_why_a_drain_is_refused_is_said() -> None:
     assert slurmnode.may_drain(node("drained-by-admin-not-responding"), TAG) == \
         (False, "already drained by someone else (disk replaced, ticket 123): left alone")
     assert slurmnode.may_drain(node("drained-mps-hc"), TAG) == (False, "already drained by us")
-    human = slurmnode.NodeView("n", "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), "disk replaced")
+    human = SlurmNode("n", "IDLE+DRAIN", ("IDLE", "DRAIN"), "disk replaced", (), None)
     assert slurmnode.may_drain(human, TAG) == \
         (False, "already drained by someone else (disk replaced): left alone")
     assert slurmnode.may_resume(human, TAG) == \
@@ -76,14 +77,14 @@ def test_why_a_drain_is_refused_is_said() -> None:
 
 def test_no_such_node_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a node record: 'Node nosuch not found'"):
-        slurmnode.parse_show_node(
+        parse_node_line(
             fixture_text("scontrol_show_node_-o__slurm-22.05_no-such-node.txt"))
 
 
 @given(st.text())
 def test_any_text_parses_or_fails_clearly(text: str) -> None:
     try:
-        v = slurmnode.parse_show_node(text)
+        v = parse_node_line(text)
     except ValueError as e:
         assert str(e)
     else:
@@ -94,17 +95,6 @@ def test_reason_text_is_one_bounded_line() -> None:
     r = slurmnode.reason_text(TAG, "control-wedged gpu0:", "a\nlong " + "x" * 300)
     assert r.startswith("MPS-HC: control-wedged gpu0: a long x")
     assert len(r) == 120 and "\n" not in r and r.endswith("...")
-
-
-# --- squeue --------------------------------------------------------------------------------
-def test_parse_squeue_one_job() -> None:
-    jobs = parse_squeue(fixture_text("squeue_--noheader_--format_A-U-T__slurm-22.05_one-job.txt"))
-    assert list(jobs) == ["1"] and jobs["1"].uid == 0 and jobs["1"].state == "RUNNING"
-
-
-def test_garbled_squeue_is_an_error_not_an_empty_list() -> None:
-    with pytest.raises(ValueError, match="squeue line 1 is not 'JOBID UID STATE'"):
-        parse_squeue("slurm_load_jobs error: Unable to contact slurm controller\n")
 
 
 def test_orphans_are_instances_whose_job_slurm_does_not_list() -> None:
@@ -253,9 +243,31 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
     assert procs.end("/proc", reused, 1.0).outcome == "replaced"
+    other_user = fact._replace(uid=fact.uid + 1)  # "the same PID, another owner"
+    assert procs.end("/proc", other_user, 1.0).outcome == "replaced"
     assert alive(pid)
     assert procs.end("/proc", fact, 1.0).outcome == "terminated"
     assert not alive(pid)
+
+
+def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(tree: Path) -> None:
+    server = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
+    started = [subprocess.Popen([server], stdout=subprocess.PIPE, text=True,
+                                env={"PATH": "/usr/bin:/bin", "FAKE_MPS_IGNORE_TERM": "1",
+                                     "CUDA_MPS_PIPE_DIRECTORY": str(tree)})
+               for _ in range(3)]
+    try:
+        for s in started:
+            assert s.stdout is not None and s.stdout.readline() == "ready\n"
+        facts = [read_process("/proc", s.pid) for s in started]
+        assert all(f is not None and f.role == "server" for f in facts)
+        ended = procs.end_all("/proc", [f for f in facts if f is not None], 0.5)
+        assert [e.outcome for e in ended] == ["killed"] * 3
+        assert all(s.wait(5) == -9 for s in started)
+    finally:
+        for s in started:
+            s.kill()
+            s.wait()
 
 
 def test_the_processes_of_an_instance() -> None:

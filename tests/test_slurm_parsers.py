@@ -42,16 +42,26 @@ def test_mps_and_gpu_jobs_22_05() -> None:
     assert node.gres_used == (GresItem("gpu", None, 1), GresItem("mps", None, 1, (0,)))
 
 
-def test_drained_by_us_keeps_the_whole_reason() -> None:
+def test_drained_by_us_reads_the_reason_without_slurms_stamp() -> None:
     node = parse_node_line(fixture_text(V22.format("drained-by-mps-health")))
     assert node.flags == ("IDLE", "DRAIN")
-    assert node.reason.startswith("MPS-HC: daemon-dead node: control daemon is not running [root@")
+    assert node.reason == "MPS-HC: daemon-dead node: control daemon is not running"
 
 
 def test_down_by_admin() -> None:
     node = parse_node_line(fixture_text(V22.format("down-by-admin")))
     assert node.flags == ("DOWN", "NOT_RESPONDING")
-    assert node.reason.startswith("fan failure [root@")
+    assert node.reason == "fan failure"
+
+
+def test_state_suffixes_are_flags_not_parts_of_words() -> None:
+    node = parse_node_line("NodeName=n State=IDLE*+DRAIN Reason=x [root@2026-01-01T00:00:00]")
+    assert node.flags == ("IDLE", "NOT_RESPONDING", "DRAIN") and node.reason == "x"
+
+
+def test_a_reason_that_only_looks_stamped_is_kept() -> None:
+    assert parse_node_line("NodeName=n State=IDLE Reason=see [ticket 7]").reason == \
+        "see [ticket 7]"
 
 
 def test_os_value_with_spaces_does_not_break_fields() -> None:
@@ -97,10 +107,15 @@ def test_json_errors_and_missing_node_are_parse_errors() -> None:
 
 def test_squeue_three_jobs() -> None:
     jobs = parse_squeue(fixture_text("squeue_-h_-w_-o__slurm-22.05_three-jobs.txt"))
-    assert [(j.job_id, j.user, j.state, j.holds_mps) for j in jobs] == [
-        ("1", "root", "RUNNING", True), ("2", "mpshtest", "RUNNING", True),
-        ("3", "root", "RUNNING", False)]
+    assert [(j.job_id, j.user, j.uid, j.state, j.holds_mps) for j in jobs] == [
+        ("1", "root", 0, "RUNNING", True), ("2", "mpshtest", 1002, "RUNNING", True),
+        ("3", "root", 0, "RUNNING", False)]
     assert all(j.elapsed_s is not None and j.elapsed_s >= 0 for j in jobs)
+
+
+def test_garbled_squeue_is_an_error_not_an_empty_list() -> None:
+    with pytest.raises(ParseError, match=r"squeue line 1 is not 'JOBID\|USER\|UID\|STATE"):
+        parse_squeue("slurm_load_jobs error: Unable to contact slurm controller\n")
 
 
 @pytest.mark.parametrize("text,seconds", [("0:01", 1), ("12:34", 754), ("1:02:03", 3723),

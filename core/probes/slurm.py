@@ -1,4 +1,12 @@
-"""Slurm's view of this node: one ``scontrol -d show node NODE -o`` per run.
+"""Slurm's view of this node, and the one way mps-health calls and reads Slurm.
+
+Every ``scontrol``/``squeue`` call of the suite (checks, health check, remediation)
+goes through ``call``/``answer`` here: bounded, no shell, a failure is ``SlurmError``
+with a code and one line. One parser per format: ``parse_node_line`` (``scontrol show
+node -o``, with or without ``-d``), ``parse_node_json``, ``parse_squeue`` (``SQUEUE_FORMAT``).
+Slurm's ``[user@time]`` stamp is cut off every Reason, so a reason reads as it was set.
+
+The check reads one ``scontrol -d show node NODE -o`` per run.
 
 ``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
 holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
@@ -11,13 +19,16 @@ line in the facts after ``slurm.timeout_s``, never a hang and never an exception
 
 import os
 import time
-from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..context import Context, node_name
 from ..runner import Completed, Pending, child_env, run, wait_all
 from .hostlist import ParseError, split_top
 
-SQUEUE_FORMAT = "%A|%u|%T|%M|%b"  # job id, user, state, time used, gres per node
+if TYPE_CHECKING:
+    from ..config import Config
+
+SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
 JSON_SINCE = (23, 2)
 
 
@@ -34,8 +45,8 @@ class GresItem(NamedTuple):
 class SlurmNode(NamedTuple):
     name: str
     state: str  # as Slurm prints it: "IDLE", "MIXED+DRAIN", ...
-    flags: Tuple[str, ...]  # the state split on '+': ("MIXED", "DRAIN")
-    reason: str
+    flags: Tuple[str, ...]  # the state split on '+': ("MIXED", "DRAIN"); '*' NOT_RESPONDING
+    reason: str  # without Slurm's trailing "[user@time]"; "" when none
     gres: Tuple[GresItem, ...]
     gres_used: Optional[Tuple[GresItem, ...]]  # None when Slurm did not print it
     slurmd_version: Optional[str] = None
@@ -44,6 +55,7 @@ class SlurmNode(NamedTuple):
 class SlurmJob(NamedTuple):
     job_id: str
     user: str
+    uid: int
     state: str
     elapsed_s: Optional[float]
     gres: str  # squeue's tres-per-node, e.g. "gres:mps:50"
@@ -168,23 +180,34 @@ def parse_fields(line: str) -> Mapping[str, str]:
     return fields
 
 
+def strip_stamp(reason: str) -> str:
+    """A Reason without Slurm's ``[user@time]`` suffix; ``(null)`` is no reason."""
+    reason = reason.strip()
+    stamp = reason.rfind(" [")
+    if reason.endswith("]") and stamp >= 0 and "@" in reason[stamp:]:
+        reason = reason[:stamp].rstrip()
+    return "" if reason == "(null)" else reason
+
+
 def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
           version: Optional[str]) -> SlurmNode:
-    flags = tuple(f for f in state.replace("*", "+NOT_RESPONDING").split("+") if f)
-    return SlurmNode(name, state, flags, reason, parse_gres(gres),
+    words = state.replace("*", "+NOT_RESPONDING").split("+")
+    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
+    return SlurmNode(name, state, flags, strip_stamp(reason), parse_gres(gres),
                      None if used is None else parse_gres(used), version)
 
 
 def parse_node_line(text: str) -> SlurmNode:
-    """The node of ``scontrol -d show node NODE -o`` (one line)."""
+    """The node of ``scontrol [-d] show node NODE -o`` (one line)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) != 1:
         raise ParseError(f"expected one node line, got {len(lines)}")
+    if not lines[0].startswith("NodeName="):
+        raise ParseError(f"not a node record: {lines[0].strip()[:80]!r} (no NodeName=)")
     fields = parse_fields(lines[0])
-    if "NodeName" not in fields or "State" not in fields:
-        raise ParseError("no NodeName= and State= in scontrol's output")
-    reason = fields.get("Reason", "")
-    return _node(fields["NodeName"], fields["State"], "" if reason == "(null)" else reason,
+    if "State" not in fields:
+        raise ParseError("the node record has no State=")
+    return _node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
                  fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"))
 
 
@@ -247,17 +270,18 @@ def parse_elapsed(text: str) -> Optional[float]:
 
 
 def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
-    """Lines of ``squeue -h -o '%A|%u|%T|%M|%b'``."""
+    """Lines of ``squeue -h -o SQUEUE_FORMAT``; a garbled line is an error, never skipped
+    (an empty answer would make every per-job instance look orphaned)."""
     jobs: List[SlurmJob] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        fields = line.strip().split("|")
-        if len(fields) != 5 or not fields[0].strip().isdigit():
-            raise ParseError(f"squeue line {number} is not 'JOBID|USER|STATE|TIME|GRES': "
+        fields = [f.strip() for f in line.strip().split("|")]
+        if len(fields) != 6 or not fields[0].isdigit() or not fields[2].isdigit():
+            raise ParseError(f"squeue line {number} is not 'JOBID|USER|UID|STATE|TIME|GRES': "
                              f"{line[:80]!r}")
-        job, user, state, elapsed, gres = (f.strip() for f in fields)
-        jobs.append(SlurmJob(job, user, state, parse_elapsed(elapsed),
+        job, user, uid, state, elapsed, gres = fields
+        jobs.append(SlurmJob(job, user, int(uid), state, parse_elapsed(elapsed),
                              "" if gres in ("N/A", "(null)") else gres))
     return tuple(jobs)
 
@@ -287,6 +311,56 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
     if "not found" in first or "Invalid node name" in first:
         return "node-unknown", f"{what}: {first}"
     return "error", f"{what}: {first}"
+
+
+# --- calling ------------------------------------------------------------------------
+
+class SlurmError(Exception):
+    """A Slurm command gave no usable answer: ``code`` (as ``classify_failure``) and one line."""
+
+    def __init__(self, code: str, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+def answer(done: Completed, what: str, timeout_s: float) -> str:
+    """The stdout of a Slurm command that succeeded; SlurmError otherwise."""
+    if done.rc != 0:
+        raise SlurmError(*classify_failure(done, what, timeout_s))
+    return done.stdout
+
+
+def call(argv: Sequence[str], timeout_s: float, what: str,
+         env: Optional[Mapping[str, str]] = None) -> str:
+    """Run one Slurm command, bounded; its stdout, or SlurmError saying what went wrong."""
+    return answer(run(argv, timeout_s, env=env), what, timeout_s)
+
+
+def scontrol_argv(config: "Config", *args: str) -> List[str]:
+    return [config.command("scontrol"), *args]
+
+
+def squeue_argv(config: "Config", node: str) -> List[str]:
+    return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
+
+
+def read_node(config: "Config", node: str, timeout_s: float) -> SlurmNode:
+    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
+    what = f"scontrol show node {node}"
+    text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
+    try:
+        return parse_node_line(text)
+    except ParseError as e:
+        raise SlurmError("parse", f"{what}: {e}") from None
+
+
+def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJob]:
+    """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
+    text = call(squeue_argv(config, node), timeout_s, "squeue")
+    try:
+        return {j.job_id: j for j in parse_squeue(text)}
+    except ParseError as e:
+        raise SlurmError("parse", f"squeue: {e}") from None
 
 
 # --- reading --------------------------------------------------------------------------
@@ -353,37 +427,33 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     scontrol = ctx.config.command("scontrol")
     calls: List[str] = []
     as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
-    argv = [scontrol, "--json", "show", "node", node] if as_json else \
-        [scontrol, "-d", "show", "node", node, "-o"]
+    argv = scontrol_argv(ctx.config, "--json", "show", "node", node) if as_json else \
+        scontrol_argv(ctx.config, "-d", "show", "node", node, "-o")
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
     if want_jobs:
-        squeue = [ctx.config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
+        squeue = squeue_argv(ctx.config, node)
         pending.append(Pending(squeue, env=env))
         calls.append(" ".join(squeue))
     deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
     done = wait_all(pending, deadline)
     facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
     shown = "scontrol show node"
-    if done[0].rc == 0:
-        try:
-            parsed = parse_node_json(done[0].stdout, node) if as_json \
-                else parse_node_line(done[0].stdout)
-            facts = facts._replace(node=parsed)
-        except ParseError as e:
-            facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
-    else:
-        code, line = classify_failure(done[0], shown, cfg.timeout_s)
-        facts = facts._replace(error_code=code, error=line)
+    try:
+        text = answer(done[0], shown, cfg.timeout_s)
+        parsed = parse_node_json(text, node) if as_json else parse_node_line(text)
+        facts = facts._replace(node=parsed)
+    except SlurmError as e:
+        facts = facts._replace(error_code=e.code, error=str(e))
+    except ParseError as e:
+        facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
     if want_jobs:
-        if done[1].rc == 0:
-            try:
-                facts = facts._replace(jobs=parse_squeue(done[1].stdout))
-            except ParseError as e:
-                facts = facts._replace(jobs_error=f"squeue: {e}")
-        else:
-            facts = facts._replace(jobs_error=classify_failure(done[1], "squeue",
-                                                               cfg.timeout_s)[1])
+        try:
+            facts = facts._replace(jobs=parse_squeue(answer(done[1], "squeue", cfg.timeout_s)))
+        except SlurmError as e:
+            facts = facts._replace(jobs_error=str(e))
+        except ParseError as e:
+            facts = facts._replace(jobs_error=f"squeue: {e}")
     return facts
 
 

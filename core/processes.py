@@ -1,0 +1,153 @@
+"""Ending MPS processes by verified PID: the one way mps-health signals a process.
+
+Used by ``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up.
+
+Safety rules, all here:
+
+* A process is ours by what /proc says, never because a pid file names it: a control
+  daemon or server (by cmdline, ``probes.proc``) whose environment names the pipe dir,
+  or a server whose parent is such a daemon (``of_pipe_dirs``).
+* Just before a signal, /proc must still show the very process we planned on: the same
+  start time (so not a reused PID), the same uid and MPS role, and not a zombie.
+* Where the kernel offers pidfds (``os.pidfd_open``, Linux 5.3+) one is opened *before*
+  that check and every signal goes through it, so a PID reused between the check and the
+  signal cannot be hit. Without pidfds the check is repeated before each signal.
+* Never by name, never a process group. SIGTERM with SIGCONT (a stopped process acts on
+  TERM only when continued), then SIGKILL after the grace time, all targets at once, so
+  N processes cost one grace time, not N.
+"""
+
+import contextlib
+import os
+import signal
+import time
+from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+from .facts import Instance, ProcessFact
+from .probes.proc import read_process
+
+GONE_STATES = ("Z", "X")
+
+
+class Ended(NamedTuple):
+    pid: int
+    outcome: str  # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive"
+    detail: str = ""
+
+
+def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str]
+                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """(control daemons, servers) serving ``paths``: by the pipe dir in their environ, and
+    for servers also by parentage (a daemon's child is its server whatever its environ)."""
+    wanted = {os.path.normpath(p) for p in paths}
+    live = [p for p in procs if p.state not in GONE_STATES]
+    daemons = tuple(p for p in live if p.role == "control" and p.pipe_dir in wanted)
+    pids = {d.pid for d in daemons}
+    servers = tuple(p for p in live if p.role == "server" and (
+        p.pipe_dir in wanted or p.ppid in pids))
+    return daemons, servers
+
+
+def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
+                ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """(control daemons, servers) of ``inst``; under ``--root`` a daemon's environ may name
+    its pipe dir with or without the root."""
+    paths = [inst.pipe_dir]
+    if root not in ("", "/"):
+        paths.append(os.path.join(root, inst.pipe_dir.lstrip("/")))
+    return of_pipe_dirs(procs, paths)
+
+
+def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:
+    """The live process ``fact`` describes now, or None: gone, a zombie, or another process
+    under the same PID (other start time, uid or role)."""
+    now = read_process(proc_dir, fact.pid)
+    if now is None or now.state in GONE_STATES:
+        return None
+    if (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
+        return None
+    return now
+
+
+def gone(proc_dir: str, fact: ProcessFact) -> bool:
+    """Has the process ``fact`` describes ended (exited, zombie, or its PID reused)?
+    An exiting process loses its cmdline before it becomes a zombie: still running."""
+    now = read_process(proc_dir, fact.pid)
+    return now is None or now.start_ticks != fact.start_ticks or now.state in GONE_STATES
+
+
+def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
+    """Wait until every process of ``facts`` has ended; False if one is left at the end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(gone(proc_dir, f) for f in facts):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _open_pidfd(pid: int) -> Optional[int]:
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None  # gone already, or an old kernel: the /proc check still guards us
+
+
+def _send(proc_dir: str, fact: ProcessFact, pidfd: Optional[int], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif same(proc_dir, fact) is not None:
+            os.kill(fact.pid, sig)
+
+
+def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
+            kill_wait_s: float = 5.0) -> List[Ended]:
+    """End each verified process: SIGTERM (+SIGCONT), SIGKILL after ``grace_s``."""
+    facts = list(dict.fromkeys(facts))
+    pidfds: Dict[int, Optional[int]] = {f.pid: _open_pidfd(f.pid) for f in facts}
+    try:
+        outcome: Dict[ProcessFact, Ended] = {}
+        targets: List[ProcessFact] = []
+        for f in facts:
+            now = read_process(proc_dir, f.pid)
+            if now is None or now.state in GONE_STATES:
+                outcome[f] = Ended(f.pid, "gone", "already exited")
+            elif same(proc_dir, f) is None:
+                outcome[f] = Ended(f.pid, "replaced",
+                                   "the PID now names another process: left alone")
+            else:
+                targets.append(f)
+        for f in targets:
+            _send(proc_dir, f, pidfds[f.pid], signal.SIGTERM)
+            _send(proc_dir, f, pidfds[f.pid], signal.SIGCONT)
+        wait_gone(proc_dir, targets, grace_s)
+        for f in targets:
+            if gone(proc_dir, f):
+                outcome[f] = Ended(f.pid, "terminated", "ended by SIGTERM")
+            else:  # still there with the same start time: the same process
+                _send(proc_dir, f, pidfds[f.pid], signal.SIGKILL)
+        left = [f for f in targets if f not in outcome]
+        wait_gone(proc_dir, left, kill_wait_s)
+        for f in left:
+            outcome[f] = Ended(f.pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL") \
+                if gone(proc_dir, f) else \
+                Ended(f.pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
+        return [outcome[f] for f in facts]
+    finally:
+        for fd in pidfds.values():
+            if fd is not None:
+                os.close(fd)
+
+
+def end(proc_dir: str, fact: ProcessFact, grace_s: float) -> Ended:
+    return end_all(proc_dir, (fact,), grace_s)[0]
+
+
+def describe(p: ProcessFact) -> str:
+    state = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}.get(p.state, "")
+    return f"{p.role} {p.pid} (uid {p.uid}{', ' + state if state else ''})"
