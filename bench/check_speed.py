@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""How much `mps-health check` costs beyond starting Python, against the seeds' audit.
+"""How much `mps-health check` costs beyond starting Python, against a hand audit script.
 
 Everything is measured in one run and printed as ratios, so the figures do not depend
 on the machine's speed:
 
 * baseline: `python3 -c pass` with the same interpreter that runs mps-health;
 * `mps-health check` on a healthy node (one daemon answering);
-* the seeds' audit as a shell script: pgrep, the control query, stat, scontrol;
+* a hand audit as a shell script, as sites run one without mps-health: pgrep, the
+  control query, stat, scontrol;
 * a wedged (SIGSTOPped) daemon: the check must return within the control timeout + 0.5 s;
-* the seeds' audit with slurmctld down: scontrol alone blocks for seconds.
+* that audit with slurmctld down: scontrol alone blocks for seconds.
 
 On a machine without a GPU the daemon is tests/fakes' fake, and its client is the C
 version (tests/fakes/fast_client.c) so the query costs what the real C client costs.
@@ -34,8 +35,8 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
 
-SEED_AUDIT = r"""#!/bin/sh
-# The seeds' hand audit (seed 2's check_mps_health.yml, as one shell script).
+HAND_AUDIT = r"""#!/bin/sh
+# A hand audit as sites run one (an Ansible playbook's tasks, as one shell script).
 pgrep nvidia-cuda-mps >/dev/null
 echo get_default_active_thread_percentage | nvidia-cuda-mps-control >/dev/null
 stat -c %a "$CUDA_MPS_PIPE_DIRECTORY" >/dev/null
@@ -96,8 +97,8 @@ def main() -> int:
     config = work / "config.yaml"
     config.write_text(f"run_dir: {work}/run\nmps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
                       f"control:\n  timeout_s: {args.control_timeout}\n")
-    audit = work / "seed_audit.sh"
-    audit.write_text(SEED_AUDIT)
+    audit = work / "hand_audit.sh"
+    audit.write_text(HAND_AUDIT)
     audit.chmod(0o755)
     entry = shutil.which("mps-health", path=str(Path(args.python).parent))
     base_cmd = [entry] if entry else [args.python, "-m", "mps_health.cli"]
@@ -147,11 +148,11 @@ def main() -> int:
               "python3 -S -E -c pass (the check's own cost, no .pth at all)")
         k = med(results["core"])
         print(f"  ... core checks only     {k * 1000:6.1f} ms  ratio {k / iso:.2f} (daemon, control, "
-              "directories, tmpfiles: the first issue's set)")
+              "directories, tmpfiles: the core set)")
         y = med(results["config"])
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
-        print(f"  seeds' audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
+        print(f"  hand audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
 
         # Wedged daemon.
         os.kill(pid, signal.SIGSTOP)
@@ -162,10 +163,10 @@ def main() -> int:
         bound = args.control_timeout + 0.5
         print(f"\nwedged (SIGSTOPped) daemon: worst of 3 {w:.2f} s; bound "
               f"control timeout + 0.5 = {bound:.1f} s: {'within' if w <= bound else 'OVER'}")
-        print(f"  seeds' audit on the same wedged daemon: {audit_wedged:.1f} s "
+        print(f"  hand audit on the same wedged daemon: {audit_wedged:.1f} s "
               "(stopped by `timeout 10`; it has no bound of its own)")
 
-        # Seeds' audit with slurmctld down: scontrol against a controller nobody serves.
+        # Hand audit with slurmctld down: scontrol against a controller nobody serves.
         if shutil.which("scontrol"):
             conf = work / "slurm.conf"
             conf.write_text("ClusterName=bench\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
@@ -173,7 +174,7 @@ def main() -> int:
                             "PartitionName=p Nodes=localhost Default=YES\n")
             down_env = dict(env, SLURM_CONF=str(conf), WITH_SCONTROL="1")
             down = timed(["sh", str(audit)], down_env, 1, timeout=120)[0]
-            print(f"\nseeds' audit with slurmctld down: {down:.1f} s "
+            print(f"\nhand audit with slurmctld down: {down:.1f} s "
                   f"({down / base:.0f}x python3 -c pass); mps-health makes no Slurm call "
                   "unless a Slurm check is enabled, and bounds it when it does")
         else:

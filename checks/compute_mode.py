@@ -4,15 +4,15 @@ Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
 instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
 stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
 own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
-the per-gpu layout's ``mps.gpus``, else every GPU (seed 2's mixed node is
-``mps: {layout: per-gpu, gpus: [0]}`` on a 2-GPU node). PROHIBITED where something
+the per-gpu layout's ``mps.gpus``, else every GPU (a mixed node, MPS on GPU 0 and
+exclusive jobs on GPU 1, is ``mps: {layout: per-gpu, gpus: [0]}``). PROHIBITED where something
 else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
 other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
 from typing import Iterator, Optional, Tuple
 
-from mps_health.config import Config, ConfigError
+from mps_health.config import Config
 from mps_health.facts import Facts
 from mps_health.probes.nvml import GpuFact, NvmlFacts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
@@ -92,12 +92,8 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    try:
-        gs = gpu_settings(config)
-        mps_ids = mps_gpu_ids(config)
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
-        return
+    gs = gpu_settings(config)
+    mps_ids = mps_gpu_ids(config)
     nvml: NvmlFacts = facts.sources["nvml"]  # type: ignore[assignment]
     if not nvml.available:
         yield nvml_unavailable(NAME, nvml)

@@ -21,7 +21,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.checks.compute_mode import nvml_unavailable
 from mps_health.checks.daemon import live_daemons
-from mps_health.config import Config, ConfigError
+from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.probes.gres_conf import DeviceFile, GresConf
 from mps_health.probes.nvml import NvmlFacts
@@ -98,7 +98,7 @@ def judge_counts(node: SlurmNode, nvml: Optional[NvmlFacts], conf: GresConf,
                  + (f", NVML {nvml_gpus}" if nvml_gpus is not None else "")
                  + (f", gres.conf {conf_gpus}" if conf_gpus is not None else "")
                  + (" (MIG enabled: counts not compared)" if mig else ""), **dict(values))
-    want = gpu_settings(config).gpu_count
+    want = gpu_settings(config).count
     if want is not None and nvml_gpus is not None and nvml_gpus != want:
         yield Result(NAME, CRITICAL, "gpu-count", "",
                      f"this node should have {want} GPUs (gpu.count) but NVML sees {nvml_gpus}",
@@ -249,12 +249,7 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    try:
-        cfg = settings(config)
-        gpu_settings(config)
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
-        return
+    cfg = settings(config)
     slurm: SlurmFacts = facts.sources["slurm"]  # type: ignore[assignment]
     nvml_facts: NvmlFacts = facts.sources["nvml"]  # type: ignore[assignment]
     conf: GresConf = facts.sources["gres_conf"]  # type: ignore[assignment]

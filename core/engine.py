@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
-from .facts import Facts, Instance
+from .facts import Facts
 from .results import UNKNOWN, CheckRun, Report, Result
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
@@ -28,17 +28,18 @@ class SelectionError(ValueError):
 
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
                   ) -> List[registry.CheckSpec]:
-    for name in (*only, *skip, *config.only, *config.enable, *config.disable):
+    chosen = config.checks  # its names were checked when the config was loaded
+    for name in (*only, *skip):
         if name not in registry.CHECKS:
             known = ", ".join(sorted(registry.CHECKS))
             raise SelectionError(f"unknown check '{name}' (known: {known})")
-    if only or config.only:
-        names = list(only or config.only)
+    if only or chosen.only:
+        names = list(only or chosen.only)
     else:  # the defaults, those whose config section is present, and checks.enable
         names = [c.name for c in registry.CHECKS.values()
-                 if c.default_on or any(k in config.raw for k in c.when_configured)
-                 or c.name in config.enable]
-    dropped = set(skip) | set(config.disable)
+                 if c.default_on or any(k in config.given for k in c.when_configured)
+                 or c.name in chosen.enable]
+    dropped = set(skip) | set(chosen.disable)
     return [registry.CHECKS[n] for n in names if n not in dropped]
 
 
@@ -133,10 +134,3 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                     dict(facts.durations), __version__)
     return facts, report
 
-
-def instance_names(facts: Facts) -> List[str]:
-    return [i.name for i in facts.instances]
-
-
-def find_instance(facts: Facts, name: str) -> Optional[Instance]:
-    return next((i for i in facts.instances if i.name == name), None)

@@ -150,19 +150,6 @@ class MetricsHTTP:
             writer.close()
 
 
-def parse_listen(text: str) -> Tuple[str, int]:
-    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {text!r} is not HOST:PORT (e.g. :10102, "
-                         "127.0.0.1:10102, [::]:10102)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"listen address {text!r}: put an IPv6 address in brackets")
-    return host or "0.0.0.0", int(port)
-
-
 def serve(refresher: Refresher, address: Tuple[str, int],
           announce: Callable[[str], None], stop: threading.Event) -> None:
     """Serve until ``stop`` is set (SIGTERM/SIGINT): HTTP on this thread's asyncio loop,

@@ -9,7 +9,7 @@ one Metric per check result and one per number in ``Result.values``; contexts ju
 (a result keeps the state its check gave; control latency is judged by ``-w``/``-c`` in
 the standard range syntax); ``MpsSummary`` words the status line.
 
-nagiosplugin's ``Runtime`` is not used, for the reasons in REFERENCE.md section 5: it is a
+nagiosplugin's ``Runtime`` (1.4.0) is not used: it is a
 process-wide singleton (two runs in one process pile up perfdata), it prints ``NAME
 UNKNOWN: text`` plus a traceback in verbose mode, argparse exits 2 (CRITICAL to Nagios),
 it ranks UNKNOWN above CRITICAL (we rank CRITICAL > WARNING > UNKNOWN, see results.py) and

@@ -5,7 +5,7 @@ that a plain command line cannot do safely.
   root, mode 0777, without following a symlink: a link, a file or a foreign-owned dir
   in their place is moved aside (as ``remediate reset`` does). ``install -d -m 0777``
   would follow a link planted in the world-writable /tmp. Stale daemon entries are left:
-  ``nvidia-cuda-mps-control -d`` starts fine in a stale dir (REFERENCE.md section 1).
+  ``nvidia-cuda-mps-control -d`` starts fine in a stale dir (seen on a real daemon).
 * ``stop`` (ExecStop) sends ``quit -t N`` through the control client with no shell
   (``echo quit |`` would need one) and waits, bounded, for the daemon named by the pid
   file to exit: systemd sends SIGTERM to what is left as soon as ExecStop returns, which

@@ -10,7 +10,7 @@ unified diff when not, 3 when it cannot tell (as every other failure here).
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from mps_health.commands.common import fail, load_config
 
@@ -92,32 +92,23 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 
 # --- settings shared with the checks' config --------------------------------------------
-def _lenient(config: "Config", section: str, key: str) -> Any:
-    """A key of a section another module validates (slurm, gpu): read, not judged here."""
-    return config.section(section).get(key)
-
-
 def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
+    from mps_health.slurm_settings import mps_gpu_ids
+
     from .gpus import parse_choice
 
     if args.mps_gpus is not None:
         return parse_choice(args.mps_gpus)
-    chosen = _lenient(config, "gpu", "mps_gpus")
-    if chosen is not None and chosen != "all":
-        items = chosen if isinstance(chosen, list) else [chosen]
-        return tuple(str(g).strip() for g in items)
-    if config.mps.layout == "per-gpu":
-        return config.mps.gpus
-    return None
+    return mps_gpu_ids(config)
 
 
 def mps_count(args: "argparse.Namespace", config: "Config") -> int:
-    count = args.count if args.count is not None else _lenient(config, "slurm", "mps_per_gpu")
-    if count is None:
-        return 100
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    from mps_health.slurm_settings import settings
+
+    count = args.count if args.count is not None else settings(config).mps_per_gpu
+    if count < 1:
         raise ValueError(f"mps Count must be a whole number of at least 1 (got {count!r})")
-    return count
+    return int(count)
 
 
 def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
@@ -172,7 +163,9 @@ def gres_conf(args: "argparse.Namespace") -> int:
     if not args.diff:
         sys.stdout.write(text)
         return 0
-    path = args.gres_conf or _lenient(config, "slurm", "gres_conf") or os.path.join(
+    from mps_health.slurm_settings import settings
+
+    path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
     installed = _read(path)
     if installed is None:
@@ -224,20 +217,12 @@ def conf(args: "argparse.Namespace") -> int:
 
 
 def install(args: "argparse.Namespace") -> int:
-    from mps_health.config import ConfigError
-
     from .install import InstallError, conf_lines, plan
     from .install import install as write
-    from .settings import jobs_settings
 
     config = os.path.abspath(args.config) if args.config else None
-    loaded = load_config(args)
-    if loaded is None:
+    if load_config(args) is None:  # the hooks would refuse it at every job: say so now
         return 3
-    try:
-        jobs_settings(loaded)  # the hooks would refuse it at every job: say so now
-    except ConfigError as e:
-        return fail(str(e))
     if args.dry_run:
         for w in plan(args.prefix, args.python, config):
             print(f"==> {w.path} (mode 0755)\n{w.text}")

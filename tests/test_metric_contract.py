@@ -1,5 +1,5 @@
 """The metric contract (docs/metrics.md): how Result.values become Prometheus series and
-Nagios perfdata, for today's checks and for checks other branches add later."""
+Nagios perfdata, for the built-in checks and for value keys any check may give."""
 
 import os
 import subprocess
@@ -22,7 +22,7 @@ from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
     ("directories", "dir_ok", "mps_health_dir_ok"),
     ("tmpfiles", "guarded", "mps_health_tmpfiles_guarded"),
     ("control", "thread_percentage", "mps_health_control_thread_percentage"),
-    # Checks other branches add: named after the check, the key gives the bare name.
+    # A key named after its check gives the bare name.
     ("compute_mode", "compute_mode", "mps_health_compute_mode"),
     ("compute-mode", "compute_mode", "mps_health_compute_mode"),
     ("gres_drift", "gres_drift", "mps_health_gres_drift"),

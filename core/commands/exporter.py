@@ -10,44 +10,59 @@ Port 10102: the Prometheus wiki's default-port list has no room left in 9100-999
 new exporters register above 10000; see docs/monitoring.md.
 """
 
-import argparse
 import os
 import signal
 import threading
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Tuple
 
-from ..config import Config, ConfigError
+from ..config import Config
+from ..schema import Invalid, Record, Section, custom, number, shown, text
 from .common import fail, load_config, names
+
+if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
+    import argparse
 
 DEFAULT_PORT = 10102
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 DEFAULT_INTERVAL_S = 30.0
 
 
-class ExporterConfig(NamedTuple):
-    listen: str = DEFAULT_LISTEN
-    interval_s: float = DEFAULT_INTERVAL_S
+def parse_listen(text: str) -> Tuple[str, int]:
+    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
+                         "127.0.0.1:10102, [::]:10102)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"listen address {shown(text)}: put an IPv6 address in brackets")
+    return host or "0.0.0.0", int(port)
+
+
+def _listen(value: Any) -> str:
+    listen = text(DEFAULT_LISTEN).parse(value)
+    try:
+        parse_listen(listen)
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+    return str(listen)
+
+
+class ExporterConfig(Record):
+    listen: str = custom(DEFAULT_LISTEN, _listen)
+    interval_s: float = number(DEFAULT_INTERVAL_S, low=1.0, high=3600.0)
+
+
+SECTION = Section("exporter", ExporterConfig)
+SECTIONS = (SECTION,)
 
 
 def exporter_config(config: Config) -> ExporterConfig:
-    """The config's ``exporter`` section, checked key by key (ConfigError on a bad one)."""
-    from ..config import _Validator
-    from ..metrics_server import parse_listen
-
-    section = config.section("exporter")
-    v = _Validator(config.path or "<defaults>")
-    v.known(section, {"listen", "interval_s"}, "exporter")
-    listen = v.string(section, "listen", DEFAULT_LISTEN, "exporter")
-    try:
-        parse_listen(str(listen))
-    except ValueError as e:
-        v.fail("exporter.listen", str(e))
-    interval = v.number(section, "interval_s", DEFAULT_INTERVAL_S, "exporter", low=1.0,
-                        high=3600.0)
-    return ExporterConfig(str(listen), interval)
+    return config.get(SECTION)
 
 
-def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
     p.add_argument("--config", metavar="FILE",
                    help="config file (default /etc/mps-health/config.yaml if it exists)")
     p.add_argument("--root", metavar="DIR", default="/",
@@ -69,16 +84,13 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: "argparse.Namespace") -> int:
     from .. import engine
 
     config = load_config(args)
     if config is None:
         return 3
-    try:
-        settings = exporter_config(config)
-    except ConfigError as e:
-        return fail(str(e))
+    settings = exporter_config(config)
     try:
         engine.select_checks(config, args.only, args.skip)
     except engine.SelectionError as e:
@@ -94,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(config, args, args.listen or settings.listen, interval)
 
 
-def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:
+def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
     from ..exporters import prometheus
     from ..metrics_server import Refresher
 
@@ -114,10 +126,10 @@ def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:
     return 0 if record.report is not None else 3
 
 
-def serve(config: Config, args: argparse.Namespace, listen: str, interval: float) -> int:
+def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
     import sys
 
-    from ..metrics_server import Refresher, parse_listen
+    from ..metrics_server import Refresher
     from ..metrics_server import serve as serve_forever
 
     try:
