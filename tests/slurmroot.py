@@ -19,9 +19,9 @@ Slurm's clients on PATH (mps-health's own probes).
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
-import grp
 import shutil
 import subprocess
 import sys
@@ -136,7 +136,7 @@ class SlurmRoot:
                 f.write(f"{gr.gr_name}:x:{gr.gr_gid}:\n")
 
     # --- the namespace --------------------------------------------------------------
-    def start(self) -> "SlurmRoot":
+    def start(self) -> SlurmRoot:
         shared = ["/tmp", str(FAKES)]
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-c",

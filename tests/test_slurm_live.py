@@ -124,11 +124,18 @@ def has_json(cluster: SlurmCluster) -> bool:
     return (int(major), int(minor)) >= (23, 2)
 
 
-def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path) -> None:
+def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path, monkeypatch) -> None:
+    from mps_health.probes import slurm as probe
+
     d = fake_daemon()
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
     first, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
+    assert first.sources["slurm"].calls[0].endswith("scontrol --version")
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # the next run: the run dir remembers
     again, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
-    assert first.sources["slurm"].calls[0].endswith("scontrol --version")  # cached after
+    # A process that asked once (the exporter) asks no more, even with another run dir.
+    in_memory, _ = gather(slurm_cluster, tmp_path / "elsewhere", node_cfg(d))
+    assert in_memory.sources["slurm"].calls == again.sources["slurm"].calls
     shown = ["--json", "show", "node", slurm_cluster.node_name] if has_json(slurm_cluster) \
         else ["-d", "show", "node", slurm_cluster.node_name, "-o"]
     assert [c.split()[1:] for c in again.sources["slurm"].calls] == [shown]
