@@ -21,10 +21,10 @@ from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import ClientFact, InstanceServers, ServerFact, ServerMemory, ServersFacts
+from ..pidfile import read_pid
 from ..schema import Record, Section, number
 from . import control, proc
 
-PID_FILE = "nvidia-cuda-mps-control.pid"
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
 
@@ -126,10 +126,9 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
 
     ``has children`` is True whenever it cannot be shown false, so the daemon is asked.
     """
-    text = _read_small(os.path.join(ctx.path(inst.pipe_dir), PID_FILE), follow=False)
-    if text is None or not text.strip().isdigit():
+    pid = read_pid(ctx.path(inst.pipe_dir))
+    if pid is None:
         return None, None, True
-    pid = int(text.strip())
     fact = proc.read_process(ctx.proc, pid)
     if fact is None or fact.role != "control" or fact.state in ("Z", "X"):
         return None, None, True

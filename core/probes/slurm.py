@@ -421,7 +421,7 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
     known = _KNOWN_VERSIONS.get(key)
     if known is not None:
         return known
-    cache = os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE)
+    cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
     version = _cached_version(cache, key)
     if version is None:
         calls.append(f"{scontrol} --version")
