@@ -381,3 +381,14 @@ def test_nvml_memory_of_mps_clients_from_the_h200_recording() -> None:
     assert sorted(clients) == [530, 531, 532, 533]  # the clients only
     assert everyone - set(clients) == {596}  # the compute list adds the server
     assert clients[531] == 473956352  # the env-30 client holds less than the others
+
+
+def test_servers_not_listed_is_unknown(tmp_path: Path, mps_dirs) -> None:
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log, "commands:\n  nvidia-cuda-mps-control: /nonexistent\n"
+                      "  squeue: /nonexistent\n")
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(str(os.getpid()))  # not a daemon
+    r = mps_health("clients", "--config", cfg)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "servers not listed: exec-failed: /nonexistent" in r.stdout
+    assert "squeue" not in r.stdout  # no live daemon: no client, no job list asked
