@@ -11,6 +11,7 @@ from typing import Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
+from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
 NAME = "daemon"
@@ -38,25 +39,23 @@ def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[
     return found
 
 
-def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
-    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
-    if user == "any":
-        return None
-    if user == "job":
-        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
-    if user.isdigit():
-        return int(user)
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
+def _foreign(inst: Instance, strangers: List[ProcessFact], want: int) -> Iterator[Result]:
+    """Control processes of another uid naming the pipe dir: strays, never the daemon."""
+    for p in strangers:
+        yield Result(NAME, WARNING, "daemon-foreign", inst.name,
+                     f"control process {p.pid} of uid {p.uid} names {inst.pipe_dir}, whose "
+                     f"daemon runs as uid {want}: it is not counted as the daemon",
+                     f"find out who started it ('ps -o pid,user,lstart,args -p {p.pid}'); "
+                     "end it by PID if it is not wanted")
 
 
 def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                     config: Config, root: str) -> Iterator[Result]:
-    live = live_daemons(inst, procs, pipe, root)
+    want = expected_uid(config.mps.daemon_user, pipe)
+    claimants = live_daemons(inst, procs, pipe, root)
+    live = [p for p in claimants if want is None or p.uid == want]
+    if want is not None:
+        yield from _foreign(inst, [p for p in claimants if p.uid != want], want)
     severity = WARNING if inst.layout == "per-job" else CRITICAL
     if not live:
         stale = []
@@ -99,12 +98,6 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
         yield Result(NAME, CRITICAL, "daemon-root", inst.name,
                      f"control daemon {daemon.pid} runs as root where per-user daemons are "
                      "required: any user can send it privileged commands", _reset(inst), values)
-        return
-    want = expected_uid(config.mps.daemon_user, pipe)
-    if want is not None and daemon.uid != want:
-        yield Result(NAME, WARNING, "daemon-wrong-user", inst.name,
-                     f"control daemon {daemon.pid} runs as uid {daemon.uid}, expected {want} "
-                     f"({config.mps.daemon_user})", _reset(inst), values)
         return
     yield ok(NAME, inst.name, f"control daemon {daemon.pid} serves {inst.pipe_dir}",
              daemon_up=1.0, daemon_pid=float(daemon.pid))

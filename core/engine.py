@@ -8,13 +8,13 @@ daemon never hides the other results.
 
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
 from .facts import Facts, Instance
-from .results import UNKNOWN, CheckRun, Report, Result
+from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
@@ -55,6 +55,7 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
     try:
+        ctx = instances.slurm_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
         insts = ()
@@ -85,10 +86,18 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
                  errors, durations)
 
 
+def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
+    """A per-job instance's dirs and daemon belong to the job's user, who can break them at
+    will; that hurts only their own job, so it is at most a WARNING, never a drain."""
+    return tuple(r._replace(state=WARNING) if r.state == CRITICAL and r.instance in per_job
+                 else r for r in results)
+
+
 def judge(facts: Facts, config: Config,
           checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
     """Run each check over the facts. A check never raises out of here."""
     runs: List[CheckRun] = []
+    per_job = {i.name for i in facts.instances if i.layout == "per-job"}
     for spec in checks:
         t0 = time.monotonic()
         missing = [n for n in spec.needs if n not in facts.sources]
@@ -102,7 +111,7 @@ def judge(facts: Facts, config: Config,
             continue
         try:
             fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
-            results = tuple(fn(facts, config))
+            results = job_scoped(tuple(fn(facts, config)), per_job)
             runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
         except Exception as e:
             result = Result(spec.name, UNKNOWN, "check-failed", "",

@@ -3,14 +3,19 @@
 node: one daemon for the node. per-gpu: one per listed GPU. per-job: one per pipe dir
 a prolog created, found on disk by the configured template (``{job}``, and ``{gpu}``
 where a job holds several GPUs, in the last path component).
+
+Per-job dirs live in a parent every user can write (/tmp), so a name alone proves
+nothing: a dir is an instance only when Slurm says its job runs on this node (the run's
+one ``squeue``) and the dir is owned by that job's user. Anything else is not judged as
+MPS here (the orphans check names dirs whose job is gone).
 """
 
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
-from .facts import Instance
+from .facts import DirFact, Instance
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:
@@ -61,7 +66,7 @@ def _split_fields(text: str) -> List[Tuple[str, str]]:
 
 
 def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
-    """Per-job instances: every entry in the pipe dir's parent that fits the template."""
+    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
     mps = ctx.config.mps
     parent = os.path.dirname(mps.pipe_dir)
     pattern = job_pattern(mps.pipe_dir)
@@ -83,7 +88,61 @@ def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
     return tuple(found)
 
 
+class SlurmUnavailable(RuntimeError):
+    """The per-job layout's instances cannot be known without Slurm's job list."""
+
+
+def slurm_jobs(ctx: Context) -> Context:
+    """``ctx`` with this node's Slurm jobs (asked now, once, if not asked yet)."""
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
+    from .probes.slurm import read_job_list
+
+    return ctx._replace(jobs=read_job_list(ctx))
+
+
+def _owner_uid(ctx: Context, path: str) -> Optional[int]:
+    try:
+        return os.lstat(ctx.path(path)).st_uid
+    except OSError:
+        return None
+
+
+def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
+    """The dirs of ``found`` whose job Slurm runs here, owned by that job's user."""
+    ctx = slurm_jobs(ctx)
+    if ctx.jobs.jobs is None:
+        raise SlurmUnavailable(f"per-job instances need Slurm's job list: {ctx.jobs.error}")
+    uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
+    return tuple(i for i in found if i.job_id in uid_of
+                 and _owner_uid(ctx, i.pipe_dir) == uid_of[i.job_id])
+
+
 def gather(ctx: Context) -> Tuple[Instance, ...]:
     if ctx.config.mps.layout == "per-job":
-        return discover_jobs(ctx)
+        return running_jobs(ctx, discover_jobs(ctx))
     return configured(ctx.config)
+
+
+def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+    """The pipe dir as a daemon's environ may name it (with and without --root)."""
+    if root in ("", "/"):
+        return (inst.pipe_dir,)
+    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
+
+
+def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
+    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    if user == "any":
+        return None
+    if user == "job":
+        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+

@@ -109,6 +109,7 @@ mps:
   dir_mode: '0700'
 commands:
   nvidia-cuda-mps-control: {control}
+  squeue: {self.base}/squeue
 jobs:
   start_timeout_s: 10
   quit_timeout_s: 2
@@ -116,12 +117,19 @@ jobs:
 {extra_config}
 """)
         self.config.chmod(0o644)
+        self.slurm_runs()  # Slurm's view of the node: no job yet
         r = subprocess.run([sys.executable, "-m", "mps_health.cli", "slurm", "install",
                             "--prefix", str(self.hooks), "--config", str(self.config),
                             "--python", python], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"mps-health slurm install failed: {r.stderr}")
         self.install_output = r.stdout
+
+    def slurm_runs(self, *jobs: str) -> None:
+        """What squeue says runs on this node: ``jobs``, each of this site's user."""
+        from hostile import fake_squeue, squeue_line
+
+        fake_squeue(self.base, [squeue_line(j, self.user) for j in jobs])
 
     def env(self, hook: str, job: str, label: str = "mps-50", **overrides: str
             ) -> Dict[str, str]:
