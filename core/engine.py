@@ -14,6 +14,7 @@ from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
 from .facts import Facts, Instance
+from .printable import printable
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
@@ -87,17 +88,26 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
 
 
 def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
-    """A per-job instance's dirs and daemon belong to the job's user, who can break them at
-    will; that hurts only their own job, so it is at most a WARNING, never a drain."""
+    """Where a per-job instance's dirs or daemon belong to the job's user, that user can
+    break them at will; it hurts only their own job, so it is at most a WARNING, never a
+    drain."""
     return tuple(r._replace(state=WARNING) if r.state == CRITICAL and r.instance in per_job
                  else r for r in results)
+
+
+def shown(r: Result) -> Result:
+    """``r`` with everything it took from the system made printable (see printable.py)."""
+    return r._replace(instance=printable(r.instance), message=printable(r.message),
+                      action=printable(r.action),
+                      labels=tuple((printable(k), printable(v)) for k, v in r.labels))
 
 
 def judge(facts: Facts, config: Config,
           checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
     """Run each check over the facts. A check never raises out of here."""
     runs: List[CheckRun] = []
-    per_job = {i.name for i in facts.instances if i.layout == "per-job"}
+    users_own = "job" in (config.mps.dir_owner, config.mps.daemon_user)
+    per_job = {i.name for i in facts.instances if i.layout == "per-job" and users_own}
     for spec in checks:
         t0 = time.monotonic()
         missing = [n for n in spec.needs if n not in facts.sources]
@@ -111,7 +121,7 @@ def judge(facts: Facts, config: Config,
             continue
         try:
             fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
-            results = job_scoped(tuple(fn(facts, config)), per_job)
+            results = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
             runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
         except Exception as e:
             result = Result(spec.name, UNKNOWN, "check-failed", "",
@@ -138,7 +148,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
         checks = [c for c in checks
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     runs = judge(facts, config, checks)
-    report = Report(facts.node, facts.taken_at, time.monotonic() - t0, runs,
+    report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
                     dict(facts.durations), __version__)
     return facts, report
 

@@ -6,8 +6,9 @@ where a job holds several GPUs, in the last path component).
 
 Per-job dirs live in a parent every user can write (/tmp), so a name alone proves
 nothing: a dir is an instance only when Slurm says its job runs on this node (the run's
-one ``squeue``) and the dir is owned by that job's user. Anything else is not judged as
-MPS here (the orphans check names dirs whose job is gone).
+one ``squeue``) and the dir is owned as ``mps.dir_owner`` says (``job``: that job's
+user). Anything else is not judged as MPS here (the orphans check names dirs whose job
+is gone).
 """
 
 import os
@@ -114,8 +115,22 @@ def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, .
     if ctx.jobs.jobs is None:
         raise SlurmUnavailable(f"per-job instances need Slurm's job list: {ctx.jobs.error}")
     uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
+    owner = ctx.config.mps.dir_owner
+    fixed = None if owner in ("job", "any") else _uid_of(owner)
     return tuple(i for i in found if i.job_id in uid_of
-                 and _owner_uid(ctx, i.pipe_dir) == uid_of[i.job_id])
+                 and (owner == "any" or _owner_uid(ctx, i.pipe_dir)
+                      == (uid_of[i.job_id] if owner == "job" else fixed)))
+
+
+def _uid_of(user: str) -> Optional[int]:
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def gather(ctx: Context) -> Tuple[Instance, ...]:
