@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Does issue 8 (servers, logs checks) change the cost of the fast tier?
+"""Do the servers and logs checks (on by default) change the cost of the fast tier?
 
 Runs ``mps-health check`` against a fake daemon (tests/fakes), idle as most nodes are
 between jobs, in three ways in the same run, interleaved so that noise hits all alike:
 
-  baseline   --skip servers,logs   the fast tier as before this issue
+  baseline   --skip servers,logs   the fast tier without them
   default    (no option)           what slurmd runs now: with the servers and logs checks
   python     python3 -c pass       the floor DEVELOPING.md measures against
 
@@ -76,7 +76,7 @@ def main() -> int:
         for name in runs:
             print(f"{what:4s} {name:9s} median {med[name] * 1000:7.1f} ms over {rounds} rounds")
         print(f"{what:4s} default / baseline = {med['default'] / med['baseline']:.3f}  "
-              "(the cost issue 8 adds to the fast tier)")
+              "(the cost the servers and logs checks add to the fast tier)")
         print(f"{what:4s} default / python   = {med['default'] / med['python']:.3f}")
         print(f"{what:4s} baseline / python  = {med['baseline'] / med['python']:.3f}")
     return 0

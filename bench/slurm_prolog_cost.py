@@ -5,12 +5,13 @@ Every figure is a median over interleaved runs, printed with its ratio to a base
 so nothing depends on the machine's speed:
 
 * `true` (a fork and exec) and `python3 -I -c pass` with the hooks' interpreter;
-* seed 1's bash prolog for a job without GPUs (its `[ -z "$SLURM_JOB_GPUS" ]` exit);
+* a plain bash prolog, as sites write one (`su -` to start the job's daemon), for a
+  job without GPUs (its `[ -z "$SLURM_JOB_GPUS" ]` exit);
 * our Prolog, TaskProlog and Epilog for a job without GPUs (the fast path: no config
   read), and the Prolog for a whole-GPU job that gets no MPS (config read);
 * our Prolog and Epilog for an MPS job (directories, daemon start as the job's user,
-  first answer; then quit, verified cleanup), against seed 1's `su -` scripts doing the
-  same with the same daemon.
+  first answer; then quit, verified cleanup), against that bash prolog and epilog
+  doing the same with the same daemon.
 
 The daemon is tests/fakes' fake; its client is the C version (fast_client.c) where a
 compiler exists, so a query costs what the real client costs. Needs root and the
@@ -34,13 +35,13 @@ sys.path.insert(0, str(REPO / "tests"))
 from jobhooks import FAKE_CONTROL, Site, user_python  # noqa: E402
 from slurmcluster import ensure_user  # noqa: E402
 
-SEED_PROLOG = """#!/bin/bash
-# seed 1's /etc/slurm/prolog.d/mps_start (the control binary's path made absolute)
+BASH_PROLOG = """#!/bin/bash
+# a plain bash /etc/slurm/prolog.d/mps_start (the control binary's path made absolute)
 if [ -z "$SLURM_JOB_GPUS" ]; then
     exit 0
 fi
-MPS_DIR="{parent}/seed-mps_${{SLURM_JOB_ID}}"
-MPS_LOG="{parent}/seed-log_${{SLURM_JOB_ID}}"
+MPS_DIR="{parent}/bash-mps_${{SLURM_JOB_ID}}"
+MPS_LOG="{parent}/bash-log_${{SLURM_JOB_ID}}"
 mkdir -p "$MPS_DIR" "$MPS_LOG"
 chown -R "${{SLURM_JOB_UID}}:${{SLURM_JOB_GID}}" "$MPS_DIR" "$MPS_LOG"
 export CUDA_VISIBLE_DEVICES=$SLURM_JOB_GPUS
@@ -52,15 +53,15 @@ su - "$SLURM_JOB_USER" -c "
 "
 exit 0
 """
-SEED_EPILOG = """#!/bin/bash
-MPS_DIR="{parent}/seed-mps_${{SLURM_JOB_ID}}"
+BASH_EPILOG = """#!/bin/bash
+MPS_DIR="{parent}/bash-mps_${{SLURM_JOB_ID}}"
 if [ -d "$MPS_DIR" ]; then
     su - "$SLURM_JOB_USER" -c "
         export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR; \\
         echo quit | {control}
     "
     rm -rf "$MPS_DIR"
-    rm -rf "{parent}/seed-log_${{SLURM_JOB_ID}}"
+    rm -rf "{parent}/bash-log_${{SLURM_JOB_ID}}"
 fi
 exit 0
 """
@@ -97,20 +98,20 @@ def main() -> int:
         raise SystemExit(f"no Python that {user} can run imports mps_health")
     control = fast_client(work)
     site = Site(user, python, control=control)
-    seed_prolog, seed_epilog = work / "seed_prolog", work / "seed_epilog"
-    for path, text in ((seed_prolog, SEED_PROLOG), (seed_epilog, SEED_EPILOG)):
+    bash_prolog, bash_epilog = work / "bash_prolog", work / "bash_epilog"
+    for path, text in ((bash_prolog, BASH_PROLOG), (bash_epilog, BASH_EPILOG)):
         path.write_text(text.format(parent=site.parent, control=control))
         path.chmod(0o755)
     r: Dict[str, List[float]] = {k: [] for k in (
-        "true", "python", "seed-none", "prolog-none", "task-none", "epilog-none",
-        "prolog-gpu", "prolog-mps", "epilog-mps", "seed-prolog-mps", "seed-epilog-mps")}
+        "true", "python", "bash-none", "prolog-none", "task-none", "epilog-none",
+        "prolog-gpu", "prolog-mps", "epilog-mps", "bash-prolog-mps", "bash-epilog-mps")}
     try:
         job = 1000
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             none = site.env("prolog", "1", label="no-gres")
             r["true"].append(once(["true"], none))
             r["python"].append(once([python, "-I", "-c", "pass"], none))
-            r["seed-none"].append(once([str(seed_prolog)], none))
+            r["bash-none"].append(once([str(bash_prolog)], none))
             r["prolog-none"].append(once([str(site.hooks / "mps-health-prolog")], none))
             r["task-none"].append(once([str(site.hooks / "mps-health-task-prolog")],
                                        site.env("task-prolog", "1", label="no-gres")))
@@ -123,10 +124,10 @@ def main() -> int:
                                         site.env("prolog", str(job))))
             r["epilog-mps"].append(once([str(site.hooks / "mps-health-epilog")],
                                         site.env("epilog", str(job))))
-            seed_env = dict(site.env("prolog", str(job)), PATH="/usr/sbin:/usr/bin:/sbin:/bin")
-            r["seed-prolog-mps"].append(once([str(seed_prolog)], seed_env))
-            time.sleep(0.2)  # the seed's prolog returns before its daemon is up
-            r["seed-epilog-mps"].append(once([str(seed_epilog)], seed_env))
+            bash_env = dict(site.env("prolog", str(job)), PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+            r["bash-prolog-mps"].append(once([str(bash_prolog)], bash_env))
+            time.sleep(0.2)  # the bash prolog returns before its daemon is up
+            r["bash-epilog-mps"].append(once([str(bash_epilog)], bash_env))
         left = site.entries()
         med = {k: statistics.median(v) for k, v in r.items()}
         py, tr = med["python"], med["true"]
@@ -138,7 +139,7 @@ def main() -> int:
         print(f"  {'true':<44} {tr * 1000:8.1f} ms")
         print(f"  {'python3 -I -c pass':<44} {py * 1000:8.1f} ms  (baseline)")
         print("job without GPUs (most jobs):")
-        line("seed 1's bash prolog", "seed-none", tr, "true")
+        line("bash prolog", "bash-none", tr, "true")
         line("our Prolog (fast path)", "prolog-none", py, "python3 -I -c pass")
         line("our TaskProlog (fast path)", "task-none", py, "python3 -I -c pass")
         line("our Epilog (fast path)", "epilog-none", py, "python3 -I -c pass")
@@ -147,14 +148,14 @@ def main() -> int:
         print("MPS job (dirs, daemon as the job's user; then quit and cleanup):")
         line("our Prolog (until the daemon answers)", "prolog-mps", py, "python3 -I -c pass")
         line("our Epilog", "epilog-mps", py, "python3 -I -c pass")
-        line("seed 1's prolog (su -, returns before ready)", "seed-prolog-mps", py,
+        line("bash prolog (su -, returns before ready)", "bash-prolog-mps", py,
              "python3 -I -c pass")
-        line("seed 1's epilog (su -)", "seed-epilog-mps", py, "python3 -I -c pass")
-        print(f"  ours/seed: prolog {med['prolog-mps'] / med['seed-prolog-mps']:.2f}, epilog "
-              f"{med['epilog-mps'] / med['seed-epilog-mps']:.2f}")
-        ours = [e for e in left if not e.startswith("seed-")]
+        line("bash epilog (su -)", "bash-epilog-mps", py, "python3 -I -c pass")
+        print(f"  ours/bash: prolog {med['prolog-mps'] / med['bash-prolog-mps']:.2f}, epilog "
+              f"{med['epilog-mps'] / med['bash-epilog-mps']:.2f}")
+        ours = [e for e in left if not e.startswith("bash-")]
         print(f"left in the parent dir after every run: ours {ours or 'nothing'}; "
-              f"seed {len(left) - len(ours)} entries")
+              f"bash {len(left) - len(ours)} entries")
     finally:
         site.close()
         shutil.rmtree(work, ignore_errors=True)

@@ -4,34 +4,22 @@ Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
 instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
 stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
 own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
-the per-gpu layout's ``mps.gpus``, else every GPU (seed 2's mixed node is
-``mps: {layout: per-gpu, gpus: [0]}`` on a 2-GPU node). PROHIBITED where something
+the per-gpu layout's ``mps.gpus``, else every GPU (a mixed node, MPS on GPU 0 and
+exclusive jobs on GPU 1, is ``mps: {layout: per-gpu, gpus: [0]}``). PROHIBITED where something
 else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
 other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
 from typing import Iterator, Optional, Tuple
 
-from mps_health.config import Config, ConfigError
+from mps_health.checks.common import nvml_unavailable
+from mps_health.config import Config
 from mps_health.facts import Facts
 from mps_health.probes.nvml import GpuFact, NvmlFacts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.slurm_settings import GpuSettings, gpu_settings, mps_gpu_ids
 
 NAME = "compute-mode"
-
-
-def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
-    """The one UNKNOWN line for a node where NVML cannot be used (shared by GPU checks)."""
-    action = {
-        "PYNVML_MISSING": "pip install nvidia-ml-py",
-        "LIBRARY_NOT_FOUND": "install the NVIDIA driver, or do not enable GPU checks on "
-                             "nodes without GPUs",
-        "DRIVER_NOT_LOADED": "load the driver (modprobe nvidia) and look at dmesg",
-        "NO_PERMISSION": "run mps-health as root",
-        "LIB_RM_VERSION_MISMATCH": "reboot the node (or reload the nvidia module)",
-    }.get(nvml.error_code or "", "look at dmesg and nvidia-smi")
-    return Result(check, UNKNOWN, "nvml-unavailable", "", f"NVML: {nvml.error}", action)
 
 
 def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:
@@ -92,12 +80,8 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    try:
-        gs = gpu_settings(config)
-        mps_ids = mps_gpu_ids(config)
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
-        return
+    gs = gpu_settings(config)
+    mps_ids = mps_gpu_ids(config)
     nvml: NvmlFacts = facts.sources["nvml"]  # type: ignore[assignment]
     if not nvml.available:
         yield nvml_unavailable(NAME, nvml)

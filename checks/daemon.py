@@ -6,9 +6,9 @@ CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreada
 the live control process the pid file names.
 """
 
-import os
 from typing import Iterator, List, Mapping, Optional, Tuple
 
+from mps_health.checks.common import live_daemons
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.instances import expected_uid
@@ -19,24 +19,6 @@ NAME = "daemon"
 
 def _reset(inst: Instance) -> str:
     return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
-
-
-def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
-    if root in ("", "/"):
-        return (inst.pipe_dir,)
-    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
-
-
-def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
-                 root: str = "/") -> List[ProcessFact]:
-    """The live control daemons serving ``inst``, by environ or else by pid file."""
-    paths = pipe_paths(inst, root)
-    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
-    found = [p for p in controls if p.pipe_dir in paths]
-    if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
-        named = int(pipe.pid_file)
-        found = [p for p in controls if p.pid == named and not p.environ_readable]
-    return found
 
 
 def _foreign(inst: Instance, strangers: List[ProcessFact], want: int) -> Iterator[Result]:

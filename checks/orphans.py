@@ -11,8 +11,8 @@ dirs alone: WARNING. Each orphan is named with its job id, owner and age.
 
 from typing import Dict, Iterator, List, Tuple
 
-from mps_health.checks.gres_drift import slurm_unavailable
-from mps_health.config import Config, ConfigError
+from mps_health.checks.common import slurm_unavailable
+from mps_health.config import Config
 from mps_health.facts import Facts, ProcessFact
 from mps_health.probes.jobdirs import JobDir
 from mps_health.probes.slurm import SlurmFacts
@@ -43,11 +43,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     if config.mps.layout != "per-job":
         yield Result(NAME, OK, "ok", "", f"layout '{config.mps.layout}' has no per-job dirs")
         return
-    try:
-        min_age = orphan_settings(config).min_age_s
-    except ConfigError as e:
-        yield Result(NAME, UNKNOWN, "config-invalid", "", str(e), "fix the config file")
-        return
+    min_age = orphan_settings(config).min_age_s
     slurm: SlurmFacts = facts.sources["slurm"]  # type: ignore[assignment]
     dirs: Tuple[JobDir, ...] = facts.sources["job_dirs"]  # type: ignore[assignment]
     procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]

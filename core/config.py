@@ -1,12 +1,31 @@
-"""The site's configuration: YAML at /etc/mps-health/config.yaml, checked key by key.
+"""The site's configuration: YAML at /etc/mps-health/config.yaml, validated whole at load.
 
-With no file, the seeds' defaults apply (one node-wide daemon on /tmp/nvidia-mps,
-logs in /var/log/nvidia-mps, mode 0777) and PyYAML is never imported. A bad file
-raises ConfigError with one line naming the file, the key and what is wrong.
+Every top-level section is declared once, by the module that owns it (a ``Section`` of
+a ``Record``, see ``mps_health.schema``); ``SECTIONS`` below says which module that is.
+Loading a file validates every section in it, whichever command runs: a bad or unknown
+key anywhere raises ConfigError with one line naming the file and the key. With no file
+the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nvidia-mps,
+mode 0777) and neither PyYAML nor any owner module is imported.
 """
 
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
+
+from .schema import (
+    Invalid,
+    Record,
+    Section,
+    command,
+    custom,
+    flag,
+    internal,
+    names,
+    number,
+    optional_number,
+    pathname,
+    shown,
+    text,
+)
 
 DEFAULT_PATH = "/etc/mps-health/config.yaml"
 LAYOUTS = ("node", "per-gpu", "per-job")
@@ -17,73 +36,231 @@ DEFAULT_DIRS = {
     "per-gpu": ("/tmp/nvidia-mps_{gpu}", "/var/log/nvidia-mps_{gpu}"),
     "per-job": ("/tmp/nvidia-mps_job{job}", "/tmp/nvidia-log_job{job}"),
 }
+SUN_PATH_MAX = 108  # sockaddr_un.sun_path, NUL included
+LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the pipe dir
+# The longest values a template field takes: Slurm job ids are 32-bit; Slurm gives GPU
+# indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
+LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
+# Sections owned by other modules: name -> the module whose SECTIONS declares it. With a
+# file, every one is validated (absent ones as empty); without one, none is imported.
+# Order matters where one section's rules read another (healthcheck reads slurm).
+SECTIONS = {
+    "servers": "mps_health.probes.servers",
+    "logs": "mps_health.probes.logs",
+    "canary": "mps_health.probes.canary",
+    "gpu": "mps_health.slurm_settings",
+    "slurm": "mps_health.slurm_settings",
+    "orphans": "mps_health.slurm_settings",
+    "jobs": "mps_health.slurm.settings",
+    "healthcheck": "mps_health.remediation.settings",
+    "remediation": "mps_health.remediation.settings",
+    "exporter": "mps_health.commands.exporter",
+}
 
-class ConfigError(Exception):
-    """A configuration problem, worded as the one line the user sees."""
-
-
-class MpsConfig(NamedTuple):
-    layout: str = "node"
-    pipe_dir: str = "/tmp/nvidia-mps"
-    log_dir: str = "/var/log/nvidia-mps"
-    gpus: Tuple[str, ...] = ("0",)  # per-gpu: the GPUs that run an instance
-    dir_mode: int = 0o777
-    dir_owner: str = "root"  # user name, uid, or "job" (per-job: the job's user)
-    daemon_user: str = "root"  # "job" for per-job daemons; "any" to not check
-    forbid_root_daemon: bool = False
-
-
-class ControlConfig(NamedTuple):
-    timeout_s: float = 2.0
-    warn_latency_s: float = 0.5
-    expected_thread_percentage: Optional[float] = None
-
-
-class TmpfilesConfig(NamedTuple):
-    require_guard: bool = False  # warn even where /tmp is not aged by systemd-tmpfiles
-
-
-class Config(NamedTuple):
-    path: Optional[str]  # the file it came from; None for built-in defaults
-    node_name: Optional[str] = None
-    budget_s: float = 15.0
-    state_dir: str = "/var/lib/mps-health"
-    run_dir: str = "/run/mps-health"
-    commands: Mapping[str, str] = {}
-    only: Tuple[str, ...] = ()  # exactly these checks (empty: the defaults, see engine)
-    enable: Tuple[str, ...] = ()  # checks to run besides the defaults (e.g. canary)
-    disable: Tuple[str, ...] = ()
-    mps: MpsConfig = MpsConfig()
-    control: ControlConfig = ControlConfig()
-    tmpfiles: TmpfilesConfig = TmpfilesConfig()
-    raw: Mapping[str, Any] = {}  # the parsed file, for sections owned by other modules
-
-    def command(self, name: str) -> str:
-        """The configured path of an external command (default: its name, found on PATH)."""
-        return self.commands.get(name, name)
-
-    def section(self, name: str) -> Mapping[str, Any]:
-        value = self.raw.get(name) or {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{self.path}: key '{name}': must be a mapping")
-        return value
-
+# Keys that once had a twin: one key per concept now, the old name is refused with a hint.
+MOVED = {
+    "healthcheck.tag": "slurm.drain_tag",
+    "healthcheck.scontrol_timeout_s": "slurm.timeout_s",
+    "remediation.orphan_min_age_s": "orphans.min_age_s",
+}
 
 DEFAULT_COMMANDS = {
     "nvidia-cuda-mps-control": "nvidia-cuda-mps-control",
     "scontrol": "scontrol",
     "squeue": "squeue",
 }
+# Commands that may be configured but are not looked up on PATH by default.
+OPTIONAL_COMMANDS = ("mps-health-canary",)
 
-_TOP_KEYS = {
-    "node_name", "budget_s", "state_dir", "run_dir", "commands", "checks", "mps",
-    "control", "tmpfiles",
-    # Sections read by other modules (gpu checks, slurm, exporters, remediation):
-    "gpu", "slurm", "healthcheck", "exporter", "remediation", "nagios", "orphans",
-    "servers", "logs", "canary",  # the deep checks (checks/servers.py, logs.py, canary.py)
-    "jobs",  # per-job MPS hooks (mps_health.slurm.settings)
-}
+R = TypeVar("R", bound=Record)
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as the one line the user sees."""
+
+
+# --- the core's own sections ------------------------------------------------------------
+
+def _gpus(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(
+            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
+            and not any(c in str(g) for c in "/{}") and str(g).isprintable() for g in value):
+        raise Invalid(f"must be a list of GPU indices or UUIDs, e.g. [0, 1] (got {shown(value)})")
+    return tuple(str(g).strip() for g in value)
+
+
+def _mode(value: Any) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        mode = -1
+    if isinstance(value, bool) or not 0 <= mode <= 0o7777:
+        raise Invalid(f"must be an octal mode as a string, e.g. '0777' (got {shown(value)})")
+    return mode
+
+
+class MpsConfig(Record):
+    layout: str = text("node", choices=LAYOUTS)
+    pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
+    log_dir: str = pathname("/var/log/nvidia-mps")
+    gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
+    dir_mode: int = custom(0o777, _mode)
+    dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
+    daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
+    forbid_root_daemon: bool = flag(False)
+
+
+def _template_fields(template: str) -> Tuple[str, ...]:
+    import string  # small; only when a template is checked
+
+    try:
+        return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)
+    except ValueError:
+        raise Invalid("has an unbalanced { or }") from None
+
+
+def socket_path_bytes(pipe_dir: str) -> int:
+    """Bytes of the longest socket path the daemon binds in ``pipe_dir``, NUL included."""
+    return len(pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
+
+
+def _check_template(key: str, template: str, layout: str) -> None:
+    """The pipe/log dir template rules of each layout (every reader relies on them)."""
+    fields = _template_fields(template)
+    allowed = {"node": (), "per-gpu": ("gpu",), "per-job": ("job", "gpu")}[layout]
+    if any(f not in allowed for f in fields):
+        raise Invalid(f"the {layout} layout allows only "
+                      f"{', '.join('{' + f + '}' for f in allowed) or 'a plain path'} "
+                      f"(got {shown(template)})", key)
+    if layout == "per-gpu" and "gpu" not in fields:
+        raise Invalid("per-gpu layout needs {gpu} in the path", key)
+    if layout == "per-job":
+        if "job" not in fields:
+            raise Invalid("per-job layout needs {job} in the path", key)
+        parent = os.path.dirname(template)
+        if "{" in parent or "}" in parent:
+            raise Invalid("{job} and {gpu} may only appear in the last path component "
+                          "(the parent dir is shared by every job)", key)
+        if any(c.isspace() for c in template):
+            raise Invalid("must not contain white space (TaskProlog exports it)", key)
+
+
+def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
+                ) -> MpsConfig:
+    pipe_default, log_default = DEFAULT_DIRS[m.layout]
+    per_job = m.layout == "per-job"
+    m = m._replace(
+        pipe_dir=m.pipe_dir if "pipe_dir" in given else pipe_default,
+        log_dir=m.log_dir if "log_dir" in given else log_default,
+        dir_owner=m.dir_owner if "dir_owner" in given else ("job" if per_job else "root"),
+        daemon_user=m.daemon_user if "daemon_user" in given else ("job" if per_job else "root"),
+    )
+    _check_template("pipe_dir", m.pipe_dir, m.layout)
+    _check_template("log_dir", m.log_dir, m.layout)
+    if per_job and "{gpu}" in m.pipe_dir and "{gpu}" not in m.log_dir:
+        raise Invalid("needs {gpu} too when mps.pipe_dir has it (one daemon per GPU, each "
+                      "with its own control.log)", "log_dir")
+    # Per-job: the prologs make each pipe dir, and must never meet one too long for the
+    # daemon's socket. A fixed dir too long is the directories check's pipe-path-too-long.
+    longest = socket_path_bytes(m.pipe_dir.format(**LONGEST_FIELDS))
+    if per_job and longest > SUN_PATH_MAX:
+        raise Invalid(f"too long for a unix socket path ({longest} bytes with the largest "
+                      f"field values and '/{LONGEST_ENTRY}', limit {SUN_PATH_MAX})", "pipe_dir")
+    return m
+
+
+class ControlConfig(Record):
+    timeout_s: float = number(2.0, low=0.1, high=60.0)
+    warn_latency_s: float = number(0.5, low=0.0)
+    expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
+
+
+class TmpfilesConfig(Record):
+    require_guard: bool = flag(False)  # warn even where /tmp is not aged by systemd-tmpfiles
+
+
+def _modules(value: Any) -> Tuple[str, ...]:
+    mods = names(value)
+    for m in mods:
+        if not all(part.isidentifier() for part in m.split(".")):
+            raise Invalid(f"must be Python module names, e.g. site_checks.gpu_temp "
+                          f"(got {shown(m)})")
+    return mods
+
+
+class ChecksConfig(Record):
+    only: Tuple[str, ...] = custom((), names)  # exactly these (empty: the defaults)
+    enable: Tuple[str, ...] = custom((), names)  # besides the defaults (e.g. canary)
+    disable: Tuple[str, ...] = custom((), names)
+    modules: Tuple[str, ...] = custom((), _modules)  # the site's own check modules
+
+
+def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
+                   ) -> ChecksConfig:
+    from . import registry  # small: a table of names
+
+    for module in c.modules:
+        registry.load_site_module(module)  # Invalid names the module
+    for key in ("only", "enable", "disable"):
+        for name in getattr(c, key):
+            if name not in registry.CHECKS:
+                raise Invalid(f"unknown check {shown(name)} (known: "
+                              f"{', '.join(sorted(registry.CHECKS))})", key)
+    return c
+
+
+MPS = Section("mps", MpsConfig, _finish_mps)
+CONTROL = Section("control", ControlConfig)
+TMPFILES = Section("tmpfiles", TmpfilesConfig)
+CHECKS = Section("checks", ChecksConfig, _finish_checks)
+CORE_SECTIONS = (CHECKS, MPS, CONTROL, TMPFILES)  # checks first: it may add site sections
+
+
+def _commands(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of program name to path")
+    known = (*DEFAULT_COMMANDS, *OPTIONAL_COMMANDS)
+    for name, where in value.items():
+        if name not in known:
+            raise Invalid(f"unknown program (known here: {', '.join(known)})", str(name))
+        try:
+            command(where)
+        except Invalid as e:
+            raise Invalid(e.why, str(name)) from None
+    return {**DEFAULT_COMMANDS, **value}
+
+
+class Config(Record):
+    """The whole file, valid. Other modules' sections: ``config.get(THEIR_SECTION)``."""
+
+    path: Optional[str] = internal(None)  # the file it came from; None: built-in defaults
+    node_name: Optional[str] = text(None, optional=True)
+    budget_s: float = number(15.0, low=1.0, high=300.0)
+    state_dir: str = pathname("/var/lib/mps-health")
+    run_dir: str = pathname("/run/mps-health")
+    commands: Mapping[str, str] = custom(DEFAULT_COMMANDS, _commands)
+    checks: ChecksConfig = internal(ChecksConfig())
+    mps: MpsConfig = internal(MpsConfig())
+    control: ControlConfig = internal(ControlConfig())
+    tmpfiles: TmpfilesConfig = internal(TmpfilesConfig())
+    sections: Mapping[str, Record] = internal({})
+    given: Tuple[str, ...] = internal(())  # sections in the file
+    raw: Mapping[str, Any] = internal({})  # as parsed (snapshots)
+
+    def command(self, name: str) -> str:
+        """The configured path of an external command (default: its name, found on PATH)."""
+        return self.commands.get(name, name)
+
+    def get(self, section: Section[R]) -> R:
+        """The validated record of ``section`` (its defaults when the file has none)."""
+        found = self.sections.get(section.name)
+        return found if isinstance(found, section.record) else section.defaults()
+
+
+TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
 
 
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
@@ -93,13 +270,14 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     if text is None:
         try:
             with open(path, encoding="utf-8") as f:
-                text = f.read()
+                text = f.read(1 << 20)
         except FileNotFoundError:
             if explicit:
                 raise ConfigError(f"{path}: no such file; give an existing --config") from None
-            return from_mapping({}, None)
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+            return Config()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}"
+                              ) from None
     import yaml  # only when there is a file: PyYAML costs milliseconds
 
     try:
@@ -116,158 +294,56 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     return from_mapping(data, path)
 
 
+def _owner_sections(module: str) -> Dict[str, Section]:
+    import importlib
+
+    return {s.name: s for s in getattr(importlib.import_module(module), "SECTIONS", ())}
+
+
 def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
-    v = _Validator(path or "<defaults>")
-    v.known(data, _TOP_KEYS, "")
-    mps = _mps(v, v.mapping(data, "mps"))
-    control = v.mapping(data, "control")
-    v.known(control, {"timeout_s", "warn_latency_s", "expected_thread_percentage"}, "control")
-    tmpf = v.mapping(data, "tmpfiles")
-    v.known(tmpf, {"require_guard"}, "tmpfiles")
-    checks = v.mapping(data, "checks")
-    v.known(checks, {"only", "enable", "disable"}, "checks")
-    commands = v.mapping(data, "commands")
-    for name, value in commands.items():
-        if not isinstance(value, str) or not value:
-            v.fail(f"commands.{name}", "must be a command name or path")
-    budget = v.number(data, "budget_s", 15.0, "", low=1.0, high=300.0)
-    return Config(
-        path=path,
-        node_name=v.string(data, "node_name", None, ""),
-        budget_s=budget,
-        state_dir=v.abspath(data, "state_dir", "/var/lib/mps-health", ""),
-        run_dir=v.abspath(data, "run_dir", "/run/mps-health", ""),
-        commands={**DEFAULT_COMMANDS, **commands},
-        only=v.names(checks, "only", "checks"),
-        enable=v.names(checks, "enable", "checks"),
-        disable=v.names(checks, "disable", "checks"),
-        mps=mps,
-        control=ControlConfig(
-            timeout_s=v.number(control, "timeout_s", 2.0, "control", low=0.1, high=60.0),
-            warn_latency_s=v.number(control, "warn_latency_s", 0.5, "control", low=0.0),
-            expected_thread_percentage=v.optional_number(
-                control, "expected_thread_percentage", "control", low=0.0, high=100.0
-            ),
-        ),
-        tmpfiles=TmpfilesConfig(require_guard=v.boolean(tmpf, "require_guard", False, "tmpfiles")),
-        raw=dict(data),
-    )
-
-
-def _mps(v: "_Validator", m: Mapping[str, Any]) -> MpsConfig:
-    v.known(
-        m,
-        {"layout", "pipe_dir", "log_dir", "gpus", "dir_mode", "dir_owner", "daemon_user",
-         "forbid_root_daemon"},
-        "mps",
-    )
-    layout = v.string(m, "layout", "node", "mps")
-    if layout not in LAYOUTS:
-        v.fail("mps.layout", f"must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-    pipe_default, log_default = DEFAULT_DIRS[str(layout)]
-    pipe = v.abspath(m, "pipe_dir", pipe_default, "mps")
-    log = v.abspath(m, "log_dir", log_default, "mps")
-    for key, value in (("pipe_dir", pipe), ("log_dir", log)):
-        if layout == "per-job" and "{job}" not in value:
-            v.fail(f"mps.{key}", "per-job layout needs {job} in the path")
-        if layout == "per-gpu" and "{gpu}" not in value:
-            v.fail(f"mps.{key}", "per-gpu layout needs {gpu} in the path")
-        if layout == "node" and ("{" in value or "}" in value):
-            v.fail(f"mps.{key}", "node layout takes a plain path, without {...}")
-    gpus_raw = m.get("gpus", [0])
-    if isinstance(gpus_raw, (int, str)) and not isinstance(gpus_raw, bool):
-        gpus_raw = [gpus_raw]
-    if not isinstance(gpus_raw, list) or not all(
-        isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-        for g in gpus_raw
-    ):
-        v.fail("mps.gpus", "must be a list of GPU indices or UUIDs, e.g. [0, 1]")
-    mode_raw = m.get("dir_mode", "0777")
+    """Validate every key of ``data``; ConfigError names the first bad one."""
+    where = path or "<defaults>"
+    key = ""
     try:
-        mode = int(mode_raw, 8) if isinstance(mode_raw, str) else int(mode_raw)
-    except (TypeError, ValueError):
-        mode = -1
-    if isinstance(mode_raw, bool) or not 0 <= mode <= 0o7777:
-        v.fail("mps.dir_mode", f"must be an octal mode as a string, e.g. '0777' (got {mode_raw!r})")
-    return MpsConfig(
-        layout=str(layout),
-        pipe_dir=pipe,
-        log_dir=log,
-        gpus=tuple(str(g).strip() for g in gpus_raw),
-        dir_mode=mode,
-        dir_owner=str(v.string(m, "dir_owner", "job" if layout == "per-job" else "root", "mps")),
-        daemon_user=str(
-            v.string(m, "daemon_user", "job" if layout == "per-job" else "root", "mps")
-        ),
-        forbid_root_daemon=v.boolean(m, "forbid_root_daemon", False, "mps"),
-    )
+        top: Dict[str, Any] = {}
+        for key in TOP_KEYS:
+            if key in data:
+                top[key] = Config._specs[key].parse(data[key])
+        loaded: Dict[str, Record] = {}
+        for section in CORE_SECTIONS:
+            key = section.name
+            loaded[key] = section.validate(_mapping(data.get(key)), loaded)
+        owners: Dict[str, Section] = {}
+        for module in dict.fromkeys((*SECTIONS.values(), *_site_modules())):
+            owners.update(_owner_sections(module))
+        for key in data:
+            if key not in TOP_KEYS and key not in loaded and key not in owners:
+                raise Invalid("unknown section (known: "
+                              f"{', '.join(sorted((*TOP_KEYS, *loaded, *owners)))})")
+        for key, section in owners.items():  # absent ones too: rules across sections
+            loaded[key] = section.validate(_mapping(data.get(key)), loaded)
+    except Invalid as e:
+        name = str(key) + (f".{e.key}" if e.key else "")
+        why = f"unknown key: it is {MOVED[name]} now" if name in MOVED else e.why
+        raise ConfigError(f"{where}: key {shown(name)}: {why}") from None
+    core = {s.name: loaded.pop(s.name) for s in CORE_SECTIONS}
+    return Config(path=path, **top, **core, sections=loaded,
+                  given=tuple(str(k) for k in data), raw=dict(data))
 
 
-class _Validator:
-    """Typed reads of one mapping, failing with 'FILE: key 'a.b': what is wrong'."""
+def _site_modules() -> Tuple[str, ...]:
+    """Site check modules that declare sections (imported with ``checks.modules``)."""
+    from . import registry
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    return tuple(registry.SITE_SECTIONS.values())
 
-    def fail(self, key: str, why: str) -> None:
-        raise ConfigError(f"{self.path}: key '{key}': {why}")
 
-    @staticmethod
-    def _key(prefix: str, key: str) -> str:
-        return f"{prefix}.{key}" if prefix else key
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of keys")
+    return value
 
-    def known(self, m: Mapping[str, Any], keys: set, prefix: str) -> None:
-        for key in m:
-            if key not in keys:
-                where = self._key(prefix, str(key))
-                self.fail(where, f"unknown key (known here: {', '.join(sorted(keys))})")
 
-    def mapping(self, m: Mapping[str, Any], key: str) -> Dict[str, Any]:
-        value = m.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(key, "must be a mapping of keys")
-        return dict(value)
-
-    def string(self, m: Mapping[str, Any], key: str, default: Any, prefix: str) -> Any:
-        value = m.get(key, default)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            self.fail(self._key(prefix, key), f"must be a non-empty string (got {value!r})")
-        return value
-
-    def abspath(self, m: Mapping[str, Any], key: str, default: str, prefix: str) -> str:
-        value = self.string(m, key, default, prefix)
-        if not value.startswith("/") or "\0" in value:
-            self.fail(self._key(prefix, key), f"must be an absolute path (got {value!r})")
-        return os.path.normpath(value)
-
-    def number(self, m: Mapping[str, Any], key: str, default: float, prefix: str,
-               low: float = 0.0, high: float = float("inf")) -> float:
-        value = m.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(self._key(prefix, key), f"must be a number (got {value!r})")
-        if not low <= value <= high:
-            self.fail(self._key(prefix, key), f"must be between {low:g} and {high:g} (got {value})")
-        return float(value)
-
-    def optional_number(self, m: Mapping[str, Any], key: str, prefix: str,
-                        low: float, high: float) -> Optional[float]:
-        if m.get(key) is None:
-            return None
-        return self.number(m, key, 0.0, prefix, low, high)
-
-    def boolean(self, m: Mapping[str, Any], key: str, default: bool, prefix: str) -> bool:
-        value = m.get(key, default)
-        if not isinstance(value, bool):
-            self.fail(self._key(prefix, key), f"must be true or false (got {value!r})")
-        return bool(value)
-
-    def names(self, m: Mapping[str, Any], key: str, prefix: str) -> Tuple[str, ...]:
-        value = m.get(key) or []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
-            self.fail(self._key(prefix, key), "must be a list of check names")
-        out: List[str] = list(value)
-        return tuple(out)
+__all__ = ["Config", "ConfigError", "Section", "load"]

@@ -13,7 +13,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
-from .facts import Facts, Instance
+from .exitcodes import Failure
+from .facts import Facts
 from .printable import printable
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
@@ -21,26 +22,46 @@ from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
 # judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
 JOIN_GRACE_S = 1.0
+# The control query ends this long before the budget, so killing the client and
+# collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
+CONTROL_MARGIN_S = 0.3
 
 
-class SelectionError(ValueError):
-    """--only/--skip or the config named a check that does not exist."""
+class SelectionError(Failure, ValueError):
+    """--only/--skip or the config named a check that does not exist (exit 3)."""
 
 
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
                   ) -> List[registry.CheckSpec]:
-    for name in (*only, *skip, *config.only, *config.enable, *config.disable):
+    chosen = config.checks  # its names were checked when the config was loaded
+    for name in (*only, *skip):
         if name not in registry.CHECKS:
             known = ", ".join(sorted(registry.CHECKS))
             raise SelectionError(f"unknown check '{name}' (known: {known})")
-    if only or config.only:
-        names = list(only or config.only)
+    if only or chosen.only:
+        names = list(only or chosen.only)
     else:  # the defaults, those whose config section is present, and checks.enable
         names = [c.name for c in registry.CHECKS.values()
-                 if c.default_on or any(k in config.raw for k in c.when_configured)
-                 or c.name in config.enable]
-    dropped = set(skip) | set(config.disable)
+                 if c.default_on or any(k in config.given for k in c.when_configured)
+                 or c.name in chosen.enable]
+    dropped = set(skip) | set(chosen.disable)
     return [registry.CHECKS[n] for n in names if n not in dropped]
+
+
+def budget_within(limit_s: float, configured_s: float) -> float:
+    """The gathering budget of a run that must be over within ``limit_s`` (check_mps' -t,
+    the exporter's interval): room left for start-up, judging and printing."""
+    return min(configured_s, max(0.5, limit_s * 0.8 - 0.2))
+
+
+def fit_control(config: Config, budget_s: float) -> Config:
+    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``:
+    a budget shorter than the control timeout still sees a wedged daemon as wedged
+    (CRITICAL control-wedged), not as a source that missed the deadline (UNKNOWN)."""
+    limit = round(max(0.1, budget_s - CONTROL_MARGIN_S), 3)
+    if config.control.timeout_s <= limit:
+        return config
+    return config._replace(control=config.control._replace(timeout_s=limit))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -139,6 +160,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
     checks = select_checks(config, only, skip)
     if replay is None:
         budget = budget_s if budget_s is not None else config.budget_s
+        config = fit_control(config, budget)
         ctx = Context(config, root, t0 + budget)
         facts = gather(ctx, [n for c in checks for n in c.needs])
     else:
@@ -149,13 +171,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     runs = judge(facts, config, checks)
     report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
-                    dict(facts.durations), __version__)
+                    dict(facts.durations), __version__,
+                    {i.name: i.gpu for i in facts.instances if i.gpu})
     return facts, report
 
-
-def instance_names(facts: Facts) -> List[str]:
-    return [i.name for i in facts.instances]
-
-
-def find_instance(facts: Facts, name: str) -> Optional[Instance]:
-    return next((i for i in facts.instances if i.name == name), None)

@@ -92,13 +92,6 @@ class TmpfilesFacts(NamedTuple):
     errors: Tuple[str, ...] = ()
 
 
-class SourceError(NamedTuple):
-    """A fact source that could not be read: its checks become UNKNOWN with this text."""
-
-    source: str
-    message: str
-
-
 class Facts(NamedTuple):
     """Everything gathered in one run. ``sources`` maps a source name to its value."""
 

@@ -150,6 +150,3 @@ class CanaryFact(NamedTuple):
     total_s: Optional[float] = None  # launch to exit, as the checker saw it
     server_pid: int = 0  # the server that listed it
     cuda_error: str = ""  # e.g. CUDA_ERROR_MPS_CONNECTION_FAILED (805) at cuCtxCreate
-
-
-CanaryFacts = Dict[str, CanaryFact]

@@ -2,7 +2,11 @@
 
 A check names the fact sources it needs, so a run gathers only those: no NVML unless
 a GPU check runs, no Slurm call unless a Slurm check runs. Targets are imported lazily
-("module:function"), and a site adds its own check with one ``extra_checks`` entry.
+("module:function").
+
+A site's own check is a module named in the config (``checks.modules``); loading the
+config imports it, and it declares itself as the built-ins below do, with a
+``check(...)`` call at import (and its config sections in a ``SECTIONS`` tuple).
 """
 
 from typing import Dict, NamedTuple, Tuple
@@ -36,7 +40,37 @@ def source(name: str, target: str, value_type: str, blocking: bool = False) -> N
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
           summary: str = "", when_configured: Tuple[str, ...] = ()) -> None:
+    old = CHECKS.get(name)
+    if old is not None and old.target != target:
+        raise ValueError(f"check {name!r} is already declared by {old.target}")
+    unknown = [n for n in needs if n not in SOURCES]
+    if unknown:
+        raise ValueError(f"check {name!r} needs unknown fact sources {unknown} "
+                         f"(known: {', '.join(SOURCES)})")
     CHECKS[name] = CheckSpec(name, target, needs, default_on, summary, when_configured)
+
+
+SITE_SECTIONS: Dict[str, str] = {}  # config section -> the site module declaring it
+
+
+def load_site_module(module: str) -> None:
+    """Import a site check module named in ``checks.modules``; Invalid says what failed."""
+    import importlib
+
+    from .schema import Invalid, shown
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # a site's bug or a missing package: one line, exit 3
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise Invalid(f"cannot import {shown(module)}: {type(e).__name__}: "
+                      f"{shown(first)[1:-1]}", "modules") from None
+    if not any(c.target.partition(":")[0] == module for c in CHECKS.values()):
+        raise Invalid(f"{shown(module)} declares no check: call "
+                      "mps_health.registry.check(name, 'module:function', needs) at import",
+                      "modules")
+    for section in getattr(mod, "SECTIONS", ()):
+        SITE_SECTIONS[section.name] = module
 
 
 def load(target: str):  # -> the object named "module:attr"

@@ -1,138 +1,111 @@
-"""The ``slurm``, ``orphans`` and ``gpu`` config sections, checked key by key.
+"""The ``slurm``, ``orphans`` and ``gpu`` config sections.
 
-Each reader returns a NamedTuple of settings or raises ConfigError with the core's
-one-line style ("FILE: key 'slurm.timeout_s': what is wrong"). Checks call them and
-turn a ConfigError into one UNKNOWN ``config-invalid`` line.
+They are validated with the whole file when it is loaded (``mps_health.config``);
+readers get the records through ``config.get(...)`` or the helpers below.
 """
 
-from typing import Any, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from .config import Config, ConfigError
+from .config import Config
+from .schema import Invalid, Record, Section, custom, number, pathname, shown, text, whole
 
 OUTPUTS = ("auto", "text", "json")
 MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")
+DEFAULT_TAG = "MPS-HC:"
 
 
-class SlurmSettings(NamedTuple):
-    timeout_s: float = 5.0  # scontrol/squeue: slurmctld down means UNKNOWN after this
-    output: str = "auto"  # "json" from Slurm 23.02 on; "auto" asks scontrol --version once
-    gres_conf: Optional[str] = None  # default: beside slurm.conf
-    mps_per_gpu: int = 100  # gres.conf Count of mps per GPU
-    drain_tag: str = "MPS-HC:"  # a reason starting with this is our own drain
-    job_grace_s: float = 60.0  # a new job's prolog has this long to start its MPS daemon
+def _tag(value: Any) -> str:
+    tag = text(DEFAULT_TAG).parse(value)
+    if any(c.isspace() for c in tag):
+        raise Invalid(f"must be one word: it is the drain reason's first word (got {shown(tag)})")
+    if tag.upper().startswith("NHC"):
+        raise Invalid("must not start with NHC: LBNL NHC would resume our drains")
+    return str(tag)
 
 
-class OrphanSettings(NamedTuple):
-    min_age_s: float = 120.0  # younger job dirs are not judged (a job may be starting)
+class SlurmSettings(Record):
+    timeout_s: float = number(5.0, low=0.1, high=60.0)  # each scontrol/squeue call
+    output: str = text("auto", choices=OUTPUTS)  # "json" from Slurm 23.02 on; "auto" asks once
+    gres_conf: Optional[str] = pathname(None, optional=True)  # default: beside slurm.conf
+    mps_per_gpu: int = whole(100, low=1, high=1_000_000)  # gres.conf Count of mps per GPU
+    # A drain reason starting with this is our own: the health check drains and resumes
+    # with it, gres-drift and `remediate node` recognise the node's own drains by it.
+    drain_tag: str = custom(DEFAULT_TAG, _tag)
+    job_grace_s: float = number(60.0, low=0.0, high=86400.0)  # a new job's prolog may take this
 
 
-class GpuSettings(NamedTuple):
-    mps_gpus: Optional[Tuple[str, ...]] = None  # None: derive from the mps section
-    mode_mps: str = "EXCLUSIVE_PROCESS"
-    mode_other: str = "DEFAULT"
-    modes: Tuple[Tuple[str, str], ...] = ()  # (GPU index or UUID, mode) overrides
-    gpu_count: Optional[int] = None  # GPUs this node must have (gres-drift)
+class OrphanSettings(Record):
+    # Younger per-job dirs are neither judged nor removed: a job may be starting.
+    min_age_s: float = number(120.0, low=0.0, high=30 * 86400.0)
 
 
-def _where(config: Config) -> str:
-    return config.path or "<defaults>"
-
-
-def _section(config: Config, name: str, known: Tuple[str, ...]) -> Mapping[str, Any]:
-    data = config.section(name)
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{_where(config)}: key '{name}.{key}': unknown key "
-                              f"(known here: {', '.join(sorted(known))})")
-    return data
-
-
-def _number(config: Config, data: Mapping[str, Any], section: str, key: str, default: float,
-            low: float, high: float) -> float:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not low <= value <= high:
-        raise ConfigError(f"{_where(config)}: key '{section}.{key}': must be a number "
-                          f"between {low:g} and {high:g} (got {value!r})")
-    return float(value)
-
-
-def _string(config: Config, data: Mapping[str, Any], section: str, key: str,
-            default: Optional[str]) -> Optional[str]:
-    value = data.get(key, default)
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ConfigError(f"{_where(config)}: key '{section}.{key}': must be a non-empty "
-                          f"string (got {value!r})")
-    return value
-
-
-def settings(config: Config) -> SlurmSettings:
-    d = _section(config, "slurm", SlurmSettings._fields)
-    output = _string(config, d, "slurm", "output", "auto")
-    if output not in OUTPUTS:
-        raise ConfigError(f"{_where(config)}: key 'slurm.output': must be one of "
-                          f"{', '.join(OUTPUTS)} (got {output!r})")
-    gres = _string(config, d, "slurm", "gres_conf", None)
-    if gres is not None and not gres.startswith("/"):
-        raise ConfigError(f"{_where(config)}: key 'slurm.gres_conf': must be an absolute "
-                          f"path (got {gres!r})")
-    return SlurmSettings(
-        timeout_s=_number(config, d, "slurm", "timeout_s", 5.0, 0.1, 60.0),
-        output=str(output),
-        gres_conf=gres,
-        mps_per_gpu=int(_number(config, d, "slurm", "mps_per_gpu", 100, 1, 1_000_000)),
-        drain_tag=str(_string(config, d, "slurm", "drain_tag", "MPS-HC:")),
-        job_grace_s=_number(config, d, "slurm", "job_grace_s", 60.0, 0.0, 86400.0),
-    )
-
-
-def orphan_settings(config: Config) -> OrphanSettings:
-    d = _section(config, "orphans", OrphanSettings._fields)
-    return OrphanSettings(_number(config, d, "orphans", "min_age_s", 120.0, 0.0, 30 * 86400.0))
-
-
-def _gpu_list(config: Config, value: Any, key: str) -> Tuple[str, ...]:
+def _gpu_list(value: Any) -> Optional[Tuple[str, ...]]:
+    if value is None or value == "all":
+        return None
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list) or not all(
             isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            for g in value):
-        raise ConfigError(f"{_where(config)}: key '{key}': must be a list of GPU indices "
-                          "or UUIDs, e.g. [0, 1]")
+            and str(g).isprintable() for g in value):
+        raise Invalid(f"must be all or a list of GPU indices or UUIDs, e.g. [0, 1] "
+                      f"(got {shown(value)})")
     return tuple(str(g).strip() for g in value)
 
 
-def _mode(config: Config, value: Any, key: str) -> str:
+def _mode(value: Any, key: str) -> str:
     if not isinstance(value, str) or value.upper() not in {m.upper() for m in MODES}:
-        raise ConfigError(f"{_where(config)}: key '{key}': must be one of "
-                          f"{', '.join(MODES)} (got {value!r})")
+        raise Invalid(f"must be one of {', '.join(MODES)} (got {shown(value)})", key)
     return "any" if value.lower() == "any" else value.upper()
 
 
+DEFAULT_MODES = (("mps", "EXCLUSIVE_PROCESS"), ("other", "DEFAULT"))
+
+
+def _modes(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if isinstance(value, str):
+        value = {"mps": value}
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of mps/other/GPU index or UUID to a mode")
+    given = {str(k).strip(): _mode(v, str(k)) for k, v in value.items()}
+    return tuple({**dict(DEFAULT_MODES), **given}.items())
+
+
+class GpuSettings(Record):
+    mps_gpus: Optional[Tuple[str, ...]] = custom(None, _gpu_list)  # None: from the mps section
+    # mps/other/GPU index or UUID -> expected compute mode
+    compute_mode: Tuple[Tuple[str, str], ...] = custom(DEFAULT_MODES, _modes)
+    count: Optional[int] = whole(None, optional=True)  # GPUs this node must have (gres-drift)
+
+    @property
+    def mode_mps(self) -> str:
+        return dict(self.compute_mode)["mps"]
+
+    @property
+    def mode_other(self) -> str:
+        return dict(self.compute_mode)["other"]
+
+    @property
+    def modes(self) -> Tuple[Tuple[str, str], ...]:
+        """(GPU index or UUID, mode) overrides."""
+        return tuple((k, m) for k, m in self.compute_mode if k not in ("mps", "other"))
+
+
+SLURM = Section("slurm", SlurmSettings)
+ORPHANS = Section("orphans", OrphanSettings)
+GPU = Section("gpu", GpuSettings)
+SECTIONS = (GPU, SLURM, ORPHANS)
+
+
+def settings(config: Config) -> SlurmSettings:
+    return config.get(SLURM)
+
+
+def orphan_settings(config: Config) -> OrphanSettings:
+    return config.get(ORPHANS)
+
+
 def gpu_settings(config: Config) -> GpuSettings:
-    d = _section(config, "gpu", ("mps_gpus", "compute_mode", "count"))
-    mps_gpus = None if d.get("mps_gpus") in (None, "all") else \
-        _gpu_list(config, d["mps_gpus"], "gpu.mps_gpus")
-    modes = d.get("compute_mode") or {}
-    if isinstance(modes, str):
-        modes = {"mps": modes}
-    if not isinstance(modes, dict):
-        raise ConfigError(f"{_where(config)}: key 'gpu.compute_mode': must be a mapping of "
-                          "mps/other/GPU index or UUID to a mode")
-    overrides = tuple((str(k).strip(), _mode(config, v, f"gpu.compute_mode.{k}"))
-                      for k, v in modes.items() if str(k) not in ("mps", "other"))
-    count = d.get("count")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                              or count < 0):
-        raise ConfigError(f"{_where(config)}: key 'gpu.count': must be a whole number "
-                          f"(got {count!r})")
-    return GpuSettings(
-        mps_gpus=mps_gpus,
-        mode_mps=_mode(config, modes.get("mps", "EXCLUSIVE_PROCESS"), "gpu.compute_mode.mps"),
-        mode_other=_mode(config, modes.get("other", "DEFAULT"), "gpu.compute_mode.other"),
-        modes=overrides,
-        gpu_count=count,
-    )
+    return config.get(GPU)
 
 
 def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:

@@ -7,7 +7,6 @@ why; a state dir that cannot be written (not root) makes each run start from not
 which costs accuracy (no offsets, no history), never correctness of what is reported.
 """
 
-import contextlib
 import os
 import time
 from typing import Any, Optional, Tuple
@@ -55,34 +54,30 @@ class StateFile:
         import json
 
         from . import codec
+        from .safefiles import read_small
 
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return empty, ""
+            raw = read_small(self.path, 4 << 20)
         except OSError as e:
             return empty, f"cannot read {self.path}: {e.strerror}; starting afresh"
+        if raw is None:
+            return empty, ""
         try:
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read(4 << 20).decode("utf-8"))
+            data = json.loads(raw.decode("utf-8"))
             return codec.decode(value_type, data, self.path), ""
         except (ValueError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 
     def save(self, value: Any) -> str:
-        """Write ``value`` atomically (temp file, fsync-free rename); '' or why not."""
+        """Write ``value`` atomically (``safefiles.write_atomic``); '' or why not."""
         import json
 
         from . import codec
+        from .safefiles import write_atomic
 
-        tmp = f"{self.path}.tmp{os.getpid()}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(codec.encode(value), f, sort_keys=True)
-            os.replace(tmp, self.path)
+            write_atomic(os.path.abspath(self.path),
+                         json.dumps(codec.encode(value), sort_keys=True).encode())
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return f"cannot save {self.path}: {e.strerror}"
         return ""

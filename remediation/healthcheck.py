@@ -11,19 +11,19 @@ import contextlib
 import os
 import threading
 import time
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from mps_health import engine
 from mps_health.config import Config
 from mps_health.context import node_name
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Report, Result
+from mps_health.slurm_settings import settings as slurm_settings
 
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
 from .lock import NodeLock
 from .settings import HealthcheckSettings, healthcheck, remediation
 
-Say = Callable[[str], None]
 LOCK_NAME = "healthcheck"
 
 
@@ -34,7 +34,7 @@ class RunResult(NamedTuple):
 
 def budget_for(config: Config, hc: HealthcheckSettings) -> float:
     """Time for the checks: what is left after two scontrol calls and a margin."""
-    spare = hc.timeout_s - 2 * hc.scontrol_timeout_s - 1.0
+    spare = hc.timeout_s - 2 * slurm_settings(config).timeout_s - 1.0
     return max(0.5, min(config.budget_s, spare))
 
 
@@ -66,18 +66,19 @@ def first_failure(report: Report, drain_on: str) -> Optional[Result]:
     return bad[0] if bad else None
 
 
-def reason_for(report: Optional[Report], hc: HealthcheckSettings) -> Tuple[str, str]:
-    """(failure code, drain reason) for this run."""
+def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
+               ) -> Tuple[str, str]:
+    """(failure code, drain reason starting with ``tag``) for this run."""
     if report is None:
         return "healthcheck-timeout", slurmnode.reason_text(
-            hc.tag, "healthcheck-timeout", "the MPS checks did not finish in time")
+            tag, "healthcheck-timeout", "the MPS checks did not finish in time")
     r = first_failure(report, hc.drain_on)
     if r is None:
-        return "unknown", slurmnode.reason_text(hc.tag, "unknown", "MPS check failed")
+        return "unknown", slurmnode.reason_text(tag, "unknown", "MPS check failed")
     others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
     where = f" {r.instance}" if r.instance else ""
     more = f" (+{others} more)" if others > 0 else ""
-    return r.code, slurmnode.reason_text(hc.tag, f"{r.code}{where}:", r.message + more)
+    return r.code, slurmnode.reason_text(tag, f"{r.code}{where}:", r.message + more)
 
 
 def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
@@ -95,11 +96,12 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     environ = dict(os.environ) if environ is None else environ
     hc = healthcheck(config)
     rem = remediation(config)
+    slurm = slurm_settings(config)
     node = node_name(config, environ)
     report, budget = run_checks(config, root, hc)
     state_code, lines = _summary(report, budget)
     verdict = hcstate.verdict_of(state_code, hc.drain_on)
-    code, reason = reason_for(report, hc) if verdict == "fail" else ("", "")
+    code, reason = reason_for(report, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
     state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
     before = hcstate.load(state_path)
     state = hcstate.count(before, verdict, code)
@@ -110,14 +112,15 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     if need.action in ("drain", "resume") and dry_run:
         outcome, why = "dry-run", f"would {need.action}: {need.why}"
     elif need.action == "drain":
-        outcome, why, _ = slurmnode.drain_if_allowed(config, node, hc.tag, reason,
-                                                     hc.scontrol_timeout_s)
+        outcome, why, _ = slurmnode.drain_if_allowed(config, node, slurm.drain_tag, reason,
+                                                     slurm.timeout_s)
         if outcome in ("drained", "already"):
             state = state._replace(drained=True, verified_at=now)
         elif outcome == "left":
             state = state._replace(drained=False)
     elif need.action == "resume":
-        outcome, why, _ = slurmnode.resume_if_ours(config, node, hc.tag, hc.scontrol_timeout_s)
+        outcome, why, _ = slurmnode.resume_if_ours(config, node, slurm.drain_tag,
+                                                   slurm.timeout_s)
         if outcome in ("resumed", "left"):
             state = state._replace(drained=False)
     elif need.action == "forget":

@@ -11,28 +11,30 @@ import os
 
 from mps_health.config import Config
 from mps_health.context import Context, node_name
+from mps_health.slurm_settings import settings as slurm_settings
 
 from . import hcstate, slurmnode
 from .actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
-from .settings import healthcheck, remediation
+from .settings import remediation
 
 
 def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: Say) -> int:
-    hc = healthcheck(config)
+    slurm = slurm_settings(config)
+    tag, timeout_s = slurm.drain_tag, slurm.timeout_s
     settings = remediation(config)
     ctx = Context(config, root)
     node = node_name(config)
-    reason = slurmnode.reason_text(hc.tag, "manual:", text or "manual")
+    reason = slurmnode.reason_text(tag, "manual:", text or "manual")
     say(f"{action} {node}" + (f" with reason '{reason}'" if action == "drain" else
-                              f" if its reason starts with '{hc.tag}'"))
+                              f" if its reason starts with '{tag}'"))
     if dry_run:
         try:
-            now = slurmnode.read_node(config, node, hc.scontrol_timeout_s)
+            now = slurmnode.read_node(config, node, timeout_s)
         except slurmnode.SlurmError as e:
             say(f"  cannot read the node: {e}")
             return CANNOT
-        allowed, why = (slurmnode.may_drain(now, hc.tag) if action == "drain"
-                        else slurmnode.may_resume(now, hc.tag))
+        allowed, why = (slurmnode.may_drain(now, tag) if action == "drain"
+                        else slurmnode.may_resume(now, tag))
         say(f"  now: State={now.state} Reason={now.reason or '(none)'}")
         say(f"  would {'' if allowed else 'not '}{action}: {why}")
         say("  dry run: nothing was changed")
@@ -40,11 +42,11 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
     lock = lock_node(ctx, settings, f"{action} {node}")
     try:
         if action == "drain":
-            outcome, why, view = slurmnode.drain_if_allowed(config, node, hc.tag, reason,
-                                                            hc.scontrol_timeout_s)
+            outcome, why, view = slurmnode.drain_if_allowed(config, node, tag, reason,
+                                                            timeout_s)
         else:
-            outcome, why, view = slurmnode.resume_if_ours(config, node, hc.tag,
-                                                          hc.scontrol_timeout_s)
+            outcome, why, view = slurmnode.resume_if_ours(config, node, tag,
+                                                          timeout_s)
             if outcome == "resumed":
                 _forget_drain(ctx)
     finally:

@@ -4,7 +4,7 @@ The small interface, for the orphans check to wire in: ``orphans_of(instances, j
 is pure (an instance is an orphan when Slurm lists no job of its id on this node), and
 ``clean(ctx, orphans, ...)`` removes them. The job list comes from one ``squeue`` call;
 if it fails, nothing is an orphan (an empty answer from a broken squeue must never
-look like "no jobs"). A pipe dir younger than ``orphan_min_age_s`` is skipped: its
+look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is skipped: its
 job's prolog may still be setting it up.
 
 Each orphan: ``quit -t N`` sent as the daemon's own user; what is left of its daemon
@@ -17,6 +17,7 @@ import time
 from typing import Collection, List, Mapping, Sequence, Tuple
 
 from mps_health import processes as procs
+from mps_health import safedirs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
@@ -25,8 +26,8 @@ from mps_health.probes.proc import read_processes
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
 from mps_health.runner import run as run_command
+from mps_health.slurm_settings import orphan_settings
 
-from . import safefs
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
 from .settings import RemediationSettings, remediation
 from .users import by_uid, groups_of
@@ -71,16 +72,18 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
 
 
 def _remove(ctx: Context, path: str) -> str:
-    parent, name = safefs.split(path)
+    parent, name = safedirs.split(path)
     try:
-        pfd = safefs.open_dir(ctx.root, parent)
-    except safefs.UnsafePath as e:
-        return f"{path}: not removed: {e.strerror}"
+        pfd = safedirs.open_dir(parent, ctx.root)
+    except safedirs.UnsafePath as e:
+        return f"{path}: not removed: {e}"
     try:
-        kind = safefs.look(pfd, name).kind
+        kind = safedirs.look(pfd, name).kind
         if kind == "missing":
             return f"{path}: already gone"
-        safefs.remove_tree(pfd, name)
+        problems = safedirs.remove_tree(pfd, name, path)
+        if problems:
+            raise OSError(0, "; ".join(problems))
         return f"removed {path}" + (" (a symlink: unlinked, target untouched)"
                                     if kind == "symlink" else "")
     finally:
@@ -121,16 +124,17 @@ def clean(ctx: Context, orphans: Sequence[Instance], settings: RemediationSettin
     return code
 
 
-def find(ctx: Context, settings: RemediationSettings, jobs: Mapping[str, object],
-         now: float) -> Tuple[Tuple[Instance, ...], List[str]]:
+def find(ctx: Context, jobs: Mapping[str, object], now: float
+         ) -> Tuple[Tuple[Instance, ...], List[str]]:
     """(orphans old enough to remove, notes about the ones skipped)."""
+    min_age_s = orphan_settings(ctx.config).min_age_s
     found = orphans_of(discover_jobs(ctx), set(jobs))
     old, notes = [], []
     for inst in found:
         age = _age(ctx, inst.pipe_dir, now)
-        if age < settings.orphan_min_age_s:
+        if age < min_age_s:
             notes.append(f"{inst.name}: its pipe dir is {age:.0f}s old (under "
-                         f"{settings.orphan_min_age_s:g}s): left for now")
+                         f"{min_age_s:g}s, orphans.min_age_s): left for now")
         else:
             old.append(inst)
     return tuple(old), notes
@@ -149,7 +153,7 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     except SlurmError as e:
         raise ActionError(f"cannot list the jobs on {node}, so no instance is judged an "
                           f"orphan: {e}") from None
-    orphans, notes = find(ctx, settings, jobs, time.time())
+    orphans, notes = find(ctx, jobs, time.time())
     say(f"orphans on {node}: {len(orphans)} (jobs Slurm lists here: "
         f"{', '.join(sorted(jobs)) or 'none'})")
     for note in notes:

@@ -19,16 +19,16 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from mps_health import processes
-from mps_health.config import Config
+from mps_health import processes, safedirs
+from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.facts import ProcessFact
 from mps_health.probes.proc import read_processes
 
-from . import daemons, safedirs
+from . import daemons
 from .hooklog import HookLog
 from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
-from .settings import SUN_PATH_MAX, JobsSettings, socket_path_bytes
+from .settings import JobsSettings
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -57,7 +57,7 @@ def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[
 
         pattern = job_pattern(config.mps.pipe_dir)
         parent = os.path.dirname(config.mps.pipe_dir)
-        for name in safedirs.list_names(parent):
+        for name in _names(parent):
             m = pattern.match(name)
             if m and m.group("job") == job_id:
                 gpu = m.group("gpu")
@@ -118,13 +118,11 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
                     f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
         for path in (dirs.log_dir, dirs.pipe_dir):
-            notes: List[str] = []
             try:
-                safedirs.make_job_dir(*os.path.split(path), job.uid, job.gid,
-                                      config.mps.dir_mode, notes)
-            except (safedirs.UnsafePath, OSError) as e:
-                return f"cannot make {path}: {e}"
-            for note in notes:
+                note = make_job_dir(path, job.uid, job.gid, config.mps.dir_mode)
+            except OSError as e:
+                return f"cannot make {path}: {e.strerror or e}"
+            if note:
                 log.warning(note)
         started = daemons.start_daemon(control, dirs.pipe_dir, as_user,
                                        daemon_env(job, dirs, as_user),
@@ -222,7 +220,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     stuck = _end_leftovers(job, procs, settings, log, proc_dir)
     for dirs in all_dirs:
         for path in (dirs.pipe_dir, dirs.log_dir):
-            left = safedirs.remove_job_dir(path, (job.uid, 0))
+            left = remove_job_dir(path, (job.uid, 0))
             if left:
                 log.warning(left)
     if procs or all_dirs:
@@ -251,6 +249,48 @@ def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSe
         return "MPS processes survived SIGKILL (stuck in the driver?): " + ", ".join(
             f"{p.role} {p.pid}" for p in survivors)
     return ""
+
+
+def make_job_dir(path: str, uid: int, gid: int, mode: int) -> str:
+    """Make the job's dir ``path`` for ``uid``:``gid``; "" or a line about what was in the
+    way. The user's own dir (or root's, from an earlier prolog of this job) is reused."""
+    parent, name = safedirs.split(path)
+    pfd = safedirs.open_dir(parent)
+    try:
+        made = safedirs.ensure_dir(pfd, name, mode, uid, gid, lambda e: e.uid in (uid, 0))
+    finally:
+        os.close(pfd)
+    os.close(made.fd)
+    if made.aside is None:
+        return ""
+    new, was = made.aside
+    return (f"{path} was a {was.kind} owned by uid {was.uid}, not this job's: moved aside "
+            f"to {parent.rstrip('/')}/{new}")
+
+
+def remove_job_dir(path: str, owners: Tuple[int, ...]) -> str:
+    """Remove the job's dir and all it holds, following no link; "" or what went wrong.
+    Only an entry of ``owners`` is removed: a dir planted later is left for the admin."""
+    try:
+        parent, name = safedirs.split(path)
+        pfd = safedirs.open_dir(parent)
+    except OSError as e:
+        return str(e)
+    try:
+        return "; ".join(safedirs.remove_tree(pfd, name, path, owners))
+    finally:
+        os.close(pfd)
+
+
+def _names(parent: str) -> List[str]:
+    try:
+        fd = safedirs.open_dir(parent)
+    except OSError:
+        return []
+    try:
+        return safedirs.list_names(fd)
+    finally:
+        os.close(fd)
 
 
 def _exists(path: str) -> bool:

@@ -1,7 +1,7 @@
 """A strict parser of the Nagios plugin output grammar, for tests.
 
 The rules are those Nagios 4 and Icinga 2 rely on (Nagios plugin API; monitoring-plugins
-development guidelines; REFERENCE.md section 5):
+development guidelines; nagiosplugin 1.4.0 as seen here):
 
 * the first line is ``[SERVICE ]STATE[ - |: ]text[|perfdata]``; STATE matches the exit
   code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN); the text holds no '|';

@@ -1,7 +1,8 @@
 """Build --root fixture trees: /proc entries from captured files, pipe dirs with sockets.
 
 Git cannot store sockets or FIFOs, so trees are made at test time from captured
-/proc files (tests/fixtures/proc_*) and the pipe entries REFERENCE.md lists.
+/proc files (tests/fixtures/proc_*) and the pipe entries a running daemon makes (control,
+control_privileged, control_lock, log, nvidia-cuda-mps-control.pid).
 """
 
 import os

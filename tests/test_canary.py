@@ -220,6 +220,6 @@ def test_bad_canary_section_is_one_line(tmp_path: Path, mps_dirs) -> None:
     pipe, log = mps_dirs()
     cfg = node_config(tmp_path, pipe, log, "canary:\n  timeout_s: 0\n")
     r = mps_health("check", "--config", cfg, "--only", "canary")
-    assert r.returncode == 3
-    assert f"{cfg}: key 'canary.timeout_s': must be a number of seconds between 0.5 and 120 " \
-           "(got 0)" in r.stdout
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == f"mps-health: {cfg}: key 'canary.timeout_s': must be a number between " \
+           "0.5 and 120 (got 0)\n"

@@ -2,9 +2,10 @@
 
 from typing import Any, Dict, List, Tuple
 
+import pytest
 from conftest import fixture_text
 from mps_health import engine
-from mps_health.config import from_mapping
+from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Facts
 from mps_health.probes.nvml import load_record, read_nvml
 from mps_health.registry import CHECKS
@@ -33,8 +34,8 @@ def test_mixed_node_as_configured_only_reports_the_pending_mig() -> None:
     assert ("gpu0", OK, "ok") in results and ("gpu7", OK, "ok") in results
 
 
-def test_seed2_mixed_two_gpu_node() -> None:
-    # seed 2: MPS on GPU 0 only (EXCLUSIVE_PROCESS), GPU 1 for exclusive jobs (DEFAULT).
+def test_mixed_two_gpu_node() -> None:
+    # MPS on GPU 0 only (EXCLUSIVE_PROCESS), GPU 1 for exclusive jobs (DEFAULT).
     cfg = {"mps": {"layout": "per-gpu", "gpus": [0]}, "gpu": {}}
     assert problems(judge(TWO, cfg)) == []
 
@@ -86,14 +87,10 @@ def test_no_driver_is_unknown_never_critical() -> None:
 
 
 def test_bad_gpu_config_is_one_line() -> None:
-    nvml = read_nvml(load_record(fixture_text(TWO), TWO))
-    facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
-    cfg = from_mapping({"gpu": {"compute_mode": {"mps": "SHARED"}}}, "site.yaml")
-    (run,) = engine.judge(facts, cfg, [CHECKS["compute-mode"]])
-    (r,) = run.results
-    assert (r.state, r.code) == (UNKNOWN, "config-invalid")
-    assert r.message == ("site.yaml: key 'gpu.compute_mode.mps': must be one of DEFAULT, "
-                         "EXCLUSIVE_PROCESS, PROHIBITED, any (got 'SHARED')")
+    with pytest.raises(ConfigError) as e:
+        from_mapping({"gpu": {"compute_mode": {"mps": "SHARED"}}}, "site.yaml")
+    assert str(e.value) == ("site.yaml: key 'gpu.compute_mode.mps': must be one of DEFAULT, "
+                            "EXCLUSIVE_PROCESS, PROHIBITED, any (got 'SHARED')")
 
 
 def test_gpu_checks_run_only_when_configured() -> None:

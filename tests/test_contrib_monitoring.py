@@ -141,7 +141,8 @@ def exported_names(tmp_path: Path, fake_daemon) -> set:
 
 def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path, fake_daemon) -> None:
     names = exported_names(tmp_path, fake_daemon)
-    # Series the issue names for checks other branches add, through the metric contract.
+    # The dashboard's compute-mode panel reads mps_health_compute_mode, the series the
+    # metric contract gives a compute_mode value (the check exports compute_mode_ok today).
     names.add(metric_name("compute_mode", "compute_mode"))
     rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
     board = json.loads(DASHBOARD.read_text())

@@ -19,7 +19,7 @@ def done(rc, out="", err="", timed_out=False, exec_error=None, elapsed=0.01) -> 
     return Completed(["nvidia-cuda-mps-control"], rc, out, err, elapsed, timed_out, exec_error)
 
 
-# Outputs as REFERENCE.md section 1 records them from the real client on the H200.
+# Outputs as the real client printed them on the H200 (CUDA 13.0).
 @pytest.mark.parametrize("completed,status", [
     (done(0, "100.0\n"), "ok"),
     (done(0, "50.0\n"), "ok"),

@@ -34,13 +34,14 @@ def cluster() -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0) -> str:
+def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0,
+                    scontrol_timeout: float = 10.0) -> str:
     make_dirs(base / "pipe", base / "log")
     cfg = write_config(base, extra="", remediation="")
     text = Path(cfg).read_text()
     text = text.replace("control:\n  timeout_s: 1.0", f"control:\n  timeout_s: {control_timeout}")
     text += "checks:\n  only: [control, directories]\n"
-    text += f"healthcheck:\n  scontrol_timeout_s: 10\n{healthcheck}\n"
+    text += f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{healthcheck}\n"
     Path(cfg).write_text(text)
     return cfg
 
@@ -170,7 +171,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
 
 def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1\n  scontrol_timeout_s: 3\n")
+    cfg = write_hc_config(tree, "  fail_runs: 1\n", scontrol_timeout=3)
     cluster.stop_controller()
     try:
         t0 = time.monotonic()

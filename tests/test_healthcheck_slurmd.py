@@ -33,12 +33,13 @@ class Setup(NamedTuple):
     cfg: str
 
 
-def config_text(base: Path, control_timeout: float = 1.0, hc: str = "") -> str:
+def config_text(base: Path, control_timeout: float = 1.0, hc: str = "",
+                scontrol_timeout: float = 5.0) -> str:
     cfg = Path(write_config(base))
     text = cfg.read_text().replace("control:\n  timeout_s: 1.0",
                                    f"control:\n  timeout_s: {control_timeout}")
     return text + ("checks:\n  only: [control, directories]\n"
-                   f"healthcheck:\n  scontrol_timeout_s: 5\n{hc}\n")
+                   f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{hc}\n")
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     budget (healthcheck.timeout_s 15) ends each run well before."""
     s = setup
     Path(s.cfg).write_text(config_text(s.base, control_timeout=60.0,
-                                       hc="  timeout_s: 15\n  scontrol_timeout_s: 3")
+                                       hc="  timeout_s: 15", scontrol_timeout=3)
                            .replace("run_dir:", "budget_s: 300\nrun_dir:"))
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)

@@ -12,7 +12,7 @@ from conftest import fixture_text, node_config
 from mps_health.facts_deep import LogPosition
 from mps_health.probes import logs as probe
 
-REFERENCE = "control.log__h200-cuda13.0_reference-md-lines.txt"
+SEEN = "control.log__h200-cuda13.0_seen-lines.txt"
 
 
 def mps_health(*args: str) -> subprocess.CompletedProcess:
@@ -33,7 +33,7 @@ def line(text: str, at: float, role: str = "Control", pid: int = 436) -> str:
 # --- parse, on the lines seen on the H200 -----------------------------------------------
 
 def test_reference_lines_are_classified() -> None:
-    found = probe.parse_findings(fixture_text(REFERENCE), "/var/log/nvidia-mps", "control.log",
+    found = probe.parse_findings(fixture_text(SEEN), "/var/log/nvidia-mps", "control.log",
                                  read_at=2e9)
     got = [(f.code, f.pid, f.uid, f.status) for f in found]
     assert got == [

@@ -1,5 +1,5 @@
 """The metric contract (docs/metrics.md): how Result.values become Prometheus series and
-Nagios perfdata, for today's checks and for checks other branches add later."""
+Nagios perfdata, for the built-in checks and for value keys any check may give."""
 
 import os
 import subprocess
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import node_config
 from mps_health.config import from_mapping
+from mps_health.engine import fit_control
 from mps_health.exporters import prometheus
-from mps_health.exporters.budget import within_budget
 from mps_health.exporters.nagios import perf_labels
 from mps_health.exporters.series import label_name, metric_name, samples
 from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
@@ -22,7 +22,7 @@ from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
     ("directories", "dir_ok", "mps_health_dir_ok"),
     ("tmpfiles", "guarded", "mps_health_tmpfiles_guarded"),
     ("control", "thread_percentage", "mps_health_control_thread_percentage"),
-    # Checks other branches add: named after the check, the key gives the bare name.
+    # A key named after its check gives the bare name.
     ("compute_mode", "compute_mode", "mps_health_compute_mode"),
     ("compute-mode", "compute_mode", "mps_health_compute_mode"),
     ("gres_drift", "gres_drift", "mps_health_gres_drift"),
@@ -108,9 +108,9 @@ def test_a_failed_run_still_exports_its_timestamps() -> None:
 
 def test_control_timeout_fits_inside_the_budget() -> None:
     config = from_mapping({"control": {"timeout_s": 2.0}}, None)
-    assert within_budget(config, 1.4).control.timeout_s == 1.1
-    assert within_budget(config, 10.0) is config
-    assert within_budget(config, 0.2).control.timeout_s == 0.1
+    assert fit_control(config, 1.4).control.timeout_s == 1.1
+    assert fit_control(config, 10.0) is config
+    assert fit_control(config, 0.2).control.timeout_s == 0.1
 
 
 def test_the_check_path_imports_no_monitoring_library(tmp_path: Path, mps_dirs) -> None:

@@ -136,6 +136,6 @@ def test_real_h200_capture() -> None:
     (gpu,) = nvml.gpus
     assert (gpu.gpu_index, gpu.minor, gpu.name) == (0, 0, "NVIDIA H200")
     assert gpu.uuid == "GPU-15679ef6-f0ce-236f-4585-607064cf111a"
-    assert gpu.compute_mode == "DEFAULT"  # as seen on the H200 (REFERENCE.md)
+    assert gpu.compute_mode == "DEFAULT"  # as seen on the H200
     assert (gpu.mig_current, gpu.mig_pending, gpu.persistence) == (False, False, True)
     assert gpu.processes == () and gpu.mps_processes == () and gpu.errors == ()

@@ -113,8 +113,8 @@ def test_bad_exporter_settings_are_one_line_unknown(tmp_path: Path) -> None:
     bad = write_config(tmp_path / "bad.yaml", "exporter:\n  interval_s: 0\n")
     r = mps_health("exporter", "--config", bad)
     assert (r.returncode, r.stdout) == (3, "")
-    assert r.stderr == (f"mps-health: {bad}: key 'exporter.interval_s': must be between 1 and "
-                        "3600 (got 0)\n")
+    assert r.stderr == (f"mps-health: {bad}: key 'exporter.interval_s': must be a number between "
+                        "1 and 3600 (got 0)\n")
     unknown = write_config(tmp_path / "unknown.yaml", "exporter:\n  port: 1\n")
     r = mps_health("exporter", "--config", unknown)
     assert r.returncode == 3 and "key 'exporter.port': unknown key" in r.stderr

@@ -39,7 +39,7 @@ def cluster() -> Iterator[SlurmCluster]:
 def per_job_config(base: Path, cluster: SlurmCluster) -> str:
     cfg = Path(write_config(base, layout="per-job", pipe=f"{base}/nvidia-mps_job{{job}}",
                             log=f"{base}/nvidia-log_job{{job}}",
-                            remediation="  orphan_min_age_s: 0"))
+                            extra="orphans:\n  min_age_s: 0"))
     cfg.write_text(f"node_name: {NODE}\n" + cfg.read_text())
     return str(cfg)
 

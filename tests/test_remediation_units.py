@@ -12,13 +12,15 @@ from conftest import fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
 from mps_health import processes as procs
+from mps_health import safedirs
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
 from mps_health.probes.slurm import SlurmNode, parse_node_line
-from mps_health.remediation import detach, dirs, hcstate, safefs, settings, slurmnode
+from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
+from mps_health.slurm_settings import settings as slurm_settings
 from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
 
 TAG = "MPS-HC:"
@@ -175,22 +177,23 @@ def test_results_expire_and_do_not_survive_a_reboot() -> None:
 # --- settings ------------------------------------------------------------------------------
 def settings_error(section: str, body: dict) -> str:
     with pytest.raises(ConfigError) as e:
-        cfg = from_mapping({section: body}, "/etc/mps-health/config.yaml")
-        (settings.healthcheck if section == "healthcheck" else settings.remediation)(cfg)
+        from_mapping({section: body}, "/etc/mps-health/config.yaml")
     return str(e.value)
 
 
 def test_settings_errors_are_one_line() -> None:
-    assert settings_error("healthcheck", {"tag": "NHC:"}) == (
-        "/etc/mps-health/config.yaml: key 'healthcheck.tag': must not start with NHC: LBNL NHC "
+    assert settings_error("slurm", {"drain_tag": "NHC:"}) == (
+        "/etc/mps-health/config.yaml: key 'slurm.drain_tag': must not start with NHC: LBNL NHC "
         "would resume our drains")
     assert "healthcheck.fail_runs': must be a whole number from 1 to 100 (got 0)" in \
         settings_error("healthcheck", {"fail_runs": 0})
     assert "key 'remediation.kill': unknown key" in settings_error("remediation", {"kill": 1})
-    assert "at least 2 x scontrol_timeout_s + 2 = 12 (got 8)" in \
+    assert "at least 2 x slurm.timeout_s + 2 = 12 (got 8)" in \
         settings_error("healthcheck", {"timeout_s": 8})
-    defaults = settings.healthcheck(from_mapping({}, None))
-    assert (defaults.tag, defaults.fail_runs, defaults.pass_runs) == ("MPS-HC:", 2, 2)
+    cfg = from_mapping({}, None)
+    defaults = settings.healthcheck(cfg)
+    assert (slurm_settings(cfg).drain_tag, defaults.fail_runs, defaults.pass_runs) == \
+        ("MPS-HC:", 2, 2)
     assert defaults.timeout_s < settings.SLURMD_KILL_S
 
 
@@ -208,17 +211,20 @@ def test_dir_actions() -> None:
 
 def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(tree: Path, test_user) -> None:
     shared = tree / "shared"
-    make_dirs(shared, tree / "real" / "sub")
+    make_dirs(shared, tree / "real" / "sub", mode=0o755)
     shared.chmod(0o1777)
     (shared / "link").symlink_to(tree / "real")
     os.lchown(shared / "link", test_user.pw_uid, test_user.pw_gid)
-    with pytest.raises(safefs.UnsafePath, match="a symlink owned by uid"):
-        safefs.open_dir("/", f"{shared}/link/sub")
+    with pytest.raises(safedirs.UnsafePath, match="a symlink owned by uid"):
+        safedirs.open_dir(f"{shared}/link/sub")
     os.lchown(shared / "link", 0, 0)  # root's own link there is followed (like /var/run)
-    fd = safefs.open_dir("/", f"{shared}/link/sub")
+    fd = safedirs.open_dir(f"{shared}/link/sub")
     os.close(fd)
-    with pytest.raises(safefs.UnsafePath, match=r"'\.\.'"):
-        safefs.open_dir("/", f"{tree}/real/../real")
+    with pytest.raises(safedirs.UnsafePath, match=r"'\.\.'"):
+        safedirs.open_dir(f"{tree}/real/../real")
+    (tree / "real").chmod(0o777)  # anyone could swap what is inside: not walked through
+    with pytest.raises(safedirs.UnsafePath, match="writable by others without the sticky bit"):
+        safedirs.open_dir(f"{tree}/real/sub")
 
 
 def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
@@ -226,9 +232,9 @@ def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
     (tree / "victim" / "keep").write_text("k")
     (tree / "gone" / "deep" / "link").symlink_to(tree / "victim")
     (tree / "gone" / "file").write_text("f")
-    fd = safefs.open_dir("/", str(tree))
+    fd = safedirs.open_dir(str(tree))
     try:
-        safefs.remove_tree(fd, "gone")
+        assert safedirs.remove_tree(fd, "gone", f"{tree}/gone") == []
     finally:
         os.close(fd)
     assert not (tree / "gone").exists()
@@ -311,9 +317,9 @@ def test_guard_covers_every_layout() -> None:
     gpu = from_mapping({"mps": {"layout": "per-gpu", "gpus": [0, 3]}}, None).mps
     assert guarded_paths(gpu) == ["/tmp/nvidia-mps_0", "/var/log/nvidia-mps_0",
                                   "/tmp/nvidia-mps_3", "/var/log/nvidia-mps_3"]
-    job = from_mapping({"mps": {"layout": "per-job",
-                                "pipe_dir": "/tmp/mps_{job}_{gpu}"}}, None).mps
-    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/nvidia-log_job*"]
+    job = from_mapping({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps_{job}_{gpu}",
+                                "log_dir": "/tmp/mps-log_{job}_{gpu}"}}, None).mps
+    assert guarded_paths(job) == ["/tmp/mps_*_*", "/tmp/mps-log_*_*"]
     assert render(node).splitlines()[-2:] == ["x /tmp/nvidia-mps", "x /var/log/nvidia-mps"]
 
 

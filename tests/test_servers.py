@@ -226,6 +226,6 @@ def test_bad_section_is_one_line(tmp_path: Path, fake_daemon) -> None:
     d = fake_daemon()
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "servers:\n  init_stuck_s: soon\n")
     r = mps_health("check", "--config", cfg, "--only", "servers")
-    assert r.returncode == 3
-    assert f"{cfg}: key 'servers.init_stuck_s': must be a number of seconds >= 0 " \
-           "(got 'soon')" in r.stdout
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == f"mps-health: {cfg}: key 'servers.init_stuck_s': must be a number >= 0 " \
+           "(got 'soon')\n"

@@ -69,7 +69,7 @@ def test_defaults() -> None:
     ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps{job}_{gpu}", "log_dir": "/tmp/l{job}"}},
      "key 'mps.log_dir': needs {gpu} too"),
     ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps{job}_{host}", "log_dir": "/tmp/l{job}"}},
-     "key 'mps.pipe_dir': only the fields {job} and {gpu} are allowed"),
+     "key 'mps.pipe_dir': the per-job layout allows only {job}, {gpu} (got "),
     ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/" + "x" * 80 + "{job}",
               "log_dir": "/tmp/l{job}"}}, "key 'mps.pipe_dir': too long for a unix socket path"),
 ])

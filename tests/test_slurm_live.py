@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -106,7 +107,7 @@ def test_lost_gpu_drifts_from_slurm_and_gres_conf(slurm_cluster, fake_daemon, tm
     assert ("", WARNING, "gres-mps-count") not in found  # gres.conf still offers 2 x 100
 
 
-def test_seed2_mixed_node_gpu1_unserved(slurm_cluster, fake_daemon, tmp_path) -> None:
+def test_mixed_node_gpu1_unserved(slurm_cluster, fake_daemon, tmp_path) -> None:
     d = fake_daemon(name="g0")
     mps = {"layout": "per-gpu", "gpus": [0], "pipe_dir": f"{tmp_path}/g{{gpu}}-pipe",
            "log_dir": f"{tmp_path}/g{{gpu}}-log"}
@@ -128,7 +129,7 @@ def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path) -> None
 # --- per-job MPS with a real Prolog/Epilog --------------------------------------------
 
 PROLOG = """#!/bin/bash
-# Seed 1's scheme: a job that holds mps gets its own daemon in its own pipe dir.
+# A plain bash per-job scheme: a job that holds mps gets its own daemon in its own pipe dir.
 [ -n "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" ] || exit 0
 d={top}/nvidia-mps_job$SLURM_JOB_ID; l={top}/nvidia-log_job$SLURM_JOB_ID
 mkdir -p "$d" "$l" && chmod 0777 "$d" "$l"
@@ -153,8 +154,9 @@ def script(path: Path, text: str, top: Path) -> str:
 
 @pytest.fixture
 def per_job(make_slurm_cluster, tmp_path):
-    top = tmp_path / "jobs"
-    top.mkdir()
+    # Short: a per-job pipe dir with the largest job id must fit a unix socket path (the
+    # config is refused otherwise, as the prologs would refuse it); pytest's are too long.
+    top = Path(tempfile.mkdtemp(prefix="mpsj-"))
     top.chmod(0o755)
     cluster = make_slurm_cluster(node_name="jobnode",
                                  prolog=script(tmp_path / "prolog", PROLOG, top),
@@ -167,6 +169,7 @@ def per_job(make_slurm_cluster, tmp_path):
     for pid_file in top.glob("nvidia-mps_job*/nvidia-cuda-mps-control.pid"):
         with contextlib.suppress(ValueError, ProcessLookupError):  # our prolog's daemons
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def wait_for(path: Path, timeout: float = 20) -> None:

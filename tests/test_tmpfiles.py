@@ -49,7 +49,7 @@ RHEL = "q /tmp 1777 root root 10d\n"
 @pytest.mark.parametrize("guard_text,path,protected", [
     ("", "/tmp/nvidia-mps", False),
     ("x /tmp/nvidia-mps\n", "/tmp/nvidia-mps", True),
-    ("x /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n", "/tmp/nvidia-mps", True),  # the seed's guard
+    ("x /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n", "/tmp/nvidia-mps", True),  # the guard sites write by hand
     ("X /tmp/nvidia-mps\n", "/tmp/nvidia-mps", False),  # X spares the dir, not its sockets
     ("X /tmp/nvidia-mps\nx /tmp/nvidia-mps/*\n", "/tmp/nvidia-mps", True),
     ("x /tmp/nvidia-mps_*\n", "/tmp/nvidia-mps_3", True),

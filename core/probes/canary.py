@@ -13,13 +13,14 @@ listing it means CUDA clients on this pipe dir silently run without MPS.
 import contextlib
 import os
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import CanaryFact
 from ..runner import Completed, Pending
+from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
 from . import control
 from .servers import identity, parse_pid_list, user_name
 
@@ -27,39 +28,27 @@ TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
 
 
-class CanaryConfig(NamedTuple):
-    timeout_s: float = 10.0  # the hard limit of one canary run, launch to exit
-    user: str = ""  # run as: "" for the control daemon's user, or a name or uid
-    device: int = 0  # CUDA device ordinal, as the MPS server exposes them
-    alloc_bytes: int = 1 << 20
+def _user(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
+        raise Invalid(f"must be a user name or uid (got {shown(value)})")
+    return value
+
+
+class CanaryConfig(Record):
+    timeout_s: float = number(10.0, low=0.5, high=120.0)  # one canary run, launch to exit
+    user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
+    device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
+    alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
+
+
+SECTION = Section("canary", CanaryConfig)
+SECTIONS = (SECTION,)
 
 
 def settings(config: Config) -> CanaryConfig:
-    section = config.section("canary")
-    for key in section:
-        if key not in CanaryConfig._fields:
-            raise ConfigError(f"{config.path}: key 'canary.{key}': unknown key (known here: "
-                              f"{', '.join(CanaryConfig._fields)})")
-
-    def fail(key: str, why: str) -> None:
-        raise ConfigError(f"{config.path}: key 'canary.{key}': {why} (got {section[key]!r})")
-
-    timeout = section.get("timeout_s", 10.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not 0.5 <= timeout <= 120:
-        fail("timeout_s", "must be a number of seconds between 0.5 and 120")
-    user = section.get("user", "")
-    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
-        user = str(user)
-    if not isinstance(user, str):
-        fail("user", "must be a user name or uid")
-    device = section.get("device", 0)
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        fail("device", "must be a CUDA device ordinal (0, 1, ...)")
-    size = section.get("alloc_bytes", 1 << 20)
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1 << 30:
-        fail("alloc_bytes", "must be a number of bytes between 1 and 1073741824")
-    return CanaryConfig(float(timeout), user, device, size)
+    return config.get(SECTION)
 
 
 # --- parse (pure) ---------------------------------------------------------------------

@@ -15,38 +15,31 @@ then cleared.
 
 import os
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
+from ..schema import Record, Section, number, whole
 
 FILES = ("control.log", "server.log")
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
 
-class LogsConfig(NamedTuple):
-    window_s: float = 900.0  # a finding stays reported this long
-    pending_warn_s: float = 30.0  # a client pending longer than this is reported
-    max_read_bytes: float = 4 << 20  # per file and run
+class LogsConfig(Record):
+    window_s: float = number(900.0, low=0.001)  # a finding stays reported this long
+    pending_warn_s: float = number(30.0, low=0.001)  # a client pending longer is reported
+    max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
+
+
+SECTION = Section("logs", LogsConfig)
+SECTIONS = (SECTION,)
 
 
 def settings(config: Config) -> LogsConfig:
-    section = config.section("logs")
-    out = {}
-    for key in section:
-        if key not in LogsConfig._fields:
-            raise ConfigError(f"{config.path}: key 'logs.{key}': unknown key (known here: "
-                              f"{', '.join(LogsConfig._fields)})")
-    for key, default in LogsConfig._field_defaults.items():
-        value = section.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{config.path}: key 'logs.{key}': must be a number > 0 "
-                              f"(got {value!r})")
-        out[key] = float(value)
-    return LogsConfig(**out)
+    return config.get(SECTION)
 
 
 # --- parse (pure) ---------------------------------------------------------------------

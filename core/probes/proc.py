@@ -134,12 +134,6 @@ def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
     return read_processes(ctx.proc)
 
 
-def same_process(proc_dir: str, fact: ProcessFact) -> bool:
-    """Is ``fact.pid`` still the process we saw (same start time, not a reused pid)?"""
-    current = read_process(proc_dir, fact.pid)
-    return current is not None and current.start_ticks == fact.start_ticks
-
-
 VALUE_TYPE = Tuple[ProcessFact, ...]
 
 

@@ -15,15 +15,16 @@ gathering: replay never writes.
 import os
 import threading
 import time
-from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import ClientFact, InstanceServers, ServerFact, ServerMemory, ServersFacts
+from ..pidfile import read_pid
+from ..schema import Record, Section, number
 from . import control, proc
 
-PID_FILE = "nvidia-cuda-mps-control.pid"
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
 
@@ -31,26 +32,17 @@ class ParseError(ValueError):
     pass
 
 
-class ServersConfig(NamedTuple):
-    init_stuck_s: float = 60.0  # INITIALIZING longer than this is stuck
-    event_window_s: float = 3600.0  # restarts and churn stay reported this long
+class ServersConfig(Record):
+    init_stuck_s: float = number(60.0)  # INITIALIZING longer than this is stuck
+    event_window_s: float = number(3600.0)  # restarts and churn stay reported this long
+
+
+SECTION = Section("servers", ServersConfig)
+SECTIONS = (SECTION,)
 
 
 def settings(config: Config) -> ServersConfig:
-    """The ``servers`` section, checked key by key (ConfigError names the key)."""
-    section = config.section("servers")
-    out = {}
-    for key, default in ServersConfig._field_defaults.items():
-        value = section.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{config.path}: key 'servers.{key}': must be a number of "
-                              f"seconds >= 0 (got {value!r})")
-        out[key] = float(value)
-    for key in section:
-        if key not in ServersConfig._fields:
-            raise ConfigError(f"{config.path}: key 'servers.{key}': unknown key (known here: "
-                              f"{', '.join(ServersConfig._fields)})")
-    return ServersConfig(**out)
+    return config.get(SECTION)
 
 
 # --- parse (pure) ---------------------------------------------------------------------
@@ -134,10 +126,9 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
 
     ``has children`` is True whenever it cannot be shown false, so the daemon is asked.
     """
-    text = _read_small(os.path.join(ctx.path(inst.pipe_dir), PID_FILE), follow=False)
-    if text is None or not text.strip().isdigit():
+    pid = read_pid(ctx.path(inst.pipe_dir))
+    if pid is None:
         return None, None, True
-    pid = int(text.strip())
     fact = proc.read_process(ctx.proc, pid)
     if fact is None or fact.role != "control" or fact.state in ("Z", "X"):
         return None, None, True

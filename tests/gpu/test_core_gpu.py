@@ -1,4 +1,4 @@
-"""Core checks against a real MPS daemon on a real GPU (issue 2's validation).
+"""Core checks against a real MPS daemon on a real GPU.
 
 A daemon in a private pipe dir: healthy (OK), a CUDA client through it (still OK),
 then each fault in turn, each reported with its code, and the healthy runs OK.

@@ -1,4 +1,4 @@
-"""Real-GPU proof for NVML facts, compute-mode and gres-drift (issue 3).
+"""Real-GPU proof for NVML facts, compute-mode and gres-drift.
 
 On the GPU node (root): ``python3 -m pytest -m gpu tests/gpu -v -s``. Nothing here
 changes the GPU: the compute mode (Default on the H200) is read, and the expectation
