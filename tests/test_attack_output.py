@@ -71,7 +71,7 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
     _clean(messages)
     assert "\\x0aOK daemon" in messages
 
-    nagios = subprocess.run([sys.executable, "-c", "from mps_health.exporters.nagios import main;"
+    nagios = subprocess.run([sys.executable, "-c", "from mps_health.commands.check_mps import main;"
                              " raise SystemExit(main())", "--config", str(posing), "-v",
                              "--only", "strays,directories"],
                             capture_output=True, text=True, timeout=60)
