@@ -1,6 +1,6 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command starts in a new session (its own process group) with ``posix_spawnp``,
+Every command starts in a new session (its own process group) with ``posix_spawn``,
 so a client that forks, or hangs on a stopped MPS daemon, is killed with everything it
 started. Nothing here uses a shell.
 
@@ -11,9 +11,9 @@ moment the thread that started it dies, and then execs it (the setting survives 
 a daemon that ``-d`` forks off is a new process and keeps running). The command is
 looked up on PATH here first, so "not found" still names it, not setpriv.
 
-Several commands can be started at once and
-collected against one deadline with one poll loop, so N wedged daemons cost one
-timeout, not N, and each command is still timed to its own end.
+Several commands can be started at once and collected against one deadline with one
+poll loop, so N wedged daemons cost one timeout, not N, and each command is still timed
+to its own end.
 
 Why not ``subprocess``: importing it pulls in locale, re and enum, about 10 ms, which
 is most of what the whole check may cost beyond starting Python (bench/check_speed.py).
