@@ -30,6 +30,12 @@ from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
     ("server", "clients", "mps_health_server_clients"),
     ("canary", "first_context_s", "mps_health_canary_first_context_seconds"),
     ("logs", "read_bytes", "mps_health_logs_read_bytes"),
+    ("clients", "clients", "mps_health_clients"),
+    ("clients", "clients_not_mps_job", "mps_health_clients_not_mps_job"),
+    ("clients", "contexts", "mps_health_clients_contexts"),
+    ("clients", "server_pinned_mem_limit_bytes",
+     "mps_health_clients_server_pinned_mem_limit_bytes"),
+    ("clients", "server_thread_percentage", "mps_health_clients_server_thread_percentage"),
     # A value may never shadow the exporter's own series.
     ("check", "success", "mps_health_value_check_success"),
 ])
