@@ -29,14 +29,9 @@ OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_loc
 def expected_owner(owner: str) -> Optional[int]:
     if owner in ("job", "any"):
         return None  # per-job dirs belong to the job's user: the daemon check compares
-    if owner.isdigit():
-        return int(owner)
-    import pwd
+    from mps_health.users import uid_of
 
-    try:
-        return pwd.getpwnam(owner).pw_uid
-    except KeyError:
-        return None
+    return uid_of(owner)
 
 
 def _reset(inst: Instance) -> str:

@@ -117,12 +117,7 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
         return None
     if user == "job":
         return pipe.uid if pipe is not None and pipe.kind == "dir" else None
-    if user.isdigit():
-        return int(user)
-    import pwd
+    from .users import uid_of
 
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
+    return uid_of(user)
 

@@ -17,12 +17,9 @@ _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    import pwd
+    from mps_health.users import name_of
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return name_of(uid) or str(uid)
 
 
 def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str:
