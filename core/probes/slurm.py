@@ -86,6 +86,13 @@ class SlurmFacts(NamedTuple):
     calls: Tuple[str, ...] = ()  # every command this run started, for the record
 
 
+class JobList(NamedTuple):
+    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+
+    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
+    error: str = ""
+
+
 # --- pure parsers ---------------------------------------------------------------------
 
 def parse_count(text: str) -> int:
@@ -366,6 +373,22 @@ def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJ
         raise SlurmError("parse", f"squeue: {e}") from None
 
 
+def read_job_list(ctx: Context) -> JobList:
+    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    from ..slurm_settings import settings
+
+    timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
+    node = node_name(ctx.config, ctx.env)
+    try:
+        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
+                    env=child_env(ctx.env or {}))
+        return JobList(parse_squeue(text))
+    except SlurmError as e:
+        return JobList(None, str(e))
+    except ParseError as e:
+        return JobList(None, f"squeue: {e}")
+
+
 # --- which Slurm answers: the client's version, cached per binary -----------------------
 
 VERSION_FILE = "slurm-version"
@@ -466,6 +489,9 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
+    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
+    if asked is not None:
+        want_jobs = False
     if want_jobs:
         squeue = squeue_argv(ctx.config, node)
         squeue[0] = resolve(squeue[0], env) or squeue[0]
@@ -490,6 +516,9 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
             facts = facts._replace(jobs_error=str(e))
         except ParseError as e:
             facts = facts._replace(jobs_error=f"squeue: {e}")
+    if asked is not None:
+        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
+                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
     return facts
 
 

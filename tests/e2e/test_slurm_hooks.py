@@ -94,6 +94,7 @@ def test_mps_job_life_cycle(make_site) -> None:
     assert (t.returncode, t.stderr) == (0, "")
     assert t.stdout.splitlines() == [f"export CUDA_MPS_PIPE_DIRECTORY={pipe}",
                                      f"export CUDA_MPS_LOG_DIRECTORY={log}"]
+    site.slurm_runs("41")
     report = check(site)
     assert report["exit_code"] == 0, report["problems"]
     daemon = [r for run in report["checks"] if run["name"] == "daemon" for r in run["results"]]
