@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from hostile import ATTACKER, as_user, cli, ensure_user, public_dir, run_as
+from clirun import mps_health
+from hostile import ATTACKER, as_user, ensure_user, public_dir, run_as
 from mps_health.printable import printable
 
 __all__ = ["public_dir"]  # the fixture, used by name
@@ -59,13 +60,13 @@ def _clean(text: str) -> None:
 def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
                                                                public_dir: Path) -> None:
     only = ("--only", "strays,directories")
-    r = cli("check", "--config", str(posing), "-v", *only)
+    r = mps_health("check", "--config", str(posing), "-v", *only)
     assert r.returncode == 1, r.stdout + r.stderr
     _clean(r.stdout + r.stderr)
     assert "serves /tmp/x\\x0aOK daemon[node]: all good\\x1b]0;pwned\\x07" in r.stdout
     assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout
 
-    r = cli("check", "--config", str(posing), "--format", "json", *only)
+    r = mps_health("check", "--config", str(posing), "--format", "json", *only)
     report = json.loads(r.stdout)
     messages = " ".join(p["message"] for p in report["problems"])
     _clean(messages)
@@ -80,7 +81,7 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
 
     out = public_dir / "textfile"
     out.mkdir()
-    r = cli("exporter", "--config", str(posing), "--textfile", str(out))
+    r = mps_health("exporter", "--config", str(posing), "--textfile", str(out))
     assert r.returncode == 0, r.stderr
     _clean((out / "mps_health.prom").read_text())
 

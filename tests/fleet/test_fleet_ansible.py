@@ -13,9 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clirun import mps_health
 from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need  # noqa: F401
-from remhelp import make_dirs, mps_health, start_fake, tree  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, tree  # noqa: F401
 
 ANSIBLE = CONTRIB / "ansible"
 
@@ -47,7 +49,7 @@ def test_role_audit_reset(tree: Path, dists) -> None:
     base = tree
     pipe, log = base / "pipe", base / "log"
     make_dirs(pipe, log)
-    os.kill(start_fake(pipe, log), signal.SIGKILL)  # stale: every entry left behind
+    os.kill(start_daemon(pipe, log), signal.SIGKILL)  # stale: every entry left behind
     pipe.chmod(0o700)
     (base / "root" / "etc").mkdir(parents=True)
     venv = base / "venv"

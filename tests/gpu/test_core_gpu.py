@@ -5,7 +5,6 @@ then each fault in turn, each reported with its code, and the healthy runs OK.
 Run on the GPU node: python3 -m pytest -m gpu tests/gpu -v -s
 """
 
-import json
 import os
 import shutil
 import signal
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import problem_codes
 from mpsgpu import Mps, env_info, have_torch_cuda, out_dir, record_proc, say
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ print("done", flush=True)
 
 
 def codes(r: subprocess.CompletedProcess) -> list:
-    return sorted(p["code"] for p in json.loads(r.stdout)["problems"])
+    return sorted(problem_codes(r))
 
 
 LAST_TOOK = [0.0]

@@ -10,13 +10,12 @@ NVML (the CLI parts, which need the live driver, are skipped).
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from clirun import mps_health
 from mps_health import engine
 from mps_health.config import from_mapping
 from mps_health.context import Context
@@ -49,11 +48,6 @@ def api() -> Any:
 
 def nvml_facts() -> NvmlFacts:
     return read_nvml(api())
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_live_nvml_facts_parse() -> None:

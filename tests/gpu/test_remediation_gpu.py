@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
 
 import pytest
+from clirun import mps_health
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ if CONTROL is None:
 if os.geteuid() != 0:
     pytest.skip("run as root: reset ends daemons and repairs dirs", allow_module_level=True)
 try:
-    import mps_health.remediation  # noqa: F401
+    from mps_health import remediation  # noqa: F401
 except ImportError:
     pytest.fail("mps_health is not installed: python3 -m pip install --no-deps "
                 "--no-build-isolation -e .", pytrace=False)
@@ -71,15 +72,6 @@ def print_timings() -> Iterator[None]:
         print("  " + line)
 
 
-def cli(*args: str, timeout: float = 120, show: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                       text=True, timeout=timeout)
-    if show:
-        print(f"$ mps-health {' '.join(args)}  -> exit {r.returncode}")
-        print((r.stdout + r.stderr).rstrip())
-    return r
-
-
 def control(inst: Inst, command: str, timeout: float = 10) -> str:
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(inst.pipe),
                CUDA_MPS_LOG_DIRECTORY=str(inst.log))
@@ -99,8 +91,8 @@ def daemon_pid(inst: Inst) -> Optional[int]:
 
 
 def problems(inst: Inst) -> List[str]:
-    r = cli("check", "--config", inst.cfg, "--only", "daemon,control,directories",
-            "--format", "json", show=False)
+    r = mps_health("check", "--config", inst.cfg, "--only", "daemon,control,directories",
+                   "--format", "json", timeout=120)
     found = [p for p in json.loads(r.stdout)["problems"] if p["instance"] == "node"]
     for p in found:
         print(f"  check: {p['state']} {p['code']}: {p['message']}")
@@ -161,7 +153,7 @@ def repair_and_time(inst: Inst, fault: str, t_fault: float) -> None:
     print(f"fault {fault}: the check finds {found}")
     assert found, f"{fault}: the check saw nothing wrong"
     t0 = time.monotonic()
-    r = cli("remediate", "reset", "--config", inst.cfg)
+    r = mps_health("remediate", "reset", "--config", inst.cfg, timeout=120, show=True)
     reset_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert problems(inst) == [], f"{fault}: still unhealthy after reset"
@@ -253,13 +245,14 @@ def test_a_torch_client_makes_reset_refuse_and_force_loses_only_it(inst: Inst) -
         print(f"servers {servers}, clients {clients}, torch pid {client.pid}")
         assert str(client.pid) in clients, "the torch client is not an MPS client"
         inst.pipe.chmod(0o700)  # something to repair while the client is connected
-        refused = cli("remediate", "reset", "--config", inst.cfg)
+        refused = mps_health("remediate", "reset", "--config", inst.cfg, timeout=120, show=True)
         assert refused.returncode == 1
         assert f"client(s) connected: {client.pid}" in refused.stdout
         assert client.poll() is None, "a refused reset must not touch the client"
         old_daemon = daemon_pid(inst)
         t0 = time.monotonic()
-        forced = cli("remediate", "reset", "--config", inst.cfg, "--force")
+        forced = mps_health("remediate", "reset", "--config", inst.cfg, "--force", timeout=120,
+                            show=True)
         print(f"forced reset took {time.monotonic() - t0:.2f}s")
         assert forced.returncode == 0, forced.stdout + forced.stderr
         try:
