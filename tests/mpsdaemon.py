@@ -32,23 +32,32 @@ def control_argv(control: str = FAKE_CONTROL, *args: str,
 def mps_env(pipe: Path, log: Optional[Path] = None,
             env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """This environment plus ``env`` and the instance's pipe (and log) directory."""
-    full = dict(os.environ, **(env or {}), CUDA_MPS_PIPE_DIRECTORY=str(pipe))
+    full = dict(os.environ, **(env or {}))
+    full["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
     if log is not None:
         full["CUDA_MPS_LOG_DIRECTORY"] = str(log)
     return full
 
 
-def start_daemon(pipe: Path, log: Path, control: str = FAKE_CONTROL, *,
-                 env: Optional[Mapping[str, str]] = None, inherit: bool = True,
-                 python: Optional[str] = sys.executable, old: Optional[int] = None,
-                 timeout: float = 30, **kwargs: Any) -> int:
-    """``control -d`` serving ``pipe``; returns the daemon's PID once its PID file names a
-    PID other than ``old``. ``env`` adds to this environment (replaces it when not
-    ``inherit``); ``kwargs`` go to subprocess.run (user, group, cwd for another user)."""
+def launch(pipe: Path, log: Path, control: str = FAKE_CONTROL, *,
+           env: Optional[Mapping[str, str]] = None, inherit: bool = True,
+           python: Optional[str] = sys.executable, timeout: float = 30,
+           **kwargs: Any) -> subprocess.CompletedProcess:
+    """``control -d`` serving ``pipe``, its exit and output as they are (what the real
+    binary does is itself a finding). ``env`` adds to this environment (replaces it when
+    not ``inherit``); ``kwargs`` go to subprocess.run (user, group, cwd for another user)."""
     full = mps_env(pipe, log, env) if inherit else \
-        dict(env or {}, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
-    subprocess.run(control_argv(control, "-d", python=python), env=full, check=True,
-                   timeout=timeout, **kwargs)
+        {**(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    return subprocess.run(control_argv(control, "-d", python=python), env=full,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start_daemon(pipe: Path, log: Path, control: str = FAKE_CONTROL, *,
+                 old: Optional[int] = None, timeout: float = 30, **kwargs: Any) -> int:
+    """A daemon serving ``pipe`` (see launch); returns its PID once the PID file names one
+    other than ``old``."""
+    r = launch(pipe, log, control, timeout=timeout, **kwargs)
+    assert r.returncode == 0, f"{control} -d exited {r.returncode}: {r.stdout}{r.stderr}"
     return wait_pid_file(pipe, old, timeout)
 
 

@@ -9,7 +9,6 @@ tests/fakes/nvidia-cuda-mps-control (the torch client test is skipped there).
 Each test prints what it saw (check and reset outputs, timings) for docs/gpu-validation.md.
 """
 
-import contextlib
 import json
 import os
 import shutil
@@ -24,11 +23,11 @@ from typing import Iterator, List, NamedTuple, Optional
 
 import pytest
 from clirun import mps_health
+from mpsdaemon import query, quit_daemon, start_daemon
+from paths import FAKE_CONTROL
 
 pytestmark = pytest.mark.gpu
 
-HERE = Path(__file__).resolve().parent
-FAKE_CONTROL = str(HERE.parent / "fakes" / "nvidia-cuda-mps-control")
 USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
 
 
@@ -73,11 +72,9 @@ def print_timings() -> Iterator[None]:
 
 
 def control(inst: Inst, command: str, timeout: float = 10) -> str:
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(inst.pipe),
-               CUDA_MPS_LOG_DIRECTORY=str(inst.log))
-    r = subprocess.run([CONTROL], input=command + "\n", env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    return r.stdout
+    assert CONTROL is not None
+    return query(inst.pipe, command, CONTROL, timeout=timeout,
+                 env={"CUDA_MPS_LOG_DIRECTORY": str(inst.log)}).stdout
 
 
 def daemon_pid(inst: Inst) -> Optional[int]:
@@ -123,10 +120,8 @@ remediation:
   term_timeout_s: 5
 """)
     i = Inst(base, pipe, log, str(cfg))
-    start = subprocess.run([CONTROL, "-d"], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe),
-                                                     CUDA_MPS_LOG_DIRECTORY=str(log)),
-                           capture_output=True, text=True, timeout=30)
-    assert start.returncode == 0, start.stdout + start.stderr
+    assert CONTROL is not None
+    start_daemon(pipe, log, CONTROL)
     deadline = time.monotonic() + 15
     while control(i, "get_default_active_thread_percentage").strip() == "" and \
             time.monotonic() < deadline:
@@ -135,16 +130,8 @@ remediation:
         yield i
     finally:
         pid = daemon_pid(i)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                control(i, "quit", timeout=15)
-            time.sleep(0.5)
-            pid = daemon_pid(i)
-            if pid is not None:  # by the PID we verified, never by name
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        if pid is not None:  # by the PID we verified, never by name
+            quit_daemon(i.pipe, pid, CONTROL, grace=0.5)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -102,7 +102,7 @@ def test_running_job_uses_a_daemon_of_its_user_and_scancel_leaves_nothing(
     daemon = [x for c in report["checks"] if c["name"] == "daemon" for x in c["results"]]
     assert [d["message"] for d in daemon] == [
         "no MPS instance on this node (per-job layout, no job)"]
-    assert report(r)["problems"] == [] and r.returncode == 0
+    assert report["problems"] == [] and r.returncode == 0
 
 
 def test_whole_gpu_and_cpu_jobs_get_no_daemon(cluster: SlurmCluster, site: Site) -> None:
