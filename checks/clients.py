@@ -28,7 +28,7 @@ from mps_health.probes.jobs import JobsFacts, gres_count
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 from mps_health.probes.slurm import SlurmJob
 from mps_health.results import UNKNOWN, WARNING, Result, ok
-from mps_health.textsafe import escape
+from mps_health.printable import escape
 
 NAME = "clients"
 
