@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TESTS
 from hostile import ATTACKER, ensure_user, in_namespace, public_dir
 
 __all__ = ["public_dir"]  # the fixture, used by name
 
-SCENARIO = str(Path(__file__).parent / "lifetime_scenario.py")
+SCENARIO = str(TESTS / "lifetime_scenario.py")
 
 
 @pytest.mark.parametrize("how", ["pid", "group"])

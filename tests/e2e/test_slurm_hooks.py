@@ -3,7 +3,7 @@
 Each test gets a private site (tests/jobhooks.py): a sticky parent dir standing in for
 /tmp, a per-job config, hooks written by ``mps-health slurm install``. The hooks get
 the environment real slurmd 22.05 gave them (tests/fixtures/slurm_hook_env__*); the
-TaskProlog runs as the test user. The real-Slurm version is tests/test_slurm_jobs.py.
+TaskProlog runs as the test user. The real-Slurm version is tests/real/test_slurm_jobs.py.
 """
 
 import json
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import FAKE_SERVER
 from jobhooks import Site, as_user_kwargs, daemon_pid, proc_uid, user_python
 from slurmcluster import ensure_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root (the prolog chowns and drops to the user)")
-FAKE_SERVER = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
 
 
 @pytest.fixture(scope="module")
