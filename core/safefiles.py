@@ -2,7 +2,7 @@
 
 ``write_atomic``: every file mps-health writes (snapshots, state, the textfile exporter's
 output, the tmpfiles guard, the Slurm hooks, caches) goes through it. The parent is
-reached by ``safedirs.open_dir`` (no untrusted link, no dir others can swap); the data
+reached by ``safedirs.open_dir`` (no untrusted link followed); the data
 goes to a random name in that dir created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name planted
 in advance, link or not, is never opened), is fsynced and renamed over the target. A
 reader sees the old file or the new one, never half of one, and nothing planted at the
@@ -31,7 +31,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
     import secrets
 
     parent, name = split(path)
-    pfd = open_dir(parent, root)
+    pfd = open_dir(parent, root, guard=False)
     tmp = f".{name}.tmp-{secrets.token_hex(8)}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

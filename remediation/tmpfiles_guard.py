@@ -14,6 +14,7 @@ from typing import List, Optional
 from mps_health.config import Config, MpsConfig
 from mps_health.context import Context
 from mps_health.safefiles import read_small, write_atomic
+from mps_health.templates import expand, glob
 
 from .actions import DONE, FAILED, REFUSED, Say, audit_for, lock_node, need_root
 from .settings import remediation
@@ -29,10 +30,9 @@ def guarded_paths(mps: MpsConfig) -> List[str]:
     if mps.layout == "node":
         found = [mps.pipe_dir, mps.log_dir]
     elif mps.layout == "per-gpu":
-        found = [p.format(gpu=g) for g in mps.gpus for p in (mps.pipe_dir, mps.log_dir)]
+        found = [expand(p, gpu=g) for g in mps.gpus for p in (mps.pipe_dir, mps.log_dir)]
     else:
-        found = [p.replace("{job}", "*").replace("{gpu}", "*") for p in (mps.pipe_dir,
-                                                                         mps.log_dir)]
+        found = [glob(p) for p in (mps.pipe_dir, mps.log_dir)]
     return list(dict.fromkeys(found))
 
 

@@ -23,10 +23,11 @@ from mps_health import processes, safedirs
 from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.facts import ProcessFact
 from mps_health.probes.proc import read_processes
+from mps_health.templates import expand, match
 
 from . import daemons
 from .hooklog import HookLog
-from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
+from .jobenv import JobEnv, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
 from .settings import JobsSettings
 
@@ -42,28 +43,22 @@ class JobDirs(NamedTuple):
 def job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
     """The dirs the job's daemons use: one set, or one per GPU when the template has {gpu}."""
     mps = config.mps
-    out = []
-    for fields in instance_fields(job_id, mps.pipe_dir, gpus):
-        own = (fields["gpu"],) if fields["gpu"] else gpus
-        out.append(JobDirs(mps.pipe_dir.format(**fields), mps.log_dir.format(**fields), own))
-    return tuple(out)
+    each = gpus if "{gpu}" in mps.pipe_dir else ("",)
+    return tuple(JobDirs(expand(mps.pipe_dir, job_id, g), expand(mps.log_dir, job_id, g),
+                         (g,) if g else gpus) for g in each)
 
 
 def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
     """The job's dirs from the template and, with {gpu}, also any found on disk."""
     expected = list(job_dirs(config, job_id, gpus))
     if "{gpu}" in config.mps.pipe_dir:
-        from mps_health.instances import job_pattern
-
-        pattern = job_pattern(config.mps.pipe_dir)
         parent = os.path.dirname(config.mps.pipe_dir)
         for name in _names(parent):
-            m = pattern.match(name)
-            if m and m.group("job") == job_id:
-                gpu = m.group("gpu")
-                fields = {"job": job_id, "gpu": gpu}
-                found = JobDirs(os.path.join(parent, name), config.mps.log_dir.format(**fields),
-                                (gpu,))
+            fields = match(config.mps.pipe_dir, name)
+            if fields is not None and fields[0] == job_id:
+                gpu = fields[1]
+                found = JobDirs(os.path.join(parent, name),
+                                expand(config.mps.log_dir, job_id, gpu), (gpu,))
                 if found.pipe_dir not in {d.pipe_dir for d in expected}:
                     expected.append(found)
     return tuple(expected)
@@ -163,12 +158,11 @@ def task_exports(env: Mapping[str, str], config: Config, uid: int,
                 log.warning("one MPS daemon per GPU, but this task sees several GPUs (or "
                             "none): CUDA_MPS_PIPE_DIRECTORY not set; bind one GPU per task")
             return []
-    fields = {"job": job_id, "gpu": gpu}
-    pipe = config.mps.pipe_dir.format(**fields)
+    pipe = expand(config.mps.pipe_dir, job_id, gpu)
     if not safedirs.owned_dir(pipe, uid):
         return []
     lines = [f"export CUDA_MPS_PIPE_DIRECTORY={pipe}"]
-    logs = config.mps.log_dir.format(**fields)
+    logs = expand(config.mps.log_dir, job_id, gpu)
     if safedirs.owned_dir(logs, uid):
         lines.append(f"export CUDA_MPS_LOG_DIRECTORY={logs}")
     return lines

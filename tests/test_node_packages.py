@@ -53,7 +53,7 @@ def test_deb_depends_and_contents(deb: Path) -> None:
                  "./usr/lib/systemd/system/nvidia-mps@.service",
                  "./usr/libexec/mps-health/mps-health-task-prolog",
                  "./usr/share/doc/mps-health/examples/config.example.yaml",
-                 "/site-packages/pynvml.py", "/site-packages/nagiosplugin/__init__.py",
+                 "/site-packages/pynvml.py",
                  "/site-packages/yaml/__init__.py", "/site-packages/mps_health/cli.py"):
         assert path in listing, path
     assert "./etc/mps-health/config.yaml" not in listing  # the defaults apply until you write one
