@@ -27,10 +27,10 @@ from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
 from mps_health.runner import run as run_command
 from mps_health.slurm_settings import orphan_settings
+from mps_health.users import by_uid, groups_of
 
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
 from .settings import RemediationSettings, remediation
-from .users import by_uid, groups_of
 
 
 def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple[Instance, ...]:

@@ -25,11 +25,11 @@ from mps_health.probes.proc import read_processes
 from mps_health.results import CRITICAL, OK, UNKNOWN, Result
 from mps_health.runner import RunAs, run
 from mps_health.safedirs import UnsafePath
+from mps_health.users import User, groups_of
 
 from . import clients as clients_mod
 from . import dirs
 from .settings import RemediationSettings
-from .users import User, groups_of
 
 CORE_CHECKS = ("daemon", "control", "directories")
 

@@ -23,22 +23,17 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
-    """The job's user with its supplementary groups (only ``gid`` if it has no passwd entry)."""
-    try:
-        groups = tuple(sorted(set(os.getgrouplist(user, gid))))
-    except (KeyError, OSError):
-        groups = (gid,)
-    return RunAs(uid, gid, groups)
+    """The job's user with the groups a login would have (only ``gid`` without an entry)."""
+    from mps_health.users import User, groups_of
+
+    return RunAs(uid, gid, groups_of(User(uid, gid, user)))
 
 
 def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     """A small clean environment for a command run as the job's user."""
-    import pwd
+    from mps_health.users import by_uid
 
-    try:
-        home = pwd.getpwuid(as_user.uid).pw_dir
-    except KeyError:
-        home = "/"
+    home = by_uid(as_user.uid).home
     env = {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C"}
     env.update(extra)
     return env
