@@ -2,7 +2,8 @@
 
 NVML facts are the recorded 2-GPU ones (this machine has no GPU); everything else is
 live: scontrol/squeue answers, gres.conf and its device nodes, the fake MPS daemons in
-/proc, per-job dirs made by a real Prolog.
+/proc, per-job dirs made by a real Prolog. Each test runs on this machine's Slurm and
+on Slurm 24.11 in the Debian 13 root (its clients reached through wrappers on PATH).
 """
 
 import contextlib
@@ -42,7 +43,8 @@ def recorded_nvml(gpus: int = 2):
 def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: int = 2,
            checks: Tuple[str, ...] = ("gres-drift",)) -> Tuple[Facts, Any]:
     raw = {"node_name": cluster.node_name, "run_dir": str(tmp_path / "run"),
-           "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 20}, **extra}
+           "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 20},
+           "commands": cluster.client_commands(), **extra}
     cfg = from_mapping(raw, "test.yaml")
     needs = [n for c in checks for n in CHECKS[c].needs if n != "nvml"]
     facts = engine.gather(Context(cfg, "/", time.monotonic() + 30, cluster.env), needs)
@@ -116,14 +118,64 @@ def test_mixed_node_gpu1_unserved(slurm_cluster, fake_daemon, tmp_path) -> None:
     assert bad(verdicts(facts, cfg)) == [("gpu1", CRITICAL, "mps-gpu-unserved")]
 
 
-def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path) -> None:
+def has_json(cluster: SlurmCluster) -> bool:
+    """Slurm 23.02 and later answer ``scontrol --json`` (22.05 does not)."""
+    major, minor = cluster.version.split()[-1].split(".")[:2]
+    return (int(major), int(minor)) >= (23, 2)
+
+
+def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path, monkeypatch) -> None:
+    from mps_health.probes import slurm as probe
+
     d = fake_daemon()
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
     first, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
+    assert first.sources["slurm"].calls[0].endswith("scontrol --version")
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # the next run: the run dir remembers
     again, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
-    assert first.sources["slurm"].calls[0].endswith("scontrol --version")  # cached after
-    assert [c.split()[1:] for c in again.sources["slurm"].calls] == [
-        ["-d", "show", "node", slurm_cluster.node_name, "-o"]]
-    assert again.sources["slurm"].output == "text"  # 22.05 has no --json
+    # A process that asked once (the exporter) asks no more, even with another run dir.
+    in_memory, _ = gather(slurm_cluster, tmp_path / "elsewhere", node_cfg(d))
+    assert in_memory.sources["slurm"].calls == again.sources["slurm"].calls
+    shown = ["--json", "show", "node", slurm_cluster.node_name] if has_json(slurm_cluster) \
+        else ["-d", "show", "node", slurm_cluster.node_name, "-o"]
+    assert [c.split()[1:] for c in again.sources["slurm"].calls] == [shown]
+    assert again.sources["slurm"].output == ("json" if has_json(slurm_cluster) else "text")
+
+
+def test_json_and_text_give_the_same_facts(slurm_cluster, tmp_path, slurm_user) -> None:
+    """On one cluster state (an mps job running, the node draining with a reason), the
+    JSON and the text answer make the same SlurmNode; ``auto`` picks JSON where it is."""
+    cluster = slurm_cluster
+    job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
+    try:
+        cluster.wait_running(1)
+        cluster.scontrol("update", f"NodeName={cluster.node_name}", "State=DRAIN",
+                         "Reason=MPS-HC: control-absent node: test")
+        cluster.wait_state(lambda s: "DRAIN" in s, 30)
+
+        def read(output: str):
+            facts, _ = gather(cluster, tmp_path / output, {"slurm": {"timeout_s": 20,
+                                                                      "output": output}})
+            return facts.sources["slurm"]
+
+        auto, text = read("auto"), read("text")
+        print(cluster.version, "text:", text.node)
+        assert text.error is None and text.node is not None
+        assert text.node.flags[:2] == ("MIXED", "DRAIN")
+        assert text.node.reason.startswith("MPS-HC: control-absent node: test")
+        if not has_json(cluster):
+            assert auto.output == "text" and auto.node == text.node
+            return
+        as_json = read("json")
+        print(cluster.version, "json:", as_json.node)
+        assert auto.output == "json" and as_json.output == "json"
+        assert as_json.node == text.node
+        assert auto.node == text.node
+    finally:
+        cluster.cancel_all()
+        job.wait(30)
+        cluster.scontrol("update", f"NodeName={cluster.node_name}", "State=RESUME")
+        cluster.wait_state(lambda s: s == "IDLE", 30)
 
 
 # --- per-job MPS with a real Prolog/Epilog --------------------------------------------
@@ -146,23 +198,26 @@ exit 0
 """
 
 
-def script(path: Path, text: str, top: Path) -> str:
-    path.write_text(text.format(top=top, python=sys.executable, fake=FAKE_CONTROL))
+def script(path: Path, text: str, top: Path, python: str) -> str:
+    path.write_text(text.format(top=top, python=python, fake=FAKE_CONTROL))
     path.chmod(0o755)
     return str(path)
 
 
 @pytest.fixture
-def per_job(make_slurm_cluster, tmp_path):
+def per_job(make_slurm_cluster, tmp_path, slurm_where):
     # Short: a per-job pipe dir with the largest job id must fit a unix socket path (the
     # config is refused otherwise, as the prologs would refuse it); pytest's are too long.
-    top = Path(tempfile.mkdtemp(prefix="mpsj-"))
+    # Under /tmp, which the Slurm 24.11 root shares.
+    top = Path(tempfile.mkdtemp(prefix="mpsj-", dir="/tmp"))
     top.chmod(0o755)
+    python = sys.executable if slurm_where is None else "/usr/bin/python3"  # the root's
     cluster = make_slurm_cluster(node_name="jobnode",
-                                 prolog=script(tmp_path / "prolog", PROLOG, top),
-                                 epilog=script(tmp_path / "epilog", EPILOG, top))
+                                 prolog=script(tmp_path / "prolog", PROLOG, top, python),
+                                 epilog=script(tmp_path / "epilog", EPILOG, top, python))
     cfg = {"mps": {"layout": "per-job", "pipe_dir": f"{top}/nvidia-mps_job{{job}}",
-                   "log_dir": f"{top}/nvidia-log_job{{job}}", "daemon_user": "any"},
+                   "log_dir": f"{top}/nvidia-log_job{{job}}", "daemon_user": "any",
+                   "dir_owner": "root"},  # the prolog above makes root's dirs
            "slurm": {"timeout_s": 20, "job_grace_s": 0}, "orphans": {"min_age_s": 0}}
     yield cluster, top, cfg
     for pid_file in top.glob("nvidia-mps_job*/nvidia-cuda-mps-control.pid"):
@@ -215,7 +270,9 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
     time.sleep(0.2)
     facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
     assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-daemon")]
-    assert (f"job{job_id}", WARNING, "mps-daemon-no-job") in verdicts(facts, cfg)
+    # Instances are jobs Slurm runs here: the finished job's daemon is the orphans
+    # check's alone, not a second finding of gres-drift.
+    assert (f"job{job_id}", WARNING, "mps-daemon-no-job") not in verdicts(facts, cfg)
 
 
 # --- slurmctld down or hanging: UNKNOWN within the timeout, through the real CLI ----------
@@ -255,7 +312,9 @@ def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, tmp_path, 
     codes = {p["code"] for p in report["problems"]}
     print(f"slurmctld {how}: exit {rc} in {elapsed:.2f}s, problems {sorted(codes)}")
     assert rc == UNKNOWN and states == {"UNKNOWN"}
-    assert "slurm-unavailable" in codes
+    # per-job instances are Slurm's jobs here: without squeue no check can judge them
+    assert codes == {"facts-unavailable"}
+    assert "per-job instances need Slurm's job list: squeue" in report["problems"][0]["message"]
     assert elapsed < 2 + 5  # the 2 s timeout plus interpreter start; never scontrol's own 10 s+
 
 

@@ -1,10 +1,16 @@
-"""The real Slurm test cluster itself: jobs run, GRES are handed out, stop leaves nothing."""
+"""The real Slurm test clusters themselves: jobs run, GRES are handed out, stop leaves nothing.
+
+Each test runs on this machine's Slurm and on Slurm 24.11 in the Debian 13 root.
+"""
 
 import os
 import time
+from typing import Optional
 
 import pytest
+from mps_health.probes.slurm import parse_node_line
 from slurmcluster import SlurmCluster
+from slurmroot import SlurmRoot
 
 pytestmark = pytest.mark.slurm
 
@@ -33,8 +39,14 @@ def test_running_mps_job_shows_in_gres_used(slurm_cluster: SlurmCluster) -> None
     try:
         slurm_cluster.wait_running(1)
         line = slurm_cluster.node_line()
+        print(slurm_cluster.version, line[line.find("Gres="):line.find(" NodeAddr")])
         assert "Gres=gpu:2,mps:200" in line
-        assert "GresUsed=gpu:0,mps:" in line and "(IDX:" in line
+        used = {g.name: g for g in parse_node_line(line).gres_used or ()}
+        # 22.05 counts the job: mps:(null):1(IDX:0); 24.11 the shares, per GPU:
+        # mps:(null):50(50/100,0/100).
+        shares = 1 if slurm_cluster.version.split()[-1].startswith("22.") else 50
+        assert used["gpu"].quantity == 0 and used["mps"].quantity == shares
+        assert used["mps"].indices == (0,)
         assert slurm_cluster.node_state() == "MIXED"
     finally:
         slurm_cluster.cancel_all()
@@ -42,11 +54,8 @@ def test_running_mps_job_shows_in_gres_used(slurm_cluster: SlurmCluster) -> None
     slurm_cluster.wait_state(lambda s: s == "IDLE", 30)
 
 
-def test_stop_leaves_no_process() -> None:
-    from slurm_fixture import _require
-
-    _require()
-    cluster = SlurmCluster(node_name="stopnode").start()
+def test_stop_leaves_no_process(slurm_where: Optional[SlurmRoot]) -> None:
+    cluster = SlurmCluster(node_name="stopnode", root=slurm_where).start()
     pids = [p.pid for p in cluster.procs.values()]
     cluster.start_job(["srun", "--gres=gpu:1", "sleep", "300"])
     cluster.wait_running(1)

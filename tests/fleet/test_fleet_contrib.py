@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_CONTROL
+from conftest import FAKE_CONTROL, REPO
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from remhelp import make_dirs, start_fake, tree  # noqa: F401
 
@@ -317,6 +317,6 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r
     r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",
-                        "--replay", str(Path(__file__).parent.parent / "examples/broken-node.json")],
+                        "--replay", str(REPO / "examples/broken-node.json")],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r

@@ -2,7 +2,8 @@
 
 The test cluster (tests/slurmcluster.py) runs the hooks `mps-health slurm install`
 wrote, from a per-job config whose control binary is the fake daemon; jobs run as the
-test user. After each job (finished or scancelled) the node goes back to IDLE only
+test user. On this machine's Slurm and on Slurm 24.11 in the Debian 13 root (whose
+hooks are installed by, and run, the root's own mps-health). After each job (finished or scancelled) the node goes back to IDLE only
 once the Epilog has run, and then no dir and no MPS process of the job may be left.
 """
 
@@ -10,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,29 +19,30 @@ from typing import Dict, Iterator
 import pytest
 from jobhooks import FAKE_CONTROL, Site, daemon_pid, proc_uid, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
+from slurmroot import mps_health_argv
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
-def site(slurm_user: str) -> Iterator[Site]:
+def site(slurm_user: str, slurm_where) -> Iterator[Site]:
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
-    python = user_python(base, slurm_user)
+    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
     if python is None:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = Site(slurm_user, python)
+    s = Site(slurm_user, python, mps_health=mps_health_argv(slurm_where))
     yield s
     s.close()
     shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(site: Site) -> Iterator[SlurmCluster]:
+def cluster(site: Site, slurm_where) -> Iterator[SlurmCluster]:
     hooks = {h.replace("-", "_"): str(site.hooks / f"mps-health-{h}")
              for h in ("prolog", "task-prolog", "epilog")}
-    c = SlurmCluster(node_name="jobnode", **hooks)
+    c = SlurmCluster(node_name="jobnode", root=slurm_where, **hooks)
     try:
         c.start()
     except SlurmClusterError as e:
@@ -94,7 +95,7 @@ def test_running_job_uses_a_daemon_of_its_user_and_scancel_leaves_nothing(
     assert site.entries() == [] and site.processes() == []
     assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     # tmpfiles judges the machine's /tmp aging rules, not these dirs: skipped here.
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
+    r = subprocess.run([*site.mps_health, "check", "--config",
                         str(site.config), "--skip", "tmpfiles", "--format", "json"],
                        capture_output=True, text=True, timeout=60)
     report = json.loads(r.stdout)
@@ -144,7 +145,7 @@ def test_a_failed_start_drains_the_node_and_leaves_nothing(
         make_slurm_cluster, site: Site) -> None:
     """Prolog exit 1 (on_start_failure: fail): Slurm drains the node and holds the job."""
     broken = Site(site.user, site.python, control="/bin/true",
-                  extra_config="  start_timeout_s: 1")
+                  extra_config="  start_timeout_s: 1", mps_health=site.mps_health)
     try:
         hooks = {h.replace("-", "_"): str(broken.hooks / f"mps-health-{h}")
                  for h in ("prolog", "task-prolog", "epilog")}

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 FOLDERS = {"core": "mps_health", "checks": "mps_health.checks",
            "exporters": "mps_health.exporters", "remediation": "mps_health.remediation",

@@ -1,6 +1,7 @@
-"""slurmd itself runs the installed ``mps-health-healthcheck`` every 5 s (Slurm 22.05).
+"""slurmd itself runs the installed ``mps-health-healthcheck`` every 5 s.
 
-slurmd gives the program only SLURMD_NODENAME (and PWD): no PATH, no SLURM_CONF. On a
+On this machine's Slurm (22.05, this checkout's mps-health) and on Slurm 24.11 in the
+Debian 13 root, where slurmd runs the root's installed mps-health. slurmd gives the program only SLURMD_NODENAME (and PWD): no PATH, no SLURM_CONF. On a
 real node neither is needed (scontrol reads /etc/slurm/slurm.conf, mps-health reads
 /etc/mps-health/config.yaml); this private cluster's slurm.conf and our test config
 are elsewhere, so HealthCheckProgram is a two-line wrapper that sets SLURM_CONF and
@@ -8,18 +9,19 @@ passes --config, logging each run's start and end so the test can count runs.
 """
 
 
+import contextlib
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, NamedTuple, Tuple
+from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
 from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
-from remhelp import healthcheck_exe, make_dirs, mps_health, start_fake, write_config
-from slurm_fixture import _require
+from remhelp import healthcheck_exe, make_dirs, start_fake, write_config
 from slurmcluster import SlurmCluster
+from slurmroot import VENV
 
 pytestmark = pytest.mark.slurm
 
@@ -43,8 +45,7 @@ def config_text(base: Path, control_timeout: float = 1.0, hc: str = "",
 
 
 @pytest.fixture(scope="module")
-def setup() -> Iterator[Setup]:
-    _require()
+def setup(slurm_where) -> Iterator[Setup]:
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="mpsh-hcd-", dir="/tmp"))
@@ -53,12 +54,15 @@ def setup() -> Iterator[Setup]:
     cfg = base / "config.yaml"
     cfg.write_text(config_text(base))
     script = base / "hc.sh"
+    # ReturnToService=1: a node an admin set DOWN stays DOWN (2 would return it).
     cluster = SlurmCluster(node_name=NODE, health_check_program=str(script),
-                           health_check_interval=INTERVAL)
+                           health_check_interval=INTERVAL, return_to_service=1,
+                           root=slurm_where)
+    exe = healthcheck_exe() if slurm_where is None else f"{VENV}/bin/mps-health-healthcheck"
     script.write_text(f"""#!/bin/sh
 echo "start $$ $(date +%s.%N)" >> {base}/runs.log
 env > {base}/hc-env.txt
-SLURM_CONF={cluster.conf} {healthcheck_exe()} --config {cfg} > {base}/last-output.txt 2>&1
+SLURM_CONF={cluster.conf} {exe} --config {cfg} > {base}/last-output.txt 2>&1
 rc=$?
 echo "end $$ $(date +%s.%N) rc=$rc" >> {base}/runs.log
 cat {base}/last-output.txt
@@ -100,18 +104,32 @@ def ended(s: Setup) -> int:
     return sum(1 for r in runs(s) if r[0] == "end")
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
+def wait_for(what: str, cond: Callable[[], bool], timeout: float,
+             s: Optional[Setup] = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    detail = ""
+    if s is not None:  # what slurmd and our runs did meanwhile
+        with contextlib.suppress(OSError):
+            detail = ("\nlast runs: " + repr(runs(s)[-6:]) + "\nlast output:\n"
+                      + (s.base / "last-output.txt").read_text() + "\n" + s.cluster.logs())
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{detail}")
 
 
 def resume_if_drained(s: Setup) -> None:
     if "DRAIN" in node(s).flags:
         s.cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+
+
+def reset(s: Setup):
+    """``mps-health remediate reset`` by the node's own mps-health (the root's, there)."""
+    import subprocess
+
+    return subprocess.run([*s.cluster.mps_health_argv(), "remediate", "reset", "--config",
+                           s.cfg], capture_output=True, text=True, timeout=120)
 
 
 def state(s: Setup) -> hcstate.HcState:
@@ -122,7 +140,7 @@ def test_slurmd_gives_the_program_almost_no_environment(setup: Setup) -> None:
     wait_for("a health check run", lambda: ended(setup) >= 1, 30)
     env = dict(line.split("=", 1) for line in
                (setup.base / "hc-env.txt").read_text().splitlines() if "=" in line)
-    print("HealthCheckProgram environment from slurmd 22.05:", sorted(env))
+    print(f"HealthCheckProgram environment from {setup.cluster.version}:", sorted(env))
     assert env["SLURMD_NODENAME"] == NODE
     assert "PATH" not in env and "SLURM_CONF" not in env
 
@@ -151,12 +169,17 @@ def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
     print(f"drained {drained_after:.1f}s after the fault: State={v.state} Reason={v.reason}")
     assert v.reason.startswith("MPS-HC: control-absent node: ")
     # Fix it the supported way, then slurmd's runs resume the node (two clean runs).
-    r = mps_health("remediate", "reset", "--config", s.cfg)
+    r = reset(s)
     assert r.returncode == 0, r.stdout + r.stderr
     t_fix = time.monotonic()
     wait_for("the resume", lambda: "DRAIN" not in node(s).flags, 40)
     print(f"resumed {time.monotonic() - t_fix:.1f}s after the reset")
-    assert node(s).reason == ""
+    v = node(s)
+    if s.cluster.version.split()[-1].startswith("22."):
+        assert v.reason == ""
+    else:  # 24.11 keeps the last reason after RESUME (and `Reason=` does not clear it)
+        assert v.reason.startswith("MPS-HC: control-absent node: ")
+    assert not set(v.flags) & {"DRAIN", "DOWN"}
     # A human drains it with a reason of their own: our clean runs never resume it.
     s.cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN",
                        "Reason=hands off: GPU swap")
@@ -181,7 +204,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     os.kill(daemon, signal.SIGSTOP)
     try:
         first = len(runs(s))
-        wait_for("the drain", lambda: "DRAIN" in node(s).flags, 90)
+        wait_for("the drain", lambda: "DRAIN" in node(s).flags, 90, s)
         v = node(s)
         print(f"State={v.state} Reason={v.reason}")
         assert v.reason.startswith("MPS-HC: control-wedged node: ")
@@ -219,7 +242,7 @@ def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setu
     first = len(runs(s))
     os.kill(daemon, signal.SIGSTOP)
     try:
-        wait_for("the drain", lambda: "DRAIN" in node(s).flags, 60)
+        wait_for("the drain", lambda: "DRAIN" in node(s).flags, 60, s)
         v = node(s)
         print(f"detached: State={v.state} Reason={v.reason}")
         assert v.reason.startswith("MPS-HC: control-wedged node: ")
@@ -234,3 +257,28 @@ def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setu
         os.kill(daemon, signal.SIGCONT)
         Path(s.cfg).write_text(config_text(s.base))
         resume_if_drained(s)
+
+
+def test_a_down_node_is_left_alone(setup: Setup) -> None:
+    """An admin's DOWN (with a broken MPS) is neither drained over nor resumed."""
+    s = setup
+    Path(s.cfg).write_text(config_text(s.base))
+    resume_if_drained(s)
+    wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
+    wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
+    s.cluster.scontrol("update", f"NodeName={NODE}", "State=DOWN", "Reason=hands off: cabling")
+    try:
+        s.cluster.wait_state(lambda st: "DOWN" in st, 30)
+        daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+        os.kill(daemon, signal.SIGKILL)
+        before = ended(s)
+        wait_for("three runs on the DOWN node", lambda: ended(s) >= before + 3, 40)
+        v = node(s)
+        output = (s.base / "last-output.txt").read_text()
+        print(f"DOWN: State={v.state} Reason={v.reason}; last run: {output.strip()}")
+        assert "DOWN" in v.flags and "DRAIN" not in v.flags
+        assert v.reason == "hands off: cabling"
+        assert "left to Slurm and the admins" in output
+    finally:
+        reset(s)
+        s.cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")

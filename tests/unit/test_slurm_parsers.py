@@ -1,4 +1,4 @@
-"""Slurm parsers on real captured 22.05 output and the hand-written 23.02/23.11 forms."""
+"""Slurm parsers on real captured 22.05 and 24.11 output and the hand-written 23.02/23.11 forms."""
 
 import pytest
 from conftest import fixture_text
@@ -161,3 +161,91 @@ def test_node_line_errors() -> None:
         parse_node_line("")
     with pytest.raises(ParseError, match="NodeName"):
         parse_node_line("Foo=bar")
+
+
+# --- Slurm 24.11, captured from the Debian 13 root (tests/capture_slurm_fixtures.py
+# --slurm24): the text and the JSON form of each state, and what the tag rules make of it.
+
+V24 = "scontrol_show_node_-d_-o__slurm-24.11_{}.txt"
+V24_JSON = "scontrol_--json_show_node__slurm-24.11_{}.json"
+V24_PLAIN = "scontrol_show_node_-o__slurm-24.11_{}.txt"
+STATES_24 = ["idle", "mps-job", "mps-and-gpu-jobs", "gpu2-job", "drained-by-mps-health",
+             "resumed", "down-by-admin"]
+
+
+@pytest.mark.parametrize("label", STATES_24)
+def test_24_11_json_and_text_give_the_same_node(label: str) -> None:
+    from_text = parse_node_line(fixture_text(V24.format(label)))
+    from_json = parse_node_json(fixture_text(V24_JSON.format(label)), "mpsnode")
+    assert from_json == from_text
+    assert from_text.slurmd_version == "24.11.5"
+
+
+def test_24_11_idle_prints_null_types_and_per_gpu_slots() -> None:
+    # GresUsed=gpu:(null):0(IDX:N/A),mps:(null):0(0/100,0/100)
+    node = parse_node_line(fixture_text(V24.format("idle")))
+    assert node.flags == ("IDLE",) and node.reason == ""
+    assert node.gres == (GresItem("gpu", None, 2), GresItem("mps", None, 200))
+    assert node.gres_used == (GresItem("gpu", None, 0, ()),
+                              GresItem("mps", None, 0, (), ((0, 100), (0, 100))))
+
+
+def test_24_11_mps_jobs_count_shares_per_gpu() -> None:
+    # Unlike 22.05 (mps:1(IDX:0): GPUs), 24.11 counts shares: two jobs of 50 and 30 on
+    # GPU 0 read mps:(null):80(80/100,0/100); the whole-GPU job holds GPU 1.
+    one = parse_node_line(fixture_text(V24.format("mps-job")))
+    assert [g for g in one.gres_used or () if g.name == "mps"] == [
+        GresItem("mps", None, 50, (0,), ((50, 100), (0, 100)))]
+    both = parse_node_line(fixture_text(V24.format("mps-and-gpu-jobs")))
+    assert both.state == "MIXED"
+    assert both.gres_used == (GresItem("gpu", None, 1, (1,)),
+                              GresItem("mps", None, 80, (0,), ((80, 100), (0, 100))))
+    whole = parse_node_line(fixture_text(V24.format("gpu2-job")))
+    assert whole.gres_used is not None and whole.gres_used[0] == GresItem("gpu", None, 2, (0, 1))
+
+
+def test_24_11_keeps_the_reason_after_resume() -> None:
+    from mps_health.remediation import slurmnode
+
+    resumed = parse_node_line(fixture_text(V24_PLAIN.format("resumed")))
+    assert resumed.flags == ("IDLE", "NOT_RESPONDING")
+    assert resumed.reason == "MPS-HC: daemon-dead node: control daemon is not running"
+    assert slurmnode.may_resume(resumed, "MPS-HC:")[0] is False  # not drained: nothing to do
+    # Another's old reason on a node in service is history: a failing check still drains.
+    human = resumed._replace(reason="swapping a GPU")
+    assert slurmnode.may_drain(human, "MPS-HC:") == (
+        True, "node is IDLE+NOT_RESPONDING (its reason 'swapping a GPU' is left from an "
+              "earlier drain)")
+
+
+@pytest.mark.parametrize("label, drain, resume", [
+    ("idle", True, False),
+    ("drained-by-mps-health", False, True),
+    ("resumed", True, False),
+    ("down-by-admin", False, False),
+])
+def test_24_11_tag_rules_on_real_states(label: str, drain: bool, resume: bool) -> None:
+    from mps_health.remediation import slurmnode
+
+    node = parse_node_line(fixture_text(V24_PLAIN.format(label)))
+    assert slurmnode.may_drain(node, "MPS-HC:")[0] is drain
+    assert slurmnode.may_resume(node, "MPS-HC:")[0] is resume
+
+
+def test_24_11_squeue_writes_gres_with_a_slash() -> None:
+    jobs = parse_squeue(fixture_text("squeue_-h_-w_-o__slurm-24.11_three-jobs.txt"))
+    assert [(j.job_id, j.user, j.uid, j.gres, j.holds_mps) for j in jobs] == [
+        ("1", "root", 0, "gres/mps:50", True), ("2", "mpshtest", 1002, "gres/mps:30", True),
+        ("3", "root", 0, "gres/gpu:1", False)]
+
+
+def test_24_11_version_and_failures() -> None:
+    assert parse_version(fixture_text("scontrol_--version__slurm-24.11.txt")) == (24, 11)
+    down = _failed(stderr=fixture_text(
+        "scontrol_show_node_-d_-o__slurm-24.11_controller-down.stderr.txt"))
+    assert classify_failure(down, "scontrol show node", 5)[0] == "unreachable"
+    missing = _failed(stdout=fixture_text(
+        "scontrol_show_node_-d_-o__slurm-24.11_not-found.stdout.txt"))
+    assert classify_failure(missing, "scontrol show node", 5)[0] == "node-unknown"
+    sq = _failed(stderr=fixture_text("squeue_-h_-w_-o__slurm-24.11_not-found.stderr.txt"))
+    assert classify_failure(sq, "squeue", 5)[0] == "node-unknown"

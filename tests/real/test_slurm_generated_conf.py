@@ -4,7 +4,9 @@ A test cluster whose gres.conf is `mps-health slurm gres-conf` output (from the 
 NVML recording, device files in the cluster's dir) and whose slurm.conf carries the
 `mps-health slurm conf` lines in place of its own (GresTypes, SelectType, the hooks,
 the health check, the node's Gres=). The node must come up IDLE with that Gres, an
-mps job must get its per-job daemon, and --diff must find nothing to change.
+mps job must get its per-job daemon, and --diff must find nothing to change. On this
+machine's Slurm and on Slurm 24.11 in the Debian 13 root (there the hooks are the
+root's install; the lines are rendered by this checkout, which renders the same).
 """
 
 import shutil
@@ -18,6 +20,7 @@ import pytest
 from conftest import FIXTURES
 from jobhooks import Site, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
+from slurmroot import mps_health_argv
 
 pytestmark = pytest.mark.slurm
 RECORD = str(FIXTURES / "nvml__HANDWRITTEN_2gpu-test-node.json")
@@ -69,24 +72,21 @@ class GeneratedConfCluster(SlurmCluster):
 
 
 @pytest.fixture(scope="module")
-def site(slurm_user: str) -> Iterator[Site]:
+def site(slurm_user: str, slurm_where) -> Iterator[Site]:
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
-    python = user_python(base, slurm_user)
+    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
     if python is None:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = Site(slurm_user, python)
+    s = Site(slurm_user, python, mps_health=mps_health_argv(slurm_where))
     yield s
     s.close()
     shutil.rmtree(base, ignore_errors=True)
 
 
-def start(site: Site, mps_gpus: str, node: str) -> GeneratedConfCluster:
-    from slurm_fixture import _require
-
-    _require()
-    c = GeneratedConfCluster(site, mps_gpus, node_name=node)
+def start(site: Site, mps_gpus: str, node: str, where) -> GeneratedConfCluster:
+    c = GeneratedConfCluster(site, mps_gpus, node_name=node, root=where)
     try:
         return c.start()  # type: ignore[return-value]
     except SlurmClusterError as e:
@@ -100,8 +100,8 @@ def node_field(cluster: SlurmCluster, name: str) -> Optional[str]:
     return None
 
 
-def test_all_gpus_with_mps(site: Site) -> None:
-    cluster = start(site, "all", "gennode")
+def test_all_gpus_with_mps(site: Site, slurm_where) -> None:
+    cluster = start(site, "all", "gennode", slurm_where)
     try:
         print(cluster.gres_conf.read_text(), cluster.rendered_conf, sep="\n")
         assert node_field(cluster, "Gres") == "gpu:2,mps:200"
@@ -132,8 +132,8 @@ def test_all_gpus_with_mps(site: Site) -> None:
         cluster.stop()
 
 
-def test_mixed_node_mps_on_gpu0_only(site: Site) -> None:
-    cluster = start(site, "0", "mixnode")
+def test_mixed_node_mps_on_gpu0_only(site: Site, slurm_where) -> None:
+    cluster = start(site, "0", "mixnode", slurm_where)
     try:
         assert node_field(cluster, "Gres") == "gpu:2,mps:100"
         assert cluster.gres_conf.read_text().count("Name=mps") == 1

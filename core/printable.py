@@ -1,0 +1,26 @@
+"""The one rule for text taken from the system before any output shows it.
+
+File names in world-writable dirs, a process's environment, command output and log
+lines are written by whoever wants to: a newline would forge an output line ("OK
+daemon[node]: all good"), an ANSI or OSC escape would reach an operator's terminal or a
+Nagios status line. ``printable`` leaves printable text as it is and writes every other
+character (controls, line and paragraph separators, bidi overrides) as a Python-style
+``\\xNN``/``\\uNNNN`` escape, so the text stays readable and cannot be mistaken for
+anything else. The engine applies it to every result (text, JSON, perfdata, labels and
+drain reasons are made from results); the audit log and drain reasons apply it again to
+their own fields.
+"""
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (one line, no terminal codes)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
