@@ -26,6 +26,12 @@ class Context(NamedTuple):
             return absolute
         return os.path.join(self.root, absolute.lstrip("/"))
 
+    @property
+    def read_only(self) -> bool:
+        """A run under --root looks at a tree and writes nothing anywhere: no state (the
+        host's memory is not the tree's), no locks, no caches, nothing created."""
+        return self.root not in ("", "/")
+
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 

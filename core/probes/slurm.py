@@ -456,8 +456,9 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
         from ..safefiles import write_atomic
 
         try:
-            os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
-            write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
+            if not ctx.read_only:  # a --root run writes nothing
+                os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+                write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
         except OSError:
             pass  # not root: this process remembers it; the next one-shot run asks again
     _KNOWN_VERSIONS[key] = version
