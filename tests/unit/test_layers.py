@@ -44,7 +44,7 @@ def layer_of(module: str) -> str:
                                              "mps_health.checks.common") else "checks"
     if sub == "exporters":
         return "exporters"
-    if sub in ("remediation", "slurm", "processes"):
+    if sub in ("remediation", "slurm", "processes", "daemonctl"):
         return "actions"
     if sub in ("commands", "cli", "argv"):
         return "commands"
