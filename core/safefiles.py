@@ -69,7 +69,12 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        data = os.read(fd, limit + 1)
+        data = b""
+        while len(data) <= limit:  # procfs and some file systems return short reads
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
         return data
