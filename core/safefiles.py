@@ -20,8 +20,6 @@ import os
 import stat
 from typing import Optional
 
-from .safedirs import open_dir, split
-
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -29,6 +27,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
     import secrets
+
+    from .safedirs import open_dir, split  # lazy: readers on the check's path never need it
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
