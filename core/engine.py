@@ -77,7 +77,9 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
     try:
-        ctx = instances.slurm_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
+        from .probes.slurm import with_jobs
+
+        ctx = with_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
         insts = ()
