@@ -40,7 +40,9 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    value = value.replace("\n", " ").replace("\\", "\\\\").replace('"', '\\"')
+    from mps_health.printable import printable
+
+    value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):
         return value
     return f'"{value}"'

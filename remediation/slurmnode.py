@@ -59,7 +59,9 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
 
 def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
-    body = " ".join(f"{code} {text}".split())
+    from mps_health.printable import printable
+
+    body = printable(" ".join(f"{code} {text}".split()))
     full = f"{tag} {body}"
     return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
 

@@ -110,6 +110,7 @@ mps:
   dir_mode: '0700'
 commands:
   nvidia-cuda-mps-control: {control}
+  squeue: {self.base}/squeue
 jobs:
   start_timeout_s: 10
   quit_timeout_s: 2
@@ -117,6 +118,7 @@ jobs:
 {extra_config}
 """)
         self.config.chmod(0o644)
+        self.slurm_runs()  # Slurm's view of the node: no job yet
         # Installed by the mps-health that will run them (a Slurm root's has its own).
         self.mps_health = list(mps_health)
         r = subprocess.run([*self.mps_health, "slurm", "install", "--prefix", str(self.hooks),
@@ -125,6 +127,12 @@ jobs:
         if r.returncode != 0:
             raise RuntimeError(f"mps-health slurm install failed: {r.stderr}")
         self.install_output = r.stdout
+
+    def slurm_runs(self, *jobs: str) -> None:
+        """What squeue says runs on this node: ``jobs``, each of this site's user."""
+        from hostile import fake_squeue, squeue_line
+
+        fake_squeue(self.base, [squeue_line(j, self.user) for j in jobs])
 
     def env(self, hook: str, job: str, label: str = "mps-50", **overrides: str
             ) -> Dict[str, str]:

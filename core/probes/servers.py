@@ -342,8 +342,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     for t in threads:
         t.start()
     state = StateFile(ctx.config.state_dir, "servers")
-    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load(Dict[str, ServerMemory], {})
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    previous, error = state.load(Dict[str, ServerMemory], {}) if not ctx.read_only \
+        else ({}, "")
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())

@@ -86,6 +86,13 @@ class SlurmFacts(NamedTuple):
     calls: Tuple[str, ...] = ()  # every command this run started, for the record
 
 
+class JobList(NamedTuple):
+    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+
+    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
+    error: str = ""
+
+
 # --- pure parsers ---------------------------------------------------------------------
 
 def parse_count(text: str) -> int:
@@ -366,6 +373,30 @@ def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJ
         raise SlurmError("parse", f"squeue: {e}") from None
 
 
+def with_jobs(ctx: Context) -> Context:
+    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
+    instances (asked once per run; the slurm source then reuses the answer)."""
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
+    return ctx._replace(jobs=read_job_list(ctx))
+
+
+def read_job_list(ctx: Context) -> JobList:
+    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    from ..slurm_settings import settings
+
+    timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
+    node = node_name(ctx.config, ctx.env)
+    try:
+        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
+                    env=child_env(ctx.env or {}))
+        return JobList(parse_squeue(text))
+    except SlurmError as e:
+        return JobList(None, str(e))
+    except ParseError as e:
+        return JobList(None, f"squeue: {e}")
+
+
 # --- which Slurm answers: the client's version, cached per binary -----------------------
 
 VERSION_FILE = "slurm-version"
@@ -433,8 +464,9 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
         from ..safefiles import write_atomic
 
         try:
-            os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
-            write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
+            if not ctx.read_only:  # a --root run writes nothing
+                os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+                write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
         except OSError:
             pass  # not root: this process remembers it; the next one-shot run asks again
     _KNOWN_VERSIONS[key] = version
@@ -466,6 +498,9 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
+    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
+    if asked is not None:
+        want_jobs = False
     if want_jobs:
         squeue = squeue_argv(ctx.config, node)
         squeue[0] = resolve(squeue[0], env) or squeue[0]
@@ -490,6 +525,9 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
             facts = facts._replace(jobs_error=str(e))
         except ParseError as e:
             facts = facts._replace(jobs_error=f"squeue: {e}")
+    if asked is not None:
+        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
+                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
     return facts
 
 

@@ -1,9 +1,8 @@
 """Every code a check can report has a runbook entry (an anchor) in README.md."""
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 
 
 def emitted_codes() -> set:

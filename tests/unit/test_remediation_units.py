@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fixture_text
+from conftest import FAKE_SERVER, fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
 from mps_health import processes as procs
@@ -257,7 +257,7 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
 
 
 def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(tree: Path) -> None:
-    server = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
+    server = FAKE_SERVER
     started = [subprocess.Popen([server], stdout=subprocess.PIPE, text=True,
                                 env={"PATH": "/usr/bin:/bin", "FAKE_MPS_IGNORE_TERM": "1",
                                      "CUDA_MPS_PIPE_DIRECTORY": str(tree)})

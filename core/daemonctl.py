@@ -1,15 +1,24 @@
-"""A job's MPS daemon: start it as the job's user and quit it.
+"""Starting and quitting an MPS control daemon: the one way, for ``remediate reset`` and
+``orphans``, ``unit stop`` and the Slurm Prolog/Epilog.
 
-What is left after a quit is ended by ``mps_health.processes`` (verified PIDs).
+``start_daemon``: ``nvidia-cuda-mps-control -d`` as the daemon's user (``runas``: no shell, no
+login, output in unlinked files because a daemon may keep inherited descriptors), with
+the environment the caller gives (never the caller's whole one); then, bounded, wait
+until the pid file names a live control daemon of that user on this pipe dir
+(``processes.daemon_of``: the pid file alone proves nothing) and its control socket
+exists, and ask one query to prove it answers.
+
+``quit_daemon``: ``quit -t N`` through the control client as the daemon's user: the daemon
+ends servers still busy after N s itself; the client is bounded by ``timeout_s``. What
+is left afterwards is ended by ``processes.end_all``.
 """
 
 import os
 import stat
 import time
-from typing import NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional
 
-from mps_health.processes import daemon_of
-
+from .processes import daemon_of
 from .runas import RunAs, run_as
 
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -29,18 +38,19 @@ def _has_socket(pipe_dir: str) -> bool:
         return False
 
 
-def start_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict, timeout_s: float,
-                 proc_dir: str = "/proc") -> Started:
-    """``control -d`` as the job's user; wait until it runs and answers a query."""
+def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Mapping[str, str],
+          timeout_s: float, proc_dir: str = "/proc") -> Started:
+    """``control -d`` as ``as_user`` (None: as we are); wait until it runs and answers."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
+    uid = as_user.uid if as_user is not None else os.geteuid()
     launch = run_as([control, "-d"], timeout_s, as_user, env=env)
     if launch.exec_error:
         return Started(None, launch.exec_error, time.monotonic() - t0)
     daemon = None
     pause = 0.005
     while time.monotonic() < deadline:
-        daemon = daemon_of(proc_dir, pipe_dir, as_user.uid)
+        daemon = daemon_of(proc_dir, pipe_dir, uid)
         if daemon is not None and _has_socket(pipe_dir):
             break
         daemon = None
@@ -64,15 +74,17 @@ def start_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict, timeout
     return Started(daemon.pid, text, time.monotonic() - t0)
 
 
-def quit_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict,
-                quit_timeout_s: float) -> str:
-    """``quit -t N`` through the client as the job's user; "" or what went wrong."""
-    force = max(0, round(quit_timeout_s))
-    r = run_as([control], quit_timeout_s + 5.0, as_user, stdin=f"quit -t {force}\n", env=env)
+def quit_daemon(control: str, as_user: Optional[RunAs], env: Mapping[str, str], grace_s: float,
+         timeout_s: float) -> str:
+    """``quit -t N`` (N: ``grace_s``, whole seconds) through the client; "" when the daemon
+    took it, else one line saying what went wrong."""
+    force = max(1, round(grace_s))
+    r = run_as([control], timeout_s, as_user, stdin=f"quit -t {force}\n", env=env)
     if r.exec_error:
         return r.exec_error
     if r.timed_out:
-        return f"'quit -t {force}' got no answer in {quit_timeout_s + 5.0:g}s"
-    if r.rc != 0:
-        return f"'quit -t {force}' failed: rc {r.rc}: {(r.stdout + r.stderr).strip()!r}"
+        return f"'quit -t {force}' got no answer in {timeout_s:g}s"
+    said = (r.stdout + r.stderr).strip()
+    if r.rc != 0 or NO_DAEMON in said:
+        return f"'quit -t {force}' failed: rc {r.rc}: {said!r}"
     return ""

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import node_config
+from conftest import REPO, node_config
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 FOLDERS = {"core": "mps_health", "checks": "mps_health.checks",
            "exporters": "mps_health.exporters", "remediation": "mps_health.remediation",
@@ -44,7 +44,7 @@ def layer_of(module: str) -> str:
                                              "mps_health.checks.common") else "checks"
     if sub == "exporters":
         return "exporters"
-    if sub in ("remediation", "slurm", "processes"):
+    if sub in ("remediation", "slurm", "processes", "daemonctl"):
         return "actions"
     if sub in ("commands", "cli", "argv"):
         return "commands"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_config
+from hostile import fake_squeue, squeue_line
 from mps_health import engine
 from mps_health.config import from_mapping
 from mps_health.results import CRITICAL, OK, WARNING
@@ -97,10 +98,12 @@ def test_per_gpu_instances_are_kept_apart(tmp_path: Path) -> None:
 def test_per_job_dirs_are_discovered(tmp_path: Path) -> None:
     add_process(tmp_path, 300, uid=1000, pipe_dir="/tmp/nvidia-mps_job77")
     d = add_pipe_dir(tmp_path, "/tmp/nvidia-mps_job77", 300, mode=0o700)
-    os.chown(d, 1000, 1000)
+    for path in (d, *d.iterdir()):  # the job user's daemon made them
+        os.chown(path, 1000, 1000, follow_symlinks=False)
     add_dir(tmp_path, "/tmp/nvidia-log_job77", 0o700)
     add_dir(tmp_path, "/tmp/unrelated")
-    mapping = {"mps": {"layout": "per-job", "dir_mode": "0700"}}
+    squeue = fake_squeue(tmp_path, [squeue_line("77", "someone", uid=1000)])
+    mapping = {"mps": {"layout": "per-job", "dir_mode": "0700"}, "commands": {"squeue": squeue}}
     report, found = judge(tmp_path, mapping)
     assert report.state == OK, found
     assert ("job77", "daemon-ok") in found

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from conftest import fixture_text, node_config
+from conftest import FIXTURES, fixture_text, node_config
 from mps_health.config import from_mapping
 from mps_health.facts import Facts, Instance
 from mps_health.facts_deep import ClientFact, DeviceFact, InstanceServers, ServerFact, ServersFacts
@@ -355,14 +355,14 @@ def test_idle_daemon_asks_nothing(tmp_path: Path, fake_daemon) -> None:
 def test_the_h200_snapshots_replay_to_the_same_view(phase: str) -> None:
     """Snapshots taken on the H200 (tests/gpu/clients_scenario.py) print here exactly what
     `mps-health clients` printed there: NVML's memory per client included."""
-    snap = Path(__file__).parent / "fixtures" / f"snapshot__h200-clients_{phase}.json"
+    snap = FIXTURES / f"snapshot__h200-clients_{phase}.json"
     r = mps_health("clients", "--replay", str(snap))
     assert r.returncode == 0, r.stderr
     assert r.stdout == fixture_text(f"mps-health_clients__h200_{phase}.txt")
 
 
 def test_the_h200_alice_snapshot_is_judged_as_there() -> None:
-    snap = Path(__file__).parent / "fixtures" / "snapshot__h200-clients_alice.json"
+    snap = FIXTURES / "snapshot__h200-clients_alice.json"
     r = mps_health("check", "--replay", str(snap), "--format", "json")
     found = sorted((p["code"], p["message"].split(")")[0])
                    for p in json.loads(r.stdout)["problems"])

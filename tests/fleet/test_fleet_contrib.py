@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_CONTROL
+from conftest import FAKE_CONTROL, REPO
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from remhelp import make_dirs, start_fake, tree  # noqa: F401
 
@@ -317,6 +317,24 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r
     r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",
-                        "--replay", str(Path(__file__).parent.parent / "examples/broken-node.json")],
+                        "--replay", str(REPO / "examples/broken-node.json")],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r
+
+
+def test_monitoring_definitions_use_the_installed_plugin_paths() -> None:
+    """Nagios's default _MPS_PLUGIN is where the Debian package links check_mps; Icinga
+    uses PluginDir; no definition names a path nothing installs."""
+    links = (CONTRIB / "debian/mps-health.links").read_text().split()
+    deb_plugin = "/" + links[links.index("opt/mps-health/bin/check_mps") + 1]
+    nagios = (CONTRIB / "nagios/mps-health.cfg").read_text()
+    assert f"_MPS_PLUGIN             {deb_plugin}\n" in nagios
+    assert nagios.count("$_HOSTMPS_PLUGIN$ -w $ARG1$ -c $ARG2$ -t 20") == 2
+    icinga = (CONTRIB / "icinga2/mps-health.conf").read_text()
+    assert 'vars.mps_plugin = PluginDir + "/check_mps"' in icinga
+    spec = (CONTRIB / "rpm/mps-health.spec").read_text()
+    assert "ln -s %{venv}/bin/check_mps %{buildroot}%{plugindir}/check_mps" in spec
+    readme = (CONTRIB.parent / "README.md").read_text()
+    assert "ln -sf /opt/mps-health/bin/check_mps /usr/local/lib/nagios/plugins/" in readme
+    for text in (nagios, icinga):
+        assert "/usr/local/bin/check_mps" not in text

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from conftest import FIXTURES
 from mps_health.config import from_mapping
 from mps_health.context import Context
 from mps_health.probes import slurm as probe
 
-NODE_LINE = (Path(__file__).parent / "fixtures" /
+NODE_LINE = (FIXTURES /
              "scontrol_show_node_-d_-o__slurm-24.11_idle.txt").read_text()
-NODE_JSON = (Path(__file__).parent / "fixtures" /
+NODE_JSON = (FIXTURES /
              "scontrol_--json_show_node__slurm-24.11_idle.json").read_text()
 
 

@@ -12,11 +12,10 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from conftest import node_config
+from conftest import REPO, node_config
 from monitoring_tools import need
 from mps_health.exporters.series import metric_name
 
-REPO = Path(__file__).resolve().parent.parent
 CONTRIB = REPO / "contrib"
 ALERTS = CONTRIB / "prometheus" / "mps-health-alerts.yml"
 ALERT_TESTS = CONTRIB / "prometheus" / "mps-health-alerts.test.yml"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import REPO
 from jobhooks import user_python
 from mps_health.config import ConfigError, from_mapping
 from mps_health.slurm.settings import JobsSettings, jobs_settings
@@ -185,7 +186,7 @@ def test_install_refuses_a_package_job_users_cannot_read(public: Path) -> None:
                    check=True, capture_output=True, timeout=120)
     [site] = venv.glob("lib/python3*/site-packages")
     pkg = site / "mps_health"
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     shutil.copytree(repo / "core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("checks", "exporters", "remediation", "slurm"):
         shutil.copytree(repo / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))

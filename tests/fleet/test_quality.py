@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 MAPPED = {"checks": "checks", "exporters": "exporters", "remediation": "remediation",
           "slurm": "slurm"}
 

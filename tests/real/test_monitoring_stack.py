@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
-from conftest import node_config
+from conftest import REPO, node_config
 from monitoring_tools import (
     exporter,
     free_port,
@@ -28,7 +28,6 @@ from monitoring_tools import (
     wait_for,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 ALERTS = REPO / "contrib" / "prometheus" / "mps-health-alerts.yml"
 DASHBOARD = REPO / "contrib" / "grafana" / "mps-health-dashboard.json"
 

@@ -3,7 +3,7 @@
 Each test gets a private site (tests/jobhooks.py): a sticky parent dir standing in for
 /tmp, a per-job config, hooks written by ``mps-health slurm install``. The hooks get
 the environment real slurmd 22.05 gave them (tests/fixtures/slurm_hook_env__*); the
-TaskProlog runs as the test user. The real-Slurm version is tests/test_slurm_jobs.py.
+TaskProlog runs as the test user. The real-Slurm version is tests/real/test_slurm_jobs.py.
 """
 
 import json
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import FAKE_SERVER
 from jobhooks import Site, as_user_kwargs, daemon_pid, proc_uid, user_python
 from slurmcluster import ensure_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root (the prolog chowns and drops to the user)")
-FAKE_SERVER = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-server")
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,7 @@ def test_mps_job_life_cycle(make_site) -> None:
     assert (t.returncode, t.stderr) == (0, "")
     assert t.stdout.splitlines() == [f"export CUDA_MPS_PIPE_DIRECTORY={pipe}",
                                      f"export CUDA_MPS_LOG_DIRECTORY={log}"]
+    site.slurm_runs("41")
     report = check(site)
     assert report["exit_code"] == 0, report["problems"]
     daemon = [r for run in report["checks"] if run["name"] == "daemon" for r in run["results"]]
