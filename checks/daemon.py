@@ -14,6 +14,9 @@ from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
 NAME = "daemon"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
+         "daemon-uninterruptible", "daemon-wrong-user")
 
 
 def _reset(inst: Instance) -> str:

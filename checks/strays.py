@@ -14,6 +14,8 @@ from mps_health.results import CRITICAL, WARNING, Result, ok
 from .daemon import pipe_paths
 
 NAME = "strays"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-unexpected", "server-orphaned")
 
 
 def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:

@@ -20,6 +20,8 @@ from .results import UNKNOWN, CheckRun, Report, Result
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
 # judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
 JOIN_GRACE_S = 1.0
+# The codes the engine itself reports for any check (runbook entries in README.md).
+CODES = ("facts-unavailable", "check-failed")
 
 
 class SelectionError(ValueError):

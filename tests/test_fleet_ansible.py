@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from conftest import FAKE_CONTROL
-from fleethelp import CONTRIB, dists, need  # noqa: F401
+from fleethelp import CONTRIB, dists, need, wheelhouse  # noqa: F401
 from remhelp import make_dirs, mps_health, start_fake, tree  # noqa: F401
 
 ANSIBLE = CONTRIB / "ansible"
@@ -43,7 +43,7 @@ def node_state(base: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def test_role_audit_reset(tree: Path, dists) -> None:
+def test_role_audit_reset(tree: Path, dists, wheelhouse: Path) -> None:
     base = tree
     pipe, log = base / "pipe", base / "log"
     make_dirs(pipe, log)
@@ -64,8 +64,8 @@ def test_role_audit_reset(tree: Path, dists) -> None:
     group_vars = {
         "mps_health_package": str(dists.wheel),
         "mps_health_virtualenv": str(venv),
-        "mps_health_virtualenv_site_packages": True,  # the dependencies, without network
-        "mps_health_pip_extra_args": "--no-index",
+        # the dependencies without network: repacked from this interpreter's install
+        "mps_health_pip_extra_args": f"--no-index --find-links {wheelhouse}",
         "mps_health_config_path": f"{base}/etc/config.yaml",
         "mps_health_config": settings,
         "mps_health_root": f"{base}/root",
