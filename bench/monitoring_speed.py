@@ -202,7 +202,7 @@ def main() -> int:
         # check_mps against mps-health check, alternating, same checks.
         selections = (("all checks", []), ("without the control query", ["--skip", "control"]))
         for label, sel in selections:
-            plugin = [args.python, "-m", "mps_health.exporters.nagios", "--config", str(cfg), *sel]
+            plugin = [args.python, "-m", "mps_health.commands.check_mps", "--config", str(cfg), *sel]
             check = [*mh, "check", "--config", str(cfg), *sel]
             t_plugin, t_check = [], []
             for _ in range(args.runs):

@@ -12,6 +12,7 @@ other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 
 from typing import Iterator, Optional, Tuple
 
+from mps_health.checks.common import nvml_unavailable
 from mps_health.config import Config
 from mps_health.facts import Facts
 from mps_health.probes.nvml import GpuFact, NvmlFacts
@@ -22,19 +23,6 @@ NAME = "compute-mode"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-change-pending",
          "mig-on-mps-gpu", "mps-gpu-missing", "no-gpus", "nvml-unavailable")
-
-
-def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
-    """The one UNKNOWN line for a node where NVML cannot be used (shared by GPU checks)."""
-    action = {
-        "PYNVML_MISSING": "pip install nvidia-ml-py",
-        "LIBRARY_NOT_FOUND": "install the NVIDIA driver, or do not enable GPU checks on "
-                             "nodes without GPUs",
-        "DRIVER_NOT_LOADED": "load the driver (modprobe nvidia) and look at dmesg",
-        "NO_PERMISSION": "run mps-health as root",
-        "LIB_RM_VERSION_MISMATCH": "reboot the node (or reload the nvidia module)",
-    }.get(nvml.error_code or "", "look at dmesg and nvidia-smi")
-    return Result(check, UNKNOWN, "nvml-unavailable", "", f"NVML: {nvml.error}", action)
 
 
 def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:

@@ -6,11 +6,12 @@ CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreada
 the live control process the pid file names.
 """
 
-import os
-from typing import Iterator, List, Mapping, Optional, Tuple
+from typing import Iterator, Mapping, Optional, Tuple
 
+from mps_health.checks.common import live_daemons
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
+from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
 NAME = "daemon"
@@ -21,40 +22,6 @@ CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "da
 
 def _reset(inst: Instance) -> str:
     return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
-
-
-def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
-    if root in ("", "/"):
-        return (inst.pipe_dir,)
-    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
-
-
-def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
-                 root: str = "/") -> List[ProcessFact]:
-    """The live control daemons serving ``inst``, by environ or else by pid file."""
-    paths = pipe_paths(inst, root)
-    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
-    found = [p for p in controls if p.pipe_dir in paths]
-    if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
-        named = int(pipe.pid_file)
-        found = [p for p in controls if p.pid == named and not p.environ_readable]
-    return found
-
-
-def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
-    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
-    if user == "any":
-        return None
-    if user == "job":
-        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
-    if user.isdigit():
-        return int(user)
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
 
 
 def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],

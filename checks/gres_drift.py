@@ -19,8 +19,7 @@ Slurm unreachable is UNKNOWN (never CRITICAL): what can be judged without it sti
 import os
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
-from mps_health.checks.compute_mode import nvml_unavailable
-from mps_health.checks.daemon import live_daemons
+from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.probes.gres_conf import DeviceFile, GresConf
@@ -36,19 +35,6 @@ CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-min
          "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
          "mps-job-no-daemon", "nvml-unavailable", "slurm-jobs-unavailable", "slurm-unavailable")
 RECONFIGURE = "fix gres.conf or the node's Gres= in slurm.conf, then 'scontrol reconfigure'"
-
-
-def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
-    """The UNKNOWN line when Slurm could not be asked (shared with the orphans check)."""
-    action = {
-        "timeout": "check slurmctld ('scontrol ping'); this is not an MPS failure",
-        "unreachable": "check slurmctld ('scontrol ping'); this is not an MPS failure",
-        "node-unknown": f"Slurm has no node '{slurm.node_name}': set node_name in the config "
-                        "(or run under slurmd, which sets SLURMD_NODENAME)",
-        "exec-failed": "install the Slurm client or set commands.scontrol in the config",
-    }.get(slurm.error_code or "", "run the command by hand to see what Slurm says")
-    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts",
-                  action)
 
 
 def node_context(node: SlurmNode, cfg: SlurmSettings) -> Result:

@@ -11,7 +11,7 @@ dirs alone: WARNING. Each orphan is named with its job id, owner and age.
 
 from typing import Dict, Iterator, List, Tuple
 
-from mps_health.checks.gres_drift import slurm_unavailable
+from mps_health.checks.common import slurm_unavailable
 from mps_health.config import Config
 from mps_health.facts import Facts, ProcessFact
 from mps_health.probes.jobdirs import JobDir

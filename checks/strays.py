@@ -9,9 +9,8 @@ from typing import Iterator, Tuple
 
 from mps_health.config import Config
 from mps_health.facts import Facts, Instance, ProcessFact
+from mps_health.instances import pipe_paths
 from mps_health.results import CRITICAL, WARNING, Result, ok
-
-from .daemon import pipe_paths
 
 NAME = "strays"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

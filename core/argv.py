@@ -3,10 +3,22 @@
 import argparse
 import importlib
 import os
-from typing import NoReturn, Sequence
+from typing import Dict, NoReturn, Sequence, Tuple
 
 from . import __version__
-from .cli import COMMANDS, UsageError
+from .commands.common import UsageError
+
+# name -> (module defining register(parser) -> handler, one-line help). One line each.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
+    "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
+    "exporter": ("mps_health.commands.exporter", "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
+    "slurm": ("mps_health.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": ("mps_health.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": ("mps_health.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
+}
 
 
 class Formatter(argparse.HelpFormatter):
@@ -24,13 +36,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
-
-
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="read every system path under DIR (fixture trees, containers)")
 
 
 def build(argv: Sequence[str]) -> Parser:

@@ -2,32 +2,18 @@
 
 Only the chosen subcommand's module is imported, and plain ``check`` runs skip argparse
 altogether, so the check slurmd starts every few minutes pays for nothing else. Every
-failure ends as one line on stderr and a Nagios exit code, never a traceback (set
-MPS_HEALTH_DEBUG=1 to see one).
+command runs inside the one error edge (``commands.common.edge``): a failure ends as
+one line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEBUG=1 to
+see one). The subcommands are listed in ``mps_health.argv.COMMANDS``.
 """
 
 import os
 import sys
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-EXIT_UNKNOWN = 3
-
-# name -> (module defining register(parser) -> handler, one-line help). One line each.
-COMMANDS: Dict[str, Tuple[str, str]] = {
-    "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
-    "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
-    "exporter": ("mps_health.commands.exporter", "serve Prometheus metrics, or write a textfile"),
-    "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
-    "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
-    "slurm": ("mps_health.slurm.command", "gres.conf/slurm.conf from NVML; install job hooks"),
-    "unit": ("mps_health.remediation.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
-}
-
-
-class UsageError(Exception):
-    """Bad arguments: exit 3 (UNKNOWN), as monitoring plugins do, never argparse's 2."""
-
+from .commands.common import edge
+from .exitcodes import ExitCode
 
 FAST_VALUED = {"--config": "config", "--root": "root", "--format": "format", "--only": "only",
                "--skip": "skip"}
@@ -71,50 +57,52 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
     return SimpleNamespace(**ns)
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def dispatch(argv: List[str]) -> int:
+    fast = fast_check_args(argv)
+    if fast is not None:
+        from .commands import check
+
+        return check.run(fast)  # type: ignore[arg-type]
+    from .argv import build
+
+    parser = build(argv)
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return ExitCode.UNKNOWN
+    return int(handler(args))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        fast = fast_check_args(argv)
-        if fast is not None:
-            from .commands import check
-
-            return check.run(fast)  # type: ignore[arg-type]
-        from .argv import build
-
-        parser = build(argv)
-        args = parser.parse_args(argv)
-        handler = getattr(args, "handler", None)
-        if handler is None:
-            parser.print_help()
-            return EXIT_UNKNOWN
-        return int(handler(args))
-    except UsageError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_UNKNOWN
-    except KeyboardInterrupt:
-        print("mps-health: interrupted", file=sys.stderr)
-        return EXIT_UNKNOWN
-    except BrokenPipeError:
-        return EXIT_UNKNOWN
-    except Exception as e:  # the edge: one line, UNKNOWN
-        if os.environ.get("MPS_HEALTH_DEBUG"):
-            raise
-        text = (str(e).strip().splitlines() or [""])[0]
-        print(f"mps-health: internal error: {type(e).__name__}: {text} "
-              "(set MPS_HEALTH_DEBUG=1 for a traceback, and report it)", file=sys.stderr)
-        return EXIT_UNKNOWN
+    args = sys.argv[1:] if argv is None else argv
+    return edge(lambda: dispatch(args), _say, "mps-health: ")
 
 
-def console_main() -> None:
-    """The ``mps-health`` command: main(), then exit without interpreter teardown
-    (a few ms of module cleanup on every run slurmd makes; nothing is left to flush)."""
-    code = main()
+def _exit(code: int) -> None:
+    """Exit without interpreter teardown (a few ms of module cleanup on every run slurmd
+    makes; nothing is left to flush after this)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):
         pass
     os._exit(code)
+
+
+def console_main() -> None:
+    """The ``mps-health`` command."""
+    _exit(main())
+
+
+def healthcheck_main() -> None:
+    """``mps-health-healthcheck``, the program slurm.conf names: ``mps-health healthcheck``
+    (slurmd passes no arguments)."""
+    _exit(main(["healthcheck", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
+from .exitcodes import Failure
 from .facts import Facts
 from .results import UNKNOWN, CheckRun, Report, Result
 
@@ -20,12 +21,15 @@ from .results import UNKNOWN, CheckRun, Report, Result
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
 # judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
 JOIN_GRACE_S = 1.0
+# The control query ends this long before the budget, so killing the client and
+# collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
+CONTROL_MARGIN_S = 0.3
 # The codes the engine itself reports for any check (runbook entries in README.md).
 CODES = ("facts-unavailable", "check-failed")
 
 
-class SelectionError(ValueError):
-    """--only/--skip or the config named a check that does not exist."""
+class SelectionError(Failure, ValueError):
+    """--only/--skip or the config named a check that does not exist (exit 3)."""
 
 
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
@@ -43,6 +47,22 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
                  or c.name in chosen.enable]
     dropped = set(skip) | set(chosen.disable)
     return [registry.CHECKS[n] for n in names if n not in dropped]
+
+
+def budget_within(limit_s: float, configured_s: float) -> float:
+    """The gathering budget of a run that must be over within ``limit_s`` (check_mps' -t,
+    the exporter's interval): room left for start-up, judging and printing."""
+    return min(configured_s, max(0.5, limit_s * 0.8 - 0.2))
+
+
+def fit_control(config: Config, budget_s: float) -> Config:
+    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``:
+    a budget shorter than the control timeout still sees a wedged daemon as wedged
+    (CRITICAL control-wedged), not as a source that missed the deadline (UNKNOWN)."""
+    limit = round(max(0.1, budget_s - CONTROL_MARGIN_S), 3)
+    if config.control.timeout_s <= limit:
+        return config
+    return config._replace(control=config.control._replace(timeout_s=limit))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -123,6 +143,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
     checks = select_checks(config, only, skip)
     if replay is None:
         budget = budget_s if budget_s is not None else config.budget_s
+        config = fit_control(config, budget)
         ctx = Context(config, root, t0 + budget)
         facts = gather(ctx, [n for c in checks for n in c.needs])
     else:
@@ -133,6 +154,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     runs = judge(facts, config, checks)
     report = Report(facts.node, facts.taken_at, time.monotonic() - t0, runs,
-                    dict(facts.durations), __version__)
+                    dict(facts.durations), __version__,
+                    {i.name: i.gpu for i in facts.instances if i.gpu})
     return facts, report
 

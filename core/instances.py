@@ -6,11 +6,12 @@ where a job holds several GPUs, in the last path component).
 """
 
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
-from .facts import Instance
+from .facts import DirFact, Instance
+from .templates import expand, match
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:
@@ -20,66 +21,30 @@ def configured(config: Config) -> Tuple[Instance, ...]:
         return (Instance("node", "node", mps.pipe_dir, mps.log_dir),)
     if mps.layout == "per-gpu":
         return tuple(
-            Instance(f"gpu{g}", "per-gpu", mps.pipe_dir.format(gpu=g), mps.log_dir.format(gpu=g),
+            Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g), expand(mps.log_dir, gpu=g),
                      gpu=g)
             for g in mps.gpus
         )
     return ()
 
 
-def job_pattern(template: str):  # -> re.Pattern
-    """A regex for the last component of a per-job pipe dir template."""
-    import re  # only for the per-job layout
-
-    name = os.path.basename(template)
-    out = ""
-    for literal, field in _split_fields(name):
-        out += re.escape(literal)
-        if field == "job":
-            out += r"(?P<job>[0-9]+)"
-        elif field == "gpu":
-            out += r"(?P<gpu>[0-9A-Za-z-]+?)"
-        elif field:
-            raise ValueError(f"unknown field {{{field}}} in {template!r}")
-    return re.compile(out + r"\Z")
-
-
-def _split_fields(text: str) -> List[Tuple[str, str]]:
-    parts: List[Tuple[str, str]] = []
-    while text:
-        start = text.find("{")
-        if start < 0:
-            parts.append((text, ""))
-            break
-        end = text.find("}", start)
-        if end < 0:
-            parts.append((text, ""))
-            break
-        parts.append((text[:start], text[start + 1:end]))
-        text = text[end + 1:]
-    return parts
-
-
 def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
     """Per-job instances: every entry in the pipe dir's parent that fits the template."""
     mps = ctx.config.mps
     parent = os.path.dirname(mps.pipe_dir)
-    pattern = job_pattern(mps.pipe_dir)
     try:
         names = sorted(os.listdir(ctx.path(parent)))
     except OSError:
         return ()
     found: List[Instance] = []
     for name in names:
-        m = pattern.match(name)
-        if not m:
+        fields = match(mps.pipe_dir, name)
+        if fields is None:
             continue
-        job = m.group("job")
-        gpu = m.groupdict().get("gpu")
-        fields = {"job": job, "gpu": gpu or ""}
+        job, gpu = fields
         label = f"job{job}" + (f"-gpu{gpu}" if gpu else "")
         found.append(Instance(label, "per-job", os.path.join(parent, name),
-                              mps.log_dir.format(**fields), gpu=gpu, job_id=job))
+                              expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job))
     return tuple(found)
 
 
@@ -87,3 +52,27 @@ def gather(ctx: Context) -> Tuple[Instance, ...]:
     if ctx.config.mps.layout == "per-job":
         return discover_jobs(ctx)
     return configured(ctx.config)
+
+
+def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+    """The pipe dir as a daemon's environ may name it (with and without --root)."""
+    if root in ("", "/"):
+        return (inst.pipe_dir,)
+    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
+
+
+def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
+    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    if user == "any":
+        return None
+    if user == "job":
+        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+

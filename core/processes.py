@@ -24,6 +24,8 @@ import time
 from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from .facts import Instance, ProcessFact
+from .instances import pipe_paths
+from .pidfile import read_pid
 from .probes.proc import read_process
 
 GONE_STATES = ("Z", "X")
@@ -52,10 +54,22 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
     """(control daemons, servers) of ``inst``; under ``--root`` a daemon's environ may name
     its pipe dir with or without the root."""
-    paths = [inst.pipe_dir]
-    if root not in ("", "/"):
-        paths.append(os.path.join(root, inst.pipe_dir.lstrip("/")))
-    return of_pipe_dirs(procs, paths)
+    return of_pipe_dirs(procs, pipe_paths(inst, root))
+
+
+def daemon_of(proc_dir: str, pipe_dir: str, uid: Optional[int] = None
+              ) -> Optional[ProcessFact]:
+    """The control daemon the pid file names, if /proc shows a live control daemon (of
+    ``uid``) whose environ names ``pipe_dir`` (or cannot be read)."""
+    pid = read_pid(pipe_dir)
+    p = read_process(proc_dir, pid) if pid is not None else None
+    if p is None or p.role != "control" or p.state in GONE_STATES:
+        return None
+    if uid is not None and p.uid != uid:
+        return None
+    if p.pipe_dir is not None and p.pipe_dir != os.path.normpath(pipe_dir):
+        return None
+    return p
 
 
 def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:

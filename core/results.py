@@ -5,7 +5,7 @@ which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``
 a node with one broken daemon and one unreadable fact is broken, not unknown.
 """
 
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -55,6 +55,8 @@ class Report(NamedTuple):
     runs: Tuple[CheckRun, ...]
     gather_s: Dict[str, float]
     version: str
+    # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
+    instance_gpus: Mapping[str, str] = {}
 
     @property
     def state(self) -> int:

@@ -7,10 +7,11 @@ why; a state dir that cannot be written (not root) makes each run start from not
 which costs accuracy (no offsets, no history), never correctness of what is reported.
 """
 
-import contextlib
 import os
-import time
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+if TYPE_CHECKING:
+    from .filelock import FileLock
 
 
 class StateFile:
@@ -20,69 +21,55 @@ class StateFile:
         self.dir = state_dir
         self.path = os.path.join(state_dir, name + ".json")
         self.lock_path = os.path.join(state_dir, name + ".lock")
-        self.fd: Optional[int] = None
+        self._lock: Optional[FileLock] = None
         self.error = ""
 
     def lock(self, deadline: float) -> bool:
         """Take the lock by ``deadline``; False (with ``error`` set) if not."""
-        import fcntl
+        from .filelock import FileLock
 
+        self._lock = FileLock(self.lock_path)
         try:
-            os.makedirs(self.dir, mode=0o755, exist_ok=True)
-            self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            if self._lock.wait(deadline):
+                return True
+            self.error = f"{self.lock_path} is held by another run; state not saved"
         except OSError as e:
             self.error = f"cannot use state dir {self.dir}: {e.strerror}"
-            return False
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self.error = f"{self.lock_path} is held by another run; state not saved"
-                    os.close(self.fd)
-                    self.fd = None
-                    return False
-                time.sleep(0.01)
+        return False
 
     def unlock(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._lock is not None:
+            self._lock.release()
 
     def load(self, value_type: Any, empty: Any) -> Tuple[Any, str]:
         """The saved value decoded as ``value_type``, or ``empty`` and why not."""
         import json
 
         from . import codec
+        from .safefiles import read_small
 
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return empty, ""
+            raw = read_small(self.path, 4 << 20)
         except OSError as e:
             return empty, f"cannot read {self.path}: {e.strerror}; starting afresh"
+        if raw is None:
+            return empty, ""
         try:
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read(4 << 20).decode("utf-8"))
+            data = json.loads(raw.decode("utf-8"))
             return codec.decode(value_type, data, self.path), ""
         except (ValueError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 
     def save(self, value: Any) -> str:
-        """Write ``value`` atomically (temp file, fsync-free rename); '' or why not."""
+        """Write ``value`` atomically (``safefiles.write_atomic``); '' or why not."""
         import json
 
         from . import codec
+        from .safefiles import write_atomic
 
-        tmp = f"{self.path}.tmp{os.getpid()}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(codec.encode(value), f, sort_keys=True)
-            os.replace(tmp, self.path)
+            write_atomic(os.path.abspath(self.path),
+                         json.dumps(codec.encode(value), sort_keys=True).encode())
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return f"cannot save {self.path}: {e.strerror}"
         return ""

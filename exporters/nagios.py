@@ -1,159 +1,89 @@
-"""check_mps: the Nagios/Icinga plugin, in monitoring-plugins' conventions, on nagiosplugin.
+"""check_mps' output: one Report in the Nagios/Icinga plugin format.
 
-Output: ``MPS <STATE> - summary | perfdata`` on one line, long output with ``-v``, under
-8 KiB; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit
-3, as monitoring-plugins' do.
+``MPS <STATE> - summary | perfdata`` on the first line, long output after it (``-v``),
+under 8 KiB in all (Nagios 4 keeps no more). Every result keeps the state its check
+gave it. The one number judged here is the one the plugin conventions give to the
+plugin itself: control latency against the ``-w``/``-c`` ranges, which also appear in
+its perfdata. States combine as everywhere in mps-health: CRITICAL > WARNING > UNKNOWN
+> OK (``results.worst``), so a node with a dead daemon and one unreadable fact is
+broken, not unknown.
 
-nagiosplugin's stages carry the work: ``MpsNode.probe()`` runs the engine once and yields
-one Metric per check result and one per number in ``Result.values``; contexts judge them
-(a result keeps the state its check gave; control latency is judged by ``-w``/``-c`` in
-the standard range syntax); ``MpsSummary`` words the status line.
-
-nagiosplugin's ``Runtime`` (1.4.0) is not used: it is a
-process-wide singleton (two runs in one process pile up perfdata), it prints ``NAME
-UNKNOWN: text`` plus a traceback in verbose mode, argparse exits 2 (CRITICAL to Nagios),
-it ranks UNKNOWN above CRITICAL (we rank CRITICAL > WARNING > UNKNOWN, see results.py) and
-it has no output limit. ``main`` owns those: arguments, the timeout (nagiosplugin's own
-whole-second SIGALRM ``with_timeout``), the 8 KiB limit and the exit code.
-
-Time: the engine's budget is set below ``-t``, so a wedged daemon is reported CRITICAL
-(control-wedged) inside the plugin's time; only the plugin overrunning ``-t`` itself is
-UNKNOWN.
+Pure and cheap: it only reads the Report (no engine run, no nagiosplugin, no ``re``).
 """
 
-import argparse
-import sys
-from typing import Any, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-import nagiosplugin
-from mps_health import __version__
-from mps_health.config import Config
-from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result
-from nagiosplugin.platform import with_timeout
+from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
 
-from .budget import within_budget
 from .series import PREFIX, Sample, samples
 
-PROG = "check_mps"
-EXIT_UNKNOWN = 3
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of status text before " | ": the rest goes to the long output
 MAX_PERFDATA = 4096
-DEFAULT_TIMEOUT = 10
-_RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}
-_NP_STATE = {OK: nagiosplugin.Ok, WARNING: nagiosplugin.Warn, CRITICAL: nagiosplugin.Critical,
-             UNKNOWN: nagiosplugin.Unknown}
+SERVICE = "MPS"
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
+_INF = float("inf")
+_RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}  # as results.worst ranks them
 
 
-# ---- arguments ---------------------------------------------------------------------
+class Range(NamedTuple):
+    """A monitoring-plugins threshold range: ``[@][start:][end]``, ``~`` for -infinity.
+
+    ``10`` alerts outside 0..10, ``10:`` below 10, ``~:10`` above 10, ``10:20`` outside
+    10..20, ``@10:20`` inside it. Numbers with a '.' are floats, others integers, so a
+    range prints back as it was given.
+    """
+
+    invert: bool
+    start: float
+    end: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Range":
+        """ValueError for anything that is not a range."""
+        spec, invert = (text[1:], True) if text.startswith("@") else (text, False)
+        start_text, sep, end_text = spec.rpartition(":") if ":" in spec else ("", "", spec)
+        if sep and ":" in start_text:
+            raise ValueError(f"invalid range {text!r}")
+        start = -_INF if start_text == "~" else _atom(start_text, 0)
+        end = _atom(end_text, _INF)
+        if start > end:
+            raise ValueError(f"start {start} must not be greater than end {end}")
+        return cls(invert, start, end)
+
+    def holds(self, value: float) -> bool:
+        """True when ``value`` raises no alert."""
+        return (self.start <= value <= self.end) != self.invert
+
+    def text(self, zero_start: bool = False) -> str:
+        out = "@" if self.invert else ""
+        if self.start == -_INF:
+            out += "~:"
+        elif zero_start or self.start != 0:
+            out += f"{self.start}:"
+        return out + (f"{self.end}" if self.end != _INF else "")
 
 
-class UsageError(Exception):
-    """Bad arguments: UNKNOWN (3), never argparse's 2, which Nagios reads as CRITICAL."""
+def _atom(text: str, default: float) -> float:
+    if text == "":
+        return default
+    return float(text) if "." in text else int(text)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+class Thresholds(NamedTuple):
+    """The -w/-c ranges for control latency, as given (or from the config)."""
+
+    warning: Range
+    critical: Optional[Range]
 
 
-def _range(text: str) -> str:
-    try:
-        nagiosplugin.Range(text)
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f"invalid range {text!r} (forms: 10, 10:, ~:10, 10:20, @10:20)") from None
-    return text
+class Finding(NamedTuple):
+    """One line of the plugin's findings: a check's result, or a latency over -w/-c."""
 
-
-def _timeout(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds") from None
-    if not 1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"timeout {value} out of range 1..3600")
-    return value
-
-
-def _names(text: str) -> List[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
-
-
-def parser() -> _Parser:
-    p = _Parser(prog=PROG, add_help=False, description=(
-        "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
-        "mps-health runs. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."),
-        epilog="Ranges follow the monitoring-plugins syntax: 10 (alert outside 0..10), "
-               "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
-               "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
-               "within it is CRITICAL (control-wedged).")
-    p.add_argument("-w", "--warning", type=_range, metavar="RANGE",
-                   help="control latency warning range in seconds (default: the config's "
-                        "control.warn_latency_s, 0.5)")
-    p.add_argument("-c", "--critical", type=_range, metavar="RANGE",
-                   help="control latency critical range in seconds (default: twice the "
-                        "warning threshold, 1)")
-    p.add_argument("-t", "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"the plugin's own time limit (default {DEFAULT_TIMEOUT}); the "
-                        "checks get a budget below it")
-    p.add_argument("--only", type=_names, default=[], metavar="A,B",
-                   help="run only these checks (mps-health's names)")
-    p.add_argument("--skip", type=_names, default=[], metavar="A,B",
-                   help="do not run these checks")
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
-    p.add_argument("--root", metavar="DIR", default="/", help=argparse.SUPPRESS)
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="long output: -v every result and action, -vv also timings")
-    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    p.add_argument("-V", "--version", action="store_true", help="show the version and exit")
-    return p
-
-
-# ---- acquisition ---------------------------------------------------------------------
-
-
-def budget_for(timeout_s: int, config_budget_s: float) -> float:
-    """The engine's budget: room inside -t for start-up, judging and printing."""
-    return min(config_budget_s, max(0.5, timeout_s * 0.8 - 0.2))
-
-
-class MpsNode(nagiosplugin.Resource):
-    """The node's MPS, as mps-health's engine sees it in one run."""
-
-    def __init__(self, config: Config, only: Sequence[str], skip: Sequence[str],
-                 budget_s: float, root: str = "/") -> None:
-        self.config, self.only, self.skip = config, list(only), list(skip)
-        self.budget_s, self.root = budget_s, root
-        self.report: Optional[Report] = None
-        self.instance_gpus: Dict[str, str] = {}
-
-    @property
-    def name(self) -> str:
-        return "MPS"
-
-    def probe(self) -> Iterator[nagiosplugin.Metric]:
-        from mps_health import engine
-
-        try:
-            facts, report = engine.run(self.config, self.root, self.only, self.skip,
-                                       self.budget_s)
-        except engine.SelectionError as e:
-            raise nagiosplugin.CheckError(str(e)) from None
-        self.report = report
-        self.instance_gpus = {i.name: i.gpu for i in facts.instances if i.gpu}
-        for n, result in enumerate(r for run in report.runs for r in run.results):
-            yield nagiosplugin.Metric(f"result{n}", result, context="mps_result")
-        for label, sample in perf_labels(samples(report, self.instance_gpus)):
-            latency = sample.check == "control" and sample.key == "latency_s"
-            low: Optional[float] = 0.0
-            high: Optional[float] = {"flag": 1.0, "percent": 100.0}.get(sample.unit)
-            if sample.unit in ("", "percent") and sample.value < 0:
-                low = None  # a signed number: no known minimum
-            yield nagiosplugin.Metric(label, sample.value, _UOM.get(sample.unit, ""),
-                                      low, high, context="latency" if latency else "perf")
+    state: int
+    label: str  # "code instance", or the perfdata label of a number over its range
+    message: str
+    action: str = ""
 
 
 # The plugin's headline number keeps the short label admins graph (node_latency).
@@ -193,17 +123,6 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
     return out
 
 
-# ---- evaluation ----------------------------------------------------------------------
-
-
-class ResultContext(nagiosplugin.Context):
-    """A check's result keeps the state the check gave it."""
-
-    def evaluate(self, metric: nagiosplugin.Metric, resource: Any) -> nagiosplugin.Result:
-        r: Result = metric.value
-        return nagiosplugin.Result(_NP_STATE[r.state], r.message, metric)
-
-
 def _number(v: float) -> str:
     """A perfdata number: plain decimal, never exponent notation (the guidelines' [-0-9.])."""
     if float(v).is_integer():
@@ -211,36 +130,38 @@ def _number(v: float) -> str:
     return (f"{v:.6f}".rstrip("0").rstrip(".")) or "0"
 
 
-class PerfContext(nagiosplugin.Context):
-    """A number to graph: always OK, perfdata with min and max where known."""
-
-    def performance(self, metric: nagiosplugin.Metric, resource: Any) -> nagiosplugin.Performance:
-        return nagiosplugin.Performance(
-            metric.name, _number(metric.value), metric.uom or "", "", "",
-            "" if metric.min is None else _number(metric.min),
-            "" if metric.max is None else _number(metric.max))
-
-
-class LatencyContext(nagiosplugin.ScalarContext):
-    """Control latency against -w/-c, printed as plain decimals."""
-
-    def performance(self, metric: nagiosplugin.Metric, resource: Any) -> nagiosplugin.Performance:
-        return nagiosplugin.Performance(
-            metric.name, _number(metric.value), metric.uom or "", self.warning, self.critical,
-            "" if metric.min is None else _number(metric.min), "")
+def _perf_item(label: str, value: str, uom: str, *rest: str) -> str:
+    """``'label'=value[uom];warn;crit;min;max``, trailing empty fields dropped."""
+    quoted = label if all(c.isalnum() or c == "_" for c in label) else f"'{label}'"
+    fields = [f"{quoted}={value}{uom}", *rest]
+    while fields[-1] == "":
+        fields.pop()
+    return ";".join(fields)
 
 
-class RankedResults(nagiosplugin.Results):
-    """nagiosplugin ranks UNKNOWN above CRITICAL; mps-health (and Nagios' own max_state_alt)
-    rank CRITICAL > WARNING > UNKNOWN > OK: a node with a dead daemon and one unreadable
-    fact is broken, not unknown."""
-
-    @property
-    def most_significant_state(self) -> nagiosplugin.state.ServiceState:
-        return max(self.by_state, key=lambda s: _RANK[int(s)])
-
-
-# ---- presentation --------------------------------------------------------------------
+def numbers(report: Report, limits: Thresholds) -> Tuple[List[str], List[Finding]]:
+    """(perfdata items, sorted as plugins print them; findings of latencies over -w/-c)."""
+    perfdata: List[str] = []
+    over: List[Finding] = []
+    for label, s in perf_labels(samples(report)):
+        uom = _UOM.get(s.unit, "")
+        low = "0"
+        if s.unit in ("", "percent") and s.value < 0:
+            low = ""  # a signed number: no known minimum
+        if s.check == "control" and s.key == "latency_s":
+            crit = limits.critical
+            perfdata.append(_perf_item(label, _number(s.value), uom, limits.warning.text(),
+                                       crit.text() if crit else "", low))
+            broken = (CRITICAL, crit) if crit is not None and not crit.holds(s.value) else \
+                (WARNING, limits.warning) if not limits.warning.holds(s.value) else None
+            if broken is not None:
+                state, rng = broken
+                over.append(Finding(state, label, f"{s.value:.4g}{uom} outside range "
+                                                  f"{rng.text(zero_start=True)}"))
+            continue
+        high = {"flag": "1", "percent": "100"}.get(s.unit, "")
+        perfdata.append(_perf_item(label, _number(s.value), uom, "", "", low, high))
+    return sorted(perfdata), over
 
 
 def _clean(text: str) -> str:
@@ -248,76 +169,47 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("|", "/").split())
 
 
-class MpsSummary(nagiosplugin.Summary):
-    def __init__(self, node: MpsNode) -> None:
-        self.node = node
+def _label(r: Result) -> str:
+    return r.code + (f" {r.instance}" if r.instance else "")
 
-    def ok(self, results: nagiosplugin.Results) -> str:
-        report = self.node.report
-        if report is None:
-            return "no result"
+
+def findings(report: Report, over: Sequence[Finding]) -> List[Finding]:
+    """Every non-OK result, then every number over its range; worst first (stable)."""
+    found = [Finding(r.state, _label(r), r.message, r.action)
+             for run in report.runs for r in run.results if r.state != OK]
+    found += over
+    found.sort(key=lambda f: -_RANK[f.state])
+    return found
+
+
+def summary(report: Report, found: Sequence[Finding]) -> str:
+    if not found:
         return (f"{len(report.runs)} checks passed on {report.node} "
                 f"in {report.duration_s:.2f}s")
-
-    def problem(self, results: nagiosplugin.Results) -> str:
-        found = findings(results)
-        if not found:
-            return "no result"
-        _state, label, message = found[0]
-        text = f"{label}: {message}"
-        others = list(dict.fromkeys(lbl for _s, lbl, _m in found[1:] if lbl != label))
-        if others:
-            shown = ", ".join(others[:5]) + (f", +{len(others) - 5} more"
-                                             if len(others) > 5 else "")
-            text += f"; also {shown}"
-        return _clean(text)
+    first = found[0]
+    text = f"{first.label}: {first.message}"
+    others = list(dict.fromkeys(f.label for f in found[1:] if f.label != first.label))
+    if others:
+        text += "; also " + ", ".join(others[:5]) + (f", +{len(others) - 5} more"
+                                                     if len(others) > 5 else "")
+    return _clean(text)
 
 
-def findings(results: nagiosplugin.Results) -> List[Tuple[int, str, str]]:
-    """(state, 'code instance', message) of every non-OK result, worst first."""
-    out = []
-    for r in results.results:
-        code = int(r.state)
-        if code == OK or r.metric is None:
-            continue
-        if r.metric.context == "mps_result":
-            res: Result = r.metric.value
-            out.append((code, res.code + (f" {res.instance}" if res.instance else ""),
-                        res.message))
-        else:
-            out.append((code, f"{r.metric.name}",
-                        f"{r.metric.valueunit} {r.hint or ''}".strip()))
-    if not out:  # a CheckError (no metric): the engine could not run
-        out = [(int(r.state), "check-failed", str(r)) for r in results.results
-               if int(r.state) != OK]
-    out.sort(key=lambda f: -_RANK[f[0]])
-    return out
-
-
-def long_output(results: nagiosplugin.Results, report: Optional[Report],
-                verbose: int) -> List[str]:
-    lines = []
-    for code, label, message in findings(results):
-        action = ""
-        for r in results.results:
-            if r.metric is not None and r.metric.context == "mps_result" \
-                    and r.metric.value.message == message and r.metric.value.action:
-                action = f" -> {r.metric.value.action}"
-                break
-        lines.append(_clean(f"{STATE_NAMES[code]} {label}: {message}{action}"))
-    if report is not None:
-        for run in report.runs:
-            for res in run.results:
-                if res.state == OK:
-                    where = f"[{res.instance}]" if res.instance else ""
-                    lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
-        if verbose >= 2:
-            spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-            lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
+def long_output(report: Report, found: Sequence[Finding], verbose: int) -> List[str]:
+    lines = [_clean(f"{STATE_NAMES[f.state]} {f.label}: {f.message}"
+                    + (f" -> {f.action}" if f.action else "")) for f in found]
+    for run in report.runs:
+        for res in run.results:
+            if res.state == OK:
+                where = f"[{res.instance}]" if res.instance else ""
+                lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+    if verbose >= 2:
+        spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
+        lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
     return lines
 
 
-def render(status: str, perfdata: Sequence[str], long_lines: Sequence[str]) -> str:
+def fit(status: str, perfdata: Sequence[str], long_lines: Sequence[str]) -> str:
     """The plugin's output, cut to Nagios' limit without breaking a perfdata item."""
     status = _clean(status)
     if len(status.encode()) > MAX_STATUS:
@@ -342,90 +234,18 @@ def render(status: str, perfdata: Sequence[str], long_lines: Sequence[str]) -> s
     return "\n".join(out) + "\n"
 
 
-# ---- the plugin ----------------------------------------------------------------------
+def render(report: Report, limits: Thresholds, verbose: int = 0) -> Tuple[str, int]:
+    """(the plugin's output, its exit code) for one run's Report."""
+    if not any(run.results for run in report.runs):
+        return unknown("no check results"), UNKNOWN
+    perfdata, over = numbers(report, limits)
+    found = findings(report, over)
+    state = worst([report.state, *(f.state for f in over)])
+    status = f"{SERVICE} {STATE_NAMES[state]} - {summary(report, found)}"
+    lines = long_output(report, found, verbose) if verbose else []
+    return fit(status, perfdata, lines), state
 
 
-def build(config: Config, args: argparse.Namespace) -> Tuple[nagiosplugin.Check, MpsNode]:
-    warn = args.warning if args.warning is not None else f"{config.control.warn_latency_s:g}"
-    crit = args.critical if args.critical is not None else \
-        f"{2 * nagiosplugin.Range(warn).end:g}" if nagiosplugin.Range(warn).end != float("inf") \
-        else ""
-    # -w/-c judge latency here: switch off the core's own slow-answer warning.
-    config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
-    budget = budget_for(args.timeout, config.budget_s)
-    node = MpsNode(within_budget(config, budget), args.only, args.skip, budget, args.root)
-    check = nagiosplugin.Check(
-        node, ResultContext("mps_result"), PerfContext("perf"),
-        LatencyContext("latency", warn, crit, fmt_metric="{valueunit}"),
-        MpsSummary(node), RankedResults(), name="MPS")
-    return check, node
-
-
-def execute(check: nagiosplugin.Check, timeout_s: int, verbose: int = 0,
-            report_of: Optional[MpsNode] = None) -> Tuple[str, int]:
-    """Run ``check`` within ``timeout_s`` (SIGALRM, whole seconds): (output, exit code)."""
-    try:
-        with_timeout(timeout_s, check)
-    except nagiosplugin.Timeout:
-        return (f"{check.name} UNKNOWN - {PROG} timed out after {timeout_s}s before the "
-                "checks finished (raise -t, or look for a hung process on the node)\n",
-                EXIT_UNKNOWN)
-    state = check.state
-    code = int(state)
-    status = f"{check.name} {STATE_NAMES[code]} - {check.summary_str}"
-    lines: List[str] = []
-    if verbose:
-        report = report_of.report if report_of is not None else None
-        lines = long_output(check.results, report, verbose)
-    return render(status, check.perfdata, lines), code
-
-
-def _version() -> str:
-    return f"{PROG} v{__version__} (mps-health {__version__}, nagiosplugin " \
-           f"{nagiosplugin.__VERSION__})"
-
-
-def run(argv: Sequence[str]) -> Tuple[str, int]:
-    from mps_health import engine
-    from mps_health.config import ConfigError, load
-
-    p = parser()
-    try:
-        args = p.parse_args(list(argv))
-    except UsageError as e:
-        return f"MPS UNKNOWN - {_clean(str(e))} (see {PROG} -h)\n", EXIT_UNKNOWN
-    if args.help:
-        return p.format_help(), EXIT_UNKNOWN
-    if args.version:
-        return _version() + "\n", EXIT_UNKNOWN
-    try:
-        config = load(args.config)
-        engine.select_checks(config, args.only, args.skip)
-    except (ConfigError, engine.SelectionError) as e:
-        return f"MPS UNKNOWN - {_clean(str(e))}\n", EXIT_UNKNOWN
-    check, node = build(config, args)
-    return execute(check, args.timeout, args.verbose, node)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The console script: print the output, return the Nagios exit code."""
-    try:
-        text, code = run(sys.argv[1:] if argv is None else argv)
-    except Exception as e:  # the edge: one line, UNKNOWN, never a traceback
-        import os
-
-        if os.environ.get("MPS_HEALTH_DEBUG"):
-            raise
-        first = (str(e).strip().splitlines() or [""])[0]
-        text, code = (f"MPS UNKNOWN - internal error: {type(e).__name__}: {_clean(first)} "
-                      "(set MPS_HEALTH_DEBUG=1 for a traceback, and report it)\n", EXIT_UNKNOWN)
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        pass
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def unknown(text: str) -> str:
+    """The whole output for a run that could not judge (bad arguments, timeout, ...)."""
+    return f"{SERVICE} UNKNOWN - {_clean(text)}\n"

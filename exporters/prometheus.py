@@ -30,7 +30,6 @@ class RunRecord(NamedTuple):
     finished_at: float  # Unix time the run ended
     success: bool  # every check could judge (no UNKNOWN): see run_success()
     last_success_at: Optional[float]  # this run's end if success, else the previous one's
-    instance_gpus: Mapping[str, str] = {}  # instance name -> GPU index or UUID
     error: str = ""  # one line, when report is None
 
 
@@ -55,9 +54,9 @@ def _value_help(sample: Sample) -> str:
     return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
 
 
-def _value_families(report: Report, gpus: Mapping[str, str]) -> List[Metric]:
+def _value_families(report: Report) -> List[Metric]:
     by_name: Dict[str, List[Sample]] = {}
-    for s in samples(report, gpus):
+    for s in samples(report):
         by_name.setdefault(s.metric, []).append(s)
     out = []
     for name in sorted(by_name):
@@ -69,12 +68,12 @@ def _value_families(report: Report, gpus: Mapping[str, str]) -> List[Metric]:
     return out
 
 
-def _problem_family(report: Report, gpus: Mapping[str, str]) -> Metric:
+def _problem_family(report: Report) -> Metric:
     name = PREFIX + "problems"
     counts: Dict[Tuple[Tuple[str, str], ...], int] = {}
     for r in report.problems():
         base = (("check", r.check), ("code", r.code), ("state", STATE_NAMES[r.state].lower()))
-        labels = base + labels_of(r.instance, getattr(r, "labels", ()), gpus)
+        labels = base + labels_of(r.instance, r.labels, report.instance_gpus)
         counts[labels] = counts.get(labels, 0) + 1
     m = Metric(name, "Findings that are not OK, by check, code and instance (absent when "
                "healthy); the code names the runbook entry.", "gauge")
@@ -83,7 +82,7 @@ def _problem_family(report: Report, gpus: Mapping[str, str]) -> Metric:
     return m
 
 
-def _report_families(report: Report, gpus: Mapping[str, str]) -> Iterator[Metric]:
+def _report_families(report: Report) -> Iterator[Metric]:
     yield _gauge(PREFIX + "status", "Worst state of the last run: 0 OK, 1 WARNING, "
                  "2 CRITICAL, 3 UNKNOWN (Nagios codes).", report.state)
     yield _gauge(PREFIX + "run_duration_seconds", "Time the last run took, gathering "
@@ -106,8 +105,8 @@ def _report_families(report: Report, gpus: Mapping[str, str]) -> Iterator[Metric
     for name in sorted(report.gather_s):
         sources.add_sample(sources.name, {"source": name}, report.gather_s[name])
     yield sources
-    yield _problem_family(report, gpus)
-    yield from _value_families(report, gpus)
+    yield _problem_family(report)
+    yield from _value_families(report)
 
 
 def families(record: Optional[RunRecord]) -> List[Metric]:
@@ -125,7 +124,7 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
                       "judge, 0 when one was UNKNOWN or the run failed.",
                       1.0 if record.success else 0.0))
     if record.report is not None:
-        out.extend(_report_families(record.report, record.instance_gpus))
+        out.extend(_report_families(record.report))
     return out
 
 
@@ -151,11 +150,12 @@ def exposition(record: Optional[RunRecord]) -> bytes:
 
 
 def write_textfile(directory: str, record: RunRecord) -> str:
-    """Write DIR/mps_health.prom atomically (temp name, then rename); returns the path."""
-    from prometheus_client import write_to_textfile
+    """Write DIR/mps_health.prom with ``safefiles.write_atomic``; returns the path.
+    (prometheus_client's write_to_textfile opens a predictable temp name, following links.)"""
+    from mps_health.safefiles import write_atomic
 
-    path = os.path.join(directory, TEXTFILE_NAME)
-    write_to_textfile(path, _registry(record))
+    path = os.path.abspath(os.path.join(directory, TEXTFILE_NAME))
+    write_atomic(path, exposition(record))
     return path
 
 
@@ -171,8 +171,10 @@ def parse_last_success(text: str) -> Optional[float]:
 
 
 def read_last_success(directory: str) -> Optional[float]:
+    from mps_health.safefiles import read_small
+
     try:
-        with open(os.path.join(directory, TEXTFILE_NAME), encoding="utf-8") as f:
-            return parse_last_success(f.read())
+        raw = read_small(os.path.join(directory, TEXTFILE_NAME))
+        return None if raw is None else parse_last_success(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return None

@@ -16,7 +16,7 @@ without code changes. The contract, spelled out for check authors in docs/metric
 * two results that give the same series: the one with the worse state wins (the pipe and
   log dir of one instance both report ``dir_ok``: 0 if either is bad).
 
-Pure and cheap: no prometheus_client, no nagiosplugin.
+Pure and cheap: no prometheus_client.
 """
 
 import math
@@ -126,8 +126,9 @@ def labels_of(instance: str, extra: Labels, instance_gpus: Mapping[str, str]) ->
 
 
 def samples(report: Report, instance_gpus: Optional[Mapping[str, str]] = None) -> List[Sample]:
-    """Every finite value of every result, one sample per series (worst state wins)."""
-    gpus = instance_gpus or {}
+    """Every finite value of every result, one sample per series (worst state wins).
+    Labels name each instance's GPU from ``instance_gpus``, by default the report's."""
+    gpus = report.instance_gpus if instance_gpus is None else instance_gpus
     chosen: Dict[Tuple[str, Labels], Sample] = {}
     for run in report.runs:
         for result in run.results:

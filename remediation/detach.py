@@ -46,11 +46,13 @@ def format_result(rc: int, boot: str, written_at: float, text: str) -> str:
 
 
 def read_result(path: str) -> Optional[StoredResult]:
+    from mps_health.safefiles import read_small
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return parse_result(f.read(65536))
+        data = read_small(path, 65536)
     except OSError:
         return None
+    return None if data is None else parse_result(data.decode("utf-8", "replace"))
 
 
 def current(result: Optional[StoredResult], boot: str, now: float, ttl_s: float
@@ -64,10 +66,10 @@ def current(result: Optional[StoredResult], boot: str, now: float, ttl_s: float
 
 
 def write_result(path: str, rc: int, boot: str, text: str) -> None:
-    from .safefs import write_atomic
+    from mps_health.safefiles import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    write_atomic("/", path, format_result(rc, boot, time.time(), text).encode(), 0o644)
+    write_atomic(path, format_result(rc, boot, time.time(), text).encode(), 0o644)
 
 
 def spawn(work: Callable[[], int]) -> int:

@@ -1,13 +1,13 @@
 """Putting a pipe or log dir right: move aside what is not ours, clear stale entries,
 create with the configured mode and owner. Decided twice: once from the facts for
-the plan, and again from a fresh lstat through the parent's fd when acting.
+the plan, and again when acting, by ``mps_health.safedirs`` (no link followed, a fresh
+dir swapped into place, what was there moved aside to a random name).
 """
 
-import errno
 import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
-from . import safefs
+from mps_health import safedirs
 
 # What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
 # control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
@@ -66,63 +66,40 @@ def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTar
 
 def repair(root: str, target: DirTarget) -> List[str]:
     """Act on the dir as it is now; returns what was done, one line each."""
-    parent, name = safefs.split(target.path)
-    pfd = safefs.open_dir(root, parent)
+    parent, name = safedirs.split(target.path)
+    pfd = safedirs.open_dir(parent, root)
     try:
-        return _repair_in(pfd, parent, name, target)
+        uid, gid = (target.uid, target.gid) if target.uid is not None and \
+            target.gid is not None else (0, 0)
+        keep = target.uid is None or target.gid is None
+
+        def acceptable(e: safedirs.Entry) -> bool:
+            return e.uid in target.trusted
+
+        if keep:  # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
+            seen = safedirs.look(pfd, name)
+            if seen.kind == "dir" and acceptable(seen):
+                uid, gid = seen.uid, seen.gid
+        made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid, acceptable)
     finally:
         os.close(pfd)
-
-
-def _owner_of_new(target: DirTarget) -> Tuple[int, int]:
-    if target.uid is None or target.gid is None:
-        return 0, 0
-    return target.uid, target.gid
-
-
-def _repair_in(pfd: int, parent: str, name: str, target: DirTarget) -> List[str]:
     done: List[str] = []
-    for _ in range(3):  # a dir swapped under us between look and open: decide again
-        entry = safefs.look(pfd, name)
-        acts = actions(entry.kind, entry.mode, entry.uid, target)
-        if "move-aside" in acts:
-            new = safefs.move_aside(pfd, name)
-            done.append(f"moved {target.path} ({entry.kind}, uid {entry.uid}) aside to "
+    try:
+        if made.aside is not None:
+            new, was = made.aside
+            done.append(f"moved {target.path} ({was.kind}, uid {was.uid}) aside to "
                         f"{parent.rstrip('/')}/{new}")
-        if "create" in acts:
-            uid, gid = _owner_of_new(target)
-            try:
-                fd = safefs.make_dir(pfd, name, target.mode, uid, gid)
-            except FileExistsError:
-                continue  # someone made it meanwhile: look again
-            os.close(fd)
+        if made.created:
             done.append(f"created {target.path} mode {target.mode:04o} owner {uid}:{gid}")
             return done
-        try:
-            fd = safefs.open_child_dir(pfd, name)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                continue  # became a symlink or vanished since we looked
-            raise
-        try:
-            st = os.fstat(fd)
-            if st.st_uid not in target.trusted:
-                continue  # changed owner since we looked: move it aside on the next turn
-            if target.clear:
-                removed, left = safefs.remove_entries(fd, STALE_ENTRIES)
-                if removed:
-                    done.append(f"removed stale {', '.join(removed)} from {target.path}")
-                if left:
-                    done.append(f"left in {target.path}: {', '.join(left)}")
-            uid = target.uid if target.uid is not None else st.st_uid
-            gid = target.gid if target.gid is not None else st.st_gid
-            changed = safefs.set_owner_mode(fd, target.mode, uid, gid)
-            if changed:
-                done.append(f"{target.path}: {'; '.join(changed)}")
-        finally:
-            os.close(fd)
-        if not done:
-            done.append(f"{target.path} was already right")
-        return done
-    raise OSError(errno.EAGAIN, f"{target.path} kept changing while we repaired it; "
-                  "someone else is working on it")
+        if target.clear:
+            removed, left = safedirs.remove_entries(made.fd, STALE_ENTRIES)
+            if removed:
+                done.append(f"removed stale {', '.join(removed)} from {target.path}")
+            if left:
+                done.append(f"left in {target.path}: {', '.join(left)}")
+        if made.changed:
+            done.append(f"{target.path}: {'; '.join(made.changed)}")
+        return done or [f"{target.path} was already right"]
+    finally:
+        os.close(made.fd)

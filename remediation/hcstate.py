@@ -83,12 +83,13 @@ def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
 
 def load(path: str) -> HcState:
     """The saved state; a missing or unreadable file starts afresh (never fatal)."""
+    from mps_health.safefiles import read_small
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(4096)
+        data = read_small(path, 4096)
     except OSError:
         return HcState()
-    return parse(text)
+    return HcState() if data is None else parse(data.decode("utf-8", "replace"))
 
 
 def parse(text: str) -> HcState:
@@ -114,7 +115,7 @@ def dumps(state: HcState) -> str:
 
 
 def save(path: str, state: HcState) -> None:
-    from .safefs import write_atomic
+    from mps_health.safefiles import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    write_atomic("/", path, dumps(state).encode(), 0o644)
+    write_atomic(path, dumps(state).encode(), 0o644)

@@ -17,6 +17,7 @@ import time
 from typing import Collection, List, Mapping, Sequence, Tuple
 
 from mps_health import processes as procs
+from mps_health import safedirs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
@@ -27,7 +28,6 @@ from mps_health.runner import RunAs
 from mps_health.runner import run as run_command
 from mps_health.slurm_settings import orphan_settings
 
-from . import safefs
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
 from .settings import RemediationSettings, remediation
 from .users import by_uid, groups_of
@@ -72,16 +72,18 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
 
 
 def _remove(ctx: Context, path: str) -> str:
-    parent, name = safefs.split(path)
+    parent, name = safedirs.split(path)
     try:
-        pfd = safefs.open_dir(ctx.root, parent)
-    except safefs.UnsafePath as e:
-        return f"{path}: not removed: {e.strerror}"
+        pfd = safedirs.open_dir(parent, ctx.root)
+    except safedirs.UnsafePath as e:
+        return f"{path}: not removed: {e}"
     try:
-        kind = safefs.look(pfd, name).kind
+        kind = safedirs.look(pfd, name).kind
         if kind == "missing":
             return f"{path}: already gone"
-        safefs.remove_tree(pfd, name)
+        problems = safedirs.remove_tree(pfd, name, path)
+        if problems:
+            raise OSError(0, "; ".join(problems))
         return f"removed {path}" + (" (a symlink: unlinked, target untouched)"
                                     if kind == "symlink" else "")
     finally:

@@ -24,9 +24,10 @@ from mps_health.probes.dirs import read_dir
 from mps_health.probes.proc import read_processes
 from mps_health.results import CRITICAL, OK, UNKNOWN, Result
 from mps_health.runner import RunAs, run
+from mps_health.safedirs import UnsafePath
 
 from . import clients as clients_mod
-from . import dirs, safefs
+from . import dirs
 from .settings import RemediationSettings
 from .users import User, groups_of
 
@@ -171,7 +172,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
 
 
 def os_error_text(e: OSError) -> str:
-    if isinstance(e, safefs.UnsafePath) or not e.filename:
+    if isinstance(e, UnsafePath) or not e.filename:
         return e.strerror or str(e)
     return f"{e.filename}: {e.strerror}"
 

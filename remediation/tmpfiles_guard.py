@@ -13,8 +13,9 @@ from typing import List, Optional
 
 from mps_health.config import Config, MpsConfig
 from mps_health.context import Context
+from mps_health.safefiles import read_small, write_atomic
+from mps_health.templates import expand, glob
 
-from . import safefs
 from .actions import DONE, FAILED, REFUSED, Say, audit_for, lock_node, need_root
 from .settings import remediation
 
@@ -29,10 +30,9 @@ def guarded_paths(mps: MpsConfig) -> List[str]:
     if mps.layout == "node":
         found = [mps.pipe_dir, mps.log_dir]
     elif mps.layout == "per-gpu":
-        found = [p.format(gpu=g) for g in mps.gpus for p in (mps.pipe_dir, mps.log_dir)]
+        found = [expand(p, gpu=g) for g in mps.gpus for p in (mps.pipe_dir, mps.log_dir)]
     else:
-        found = [p.replace("{job}", "*").replace("{gpu}", "*") for p in (mps.pipe_dir,
-                                                                         mps.log_dir)]
+        found = [glob(p) for p in (mps.pipe_dir, mps.log_dir)]
     return list(dict.fromkeys(found))
 
 
@@ -75,7 +75,7 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
     ctx = Context(config, root)
     new = render(config.mps)
     try:
-        raw = safefs.read_small(root, GUARD_FILE)
+        raw = read_small(ctx.path(GUARD_FILE))
     except OSError as e:
         say(f"tmpfiles-guard: cannot read {GUARD_FILE}: {e.strerror}")
         return FAILED
@@ -100,7 +100,7 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
         parent = ctx.path(os.path.dirname(GUARD_FILE))
         if not os.path.isdir(parent) and os.path.isdir(os.path.dirname(parent)):
             os.mkdir(parent, 0o755)
-        safefs.write_atomic(root, GUARD_FILE, new.encode(), 0o644)
+        write_atomic(GUARD_FILE, new.encode(), 0o644, root=root)
     except OSError as e:
         say(f"FAILED: cannot write {GUARD_FILE}: {e.strerror}")
         audit.record("write", "failed", file=GUARD_FILE, detail=str(e.strerror))

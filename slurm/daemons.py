@@ -8,12 +8,10 @@ import stat
 import time
 from typing import NamedTuple, Optional
 
-from mps_health.facts import ProcessFact
-from mps_health.probes.proc import read_process
+from mps_health.processes import daemon_of
 
 from .runas import RunAs, run_as
 
-PID_FILE = "nvidia-cuda-mps-control.pid"
 NO_DAEMON = "Cannot find MPS control daemon process"
 READY_QUERY = "get_default_active_thread_percentage"
 
@@ -24,37 +22,11 @@ class Started(NamedTuple):
     elapsed_s: float
 
 
-def _pid_file(pipe_dir: str) -> Optional[int]:
-    try:
-        fd = os.open(os.path.join(pipe_dir, PID_FILE),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 32).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
-    return int(text) if text.isdigit() else None
-
-
 def _has_socket(pipe_dir: str) -> bool:
     try:
         return stat.S_ISSOCK(os.lstat(os.path.join(pipe_dir, "control")).st_mode)
     except OSError:
         return False
-
-
-def serving_daemon(proc_dir: str, pipe_dir: str, uid: int) -> Optional[ProcessFact]:
-    """The daemon the pid file names, if it is a live control daemon of ``uid`` on ``pipe_dir``."""
-    pid = _pid_file(pipe_dir)
-    if pid is None:
-        return None
-    p = read_process(proc_dir, pid)
-    if p is None or p.role != "control" or p.state in ("Z", "X") or p.uid != uid:
-        return None
-    if p.pipe_dir is not None and p.pipe_dir != os.path.normpath(pipe_dir):
-        return None
-    return p
 
 
 def start_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict, timeout_s: float,
@@ -68,7 +40,7 @@ def start_daemon(control: str, pipe_dir: str, as_user: RunAs, env: dict, timeout
     daemon = None
     pause = 0.005
     while time.monotonic() < deadline:
-        daemon = serving_daemon(proc_dir, pipe_dir, as_user.uid)
+        daemon = daemon_of(proc_dir, pipe_dir, as_user.uid)
         if daemon is not None and _has_socket(pipe_dir):
             break
         daemon = None

@@ -31,17 +31,14 @@ def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
 
 
 def _ours(path: str) -> bool:
+    """Nothing there, or a regular file we wrote (a link or anything else is not ours)."""
+    from mps_health.safefiles import read_small
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True  # nothing there: free to write
+        data = read_small(path)
     except OSError:
-        return False  # a symlink, or unreadable: not ours
-    try:
-        head = os.read(fd, 512).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
-    return MARKER in head
+        return False
+    return data is None or MARKER in data[:512].decode("utf-8", "replace")
 
 
 # Run by the interpreter the hooks will use: the dirs its mps_health (and the YAML
@@ -94,25 +91,11 @@ def install(prefix: str, python: str, config: Optional[str], force: bool) -> Lis
         if not force and not _ours(w.path):
             raise InstallError(f"{w.path} exists and was not written by mps-health: move it, "
                                "or use --force")
+    from mps_health.safefiles import write_atomic
+
     for w in scripts:
-        _write(w.path, w.text)
+        write_atomic(os.path.abspath(w.path), w.text.encode(), 0o755)
     return scripts
-
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fchmod(fd, 0o755)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
 
 
 def conf_lines(scripts: List[Written]) -> str:

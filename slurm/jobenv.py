@@ -11,7 +11,7 @@ task's environment: ``SLURM_STEP_GPUS``/``SLURM_GPUS_ON_NODE`` and
 
 from typing import Mapping, NamedTuple, Optional, Tuple
 
-_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
+from mps_health.templates import GPU_CHARS
 
 
 class JobEnvError(ValueError):
@@ -34,7 +34,7 @@ def parse_gpus(text: str) -> Tuple[str, ...]:
         return ()
     gpus = tuple(g.strip() for g in text.split(","))
     for g in gpus:
-        if not g or not set(g) <= _ID_CHARS:
+        if not g or not set(g) <= GPU_CHARS:
             raise JobEnvError(f"CUDA_VISIBLE_DEVICES={text!r} is not a list of GPU indices or "
                               "UUIDs")
     return gpus
@@ -74,10 +74,3 @@ def wants_daemon(job: JobEnv, start_for: str) -> bool:
     if not job.gpus:
         return False
     return start_for == "gpu" or job.mps_percentage is not None
-
-
-def instance_fields(job_id: str, template: str, gpus: Tuple[str, ...]) -> Tuple[dict, ...]:
-    """The template fields of each daemon a job gets: one, or one per GPU with {gpu}."""
-    if "{gpu}" in template:
-        return tuple({"job": job_id, "gpu": g} for g in gpus)
-    return ({"job": job_id, "gpu": ""},)

@@ -19,14 +19,15 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from mps_health import processes
+from mps_health import processes, safedirs
 from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.facts import ProcessFact
 from mps_health.probes.proc import read_processes
+from mps_health.templates import expand, match
 
-from . import daemons, safedirs
+from . import daemons
 from .hooklog import HookLog
-from .jobenv import JobEnv, instance_fields, parse_gpus, wants_daemon
+from .jobenv import JobEnv, parse_gpus, wants_daemon
 from .runas import RunAs, for_user, resolve, user_env
 from .settings import JobsSettings
 
@@ -42,28 +43,22 @@ class JobDirs(NamedTuple):
 def job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
     """The dirs the job's daemons use: one set, or one per GPU when the template has {gpu}."""
     mps = config.mps
-    out = []
-    for fields in instance_fields(job_id, mps.pipe_dir, gpus):
-        own = (fields["gpu"],) if fields["gpu"] else gpus
-        out.append(JobDirs(mps.pipe_dir.format(**fields), mps.log_dir.format(**fields), own))
-    return tuple(out)
+    each = gpus if "{gpu}" in mps.pipe_dir else ("",)
+    return tuple(JobDirs(expand(mps.pipe_dir, job_id, g), expand(mps.log_dir, job_id, g),
+                         (g,) if g else gpus) for g in each)
 
 
 def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[JobDirs, ...]:
     """The job's dirs from the template and, with {gpu}, also any found on disk."""
     expected = list(job_dirs(config, job_id, gpus))
     if "{gpu}" in config.mps.pipe_dir:
-        from mps_health.instances import job_pattern
-
-        pattern = job_pattern(config.mps.pipe_dir)
         parent = os.path.dirname(config.mps.pipe_dir)
-        for name in safedirs.list_names(parent):
-            m = pattern.match(name)
-            if m and m.group("job") == job_id:
-                gpu = m.group("gpu")
-                fields = {"job": job_id, "gpu": gpu}
-                found = JobDirs(os.path.join(parent, name), config.mps.log_dir.format(**fields),
-                                (gpu,))
+        for name in _names(parent):
+            fields = match(config.mps.pipe_dir, name)
+            if fields is not None and fields[0] == job_id:
+                gpu = fields[1]
+                found = JobDirs(os.path.join(parent, name),
+                                expand(config.mps.log_dir, job_id, gpu), (gpu,))
                 if found.pipe_dir not in {d.pipe_dir for d in expected}:
                     expected.append(found)
     return tuple(expected)
@@ -118,13 +113,11 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
                     f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
         for path in (dirs.log_dir, dirs.pipe_dir):
-            notes: List[str] = []
             try:
-                safedirs.make_job_dir(*os.path.split(path), job.uid, job.gid,
-                                      config.mps.dir_mode, notes)
-            except (safedirs.UnsafePath, OSError) as e:
-                return f"cannot make {path}: {e}"
-            for note in notes:
+                note = make_job_dir(path, job.uid, job.gid, config.mps.dir_mode)
+            except OSError as e:
+                return f"cannot make {path}: {e.strerror or e}"
+            if note:
                 log.warning(note)
         started = daemons.start_daemon(control, dirs.pipe_dir, as_user,
                                        daemon_env(job, dirs, as_user),
@@ -165,12 +158,11 @@ def task_exports(env: Mapping[str, str], config: Config, uid: int,
                 log.warning("one MPS daemon per GPU, but this task sees several GPUs (or "
                             "none): CUDA_MPS_PIPE_DIRECTORY not set; bind one GPU per task")
             return []
-    fields = {"job": job_id, "gpu": gpu}
-    pipe = config.mps.pipe_dir.format(**fields)
+    pipe = expand(config.mps.pipe_dir, job_id, gpu)
     if not safedirs.owned_dir(pipe, uid):
         return []
     lines = [f"export CUDA_MPS_PIPE_DIRECTORY={pipe}"]
-    logs = config.mps.log_dir.format(**fields)
+    logs = expand(config.mps.log_dir, job_id, gpu)
     if safedirs.owned_dir(logs, uid):
         lines.append(f"export CUDA_MPS_LOG_DIRECTORY={logs}")
     return lines
@@ -222,7 +214,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     stuck = _end_leftovers(job, procs, settings, log, proc_dir)
     for dirs in all_dirs:
         for path in (dirs.pipe_dir, dirs.log_dir):
-            left = safedirs.remove_job_dir(path, (job.uid, 0))
+            left = remove_job_dir(path, (job.uid, 0))
             if left:
                 log.warning(left)
     if procs or all_dirs:
@@ -251,6 +243,48 @@ def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSe
         return "MPS processes survived SIGKILL (stuck in the driver?): " + ", ".join(
             f"{p.role} {p.pid}" for p in survivors)
     return ""
+
+
+def make_job_dir(path: str, uid: int, gid: int, mode: int) -> str:
+    """Make the job's dir ``path`` for ``uid``:``gid``; "" or a line about what was in the
+    way. The user's own dir (or root's, from an earlier prolog of this job) is reused."""
+    parent, name = safedirs.split(path)
+    pfd = safedirs.open_dir(parent)
+    try:
+        made = safedirs.ensure_dir(pfd, name, mode, uid, gid, lambda e: e.uid in (uid, 0))
+    finally:
+        os.close(pfd)
+    os.close(made.fd)
+    if made.aside is None:
+        return ""
+    new, was = made.aside
+    return (f"{path} was a {was.kind} owned by uid {was.uid}, not this job's: moved aside "
+            f"to {parent.rstrip('/')}/{new}")
+
+
+def remove_job_dir(path: str, owners: Tuple[int, ...]) -> str:
+    """Remove the job's dir and all it holds, following no link; "" or what went wrong.
+    Only an entry of ``owners`` is removed: a dir planted later is left for the admin."""
+    try:
+        parent, name = safedirs.split(path)
+        pfd = safedirs.open_dir(parent)
+    except OSError as e:
+        return str(e)
+    try:
+        return "; ".join(safedirs.remove_tree(pfd, name, path, owners))
+    finally:
+        os.close(pfd)
+
+
+def _names(parent: str) -> List[str]:
+    try:
+        fd = safedirs.open_dir(parent)
+    except OSError:
+        return []
+    try:
+        return safedirs.list_names(fd)
+    finally:
+        os.close(fd)
 
 
 def _exists(path: str) -> bool:

@@ -32,7 +32,7 @@ def run(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 def test_promtool_checks_and_tests_the_alert_rules(tmp_path: Path) -> None:
     promtool = need("promtool")
     r = run(promtool, "check", "rules", str(ALERTS))
-    assert r.returncode == 0 and "SUCCESS: 6 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 7 rules found" in r.stdout, r.stdout + r.stderr
     r = run(promtool, "test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
     # A rule unit test that expects the wrong thing fails: the tests are live.
@@ -144,6 +144,10 @@ def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path, fake_dae
     # The dashboard's compute-mode panel reads mps_health_compute_mode, the series the
     # metric contract gives a compute_mode value (the check exports compute_mode_ok today).
     names.add(metric_name("compute_mode", "compute_mode"))
+    # The clients check (on with a slurm: or clients: section), by the same contract.
+    names |= {metric_name("clients", k) for k in (
+        "clients", "jobs", "clients_not_mps_job", "clients_over_limit", "contexts",
+        "contexts_limit", "server_thread_percentage", "server_pinned_mem_limit_bytes")}
     rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
     board = json.loads(DASHBOARD.read_text())
     exprs = [r["expr"] for r in rules]

@@ -15,7 +15,7 @@ from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from remhelp import make_dirs, start_fake, tree  # noqa: F401
 
-UNITS = ("nvidia-mps@.service", "mps-health-exporter.service",
+UNITS = ("nvidia-mps.service", "nvidia-mps@.service", "mps-health-exporter.service",
          "mps-health-textfile.service", "mps-health-textfile.timer")
 
 
@@ -25,10 +25,11 @@ def _unit_root(base: Path) -> Path:
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    (root / "usr/bin").mkdir(parents=True)
-    for name in ("mps-health", "nvidia-cuda-mps-control"):
-        (root / "usr/bin" / name).write_text("#!/bin/sh\nexit 0\n")
-        (root / "usr/bin" / name).chmod(0o755)
+    # mps-health where the README's install links it; the units name it without a path.
+    for path in ("usr/local/sbin/mps-health", "usr/bin/nvidia-cuda-mps-control"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("#!/bin/sh\nexit 0\n")
+        (root / path).chmod(0o755)
     (root / "etc/systemd/system").mkdir(parents=True)
     for unit in UNITS:
         shutil.copy(CONTRIB / "systemd" / unit, root / "etc/systemd/system" / unit)
@@ -44,30 +45,47 @@ def test_units_verify(tree: Path) -> None:
     if not Path("/usr/lib/systemd/system/sysinit.target").exists():
         pytest.skip("systemd's own units are not installed (apt-get install systemd)")
     root = _unit_root(tree)
-    r = _verify(root, "nvidia-mps@0.service", "mps-health-exporter.service",
-                "mps-health-textfile.service", "mps-health-textfile.timer")
+    r = _verify(root, "nvidia-mps.service", "nvidia-mps@0.service",
+                "mps-health-exporter.service", "mps-health-textfile.service",
+                "mps-health-textfile.timer")
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
     # The same run does judge the files: a typo and a missing program are reported.
     bad = root / "etc/systemd/system/nvidia-mps@.service"
     bad.write_text(bad.read_text().replace("Type=forking", "Type=forkin"))
-    (root / "usr/bin/mps-health").unlink()
+    (root / "usr/local/sbin/mps-health").unlink()
     r = _verify(root, "nvidia-mps@0.service")
     assert "Failed to parse service type" in r.stderr
-    assert "/usr/bin/mps-health is not executable" in r.stderr
+    assert "Command mps-health is not executable" in r.stderr
+    # The packages' /usr/sbin is searched too.
+    (root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "usr/bin/nvidia-cuda-mps-control", root / "usr/sbin/mps-health")
+    r = _verify(root, "nvidia-mps.service", "mps-health-exporter.service")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-def test_mps_unit_lines() -> None:
-    text = (CONTRIB / "systemd/nvidia-mps@.service").read_text()
+@pytest.mark.parametrize("unit, pipe, log, extra", [
+    ("nvidia-mps@.service", "/tmp/nvidia-mps_%i", "/var/log/nvidia-mps_%i",
+     ["Environment=CUDA_VISIBLE_DEVICES=%i"]),
+    ("nvidia-mps.service", "/tmp/nvidia-mps", "/var/log/nvidia-mps", []),
+])
+def test_mps_unit_lines(unit: str, pipe: str, log: str, extra: list) -> None:
+    """Each unit matches its layout's defaults in mps-health's config."""
+    text = (CONTRIB / "systemd" / unit).read_text()
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    for want in ("Type=forking", "Environment=CUDA_VISIBLE_DEVICES=%i",
-                 "Environment=CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps_%i",
-                 "Environment=CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps_%i",
-                 "PIDFile=/tmp/nvidia-mps_%i/nvidia-cuda-mps-control.pid",
+    for want in ("Type=forking", *extra,
+                 f"Environment=CUDA_MPS_PIPE_DIRECTORY={pipe}",
+                 f"Environment=CUDA_MPS_LOG_DIRECTORY={log}",
+                 f"PIDFile={pipe}/nvidia-cuda-mps-control.pid",
                  "ExecStart=/usr/bin/nvidia-cuda-mps-control -d",
-                 "ExecStartPre=/usr/bin/mps-health unit prepare"):
+                 "ExecStartPre=mps-health unit prepare"):
         assert want in lines
     assert not any("/bin/sh" in line for line in lines)  # no shell anywhere
+    if unit == "nvidia-mps.service":
+        from mps_health.config import from_mapping
+
+        mps = from_mapping({}, None).mps  # no config file: the node layout
+        assert (mps.layout, mps.pipe_dir, mps.log_dir) == ("node", pipe, log)
 
 
 def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
@@ -217,24 +235,46 @@ def test_config_example_loads() -> None:
     assert c.mps.layout == "per-gpu"  # the layout of contrib/systemd/nvidia-mps@.service
 
 
-def test_rpm_builds_and_lists(dists, tmp_path: Path) -> None:
+def _spec_wheels(dest: Path) -> None:
+    """The wheels the spec bundles (its Source lines), downloaded with pip; skips offline."""
+    import re
+
+    spec = (CONTRIB / "rpm/mps-health.spec").read_text()
+    pins = [f"{m[0]}=={m[1]}" for m in re.findall(r"^Source\d+:\s+(\w+)-([\w.]+)-py3-none-any\.whl$",
+                                                   spec, re.M)]
+    assert len(pins) == 2, pins
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--dest", str(dest), *pins], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"cannot download {pins} (no PyPI?): {r.stderr.strip().splitlines()[-1:]}")
+
+
+def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
+    """The RPM carries everything it imports (RHEL's PyYAML and Jinja2 as Requires, the
+    rest bundled in /opt/mps-health), the example config only as documentation, and
+    nothing that points into the build root; its payload runs."""
     rpmbuild = need("rpmbuild")
     src = tmp_path / "sources"
     src.mkdir()
     shutil.copy(dists.sdist, src)
+    _spec_wheels(src)
     # --nodeps: Debian's rpm database is empty; BuildRequires are for RHEL builders.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     r = subprocess.run([rpmbuild, "-bb", "--nodeps", "--define", f"_topdir {tmp_path}",
                         "--define", f"_sourcedir {src}", str(CONTRIB / "rpm/mps-health.spec")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rpms = list((tmp_path / "RPMS/noarch").glob("mps-health-0.1.0-1*.noarch.rpm"))
     assert len(rpms) == 1
     files = subprocess.run(["rpm", "-qlp", str(rpms[0])], capture_output=True, text=True,
                            check=True).stdout.split()
-    print("\n".join(f for f in files if "/mps_health/" not in f))
+    print("\n".join(f for f in files if "/site-packages/" not in f))
     expected = {
-        "/etc/mps-health/config.yaml", "/usr/bin/mps-health", "/usr/bin/mps-health-healthcheck",
-        "/usr/bin/check_mps", "/usr/lib/systemd/system/nvidia-mps@.service",
+        "/usr/sbin/mps-health", "/usr/sbin/mps-health-healthcheck",
+        "/usr/lib64/nagios/plugins/check_mps", "/opt/mps-health/bin/python3",
+        "/opt/mps-health/pyvenv.cfg", "/usr/share/doc/mps-health/config.example.yaml",
+        "/usr/lib/systemd/system/nvidia-mps.service",
+        "/usr/lib/systemd/system/nvidia-mps@.service",
         "/usr/lib/systemd/system/mps-health-exporter.service",
         "/usr/lib/systemd/system/mps-health-textfile.service",
         "/usr/lib/systemd/system/mps-health-textfile.timer",
@@ -242,18 +282,41 @@ def test_rpm_builds_and_lists(dists, tmp_path: Path) -> None:
         "/usr/libexec/mps-health/mps-health-task-prolog",
         "/usr/libexec/mps-health/mps-health-epilog",
         "/usr/share/mps-health/nhc/mps_health.nhc", "/var/lib/mps-health",
-        "/var/log/mps-health",
+        "/var/log/mps-health", "/etc/mps-health",
     }
     assert expected <= set(files), expected - set(files)
-    assert any(f.endswith("/mps_health/remediation/unit.py") for f in files)
-    assert any(f.endswith("/mps_health/slurm/templates/hook.j2") for f in files)
+    assert "/etc/mps-health/config.yaml" not in files  # no live config: the defaults apply
+    for bundled in ("/mps_health/remediation/unit.py", "/mps_health/slurm/templates/hook.j2",
+                    "/prometheus_client/__init__.py", "/pynvml.py"):
+        assert any(f.startswith("/opt/mps-health/lib/") and f.endswith(bundled)
+                   for f in files), bundled
     conf = subprocess.run(["rpm", "-qp", "--configfiles", str(rpms[0])], capture_output=True,
                           text=True, check=True).stdout.split()
-    assert conf == ["/etc/mps-health/config.yaml"]
-    # The hook is the one 'mps-health slurm install' writes, for the system python3.
+    assert conf == []
+    requires = subprocess.run(["rpm", "-qp", "--requires", str(rpms[0])], capture_output=True,
+                              text=True, check=True).stdout.splitlines()
+    assert {"python3-pyyaml", "python3-jinja2", "python3 >= 3.9"} <= set(requires), requires
+
     need("cpio")
+    root = tmp_path / "payload"
+    root.mkdir()
     payload = subprocess.run(["rpm2cpio", str(rpms[0])], capture_output=True, check=True).stdout
-    cpio = subprocess.run(["cpio", "-i", "--quiet", "--to-stdout",
-                           "./usr/libexec/mps-health/mps-health-prolog"], input=payload,
-                          capture_output=True, check=True)
-    assert cpio.stdout.decode().startswith("#!/usr/bin/python3 -I\n# mps-health Slurm prolog")
+    subprocess.run(["cpio", "-idm", "--quiet"], input=payload, cwd=root, check=True)
+    leaked = subprocess.run(["grep", "-rlI", str(tmp_path / "BUILDROOT"), str(root)],
+                            capture_output=True, text=True)
+    assert leaked.stdout == ""  # no #! line, pyvenv.cfg or record points into the build root
+    hook = (root / "usr/libexec/mps-health/mps-health-prolog").read_text()
+    assert hook.startswith("#!/opt/mps-health/bin/python3 -I\n# mps-health Slurm prolog")
+    assert (root / "opt/mps-health/bin/check_mps").read_text().startswith(
+        "#!/opt/mps-health/bin/python3\n")
+    # The payload's own Python (this machine's python3, as on the builder), isolated from
+    # this test's environment: every import is met by the bundle or the Requires.
+    python = str(root / "opt/mps-health/bin/python3")
+    r = subprocess.run([python, "-I", "-c", "import mps_health.commands.check_mps, "
+                        "prometheus_client, pynvml, yaml, jinja2; print(pynvml.__file__)"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r
+    r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",
+                        "--replay", str(Path(__file__).parent.parent / "examples/broken-node.json")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from mps_health.filelock import node_lock
 from mps_health.remediation.detach import RESULT_FILE, format_result
-from mps_health.remediation.lock import NodeLock
 from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
 from slurm_fixture import _require
 from slurmcluster import SlurmCluster
@@ -189,7 +189,7 @@ def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) 
 
 def test_runs_never_overlap(clean_node, tree: Path) -> None:
     cfg = write_hc_config(tree)
-    held = NodeLock(str(tree / "run"), "healthcheck").acquire(0, "a long run")
+    held = node_lock(str(tree / "run"), "healthcheck").acquire(0, "a long run")
     try:
         r = hc(clean_node, cfg)
     finally:
@@ -226,7 +226,7 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
 
 def wait_for_background_run(tree: Path) -> None:
     """The detached child refreshing the result must be done before the tree goes."""
-    lock = NodeLock(str(tree / "run"), "healthcheck")
+    lock = node_lock(str(tree / "run"), "healthcheck")
     deadline = time.monotonic() + 30
     while not lock.try_acquire("test teardown") and time.monotonic() < deadline:
         time.sleep(0.2)

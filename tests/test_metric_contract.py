@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import node_config
 from mps_health.config import from_mapping
+from mps_health.engine import fit_control
 from mps_health.exporters import prometheus
-from mps_health.exporters.budget import within_budget
 from mps_health.exporters.nagios import perf_labels
 from mps_health.exporters.series import label_name, metric_name, samples
 from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
@@ -30,6 +30,12 @@ from mps_health.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
     ("server", "clients", "mps_health_server_clients"),
     ("canary", "first_context_s", "mps_health_canary_first_context_seconds"),
     ("logs", "read_bytes", "mps_health_logs_read_bytes"),
+    ("clients", "clients", "mps_health_clients"),
+    ("clients", "clients_not_mps_job", "mps_health_clients_not_mps_job"),
+    ("clients", "contexts", "mps_health_clients_contexts"),
+    ("clients", "server_pinned_mem_limit_bytes",
+     "mps_health_clients_server_pinned_mem_limit_bytes"),
+    ("clients", "server_thread_percentage", "mps_health_clients_server_thread_percentage"),
     # A value may never shadow the exporter's own series.
     ("check", "success", "mps_health_value_check_success"),
 ])
@@ -108,9 +114,9 @@ def test_a_failed_run_still_exports_its_timestamps() -> None:
 
 def test_control_timeout_fits_inside_the_budget() -> None:
     config = from_mapping({"control": {"timeout_s": 2.0}}, None)
-    assert within_budget(config, 1.4).control.timeout_s == 1.1
-    assert within_budget(config, 10.0) is config
-    assert within_budget(config, 0.2).control.timeout_s == 0.1
+    assert fit_control(config, 1.4).control.timeout_s == 1.1
+    assert fit_control(config, 10.0) is config
+    assert fit_control(config, 0.2).control.timeout_s == 0.1
 
 
 def test_the_check_path_imports_no_monitoring_library(tmp_path: Path, mps_dirs) -> None:

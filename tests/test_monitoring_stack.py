@@ -127,7 +127,7 @@ def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, fake_daemon,
             g for g in api(prom, "/api/v1/rules")["groups"]
             if not any(r.get("lastEvaluation", "0001").startswith("0001") for r in g["rules"])])
         rules = groups[0]["rules"]
-        assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
+        assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
 
         # Kill the daemon: the next run's critical finding makes the alert pending.
         d.signal(signal.SIGKILL)

@@ -13,16 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nagiosplugin
 import pytest
 from conftest import node_config, write_config
 from monitoring_tools import node_wide_check
-from mps_health.exporters import nagios
+from mps_health.commands import check_mps as plugin
 from plugin_output import parse
 
 
 def check_mps(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.exporters.nagios", *args],
+    return subprocess.run([sys.executable, "-m", "mps_health.commands.check_mps", *args],
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
@@ -133,21 +132,35 @@ def test_console_script_is_installed() -> None:
     if script is None:
         pytest.skip("check_mps is not installed next to this python")
     r = subprocess.run([script, "-V"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 3 and "nagiosplugin 1." in r.stdout
+    assert r.returncode == 3 and r.stdout.startswith("check_mps v")
 
 
-def test_plugin_timeout_is_unknown(tmp_path: Path) -> None:
-    """The plugin's own time limit (SIGALRM) ends a probe stuck in the kernel: UNKNOWN."""
+def test_plugin_timeout_ends_a_read_stuck_in_the_kernel(tmp_path: Path) -> None:
+    """The plugin's own time limit (SIGALRM) interrupts an open() that never returns."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
 
-    class Stuck(nagiosplugin.Resource):
-        def probe(self):
-            with open(fifo):  # no writer: blocks as a read from a hung file system does
-                return []
+    def stuck() -> None:
+        with open(fifo):  # no writer: blocks as a read from a hung file system does
+            pass
 
-    check = nagiosplugin.Check(Stuck(), name="MPS")
-    text, code = nagios.execute(check, 1)
+    with pytest.raises(plugin.Timeout):
+        plugin.within(1, stuck)
+    assert plugin.within(1, lambda: 42) == 42
+
+
+def test_plugin_timeout_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that overruns -t is the plugin's own UNKNOWN, in one line."""
+    import time
+
+    from mps_health import engine
+
+    def hung(*args, **kwargs):
+        time.sleep(30)  # a probe that never returns
+
+    monkeypatch.setattr(engine, "run", hung)
+    text, code = plugin.run(["--config", write_config(tmp_path / "c.yaml", "{}\n"),
+                             "-t", "1"])
     assert code == 3
     assert text == ("MPS UNKNOWN - check_mps timed out after 1s before the checks finished "
                     "(raise -t, or look for a hung process on the node)\n")
@@ -155,10 +168,10 @@ def test_plugin_timeout_is_unknown(tmp_path: Path) -> None:
 
 
 def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> None:
-    """nagiosplugin's Runtime singleton would repeat the perfdata; our runs are separate."""
+    """Two runs in one process each print their own perfdata, never piled up."""
     d = fake_daemon()
     args = ["--config", node_config(tmp_path, d.pipe_dir, d.log_dir), "--only", "control"]
-    first, second = nagios.run(args), nagios.run(args)
+    first, second = plugin.run(args), plugin.run(args)
     assert first[1] == second[1] == 0
     labels = [p.label for p in parse(*first).perfdata]
     assert labels == ["node_control_thread_percentage", "node_latency"]

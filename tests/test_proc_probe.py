@@ -84,3 +84,30 @@ def test_real_h200_processes(tmp_path: Path, captured: str, role: str) -> None:
     [fact] = proc.read_processes(str(tmp_path / "proc"))
     assert fact.role == role and fact.state == "S" and fact.uid == 0
     assert fact.pipe_dir is not None and fact.pipe_dir.startswith("/tmp/mpsh-")
+
+
+def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
+    """A control client this run started (its name, cmdline and environment are a
+    daemon's) is left out of the facts, so a query caught alive while /proc is read is
+    never judged a second daemon; the same process started by anyone else is seen."""
+    import os
+    import subprocess
+
+    from mps_health.config import from_mapping
+    from mps_health.context import Context
+
+    client = tmp_path / "nvidia-cuda-mps-control"  # comm and cmdline[0] as the real client's
+    client.symlink_to("/bin/sleep")
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
+    child = subprocess.Popen([str(client), "30"], env=env)
+    try:
+        for _ in range(200):  # until the exec has happened
+            seen = [p for p in proc.read_processes("/proc") if p.pid == child.pid]
+            if seen:
+                break
+        assert seen and seen[0].role == "control" and seen[0].pipe_dir == str(tmp_path)
+        facts = proc.gather_for(Context(from_mapping({}, None)), ())
+        assert child.pid not in [p.pid for p in facts]
+    finally:
+        child.kill()
+        child.wait()

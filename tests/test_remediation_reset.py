@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from mps_health.config import ConfigError, load
-from mps_health.remediation.lock import NodeLock
+from mps_health.filelock import node_lock
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
@@ -266,7 +266,7 @@ def test_two_resets_at_once_take_turns(tree: Path) -> None:
 def test_a_reset_waits_a_bounded_time_for_the_lock(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree, remediation="  lock_wait_s: 0.5")
-    held = NodeLock(str(tree / "run")).acquire(0, "reset node (held by the test)")
+    held = node_lock(str(tree / "run")).acquire(0, "reset node (held by the test)")
     try:
         t0 = time.monotonic()
         r = reset(cfg)

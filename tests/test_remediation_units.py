@@ -12,11 +12,12 @@ from conftest import fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
 from mps_health import processes as procs
+from mps_health import safedirs
 from mps_health.config import ConfigError, from_mapping
 from mps_health.facts import Instance
 from mps_health.probes.proc import read_process
 from mps_health.probes.slurm import SlurmNode, parse_node_line
-from mps_health.remediation import detach, dirs, hcstate, safefs, settings, slurmnode
+from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from mps_health.slurm_settings import settings as slurm_settings
@@ -210,17 +211,20 @@ def test_dir_actions() -> None:
 
 def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(tree: Path, test_user) -> None:
     shared = tree / "shared"
-    make_dirs(shared, tree / "real" / "sub")
+    make_dirs(shared, tree / "real" / "sub", mode=0o755)
     shared.chmod(0o1777)
     (shared / "link").symlink_to(tree / "real")
     os.lchown(shared / "link", test_user.pw_uid, test_user.pw_gid)
-    with pytest.raises(safefs.UnsafePath, match="a symlink owned by uid"):
-        safefs.open_dir("/", f"{shared}/link/sub")
+    with pytest.raises(safedirs.UnsafePath, match="a symlink owned by uid"):
+        safedirs.open_dir(f"{shared}/link/sub")
     os.lchown(shared / "link", 0, 0)  # root's own link there is followed (like /var/run)
-    fd = safefs.open_dir("/", f"{shared}/link/sub")
+    fd = safedirs.open_dir(f"{shared}/link/sub")
     os.close(fd)
-    with pytest.raises(safefs.UnsafePath, match=r"'\.\.'"):
-        safefs.open_dir("/", f"{tree}/real/../real")
+    with pytest.raises(safedirs.UnsafePath, match=r"'\.\.'"):
+        safedirs.open_dir(f"{tree}/real/../real")
+    (tree / "real").chmod(0o777)  # anyone could swap what is inside: not walked through
+    with pytest.raises(safedirs.UnsafePath, match="writable by others without the sticky bit"):
+        safedirs.open_dir(f"{tree}/real/sub")
 
 
 def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
@@ -228,9 +232,9 @@ def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
     (tree / "victim" / "keep").write_text("k")
     (tree / "gone" / "deep" / "link").symlink_to(tree / "victim")
     (tree / "gone" / "file").write_text("f")
-    fd = safefs.open_dir("/", str(tree))
+    fd = safedirs.open_dir(str(tree))
     try:
-        safefs.remove_tree(fd, "gone")
+        assert safedirs.remove_tree(fd, "gone", f"{tree}/gone") == []
     finally:
         os.close(fd)
     assert not (tree / "gone").exists()

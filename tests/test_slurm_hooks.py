@@ -158,7 +158,7 @@ def test_planted_symlink_is_moved_aside_and_the_job_still_runs(make_site,
     assert daemon_pid(planted) is not None
     assert site.run("epilog", site.env("epilog", "44")).returncode == 0
     [aside] = site.entries()  # the evidence stays for the admin; the job's dirs are gone
-    assert aside.startswith("nvidia-mps_job44.moved-") and os.listdir(victim) == []
+    assert aside.startswith("nvidia-mps_job44.aside-") and os.listdir(victim) == []
 
 
 @pytest.mark.parametrize("policy, rc", [("fail", 1), ("continue", 0)])

@@ -2,15 +2,17 @@
 
 from typing import TYPE_CHECKING, Callable
 
-from .common import fail, load_config, names
+from ..exitcodes import Failure
+from .common import add_common, load_config, names
 
 if TYPE_CHECKING:
     import argparse
 
+    from ..config import Config
+    from ..facts import Facts
+
 
 def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
-    from ..argv import add_common
-
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is OK, and timings")
@@ -22,38 +24,34 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
+def replayed(args: "argparse.Namespace") -> "tuple[Facts, Config]":
+    """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
+    from ..config import from_mapping
+    from ..snapshot import SnapshotError, loads
+
+    try:
+        with open(args.replay, encoding="utf-8") as f:
+            facts, saved_config = loads(f.read(), args.replay)
+    except OSError as e:
+        raise Failure(f"{args.replay}: cannot read: {e.strerror}") from None
+    except SnapshotError as e:
+        raise Failure(str(e)) from None
+    if args.config:
+        return facts, load_config(args)
+    return facts, from_mapping(saved_config, f"{args.replay} (its config)")
+
+
 def run(args: "argparse.Namespace") -> int:
     from .. import engine
 
     replay = None
     if args.replay:
-        from ..config import ConfigError, from_mapping
-        from ..snapshot import SnapshotError, loads
-
-        try:
-            with open(args.replay, encoding="utf-8") as f:
-                replay, saved_config = loads(f.read(), args.replay)
-        except OSError as e:
-            return fail(f"{args.replay}: cannot read: {e.strerror}")
-        except SnapshotError as e:
-            return fail(str(e))
-        if args.config:
-            config = load_config(args)
-        else:
-            try:
-                config = from_mapping(saved_config, f"{args.replay} (its config)")
-            except ConfigError as e:
-                return fail(str(e))
+        replay, config = replayed(args)
     else:
         config = load_config(args)
-    if config is None:
-        return 3
     if args.budget is not None and not 0.1 <= args.budget <= 300:
-        return fail("--budget must be between 0.1 and 300 seconds")
-    try:
-        _, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
-    except engine.SelectionError as e:
-        return fail(str(e))
+        raise Failure("--budget must be between 0.1 and 300 seconds")
+    _, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
     if args.format == "json":
         from ..exporters import json as json_out
 

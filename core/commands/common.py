@@ -1,30 +1,67 @@
-"""Helpers the subcommands share: loading the config, reporting a failure in one line."""
+"""What every command shares: the one error edge, loading the config, common options.
 
-import sys
-from typing import TYPE_CHECKING, List, Optional
+Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``)
+runs inside ``edge``: an expected failure (``Failure``, a bad config, bad arguments)
+is one line and its exit code; anything unexpected is one line and UNKNOWN (3), never
+a traceback (MPS_HEALTH_DEBUG=1 shows one).
+"""
+
+import os
+from typing import TYPE_CHECKING, Callable, List
 
 from ..config import Config, ConfigError, load
-
-EXIT_UNKNOWN = 3
+from ..exitcodes import ExitCode, Failure
 
 if TYPE_CHECKING:
     import argparse
 
 
-def fail(message: str, code: int = EXIT_UNKNOWN) -> int:
-    print(f"mps-health: {message}", file=sys.stderr)
-    return code
+class UsageError(Exception):
+    """Bad arguments: exit 3 (UNKNOWN), as monitoring plugins do, never argparse's 2."""
 
 
-def load_config(args: "argparse.Namespace") -> Optional[Config]:
-    """The config, or None after printing why it is bad (the caller exits 3)."""
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
+    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
+    ``say`` and the failure's code. A UsageError's text is already the whole line."""
     try:
-        return load(getattr(args, "config", None))
-    except ConfigError as e:
-        fail(str(e))
-        return None
+        return int(body())
+    except UsageError as e:
+        say(str(e))
+        return ExitCode.UNKNOWN
+    except (Failure, ConfigError) as e:
+        say(prefix + str(e))
+        return e.code if isinstance(e, Failure) else ExitCode.UNKNOWN
+    except KeyboardInterrupt:
+        say(prefix + "interrupted")
+        return ExitCode.UNKNOWN
+    except BrokenPipeError:  # the reader went away: nothing left to say it to
+        return ExitCode.UNKNOWN
+    except Exception as e:
+        if os.environ.get("MPS_HEALTH_DEBUG"):
+            raise
+        say(f"{prefix}internal error: {one_line(e)} (set MPS_HEALTH_DEBUG=1 for a traceback, "
+            "and report it)")
+        return ExitCode.UNKNOWN
+
+
+def load_config(args: "argparse.Namespace") -> Config:
+    """The config named by --config (else the default file, else the defaults).
+    A bad file raises ConfigError: the edge prints it in one line, exit 3."""
+    return load(getattr(args, "config", None))
 
 
 def names(value: str) -> List[str]:
     """argparse type for 'a,b,c' lists."""
     return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def add_common(p: "argparse.ArgumentParser") -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    p.add_argument("--root", metavar="DIR", default="/",
+                   help="read every system path under DIR (fixture trees, containers)")

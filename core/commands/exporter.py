@@ -12,12 +12,15 @@ new exporters register above 10000; see docs/monitoring.md.
 
 import os
 import signal
+import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Tuple
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from ..config import Config
+from ..exitcodes import Failure
 from ..schema import Invalid, Record, Section, custom, number, shown, text
-from .common import fail, load_config, names
+from .common import add_common, load_config, names, one_line
 
 if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
     import argparse
@@ -63,10 +66,7 @@ def exporter_config(config: Config) -> ExporterConfig:
 
 
 def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="read every system path under DIR (fixture trees, containers)")
+    add_common(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
                         f"{DEFAULT_LISTEN}; port 0 picks a free one)")
@@ -88,33 +88,67 @@ def run(args: "argparse.Namespace") -> int:
     from .. import engine
 
     config = load_config(args)
-    if config is None:
-        return 3
     settings = exporter_config(config)
-    try:
-        engine.select_checks(config, args.only, args.skip)
-    except engine.SelectionError as e:
-        return fail(str(e))
+    engine.select_checks(config, args.only, args.skip)
     if args.budget is not None and not 0.1 <= args.budget <= 300:
-        return fail("--budget must be between 0.1 and 300 seconds")
+        raise Failure("--budget must be between 0.1 and 300 seconds")
     textfile = args.textfile or None
     if textfile is not None:
         return write_once(config, args, textfile)
     interval = args.interval if args.interval is not None else settings.interval_s
     if not 1.0 <= interval <= 3600.0:
-        return fail("--interval must be between 1 and 3600 seconds")
+        raise Failure("--interval must be between 1 and 3600 seconds")
     return serve(config, args, args.listen or settings.listen, interval)
+
+
+class Refresher:
+    """Runs the checks every ``interval_s`` and keeps the rendered exposition: a scrape
+    only reads ``page``. When runs stop finishing, ``mps_health_last_run_timestamp_seconds``
+    stops moving: that is what the alert watches."""
+
+    def __init__(self, config: Config, args: "argparse.Namespace", interval_s: float,
+                 budget_s: float) -> None:
+        from ..exporters import prometheus
+
+        self.config, self.root, self.only, self.skip = config, args.root, args.only, args.skip
+        self.interval_s, self.budget_s = interval_s, budget_s
+        self.record: Optional[prometheus.RunRecord] = None
+        self.page: bytes = prometheus.exposition(None)  # build info until the first run
+
+    def run_once(self):  # -> prometheus.RunRecord
+        from .. import engine
+        from ..exporters import prometheus
+
+        previous = self.record.last_success_at if self.record is not None else None
+        try:
+            _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s)
+        except Exception as e:  # the engine never raises for a bad node; say so and go on
+            print(f"mps-health exporter: run failed: {one_line(e)}", file=sys.stderr)
+            record = prometheus.RunRecord(None, time.time(), False, previous,
+                                          error=one_line(e))
+        else:
+            now = time.time()
+            ok = prometheus.run_success(report)
+            record = prometheus.RunRecord(report, now, ok, now if ok else previous)
+        page = prometheus.exposition(record)
+        self.record, self.page = record, page  # one reference each: a scrape sees either
+        return record
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            self.run_once()
+            stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
 
 def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
     from ..exporters import prometheus
-    from ..metrics_server import Refresher
 
     if not os.path.isdir(directory):
-        return fail(f"{directory}: no such directory (create it, or point --textfile at "
-                    "node_exporter's --collector.textfile.directory)")
+        raise Failure(f"{directory}: no such directory (create it, or point --textfile at "
+                      "node_exporter's --collector.textfile.directory)")
     budget = args.budget if args.budget is not None else config.budget_s
-    refresher = Refresher(config, args.root, args.only, args.skip, 0.0, budget)
+    refresher = Refresher(config, args, 0.0, budget)
     # A failed run keeps the last success the previous file recorded.
     refresher.record = prometheus.RunRecord(None, 0.0, False,
                                             prometheus.read_last_success(directory))
@@ -122,24 +156,24 @@ def write_once(config: Config, args: "argparse.Namespace", directory: str) -> in
     try:
         prometheus.write_textfile(directory, record)
     except OSError as e:
-        return fail(f"{directory}: cannot write {prometheus.TEXTFILE_NAME}: {e.strerror}")
+        raise Failure(f"{directory}: cannot write {prometheus.TEXTFILE_NAME}: "
+                      f"{e.strerror}") from None
     return 0 if record.report is not None else 3
 
 
 def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
-    import sys
-
-    from ..metrics_server import Refresher
-    from ..metrics_server import serve as serve_forever
+    from .. import engine
+    from ..exporters.http import serve as serve_http
 
     try:
         address = parse_listen(listen)
     except ValueError as e:
-        return fail(str(e))
-    budget = args.budget if args.budget is not None else min(
-        config.budget_s, max(1.0, interval * 0.8))
-    refresher = Refresher(config, args.root, args.only, args.skip, interval, budget)
+        raise Failure(str(e)) from None
+    budget = args.budget if args.budget is not None else \
+        engine.budget_within(interval, config.budget_s)
+    refresher = Refresher(config, args, interval, budget)
     stop = threading.Event()
+    checks = threading.Thread(target=refresher.loop, args=(stop,), name="checks", daemon=True)
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
@@ -147,11 +181,18 @@ def serve(config: Config, args: "argparse.Namespace", listen: str, interval: flo
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    def announce(line: str) -> None:
-        print(f"mps-health exporter: {line}", file=sys.stderr, flush=True)
+    def listening(url: str) -> None:
+        print(f"mps-health exporter: serving {url}, checks every {interval:g}s "
+              f"(budget {budget:g}s)", file=sys.stderr, flush=True)
+        checks.start()
 
     try:
-        serve_forever(refresher, address, announce, stop)
+        serve_http(lambda: refresher.page, address, listening, stop)
     except OSError as e:  # asyncio words it at length; the errno says it in the usual words
-        return fail(f"cannot listen on {listen}: {os.strerror(e.errno) if e.errno else e}")
+        raise Failure(f"cannot listen on {listen}: "
+                      f"{os.strerror(e.errno) if e.errno else e}") from None
+    finally:
+        # Let a run in flight end, so its bounded commands are killed by their deadline.
+        if checks.is_alive():
+            checks.join(budget + 2.0)
     return 0

@@ -10,11 +10,9 @@ logs the output of a run that fails.
 
 import argparse
 import os
-import sys
-from typing import Callable, List, Optional
+from typing import Callable
 
-from ..argv import add_common
-from .common import fail, load_config
+from .common import add_common, load_config
 
 # slurmd gives the program an almost empty environment: find scontrol and the MPS client.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -34,28 +32,10 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
     from ..remediation.healthcheck import main_run
 
     if not os.environ.get("PATH"):
         os.environ["PATH"] = SAFE_PATH
-    config = load_config(args)
-    if config is None:
-        return 3
-    try:
-        result = main_run(config, args.root, args.dry_run, args.mode)
-    except ConfigError as e:
-        return fail(str(e))
+    result = main_run(load_config(args), args.root, args.dry_run, args.mode)
     print("\n".join(result.lines), flush=True)
     return result.rc
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """The console script slurm.conf names: ``mps-health healthcheck`` with no arguments."""
-    from ..cli import main as cli_main
-
-    return cli_main(["healthcheck", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

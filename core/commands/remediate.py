@@ -8,8 +8,8 @@ changed), 2 acted but failed, 3 could not start.
 import argparse
 from typing import Callable
 
-from ..argv import add_common
-from .common import fail, load_config
+from ..exitcodes import Failure
+from .common import add_common, load_config
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
@@ -43,12 +43,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
     from ..remediation import actions
 
     config = load_config(args)
-    if config is None:
-        return 3
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -69,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
         from ..remediation import tmpfiles_guard
 
         return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
-    except (actions.ActionError, ConfigError) as e:
-        return fail(str(e))
+    except actions.ActionError as e:
+        raise Failure(str(e)) from None

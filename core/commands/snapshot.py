@@ -2,10 +2,11 @@
 
 import argparse
 import os
+import time
 from typing import Callable
 
-from ..argv import add_common
-from .common import fail, load_config
+from ..exitcodes import Failure
+from .common import add_common, load_config
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -23,10 +24,6 @@ def run(args: argparse.Namespace) -> int:
     from ..snapshot import dumps
 
     config = load_config(args)
-    if config is None:
-        return 3
-    import time
-
     if args.all:
         needs = list(registry.SOURCES)
     else:
@@ -37,13 +34,12 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         print(text)
         return 0
-    tmp = f"{args.output}.tmp{os.getpid()}"
+    from ..safefiles import write_atomic
+
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.output)
+        write_atomic(os.path.abspath(args.output), (text + "\n").encode(), 0o644)
     except OSError as e:
-        return fail(f"{args.output}: cannot write: {e.strerror}")
+        raise Failure(f"{args.output}: cannot write: {e.strerror or e}") from None
     print(f"snapshot of {facts.node} written to {args.output} "
           f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
     return 0

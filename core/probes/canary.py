@@ -133,7 +133,7 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
         ident = identity(ctx.proc, daemon_pid)
         if ident is not None:
             return ident[0]
-    from ..checks.daemon import expected_uid
+    from ..instances import expected_uid
 
     want = expected_uid(ctx.config.mps.daemon_user, None)
     return os.geteuid() if want is None else want

@@ -10,7 +10,7 @@ own queries to one pipe dir take turns across processes (exporter, slurmd, a hum
 
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..context import Context
 from ..facts import ControlAnswer, Instance
@@ -18,8 +18,10 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
-# Queries whose empty answer means "none" (no server runs, a server has no client).
-EMPTY_OK = ("get_server_list", "get_client_list")
+# Queries whose empty answer means "none" (no server runs, a server has no client, no
+# pinned memory limit is set: the H200's daemon printed nothing then).
+EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
+            "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
 
 
 def classify(command: str, done: Completed) -> ControlAnswer:
@@ -50,33 +52,24 @@ def _is_answer(command: str, out: str) -> bool:
 
 
 class _Lock:
-    """flock on a file per pipe dir; skipped (never fatal) where it cannot be made."""
+    """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
+    fatal, where it cannot be made (not root)."""
 
     def __init__(self, run_dir: str, pipe_dir: str) -> None:
-        self.path = os.path.join(run_dir, "control" + pipe_dir.replace("/", "_") + ".lock")
-        self.fd: Optional[int] = None
+        from ..filelock import FileLock
+
+        self.lock = FileLock(os.path.join(run_dir,
+                                          "control" + pipe_dir.replace("/", "_") + ".lock"))
+        self.path = self.lock.path
 
     def acquire(self, deadline: float) -> bool:
-        import fcntl
-
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            return self.lock.wait(deadline)
         except OSError:
             return True  # no lock possible here (not root): go on without one
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.01)
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
+        self.lock.release()
 
 
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],

@@ -6,8 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..context import Context
 from ..facts import DirFact, EntryFact, Instance
-
-PID_FILE = "nvidia-cuda-mps-control.pid"
+from ..pidfile import PID_FILE, read_text
 
 
 def kind_of(mode: int) -> str:
@@ -71,20 +70,9 @@ def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
     except OSError:
         return (), None
     if any(e.name == PID_FILE and e.kind == "file" for e in found):
-        pid_file = _read_no_follow(os.path.join(path, PID_FILE))
+        pid_file = read_text(path)
     found.sort()
     return tuple(found), pid_file
-
-
-def _read_no_follow(path: str) -> Optional[str]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 64).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:

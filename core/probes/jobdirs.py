@@ -8,7 +8,7 @@ import os
 from typing import List, NamedTuple, Optional, Tuple
 
 from ..context import Context
-from ..instances import job_pattern
+from ..templates import match
 from .dirs import kind_of
 
 
@@ -39,22 +39,21 @@ def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
     seen = set()
     for role, template in (("pipe", mps.pipe_dir), ("log", mps.log_dir)):
         parent = os.path.dirname(template)
-        pattern = job_pattern(template)
         try:
             names = sorted(os.listdir(ctx.path(parent)))
         except OSError:
             continue
         for name in names:
-            m = pattern.match(name)
+            fields = match(template, name)
             path = os.path.join(parent, name)
-            if not m or path in seen:
+            if fields is None or path in seen:
                 continue
             seen.add(path)
             try:
                 st = os.lstat(ctx.path(path))
             except OSError:
                 continue  # removed while we looked
-            found.append(JobDir(m.group("job"), role, path, kind_of(st.st_mode), st.st_uid,
+            found.append(JobDir(fields[0], role, path, kind_of(st.st_mode), st.st_uid,
                                 _owner(st.st_uid), st.st_mtime))
     return tuple(found)
 

@@ -115,7 +115,9 @@ def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
                        readable)
 
 
-def read_processes(proc_dir: str) -> Tuple[ProcessFact, ...]:
+def read_processes(proc_dir: str, not_children_of: Optional[int] = None
+                   ) -> Tuple[ProcessFact, ...]:
+    """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
     found: List[ProcessFact] = []
     try:
         names = os.listdir(proc_dir)
@@ -124,7 +126,7 @@ def read_processes(proc_dir: str) -> Tuple[ProcessFact, ...]:
     for name in names:
         if name.isdigit() and _comm_matches(proc_dir, int(name)):
             fact = read_process(proc_dir, int(name))
-            if fact is not None:
+            if fact is not None and (not_children_of is None or fact.ppid != not_children_of):
                 found.append(fact)
     found.sort(key=lambda p: p.pid)
     return tuple(found)
@@ -138,4 +140,9 @@ VALUE_TYPE = Tuple[ProcessFact, ...]
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
-    return read_processes(ctx.proc)
+    """The node's MPS processes, less the control clients this run itself started: the
+    control and servers queries run while /proc is read, and the client's cmdline and
+    environment are a daemon's (``nvidia-cuda-mps-control``, CUDA_MPS_PIPE_DIRECTORY),
+    so one caught alive would be judged a second daemon on its pipe dir."""
+    own = os.getpid() if ctx.root in ("", "/") else None
+    return read_processes(ctx.proc, not_children_of=own)

@@ -378,14 +378,15 @@ def _version_cache(ctx: Context, binary: str) -> Tuple[Optional[str], str]:
     except OSError:
         return None, ""
     key = f"{os.path.realpath(found)}:{st.st_mtime_ns}:{st.st_size}"
+    from ..safefiles import read_small
+
     try:
-        with open(os.path.join(ctx.path(ctx.config.run_dir), "slurm-version"),
-                  encoding="utf-8") as f:
-            cached_key, _, version = f.read().strip().partition("\t")
-        if cached_key == key:
-            return version, key
+        raw = read_small(os.path.join(ctx.path(ctx.config.run_dir), "slurm-version"), 4096)
     except OSError:
-        pass
+        raw = None
+    cached_key, _, version = (raw or b"").decode("utf-8", "replace").strip().partition("\t")
+    if raw is not None and cached_key == key:
+        return version, key
     return None, key
 
 
@@ -403,12 +404,13 @@ def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
             version = f"{major}.{minor}"
         except ParseError:
             return False
+        from ..safefiles import write_atomic
+
         try:
             os.makedirs(ctx.path(ctx.config.run_dir), mode=0o755, exist_ok=True)
-            path = os.path.join(ctx.path(ctx.config.run_dir), "slurm-version")
-            with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as f:
-                f.write(f"{key}\t{version}\n")
-            os.replace(f"{path}.{os.getpid()}", path)
+            write_atomic(os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir),
+                                                      "slurm-version")),
+                         f"{key}\t{version}\n".encode())
         except OSError:
             pass  # not root: ask again next run (local and cheap)
     if version is None:

@@ -7,10 +7,6 @@ set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/captures"
 export OUT PYTHONUNBUFFERED=1
-# nagiosplugin may be missing there: a wheel carried in .whl/ is installed if present.
-if ! python3 -c 'import nagiosplugin' 2>/dev/null && ls .whl/nagiosplugin-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps .whl/nagiosplugin-*.whl
-fi
 python3 -m pip install -q --no-deps --no-build-isolation . || exit 1
 {
   date -u; uname -r

@@ -6,8 +6,7 @@ afterwards; no GPU setting is changed. Everything seen is printed (``-s``) for
 docs/gpu-validation.md: check_mps's output on each state, the textfile and a scrape.
 
 With MPS_HEALTH_GPU_FAKE=1 (no GPU) the same steps run against tests/fakes' daemon,
-skipping the CUDA client. check_mps needs nagiosplugin; where it is not installed its
-steps skip with that reason (``pip install nagiosplugin``, or a wheel carried in).
+skipping the CUDA client.
 """
 
 import atexit
@@ -133,9 +132,7 @@ class Node:
                               timeout=timeout, env=self.env, cwd="/")
 
     def check_mps(self, *args: str) -> subprocess.CompletedProcess:
-        if not importable("nagiosplugin", self.env):
-            pytest.skip("nagiosplugin is not installed here: check_mps cannot run")
-        r = self.run("-m", "mps_health.exporters.nagios", "--config", str(self.config), *args)
+        r = self.run("-m", "mps_health.commands.check_mps", "--config", str(self.config), *args)
         show(f"check_mps {' '.join(args)}   (exit {r.returncode})", r.stdout + r.stderr)
         return r
 

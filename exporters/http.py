@@ -1,72 +1,17 @@
-"""The exporter's runtime: checks in a background thread, scrapes served from the cache.
+"""The exporter's HTTP side: /metrics served from a page kept ready by the caller.
 
-A scrape never runs a check: it returns the exposition rendered after the last run (plus
-the exporter's own ``process_*`` series), so a wedged daemon can slow a run down to its
-budget but never a scrape, and Prometheus' 10 s scrape timeout is never at risk. When
-runs stop finishing, ``mps_health_last_run_timestamp_seconds`` stops moving: that is
-what the alert watches.
+A scrape never runs a check: it returns the exposition the caller rendered after its
+last run (plus the exporter's own ``process_*`` series), so a wedged daemon can slow a
+run down to its budget but never a scrape, and Prometheus' 10 s scrape timeout is never
+at risk.
 """
 
-import sys
 import threading
-import time
-from typing import Callable, Optional, Sequence, Tuple
-
-from . import engine
-from .config import Config
+from typing import Callable, Tuple
 
 LANDING = (b"<html><head><title>mps-health exporter</title></head><body>"
            b"<h1>mps-health exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
            b"</body></html>\n")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-class Refresher:
-    """Runs the checks every ``interval_s`` and keeps the rendered exposition."""
-
-    def __init__(self, config: Config, root: str, only: Sequence[str], skip: Sequence[str],
-                 interval_s: float, budget_s: float) -> None:
-        from .exporters import prometheus
-        from .exporters.budget import within_budget
-
-        self.config = within_budget(config, budget_s)  # a wedged daemon judged, not lost
-        self.root, self.only, self.skip = root, list(only), list(skip)
-        self.interval_s, self.budget_s = interval_s, budget_s
-        self.record: Optional[prometheus.RunRecord] = None
-        self.page: bytes = prometheus.exposition(None)  # build info until the first run
-        self.runs = 0
-
-    def run_once(self):  # -> prometheus.RunRecord
-        from .exporters import prometheus
-
-        previous = self.record.last_success_at if self.record is not None else None
-        try:
-            facts, report = engine.run(self.config, self.root, self.only, self.skip,
-                                       self.budget_s)
-        except Exception as e:  # the engine never raises for a bad node; say so and go on
-            print(f"mps-health exporter: run failed: {_one_line(e)}", file=sys.stderr)
-            record = prometheus.RunRecord(None, time.time(), False, previous,
-                                          error=_one_line(e))
-        else:
-            now = time.time()
-            ok = prometheus.run_success(report)
-            record = prometheus.RunRecord(
-                report, now, ok, now if ok else previous,
-                {i.name: i.gpu for i in facts.instances if i.gpu})
-        page = prometheus.exposition(record)
-        self.record, self.page = record, page  # one reference each: a scrape sees either
-        self.runs += 1
-        return record
-
-    def loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            started = time.monotonic()
-            self.run_once()
-            stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
 
 def process_page() -> bytes:
@@ -91,16 +36,16 @@ class MetricsHTTP:
     time (bench/monitoring_speed.py). Keep-alive as Prometheus uses it; GET and HEAD only.
     """
 
-    def __init__(self, refresher: Refresher, with_process: bool = True) -> None:
-        self.refresher = refresher
+    def __init__(self, page: Callable[[], bytes], with_process: bool = True) -> None:
+        self.page = page
         self.with_process = with_process
         self.open: set = set()  # writers of open connections, closed at shutdown
 
     def route(self, path: str) -> Tuple[int, str, bytes]:
         if path == "/metrics":
-            from .exporters.prometheus import CONTENT_TYPE
+            from .prometheus import CONTENT_TYPE
 
-            body = self.refresher.page
+            body = self.page()
             if self.with_process:
                 body += process_page()
             return 200, CONTENT_TYPE, body
@@ -150,24 +95,20 @@ class MetricsHTTP:
             writer.close()
 
 
-def serve(refresher: Refresher, address: Tuple[str, int],
-          announce: Callable[[str], None], stop: threading.Event) -> None:
-    """Serve until ``stop`` is set (SIGTERM/SIGINT): HTTP on this thread's asyncio loop,
-    the checks in a thread of their own. OSError when the address cannot be bound."""
+def serve(page: Callable[[], bytes], address: Tuple[str, int],
+          listening: Callable[[str], None], stop: threading.Event) -> None:
+    """Serve ``page()`` at /metrics until ``stop`` is set, on this thread's asyncio loop.
+    ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
     import asyncio
 
-    checks = threading.Thread(target=refresher.loop, args=(stop,), name="checks", daemon=True)
-
     async def main() -> None:
-        http = MetricsHTTP(refresher)
+        http = MetricsHTTP(page)
         server = await asyncio.start_server(http.handle, address[0], address[1],
                                             reuse_address=True, backlog=128,
                                             limit=MAX_HEAD)
         host, port = server.sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in str(host) else host
-        announce(f"serving http://{shown}:{port}/metrics, checks every "
-                 f"{refresher.interval_s:g}s (budget {refresher.budget_s:g}s)")
-        checks.start()
+        listening(f"http://{shown}:{port}/metrics")
         try:
             while not stop.is_set():
                 await asyncio.sleep(0.25)
@@ -178,6 +119,3 @@ def serve(refresher: Refresher, address: Tuple[str, int],
             await asyncio.wait_for(server.wait_closed(), 5.0)
 
     asyncio.run(main())
-    # Let a run in flight end, so its bounded commands are killed by their deadline.
-    if checks.is_alive():
-        checks.join(refresher.budget_s + 2.0)

@@ -12,12 +12,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
-from mps_health.commands.common import fail, load_config
+from ..exitcodes import ExitCode, Failure
+from .common import load_config
 
 if TYPE_CHECKING:
     import argparse
 
-    from mps_health.config import Config
+    from ..config import Config
 
 DEFAULT_PREFIX = "/etc/slurm"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -85,7 +86,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
         handler = getattr(args, "slurm_handler", None)
         if handler is None:
             p.print_help()
-            return 3
+            return ExitCode.UNKNOWN
         return int(handler(args))
 
     return run
@@ -93,9 +94,8 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 # --- settings shared with the checks' config --------------------------------------------
 def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
-    from mps_health.slurm_settings import mps_gpu_ids
-
-    from .gpus import parse_choice
+    from ..slurm.gpus import parse_choice
+    from ..slurm_settings import mps_gpu_ids
 
     if args.mps_gpus is not None:
         return parse_choice(args.mps_gpus)
@@ -112,72 +112,62 @@ def mps_count(args: "argparse.Namespace", config: "Config") -> int:
 
 
 def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
-    from .gpus import gres_gpus, nvml_facts
+    from ..slurm.gpus import gres_gpus, nvml_facts
 
     facts = nvml_facts(args.nvml_record)
     return gres_gpus(facts, mps_choice(args, config)), facts.driver_version
 
 
 def _node(args: "argparse.Namespace", config: "Config") -> str:
-    from mps_health.context import node_name
+    from ..context import node_name
 
     return args.node_name or node_name(config)
 
 
-def _read(path: str) -> Optional[str]:
+def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as e:
-        fail(f"{path}: cannot read: {e.strerror}")
-        return None
+        raise Failure(f"{path}: cannot read: {e.strerror}") from None
 
 
-def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count) or None
-    from .gpus import GpusError
+def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
+    from ..slurm.gpus import GpusError
 
     config = load_config(args)
-    if config is None:
-        return None
     try:
         gpus, driver = _gpus(args, config)
         count = mps_count(args, config)
     except (GpusError, ValueError) as e:
-        fail(str(e))
-        return None
+        raise Failure(str(e)) from None
     if not gpus:
-        fail("NVML sees no GPU on this node: nothing to write")
-        return None
+        raise Failure("NVML sees no GPU on this node: nothing to write")
     return config, gpus, driver, count
 
 
 def gres_conf(args: "argparse.Namespace") -> int:
-    from .render import diff_gres_conf, render_gres_conf
+    from ..slurm.render import diff_gres_conf, render_gres_conf
 
-    prepared = _prepare(args)
-    if prepared is None:
-        return 3
-    config, gpus, driver, count = prepared
+    config, gpus, driver, count = _prepare(args)
     node = _node(args, config)
     text = render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
     if not args.diff:
         sys.stdout.write(text)
-        return 0
-    from mps_health.slurm_settings import settings
+        return ExitCode.OK
+    from ..slurm_settings import settings
 
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
     installed = _read(path)
-    if installed is None:
-        return 3
     diff = diff_gres_conf(text, installed, node, path)
     if diff:
         sys.stdout.write(diff)
         print(f"mps-health: {path} differs from NVML for {node} (- installed, + expected)",
               file=sys.stderr)
-        return 1
+        return ExitCode.DIFFERS
     print(f"{path} matches NVML for {node}")
-    return 0
+    return ExitCode.OK
 
 
 def health_check_default() -> str:
@@ -187,52 +177,46 @@ def health_check_default() -> str:
 
 
 def conf(args: "argparse.Namespace") -> int:
-    from .render import diff_slurm_conf, render_slurm_conf
+    from ..slurm.render import diff_slurm_conf, render_slurm_conf
 
-    prepared = _prepare(args)
-    if prepared is None:
-        return 3
-    config, gpus, _, count = prepared
+    config, gpus, _, count = _prepare(args)
     if not 1 <= args.health_check_interval <= 86400:
-        return fail("--health-check-interval must be between 1 and 86400 seconds")
+        raise Failure("--health-check-interval must be between 1 and 86400 seconds")
     node = _node(args, config)
     text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix,
                              args.health_check_program or health_check_default(),
                              args.health_check_interval)
     if not args.diff:
         sys.stdout.write(text)
-        return 0
+        return ExitCode.OK
     path = args.slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
     installed = _read(path)
-    if installed is None:
-        return 3
     diff = diff_slurm_conf(text, installed, node, path)
     if diff:
         sys.stdout.write(diff)
         print(f"mps-health: {path} lacks settings mps-health needs (- installed, + expected)",
               file=sys.stderr)
-        return 1
+        return ExitCode.DIFFERS
     print(f"{path} has every setting mps-health needs for {node}")
-    return 0
+    return ExitCode.OK
 
 
 def install(args: "argparse.Namespace") -> int:
-    from .install import InstallError, conf_lines, plan
-    from .install import install as write
+    from ..slurm.install import InstallError, conf_lines, plan
+    from ..slurm.install import install as write
 
     config = os.path.abspath(args.config) if args.config else None
-    if load_config(args) is None:  # the hooks would refuse it at every job: say so now
-        return 3
+    load_config(args)  # the hooks would refuse a bad one at every job: say so now
     if args.dry_run:
         for w in plan(args.prefix, args.python, config):
             print(f"==> {w.path} (mode 0755)\n{w.text}")
-        return 0
+        return ExitCode.OK
     try:
         scripts = write(args.prefix, args.python, config, args.force)
     except (InstallError, OSError) as e:
-        return fail(f"install: {e}")
+        raise Failure(f"install: {e}") from None
     for w in scripts:
         print(f"wrote {w.path}")
     print("slurm.conf (every node and the controller), then `scontrol reconfigure`:")
     sys.stdout.write(conf_lines(scripts))
-    return 0
+    return ExitCode.OK

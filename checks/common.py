@@ -1,0 +1,51 @@
+"""Helpers several checks share: finding an instance's live daemons, and the one UNKNOWN
+line each for facts that come from NVML or Slurm. Checks import this module and never
+one another."""
+
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from mps_health.facts import DirFact, Instance, ProcessFact
+from mps_health.instances import pipe_paths
+from mps_health.results import UNKNOWN, Result
+
+if TYPE_CHECKING:
+    from mps_health.probes.nvml import NvmlFacts
+    from mps_health.probes.slurm import SlurmFacts
+
+
+def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
+                 root: str = "/") -> List[ProcessFact]:
+    """The live control daemons serving ``inst``, by environ or else by pid file."""
+    paths = pipe_paths(inst, root)
+    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
+    found = [p for p in controls if p.pipe_dir in paths]
+    if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
+        named = int(pipe.pid_file)
+        found = [p for p in controls if p.pid == named and not p.environ_readable]
+    return found
+
+
+def nvml_unavailable(check: str, nvml: "NvmlFacts") -> Result:
+    """The one UNKNOWN line for a node where NVML cannot be used (shared by GPU checks)."""
+    action = {
+        "PYNVML_MISSING": "pip install nvidia-ml-py",
+        "LIBRARY_NOT_FOUND": "install the NVIDIA driver, or do not enable GPU checks on "
+                             "nodes without GPUs",
+        "DRIVER_NOT_LOADED": "load the driver (modprobe nvidia) and look at dmesg",
+        "NO_PERMISSION": "run mps-health as root",
+        "LIB_RM_VERSION_MISMATCH": "reboot the node (or reload the nvidia module)",
+    }.get(nvml.error_code or "", "look at dmesg and nvidia-smi")
+    return Result(check, UNKNOWN, "nvml-unavailable", "", f"NVML: {nvml.error}", action)
+
+
+def slurm_unavailable(check: str, slurm: "SlurmFacts") -> Result:
+    """The UNKNOWN line when Slurm could not be asked (gres-drift, orphans)."""
+    action = {
+        "timeout": "check slurmctld ('scontrol ping'); this is not an MPS failure",
+        "unreachable": "check slurmctld ('scontrol ping'); this is not an MPS failure",
+        "node-unknown": f"Slurm has no node '{slurm.node_name}': set node_name in the config "
+                        "(or run under slurmd, which sets SLURMD_NODENAME)",
+        "exec-failed": "install the Slurm client or set commands.scontrol in the config",
+    }.get(slurm.error_code or "", "run the command by hand to see what Slurm says")
+    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts",
+                  action)

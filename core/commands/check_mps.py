@@ -1,0 +1,161 @@
+"""``check_mps``: the Nagios/Icinga plugin, in monitoring-plugins' conventions.
+
+One engine run within the plugin's own time limit, rendered by ``exporters.nagios``:
+``MPS <STATE> - summary | perfdata``, long output with ``-v``; exit 0 OK, 1 WARNING,
+2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit 3 as monitoring-plugins'
+do (argparse's own 2 would read as CRITICAL), and every failure is one UNKNOWN line on
+stdout, where Nagios reads it.
+
+Time: the engine's budget is set below ``-t`` (``engine.budget_within``), so a wedged
+daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the plugin
+overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN, by SIGALRM.
+"""
+
+import argparse
+import sys
+from typing import Callable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
+
+from .. import __version__
+from ..exitcodes import ExitCode
+from .common import UsageError, edge, load_config, names
+
+PROG = "check_mps"
+DEFAULT_TIMEOUT = 10
+T = TypeVar("T")
+
+
+class Timeout(Exception):
+    """The plugin's own time limit (-t) ran out."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
+
+
+def _range(text: str) -> str:
+    from ..exporters.nagios import Range
+
+    try:
+        Range.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid range {text!r} (forms: 10, 10:, ~:10, 10:20, @10:20)") from None
+    return text
+
+
+def _timeout(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds") from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"timeout {value} out of range 1..3600")
+    return value
+
+
+def parser() -> _Parser:
+    p = _Parser(prog=PROG, add_help=False, description=(
+        "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
+        "mps-health runs. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."),
+        epilog="Ranges follow the monitoring-plugins syntax: 10 (alert outside 0..10), "
+               "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
+               "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
+               "within it is CRITICAL (control-wedged).")
+    p.add_argument("-w", "--warning", type=_range, metavar="RANGE",
+                   help="control latency warning range in seconds (default: the config's "
+                        "control.warn_latency_s, 0.5)")
+    p.add_argument("-c", "--critical", type=_range, metavar="RANGE",
+                   help="control latency critical range in seconds (default: twice the "
+                        "warning threshold, 1)")
+    p.add_argument("-t", "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"the plugin's own time limit (default {DEFAULT_TIMEOUT}); the "
+                        "checks get a budget below it")
+    p.add_argument("--only", type=names, default=[], metavar="A,B",
+                   help="run only these checks (mps-health's names)")
+    p.add_argument("--skip", type=names, default=[], metavar="A,B",
+                   help="do not run these checks")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    p.add_argument("--root", metavar="DIR", default="/", help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="long output: -v every result and action, -vv also timings")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("-V", "--version", action="store_true", help="show the version and exit")
+    return p
+
+
+def within(seconds: int, body: Callable[[], T]) -> T:
+    """``body()``, or Timeout after ``seconds`` (SIGALRM: interrupts a read stuck in the
+    kernel too; the main thread only)."""
+    import signal
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise Timeout()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        return body()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run(argv: Sequence[str]) -> Tuple[str, int]:
+    """(the plugin's output, its exit code)."""
+    from .. import engine
+    from ..exporters import nagios
+
+    p = parser()
+    args = p.parse_args(list(argv))
+    if args.help:
+        return p.format_help(), ExitCode.UNKNOWN
+    if args.version:
+        return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
+    config = load_config(args)
+    engine.select_checks(config, args.only, args.skip)
+    warning = nagios.Range.parse(args.warning if args.warning is not None
+                                 else f"{config.control.warn_latency_s:g}")
+    if args.critical is not None:
+        critical: Optional[nagios.Range] = nagios.Range.parse(args.critical)
+    elif warning.end != float("inf"):
+        critical = nagios.Range.parse(f"{2 * warning.end:g}")
+    else:
+        critical = None
+    # -w/-c judge latency here: the control check's own slow-answer warning is off.
+    config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
+    budget = engine.budget_within(args.timeout, config.budget_s)
+    try:
+        _, report = within(args.timeout, lambda: engine.run(
+            config, args.root, args.only, args.skip, budget))
+    except Timeout:
+        return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
+                              "finished (raise -t, or look for a hung process on the "
+                              "node)"), ExitCode.UNKNOWN
+    return nagios.render(report, nagios.Thresholds(warning, critical), args.verbose)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The console script: print the output, return the Nagios exit code."""
+    out: List[str] = []
+
+    def body() -> int:
+        text, code = run(sys.argv[1:] if argv is None else argv)
+        out.append(text)
+        return code
+
+    def say(line: str) -> None:  # one line, no '|' (it would start perfdata)
+        out.append(" ".join(line.replace("|", "/").split()) + "\n")
+
+    code = edge(body, say, "MPS UNKNOWN - ")
+    try:
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

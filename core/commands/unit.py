@@ -1,0 +1,52 @@
+"""``mps-health unit prepare|stop``: the two steps of contrib/systemd/nvidia-mps@.service
+that a plain command line cannot do safely (mps_health.remediation.unit says how).
+
+The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
+CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
+Exit 0 done, 2 failed (systemd then marks the start or stop failed), 3 bad usage.
+"""
+
+import argparse
+import os
+from typing import Callable
+
+from ..exitcodes import Failure
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = p.add_subparsers(dest="step", metavar="STEP", parser_class=type(p))
+    sub.required = True
+    for name, text in (("prepare", "make the pipe and log dirs safely (ExecStartPre)"),
+                       ("stop", "quit the daemon and wait for it to exit (ExecStop)")):
+        a = sub.add_parser(name, help=text, description=text)
+        a.add_argument("--pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                       help="default: $CUDA_MPS_PIPE_DIRECTORY")
+        if name == "prepare":
+            a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
+                           help="default: $CUDA_MPS_LOG_DIRECTORY")
+            a.add_argument("--mode", default="0777", help="mode of both dirs (octal)")
+        else:
+            a.add_argument("--control", default="nvidia-cuda-mps-control",
+                           help="the control client (the unit names its absolute path)")
+            a.add_argument("--timeout", type=float, default=20.0,
+                           help="seconds to wait for the daemon to exit (below the unit's "
+                           "TimeoutStopSec)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..remediation.unit import prepare, stop
+
+    if not args.pipe_dir or not os.path.isabs(args.pipe_dir):
+        raise Failure(f"unit {args.step}: set CUDA_MPS_PIPE_DIRECTORY (an absolute path) in "
+                      "the unit's Environment=, or give --pipe-dir")
+    if args.step == "prepare":
+        if not args.log_dir or not os.path.isabs(args.log_dir):
+            raise Failure("unit prepare: set CUDA_MPS_LOG_DIRECTORY (an absolute path) in the "
+                          "unit's Environment=, or give --log-dir")
+        try:
+            mode = int(args.mode, 8)
+        except ValueError:
+            raise Failure(f"unit prepare: --mode {args.mode!r} is not an octal mode") from None
+        return prepare(args.pipe_dir, args.log_dir, mode, print)
+    return stop(args.pipe_dir, args.control, args.timeout, print)

@@ -1,0 +1,35 @@
+"""Exit codes, named once, and the one exception that carries an expected failure.
+
+Every command exits with a Nagios code: monitoring reads 0 OK, 1 WARNING, 2 CRITICAL,
+3 UNKNOWN. Commands that act (remediate, unit, slurm --diff) give the same numbers
+their own meaning: 0 done or nothing to do, 1 refused or differs (nothing changed),
+2 acted but failed, 3 could not start (bad config or arguments, not root, ...); a
+``--diff`` exits 1 when the files differ.
+"""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    WARNING = 1
+    CRITICAL = 2
+    UNKNOWN = 3
+    # The same numbers, as commands that act read them.
+    DONE = 0
+    REFUSED = 1
+    DIFFERS = 1
+    FAILED = 2
+    CANNOT = 3
+
+
+class Failure(Exception):
+    """An expected failure: one line for the user and the exit code it gives.
+
+    Raised anywhere below the commands; the command edge prints it and exits with
+    ``code``, so library code never prints errors or calls ``sys.exit`` itself.
+    """
+
+    def __init__(self, message: str, code: int = ExitCode.UNKNOWN) -> None:
+        super().__init__(message)
+        self.code = int(code)

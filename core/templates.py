@@ -1,0 +1,73 @@
+"""The pipe/log dir templates (``mps.pipe_dir``, ``mps.log_dir``): ``{gpu}`` and ``{job}``.
+
+The one expansion (``expand``), the one matcher for names found on disk (``pattern``) and
+the one glob (``glob``), so the dirs the Prolog makes are exactly the dirs the checks,
+remediation, the Epilog and the tmpfiles guard find. Where the fields may stand is
+checked once, when the config is loaded; the values are checked here, on every
+expansion: a job id is digits, a GPU an index or a UUID (letters, digits, '-'), so a
+value can never add a path component.
+"""
+
+import os
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import re
+
+DIGITS = frozenset("0123456789")
+GPU_CHARS = DIGITS | frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
+_FIELD = {"job": r"(?P<job>[0-9]+)", "gpu": r"(?P<gpu>[0-9A-Za-z-]+?)"}
+
+
+class TemplateError(ValueError):
+    """A field value that would not make a plain path component."""
+
+
+def expand(template: str, job: str = "", gpu: str = "") -> str:
+    """``template`` with ``{job}`` and ``{gpu}`` filled in (empty where not used)."""
+    for name, value, chars in (("job", job, DIGITS), ("gpu", gpu, GPU_CHARS)):
+        if f"{{{name}}}" in template and not (value and set(value) <= chars):
+            raise TemplateError(f"{name} {value!r} is not a valid {{{name}}} value for "
+                                f"{template}")
+    return template.format(job=job, gpu=gpu)
+
+
+def split_fields(text: str) -> List[Tuple[str, str]]:
+    """(literal, field) pairs of a template: ``a{job}b`` -> [("a", "job"), ("b", "")]."""
+    parts: List[Tuple[str, str]] = []
+    while text:
+        start = text.find("{")
+        end = text.find("}", start) if start >= 0 else -1
+        if end < 0:
+            parts.append((text, ""))
+            break
+        parts.append((text[:start], text[start + 1:end]))
+        text = text[end + 1:]
+    return parts
+
+
+def pattern(template: str) -> "re.Pattern[str]":
+    """A regex for the last component of a per-job template (groups ``job``, ``gpu``)."""
+    import re  # only for the per-job layout: the plain check never loads it
+
+    out = ""
+    for literal, field in split_fields(os.path.basename(template)):
+        out += re.escape(literal)
+        if field:
+            if field not in _FIELD:
+                raise TemplateError(f"unknown field {{{field}}} in {template!r}")
+            out += _FIELD[field]
+    return re.compile(out + r"\Z")
+
+
+def match(template: str, name: str) -> Optional[Tuple[str, str]]:
+    """(job, gpu) of a dir name that fits the template's last component; None if not."""
+    m = pattern(template).match(name)
+    if m is None:
+        return None
+    return m.group("job"), m.groupdict().get("gpu") or ""
+
+
+def glob(template: str) -> str:
+    """The template as a glob, for tmpfiles.d (every field becomes ``*``)."""
+    return "".join(literal + ("*" if field else "") for literal, field in split_fields(template))

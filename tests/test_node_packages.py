@@ -1,0 +1,121 @@
+"""The Debian package, built with Debian's own tools (dpkg-buildpackage, dh-virtualenv) in a
+Debian 13 root, installed with dpkg -i in a fresh one and used there as root, a job user
+and nagios; dpkg -r leaves only the admin's config and the state, dpkg -P only the config."""
+# ruff: noqa: F811  (dists comes from fleethelp)
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from debian_root import fresh_root
+from fleethelp import CONTRIB, dists  # noqa: F401
+from nodeinstall import REPO, Node, make_wheelhouse, run, unpack_sdist
+
+pytestmark = pytest.mark.node_install
+
+BUILD_PACKAGES = ["python3", "python3-venv", "dh-virtualenv", "debhelper", "dpkg-dev",
+                  "build-essential"]
+NODE_PACKAGES = ["python3", "python3-venv"]
+PER_JOB = "mps:\n  layout: per-job\n"
+# dpkg's and apt's own records change with any dpkg -i; they are not ours.
+BOOKKEEPING = ("/var/lib/dpkg", "/var/log/dpkg.log", "/var/log/apt", "/var/cache/debconf",
+               "/var/log/alternatives.log")
+
+
+@pytest.fixture(scope="module")
+def deb(dists, tmp_path_factory) -> Iterator[Path]:
+    """contrib/debian built as its README-like header says: the sdist, debian/ copied in,
+    the wheel folder plus setuptools' wheel, dpkg-buildpackage -b in a Debian 13 root."""
+    base = tmp_path_factory.mktemp("debbuild")
+    root = fresh_root(base / "root", BUILD_PACKAGES)
+    src = unpack_sdist(dists.sdist, root / "build")
+    wheels = make_wheelhouse(src)
+    r = run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--dest", str(wheels), "setuptools>=61"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(src / "contrib" / "debian", src / "debian")
+    r = Node(root).sh(f"cd /build/{src.name}\ndpkg-buildpackage -b -us -uc", timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    [built] = (root / "build").glob("mps-health_0.1.0_*.deb")
+    yield built
+
+
+def test_deb_depends_and_contents(deb: Path) -> None:
+    fields = run(["dpkg-deb", "-f", str(deb), "Depends", "Architecture"]).stdout
+    assert "Depends: libc6" in fields and "python3.13" in fields, fields
+    listing = run(["dpkg-deb", "-c", str(deb)]).stdout
+    for path in ("./opt/mps-health/bin/python3 -> python3.13", "./usr/sbin/mps-health -> "
+                 "/opt/mps-health/bin/mps-health", "./usr/lib/nagios/plugins/check_mps -> "
+                 "/opt/mps-health/bin/check_mps", "./usr/lib/systemd/system/nvidia-mps.service",
+                 "./usr/lib/systemd/system/nvidia-mps@.service",
+                 "./usr/libexec/mps-health/mps-health-task-prolog",
+                 "./usr/share/doc/mps-health/examples/config.example.yaml",
+                 "/site-packages/pynvml.py",
+                 "/site-packages/yaml/__init__.py", "/site-packages/mps_health/cli.py"):
+        assert path in listing, path
+    assert "./etc/mps-health/config.yaml" not in listing  # the defaults apply until you write one
+    assert "/bin/activate" not in listing and "/site-packages/pip/" not in listing
+    conffiles = run(["dpkg-deb", "-I", str(deb), "conffiles"])
+    assert conffiles.returncode != 0 or "mps-health/config" not in conffiles.stdout
+
+
+def test_deb_installs_runs_and_leaves_only_config_and_state(deb: Path, tmp_path: Path) -> None:
+    node = Node(fresh_root(tmp_path / "root", NODE_PACKAGES))
+    node.add_users()
+    shutil.copy(deb, node.root / "root")
+    shutil.copytree(REPO / "examples", node.root / "root/examples")
+    before = node.files()
+    out = node.ok(f"dpkg -i /root/{deb.name}")
+    assert "Setting up mps-health (0.1.0)" in out
+
+    assert node.ok("mps-health --version") == "mps-health 0.1.0\n"
+    assert node.ok("command -v mps-health") == "/usr/sbin/mps-health\n"
+    replay = node.sh("cd /root && mps-health check --replay examples/broken-node.json")
+    assert replay.returncode == 2 and replay.stdout.startswith("MPS CRITICAL - 3 problems")
+    plugin = node.sh("/usr/lib/nagios/plugins/check_mps -t 10", user="nagios")
+    assert plugin.returncode == 2 and plugin.stdout.startswith("MPS CRITICAL - "), plugin
+    assert node.ok("/usr/sbin/mps-health --version", user="alice") == "mps-health 0.1.0\n"
+    # The packaged hooks (config: the default path): the TaskProlog, as the job's user,
+    # reads the admin's config.
+    (node.root / "etc/mps-health/config.yaml").write_text(PER_JOB)
+    uid = node.uid("alice")
+    node.ok("install -d -m 0700 -o alice -g alice /tmp/nvidia-mps_job9\nmps-health check || :")
+    exports = node.sh("/usr/libexec/mps-health/mps-health-task-prolog", user="alice",
+                      env={"SLURM_JOB_ID": "9", "SLURM_JOB_UID": uid, "SLURM_JOB_GPUS": "0"})
+    assert exports.returncode == 0, exports
+    assert exports.stdout == "export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps_job9\n"
+    assert (node.root / "var/lib/mps-health").exists()
+
+    node.ok("dpkg -r mps-health")
+    after = node.files()
+    # deb-systemd-helper remembers the units' enablement until the purge (Debian's way).
+    kept = ("/etc/mps-health", "/var/lib/mps-health", "/var/log/mps-health",
+            "/var/lib/systemd/deb-systemd-helper-", *BOOKKEEPING)
+    assert sorted(p for p in set(after) - set(before) if not p.startswith(kept)) == []
+    # No Debian package owns /opt (base-files makes it), so dpkg removes it, empty, with the
+    # last package that shipped files there: dpkg's doing, and nothing of ours.
+    gone = sorted(p for p in set(before) - set(after) if not p.startswith(BOOKKEEPING))
+    assert gone in ([], ["/opt"]), gone
+    assert "/etc/mps-health/config.yaml" in after
+    assert any(p.startswith("/var/lib/mps-health/") for p in after)  # the state is kept
+
+    node.ok("dpkg -P mps-health")
+    purged = node.files()
+    left = sorted(p for p in set(purged) - set(before) if not p.startswith(BOOKKEEPING))
+    assert left == ["/etc/mps-health", "/etc/mps-health/config.yaml"]  # the admin's own file
+
+
+def test_deb_rules_are_the_files_the_test_builds() -> None:
+    """contrib/debian is complete: dpkg-buildpackage needs control, rules (executable),
+    changelog and source/format."""
+    debian = CONTRIB / "debian"
+    for name in ("control", "changelog", "source/format", "rules"):
+        assert (debian / name).is_file(), name
+    assert (debian / "rules").stat().st_mode & 0o111
+    r = subprocess.run(["dpkg-parsechangelog", "-l", str(debian / "changelog"), "-S", "Version"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        assert r.stdout.strip() == "0.1.0"
