@@ -14,12 +14,12 @@ from mps_health.facts import Instance
 from mps_health.filelock import FileLock, LockBusy, node_lock
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.results import STATE_NAMES
+from mps_health.users import UserError, resolve
 
 from . import reset as reset_mod
 from .audit import Audit
 from .dirs import DirTarget
 from .settings import RemediationSettings, remediation
-from .users import UserError, resolve
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
 
@@ -52,7 +52,9 @@ def need_root(dry_run: bool, action: str) -> None:
 
 
 def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
-    found = instances.gather(ctx)
+    from mps_health.probes.slurm import with_jobs
+
+    found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
     if name:
         chosen = tuple(i for i in found if i.name == name)

@@ -131,7 +131,7 @@ def _pct(value: Optional[float]) -> str:
 
 
 def render_text(data: Dict[str, Any]) -> str:
-    from ..textsafe import escape as e
+    from ..printable import escape as e
 
     lines: List[str] = [f"MPS clients on {e(data['node'])}"]
     for inst in data["instances"]:
@@ -188,4 +188,6 @@ def run(args: "argparse.Namespace") -> int:
         print(json.dumps(data, indent=1, sort_keys=True))
     else:
         print(render_text(data))
-    return 3 if "servers" not in facts.sources else 0
+    # UNKNOWN when any instance's servers could not be listed (the view says why).
+    listed = all(i["query"] in ("ok", "idle") for i in data["instances"])
+    return 0 if "servers" in facts.sources and listed else 3

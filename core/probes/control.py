@@ -53,16 +53,21 @@ def _is_answer(command: str, out: str) -> bool:
 
 class _Lock:
     """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
-    fatal, where it cannot be made (not root)."""
+    fatal, where it cannot be made (not root), and under --root (which writes nothing).
+    Pipe dirs come and go with jobs, so the file is removed when the query is done."""
 
-    def __init__(self, run_dir: str, pipe_dir: str) -> None:
+    def __init__(self, ctx: Context, pipe_dir: str) -> None:
         from ..filelock import FileLock
 
-        self.lock = FileLock(os.path.join(run_dir,
-                                          "control" + pipe_dir.replace("/", "_") + ".lock"))
+        self.read_only = ctx.read_only
+        self.lock = FileLock(os.path.join(ctx.path(ctx.config.run_dir),
+                                          "control" + pipe_dir.replace("/", "_") + ".lock"),
+                             transient=True)
         self.path = self.lock.path
 
     def acquire(self, deadline: float) -> bool:
+        if self.read_only:
+            return True
         try:
             return self.lock.wait(deadline)
         except OSError:
@@ -81,7 +86,7 @@ def ask_all(ctx: Context, instances: Tuple[Instance, ...],
     started: List[Tuple[Instance, Pending, _Lock]] = []
     answers: Dict[str, ControlAnswer] = {}
     for inst in instances:
-        lock = _Lock(ctx.path(cfg.run_dir), inst.pipe_dir)
+        lock = _Lock(ctx, inst.pipe_dir)
         if not lock.acquire(deadline):
             answers[inst.name] = ControlAnswer(
                 command, "skipped", None, "", "", 0.0,
@@ -109,7 +114,7 @@ def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
 
 def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
     """The lock our queries to ``inst``'s pipe dir take turns on (acquire, then release)."""
-    return _Lock(ctx.path(ctx.config.run_dir), inst.pipe_dir)
+    return _Lock(ctx, inst.pipe_dir)
 
 
 def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:

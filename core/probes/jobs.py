@@ -45,8 +45,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
     from .servers import read_daemon
 
     node = node_name(ctx.config, ctx.env)
-    # The fast path: no daemon has a server child, so no client exists to judge.
-    if not any(read_daemon(ctx, inst)[2] for inst in instances):
+    # The fast path: no live daemon with a server child, so no client is listed to judge.
+    daemons = [read_daemon(ctx, inst) for inst in instances]
+    if not any(pid is not None and busy for pid, _start, busy in daemons):
         return JobsFacts(node, None, "", asked=False)
     timeout = settings(ctx.config).timeout_s
     argv = squeue_argv(ctx.config, node)

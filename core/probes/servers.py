@@ -33,6 +33,7 @@ from ..facts_deep import (
 )
 from ..pidfile import read_pid
 from ..schema import Record, Section, number
+from ..users import name_of
 from . import clientinfo, control, proc
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
@@ -115,22 +116,6 @@ def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
     return None if state in ("Z", "X") else (uid, start)
 
 
-_names: Dict[int, Optional[str]] = {}
-
-
-def user_name(uid: Optional[int]) -> Optional[str]:
-    if uid is None:
-        return None
-    if uid not in _names:
-        import pwd
-
-        try:
-            _names[uid] = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            _names[uid] = None
-    return _names[uid]
-
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
@@ -158,7 +143,7 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     for pid in pids:
         ident = identity(ctx.proc, pid)
         uid, start = ident if ident else (None, None)
-        fact = ClientFact(pid, uid, user_name(uid), start)
+        fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
             info = clientinfo.read_client(ctx.proc, pid, start)
             fact = fact._replace(**info._asdict())
@@ -261,13 +246,13 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
         return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
-                          user_name(uid), start, ())
+                          name_of(uid), start, ())
     try:
         status = parse_server_status(status_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, "error", f"get_server_status: {e}", uid, user_name(uid), start, ())
+        return ServerFact(pid, "error", f"get_server_status: {e}", uid, name_of(uid), start, ())
     if status == "gone":
-        return ServerFact(pid, "gone", "exited since the server list", uid, user_name(uid),
+        return ServerFact(pid, "gone", "exited since the server list", uid, name_of(uid),
                           start, ())
     clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
     try:
@@ -275,11 +260,11 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
             raise ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
             return ServerFact(pid, "gone", "exited since the server list", uid,
-                              user_name(uid), start, ())
+                              name_of(uid), start, ())
         pids = parse_pid_list(clients_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, status, f"get_client_list: {e}", uid, user_name(uid), start, ())
-    return ServerFact(pid, status, "", uid, user_name(uid), start, read_clients(ctx, pids))
+        return ServerFact(pid, status, f"get_client_list: {e}", uid, name_of(uid), start, ())
+    return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
 
 
 def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
@@ -357,8 +342,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     for t in threads:
         t.start()
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")
-    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load(Dict[str, ServerMemory], {})
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    previous, error = state.load(Dict[str, ServerMemory], {}) if not ctx.read_only \
+        else ({}, "")
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
