@@ -20,8 +20,6 @@ import os
 import stat
 from typing import Optional
 
-from .safedirs import open_dir, split
-
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -29,6 +27,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
     import secrets
+
+    from .safedirs import open_dir, split  # lazy: readers on the check's path never need it
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
@@ -69,7 +69,12 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        data = os.read(fd, limit + 1)
+        data = b""
+        while len(data) <= limit:  # procfs and some file systems return short reads
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
         return data

@@ -32,6 +32,7 @@ from ..facts_deep import (
     ServersFacts,
 )
 from ..pidfile import read_pid
+from ..safefiles import read_small
 from ..schema import Record, Section, number
 from ..users import name_of
 from . import clientinfo, control, proc
@@ -88,18 +89,12 @@ def parse_children(text: str) -> Tuple[int, ...]:
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-def _read_small(path: str, follow: bool = True) -> Optional[str]:
-    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+def _read_small(path: str) -> Optional[str]:
     try:
-        fd = os.open(path, flags)
+        data = read_small(path, 65536)
     except OSError:
         return None
-    try:
-        return os.read(fd, 65536).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
