@@ -12,6 +12,9 @@ from mps_health.facts import ControlAnswer, Facts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 NAME = "control"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
+         "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:

@@ -15,6 +15,9 @@ from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
 NAME = "daemon"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
+         "daemon-uninterruptible", "daemon-foreign", "instances-capped")
 
 
 def _reset(inst: Instance) -> str:

@@ -17,6 +17,9 @@ from mps_health.probes.logs import settings
 from mps_health.results import OK, UNKNOWN, WARNING, Result, ok
 
 NAME = "logs"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-fatal", "log-server-exit",
+         "log-server-start-failed", "logs-unreadable")
 
 # code -> (state, what it means, what to do)
 MEANING = {

@@ -17,6 +17,9 @@ from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.servertrack import advance, status_since
 
 NAME = "servers"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
+         "daemon-restarted", "server-churn")  # the last two: events of core/servertrack.py
 
 
 def _reset(name: str) -> str:

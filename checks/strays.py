@@ -13,6 +13,8 @@ from mps_health.instances import pipe_paths
 from mps_health.results import CRITICAL, WARNING, Result, ok
 
 NAME = "strays"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-unexpected", "server-orphaned")
 
 
 def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:

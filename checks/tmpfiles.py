@@ -14,6 +14,8 @@ from mps_health.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.results import OK, WARNING, Result, ok
 
 NAME = "tmpfiles"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("tmpfiles-unguarded",)
 AGING_TYPES = frozenset("dDevqQ")
 
 
