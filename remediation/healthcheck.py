@@ -71,10 +71,10 @@ def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
     """(failure code, drain reason starting with ``tag``) for this run."""
     if report is None:
         return "healthcheck-timeout", slurmnode.reason_text(
-            tag, "healthcheck-timeout", "the MPS checks did not finish in time")
+            tag, "healthcheck-timeout:", "the MPS checks did not finish in time")
     r = first_failure(report, hc.drain_on)
     if r is None:
-        return "unknown", slurmnode.reason_text(tag, "unknown", "MPS check failed")
+        return "unknown", slurmnode.reason_text(tag, "unknown:", "MPS check failed")
     others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
     where = f" {r.instance}" if r.instance else ""
     more = f" (+{others} more)" if others > 0 else ""
