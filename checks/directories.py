@@ -5,11 +5,15 @@ CRITICAL. A pipe path too long for AF_UNIX (108 bytes with the NUL, and the daem
 adds '/control_privileged') makes the daemon fail to start.
 """
 
-from typing import Iterator, Mapping, Optional
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance
 from mps_health.results import CRITICAL, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping, Optional
 
 NAME = "directories"
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included

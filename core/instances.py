@@ -5,13 +5,18 @@ a prolog created, found on disk by the configured template (``{job}``, and ``{gp
 where a job holds several GPUs, in the last path component).
 """
 
+from __future__ import annotations
+
 import os
-from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
 from .facts import DirFact, Instance
 from .templates import expand, match
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:

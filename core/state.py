@@ -7,9 +7,14 @@ why; a state dir that cannot be written (not root) makes each run start from not
 which costs accuracy (no offsets, no history), never correctness of what is reported.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Any, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional, Tuple
 
 
 class StateFile:
@@ -49,8 +54,10 @@ class StateFile:
             os.close(self.fd)
             self.fd = None
 
-    def load(self, value_type: Any, empty: Any) -> Tuple[Any, str]:
-        """The saved value decoded as ``value_type``, or ``empty`` and why not."""
+    def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
+             ) -> Tuple[Any, str]:
+        """The saved value decoded as ``value_type`` (annotation text, its names looked up
+        in ``names``), or ``empty`` and why not."""
         import json
 
         from . import codec
@@ -64,7 +71,7 @@ class StateFile:
             return empty, ""
         try:
             data = json.loads(raw.decode("utf-8"))
-            return codec.decode(value_type, data, self.path), ""
+            return codec.decode(value_type, data, self.path, names), ""
         except (ValueError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 

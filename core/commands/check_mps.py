@@ -11,20 +11,26 @@ daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the 
 overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN, by SIGALRM.
 """
 
+from __future__ import annotations
+
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .. import __version__
 from ..exitcodes import ExitCode
 from .common import UsageError, edge, load_config, names
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 
 if TYPE_CHECKING:
     import argparse
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
-T = TypeVar("T")
+if TYPE_CHECKING:
+    T = TypeVar("T")
 
 
 class Timeout(Exception):
@@ -53,12 +59,12 @@ def check_timeout(text: str) -> int:
     return value
 
 
-def parser() -> "argparse.ArgumentParser":
+def parser() -> argparse.ArgumentParser:
     """The whole interface (help, errors and rare forms; ``fast_args`` takes the rest)."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # type: ignore[override]
+        def error(self, message: str) -> NoReturn:
             raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
 
     def typed(check: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -164,7 +170,7 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
     from .. import engine
     from ..exporters import nagios
 
-    args = fast_args(argv)
+    args: Any = fast_args(argv)
     if args is None:
         p = parser()
         args = p.parse_args(list(argv))

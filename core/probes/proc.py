@@ -5,11 +5,16 @@
 empty cmdline; it keeps role "unknown" and state "Z".
 """
 
+from __future__ import annotations
+
 import os
-from typing import Dict, List, Optional, Tuple
 
 from ..context import Context
 from ..facts import ProcessFact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
 COMM_PREFIX_BYTES = COMM_PREFIX.encode()
@@ -136,7 +141,7 @@ def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
     return read_processes(ctx.proc)
 
 
-VALUE_TYPE = Tuple[ProcessFact, ...]
+VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:

@@ -12,10 +12,11 @@ tier pays two small /proc reads, not a client run). The previous run's memory
 gathering: replay never writes.
 """
 
+from __future__ import annotations
+
 import os
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..config import Config
 from ..context import Context
@@ -24,6 +25,10 @@ from ..facts_deep import ClientFact, InstanceServers, ServerFact, ServerMemory, 
 from ..pidfile import read_pid
 from ..schema import Record, Section, number
 from . import control, proc
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
@@ -250,7 +255,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
         t.start()
     state = StateFile(ctx.config.state_dir, "servers")
     locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load(Dict[str, ServerMemory], {})
+    previous, error = state.load("Dict[str, ServerMemory]", {}, globals())
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
@@ -274,4 +279,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     return facts
 
 
-VALUE_TYPE = ServersFacts
+VALUE_TYPE = "ServersFacts"  # read by codec, in this module's names
