@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """How many Slurm calls one ``mps-health check`` makes, and what Slurm facts cost.
 
-    python3 bench/slurm_calls.py [RUNS]      (root: it starts the real Slurm test cluster)
+    python3 bench/slurm_calls.py [RUNS] [--slurm24]   (root: it starts a real Slurm)
 
 Starts the one-node Slurm of tests/slurmcluster.py and a fake MPS daemon, puts counting
 wrappers for scontrol and squeue first on PATH, and runs the full check RUNS times
 (default 15) per setup, against ``python3 -c pass`` measured in the same run. Prints
 calls per run (the goal: one scontrol call; per-job layouts add one squeue, started
-at the same time) and median wall times with their ratio to the baseline.
+at the same time) and median wall times with their ratio to the baseline. With
+``--slurm24`` the cluster is Slurm 24.11 in a Debian 13 root (tests/slurmroot.py; the
+times then include entering the root's namespace for each call).
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,12 +22,29 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from slurmcluster import SlurmCluster, skip_reason  # noqa: E402 (needs sys.path)
+from slurmroot import SlurmRoot, make_root, remove_root  # noqa: E402
+
+
+@contextlib.contextmanager
+def where(slurm24: bool) -> Iterator[Optional[SlurmRoot]]:
+    """None (this machine's Slurm) or a started Debian 13 root with Slurm 24.11."""
+    if not slurm24:
+        yield None
+        return
+    from debian_root import cache_dir
+
+    root = make_root(Path(tempfile.mkdtemp(prefix="debian13-slurm24-", dir="/var/tmp")),
+                     cache_dir())
+    try:
+        yield root.start()
+    finally:
+        remove_root(root)
 
 WRAPPER = """#!/bin/sh
 echo "{name}" >> "$MPS_BENCH_CALLS"
@@ -40,32 +60,39 @@ def timed(argv: List[str], env: Dict[str, str]) -> Tuple[float, int]:
 
 
 def main() -> int:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 15
-    reason = skip_reason()
+    args = [a for a in sys.argv[1:] if a != "--slurm24"]
+    runs = int(args[0]) if args else 15
+    slurm24 = "--slurm24" in sys.argv[1:]
+    reason = skip_reason() if not slurm24 else None
     if reason:
         print(f"bench/slurm_calls.py: {reason}", file=sys.stderr)
         return 3
     work = Path(tempfile.mkdtemp(prefix="mps-bench-"))
     wrappers = work / "bin"
     wrappers.mkdir()
-    for name in ("scontrol", "squeue"):
-        path = wrappers / name
-        path.write_text(WRAPPER.format(name=name, real=shutil.which(name)))
-        path.chmod(0o755)
     calls = work / "calls"
     pipe, log = work / "pipe", work / "log"
     for d in (pipe, log):
         d.mkdir()
         d.chmod(0o777)
     fake = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
-    with SlurmCluster() as cluster:
+    with where(slurm24) as root, SlurmCluster(root=root) as cluster:
+        print(f"{cluster.version}:")
+        for name in ("scontrol", "squeue"):
+            path = wrappers / name
+            real = shutil.which(name, path=cluster.env["PATH"])
+            path.write_text(WRAPPER.format(name=name, real=real))
+            path.chmod(0o755)
         env = dict(cluster.env, PATH=f"{wrappers}:{REPO / 'tests' / 'fakes'}:"
                    f"{os.environ.get('PATH', '')}", MPS_BENCH_CALLS=str(calls),
                    SLURMD_NODENAME=cluster.node_name, CUDA_MPS_PIPE_DIRECTORY=str(pipe),
                    CUDA_MPS_LOG_DIRECTORY=str(log))
         subprocess.run([sys.executable, str(fake), "-d"], env=env, check=True, timeout=10)
-        time.sleep(0.2)
-        daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+        pid_file = pipe / "nvidia-cuda-mps-control.pid"
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the daemon writes it after it forks
+        daemon = int(pid_file.read_text())
         base = f"run_dir: {work}/run\nstate_dir: {work}/state\n"
         node = f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
         per_job = (f"mps:\n  layout: per-job\n  pipe_dir: {work}/mps_job{{job}}\n"

@@ -16,7 +16,7 @@ from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator, Mapping, Optional, Tuple
+    from typing import Iterator, List, Mapping, Optional, Tuple
 
 NAME = "daemon"
 
@@ -25,9 +25,23 @@ def _reset(inst: Instance) -> str:
     return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
 
 
+def _foreign(inst: Instance, strangers: List[ProcessFact], want: int) -> Iterator[Result]:
+    """Control processes of another uid naming the pipe dir: strays, never the daemon."""
+    for p in strangers:
+        yield Result(NAME, WARNING, "daemon-foreign", inst.name,
+                     f"control process {p.pid} of uid {p.uid} names {inst.pipe_dir}, whose "
+                     f"daemon runs as uid {want}: it is not counted as the daemon",
+                     f"find out who started it ('ps -o pid,user,lstart,args -p {p.pid}'); "
+                     "end it by PID if it is not wanted")
+
+
 def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                     config: Config, root: str) -> Iterator[Result]:
-    live = live_daemons(inst, procs, pipe, root)
+    want = expected_uid(config.mps.daemon_user, pipe)
+    claimants = live_daemons(inst, procs, pipe, root)
+    live = [p for p in claimants if want is None or p.uid == want]
+    if want is not None:
+        yield from _foreign(inst, [p for p in claimants if p.uid != want], want)
     severity = WARNING if inst.layout == "per-job" else CRITICAL
     if not live:
         stale = []
@@ -70,12 +84,6 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
         yield Result(NAME, CRITICAL, "daemon-root", inst.name,
                      f"control daemon {daemon.pid} runs as root where per-user daemons are "
                      "required: any user can send it privileged commands", _reset(inst), values)
-        return
-    want = expected_uid(config.mps.daemon_user, pipe)
-    if want is not None and daemon.uid != want:
-        yield Result(NAME, WARNING, "daemon-wrong-user", inst.name,
-                     f"control daemon {daemon.pid} runs as uid {daemon.uid}, expected {want} "
-                     f"({config.mps.daemon_user})", _reset(inst), values)
         return
     yield ok(NAME, inst.name, f"control daemon {daemon.pid} serves {inst.pipe_dir}",
              daemon_up=1.0, daemon_pid=float(daemon.pid))

@@ -3,12 +3,19 @@
 A symlinked pipe dir lets whoever planted it redirect every client's socket, so it is
 CRITICAL. A pipe path too long for AF_UNIX (108 bytes with the NUL, and the daemon
 adds '/control_privileged') makes the daemon fail to start.
+
+Pipe dirs are world-writable, so entries are judged by name, kind and owner. MPS's own
+names (``OWN_ENTRIES``) of the wrong kind, or owned by anyone but the daemon's user,
+mean clients or root's queries may reach someone else: CRITICAL, naming the owner (a
+user who renames ``control`` and binds their own socket answers every query). Any other
+entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 """
 
 from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance
+from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, WARNING, Result, ok
 
 TYPE_CHECKING = False
@@ -18,20 +25,17 @@ if TYPE_CHECKING:
 NAME = "directories"
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"
-SOCKETS = ("control", "control_privileged")
+# What the daemon itself creates in its pipe dir, and the kind each must be.
+OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_lock": "file",
+               "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
 
 
 def expected_owner(owner: str) -> Optional[int]:
     if owner in ("job", "any"):
         return None  # per-job dirs belong to the job's user: the daemon check compares
-    if owner.isdigit():
-        return int(owner)
-    import pwd
+    from mps_health.users import uid_of
 
-    try:
-        return pwd.getpwnam(owner).pw_uid
-    except KeyError:
-        return None
+    return uid_of(owner)
 
 
 def _reset(inst: Instance) -> str:
@@ -77,16 +81,43 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
                      f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
                      f"{config.mps.dir_owner}", _reset(inst), (("dir_ok", 0.0),))
     if role == "pipe":
-        for e in d.entries:
-            if e.kind == "symlink" or (e.name in SOCKETS and e.kind not in ("socket",)):
-                found = True
-                yield Result(NAME, CRITICAL, "pipe-entry-bad", inst.name,
-                             f"{d.path}/{e.name} is a {e.kind}, expected a socket"
-                             if e.kind != "symlink" else f"{d.path}/{e.name} is a symlink",
-                             _reset(inst), (("dir_ok", 0.0),))
+        for result in judge_entries(inst, d, config):
+            found = True
+            yield result
     if not found:
         yield ok(NAME, inst.name, f"{role} dir {d.path} is a directory, mode {d.mode:04o}, "
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
+
+
+def _owner_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result]:
+    """MPS's own entries: right kind, daemon's owner (CRITICAL); others: WARNING."""
+    want_uid = expected_uid(config.mps.daemon_user, d)
+    for e in d.entries:
+        where = f"{d.path}/{e.name}"
+        want_kind = OWN_ENTRIES.get(e.name)
+        if want_kind is None:
+            yield Result(NAME, WARNING, "pipe-entry-foreign", inst.name,
+                         f"{where} ({e.kind}) belongs to {_owner_name(e.uid)}, not to MPS",
+                         "ask its owner why it is there and remove it; MPS does not use it",
+                         (("foreign_entries", 1.0),))
+        elif e.kind != want_kind:
+            yield Result(NAME, CRITICAL, "pipe-entry-bad", inst.name,
+                         f"{where} is a {e.kind} owned by {_owner_name(e.uid)}, expected a "
+                         f"{want_kind}", _reset(inst), (("dir_ok", 0.0),))
+        elif want_uid is not None and e.uid != want_uid:
+            yield Result(NAME, CRITICAL, "pipe-entry-owner", inst.name,
+                         f"{where} is owned by {_owner_name(e.uid)}, not by the daemon's user "
+                         f"({_owner_name(want_uid)}): clients and queries may reach them",
+                         _reset(inst), (("dir_ok", 0.0),))
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

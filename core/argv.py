@@ -17,6 +17,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
     "slurm": ("mps_health.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
     "unit": ("mps_health.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": ("mps_health.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
 }
 
 

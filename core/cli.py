@@ -55,6 +55,9 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
         ns[FAST_VALUED[key]] = value
     if ns["format"] not in ("text", "json"):
         return None
+    if ns["root"] != "/" and not (os.path.isabs(ns["root"]) and os.path.isdir(ns["root"])):
+        return None  # argparse's --root type says what is wrong with it
+
     for key in ("only", "skip"):
         value = ns[key]
         if isinstance(value, str):

@@ -61,6 +61,7 @@ SECTIONS = {
     "healthcheck": "mps_health.remediation.settings",
     "remediation": "mps_health.remediation.settings",
     "exporter": "mps_health.commands.exporter",
+    "clients": "mps_health.probes.clientinfo",
 }
 
 # Keys that once had a twin: one key per concept now, the old name is refused with a hint.

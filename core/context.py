@@ -13,7 +13,7 @@ from .config import Config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, NamedTuple, Optional
+    from typing import Any, Mapping, NamedTuple, Optional
 else:
     from mps_health.frozen import NamedTuple
 
@@ -23,12 +23,21 @@ class Context(NamedTuple):
     root: str = "/"
     deadline: float = float("inf")  # time.monotonic() by which every fact must be in
     env: Optional[Mapping[str, str]] = None  # environment for commands (default: ours)
+    # Per-job layout: Slurm's jobs on this node (probes.slurm.JobList), asked once per run
+    # before the instances are known; the slurm source reuses it.
+    jobs: Any = None
 
     def path(self, absolute: str) -> str:
         """``absolute`` as seen under the configured root."""
         if self.root in ("", "/"):
             return absolute
         return os.path.join(self.root, absolute.lstrip("/"))
+
+    @property
+    def read_only(self) -> bool:
+        """A run under --root looks at a tree and writes nothing anywhere: no state (the
+        host's memory is not the tree's), no locks, no caches, nothing created."""
+        return self.root not in ("", "/")
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

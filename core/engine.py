@@ -16,11 +16,12 @@ from .config import Config
 from .context import Context, node_name
 from .exitcodes import Failure
 from .facts import Facts
-from .results import UNKNOWN, CheckRun, Report, Result
+from .printable import printable
+from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
@@ -81,6 +82,7 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
     try:
+        ctx = instances.slurm_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
         insts = ()
@@ -111,10 +113,27 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
                  errors, durations)
 
 
+def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
+    """Where a per-job instance's dirs or daemon belong to the job's user, that user can
+    break them at will; it hurts only their own job, so it is at most a WARNING, never a
+    drain."""
+    return tuple(r._replace(state=WARNING) if r.state == CRITICAL and r.instance in per_job
+                 else r for r in results)
+
+
+def shown(r: Result) -> Result:
+    """``r`` with everything it took from the system made printable (see printable.py)."""
+    return r._replace(instance=printable(r.instance), message=printable(r.message),
+                      action=printable(r.action),
+                      labels=tuple((printable(k), printable(v)) for k, v in r.labels))
+
+
 def judge(facts: Facts, config: Config,
           checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
     """Run each check over the facts. A check never raises out of here."""
     runs: List[CheckRun] = []
+    users_own = "job" in (config.mps.dir_owner, config.mps.daemon_user)
+    per_job = {i.name for i in facts.instances if i.layout == "per-job" and users_own}
     for spec in checks:
         t0 = time.monotonic()
         missing = [n for n in spec.needs if n not in facts.sources]
@@ -128,7 +147,7 @@ def judge(facts: Facts, config: Config,
             continue
         try:
             fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
-            results = tuple(fn(facts, config))
+            results = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
             runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
         except Exception as e:
             result = Result(spec.name, UNKNOWN, "check-failed", "",
@@ -156,7 +175,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
         checks = [c for c in checks
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     runs = judge(facts, config, checks)
-    report = Report(facts.node, facts.taken_at, time.monotonic() - t0, runs,
+    report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
                     dict(facts.durations), __version__,
                     {i.name: i.gpu for i in facts.instances if i.gpu})
     return facts, report

@@ -24,6 +24,31 @@ class ClientFact(NamedTuple):
     uid: Optional[int]  # None when the process is gone or unreadable
     user: Optional[str]
     start_ticks: Optional[int]
+    # Read from /proc (mps_health.probes.clientinfo): all "" or None where unreadable.
+    command: str = ""  # cmdline, NUL as spaces, cut: raw, escape before printing
+    job_id: str = ""  # Slurm job id ("" when none was found)
+    job_from: str = ""  # "environ" (SLURM_JOB_ID) | "cgroup" (job_N in its cgroup) | ""
+    # "read" | "truncated" (cut at the size cap) | "denied" (not root) | "gone" | "error"
+    environ: str = ""
+    thread_percentage: Optional[float] = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at exec
+    pinned_mem_limit: str = ""  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT at exec, e.g. "0=2G"
+    pipe_dir: Optional[str] = None  # CUDA_MPS_PIPE_DIRECTORY at exec (None: not set)
+    # From ``ps``: the GPUs (UUIDs, cut to 22 characters by the daemon) and the client's
+    # PID namespace inode (a container's clients differ from the node's).
+    gpus: Tuple[str, ...] = ()
+    namespace: str = ""
+
+
+class DeviceFact(NamedTuple):
+    """One GPU a server uses (``device_query``), with its limit and client contexts."""
+
+    ordinal: int  # the server's device ordinal (the DEV of the control commands)
+    uuid: str
+    name: str
+    pci: str
+    pinned_mem_limit: str = ""  # get_device_pinned_mem_limit as printed ("4G"; "" none)
+    pinned_mem_limit_bytes: Optional[int] = None
+    contexts: Optional[int] = None  # client contexts on it (get_device_client_list)
 
 
 class ServerFact(NamedTuple):
@@ -38,6 +63,11 @@ class ServerFact(NamedTuple):
     user: Optional[str]
     start_ticks: Optional[int]
     clients: Tuple[ClientFact, ...]
+    # Asked only while the server runs (get_active_thread_percentage, device_query,
+    # get_device_pinned_mem_limit, get_device_client_list); None/() when not answered.
+    thread_percentage: Optional[float] = None
+    devices: Tuple[DeviceFact, ...] = ()
+    detail_errors: Tuple[str, ...] = ()  # "command: what went wrong", for the view
 
 
 class InstanceServers(NamedTuple):
@@ -52,6 +82,9 @@ class InstanceServers(NamedTuple):
     daemon_start: Optional[int]
     servers: Tuple[ServerFact, ...]
     elapsed_s: float
+    # get_default_device_pinned_mem_limit per device ordinal ("" where none is set),
+    # asked with the servers' details, only while a server runs.
+    default_pinned_mem_limits: Tuple[Tuple[int, str], ...] = ()
 
 
 class RememberedServer(NamedTuple):

@@ -3,6 +3,12 @@
 node: one daemon for the node. per-gpu: one per listed GPU. per-job: one per pipe dir
 a prolog created, found on disk by the configured template (``{job}``, and ``{gpu}``
 where a job holds several GPUs, in the last path component).
+
+Per-job dirs live in a parent every user can write (/tmp), so a name alone proves
+nothing: a dir is an instance only when Slurm says its job runs on this node (the run's
+one ``squeue``) and the dir is owned as ``mps.dir_owner`` says (``job``: that job's
+user). Anything else is not judged as MPS here (the orphans check names dirs whose job
+is gone).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ def configured(config: Config) -> Tuple[Instance, ...]:
 
 
 def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
-    """Per-job instances: every entry in the pipe dir's parent that fits the template."""
+    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
     mps = ctx.config.mps
     parent = os.path.dirname(mps.pipe_dir)
     try:
@@ -53,9 +59,53 @@ def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
     return tuple(found)
 
 
+class SlurmUnavailable(RuntimeError):
+    """The per-job layout's instances cannot be known without Slurm's job list."""
+
+
+def slurm_jobs(ctx: Context) -> Context:
+    """``ctx`` with this node's Slurm jobs (asked now, once, if not asked yet)."""
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
+    from .probes.slurm import read_job_list
+
+    return ctx._replace(jobs=read_job_list(ctx))
+
+
+def _owner_uid(ctx: Context, path: str) -> Optional[int]:
+    try:
+        return os.lstat(ctx.path(path)).st_uid
+    except OSError:
+        return None
+
+
+def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
+    """The dirs of ``found`` whose job Slurm runs here, owned by that job's user."""
+    ctx = slurm_jobs(ctx)
+    if ctx.jobs.jobs is None:
+        raise SlurmUnavailable(f"per-job instances need Slurm's job list: {ctx.jobs.error}")
+    uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
+    owner = ctx.config.mps.dir_owner
+    fixed = None if owner in ("job", "any") else _uid_of(owner)
+    return tuple(i for i in found if i.job_id in uid_of
+                 and (owner == "any" or _owner_uid(ctx, i.pipe_dir)
+                      == (uid_of[i.job_id] if owner == "job" else fixed)))
+
+
+def _uid_of(user: str) -> Optional[int]:
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
 def gather(ctx: Context) -> Tuple[Instance, ...]:
     if ctx.config.mps.layout == "per-job":
-        return discover_jobs(ctx)
+        return running_jobs(ctx, discover_jobs(ctx))
     return configured(ctx.config)
 
 
@@ -72,12 +122,7 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
         return None
     if user == "job":
         return pipe.uid if pipe is not None and pipe.kind == "dir" else None
-    if user.isdigit():
-        return int(user)
-    import pwd
+    from .users import uid_of
 
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
+    return uid_of(user)
 

@@ -102,6 +102,7 @@ source("nvml", "mps_health.probes.nvml:gather", "mps_health.probes.nvml:VALUE_TY
 source("slurm", "mps_health.probes.slurm:gather", "mps_health.probes.slurm:VALUE_TYPE",
        blocking=True)
 source("gres_conf", "mps_health.probes.gres_conf:gather", "mps_health.probes.gres_conf:VALUE_TYPE")
+source("jobs", "mps_health.probes.jobs:gather", "mps_health.probes.jobs:VALUE_TYPE", blocking=True)
 source("job_dirs", "mps_health.probes.jobdirs:gather", "mps_health.probes.jobdirs:VALUE_TYPE")
 
 # --- checks -------------------------------------------------------------------------
@@ -131,3 +132,6 @@ check("gres-drift", "mps_health.checks.gres_drift:check",
 check("orphans", "mps_health.checks.orphans:check", ("slurm", "job_dirs", "processes"),
       default_on=False, when_configured=("slurm", "orphans"),
       summary="no per-job MPS dirs or daemons outlive their job")
+check("clients", "mps_health.checks.clients:check", ("servers", "jobs"), default_on=False,
+      when_configured=("clients", "slurm"),
+      summary="MPS clients match their jobs: mps asked, thread limit, context cap, one GPU")

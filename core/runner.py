@@ -1,10 +1,19 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command starts in a new session (its own process group) with ``posix_spawnp``,
+Every command starts in a new session (its own process group) with ``posix_spawn``,
 so a client that forks, or hangs on a stopped MPS daemon, is killed with everything it
-started. Nothing here uses a shell. Several commands can be started at once and
-collected against one deadline with one poll loop, so N wedged daemons cost one
-timeout, not N, and each command is still timed to its own end.
+started. Nothing here uses a shell.
+
+No command outlives the run: a new session is out of reach of a SIGKILL sent to us or
+of slurmd's kill of our process group, so each command is started through util-linux's
+``setpriv --pdeathsig KILL``, which asks the kernel (PR_SET_PDEATHSIG) to SIGKILL it the
+moment the thread that started it dies, and then execs it (the setting survives exec;
+a daemon that ``-d`` forks off is a new process and keeps running). The command is
+looked up on PATH here first, so "not found" still names it, not setpriv.
+
+Several commands can be started at once and collected against one deadline with one
+poll loop, so N wedged daemons cost one timeout, not N, and each command is still timed
+to its own end.
 
 Why not ``subprocess``: importing it pulls in locale, re and enum, about 10 ms, which
 is most of what the whole check may cost beyond starting Python (bench/check_speed.py).
@@ -22,6 +31,35 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 else:
     from mps_health.frozen import NamedTuple
+
+_SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)),
+                None)
+
+
+def _resolve(name: str, env: Mapping[str, str]) -> str:
+    """``name`` as execvp would find it; FileNotFoundError/PermissionError as it would."""
+    if "/" in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d or ".", name)
+                      for d in env.get("PATH", os.defpath).split(os.pathsep)]
+    denied = False
+    for path in candidates:
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            denied = True
+    if denied:
+        raise PermissionError(13, "Permission denied", name)
+    raise FileNotFoundError(2, "No such file or directory", name)
+
+
+def dies_with_us(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
+    """``argv`` wrapped so the kernel kills it when the thread that starts it dies."""
+    path = _resolve(argv[0], env)
+    if _SETPRIV is None:  # no util-linux: the deadline's group kill is all there is
+        return [path, *argv[1:]]
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", path, *argv[1:]]
 
 
 class Completed(NamedTuple):
@@ -79,10 +117,11 @@ class Pending:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         actions = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                    (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        environ = dict(os.environ if env is None else env)
         try:
-            self.pid = os.posix_spawnp(self.argv[0], self.argv,
-                                       dict(os.environ if env is None else env),
-                                       file_actions=actions, setsid=True)
+            argv = dies_with_us(self.argv, environ)
+            self.pid = os.posix_spawn(argv[0], argv, environ, file_actions=actions,
+                                      setsid=True)
         except OSError:
             for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
                 os.close(fd)
@@ -105,9 +144,11 @@ class Pending:
         so only they pay for importing subprocess."""
         import subprocess
 
+        environ = dict(os.environ if env is None else env)
         proc = subprocess.Popen(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(os.environ if env is None else env), start_new_session=True,
+            dies_with_us(self.argv, environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=environ, start_new_session=True,
             close_fds=True, user=who.uid, group=who.gid, extra_groups=list(who.groups),
             cwd=who.cwd, umask=who.umask)
         self._popen = proc

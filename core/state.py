@@ -10,11 +10,12 @@ which costs accuracy (no offsets, no history), never correctness of what is repo
 from __future__ import annotations
 
 import os
-import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Mapping, Optional, Tuple
+
+    from .filelock import FileLock
 
 
 class StateFile:
@@ -24,35 +25,25 @@ class StateFile:
         self.dir = state_dir
         self.path = os.path.join(state_dir, name + ".json")
         self.lock_path = os.path.join(state_dir, name + ".lock")
-        self.fd: Optional[int] = None
+        self._lock: Optional[FileLock] = None
         self.error = ""
 
     def lock(self, deadline: float) -> bool:
         """Take the lock by ``deadline``; False (with ``error`` set) if not."""
-        import fcntl
+        from .filelock import FileLock
 
+        self._lock = FileLock(self.lock_path)
         try:
-            os.makedirs(self.dir, mode=0o755, exist_ok=True)
-            self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            if self._lock.wait(deadline):
+                return True
+            self.error = f"{self.lock_path} is held by another run; state not saved"
         except OSError as e:
             self.error = f"cannot use state dir {self.dir}: {e.strerror}"
-            return False
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self.error = f"{self.lock_path} is held by another run; state not saved"
-                    os.close(self.fd)
-                    self.fd = None
-                    return False
-                time.sleep(0.01)
+        return False
 
     def unlock(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._lock is not None:
+            self._lock.release()
 
     def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
              ) -> Tuple[Any, str]:

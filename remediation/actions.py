@@ -11,15 +11,15 @@ from mps_health import instances
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.facts import Instance
+from mps_health.filelock import FileLock, LockBusy, node_lock
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.results import STATE_NAMES
+from mps_health.users import UserError, resolve
 
 from . import reset as reset_mod
 from .audit import Audit
 from .dirs import DirTarget
-from .lock import LockBusy, NodeLock
 from .settings import RemediationSettings, remediation
-from .users import UserError, resolve
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
 
@@ -36,9 +36,9 @@ def audit_for(ctx: Context, settings: RemediationSettings, action: str,
                  actor)
 
 
-def lock_node(ctx: Context, settings: RemediationSettings, what: str) -> NodeLock:
+def lock_node(ctx: Context, settings: RemediationSettings, what: str) -> FileLock:
     try:
-        return NodeLock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
+        return node_lock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
     except LockBusy as e:
         raise ActionError(str(e)) from None
     except OSError as e:

@@ -17,12 +17,9 @@ _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    import pwd
+    from mps_health.users import name_of
 
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return name_of(uid) or str(uid)
 
 
 def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str:
@@ -43,7 +40,9 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    value = value.replace("\n", " ").replace("\\", "\\\\").replace('"', '\\"')
+    from mps_health.printable import printable
+
+    value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):
         return value
     return f'"{value}"'

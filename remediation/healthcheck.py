@@ -16,12 +16,12 @@ from typing import List, NamedTuple, Optional, Tuple
 from mps_health import engine
 from mps_health.config import Config
 from mps_health.context import node_name
+from mps_health.filelock import node_lock
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Report, Result
 from mps_health.slurm_settings import settings as slurm_settings
 
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
-from .lock import NodeLock
 from .settings import HealthcheckSettings, healthcheck, remediation
 
 LOCK_NAME = "healthcheck"
@@ -166,7 +166,7 @@ def _path(root: str, absolute: str) -> str:
 def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> RunResult:
     """run_once under the health check lock; a run still going elsewhere wins."""
     run_dir = _path(root, config.run_dir)
-    lock = NodeLock(run_dir, LOCK_NAME)
+    lock = node_lock(run_dir, LOCK_NAME)
     try:
         got = lock.try_acquire("healthcheck")
     except OSError as e:
@@ -192,7 +192,7 @@ def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
     run_dir = _path(root, config.run_dir)
     stored = detach.current(detach.read_result(os.path.join(run_dir, detach.RESULT_FILE)),
                             detach.boot_id(), time.time(), hc.result_ttl_s)
-    busy = NodeLock(run_dir, LOCK_NAME)
+    busy = node_lock(run_dir, LOCK_NAME)
     try:
         free = busy.try_acquire("healthcheck (probe)")
     except OSError:

@@ -2,8 +2,10 @@
 
 The node is read by ``probes.slurm.read_node`` (State, and Reason without Slurm's
 ``[user@time]``), scontrol is called by ``probes.slurm.call``. We drain only a node in
-service that carries no reason of someone else; we resume only a node whose reason's
-first word is still our tag, read just before resuming. DOWN, FAIL, maintenance, reboot-pending
+service (not drained by anyone, not held by Slurm); we resume only a node whose reason's
+first word is still our tag, read just before resuming. A node in service may still
+show a Reason: Slurm 24.11 keeps the last one after RESUME (22.05 clears it), so there
+it is history, not someone's hold, and never stops a drain. DOWN, FAIL, maintenance, reboot-pending
 and not-responding nodes are left alone. Every scontrol call is bounded; a failure is
 reported, never fatal.
 """
@@ -29,7 +31,7 @@ def ours(view: SlurmNode, tag: str) -> bool:
 
 
 def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
-    """(act?, why) for draining: only an in-service node with no reason of another."""
+    """(act?, why) for draining: only a node in service."""
     hands_off = HANDS_OFF.intersection(view.flags)
     if hands_off:
         return False, f"node is {view.state}: left to Slurm and the admins"
@@ -38,7 +40,8 @@ def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
             return False, "already drained by us"
         return False, f"already drained by someone else ({view.reason or 'no reason'}): left alone"
     if view.reason and not ours(view, tag):
-        return False, f"carries someone else's reason ({view.reason}): not overwritten"
+        return True, f"node is {view.state} (its reason '{view.reason}' is left from an " \
+            "earlier drain)"
     return True, f"node is {view.state}"
 
 
@@ -56,7 +59,9 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
 
 def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
-    body = " ".join(f"{code} {text}".split())
+    from mps_health.printable import printable
+
+    body = printable(" ".join(f"{code} {text}".split()))
     full = f"{tag} {body}"
     return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
 

@@ -11,13 +11,20 @@ from typing import Callable, Iterator, List, Optional
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+TESTS = Path(__file__).resolve().parent
+# Tests live in folders by kind (unit, e2e, real, fleet, gpu); the shared helper modules
+# beside this file are imported by plain name from all of them.
+for _path in (TESTS, TESTS / "gpu"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 # The real Slurm cluster (tests/slurm_fixture.py) and the real-GPU fixtures (tests/gpu).
 pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
-FAKES = Path(__file__).parent / "fakes"
-FIXTURES = Path(__file__).parent / "fixtures"
+REPO = TESTS.parent
+FAKES = TESTS / "fakes"
+FIXTURES = TESTS / "fixtures"
 FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
+FAKE_SERVER = str(FAKES / "nvidia-cuda-mps-server")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

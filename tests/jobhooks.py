@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -87,7 +87,8 @@ class Site:
 
     def __init__(self, user: str, python: str, extra_config: str = "",
                  pipe: str = "nvidia-mps_job{job}", log: str = "nvidia-log_job{job}",
-                 control: str = FAKE_CONTROL) -> None:
+                 control: str = FAKE_CONTROL,
+                 mps_health: Sequence[str] = (sys.executable, "-m", "mps_health.cli")) -> None:
         self.user = user
         self.python = python
         self.pw = pwd.getpwnam(user)
@@ -109,6 +110,7 @@ mps:
   dir_mode: '0700'
 commands:
   nvidia-cuda-mps-control: {control}
+  squeue: {self.base}/squeue
 jobs:
   start_timeout_s: 10
   quit_timeout_s: 2
@@ -116,12 +118,21 @@ jobs:
 {extra_config}
 """)
         self.config.chmod(0o644)
-        r = subprocess.run([sys.executable, "-m", "mps_health.cli", "slurm", "install",
-                            "--prefix", str(self.hooks), "--config", str(self.config),
-                            "--python", python], capture_output=True, text=True, timeout=120)
+        self.slurm_runs()  # Slurm's view of the node: no job yet
+        # Installed by the mps-health that will run them (a Slurm root's has its own).
+        self.mps_health = list(mps_health)
+        r = subprocess.run([*self.mps_health, "slurm", "install", "--prefix", str(self.hooks),
+                            "--config", str(self.config), "--python", python],
+                           capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"mps-health slurm install failed: {r.stderr}")
         self.install_output = r.stdout
+
+    def slurm_runs(self, *jobs: str) -> None:
+        """What squeue says runs on this node: ``jobs``, each of this site's user."""
+        from hostile import fake_squeue, squeue_line
+
+        fake_squeue(self.base, [squeue_line(j, self.user) for j in jobs])
 
     def env(self, hook: str, job: str, label: str = "mps-50", **overrides: str
             ) -> Dict[str, str]:

@@ -17,7 +17,10 @@ Every process is started by us (munged -F, slurmctld -D, slurmd -D) and stopped 
 PID. Job steps' slurmstepd processes are reparented to init, so at stop they are found
 by PID in /proc, verified by the SLURM_CONF of this cluster in their environment.
 
-Needs root (slurmd, munge key ownership) and Debian's ``slurm-wlm`` and ``munge``.
+Needs root (slurmd, munge key ownership) and Debian's ``slurm-wlm`` and ``munge``; or,
+with ``root=`` a started :class:`slurmroot.SlurmRoot`, the same daemons and clients come
+from that Debian 13 root (Slurm 24.11) instead. Paths under /tmp are the same on both
+sides and the processes are this machine's, so everything below holds for both.
 """
 
 import contextlib
@@ -31,7 +34,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from slurmroot import SlurmRoot
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("scontrol", "srun", "squeue", "scancel", "sinfo")
@@ -107,7 +113,8 @@ class SlurmCluster:
                  health_check_node_state: str = "ANY", prolog: Optional[str] = None,
                  epilog: Optional[str] = None, task_prolog: Optional[str] = None,
                  extra_conf: Sequence[str] = (), gres_conf: Optional[str] = None,
-                 base_dir: Optional[Union[str, Path]] = None) -> None:
+                 base_dir: Optional[Union[str, Path]] = None,
+                 return_to_service: int = 2, root: Optional["SlurmRoot"] = None) -> None:
         self.node_name = node_name
         self.gpus = gpus
         self.mps_per_gpu = mps_per_gpu
@@ -117,9 +124,12 @@ class SlurmCluster:
         self.health_check_node_state = health_check_node_state
         self.prolog, self.epilog, self.task_prolog = prolog, epilog, task_prolog
         self.extra_conf = list(extra_conf)
+        self.return_to_service = return_to_service
+        self.root = root
         self.gres_conf_text = gres_conf
         self._own_dir = base_dir is None
-        self.dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="slurm-"))
+        self.dir = Path(base_dir) if base_dir else \
+            Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))  # /tmp: seen by the root too
         self.host = os.uname().nodename.split(".")[0]
         self.ctld_port = 0
         self.slurmd_port = 0
@@ -145,13 +155,45 @@ class SlurmCluster:
 
     @property
     def env(self) -> Dict[str, str]:
-        """Our environment plus SLURM_CONF: what every Slurm client needs."""
-        return dict(os.environ, SLURM_CONF=str(self.conf))
+        """Our environment plus SLURM_CONF: what every Slurm client needs (and, for a
+        cluster in a root, the root's clients first on PATH)."""
+        env = dict(os.environ, SLURM_CONF=str(self.conf))
+        if self.root is not None:
+            env["PATH"] = f"{self.root.client_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    @property
+    def version(self) -> str:
+        """``scontrol --version`` of the Slurm this cluster runs, e.g. ``slurm 24.11.5``."""
+        return self.run(["scontrol", "--version"], timeout=30).stdout.strip()
+
+    def command(self, argv: Sequence[str], user: Optional[str] = None,
+                env: Optional[Mapping[str, str]] = None,
+                ) -> Tuple[List[str], Dict[str, object]]:
+        """(argv, Popen keywords) running ``argv`` where this cluster's Slurm lives."""
+        if self.root is None:
+            return list(argv), {"env": {**self.env, **(env or {})}, **self._as_user(user)}
+        clean = {"SLURM_CONF": str(self.conf), "LANG": "C.UTF-8", "HOME": "/root",
+                 **(env or {})}
+        return self.root.wrap(argv, user), {"env": clean, "cwd": str(self.dir)}
+
+    def client_commands(self) -> Dict[str, str]:
+        """mps-health's ``commands:`` for this cluster's scontrol and squeue (absolute:
+        its runner looks a bare name up on our own PATH, not on the Context's)."""
+        if self.root is None:
+            return {}
+        return {name: str(self.root.client_dir / name) for name in ("scontrol", "squeue")}
+
+    def mps_health_argv(self) -> List[str]:
+        """mps-health as the node has it: the root's install, or this checkout's."""
+        from slurmroot import mps_health_argv
+
+        return mps_health_argv(self.root)
 
     # --- start and stop -------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "SlurmCluster":
         """Start munge, slurmctld and slurmd; return when the node is IDLE."""
-        reason = skip_reason()
+        reason = skip_reason() if self.root is None else None
         if reason:
             raise SlurmClusterError(reason)
         try:
@@ -220,7 +262,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "GresTypes=gpu,mps",
-            "ReturnToService=2",
+            f"ReturnToService={self.return_to_service}",
             "SlurmdParameters=config_overrides",
             "KillWait=2",
             "MinJobAge=2",
@@ -257,10 +299,11 @@ class SlurmCluster:
 
     def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
         out = open(self.log_dir / f"{name}.out", "ab")  # noqa: SIM115 - the child keeps it
+        full, kwargs = self.command(argv)
         try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=self.dir, env=self.env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    **kwargs)  # type: ignore[call-overload]
         finally:
             out.close()
         self.procs[name] = proc
@@ -353,16 +396,17 @@ class SlurmCluster:
             env: Optional[Mapping[str, str]] = None, check: bool = False,
             ) -> subprocess.CompletedProcess:
         """Run a client command (as ``user`` if given) with this cluster's SLURM_CONF."""
-        kwargs = self._as_user(user)
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              env={**self.env, **(env or {})}, check=check, **kwargs)
+        full, kwargs = self.command(argv, user, env)
+        return subprocess.run(full, capture_output=True, text=True, timeout=timeout,
+                              check=check, **kwargs)  # type: ignore[call-overload]
 
     def start_job(self, argv: Sequence[str], user: Optional[str] = None,
                   env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
         """Start ``srun ...`` (or any client) in the background; the caller waits on it."""
-        return subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**self.env, **(env or {})},
-                                start_new_session=True, **self._as_user(user))
+        full, kwargs = self.command(argv, user, env)
+        return subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True,
+                                **kwargs)  # type: ignore[call-overload]
 
     def _as_user(self, user: Optional[str]) -> Dict[str, object]:
         if user is None:

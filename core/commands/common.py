@@ -60,6 +60,21 @@ def load_config(args: argparse.Namespace) -> Config:
     return load(getattr(args, "config", None))
 
 
+def system_root(value: str) -> str:
+    """argparse type for --root: "/" or an existing absolute directory."""
+    import argparse
+
+    from ..printable import escape
+
+    if value in ("", "/"):
+        return "/"
+    if not os.path.isabs(value):
+        raise argparse.ArgumentTypeError(f"must be an absolute path (got '{escape(value)}')")
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"'{escape(value)}' is not a directory")
+    return value
+
+
 def names(value: str) -> List[str]:
     """argparse type for 'a,b,c' lists."""
     return [n.strip() for n in value.split(",") if n.strip()]
@@ -68,5 +83,6 @@ def names(value: str) -> List[str]:
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="config file (default /etc/mps-health/config.yaml if it exists)")
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="read every system path under DIR (fixture trees, containers)")
+    p.add_argument("--root", metavar="DIR", default="/", type=system_root,
+                   help="read every system path under DIR (fixture trees, containers); "
+                        "nothing is written then: no state, no locks, no caches")

@@ -21,8 +21,10 @@ from ..facts import Instance
 from ..facts_deep import CanaryFact
 from ..runner import Completed, Pending
 from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
+from ..users import by_uid, name_of, uid_of
 from . import control
-from .servers import identity, parse_pid_list, user_name
+from .proc import identity
+from .servers import parse_pid_list
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
@@ -118,14 +120,7 @@ def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: in
 def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int]:
     """The configured user, else the live daemon's, else what the config expects."""
     if cfg.user:
-        if cfg.user.isdigit():
-            return int(cfg.user)
-        import pwd
-
-        try:
-            return pwd.getpwnam(cfg.user).pw_uid
-        except KeyError:
-            return None
+        return uid_of(cfg.user)
     from .servers import read_daemon
 
     daemon_pid, _start, _busy = read_daemon(ctx, inst)
@@ -210,7 +205,7 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     if others:
         server, pid, other = others[0]
         return CanaryFact("skipped", f"{len(others)} client(s) of another user are connected "
-                          f"(e.g. {pid}, {user_name(other) or other}, on server {server}): "
+                          f"(e.g. {pid}, {name_of(other) or other}, on server {server}): "
                           "the canary would queue behind them", uid)
     workdir = _private_dir(ctx, uid)
     ready_path = os.path.join(workdir, "ready")
@@ -221,12 +216,7 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     switch = uid != os.geteuid()
     gid = None
     if switch:
-        import pwd
-
-        try:
-            gid = pwd.getpwuid(uid).pw_gid
-        except KeyError:
-            gid = uid
+        gid = by_uid(uid).gid
     try:
         pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
         ready: Optional[Tuple[int, float]] = None

@@ -19,12 +19,14 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, List, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
-# Queries whose empty answer means "none" (no server runs, a server has no client).
-EMPTY_OK = ("get_server_list", "get_client_list")
+# Queries whose empty answer means "none" (no server runs, a server has no client, no
+# pinned memory limit is set: the H200's daemon printed nothing then).
+EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
+            "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
 
 
 def classify(command: str, done: Completed) -> ControlAnswer:
@@ -55,33 +57,29 @@ def _is_answer(command: str, out: str) -> bool:
 
 
 class _Lock:
-    """flock on a file per pipe dir; skipped (never fatal) where it cannot be made."""
+    """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
+    fatal, where it cannot be made (not root), and under --root (which writes nothing).
+    Pipe dirs come and go with jobs, so the file is removed when the query is done."""
 
-    def __init__(self, run_dir: str, pipe_dir: str) -> None:
-        self.path = os.path.join(run_dir, "control" + pipe_dir.replace("/", "_") + ".lock")
-        self.fd: Optional[int] = None
+    def __init__(self, ctx: Context, pipe_dir: str) -> None:
+        from ..filelock import FileLock
+
+        self.read_only = ctx.read_only
+        self.lock = FileLock(os.path.join(ctx.path(ctx.config.run_dir),
+                                          "control" + pipe_dir.replace("/", "_") + ".lock"),
+                             transient=True)
+        self.path = self.lock.path
 
     def acquire(self, deadline: float) -> bool:
-        import fcntl
-
+        if self.read_only:
+            return True
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            return self.lock.wait(deadline)
         except OSError:
             return True  # no lock possible here (not root): go on without one
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.01)
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
+        self.lock.release()
 
 
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],
@@ -93,7 +91,7 @@ def ask_all(ctx: Context, instances: Tuple[Instance, ...],
     started: List[Tuple[Instance, Pending, _Lock]] = []
     answers: Dict[str, ControlAnswer] = {}
     for inst in instances:
-        lock = _Lock(ctx.path(cfg.run_dir), inst.pipe_dir)
+        lock = _Lock(ctx, inst.pipe_dir)
         if not lock.acquire(deadline):
             answers[inst.name] = ControlAnswer(
                 command, "skipped", None, "", "", 0.0,
@@ -121,7 +119,7 @@ def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
 
 def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
     """The lock our queries to ``inst``'s pipe dir take turns on (acquire, then release)."""
-    return _Lock(ctx.path(ctx.config.run_dir), inst.pipe_dir)
+    return _Lock(ctx, inst.pipe_dir)
 
 
 def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:

@@ -8,6 +8,7 @@ import stat
 from ..context import Context
 from ..facts import DirFact, EntryFact, Instance
 from ..pidfile import PID_FILE, read_text
+from ..users import name_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,15 +27,6 @@ def kind_of(mode: int) -> str:
     if stat.S_ISFIFO(mode):
         return "fifo"
     return "other"
-
-
-def _owner(uid: int) -> Optional[str]:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
 
 
 def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
@@ -57,7 +49,7 @@ def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
     if kind == "dir" and with_entries:
         entries, pid_file = _read_entries(path)
     return DirFact(shown_as, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
-                   _owner(st.st_uid), target, None, entries, pid_file)
+                   name_of(st.st_uid), target, None, entries, pid_file)
 
 
 def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:

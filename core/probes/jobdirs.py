@@ -9,6 +9,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from ..context import Context
 from ..templates import match
+from ..users import name_of
 from .dirs import kind_of
 
 
@@ -20,15 +21,6 @@ class JobDir(NamedTuple):
     uid: int
     owner: Optional[str]
     mtime: float  # Unix time of the last change: the dir's age for the orphans check
-
-
-def _owner(uid: int) -> Optional[str]:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
 
 
 def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
@@ -54,7 +46,7 @@ def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
             except OSError:
                 continue  # removed while we looked
             found.append(JobDir(fields[0], role, path, kind_of(st.st_mode), st.st_uid,
-                                _owner(st.st_uid), st.st_mtime))
+                                name_of(st.st_uid), st.st_mtime))
     return tuple(found)
 
 

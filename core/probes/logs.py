@@ -249,8 +249,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     cfg = settings(ctx.config)
     now = time.time()
     state = StateFile(ctx.config.state_dir, "logs")
-    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    memory, error = state.load(LogMemory, LogMemory({}, ()), globals())
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    memory, error = state.load(LogMemory, LogMemory({}, ()), globals()) \
+        if not ctx.read_only else (LogMemory({}, ()), "")
     positions: Dict[str, LogPosition] = {}
     files: List[LogFileFact] = []
     new: List[LogFinding] = []

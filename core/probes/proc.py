@@ -96,6 +96,17 @@ def _comm_matches(proc_dir: str, pid: int) -> bool:
         os.close(fd)
 
 
+def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
+    try:
+        _comm, state, _ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+        uid = parse_status_uid(_read(f"{proc_dir}/{pid}/status").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (uid, start)
+
+
 def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
     """The MPS process ``pid``, or None if it is not one (or is gone)."""
     base = f"{proc_dir}/{pid}"

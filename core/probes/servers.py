@@ -1,8 +1,11 @@
 """Every MPS server of every instance: status, user and clients, through the real client.
 
 Per instance: ``get_server_list``, then ``get_server_status PID`` and ``get_client_list
-PID`` for each server, one client run each (the client's exit status says nothing, so
-each answer is parsed), all while holding the pipe dir's lock that the control probe
+PID`` for each server; while a server runs, also its limits and devices
+(``get_active_thread_percentage``, ``device_query``, ``get_device_pinned_mem_limit``,
+``get_device_client_list``, ``ps``) and who each client is
+(mps_health.probes.clientinfo): one client run each (the client's exit status says
+nothing, so each answer is parsed), all while holding the pipe dir's lock that the control probe
 takes, so our queries to one daemon never overlap. Users come from /proc.
 
 Cheap when idle: a server is a child of its control daemon, so when the daemon the pid
@@ -21,10 +24,18 @@ import time
 from ..config import Config
 from ..context import Context
 from ..facts import Instance
-from ..facts_deep import ClientFact, InstanceServers, ServerFact, ServerMemory, ServersFacts
+from ..facts_deep import (
+    ClientFact,
+    DeviceFact,
+    InstanceServers,
+    ServerFact,
+    ServerMemory,
+    ServersFacts,
+)
 from ..pidfile import read_pid
 from ..schema import Record, Section, number
-from . import control, proc
+from ..users import name_of
+from . import clientinfo, control, proc
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,36 +107,6 @@ def _read_small(path: str, follow: bool = True) -> Optional[str]:
         os.close(fd)
 
 
-def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
-    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
-    stat_text = _read_small(f"{proc_dir}/{pid}/stat")
-    status_text = _read_small(f"{proc_dir}/{pid}/status")
-    if stat_text is None or status_text is None:
-        return None
-    try:
-        _comm, state, _ppid, start = proc.parse_stat(stat_text)
-        uid = proc.parse_status_uid(status_text)
-    except proc.ParseError:
-        return None
-    return None if state in ("Z", "X") else (uid, start)
-
-
-_names: Dict[int, Optional[str]] = {}
-
-
-def user_name(uid: Optional[int]) -> Optional[str]:
-    if uid is None:
-        return None
-    if uid not in _names:
-        import pwd
-
-        try:
-            _names[uid] = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            _names[uid] = None
-    return _names[uid]
-
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
@@ -151,25 +132,118 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
 def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     out: List[ClientFact] = []
     for pid in pids:
-        ident = identity(ctx.proc, pid)
+        ident = proc.identity(ctx.proc, pid)
         uid, start = ident if ident else (None, None)
-        out.append(ClientFact(pid, uid, user_name(uid), start))
+        fact = ClientFact(pid, uid, name_of(uid), start)
+        if ident is not None:
+            info = clientinfo.read_client(ctx.proc, pid, start)
+            fact = fact._replace(**info._asdict())
+        out.append(fact)
     return tuple(out)
 
 
+def _answer(ctx: Context, inst: Instance, command: str, deadline: float,
+            errors: List[str]) -> Optional[str]:
+    """stdout of one detail query, or None with a note in ``errors``."""
+    answer = control.ask(ctx, inst, command, deadline)
+    if answer.status != "ok":
+        errors.append(f"{command}: {answer.detail or answer.status}")
+        return None
+    return answer.stdout
+
+
+def read_details(ctx: Context, inst: Instance, server: ServerFact,
+                 devices: Tuple[clientinfo.DeviceRow, ...], deadline: float) -> ServerFact:
+    """The limits and devices of a running server: thread percentage, pinned memory
+    limit and client contexts per device. A failed query leaves its field empty."""
+    errors: List[str] = []
+    pct: Optional[float] = None
+    text = _answer(ctx, inst, f"get_active_thread_percentage {server.pid}", deadline, errors)
+    if text is not None:
+        try:
+            pct = clientinfo.parse_percentage(text)
+        except clientinfo.ParseError as e:
+            errors.append(f"get_active_thread_percentage: {e}")
+    contexts: Dict[int, int] = {}
+    text = _answer(ctx, inst, f"get_device_client_list {server.pid}", deadline, errors)
+    if text is not None:
+        try:
+            contexts = clientinfo.parse_device_clients(text)
+        except clientinfo.ParseError as e:
+            errors.append(str(e))
+    facts = []
+    for row in devices:
+        limit, limit_bytes = "", None
+        text = _answer(ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}",
+                       deadline, errors)
+        if text is not None:
+            try:
+                limit, limit_bytes = clientinfo.parse_mem_limit(text)
+            except clientinfo.ParseError as e:
+                errors.append(f"get_device_pinned_mem_limit: {e}")
+        facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
+                                contexts.get(row.ordinal)))
+    return server._replace(thread_percentage=pct, devices=tuple(facts),
+                           detail_errors=tuple(errors))
+
+
+def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact]
+                          ) -> Tuple[List[ServerFact], Tuple[Tuple[int, str], ...]]:
+    """Per-server details, each client's GPUs from ``ps``, the default memory limits."""
+    errors: List[str] = []
+    deadline = ctx.deadline
+    table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = {}
+    text = _answer(ctx, inst, "device_query", deadline, errors)
+    if text is not None:
+        try:
+            table = clientinfo.parse_device_query(text)
+        except clientinfo.ParseError as e:
+            errors.append(str(e))
+    rows: Tuple[clientinfo.PsRow, ...] = ()
+    text = _answer(ctx, inst, "ps", deadline, errors)
+    if text is not None:
+        try:
+            rows = clientinfo.parse_ps(text)
+        except clientinfo.ParseError as e:
+            errors.append(str(e))
+    out = []
+    for server in servers:
+        if server.status in ("gone", "error"):
+            out.append(server)
+            continue
+        server = read_details(ctx, inst, server, table.get(str(server.pid), ()), deadline)
+        clients = []
+        for c in server.clients:
+            mine = [r for r in rows if r.pid == c.pid and r.server == server.pid]
+            clients.append(c._replace(gpus=tuple(dict.fromkeys(r.device for r in mine)),
+                                      namespace=mine[0].namespace if mine else ""))
+        out.append(server._replace(clients=tuple(clients),
+                                   detail_errors=server.detail_errors + tuple(errors)))
+    defaults = []
+    for row in table.get("default", ()):
+        text = _answer(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
+                       deadline, errors)
+        if text is not None:
+            try:
+                defaults.append((row.ordinal, clientinfo.parse_mem_limit(text)[0]))
+            except clientinfo.ParseError:
+                pass
+    return out, tuple(defaults)
+
+
 def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
-    ident = identity(ctx.proc, pid)
+    ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
         return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
-                          user_name(uid), start, ())
+                          name_of(uid), start, ())
     try:
         status = parse_server_status(status_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, "error", f"get_server_status: {e}", uid, user_name(uid), start, ())
+        return ServerFact(pid, "error", f"get_server_status: {e}", uid, name_of(uid), start, ())
     if status == "gone":
-        return ServerFact(pid, "gone", "exited since the server list", uid, user_name(uid),
+        return ServerFact(pid, "gone", "exited since the server list", uid, name_of(uid),
                           start, ())
     clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
     try:
@@ -177,11 +251,11 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
             raise ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
             return ServerFact(pid, "gone", "exited since the server list", uid,
-                              user_name(uid), start, ())
+                              name_of(uid), start, ())
         pids = parse_pid_list(clients_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, status, f"get_client_list: {e}", uid, user_name(uid), start, ())
-    return ServerFact(pid, status, "", uid, user_name(uid), start, read_clients(ctx, pids))
+        return ServerFact(pid, status, f"get_client_list: {e}", uid, name_of(uid), start, ())
+    return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
 
 
 def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
@@ -208,13 +282,18 @@ def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
             return InstanceServers("error", f"get_server_list: {e}", daemon_pid, daemon_start,
                                    (), time.monotonic() - t0)
         servers = []
+        wedged = False
         for pid in pids:
             server = read_server(ctx, inst, pid, ctx.deadline)
             servers.append(server)
             if server.status == "error" and "no answer" in server.detail:
+                wedged = True
                 break  # wedged since the list: the next query would hang as well
+        defaults: Tuple[Tuple[int, str], ...] = ()
+        if servers and not wedged:
+            servers, defaults = read_instance_details(ctx, inst, servers)
         return InstanceServers("ok", "", daemon_pid, daemon_start, tuple(servers),
-                               time.monotonic() - t0)
+                               time.monotonic() - t0, defaults)
     finally:
         lock.release()
 
@@ -225,7 +304,7 @@ def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tupl
     for memory in previous.values():
         for server in memory.servers:
             for pid, start in server.clients:
-                ident = identity(ctx.proc, pid)
+                ident = proc.identity(ctx.proc, pid)
                 if ident is not None and ident[1] == start:
                     alive.append((pid, start))
     return tuple(sorted(set(alive)))
@@ -254,8 +333,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     for t in threads:
         t.start()
     state = StateFile(ctx.config.state_dir, "servers")
-    locked = state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load("Dict[str, ServerMemory]", {}, globals())
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
+        if not ctx.read_only else ({}, "")
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())

@@ -10,8 +10,11 @@ The check reads one ``scontrol -d show node NODE -o`` per run.
 
 ``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
 holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
-``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+, cached per
-scontrol binary in the run dir), the JSON form is read instead. With the per-job
+``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+), the JSON
+form is read instead. The version is asked once per scontrol binary (its real path,
+inode, size and mtime): kept in the run dir by a root run (readable by every user, so
+Nagios runs reuse it) and in memory (the exporter asks once), so a run makes one Slurm
+call, not two. With the per-job
 layout the jobs on this node come from one ``squeue -h -w NODE`` started at the same
 time, so both wait on one deadline. slurmctld down or scontrol hanging is an error
 line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
@@ -81,6 +84,13 @@ class SlurmFacts(NamedTuple):
     jobs_error: Optional[str] = None
     output: str = "text"
     calls: Tuple[str, ...] = ()  # every command this run started, for the record
+
+
+class JobList(NamedTuple):
+    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+
+    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
+    error: str = ""
 
 
 # --- pure parsers ---------------------------------------------------------------------
@@ -363,62 +373,108 @@ def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJ
         raise SlurmError("parse", f"squeue: {e}") from None
 
 
-# --- reading --------------------------------------------------------------------------
+def read_job_list(ctx: Context) -> JobList:
+    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    from ..slurm_settings import settings
 
-def _version_cache(ctx: Context, binary: str) -> Tuple[Optional[str], str]:
-    """(cached "MAJOR.MINOR" or None, cache key) for the scontrol found on PATH."""
+    timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
+    node = node_name(ctx.config, ctx.env)
+    try:
+        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
+                    env=child_env(ctx.env or {}))
+        return JobList(parse_squeue(text))
+    except SlurmError as e:
+        return JobList(None, str(e))
+    except ParseError as e:
+        return JobList(None, f"squeue: {e}")
+
+
+# --- which Slurm answers: the client's version, cached per binary -----------------------
+
+VERSION_FILE = "slurm-version"
+# Versions already known in this process, by binary key: the exporter asks once for its
+# whole life, even where it cannot write the run dir.
+_KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
+
+
+def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
+    """The absolute path ``binary`` runs as, found on ``env``'s PATH (the one the runner
+    would otherwise look up on our own PATH)."""
     import shutil
 
-    env = ctx.env if ctx.env is not None else os.environ
-    found = shutil.which(binary, path=env.get("PATH")) if "/" not in binary else binary
-    if not found:
-        return None, ""
-    try:
-        st = os.stat(found)
-    except OSError:
-        return None, ""
-    key = f"{os.path.realpath(found)}:{st.st_mtime_ns}:{st.st_size}"
+    if "/" in binary:
+        return binary
+    return shutil.which(binary, path=env.get("PATH", os.defpath))
+
+
+def binary_key(path: str) -> str:
+    """What identifies one installed binary: its real path, inode, size and mtime (an
+    upgrade replaces at least one of them)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _cached_version(path: str, key: str) -> Optional[Tuple[int, int]]:
     from ..safefiles import read_small
 
     try:
-        raw = read_small(os.path.join(ctx.path(ctx.config.run_dir), "slurm-version"), 4096)
+        data = read_small(path, 4096)
     except OSError:
-        raw = None
-    cached_key, _, version = (raw or b"").decode("utf-8", "replace").strip().partition("\t")
-    if raw is not None and cached_key == key:
-        return version, key
-    return None, key
+        return None
+    if data is None:
+        return None
+    cached_key, _, version = data.decode("utf-8", "replace").strip().partition("\t")
+    if cached_key != key:
+        return None
+    try:
+        return parse_version(f"slurm {version}")
+    except ParseError:
+        return None
+
+
+def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
+                   calls: List[str]) -> Optional[Tuple[int, int]]:
+    """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
+    run dir's cache (written by a root run, readable by all), or one ``--version`` call."""
+    try:
+        key = binary_key(scontrol)
+    except OSError:
+        return None  # not there: the show node call says so
+    known = _KNOWN_VERSIONS.get(key)
+    if known is not None:
+        return known
+    cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
+    version = _cached_version(cache, key)
+    if version is None:
+        calls.append(f"{scontrol} --version")
+        done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
+        try:
+            version = parse_version(done.stdout)
+        except ParseError:
+            return None  # 24.11 with no config source fails here; text is read then
+        from ..safefiles import write_atomic
+
+        try:
+            if not ctx.read_only:  # a --root run writes nothing
+                os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+                write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
+        except OSError:
+            pass  # not root: this process remembers it; the next one-shot run asks again
+    _KNOWN_VERSIONS[key] = version
+    return version
 
 
 def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
              timeout_s: float, calls: List[str]) -> bool:
-    """Whether to ask for --json: by config, or (auto) by the cached client version."""
+    """Whether to ask for --json: by config, or (auto) by the client's version."""
     if output != "auto":
         return output == "json"
-    version, key = _version_cache(ctx, scontrol)
-    if version is None and key:
-        calls.append(f"{scontrol} --version")
-        done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
-        try:
-            major, minor = parse_version(done.stdout)
-            version = f"{major}.{minor}"
-        except ParseError:
-            return False
-        from ..safefiles import write_atomic
+    version = client_version(ctx, scontrol, env, timeout_s, calls)
+    return version is not None and version >= JSON_SINCE
 
-        try:
-            os.makedirs(ctx.path(ctx.config.run_dir), mode=0o755, exist_ok=True)
-            write_atomic(os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir),
-                                                      "slurm-version")),
-                         f"{key}\t{version}\n".encode())
-        except OSError:
-            pass  # not root: ask again next run (local and cheap)
-    if version is None:
-        return False
-    major_s, _, minor_s = version.partition(".")
-    return major_s.isdigit() and minor_s.isdigit() and \
-        (int(major_s), int(minor_s)) >= JSON_SINCE
 
+# --- reading --------------------------------------------------------------------------
 
 def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     from ..slurm_settings import settings
@@ -426,15 +482,20 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     cfg = settings(ctx.config)
     node = node_name(ctx.config, ctx.env)
     env = child_env(ctx.env or {})
-    scontrol = ctx.config.command("scontrol")
+    # One binary for the version and the answer: the one the run's PATH finds.
+    scontrol = resolve(ctx.config.command("scontrol"), env) or ctx.config.command("scontrol")
     calls: List[str] = []
     as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
-    argv = scontrol_argv(ctx.config, "--json", "show", "node", node) if as_json else \
-        scontrol_argv(ctx.config, "-d", "show", "node", node, "-o")
+    argv = [scontrol, "--json", "show", "node", node] if as_json else \
+        [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
+    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
+    if asked is not None:
+        want_jobs = False
     if want_jobs:
         squeue = squeue_argv(ctx.config, node)
+        squeue[0] = resolve(squeue[0], env) or squeue[0]
         pending.append(Pending(squeue, env=env))
         calls.append(" ".join(squeue))
     deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
@@ -456,6 +517,9 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
             facts = facts._replace(jobs_error=str(e))
         except ParseError as e:
             facts = facts._replace(jobs_error=f"squeue: {e}")
+    if asked is not None:
+        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
+                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
     return facts
 
 

@@ -1,0 +1,194 @@
+"""clients: who MPS serves, judged against what their Slurm jobs asked for.
+
+Facts: the servers probe (each server's clients, thread percentage, devices, client
+contexts; each client's job id and CUDA_MPS_* environment from /proc) and one squeue.
+
+* ``client-not-mps-job``: a client whose job asked for no ``mps`` (a ``gres/gpu`` job)
+  is served by MPS: a CUDA client reaches the default pipe dir unless told otherwise,
+  so a node-wide daemon captures jobs that asked for a GPU of their own.
+* ``client-over-limit``: a client may use more of the GPU than its job's
+  ``--gres=mps:N``. Its ceiling is the lower of its own
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (as it was at exec: /proc/PID/environ) and its
+  server's active thread percentage (a client can only lower its limit; seen on the
+  H200, docs/clients.md). A program that changes its environment after exec is not seen.
+* ``clients-near-cap``: a server's client contexts on one GPU near the MPS limit
+  (48 per device on Volta and newer, NVIDIA's MPS guide: docs/clients.md).
+* ``server-spans-gpus``: one server uses several GPUs where each instance should serve
+  one (per-gpu layout, or ``clients.per_gpu_isolation: true``).
+"""
+
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from mps_health.config import Config
+from mps_health.facts import Facts, Instance
+from mps_health.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
+from mps_health.printable import escape
+from mps_health.probes.clientinfo import SECTION, ClientsConfig
+from mps_health.probes.jobs import JobsFacts, gres_count
+from mps_health.probes.proc import DEFAULT_PIPE_DIR
+from mps_health.probes.slurm import SlurmJob
+from mps_health.results import UNKNOWN, WARNING, Result, ok
+
+NAME = "clients"
+
+
+def settings(config: Config) -> ClientsConfig:
+    return config.get(SECTION)
+
+
+def who(c: ClientFact) -> str:
+    user = escape(c.user) if c.user else (f"uid {c.uid}" if c.uid is not None else "gone")
+    job = f", job {escape(c.job_id)}" if c.job_id else ""
+    return f"client {c.pid} ({user}{job})"
+
+
+def ceiling(c: ClientFact, server: ServerFact) -> Tuple[float, str]:
+    """The most of the GPU's threads a client may use, and why (pure)."""
+    env = c.thread_percentage if c.thread_percentage is not None else 100.0
+    cap = server.thread_percentage if server.thread_percentage is not None else 100.0
+    said = (f"its environment says {c.thread_percentage:g}" if c.thread_percentage is not None
+            else "its environment sets no CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    limit = (f"its server {server.pid} allows {cap:g}" if server.thread_percentage is not None
+             else f"its server {server.pid} did not say its limit")
+    return min(env, cap), f"{said}, {limit}"
+
+
+def judge_client(inst: Instance, server: ServerFact, c: ClientFact, job: SlurmJob,
+                 mps_per_gpu: int) -> Iterator[Result]:
+    asked = gres_count(job, "mps")
+    if asked is None:
+        unset = c.pipe_dir is None and c.environ in ("read", "truncated")
+        how = ("its CUDA_MPS_PIPE_DIRECTORY is unset, so the default pipe dir took it"
+               if unset and inst.pipe_dir == DEFAULT_PIPE_DIR else
+               f"through pipe dir {escape(c.pipe_dir or inst.pipe_dir)}")
+        yield Result(NAME, WARNING, "client-not-mps-job", inst.name,
+                     f"{who(c)} is served by MPS server {server.pid} of instance "
+                     f"{inst.name}, but job {escape(job.job_id)} asked for "
+                     f"'{escape(job.gres) or 'no gres'}', not mps ({how})",
+                     "keep non-MPS jobs off MPS: give their tasks a "
+                     "CUDA_MPS_PIPE_DIRECTORY without a daemon (TaskProlog), or run MPS "
+                     "only on the GPUs Slurm offers as mps (per-gpu layout); see the runbook")
+        return
+    if c.environ not in ("read", "truncated"):
+        return  # its environment is unknown: it may have lowered its own limit
+    share = asked * 100.0 / mps_per_gpu
+    most, why = ceiling(c, server)
+    if most > share + 0.5:
+        yield Result(NAME, WARNING, "client-over-limit", inst.name,
+                     f"{who(c)} may use {most:g}% of the GPU's threads ({why}), but job "
+                     f"{escape(job.job_id)} asked for mps:{asked} ({share:g}%)",
+                     "find out why the job changed CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                     f"(scontrol show job {escape(job.job_id)}); lower the server's default "
+                     "with set_default_active_thread_percentage, or end the job")
+
+
+def judge_server(inst: Instance, server: ServerFact, cfg: ClientsConfig,
+                 isolation: bool) -> Iterator[Result]:
+    warn_at = max(1, math.ceil(cfg.max_contexts_per_device * cfg.contexts_warn_ratio))
+    devices = server.devices or ()
+    counts = [(d.uuid, d.contexts) for d in devices if d.contexts is not None]
+    if not counts and not devices:
+        counts = [("", len(server.clients))]
+    for uuid, n in counts:
+        if n is not None and n >= warn_at:
+            on = f" on GPU {escape(uuid)}" if uuid else ""
+            yield Result(NAME, WARNING, "clients-near-cap", inst.name,
+                         f"server {server.pid} has {n} client contexts{on}: the MPS limit is "
+                         f"{cfg.max_contexts_per_device} per GPU (warned from {warn_at}); "
+                         "new clients then fail (cudaErrorMpsMaxClientsReached, 808)",
+                         "spread the jobs over more GPUs or nodes; lower the jobs' processes "
+                         "per GPU (each process takes at least one context)")
+    if isolation and len(devices) > 1:
+        shown = ", ".join(escape(d.uuid) for d in devices[:4])
+        yield Result(NAME, WARNING, "server-spans-gpus", inst.name,
+                     f"server {server.pid} of instance {inst.name} uses {len(devices)} GPUs "
+                     f"({shown}) where each instance should serve one GPU: its daemon was "
+                     "started without CUDA_VISIBLE_DEVICES naming its GPU",
+                     f"start the instance's daemon with CUDA_VISIBLE_DEVICES set to its GPU "
+                     f"(the nvidia-mps@ unit does), then 'mps-health remediate reset "
+                     f"{inst.name}' (dry run first)")
+
+
+def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
+                   ) -> Iterator[Result]:
+    """One OK result per GPU a server uses: its numbers, labelled by the GPU's UUID."""
+    for d in server.devices:
+        values: List[Tuple[str, float]] = [("contexts_limit", float(cfg.max_contexts_per_device))]
+        if d.contexts is not None:
+            values.append(("contexts", float(d.contexts)))
+        if server.thread_percentage is not None:
+            values.append(("server_thread_percentage", server.thread_percentage))
+        if d.pinned_mem_limit_bytes is not None:
+            values.append(("server_pinned_mem_limit_bytes", float(d.pinned_mem_limit_bytes)))
+        limit = d.pinned_mem_limit or "no pinned memory limit"
+        pct = (f"{server.thread_percentage:g}% threads" if server.thread_percentage is not None
+               else "threads unknown")
+        yield Result(NAME, 0, "ok", inst.name,
+                     f"server {server.pid} on GPU {escape(d.uuid)}: {d.contexts} client "
+                     f"contexts, {pct}, {escape(limit)}", "", tuple(values),
+                     (("UUID", d.uuid),))
+
+
+def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFacts],
+                   cfg: ClientsConfig, mps_per_gpu: int, isolation: bool) -> Iterator[Result]:
+    live = [s for s in cur.servers if s.status not in ("gone", "error")]
+    clients = [(s, c) for s in live for c in s.clients if c.uid is not None]
+    by_id: Dict[str, SlurmJob] = {j.job_id: j for j in (jobs.jobs or ())} if jobs else {}
+    problems: List[Result] = []
+    for server in live:
+        problems += judge_server(inst, server, cfg, isolation)
+    with_job = [(s, c) for s, c in clients if c.job_id]
+    if jobs is not None and not jobs.asked:
+        pass  # a server started after the jobs source looked: judged next run
+    elif with_job and (jobs is None or jobs.jobs is None):
+        why = jobs.error if jobs is not None else "not gathered"
+        problems.append(Result(NAME, UNKNOWN, "slurm-jobs-unavailable", inst.name,
+                               f"{len(with_job)} clients belong to Slurm jobs, but the job "
+                               f"list could not be read ({why})",
+                               "scontrol ping; squeue -w NODE by hand"))
+    else:
+        for server, c in with_job:
+            job = by_id.get(c.job_id)
+            if job is not None:
+                problems += judge_client(inst, server, c, job, mps_per_gpu)
+    yield from problems
+    codes = [r.code for r in problems]
+    values = (("clients", float(len(clients))),
+              ("clients_not_mps_job", float(codes.count("client-not-mps-job"))),
+              ("clients_over_limit", float(codes.count("client-over-limit"))),
+              ("jobs", float(len({c.job_id for _s, c in with_job}))))
+    if cur.query == "idle":
+        text = "no server runs, so no client"
+    elif not clients:
+        text = "no client connected"
+    else:
+        unread = sum(c.environ not in ("read", "truncated") for _s, c in clients)
+        text = (f"{len(clients)} clients of {int(values[3][1])} jobs through "
+                f"{len(live)} server{'s' if len(live) != 1 else ''}"
+                + (f"; {unread} environments unreadable (run as root)" if unread else ""))
+    yield Result(NAME, 0, "ok", inst.name, text, "", values)
+    for server in live:
+        yield from device_results(inst, server, cfg)
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    from mps_health.slurm_settings import settings as slurm_settings
+
+    cfg = settings(config)
+    mps_per_gpu = slurm_settings(config).mps_per_gpu
+    isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \
+        else config.mps.layout == "per-gpu"
+    sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
+    jobs: Optional[JobsFacts] = facts.sources.get("jobs")  # type: ignore[assignment]
+    for inst in facts.instances:
+        cur = sf.instances.get(inst.name)
+        if cur is None or cur.query not in ("ok", "idle"):
+            why = f"{cur.query}: {cur.detail}" if cur is not None else "not asked"
+            yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
+                         f"cannot list the servers and their clients ({why})",
+                         "see the daemon and control checks")
+            continue
+        yield from judge_instance(inst, cur, jobs, cfg, mps_per_gpu, isolation)
+    if not facts.instances:
+        yield ok(NAME, "", "no MPS instance on this node")

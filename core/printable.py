@@ -1,0 +1,34 @@
+"""The one rule for text taken from the system before any output shows it.
+
+File names in world-writable dirs, a process's environment, command output and log
+lines are written by whoever wants to: a newline would forge an output line ("OK
+daemon[node]: all good"), an ANSI or OSC escape would reach an operator's terminal or a
+Nagios status line. ``printable`` leaves printable text as it is and writes every other
+character (controls, line and paragraph separators, bidi overrides) as a Python-style
+``\\xNN``/``\\uNNNN`` escape, so the text stays readable and cannot be mistaken for
+anything else. The engine applies it to every result (text, JSON, perfdata, labels and
+drain reasons are made from results); the audit log and drain reasons apply it again to
+their own fields. ``escape`` is the same rule for a value quoted inside a message (a
+client's command line or environment): backslashes doubled so the quote is exact, and
+cut to a length.
+"""
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (one line, no terminal codes)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def escape(text: str, limit: int = 120) -> str:
+    """``text`` quoted exactly (``\\`` for a backslash, escapes as above), cut to ``limit``."""
+    shown = printable(text.replace("\\", "\\\\"))
+    return shown if len(shown) <= limit else shown[: max(0, limit - 3)] + "..."

@@ -1,0 +1,291 @@
+"""Who an MPS client is, and the per-server details the control client gives.
+
+Pure parsers of what the real ``nvidia-cuda-mps-control`` prints (captured on an H200,
+CUDA 13.0; fixtures ``tests/fixtures/mps-control_*__h200-cuda13.0_clients.txt``), and
+bounded reads of a client's /proc files.
+
+A client's ``/proc/PID/environ`` is readable by root and its owner only, and may be
+large: at most ``ENVIRON_CAP`` bytes are read, through O_NOFOLLOW|O_NONBLOCK, and the
+process's start time is compared before and after, so a PID reused in between is never
+taken for the client. Only the few variables that matter are kept. Everything read here
+comes from users' processes: it is kept raw and escaped where it is printed
+(``mps_health.exporters.text.escape``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..schema import Invalid, Record, Section, custom, number, shown, whole
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
+
+ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
+CMDLINE_CAP = 4096
+CGROUP_CAP = 8192
+COMMAND_KEEP = 200  # characters of the command line kept for the view
+
+WANTED = ("SLURM_JOB_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
+
+UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class ParseError(ValueError):
+    pass
+
+
+def _optional_flag(value: Any) -> Optional[bool]:
+    if value is not None and not isinstance(value, bool):
+        raise Invalid(f"must be true, false or null (got {shown(value)})")
+    return value
+
+
+class ClientsConfig(Record):
+    """The ``clients`` section (checks/clients.py; docs/clients.md)."""
+
+    # The MPS limit of client contexts per GPU on Volta and newer (NVIDIA's MPS guide).
+    max_contexts_per_device: int = whole(48, low=1, high=1024)
+    contexts_warn_ratio: float = number(0.9, low=0.01, high=1.0)  # clients-near-cap from here
+    # server-spans-gpus: None = when mps.layout is per-gpu.
+    per_gpu_isolation: Optional[bool] = custom(None, _optional_flag)
+
+
+SECTION = Section("clients", ClientsConfig)
+SECTIONS = (SECTION,)
+
+
+class PsRow(NamedTuple):
+    pid: int
+    context_id: str
+    server: int
+    device: str  # the GPU's UUID as ps prints it (cut to 22 characters)
+    namespace: str
+    command: str
+
+
+class DeviceRow(NamedTuple):
+    ordinal: int
+    pci: str
+    uuid: str
+    name: str
+
+
+class ClientProc(NamedTuple):
+    """What /proc says about one client (see ClientFact for the meaning of each field)."""
+
+    command: str = ""
+    job_id: str = ""
+    job_from: str = ""
+    environ: str = ""
+    thread_percentage: Optional[float] = None
+    pinned_mem_limit: str = ""
+    pipe_dir: Optional[str] = None
+
+
+# --- parsers (pure) ------------------------------------------------------------------
+
+def parse_ps(text: str) -> Tuple[PsRow, ...]:
+    """``ps``: a header ``PID ID SERVER DEVICE NAMESPACE COMMAND`` and one row a client;
+    ``Server not found`` when no server runs. The command (last) may hold spaces."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0].strip() == "Server not found":
+        return ()
+    if lines[0].split() != ["PID", "ID", "SERVER", "DEVICE", "NAMESPACE", "COMMAND"]:
+        raise ParseError(f"ps: unexpected header {lines[0].strip()[:80]!r}")
+    rows = []
+    for line in lines[1:]:
+        parts = line.split(None, 5)
+        if len(parts) < 5 or not parts[0].isdigit() or not parts[2].isdigit():
+            raise ParseError(f"ps: unexpected row {line.strip()[:80]!r}")
+        rows.append(PsRow(int(parts[0]), parts[1], int(parts[2]), parts[3], parts[4],
+                          parts[5].strip() if len(parts) > 5 else ""))
+    return tuple(rows)
+
+
+def parse_percentage(text: str) -> float:
+    """``get_active_thread_percentage PID``: ``60.0``."""
+    first = (text.strip().splitlines() or [""])[0].strip()
+    try:
+        value = float(first)
+    except ValueError:
+        raise ParseError(f"expected a percentage, got {first[:60]!r}") from None
+    if not 0.0 <= value <= 100.0:
+        raise ParseError(f"percentage {value} out of 0..100")
+    return value
+
+
+def parse_mem_limit(text: str) -> Tuple[str, Optional[int]]:
+    """``get_(default_)device_pinned_mem_limit``: ``4G`` (whole units: the daemon keeps
+    ``1500M`` as ``1G``); empty output when no limit is set. (text, bytes or None)."""
+    first = (text.strip().splitlines() or [""])[0].strip()
+    if not first:
+        return "", None
+    if first.endswith("not found") or " " in first:
+        raise ParseError(f"expected a memory limit, got {first[:60]!r}")
+    return first, mem_bytes(first)
+
+
+def mem_bytes(value: str) -> Optional[int]:
+    """``4G`` -> bytes; None when it is no size (the raw text is kept by the caller)."""
+    v = value.strip().upper()
+    if v.endswith("B"):
+        v = v[:-1]
+    unit = v[-1] if v and v[-1] in "KMGT" else ""
+    digits = v[:-1] if unit else v
+    if not digits.isdigit():
+        return None
+    return int(digits) * UNITS[unit]
+
+
+def parse_device_query(text: str) -> Dict[str, Tuple[DeviceRow, ...]]:
+    """``device_query``: sections ``Default`` and ``Server PID``, each a table
+    ``Device Ordinal  PCI IDs  UUID  Name  Attributes``. Keyed "default" / "PID"."""
+    out: Dict[str, List[DeviceRow]] = {}
+    section: Optional[str] = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s == "Default":
+            section = "default"
+        elif s.startswith("Server ") and s[7:].strip().isdigit():
+            section = s[7:].strip()
+        elif s.startswith("Device Ordinal"):
+            continue
+        elif section is not None and s.split(None, 1)[0].isdigit():
+            parts = s.split()
+            if len(parts) < 4 or not parts[2].startswith(("GPU-", "MIG-")):
+                raise ParseError(f"device_query: unexpected row {s[:80]!r}")
+            # The name holds spaces; the last column (Attributes) does not.
+            name = " ".join(parts[3:-1]) if len(parts) > 4 else parts[3]
+            out.setdefault(section, []).append(DeviceRow(int(parts[0]), parts[1], parts[2],
+                                                         name))
+        else:
+            raise ParseError(f"device_query: unexpected line {s[:80]!r}")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def parse_device_clients(text: str) -> Dict[int, int]:
+    """``get_device_client_list PID``: ``[0] 00:00.0, NVIDIA H200`` (the device ordinal
+    in brackets) then one ``PID.CONTEXT`` line per client context: contexts per ordinal."""
+    counts: Dict[int, int] = {}
+    device: Optional[int] = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("[") and "]" in s and s[1:s.index("]")].isdigit():
+            device = int(s[1:s.index("]")])
+            counts.setdefault(device, 0)
+        elif device is not None and s.replace(".", "", 1).isdigit():
+            counts[device] += 1
+        elif s.endswith("not found"):
+            return {}
+        else:
+            raise ParseError(f"get_device_client_list: unexpected line {s[:80]!r}")
+    return counts
+
+
+def job_from_cgroup(text: str) -> str:
+    """The Slurm job id in ``/proc/PID/cgroup``: cgroup v1 ``.../slurm/uid_U/job_N/...``,
+    v2 ``.../slurmstepd.scope/job_N/step_S/...``; "" when none."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if "slurm" not in path:
+            continue
+        for part in path.split("/"):
+            if part.startswith("job_") and part[4:].isdigit():
+                return part[4:]
+    return ""
+
+
+def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str) -> ClientProc:
+    """A ClientProc from the parts read (pure)."""
+    args = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
+    command = " ".join(args)[:COMMAND_KEEP]
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    job_from = "environ" if job.isdigit() else ""
+    if not job_from:
+        job = job_from_cgroup(cgroup)
+        job_from = "cgroup" if job else ""
+    pct: Optional[float] = None
+    raw = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if raw is not None:
+        try:
+            pct = float(raw)
+        except ValueError:
+            pct = None
+        if pct is not None and not 0.0 <= pct <= 100.0:
+            pct = None
+    return ClientProc(command, job if job_from else "", job_from, status, pct,
+                      environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")[:100],
+                      environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+
+
+def parse_environ(data: bytes, truncated: bool) -> Dict[str, str]:
+    """The wanted variables of a NUL-separated environ; a cut last entry is dropped."""
+    items = data.split(b"\0")
+    if truncated:
+        items = items[:-1]
+    env: Dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition(b"=")
+        name = key.decode("ascii", "replace")
+        if sep and name in WANTED:
+            env[name] = value.decode("utf-8", "replace")[:4096]
+    return env
+
+
+# --- reads (I/O, bounded) --------------------------------------------------------------
+
+def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
+    """(up to ``cap`` bytes, status): "read", "truncated", "denied", "gone", "error"."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        return None, "denied"
+    except FileNotFoundError:
+        return None, "gone"
+    except OSError:
+        return None, "error"
+    try:
+        chunks: List[bytes] = []
+        size = 0
+        while size <= cap:
+            chunk = os.read(fd, min(65536, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except PermissionError:
+        return None, "denied"
+    except ProcessLookupError:
+        return None, "gone"
+    except OSError:
+        return None, "error"
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        return data[:cap], "truncated"
+    return data, "read"
+
+
+def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientProc:
+    """What /proc says about client ``pid`` (started at ``start_ticks``); never raises."""
+    from .proc import identity
+
+    base = f"{proc_dir}/{pid}"
+    cmdline, _ = _read_capped(f"{base}/cmdline", CMDLINE_CAP)
+    cgroup, _ = _read_capped(f"{base}/cgroup", CGROUP_CAP)
+    raw, status = _read_capped(f"{base}/environ", ENVIRON_CAP)
+    after = identity(proc_dir, pid)
+    if after is None or (start_ticks is not None and after[1] != start_ticks):
+        return ClientProc(environ="gone")  # exited (or the PID was reused) meanwhile
+    env = parse_environ(raw, status == "truncated") if raw is not None else {}
+    return interpret(env, status, cmdline or b"", (cgroup or b"").decode("utf-8", "replace"))

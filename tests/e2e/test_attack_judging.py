@@ -1,0 +1,225 @@
+"""Attacks on the check's verdicts, run as an unprivileged user against a real fake daemon.
+
+A user may create anything in a world-writable pipe dir or in /tmp and may start any
+process: none of that may turn into a CRITICAL (a drain) unless it breaks what MPS
+itself uses, and then the finding names who did it.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+from conftest import FAKE_CONTROL, FakeDaemon
+from hostile import (
+    ATTACKER,
+    VICTIM,
+    as_user,
+    cli,
+    ensure_user,
+    fake_squeue,
+    public_dir,
+    run_as,
+    squeue_line,
+)
+
+__all__ = ["public_dir"]  # the fixture, used by name
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is under /root)
+
+
+def check_json(config: Path, *extra: str) -> Tuple[int, dict]:
+    r = cli("check", "--config", str(config), "--only", "daemon,directories", "--format", "json",
+            *extra)
+    assert r.returncode in (0, 1, 2, 3) and r.stderr == "", r.stdout + r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def findings(report: dict) -> dict:
+    return {(p["instance"], p["code"]): p for p in report["problems"]}
+
+
+@pytest.fixture
+def node(public_dir: Path) -> Iterator[Tuple[Path, FakeDaemon]]:
+    """A node-layout instance whose pipe dir is 0777 (as MPS needs), served by a root daemon."""
+    pipe, log = public_dir / "nvidia-mps", public_dir / "nvidia-log"
+    for d in (pipe, log):
+        d.mkdir()
+        d.chmod(0o777)
+    config = public_dir / "config.yaml"
+    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
+                      f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
+    daemon = FakeDaemon(pipe, log, {}).start()
+    yield config, daemon
+    daemon.stop()
+
+
+def test_a_strangers_link_in_the_pipe_dir_is_a_warning_naming_them(node) -> None:
+    config, daemon = node
+    assert check_json(config)[0] == 0
+    r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(daemon.pipe_dir / "foo")])
+    assert r.returncode == 0, r.stderr
+    rc, report = check_json(config)
+    found = findings(report)
+    assert rc == 1, report["problems"]
+    entry = found[("node", "pipe-entry-foreign")]
+    assert entry["state"] == "WARNING" and f"belongs to {ATTACKER} " in entry["message"]
+
+
+def test_a_strangers_process_posing_as_the_daemon_is_a_stray_not_a_duplicate(
+        node, public_dir: Path) -> None:
+    config, daemon = node
+    ensure_user(ATTACKER)
+    fake = public_dir / "evil"
+    fake.mkdir()
+    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")  # comm and argv0 as MPS's
+    proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "60"],
+                            env={"CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir)},
+                            **as_user(ATTACKER))
+    try:
+        time.sleep(0.2)
+        rc, report = check_json(config)
+        found = findings(report)
+        assert ("node", "daemon-duplicate") not in found
+        stray = found[("node", "daemon-foreign")]
+        assert stray["state"] == "WARNING" and f"control process {proc.pid} of uid" in \
+            stray["message"]
+        assert rc == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_hijacked_control_socket_is_critical_naming_the_owner(node, public_dir: Path) -> None:
+    """The user renames the daemon's socket and binds their own answering queries."""
+    config, daemon = node
+    ensure_user(ATTACKER)
+    script = public_dir / "hijack.py"
+    script.write_text(f"""
+import os, socket, sys, time
+pipe = {str(daemon.pipe_dir)!r}
+os.rename(pipe + "/control", pipe + "/control.real")
+s = socket.socket(socket.AF_UNIX)
+s.bind(pipe + "/control")
+s.listen(8)
+print("ready", flush=True)
+time.sleep(60)
+""")
+    script.chmod(0o644)
+    proc = subprocess.Popen([SYSTEM_PYTHON, str(script)], stdout=subprocess.PIPE, text=True,
+                            **as_user(ATTACKER))
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        rc, report = check_json(config)
+        found = findings(report)
+        owner = found[("node", "pipe-entry-owner")]
+        assert owner["state"] == "CRITICAL" and rc == 2
+        assert f"/control is owned by {ATTACKER} " in owner["message"]
+        assert ("node", "pipe-entry-foreign") in found  # control.real: the moved socket
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_daemon_entries_of_the_daemons_user_pass(node) -> None:
+    config, daemon = node
+    rc, report = check_json(config)
+    assert (rc, report["problems"]) == (0, [])
+    assert set(os.listdir(daemon.pipe_dir)) >= {"control", "control_lock", "log"}
+
+
+# --- per-job layout: /tmp is everyone's ----------------------------------------------------
+
+@pytest.fixture
+def per_job(public_dir: Path) -> Tuple[Path, Path]:
+    parent = public_dir / "tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    config = public_dir / "config.yaml"
+    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
+                      f"mps:\n  layout: per-job\n  pipe_dir: {parent}/nvidia-mps_job{{job}}\n"
+                      f"  log_dir: {parent}/nvidia-log_job{{job}}\n  dir_mode: '0700'\n"
+                      f"commands:\n  squeue: {fake_squeue(public_dir, [])}\n")
+    return config, parent
+
+
+def test_a_dir_named_like_a_job_that_slurm_does_not_run_here_is_not_an_instance(
+        per_job, public_dir: Path) -> None:
+    config, parent = per_job
+    r = run_as(ATTACKER, ["mkdir", str(parent / "nvidia-mps_job4242")])
+    assert r.returncode == 0, r.stderr
+    rc, report = check_json(config)
+    assert (rc, report["problems"]) == (0, [])
+
+
+def test_a_dir_squatted_for_a_real_job_is_not_that_jobs_instance(per_job,
+                                                                  public_dir: Path) -> None:
+    """Job 4242 of the victim runs here; the attacker made its dir first."""
+    config, parent = per_job
+    ensure_user(VICTIM)
+    fake_squeue(public_dir, [squeue_line("4242", VICTIM)])
+    r = run_as(ATTACKER, ["mkdir", "-m", "0777", str(parent / "nvidia-mps_job4242")])
+    assert r.returncode == 0, r.stderr
+    rc, report = check_json(config)
+    assert rc != 2 and not [p for p in report["problems"] if p["instance"] == "job4242"]
+
+
+def test_slurm_unreachable_leaves_per_job_instances_unknown(per_job, public_dir: Path) -> None:
+    config, parent = per_job
+    (public_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to "
+                                       "contact slurm controller' >&2\nexit 1\n")
+    r = run_as(ATTACKER, ["mkdir", str(parent / "nvidia-mps_job4242")])
+    assert r.returncode == 0, r.stderr
+    rc, report = check_json(config)
+    assert rc == 3
+    assert "per-job instances need Slurm's job list" in report["problems"][0]["message"]
+
+
+def test_the_jobs_own_user_breaking_their_dir_is_at_most_a_warning(per_job,
+                                                                   public_dir: Path) -> None:
+    """A job's user owns its pipe dir: what they do to it hurts their job only."""
+    config, parent = per_job
+    ensure_user(VICTIM)
+    fake_squeue(public_dir, [squeue_line("77", VICTIM)])
+    for name in ("nvidia-mps_job77", "nvidia-log_job77"):
+        r = run_as(VICTIM, ["mkdir", "-m", "0777", str(parent / name)])
+        assert r.returncode == 0, r.stderr
+    r = run_as(VICTIM, ["ln", "-s", "/etc", str(parent / "nvidia-mps_job77" / "control")])
+    assert r.returncode == 0, r.stderr
+    rc, report = check_json(config)
+    found = findings(report)
+    assert rc == 1, report["problems"]
+    assert found[("job77", "pipe-entry-bad")]["state"] == "WARNING"
+    assert found[("job77", "pipe-dir-mode")]["state"] == "WARNING"
+
+
+def test_a_fake_daemon_by_its_own_user_in_the_job_dir_is_judged(per_job,
+                                                                public_dir: Path) -> None:
+    """The real per-job daemon (the job user's) is found only for a Slurm job."""
+    config, parent = per_job
+    pw = ensure_user(VICTIM)
+    fake_squeue(public_dir, [squeue_line("78", VICTIM)])
+    pipe, log = parent / "nvidia-mps_job78", parent / "nvidia-log_job78"
+    for d in (pipe, log):
+        d.mkdir(mode=0o700)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
+           "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([SYSTEM_PYTHON, FAKE_CONTROL, "-d"], env=env, capture_output=True,
+                       text=True, timeout=10, **as_user(VICTIM))
+    assert r.returncode == 0, r.stderr
+    try:
+        rc, report = check_json(config)
+        assert (rc, report["problems"]) == (0, [])
+    finally:
+        pid_file = pipe / "nvidia-cuda-mps-control.pid"
+        for _ in range(100):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.02)
+        if pid_file.exists() and pid_file.read_text().strip().isdigit():
+            os.kill(int(pid_file.read_text()), 9)

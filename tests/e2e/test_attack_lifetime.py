@@ -1,0 +1,32 @@
+"""No child outlives the run: a user stops their own MPS daemon, root's check hangs on its
+control client, and the check is killed (by PID, or its process group as slurmd does).
+Run in a private PID namespace so that the clients left behind, if any, are seen there
+and end with it."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TESTS
+from hostile import ATTACKER, ensure_user, in_namespace, public_dir
+
+__all__ = ["public_dir"]  # the fixture, used by name
+
+SCENARIO = str(TESTS / "lifetime_scenario.py")
+
+
+@pytest.mark.parametrize("how", ["pid", "group"])
+def test_killing_the_check_leaves_no_control_client(public_dir: Path, how: str) -> None:
+    import subprocess
+
+    ensure_user(ATTACKER)
+    for name in ("pipe", "log"):
+        (public_dir / name).mkdir(mode=0o777)
+        (public_dir / name).chmod(0o777)
+    r = subprocess.run(in_namespace([sys.executable, SCENARIO, str(public_dir), ATTACKER, how]),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["hung_clients"], "the check never started a client: the attack did not happen"
+    assert seen["left"] == []

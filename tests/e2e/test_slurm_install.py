@@ -1,0 +1,220 @@
+"""`mps-health slurm install` and the `jobs` config section."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import REPO
+from jobhooks import user_python
+from mps_health.config import ConfigError, from_mapping
+from mps_health.slurm.settings import JobsSettings, jobs_settings
+
+NOBODY = "nobody"
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A dir every user can enter (pytest's own tmp dirs are root's, mode 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="mpsh-install-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def python() -> Iterator[str]:
+    """An interpreter job users can run that imports this checkout (sys.executable in CI;
+    here a venv of /usr/bin/python3, since this machine's Python lives under /root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to try the interpreter as another user)")
+    base = Path(tempfile.mkdtemp(prefix="mpsh-py-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        found = user_python(base, NOBODY)
+        if found is None:
+            pytest.skip(f"no interpreter {NOBODY} can run imports mps_health here")
+        yield found
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def mps_health(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def settings(data: dict) -> JobsSettings:
+    return jobs_settings(from_mapping(data, "site.yaml"))
+
+
+def test_defaults() -> None:
+    assert settings({"mps": {"layout": "per-job"}}) == JobsSettings()
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"jobs": {"start_timeout": 3}}, "key 'jobs.start_timeout': unknown key"),
+    ({"jobs": {"start_for": "all"}}, "key 'jobs.start_for': must be one of mps, gpu"),
+    ({"jobs": {"quit_timeout_s": -1}}, "key 'jobs.quit_timeout_s': must be a number between"),
+    ({"jobs": {"on_start_failure": "drain"}}, "must be one of fail, continue"),
+    ({"jobs": {"log_file": "relative.log"}}, "key 'jobs.log_file': must be an absolute path"),
+    ({"jobs": ["start_for"]}, "key 'jobs': must be a mapping"),
+    ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/job{job}/mps", "log_dir": "/tmp/l{job}"}},
+     "key 'mps.pipe_dir': {job} and {gpu} may only appear in the last path component"),
+    ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps{job}_{gpu}", "log_dir": "/tmp/l{job}"}},
+     "key 'mps.log_dir': needs {gpu} too"),
+    ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps{job}_{host}", "log_dir": "/tmp/l{job}"}},
+     "key 'mps.pipe_dir': the per-job layout allows only {job}, {gpu} (got "),
+    ({"mps": {"layout": "per-job", "pipe_dir": "/tmp/" + "x" * 80 + "{job}",
+              "log_dir": "/tmp/l{job}"}}, "key 'mps.pipe_dir': too long for a unix socket path"),
+])
+def test_bad_settings_are_one_line(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        settings(data)
+    assert str(e.value).startswith("site.yaml: key '") and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_install_writes_three_scripts_and_the_conf_lines(public: Path, python: str) -> None:
+    hooks, config = public / "hooks", public / "x.yaml"
+    hooks.mkdir()
+    config.write_text("mps:\n  layout: per-job\n")
+    r = mps_health("slurm", "install", "--prefix", str(hooks), "--config", str(config),
+                   "--python", python)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in hooks.iterdir())
+    assert names == ["mps-health-epilog", "mps-health-prolog", "mps-health-task-prolog"]
+    for name in names:
+        st = os.stat(hooks / name)
+        assert (st.st_mode & 0o7777, st.st_uid) == (0o755, os.geteuid())
+    prolog = (hooks / "mps-health-prolog").read_text()
+    assert prolog.startswith(f"#!{python} -I\n")
+    assert f"sys.exit(main('prolog', '{config}'))" in prolog
+    assert r.stdout.splitlines()[-3:] == [f"Prolog={hooks}/mps-health-prolog",
+                                          f"TaskProlog={hooks}/mps-health-task-prolog",
+                                          f"Epilog={hooks}/mps-health-epilog"]
+    again = mps_health("slurm", "install", "--prefix", str(hooks), "--python", python)
+    assert again.returncode == 0 and "main('prolog', None)" in (
+        hooks / "mps-health-prolog").read_text()
+    # The hooks really run as a job user: a job without GPUs returns at once.
+    pw = __import__("pwd").getpwnam(NOBODY)
+    for name in names:
+        ran = subprocess.run([str(hooks / name)], env={}, capture_output=True, text=True,
+                             timeout=60, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+        assert ran.returncode == 0, (name, ran.stderr)
+
+
+def test_install_never_replaces_a_file_it_did_not_write(public: Path, python: str) -> None:
+    theirs = public / "mps-health-epilog"
+    theirs.write_text("#!/bin/sh\n# the site's own epilog\n")
+    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python)
+    assert r.returncode == 3
+    assert r.stderr.strip() == (f"mps-health: install: {theirs} exists and was not written by "
+                                "mps-health: move it, or use --force")
+    assert theirs.read_text() == "#!/bin/sh\n# the site's own epilog\n"
+    assert not (public / "mps-health-prolog").exists()  # all or nothing
+    link = public / "mps-health-prolog"
+    link.symlink_to(public / "elsewhere")
+    theirs.unlink()
+    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python)
+    assert r.returncode == 3 and f"{link} exists and was not written" in r.stderr
+    forced = mps_health("slurm", "install", "--prefix", str(public), "--force",
+                        "--python", python)
+    assert forced.returncode == 0, forced.stderr
+    assert not link.is_symlink() and not (public / "elsewhere").exists()
+
+
+def test_install_checks_the_interpreter_and_the_prefix(tmp_path: Path) -> None:
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--python", "/usr/bin/false")
+    assert r.returncode == 3
+    assert "/usr/bin/false cannot import mps_health.slurm.hooks" in r.stderr
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path / "missing"))
+    assert r.returncode == 3 and "not an existing directory" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _refused(r: subprocess.CompletedProcess, what: str, why: str) -> None:
+    assert r.returncode == 3, r
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"mps-health: install: job users cannot use {what}: {why}; "
+                               "the TaskProlog runs as the job's user: install mps-health "
+                               "where every user can read it"), r.stderr
+
+
+def test_install_refuses_what_job_users_cannot_use(public: Path, python: str) -> None:
+    """A private dir above the interpreter, the hooks or the config; a config only root
+    may read: one line saying which path and why, and nothing written."""
+    hooks = public / "hooks"
+    hooks.mkdir()
+    private = public / "private"
+    private.mkdir(mode=0o700)
+    # The interpreter's whole venv seen through a private dir: a venv under /root.
+    os.symlink(Path(python).parent.parent, private / "venv")
+    hidden_python = private / "venv" / "bin" / Path(python).name
+    r = mps_health("slurm", "install", "--prefix", str(hooks), "--python", str(hidden_python))
+    _refused(r, f"the interpreter {hidden_python}", f"{private} is mode 0700")
+    hidden = private / "hooks"
+    hidden.mkdir()
+    r = mps_health("slurm", "install", "--prefix", str(hidden), "--python", python)
+    _refused(r, f"the hook directory {hidden}", f"{private} is mode 0700")
+    config = public / "config.yaml"
+    config.write_text("mps:\n  layout: node\n")
+    config.chmod(0o600)
+    r = mps_health("slurm", "install", "--prefix", str(hooks), "--python", python,
+                   "--config", str(config))
+    _refused(r, f"the config {config}",
+             f"{config} is mode 0600 (not readable by others)")
+    assert list(hooks.iterdir()) == [] and list(hidden.iterdir()) == []
+
+
+def test_install_refuses_a_package_job_users_cannot_read(public: Path) -> None:
+    """An interpreter others may run whose mps_health others cannot read (a root umask
+    of 077 at install time)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None:
+        pytest.skip("no /usr/bin/python3")
+    venv = public / "venv"
+    subprocess.run([system, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                   check=True, capture_output=True, timeout=120)
+    [site] = venv.glob("lib/python3*/site-packages")
+    pkg = site / "mps_health"
+    repo = REPO
+    shutil.copytree(repo / "core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("checks", "exporters", "remediation", "slurm"):
+        shutil.copytree(repo / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "o+rX", str(venv)], check=True)
+    (pkg / "slurm" / "hooks.py").chmod(0o600)
+    hooks = public / "hooks"
+    hooks.mkdir()
+    r = mps_health("slurm", "install", "--prefix", str(hooks), "--python",
+                   str(venv / "bin" / "python"))
+    _refused(r, "the mps_health package",
+             f"{pkg}/slurm/hooks.py is mode 0600 (not readable by others)")
+    assert list(hooks.iterdir()) == []
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--dry-run")
+    assert r.returncode == 0 and r.stdout.count("==> ") == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_slurm_without_subcommand_is_usage() -> None:
+    r = mps_health("slurm")
+    assert r.returncode == 3 and "gres-conf" in r.stdout
+
+
+def test_install_refuses_a_bad_config(tmp_path: Path, tmp_path_factory) -> None:
+    config = tmp_path_factory.mktemp("etc") / "x.yaml"
+    config.write_text("jobs:\n  start_for: sometimes\nmps:\n  layout: per-job\n")
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--config", str(config))
+    assert r.returncode == 3 and "key 'jobs.start_for'" in r.stderr
+    assert list(tmp_path.iterdir()) == []

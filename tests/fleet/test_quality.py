@@ -1,0 +1,61 @@
+"""Packaging and code quality: one import namespace, ruff and mypy clean."""
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+MAPPED = {"checks": "checks", "exporters": "exporters", "remediation": "remediation",
+          "slurm": "slurm"}
+
+
+def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "-w", str(tmp_path), str(REPO)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    [wheel] = tmp_path.glob("mps_health-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.startswith("mps_health-")} == {"mps_health"}
+    for sub in ("checks", "exporters", "remediation", "slurm", "probes", "commands"):
+        assert f"mps_health/{sub}/__init__.py" in names
+    entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names
+                        if n.endswith("entry_points.txt"))
+    assert "mps-health = mps_health.cli:console_main" in entry_points
+
+
+def _link_tree(root: Path) -> Path:
+    """mps_health laid out as installed, by symlinks, so mypy sees the real package."""
+    pkg = root / "mps_health"
+    pkg.mkdir()
+    for entry in (REPO / "core").iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry)
+    for name, folder in MAPPED.items():
+        (pkg / name).symlink_to(REPO / folder)
+    return root
+
+
+def test_ruff_clean() -> None:
+    if shutil.which("ruff") is None:
+        pytest.skip("ruff not installed (pip install -e '.[test]')")
+    r = subprocess.run(["ruff", "check", "--no-cache", str(REPO)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout
+
+
+def test_mypy_clean(tmp_path: Path) -> None:
+    if shutil.which("mypy") is None:
+        pytest.skip("mypy not installed (pip install -e '.[test]')")
+    tree = _link_tree(tmp_path)
+    env = dict(os.environ, MYPYPATH=str(tree))
+    r = subprocess.run(["mypy", "--config-file", str(REPO / "pyproject.toml"),
+                        "--cache-dir", str(tmp_path / ".cache"), "-p", "mps_health"],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout

@@ -1,0 +1,91 @@
+"""Test helpers for attacks by an unprivileged user: test users, running as them, Slurm's
+job list, and a private mount and PID namespace for runs that could touch host state.
+
+Attacks run as real uids (``useradd`` once per machine, ``setpriv`` or subprocess's
+``user=``): root-only shortcuts would prove nothing about what a user can do.
+"""
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+
+import pytest
+
+ATTACKER = "mpshevil"  # a local user with no business with MPS
+VICTIM = "mpshvictim"  # a user whose job runs on the node
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """The local user ``name``, created (no home, no login shell) if missing."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create an unprivileged test user")
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True, timeout=60)
+    return pwd.getpwnam(name)
+
+
+def as_user(name: str) -> dict:
+    """subprocess keyword arguments that run a command as ``name`` (no extra groups)."""
+    pw = ensure_user(name)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+
+def setpriv(name: str) -> List[str]:
+    """An argv prefix that drops to ``name`` (for commands inside a namespace)."""
+    pw = ensure_user(name)
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
+
+
+def run_as(name: str, argv: Sequence[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          **as_user(name), **kw)
+
+
+def squeue_line(job: str, user: str, uid: Optional[int] = None, state: str = "RUNNING",
+                gres: str = "gres:mps:50") -> str:
+    """One line as ``squeue -h -o '%A|%u|%U|%T|%M|%b'`` prints it (Slurm 22.05)."""
+    uid = pwd.getpwnam(user).pw_uid if uid is None else uid
+    return f"{job}|{user}|{uid}|{state}|0:02|{gres}"
+
+
+def fake_squeue(directory: Path, lines: Iterable[str]) -> str:
+    """A squeue stand-in printing ``lines`` (made by squeue_line): Slurm's jobs here."""
+    listing = directory / "squeue.out"
+    listing.write_text("".join(line + "\n" for line in lines))
+    script = directory / "squeue"
+    script.write_text(f"#!/bin/sh\nexec cat {listing}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A root-owned 0755 dir under /tmp (pytest's tmp_path is 0700 to other users),
+    removed afterwards; make sticky 1777 dirs inside it to stand in for /tmp."""
+    base = Path(tempfile.mkdtemp(prefix="mpsh-attack-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60
+        ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def in_namespace(argv: Sequence[str]) -> List[str]:
+    """``argv`` in a private mount and PID namespace (its own /proc; PID 1 is its first
+    process, so killing it ends everything it started)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private namespace")
+    return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", *argv]

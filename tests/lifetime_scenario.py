@@ -1,0 +1,75 @@
+"""Run inside a private PID namespace (tests/test_attack_lifetime.py): a user's daemon is
+stopped, root's check hangs on its control client, the check is SIGKILLed; print the
+control clients still alive afterwards, as JSON.
+
+argv: WORK_DIR USER HOW, HOW being "pid" (SIGKILL the check) or "group" (SIGKILL its
+process group, as slurmd does at its time limit).
+"""
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FAKE = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
+
+
+def live_clients(daemon: int) -> list:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (daemon, os.getpid()):
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if FAKE.encode() in cmdline and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def main() -> None:
+    work, user, how = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    pw = pwd.getpwnam(user)
+    pipe, log = work / "pipe", work / "log"
+    config = work / "config.yaml"
+    config.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
+                      f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n  daemon_user: {user}\n"
+                      f"commands:\n  nvidia-cuda-mps-control: {FAKE}\n")
+    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    subprocess.run(["/usr/bin/python3", FAKE, "-d"], env=env, check=True, timeout=10,
+                   user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    for _ in range(500):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.01)
+    daemon = int(pid_file.read_text())
+    subprocess.run(["kill", "-STOP", str(daemon)], check=True, timeout=10, user=pw.pw_uid,
+                   group=pw.pw_gid, extra_groups=[])  # the user stops their own daemon
+    check = subprocess.Popen([sys.executable, "-m", "mps_health.cli", "check", "--config",
+                              str(config), "--only", "control"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not live_clients(daemon) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hung = live_clients(daemon)
+    if how == "group":
+        os.killpg(check.pid, signal.SIGKILL)
+    else:
+        check.kill()
+    check.wait()
+    time.sleep(0.5)
+    left = live_clients(daemon)
+    os.kill(daemon, signal.SIGKILL)
+    print(json.dumps({"hung_clients": hung, "left": left}))
+
+
+if __name__ == "__main__":
+    main()

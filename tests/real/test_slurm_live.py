@@ -1,0 +1,353 @@
+"""gres-drift and orphans against a real Slurm (tests/slurmcluster.py) and real jobs.
+
+NVML facts are the recorded 2-GPU ones (this machine has no GPU); everything else is
+live: scontrol/squeue answers, gres.conf and its device nodes, the fake MPS daemons in
+/proc, per-job dirs made by a real Prolog. Each test runs on this machine's Slurm and
+on Slurm 24.11 in the Debian 13 root (its clients reached through wrappers on PATH).
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+from conftest import FAKE_CONTROL, fixture_text
+from mps_health import engine
+from mps_health.config import from_mapping
+from mps_health.context import Context
+from mps_health.facts import Facts
+from mps_health.probes.nvml import load_record, read_nvml
+from mps_health.registry import CHECKS
+from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
+from slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+TWO = "nvml__HANDWRITTEN_2gpu-test-node.json"
+
+
+def recorded_nvml(gpus: int = 2):
+    data = json.loads(fixture_text(TWO))
+    data["devices"] = data["devices"][:gpus]
+    data["device_count"] = gpus
+    return read_nvml(load_record(json.dumps(data), TWO))
+
+
+def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: int = 2,
+           checks: Tuple[str, ...] = ("gres-drift",)) -> Tuple[Facts, Any]:
+    raw = {"node_name": cluster.node_name, "run_dir": str(tmp_path / "run"),
+           "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 20},
+           "commands": cluster.client_commands(), **extra}
+    cfg = from_mapping(raw, "test.yaml")
+    needs = [n for c in checks for n in CHECKS[c].needs if n != "nvml"]
+    facts = engine.gather(Context(cfg, "/", time.monotonic() + 30, cluster.env), needs)
+    assert facts.errors == {}, facts.errors
+    facts.sources["nvml"] = recorded_nvml(gpus)
+    return facts, cfg
+
+
+def verdicts(facts: Facts, cfg: Any, check: str = "gres-drift") -> List[Tuple[str, int, str]]:
+    (run,) = engine.judge(facts, cfg, [CHECKS[check]])
+    return [(r.instance, r.state, r.code) for r in run.results]
+
+
+def bad(results: List[Tuple[str, int, str]]) -> List[Tuple[str, int, str]]:
+    return [r for r in results if r[1] != OK]
+
+
+def node_cfg(d) -> Dict[str, Any]:
+    return {"mps": {"pipe_dir": str(d.pipe_dir), "log_dir": str(d.log_dir)}}
+
+
+def test_consistent_node_with_live_daemon_is_ok(slurm_cluster, fake_daemon, tmp_path) -> None:
+    d = fake_daemon()
+    facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d))
+    results = verdicts(facts, cfg)
+    assert bad(results) == []
+    assert ("gpu0", OK, "ok") in results and ("gpu1", OK, "ok") in results
+    assert facts.sources["slurm"].node.state == "IDLE"
+
+
+def test_running_mps_job_seen_and_still_ok(slurm_cluster, fake_daemon, tmp_path,
+                                           slurm_user) -> None:
+    d = fake_daemon()
+    job = slurm_cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
+    try:
+        slurm_cluster.wait_running(1)
+        facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d))
+        node = facts.sources["slurm"].node
+        assert node.state == "MIXED"
+        assert [g.indices for g in node.gres_used if g.name == "mps"] == [(0,)]
+        assert bad(verdicts(facts, cfg)) == []
+    finally:
+        slurm_cluster.cancel_all()
+        job.wait(30)
+
+
+def test_dead_daemon_under_slurm_mps_is_critical(slurm_cluster, fake_daemon, tmp_path) -> None:
+    d = fake_daemon()
+    d.signal(signal.SIGKILL)
+    time.sleep(0.1)
+    facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d))
+    assert bad(verdicts(facts, cfg)) == [("gpu0", CRITICAL, "mps-gpu-no-daemon"),
+                                         ("gpu1", CRITICAL, "mps-gpu-no-daemon")]
+
+
+def test_lost_gpu_drifts_from_slurm_and_gres_conf(slurm_cluster, fake_daemon, tmp_path) -> None:
+    d = fake_daemon()
+    facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d), gpus=1)
+    found = bad(verdicts(facts, cfg))
+    assert ("", CRITICAL, "gres-gpu-count") in found
+    assert ("", CRITICAL, "gres-file-minor") in found  # /dev/nvidia1: no GPU has minor 1
+    assert ("", WARNING, "gres-mps-count") not in found  # gres.conf still offers 2 x 100
+
+
+def test_mixed_node_gpu1_unserved(slurm_cluster, fake_daemon, tmp_path) -> None:
+    d = fake_daemon(name="g0")
+    mps = {"layout": "per-gpu", "gpus": [0], "pipe_dir": f"{tmp_path}/g{{gpu}}-pipe",
+           "log_dir": f"{tmp_path}/g{{gpu}}-log"}
+    facts, cfg = gather(slurm_cluster, tmp_path, {"mps": mps})
+    assert d.pipe_dir == tmp_path / "g0-pipe"
+    assert bad(verdicts(facts, cfg)) == [("gpu1", CRITICAL, "mps-gpu-unserved")]
+
+
+def has_json(cluster: SlurmCluster) -> bool:
+    """Slurm 23.02 and later answer ``scontrol --json`` (22.05 does not)."""
+    major, minor = cluster.version.split()[-1].split(".")[:2]
+    return (int(major), int(minor)) >= (23, 2)
+
+
+def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path, monkeypatch) -> None:
+    from mps_health.probes import slurm as probe
+
+    d = fake_daemon()
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
+    first, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
+    assert first.sources["slurm"].calls[0].endswith("scontrol --version")
+    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # the next run: the run dir remembers
+    again, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
+    # A process that asked once (the exporter) asks no more, even with another run dir.
+    in_memory, _ = gather(slurm_cluster, tmp_path / "elsewhere", node_cfg(d))
+    assert in_memory.sources["slurm"].calls == again.sources["slurm"].calls
+    shown = ["--json", "show", "node", slurm_cluster.node_name] if has_json(slurm_cluster) \
+        else ["-d", "show", "node", slurm_cluster.node_name, "-o"]
+    assert [c.split()[1:] for c in again.sources["slurm"].calls] == [shown]
+    assert again.sources["slurm"].output == ("json" if has_json(slurm_cluster) else "text")
+
+
+def test_json_and_text_give_the_same_facts(slurm_cluster, tmp_path, slurm_user) -> None:
+    """On one cluster state (an mps job running, the node draining with a reason), the
+    JSON and the text answer make the same SlurmNode; ``auto`` picks JSON where it is."""
+    cluster = slurm_cluster
+    job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
+    try:
+        cluster.wait_running(1)
+        cluster.scontrol("update", f"NodeName={cluster.node_name}", "State=DRAIN",
+                         "Reason=MPS-HC: control-absent node: test")
+        cluster.wait_state(lambda s: "DRAIN" in s, 30)
+
+        def read(output: str):
+            facts, _ = gather(cluster, tmp_path / output, {"slurm": {"timeout_s": 20,
+                                                                      "output": output}})
+            return facts.sources["slurm"]
+
+        auto, text = read("auto"), read("text")
+        print(cluster.version, "text:", text.node)
+        assert text.error is None and text.node is not None
+        assert text.node.flags[:2] == ("MIXED", "DRAIN")
+        assert text.node.reason.startswith("MPS-HC: control-absent node: test")
+        if not has_json(cluster):
+            assert auto.output == "text" and auto.node == text.node
+            return
+        as_json = read("json")
+        print(cluster.version, "json:", as_json.node)
+        assert auto.output == "json" and as_json.output == "json"
+        assert as_json.node == text.node
+        assert auto.node == text.node
+    finally:
+        cluster.cancel_all()
+        job.wait(30)
+        cluster.scontrol("update", f"NodeName={cluster.node_name}", "State=RESUME")
+        cluster.wait_state(lambda s: s == "IDLE", 30)
+
+
+# --- per-job MPS with a real Prolog/Epilog --------------------------------------------
+
+PROLOG = """#!/bin/bash
+# A plain bash per-job scheme: a job that holds mps gets its own daemon in its own pipe dir.
+[ -n "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" ] || exit 0
+d={top}/nvidia-mps_job$SLURM_JOB_ID; l={top}/nvidia-log_job$SLURM_JOB_ID
+mkdir -p "$d" "$l" && chmod 0777 "$d" "$l"
+CUDA_MPS_PIPE_DIRECTORY=$d CUDA_MPS_LOG_DIRECTORY=$l {python} {fake} -d
+exit 0
+"""
+EPILOG = """#!/bin/bash
+[ -e {top}/keep ] && exit 0   # a failed epilog: leave everything behind
+d={top}/nvidia-mps_job$SLURM_JOB_ID
+[ -d "$d" ] || exit 0
+echo quit | CUDA_MPS_PIPE_DIRECTORY=$d {python} {fake} >/dev/null
+rm -rf "$d" {top}/nvidia-log_job$SLURM_JOB_ID
+exit 0
+"""
+
+
+def script(path: Path, text: str, top: Path, python: str) -> str:
+    path.write_text(text.format(top=top, python=python, fake=FAKE_CONTROL))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def per_job(make_slurm_cluster, tmp_path, slurm_where):
+    # Short: a per-job pipe dir with the largest job id must fit a unix socket path (the
+    # config is refused otherwise, as the prologs would refuse it); pytest's are too long.
+    # Under /tmp, which the Slurm 24.11 root shares.
+    top = Path(tempfile.mkdtemp(prefix="mpsj-", dir="/tmp"))
+    top.chmod(0o755)
+    python = sys.executable if slurm_where is None else "/usr/bin/python3"  # the root's
+    cluster = make_slurm_cluster(node_name="jobnode",
+                                 prolog=script(tmp_path / "prolog", PROLOG, top, python),
+                                 epilog=script(tmp_path / "epilog", EPILOG, top, python))
+    cfg = {"mps": {"layout": "per-job", "pipe_dir": f"{top}/nvidia-mps_job{{job}}",
+                   "log_dir": f"{top}/nvidia-log_job{{job}}", "daemon_user": "any",
+                   "dir_owner": "root"},  # the prolog above makes root's dirs
+           "slurm": {"timeout_s": 20, "job_grace_s": 0}, "orphans": {"min_age_s": 0}}
+    yield cluster, top, cfg
+    for pid_file in top.glob("nvidia-mps_job*/nvidia-cuda-mps-control.pid"):
+        with contextlib.suppress(ValueError, ProcessLookupError):  # our prolog's daemons
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), path
+
+
+def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> None:
+    cluster, top, raw = per_job
+    job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "120"], user=slurm_user)
+    (job_id,) = cluster.wait_running(1)
+    pid_file = top / f"nvidia-mps_job{job_id}" / "nvidia-cuda-mps-control.pid"
+    wait_for(pid_file)
+    time.sleep(0.2)
+    checks = ("gres-drift", "orphans")
+
+    facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
+    assert len(facts.sources["slurm"].calls) <= 3  # scontrol (+ --version once) + squeue
+    assert bad(verdicts(facts, cfg)) == []
+    assert (f"job{job_id}", OK, "ok") in verdicts(facts, cfg)
+    assert bad(verdicts(facts, cfg, "orphans")) == []
+
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the job's daemon dies
+    time.sleep(0.2)
+    facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
+    assert bad(verdicts(facts, cfg)) == [(f"job{job_id}", CRITICAL, "mps-job-no-daemon")]
+
+    (top / "keep").touch()  # the epilog now fails to clean up
+    cluster.cancel_all()
+    job.wait(30)
+    facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
+    assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-dir")]
+    (run,) = engine.judge(facts, cfg, [CHECKS["orphans"]])
+    message = run.results[0].message
+    assert f"job {job_id} (owner root)" in message and "old" in message
+
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(top / f"nvidia-mps_job{job_id}"),
+               CUDA_MPS_LOG_DIRECTORY=str(top / f"nvidia-log_job{job_id}"))
+    pid_file.unlink()
+    subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10)
+    wait_for(pid_file)
+    time.sleep(0.2)
+    facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
+    assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-daemon")]
+    # Instances are jobs Slurm runs here: the finished job's daemon is the orphans
+    # check's alone, not a second finding of gres-drift.
+    assert (f"job{job_id}", WARNING, "mps-daemon-no-job") not in verdicts(facts, cfg)
+
+
+# --- slurmctld down or hanging: UNKNOWN within the timeout, through the real CLI ----------
+
+def cli_check(cluster: SlurmCluster, config: Path) -> Tuple[int, Dict[str, Any], float]:
+    env = dict(cluster.env, SLURMD_NODENAME=cluster.node_name)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
+                        str(config), "--only", "gres-drift,orphans", "--format", "json"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    elapsed = time.monotonic() - t0
+    assert r.stderr == "", r.stderr
+    return r.returncode, json.loads(r.stdout), elapsed
+
+
+@pytest.mark.parametrize("how", ["stopped", "hanging"])
+def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, tmp_path, how) -> None:
+    cluster = make_slurm_cluster(node_name="downnode")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run_dir: {tmp_path}/run\nstate_dir: {tmp_path}/state\n"
+                      f"mps:\n  layout: per-job\n  pipe_dir: {tmp_path}/mps_job{{job}}\n"
+                      f"  log_dir: {tmp_path}/log_job{{job}}\nslurm:\n  timeout_s: 2\n")
+    rc, report, _ = cli_check(cluster, config)
+    codes = {p["code"] for p in report["problems"]}
+    assert "slurm-unavailable" not in codes and rc != 2
+    ctld = cluster.procs["slurmctld"]
+    if how == "stopped":
+        cluster.stop_controller()
+    else:
+        os.kill(ctld.pid, signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        rc, report, elapsed = cli_check(cluster, config)
+    finally:
+        if how == "hanging":
+            os.kill(ctld.pid, signal.SIGCONT)
+    states = {p["state"] for p in report["problems"]}
+    codes = {p["code"] for p in report["problems"]}
+    print(f"slurmctld {how}: exit {rc} in {elapsed:.2f}s, problems {sorted(codes)}")
+    assert rc == UNKNOWN and states == {"UNKNOWN"}
+    # per-job instances are Slurm's jobs here: without squeue no check can judge them
+    assert codes == {"facts-unavailable"}
+    assert "per-job instances need Slurm's job list: squeue" in report["problems"][0]["message"]
+    assert elapsed < 2 + 5  # the 2 s timeout plus interpreter start; never scontrol's own 10 s+
+
+
+def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) -> None:
+    from mps_health.snapshot import dumps, loads
+
+    cluster, top, raw = per_job
+    job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
+    (job_id,) = cluster.wait_running(1)
+    wait_for(top / f"nvidia-mps_job{job_id}" / "nvidia-cuda-mps-control.pid")
+    facts, cfg = gather(cluster, tmp_path, raw, checks=("gres-drift", "orphans"))
+    assert len(facts.sources["job_dirs"]) == 2
+    again, _ = loads(dumps(facts, cfg.raw), "snapshot.json")
+    for name in ("slurm", "nvml", "gres_conf", "job_dirs"):
+        assert again.sources[name] == facts.sources[name], name
+    assert again.sources["slurm"].jobs[0].holds_mps
+    assert verdicts(again, cfg) == verdicts(facts, cfg)
+    cluster.cancel_all()
+    job.wait(30)
+
+
+def test_gres_conf_against_slurm_without_nvml(slurm_cluster, fake_daemon, tmp_path) -> None:
+    # No driver (this machine for real): gres.conf is still compared with Slurm's Gres.
+    from mps_health.probes.nvml import PynvmlApi
+
+    d = fake_daemon()
+    conf = tmp_path / "gres.conf"
+    conf.write_text(f"Name=gpu File={slurm_cluster.devices[0]}\n")
+    facts, cfg = gather(slurm_cluster, tmp_path, {**node_cfg(d), "slurm": {
+        "timeout_s": 20, "gres_conf": str(conf)}})
+    facts.sources["nvml"] = read_nvml(PynvmlApi()) if not shutil.which("nvidia-smi") \
+        else read_nvml(load_record(fixture_text("nvml__cpu-vm_no-driver.json"), "x"))
+    found = bad(verdicts(facts, cfg))
+    assert ("", UNKNOWN, "nvml-unavailable") in found
+    assert ("", CRITICAL, "gres-conf-gpu-count") in found
+    assert all(state != CRITICAL or code == "gres-conf-gpu-count" for _, state, code in found)

@@ -1,0 +1,84 @@
+"""probes/control: the client's answers told apart, and queries bounded."""
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import node_config
+from mps_health import config as config_mod
+from mps_health.context import Context
+from mps_health.facts import Instance
+from mps_health.probes import control
+from mps_health.runner import Completed
+
+Q = control.QUERY
+
+
+def done(rc, out="", err="", timed_out=False, exec_error=None, elapsed=0.01) -> Completed:
+    return Completed(["nvidia-cuda-mps-control"], rc, out, err, elapsed, timed_out, exec_error)
+
+
+# Outputs as the real client printed them on the H200 (CUDA 13.0).
+@pytest.mark.parametrize("completed,status", [
+    (done(0, "100.0\n"), "ok"),
+    (done(0, "50.0\n"), "ok"),
+    (done(1, "Cannot find MPS control daemon process\n"), "absent"),
+    (done(0, 'Unknown command "get_default_active_thread_percentage"\n'), "error"),
+    (done(0, ""), "error"),
+    (done(1, "An instance of this daemon is already running\n"), "error"),
+    (done(None, "", timed_out=True, elapsed=2.0), "timeout"),
+    (done(None, exec_error="nvidia-cuda-mps-control: command not found"), "exec-failed"),
+])
+def test_classify(completed: Completed, status: str) -> None:
+    assert control.classify(Q, completed).status == status
+
+
+def test_error_detail_is_first_line() -> None:
+    a = control.classify(Q, done(0, 'Unknown command "x"\nmore\n'))
+    assert a.detail == 'Unknown command "x"'
+
+
+def _ctx(tmp_path: Path, pipe: Path, log: Path, timeout: float = 1.0) -> Context:
+    cfg = config_mod.load(node_config(tmp_path, pipe, log, f"control:\n  timeout_s: {timeout}\n"))
+    return Context(cfg, "/", time.monotonic() + 30)
+
+
+def test_wedged_instances_cost_one_timeout(tmp_path: Path, fake_daemon) -> None:
+    daemons = [fake_daemon(f"i{n}") for n in range(3)]
+    for d in daemons[:2]:
+        d.signal(signal.SIGSTOP)
+    cfg = config_mod.load(node_config(tmp_path, daemons[0].pipe_dir, daemons[0].log_dir,
+                                      "control:\n  timeout_s: 1.0\n"))
+    ctx = Context(cfg, "/", time.monotonic() + 30)
+    insts = tuple(Instance(f"i{n}", "node", str(d.pipe_dir), str(d.log_dir))
+                  for n, d in enumerate(daemons))
+    t0 = time.monotonic()
+    answers = control.ask_all(ctx, insts)
+    elapsed = time.monotonic() - t0
+    for d in daemons[:2]:
+        d.signal(signal.SIGCONT)
+    assert [answers[f"i{n}"].status for n in range(3)] == ["timeout", "timeout", "ok"]
+    # The healthy one is timed to its own answer, not to the wedged ones' deadline.
+    assert answers["i2"].latency_s < answers["i0"].latency_s
+    assert elapsed < 3 * 1.0  # concurrent: well under three timeouts
+
+
+def test_lock_serialises_queries_to_one_pipe_dir(tmp_path: Path, fake_daemon) -> None:
+    import fcntl
+    import os
+
+    d = fake_daemon()
+    ctx = _ctx(tmp_path, d.pipe_dir, d.log_dir, timeout=0.5)
+    lock = control._Lock(ctx, str(d.pipe_dir))
+    os.makedirs(os.path.dirname(lock.path), exist_ok=True)
+    fd = os.open(lock.path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # someone else is querying this dir
+    try:
+        inst = Instance("node", "node", str(d.pipe_dir), str(d.log_dir))
+        answer = control.ask_all(ctx, (inst,))["node"]
+    finally:
+        os.close(fd)
+    assert answer.status == "skipped"
+    assert control.ask_all(ctx, (inst,))["node"].status == "ok"
+    assert not os.path.exists(lock.path)  # pipe dirs come and go: their locks do not stay

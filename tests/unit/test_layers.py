@@ -1,0 +1,186 @@
+"""The layers stay visible: every import between mps-health's modules goes down the
+order written in docs/DEVELOPING.md ("Layers"), and no module imports itself back.
+
+Read from the source with ``ast`` (imports inside functions and under TYPE_CHECKING
+count too: a lazy import is still a dependency), without importing anything.
+"""
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+import pytest
+from conftest import REPO
+
+# Source folder -> the package it installs as (pyproject.toml's package-dir).
+FOLDERS = {"core": "mps_health", "checks": "mps_health.checks",
+           "exporters": "mps_health.exporters", "remediation": "mps_health.remediation",
+           "slurm": "mps_health.slurm"}
+
+# Lowest first. A module may import modules of its own layer and of the layers it names.
+BASE = "base"
+LAYERS: Dict[str, Tuple[str, ...]] = {
+    BASE: (),
+    "probes": (BASE,),
+    "check helpers": (BASE, "probes"),
+    "checks": (BASE, "probes", "check helpers"),
+    "run": (BASE, "probes", "check helpers", "checks"),
+    "exporters": (BASE,),
+    "actions": (BASE, "probes", "check helpers", "checks", "run", "exporters"),
+    "commands": (BASE, "probes", "check helpers", "checks", "run", "exporters", "actions"),
+}
+# Layers whose modules may not import one another (only shared helpers, a layer below).
+NO_SIBLINGS = {"checks"}
+
+
+def layer_of(module: str) -> str:
+    """The layer a module belongs to, from its package (and, in core, its name)."""
+    parts = module.split(".")
+    sub = parts[1] if len(parts) > 1 else ""
+    if sub == "probes":
+        return "probes"
+    if sub == "checks":
+        return "check helpers" if module in ("mps_health.checks",
+                                             "mps_health.checks.common") else "checks"
+    if sub == "exporters":
+        return "exporters"
+    if sub in ("remediation", "slurm", "processes", "daemonctl"):
+        return "actions"
+    if sub == "instances":  # which instances the node has: read from disk and Slurm
+        return "probes"
+    if sub in ("commands", "cli", "argv"):
+        return "commands"
+    if sub in ("engine", "snapshot"):
+        return "run"
+    return BASE
+
+
+def modules() -> Dict[str, Path]:
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports_of(module: str, path: Path, known: Dict[str, Path]) -> Set[str]:
+    """The mps_health modules ``module`` imports (a package's name stands for its
+    ``__init__``; ``from pkg import mod`` names the module)."""
+    is_package = path.name == "__init__.py"
+    out: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: List[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".")
+                if not is_package:
+                    here = here[:-1]
+                here = here[:len(here) - node.level + 1]
+                base = ".".join(here + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        for target in targets:
+            while target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != module:
+                out.add(target)
+    return out
+
+
+GRAPH = {m: imports_of(m, p, modules()) for m, p in modules().items()}
+
+
+def test_the_graph_is_read() -> None:
+    """The reader sees the imports it must judge (a broken reader would pass anything)."""
+    assert "mps_health.checks.common" in GRAPH["mps_health.checks.daemon"]
+    assert "mps_health.probes.control" in GRAPH["mps_health.probes.servers"]
+    assert "mps_health.commands.common" in GRAPH["mps_health.cli"]
+    assert len(GRAPH) > 80
+
+
+def upward(graph: Dict[str, Set[str]]) -> List[str]:
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        mine = layer_of(module)
+        for target in sorted(targets):
+            theirs = layer_of(target)
+            allowed = theirs in LAYERS[mine] or (theirs == mine and mine not in NO_SIBLINGS)
+            if not allowed:
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    return wrong
+
+
+def test_no_import_goes_up_the_layers() -> None:
+    assert upward(GRAPH) == []
+
+
+def cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+    """One import cycle, as the modules along it, or None."""
+    state: Dict[str, int] = {}  # 1 on the current path, 2 done
+    path: List[str] = []
+
+    def visit(m: str) -> Optional[List[str]]:
+        state[m] = 1
+        path.append(m)
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                return [*path[path.index(t):], t]
+            if t not in state:
+                found = visit(t)
+                if found:
+                    return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle() -> None:
+    assert cycle(GRAPH) is None
+
+
+@pytest.mark.parametrize("graph, says", [
+    ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
+     "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
+    ({"mps_health.exporters.nagios": {"mps_health.engine"}, "mps_health.engine": set()},
+     "mps_health.exporters.nagios (exporters) imports mps_health.engine (run)"),
+    ({"mps_health.remediation.unit": {"mps_health.commands.common"},
+      "mps_health.commands.common": set()},
+     "mps_health.remediation.unit (actions) imports mps_health.commands.common (commands)"),
+    ({"mps_health.checks.orphans": {"mps_health.checks.gres_drift"},
+      "mps_health.checks.gres_drift": set()},
+     "mps_health.checks.orphans (checks) imports mps_health.checks.gres_drift (checks)"),
+    ({"mps_health.config": {"mps_health.exporters.prometheus"},
+      "mps_health.exporters.prometheus": set()},
+     "mps_health.config (base) imports mps_health.exporters.prometheus (exporters)"),
+])
+def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> None:
+    assert upward(graph) == [says]
+
+
+def test_a_cycle_is_caught() -> None:
+    graph = {"mps_health.cli": {"mps_health.argv"}, "mps_health.argv": {"mps_health.cli"}}
+    assert cycle(graph) == ["mps_health.argv", "mps_health.cli", "mps_health.argv"]
+    assert cycle({"mps_health.cli": {"mps_health.argv"}, "mps_health.argv": set()}) is None
+
+
+def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
+    src = tmp_path / "canary.py"
+    src.write_text("from ..context import Context\n\ndef f():\n    from . import control\n"
+                   "    from ..checks.daemon import expected_uid\n")
+    known = {m: tmp_path for m in ("mps_health.context", "mps_health.probes.control",
+                                   "mps_health.checks.daemon", "mps_health.probes.canary")}
+    assert imports_of("mps_health.probes.canary", src, known) == {
+        "mps_health.context", "mps_health.probes.control", "mps_health.checks.daemon"}
