@@ -94,6 +94,12 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
         yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
+    if facts.instances_over_cap:
+        yield Result(NAME, WARNING, "instances-capped", "",
+                     f"{facts.instances_over_cap} more per-job instances than mps.max_instances "
+                     f"({config.mps.max_instances}) were not judged this run",
+                     "look at why so many jobs run MPS here; raise mps.max_instances if that "
+                     "is expected")
     if not facts.instances:
         yield Result(NAME, OK, "ok", "", "no MPS instance on this node (per-job layout, no job)")
 

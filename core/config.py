@@ -26,6 +26,7 @@ from .schema import (
     pathname,
     shown,
     text,
+    whole,
 )
 
 TYPE_CHECKING = False
@@ -118,6 +119,9 @@ class MpsConfig(Record):
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
+    # Per-job: at most this many instances are judged per run (each costs a control
+    # client and a few reads); the rest are named as not judged, never guessed about.
+    max_instances: int = whole(256, low=1, high=100000)
 
 
 def _template_fields(template: str) -> Tuple[str, ...]:
@@ -181,6 +185,7 @@ def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Rec
 
 class ControlConfig(Record):
     timeout_s: float = number(2.0, low=0.1, high=60.0)
+    max_clients: int = whole(16, low=1, high=1024)  # control clients running at once
     warn_latency_s: float = number(0.5, low=0.0)
     expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
 

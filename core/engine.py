@@ -81,9 +81,14 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     values: Dict[str, object] = {}
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
+    over = 0
     try:
-        ctx = instances.slurm_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
+        from .probes.slurm import with_jobs
+
+        ctx = with_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
+        over = max(0, len(insts) - ctx.config.mps.max_instances)
+        insts = insts[:ctx.config.mps.max_instances]
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
         insts = ()
         errors["instances"] = _one_line(e)
@@ -110,7 +115,7 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
-                 errors, durations)
+                 errors, durations, over)
 
 
 def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:

@@ -21,8 +21,6 @@ import errno
 import os
 import stat
 
-from .safedirs import open_dir, split
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional
@@ -33,6 +31,8 @@ READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
+    from .safedirs import open_dir, split  # lazy: readers on the check's path never need it
+
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
     # os.urandom is what secrets.token_hex reads; secrets itself imports random, hashlib
@@ -74,7 +74,12 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        data = os.read(fd, limit + 1)
+        data = b""
+        while len(data) <= limit:  # procfs and some file systems return short reads
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
         return data

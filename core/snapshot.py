@@ -27,6 +27,7 @@ def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
         "sources": {name: codec.encode(value) for name, value in facts.sources.items()},
         "errors": dict(facts.errors),
         "durations": dict(facts.durations),
+        "instances_over_cap": facts.instances_over_cap,
         "config": dict(config_raw),
     }
     return json.dumps(data, indent=1, sort_keys=True)
@@ -61,6 +62,8 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             sources=sources,
             errors=codec.decode("Dict[str, str]", data.get("errors", {}), "errors"),
             durations=codec.decode("Dict[str, float]", data.get("durations", {}), "durations"),
+            instances_over_cap=codec.decode(int, data.get("instances_over_cap", 0),
+                                            "instances_over_cap"),
         )
     except codec.DecodeError as e:
         raise SnapshotError(f"{where}: {e}") from None

@@ -33,6 +33,7 @@ from ..facts_deep import (
     ServersFacts,
 )
 from ..pidfile import read_pid
+from ..safefiles import read_small
 from ..schema import Record, Section, number
 from ..users import name_of
 from . import clientinfo, control, proc
@@ -93,18 +94,12 @@ def parse_children(text: str) -> Tuple[int, ...]:
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-def _read_small(path: str, follow: bool = True) -> Optional[str]:
-    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+def _read_small(path: str) -> Optional[str]:
     try:
-        fd = os.open(path, flags)
+        data = read_small(path, 65536)
     except OSError:
         return None
-    try:
-        return os.read(fd, 65536).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:

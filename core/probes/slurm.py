@@ -373,6 +373,14 @@ def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJ
         raise SlurmError("parse", f"squeue: {e}") from None
 
 
+def with_jobs(ctx: Context) -> Context:
+    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
+    instances (asked once per run; the slurm source then reuses the answer)."""
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
+    return ctx._replace(jobs=read_job_list(ctx))
+
+
 def read_job_list(ctx: Context) -> JobList:
     """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
     from ..slurm_settings import settings
