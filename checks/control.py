@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from typing import Iterator, Mapping
 
 NAME = "control"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
+         "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from typing import Iterator, List, Mapping, Optional, Tuple
 
 NAME = "daemon"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
+         "daemon-uninterruptible", "daemon-foreign", "instances-capped")
 
 
 def _reset(inst: Instance) -> str:

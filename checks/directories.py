@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from typing import Iterator, Mapping, Optional
 
 NAME = "directories"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
+           for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
+         "pipe-entry-bad", "pipe-entry-foreign", "pipe-entry-owner", "pipe-path-too-long")
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from typing import Dict, Iterator, List, Sequence
 
 NAME = "logs"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-fatal", "log-server-exit",
+         "log-server-start-failed", "logs-unreadable")
 
 # code -> (state, what it means, what to do)
 MEANING = {

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from typing import Iterator, List, Optional, Tuple
 
 NAME = "servers"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
+         "daemon-restarted", "server-churn")  # the last two: events of core/servertrack.py
 
 
 def _reset(name: str) -> str:

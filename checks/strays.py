@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from typing import Iterator, Tuple
 
 NAME = "strays"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-unexpected", "server-orphaned")
 
 
 def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:

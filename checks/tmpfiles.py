@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from typing import Iterator, Optional, Tuple
 
 NAME = "tmpfiles"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("tmpfiles-unguarded",)
 AGING_TYPES = frozenset("dDevqQ")
 
 

@@ -30,6 +30,8 @@ JOIN_GRACE_S = 1.0
 # The control query ends this long before the budget, so killing the client and
 # collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
 CONTROL_MARGIN_S = 0.3
+# The codes the engine itself reports for any check (runbook entries in README.md).
+CODES = ("facts-unavailable", "check-failed")
 
 
 class SelectionError(Failure, ValueError):

@@ -248,7 +248,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
 
     cfg = settings(ctx.config)
     now = time.time()
-    state = StateFile(ctx.config.state_dir, "logs")
+    state = StateFile(ctx.path(ctx.config.state_dir), "logs")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
     memory, error = state.load(LogMemory, LogMemory({}, ()), globals()) \
         if not ctx.read_only else (LogMemory({}, ()), "")

@@ -327,7 +327,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in instances]
     for t in threads:
         t.start()
-    state = StateFile(ctx.config.state_dir, "servers")
+    state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
         if not ctx.read_only else ({}, "")
