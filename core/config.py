@@ -8,8 +8,9 @@ the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nv
 mode 0777) and neither PyYAML nor any owner module is imported.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from .schema import (
     Invalid,
@@ -27,6 +28,10 @@ from .schema import (
     text,
     whole,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 DEFAULT_PATH = "/etc/mps-health/config.yaml"
 LAYOUTS = ("node", "per-gpu", "per-job")
@@ -75,7 +80,8 @@ DEFAULT_COMMANDS = {
 # Commands that may be configured but are not looked up on PATH by default.
 OPTIONAL_COMMANDS = ("mps-health-canary",)
 
-R = TypeVar("R", bound=Record)
+if TYPE_CHECKING:
+    R = TypeVar("R", bound=Record)
 
 
 class ConfigError(Exception):
