@@ -25,6 +25,8 @@ from .audit import Audit, who
 from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
 
 LOCK_NAME = "healthcheck"
+# Its own code, besides the checks' (runbook entry in README.md): the checks hung.
+CODES = ("healthcheck-timeout",)
 
 
 class RunResult(NamedTuple):
