@@ -263,10 +263,9 @@ def test_dry_run_changes_nothing(clean_node, tree: Path) -> None:
 
 
 @pytest.fixture
-def fleet() -> Iterator[SlurmCluster]:
+def fleet(slurm_where) -> Iterator[SlurmCluster]:
     """A partition of four nodes: ours, and three declared peers no slurmd answers for."""
-    _require()
-    c = SlurmCluster(node_name=NODE, peers=PEERS).start()
+    c = SlurmCluster(node_name=NODE, peers=PEERS, root=slurm_where).start()
     yield c
     c.stop()
 
