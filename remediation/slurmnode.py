@@ -10,7 +10,7 @@ and not-responding nodes are left alone. Every scontrol call is bounded; a failu
 reported, never fatal.
 """
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from mps_health.config import Config
 from mps_health.probes.slurm import SlurmError, SlurmNode, call, read_node, scontrol_argv
@@ -71,43 +71,33 @@ def _update(config: Config, node: str, timeout_s: float, *fields: str) -> None:
          "scontrol update")
 
 
-def drain(config: Config, node: str, reason: str, timeout_s: float) -> None:
-    _update(config, node, timeout_s, "State=DRAIN", f"Reason={reason}")
-
-
-def resume(config: Config, node: str, timeout_s: float) -> None:
-    _update(config, node, timeout_s, "State=RESUME")
+def _read_decide_act(config: Config, node: str, timeout_s: float,
+                     decide: Callable[[SlurmNode], Tuple[bool, str]], fields: Tuple[str, ...],
+                     done: str) -> Tuple[str, str, Optional[SlurmNode]]:
+    """Read the node just before, decide on what it says, then act: one bounded call each."""
+    try:
+        view = read_node(config, node, timeout_s)
+    except SlurmError as e:
+        return "error", str(e), None
+    allowed, why = decide(view)
+    if not allowed:
+        return ("already" if why == "already drained by us" else "left"), why, view
+    try:
+        _update(config, node, timeout_s, *fields)
+    except SlurmError as e:
+        return "error", str(e), view
+    return done, why, view
 
 
 def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s: float
                      ) -> Tuple[str, str, Optional[SlurmNode]]:
     """Read, decide, drain: ("drained" | "already" | "left" | "error", why, view)."""
-    try:
-        view = read_node(config, node, timeout_s)
-    except SlurmError as e:
-        return "error", str(e), None
-    allowed, why = may_drain(view, tag)
-    if not allowed:
-        return ("already" if why == "already drained by us" else "left"), why, view
-    try:
-        drain(config, node, reason, timeout_s)
-    except SlurmError as e:
-        return "error", str(e), view
-    return "drained", why, view
+    return _read_decide_act(config, node, timeout_s, lambda v: may_drain(v, tag),
+                            ("State=DRAIN", f"Reason={reason}"), "drained")
 
 
 def resume_if_ours(config: Config, node: str, tag: str, timeout_s: float
                    ) -> Tuple[str, str, Optional[SlurmNode]]:
     """Read (just before), decide, resume: ("resumed" | "left" | "error", why, view)."""
-    try:
-        view = read_node(config, node, timeout_s)
-    except SlurmError as e:
-        return "error", str(e), None
-    allowed, why = may_resume(view, tag)
-    if not allowed:
-        return "left", why, view
-    try:
-        resume(config, node, timeout_s)
-    except SlurmError as e:
-        return "error", str(e), view
-    return "resumed", why, view
+    return _read_decide_act(config, node, timeout_s, lambda v: may_resume(v, tag),
+                            ("State=RESUME",), "resumed")
