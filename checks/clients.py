@@ -31,6 +31,9 @@ from mps_health.probes.slurm import SlurmJob
 from mps_health.results import UNKNOWN, WARNING, Result, ok
 
 NAME = "clients"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("client-not-mps-job", "client-over-limit", "clients-near-cap", "server-spans-gpus",
+         "servers-not-asked", "slurm-jobs-unavailable")
 
 
 def settings(config: Config) -> ClientsConfig:

@@ -7,7 +7,7 @@ clients. Restarts of the daemon and servers that vanished under live clients (ch
 see ``mps_health.servertrack``) stay reported for ``servers.event_window_s``.
 """
 
-from typing import Iterator, List, Optional, Tuple
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import Facts, Instance
@@ -16,7 +16,14 @@ from mps_health.probes.servers import settings
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.servertrack import advance, status_since
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, List, Optional, Tuple
+
 NAME = "servers"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
+         "daemon-restarted", "server-churn")  # the last two: events of core/servertrack.py
 
 
 def _reset(name: str) -> str:

@@ -13,13 +13,20 @@ ends servers still busy after N s itself; the client is bounded by ``timeout_s``
 is left afterwards is ended by ``processes.end_all``.
 """
 
+from __future__ import annotations
+
 import os
 import stat
 import time
-from typing import Mapping, NamedTuple, Optional
 
 from .processes import daemon_of
 from .runas import RunAs, run_as
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, NamedTuple, Optional
+else:
+    from mps_health.frozen import NamedTuple
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 READY_QUERY = "get_default_active_thread_percentage"

@@ -6,7 +6,13 @@ runs (``previous`` below) is part of the facts, so a check stays a pure function
 what was gathered and a snapshot replays exactly what the run judged.
 """
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 # --- servers -------------------------------------------------------------------------
 

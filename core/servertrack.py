@@ -13,7 +13,7 @@ The probe calls :func:`advance` to save the next memory; the check calls it on t
 facts to know the events, so both agree and the check stays pure.
 """
 
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from __future__ import annotations
 
 from .facts_deep import (
     InstanceServers,
@@ -22,6 +22,10 @@ from .facts_deep import (
     ServerFact,
     ServerMemory,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 
 def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:

@@ -110,11 +110,26 @@ def make_dirs(*paths: Path, mode: int = 0o777) -> None:
 
 
 def start_fake(pipe: Path, log: Path, **env: str) -> int:
-    """A fake daemon on ``pipe`` (as root); returns its PID."""
+    """A fake daemon on ``pipe`` (as root); returns its PID, once it wrote its pid file.
+
+    A stale pid file of an earlier daemon may be there: the new daemon's PID is the one
+    that replaces it, never the stale one."""
     full = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log),
                 **env)
+    old = None
+    with contextlib.suppress(OSError, ValueError):
+        old = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
     subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=full, check=True, timeout=10)
-    return wait_pid_file(pipe)
+    return wait_pid_file(pipe, old)
+
+
+def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL ``pid`` (one we started) and wait until it is a zombie or reaped."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < deadline, f"{pid} still runs after SIGKILL"
+        time.sleep(0.01)
 
 
 def wait_pid_file(pipe: Path, old: Optional[int] = None, timeout: float = 10.0) -> int:

@@ -88,7 +88,7 @@ def checkout_wheel(dest: Path) -> Path:
     """A wheel of this checkout, built from a copy (no build/ left in the checkout)."""
     src = dest / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", "__pycache__", "build", "dist", "*.egg-info", ".*_cache", ".hypothesis"))
+        ".*", "__pycache__", "build", "dist", "*.egg-info"))  # .git, caches, local wheels
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
           "-w", str(dest), str(src)], "building the mps-health wheel", timeout=300)
     shutil.rmtree(src, ignore_errors=True)

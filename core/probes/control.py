@@ -8,13 +8,18 @@ group. All instances are asked at once against one deadline, and a lock file mak
 own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Dict, List, Tuple
 
 from ..context import Context
 from ..facts import ControlAnswer, Instance
 from ..runner import Completed, Pending, child_env, wait_all
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -79,10 +84,27 @@ class _Lock:
 
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],
             command: str = QUERY) -> Dict[str, ControlAnswer]:
-    """Ask every instance ``command`` at once; one shared deadline bounds them all."""
+    """Ask every instance ``command``, at most ``control.max_clients`` clients at once
+    (many instances must not mean as many processes); one deadline bounds them all."""
     cfg = ctx.config
     deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
-    client = cfg.command("nvidia-cuda-mps-control")
+    answers: Dict[str, ControlAnswer] = {}
+    step = cfg.control.max_clients
+    for first in range(0, len(instances), step):
+        batch = instances[first:first + step]
+        if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it all
+            answers.update({inst.name: ControlAnswer(
+                command, "skipped", None, "", "", 0.0, f"not asked: at most {step} control "
+                "clients run at once (control.max_clients) and the run's time was up")
+                for inst in batch})
+            continue
+        answers.update(_ask_batch(ctx, batch, command, deadline))
+    return answers
+
+
+def _ask_batch(ctx: Context, instances: Tuple[Instance, ...], command: str,
+               deadline: float) -> Dict[str, ControlAnswer]:
+    client = ctx.config.command("nvidia-cuda-mps-control")
     started: List[Tuple[Instance, Pending, _Lock]] = []
     answers: Dict[str, ControlAnswer] = {}
     for inst in instances:
@@ -132,4 +154,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAn
     return ask_all(ctx, instances)
 
 
-VALUE_TYPE = Dict[str, ControlAnswer]
+VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

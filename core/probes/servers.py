@@ -15,10 +15,11 @@ tier pays two small /proc reads, not a client run). The previous run's memory
 gathering: replay never writes.
 """
 
+from __future__ import annotations
+
 import os
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..config import Config
 from ..context import Context
@@ -36,6 +37,10 @@ from ..safefiles import read_small
 from ..schema import Record, Section, number
 from ..users import name_of
 from . import clientinfo, control, proc
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
@@ -97,20 +102,6 @@ def _read_small(path: str) -> Optional[str]:
     return None if data is None else data.decode("ascii", "replace")
 
 
-def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
-    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
-    stat_text = _read_small(f"{proc_dir}/{pid}/stat")
-    status_text = _read_small(f"{proc_dir}/{pid}/status")
-    if stat_text is None or status_text is None:
-        return None
-    try:
-        _comm, state, _ppid, start = proc.parse_stat(stat_text)
-        uid = proc.parse_status_uid(status_text)
-    except proc.ParseError:
-        return None
-    return None if state in ("Z", "X") else (uid, start)
-
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
@@ -136,7 +127,7 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
 def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     out: List[ClientFact] = []
     for pid in pids:
-        ident = identity(ctx.proc, pid)
+        ident = proc.identity(ctx.proc, pid)
         uid, start = ident if ident else (None, None)
         fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
@@ -236,7 +227,7 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
 
 
 def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
-    ident = identity(ctx.proc, pid)
+    ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
@@ -308,7 +299,7 @@ def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tupl
     for memory in previous.values():
         for server in memory.servers:
             for pid, start in server.clients:
-                ident = identity(ctx.proc, pid)
+                ident = proc.identity(ctx.proc, pid)
                 if ident is not None and ident[1] == start:
                     alive.append((pid, start))
     return tuple(sorted(set(alive)))
@@ -336,10 +327,10 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in instances]
     for t in threads:
         t.start()
-    state = StateFile(ctx.config.state_dir, "servers")
+    state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load(Dict[str, ServerMemory], {}) if not ctx.read_only \
-        else ({}, "")
+    previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
+        if not ctx.read_only else ({}, "")
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
@@ -363,4 +354,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     return facts
 
 
-VALUE_TYPE = ServersFacts
+VALUE_TYPE = "ServersFacts"  # read by codec, in this module's names
