@@ -48,5 +48,12 @@ def run(args: argparse.Namespace) -> int:
             mode = int(args.mode, 8)
         except ValueError:
             raise Failure(f"unit prepare: --mode {args.mode!r} is not an octal mode") from None
-        return prepare(args.pipe_dir, args.log_dir, mode, print)
-    return stop(args.pipe_dir, args.control, args.timeout, print)
+        return prepare(args.pipe_dir, args.log_dir, mode, say)
+    return stop(args.pipe_dir, args.control, args.timeout, say)
+
+
+def say(line: str) -> None:
+    """What the unit's steps print, with names from the pipe dir escaped."""
+    from ..printable import lines
+
+    print(lines(line), flush=True)
