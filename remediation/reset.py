@@ -147,8 +147,8 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     if running and obs.answer.status == "ok":
         n = settings.quit_timeout_s
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
-                          f"to quit ('quit -t {n:g}': servers still busy after {n:g}s are "
-                          f"killed), waiting at most {n + 5:g}s"))
+                          f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
+                          f"that are killed), waiting at most {n + 5:g}s"))
     leftovers = list(obs.daemons) + list(obs.servers)
     if leftovers:
         listed = ", ".join(procs.describe(p) for p in leftovers)

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
             mode = int(args.mode, 8)
         except ValueError:
             raise Failure(f"unit prepare: --mode {args.mode!r} is not an octal mode") from None
-        return prepare(args.pipe_dir, args.log_dir, mode, print, _state_dir(args))
-    return stop(args.pipe_dir, args.control, args.timeout, print, _state_dir(args))
+        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args))
+    return stop(args.pipe_dir, args.control, args.timeout, say, _state_dir(args))
 
 
 def _state_dir(args: argparse.Namespace) -> str:
@@ -64,5 +64,12 @@ def _state_dir(args: argparse.Namespace) -> str:
     try:
         return load_config(args).state_dir
     except ConfigError as e:
-        print(f"not recorded as a planned restart: {e}")
+        say(f"not recorded as a planned restart: {e}")
         return ""
+
+
+def say(line: str) -> None:
+    """What the unit's steps print, with names from the pipe dir escaped."""
+    from ..printable import lines
+
+    print(lines(line), flush=True)
