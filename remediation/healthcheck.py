@@ -26,7 +26,7 @@ from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
 
 LOCK_NAME = "healthcheck"
 # Its own code, besides the checks' (runbook entry in README.md): the checks hung.
-CODES = ("healthcheck-timeout",)
+CODES = ("healthcheck-timeout", "fleet-wide-fault")
 
 
 class RunResult(NamedTuple):

@@ -225,8 +225,13 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, started.detail, stop=True)
+    from mps_health.planned import record
+
+    # A planned restart: the servers check must not report it as daemon-restarted.
+    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+                        started.start_ticks)
     return Outcome(True, f"started as {user.name}: daemon {started.pid} answers "
-                   f"({started.elapsed_s:.2f}s)")
+                   f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
 
 def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
