@@ -23,14 +23,17 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from mps_health.config import Config
 from mps_health.facts import Facts, Instance
 from mps_health.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
+from mps_health.printable import escape
 from mps_health.probes.clientinfo import SECTION, ClientsConfig
 from mps_health.probes.jobs import JobsFacts, gres_count
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 from mps_health.probes.slurm import SlurmJob
 from mps_health.results import UNKNOWN, WARNING, Result, ok
-from mps_health.textsafe import escape
 
 NAME = "clients"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("client-not-mps-job", "client-over-limit", "clients-near-cap", "server-spans-gpus",
+         "servers-not-asked", "slurm-jobs-unavailable")
 
 
 def settings(config: Config) -> ClientsConfig:

@@ -20,6 +20,9 @@ from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.slurm_settings import GpuSettings, gpu_settings, mps_gpu_ids
 
 NAME = "compute-mode"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-change-pending",
+         "mig-on-mps-gpu", "mps-gpu-missing", "no-gpus", "nvml-unavailable")
 
 
 def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:

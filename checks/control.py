@@ -5,13 +5,20 @@ other output: the client exits 0 on errors) and wedged (no answer: a stopped dae
 makes the client hang forever) are different failures with different codes.
 """
 
-from typing import Iterator, Mapping
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import ControlAnswer, Facts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping
+
 NAME = "control"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
+         "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:

@@ -6,7 +6,7 @@ CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreada
 the live control process the pid file names.
 """
 
-from typing import Iterator, List, Mapping, Optional, Tuple
+from __future__ import annotations
 
 from mps_health.checks.common import live_daemons
 from mps_health.config import Config
@@ -14,7 +14,14 @@ from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, List, Mapping, Optional, Tuple
+
 NAME = "daemon"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
+         "daemon-uninterruptible", "daemon-foreign", "instances-capped")
 
 
 def _reset(inst: Instance) -> str:
@@ -90,6 +97,12 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
         yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
+    if facts.instances_over_cap:
+        yield Result(NAME, WARNING, "instances-capped", "",
+                     f"{facts.instances_over_cap} more per-job instances than mps.max_instances "
+                     f"({config.mps.max_instances}) were not judged this run",
+                     "look at why so many jobs run MPS here; raise mps.max_instances if that "
+                     "is expected")
     if not facts.instances:
         yield Result(NAME, OK, "ok", "", "no MPS instance on this node (per-job layout, no job)")
 

@@ -11,14 +11,22 @@ user who renames ``control`` and binds their own socket answers every query). An
 entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 """
 
-from typing import Iterator, Mapping, Optional
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance
 from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, WARNING, Result, ok
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping, Optional
+
 NAME = "directories"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
+           for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
+         "pipe-entry-bad", "pipe-entry-foreign", "pipe-entry-owner", "pipe-path-too-long")
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.

@@ -29,6 +29,11 @@ from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.slurm_settings import SlurmSettings, gpu_settings, mps_gpu_ids, settings
 
 NAME = "gres-drift"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-minor",
+         "gres-file-missing", "gres-file-not-device", "gres-gpu-count", "gres-mps-count",
+         "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
+         "mps-job-no-daemon", "nvml-unavailable", "slurm-jobs-unavailable", "slurm-unavailable")
 RECONFIGURE = "fix gres.conf or the node's Gres= in slurm.conf, then 'scontrol reconfigure'"
 
 

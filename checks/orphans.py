@@ -20,6 +20,8 @@ from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.slurm_settings import orphan_settings
 
 NAME = "orphans"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "slurm-unavailable")
 
 
 def age_text(seconds: float) -> str:

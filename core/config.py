@@ -8,8 +8,9 @@ the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nv
 mode 0777) and neither PyYAML nor any owner module is imported.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from .schema import (
     Invalid,
@@ -25,7 +26,12 @@ from .schema import (
     pathname,
     shown,
     text,
+    whole,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 DEFAULT_PATH = "/etc/mps-health/config.yaml"
 LAYOUTS = ("node", "per-gpu", "per-job")
@@ -74,7 +80,8 @@ DEFAULT_COMMANDS = {
 # Commands that may be configured but are not looked up on PATH by default.
 OPTIONAL_COMMANDS = ("mps-health-canary",)
 
-R = TypeVar("R", bound=Record)
+if TYPE_CHECKING:
+    R = TypeVar("R", bound=Record)
 
 
 class ConfigError(Exception):
@@ -112,6 +119,9 @@ class MpsConfig(Record):
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
+    # Per-job: at most this many instances are judged per run (each costs a control
+    # client and a few reads); the rest are named as not judged, never guessed about.
+    max_instances: int = whole(256, low=1, high=100000)
 
 
 def _template_fields(template: str) -> Tuple[str, ...]:
@@ -175,6 +185,7 @@ def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Rec
 
 class ControlConfig(Record):
     timeout_s: float = number(2.0, low=0.1, high=60.0)
+    max_clients: int = whole(16, low=1, high=1024)  # control clients running at once
     warn_latency_s: float = number(0.5, low=0.0)
     expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
 
@@ -197,6 +208,9 @@ class ChecksConfig(Record):
     enable: Tuple[str, ...] = custom((), names)  # besides the defaults (e.g. canary)
     disable: Tuple[str, ...] = custom((), names)
     modules: Tuple[str, ...] = custom((), _modules)  # the site's own check modules
+    # Reported and exported like the others, but never a reason for the health check to
+    # drain: for rolling out a new or changed check safely.
+    observe: Tuple[str, ...] = custom((), names)
 
 
 def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
@@ -205,7 +219,7 @@ def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[st
 
     for module in c.modules:
         registry.load_site_module(module)  # Invalid names the module
-    for key in ("only", "enable", "disable"):
+    for key in ("only", "enable", "disable", "observe"):
         for name in getattr(c, key):
             if name not in registry.CHECKS:
                 raise Invalid(f"unknown check {shown(name)} (known: "

@@ -4,11 +4,18 @@
 taken under it, so a whole fixture tree can stand in for a node.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Any, Mapping, NamedTuple, Optional
 
 from .config import Config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, NamedTuple, Optional
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class Context(NamedTuple):
@@ -25,6 +32,12 @@ class Context(NamedTuple):
         if self.root in ("", "/"):
             return absolute
         return os.path.join(self.root, absolute.lstrip("/"))
+
+    @property
+    def read_only(self) -> bool:
+        """A run under --root looks at a tree and writes nothing anywhere: no state (the
+        host's memory is not the tree's), no locks, no caches, nothing created."""
+        return self.root not in ("", "/")
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

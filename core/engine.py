@@ -6,9 +6,10 @@ line in ``Facts.errors`` and makes only the checks that need it UNKNOWN, so one 
 daemon never hides the other results.
 """
 
+from __future__ import annotations
+
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import __version__, instances, registry
 from .config import Config
@@ -18,6 +19,10 @@ from .facts import Facts
 from .printable import printable
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
 # judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
@@ -25,6 +30,8 @@ JOIN_GRACE_S = 1.0
 # The control query ends this long before the budget, so killing the client and
 # collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
 CONTROL_MARGIN_S = 0.3
+# The codes the engine itself reports for any check (runbook entries in README.md).
+CODES = ("facts-unavailable", "check-failed")
 
 
 class SelectionError(Failure, ValueError):
@@ -76,9 +83,14 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     values: Dict[str, object] = {}
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
+    over = 0
     try:
-        ctx = instances.slurm_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
+        from .probes.slurm import with_jobs
+
+        ctx = with_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
+        over = max(0, len(insts) - ctx.config.mps.max_instances)
+        insts = insts[:ctx.config.mps.max_instances]
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
         insts = ()
         errors["instances"] = _one_line(e)
@@ -105,7 +117,7 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
-                 errors, durations)
+                 errors, durations, over)
 
 
 def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:

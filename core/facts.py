@@ -6,7 +6,13 @@ rather than dataclasses: they are frozen and typed, and importing them costs
 nothing, which matters for a program slurmd starts every few minutes.
 """
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class Instance(NamedTuple):
@@ -102,6 +108,8 @@ class Facts(NamedTuple):
     sources: Dict[str, object]
     errors: Dict[str, str]  # source name -> one line saying why it is missing
     durations: Dict[str, float]  # source name -> seconds spent gathering it
+    # Per-job instances found beyond mps.max_instances: not judged this run.
+    instances_over_cap: int = 0
 
     def get(self, source: str) -> Any:
         """A gathered source's value (the engine runs a check only when it is there)."""

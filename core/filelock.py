@@ -5,11 +5,21 @@ A lock is a file under a root-owned dir (``run_dir``, ``state_dir``), opened
 ``O_NOFOLLOW`` and flocked; waiting is bounded by a deadline, never forever. The lock
 dies with its process (closing the fd drops it): no stale lock to clean after a crash.
 The holder may write who it is into the file, so a waiter can name it.
+
+A lock named after something users create (one per pipe dir) would pile up forever, so
+such a lock is made ``transient``: its holder removes the file before letting go. A
+waiter that then wins the flock on the removed file notices (the path no longer names
+the file it holds) and starts over on the new one, so two holders never overlap.
 """
+
+from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class LockBusy(Exception):
@@ -17,30 +27,29 @@ class LockBusy(Exception):
 
 
 class FileLock:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, transient: bool = False) -> None:
         self.path = path
+        self.transient = transient  # remove the file on release (see the module doc)
         self.fd: Optional[int] = None
 
     def wait(self, deadline: float, what: str = "") -> bool:
         """Take the lock by ``deadline`` (monotonic); False if it is still held then.
         OSError if the lock file cannot be made. ``what`` is written for waiters to read."""
-        import fcntl
-
         os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self._holder = _read_holder(fd)
-                    os.close(fd)
-                    return False
-                time.sleep(0.01)
+                got = self._flock_by(fd, deadline)
             except OSError:
                 os.close(fd)
                 raise
+            if not got:
+                self._holder = _read_holder(fd)
+                os.close(fd)
+                return False
+            if not self.transient or _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder removed it while we waited: take the new one
         if what:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()}: {what}, since {time.strftime('%H:%M:%S')}\n"
@@ -48,7 +57,20 @@ class FileLock:
         self.fd = fd
         return True
 
-    def acquire(self, wait_s: float, what: str) -> "FileLock":
+    @staticmethod
+    def _flock_by(fd: int, deadline: float) -> bool:
+        import fcntl
+
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+
+    def acquire(self, wait_s: float, what: str) -> FileLock:
         """Take the lock within ``wait_s`` or raise LockBusy naming the holder."""
         if not self.wait(time.monotonic() + wait_s, what):
             raise LockBusy(f"another remediation holds {self.path} ({self._holder}); "
@@ -61,10 +83,15 @@ class FileLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            if self.transient:
+                try:
+                    os.unlink(self.path)  # still ours: we hold the flock on this very file
+                except OSError:
+                    pass
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> FileLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -76,6 +103,15 @@ class FileLock:
 def node_lock(run_dir: str, name: str = "remediate") -> FileLock:
     """The node-wide lock ``name`` (remediation, the health check) in ``run_dir``."""
     return FileLock(os.path.join(run_dir, f"{name}.lock"))
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(fd: int) -> str:

@@ -11,13 +11,18 @@ user). Anything else is not judged as MPS here (the orphans check names dirs who
 is gone).
 """
 
+from __future__ import annotations
+
 import os
-from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
 from .facts import DirFact, Instance
 from .templates import expand, match
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:
@@ -58,15 +63,6 @@ class SlurmUnavailable(RuntimeError):
     """The per-job layout's instances cannot be known without Slurm's job list."""
 
 
-def slurm_jobs(ctx: Context) -> Context:
-    """``ctx`` with this node's Slurm jobs (asked now, once, if not asked yet)."""
-    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
-        return ctx
-    from .probes.slurm import read_job_list
-
-    return ctx._replace(jobs=read_job_list(ctx))
-
-
 def _owner_uid(ctx: Context, path: str) -> Optional[int]:
     try:
         return os.lstat(ctx.path(path)).st_uid
@@ -75,27 +71,19 @@ def _owner_uid(ctx: Context, path: str) -> Optional[int]:
 
 
 def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
-    """The dirs of ``found`` whose job Slurm runs here, owned by that job's user."""
-    ctx = slurm_jobs(ctx)
-    if ctx.jobs.jobs is None:
-        raise SlurmUnavailable(f"per-job instances need Slurm's job list: {ctx.jobs.error}")
+    """The dirs of ``found`` whose job Slurm runs here, owned as ``mps.dir_owner`` says.
+    ``ctx.jobs`` is Slurm's answer (``probes.slurm.with_jobs`` asks it)."""
+    if ctx.jobs is None or ctx.jobs.jobs is None:
+        why = ctx.jobs.error if ctx.jobs is not None else "not asked"
+        raise SlurmUnavailable(f"per-job instances need Slurm's job list: {why}")
     uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
     owner = ctx.config.mps.dir_owner
-    fixed = None if owner in ("job", "any") else _uid_of(owner)
+    from .users import uid_of as user_uid
+
+    fixed = None if owner in ("job", "any") else user_uid(owner)
     return tuple(i for i in found if i.job_id in uid_of
                  and (owner == "any" or _owner_uid(ctx, i.pipe_dir)
                       == (uid_of[i.job_id] if owner == "job" else fixed)))
-
-
-def _uid_of(user: str) -> Optional[int]:
-    if user.isdigit():
-        return int(user)
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
 
 
 def gather(ctx: Context) -> Tuple[Instance, ...]:
@@ -117,7 +105,7 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
         return None
     if user == "job":
         return pipe.uid if pipe is not None and pipe.kind == "dir" else None
-    from .users import uid_of
+    from .users import uid_of  # lazy: the passwd lookup only where a name is configured
 
     return uid_of(user)
 

@@ -8,7 +8,9 @@ character (controls, line and paragraph separators, bidi overrides) as a Python-
 ``\\xNN``/``\\uNNNN`` escape, so the text stays readable and cannot be mistaken for
 anything else. The engine applies it to every result (text, JSON, perfdata, labels and
 drain reasons are made from results); the audit log and drain reasons apply it again to
-their own fields.
+their own fields. ``escape`` is the same rule for a value quoted inside a message (a
+client's command line or environment): backslashes doubled so the quote is exact, and
+cut to a length.
 """
 
 
@@ -24,3 +26,15 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def lines(text: str) -> str:
+    """Several lines of output (a plan, a diff), each made printable: the line breaks are
+    ours, anything else a value brought in is escaped."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def escape(text: str, limit: int = 120) -> str:
+    """``text`` quoted exactly (``\\`` for a backslash, escapes as above), cut to ``limit``."""
+    shown = printable(text.replace("\\", "\\\\"))
+    return shown if len(shown) <= limit else shown[: max(0, limit - 3)] + "..."

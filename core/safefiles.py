@@ -14,13 +14,16 @@ dirs, state, caches, tmpfiles.d, the last textfile) opens it ``O_NOFOLLOW|O_NONB
 most ``limit`` bytes.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
 import stat
-from typing import Optional
 
-from .safedirs import open_dir, split
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -28,11 +31,13 @@ READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
-    import secrets
+    from .safedirs import open_dir, split  # lazy: readers on the check's path never need it
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
-    tmp = f".{name}.tmp-{secrets.token_hex(8)}"
+    # os.urandom is what secrets.token_hex reads; secrets itself imports random, hashlib
+    # and hmac (milliseconds on every check that saves state).
+    tmp = f".{name}.tmp-{os.urandom(8).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=pfd)
@@ -69,7 +74,12 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        data = os.read(fd, limit + 1)
+        data = b""
+        while len(data) <= limit:  # procfs and some file systems return short reads
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
         return data

@@ -52,7 +52,9 @@ def need_root(dry_run: bool, action: str) -> None:
 
 
 def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
-    found = instances.gather(ctx)
+    from mps_health.probes.slurm import with_jobs
+
+    found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
     if name:
         chosen = tuple(i for i in found if i.name == name)

@@ -20,12 +20,12 @@ from mps_health import processes as procs
 from mps_health import safedirs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
+from mps_health.daemonctl import quit_daemon
 from mps_health.facts import Instance
 from mps_health.instances import discover_jobs
 from mps_health.probes.proc import read_processes
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
-from mps_health.runner import run as run_command
 from mps_health.slurm_settings import orphan_settings
 from mps_health.users import by_uid, groups_of
 
@@ -64,11 +64,9 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
            "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
            "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
-    done = run_command([ctx.config.command("nvidia-cuda-mps-control")], timeout_s + 5.0,
-               stdin=f"quit -t {timeout_s:g}\n", env=env, as_user=as_user)
-    if done.timed_out:
-        return f"quit as {user.name}: no answer within {timeout_s + 5:g}s"
-    return f"quit as {user.name}: exit status {done.rc}"
+    problem = quit_daemon(ctx.config.command("nvidia-cuda-mps-control"), as_user, env,
+                          timeout_s, timeout_s + 5.0)
+    return f"quit as {user.name}: {problem or 'accepted'}"
 
 
 def _remove(ctx: Context, path: str) -> str:

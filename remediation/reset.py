@@ -18,14 +18,15 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from mps_health import engine, registry
 from mps_health import processes as procs
 from mps_health.context import Context, node_name
+from mps_health.daemonctl import quit_daemon, start_daemon
 from mps_health.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.probes import control as control_probe
 from mps_health.probes.dirs import read_dir
 from mps_health.probes.proc import read_processes
 from mps_health.results import CRITICAL, OK, UNKNOWN, Result
-from mps_health.runner import RunAs, run
+from mps_health.runner import RunAs
 from mps_health.safedirs import UnsafePath
-from mps_health.users import User, groups_of
+from mps_health.users import ROOT, User, groups_of
 
 from . import clients as clients_mod
 from . import dirs
@@ -146,8 +147,8 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     if running and obs.answer.status == "ok":
         n = settings.quit_timeout_s
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
-                          f"to quit ('quit -t {n:g}': servers still busy after {n:g}s are "
-                          f"killed), waiting at most {n + 5:g}s"))
+                          f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
+                          f"that are killed), waiting at most {n + 5:g}s"))
     leftovers = list(obs.daemons) + list(obs.servers)
     if leftovers:
         listed = ", ".join(procs.describe(p) for p in leftovers)
@@ -188,12 +189,11 @@ Say = Callable[[str], None]
 
 def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
     n = settings.quit_timeout_s
-    a = clients_mod.ask(ctx, inst, f"quit -t {n:g}", n + 5.0)
-    if a.status == "timeout":
-        return Outcome(True, f"no answer within {n + 5:g}s: ending it by PID instead")
-    if a.rc == 0:
-        return Outcome(True, "the daemon accepted 'quit'")
-    return Outcome(True, f"quit was not accepted ({a.detail or a.status}): ending it by PID")
+    env = daemon_env(ctx, inst, ROOT, settings)
+    problem = quit_daemon(ctx.config.command("nvidia-cuda-mps-control"), None, env, n, n + 5.0)
+    if problem:
+        return Outcome(True, f"{problem}: ending it by PID instead")
+    return Outcome(True, "the daemon accepted 'quit'")
 
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
@@ -220,17 +220,18 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
     as_user = None
     if user.uid != os.geteuid():
         as_user = RunAs(user.uid, user.gid, groups_of(user), "/")
-    argv = [ctx.config.command("nvidia-cuda-mps-control"), "-d"]
-    done = run(argv, 10.0, env=env, as_user=as_user)
-    said = (done.stdout + done.stderr).strip().replace("\n", " ")
-    if done.exec_error:
-        return Outcome(False, done.exec_error, stop=True)
-    if done.timed_out:
-        return Outcome(False, "'-d' did not return within 10s", stop=True)
-    if done.rc != 0:
-        return Outcome(False, f"'-d' failed with status {done.rc}: {said or 'no output'}",
-                       stop=True)
-    return Outcome(True, f"started as {user.name}" + (f" ({said})" if said else ""))
+    started = start_daemon(ctx.config.command("nvidia-cuda-mps-control"),
+                           ctx.path(inst.pipe_dir), as_user, env,
+                           max(10.0, settings.verify_timeout_s), ctx.proc)
+    if started.pid is None:
+        return Outcome(False, started.detail, stop=True)
+    from mps_health.planned import record
+
+    # A planned restart: the servers check must not report it as daemon-restarted.
+    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+                        started.start_ticks)
+    return Outcome(True, f"started as {user.name}: daemon {started.pid} answers "
+                   f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
 
 def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings

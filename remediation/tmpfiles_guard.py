@@ -6,6 +6,11 @@ templates become globs (``{job}`` and ``{gpu}`` -> ``*``), so tomorrow's jobs ar
 covered too. A file of that name not written by us is left alone unless --force.
 The dry run shows the change as a unified diff; the write is atomic (temp file, fsync,
 rename) and is checked afterwards by reading the merged configuration back.
+
+A guard is a file systemd-tmpfiles applies at every boot as root, so nothing else may
+get into it: the rendered text is parsed back before writing and must be exactly one
+``x`` rule per guarded path, and a guard that fails the check after writing is not
+left in place (the previous file is put back, or the new one removed).
 """
 
 import os
@@ -46,6 +51,34 @@ def render(mps: MpsConfig) -> str:
     return HEADER + "".join(f"x {_quote(p)}\n" for p in guarded_paths(mps))
 
 
+def rendered_rules_ok(text: str, mps: MpsConfig) -> bool:
+    """``text`` holds nothing but one ``x`` rule per guarded path, in order."""
+    from mps_health.probes.tmpfiles import parse_tmpfiles
+
+    rules, errors = parse_tmpfiles(text, GUARD_FILE)
+    return not errors and [(r.type, r.path) for r in rules] == \
+        [("x", p) for p in guarded_paths(mps)]
+
+
+def _put_back(old: Optional[str], root: str) -> str:
+    """Undo our write: the previous content again, or no file; what was done."""
+    try:
+        if old is None:
+            from mps_health.safedirs import open_dir, split
+
+            parent, name = split(GUARD_FILE)
+            fd = open_dir(parent, root)
+            try:
+                os.unlink(name, dir_fd=fd)
+            finally:
+                os.close(fd)
+            return "the new file was removed again"
+        write_atomic(GUARD_FILE, old.encode(), 0o644, root=root)
+        return "the previous file was put back"
+    except OSError as e:
+        return f"and it could not be undone ({e.strerror}): remove {GUARD_FILE} by hand"
+
+
 def diff(old: Optional[str], new: str) -> str:
     import difflib
 
@@ -80,6 +113,10 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
         say(f"tmpfiles-guard: cannot read {GUARD_FILE}: {e.strerror}")
         return FAILED
     old = raw.decode("utf-8", "replace") if raw is not None else None
+    if not rendered_rules_ok(new, config.mps):
+        say(f"tmpfiles-guard: FAILED: the guard for these paths would not be plain 'x' rules; "
+            f"nothing was written: {', '.join(guarded_paths(config.mps))}")
+        return FAILED
     if old == new:
         say(f"tmpfiles-guard: {GUARD_FILE} is up to date")
         return DONE
@@ -102,18 +139,22 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
             os.mkdir(parent, 0o755)
         write_atomic(GUARD_FILE, new.encode(), 0o644, root=root)
     except OSError as e:
+        lock.release()
         say(f"FAILED: cannot write {GUARD_FILE}: {e.strerror}")
         audit.record("write", "failed", file=GUARD_FILE, detail=str(e.strerror))
         return FAILED
+    try:
+        missing = verify(ctx)
+        if missing:  # undone under the same lock
+            undone = _put_back(old, root)
+            say(f"FAILED: written, but still not guarded: {', '.join(missing)} (another "
+                "tmpfiles.d file may override it; see 'systemd-tmpfiles --cat-config'); "
+                + undone)
+            audit.record("write", "failed", file=GUARD_FILE, detail="not guarded: " +
+                         ", ".join(missing) + "; " + undone)
+            return FAILED
     finally:
         lock.release()
-    missing = verify(ctx)
-    if missing:
-        say(f"FAILED: written, but still not guarded: {', '.join(missing)} (another tmpfiles.d "
-            "file may override it; see 'systemd-tmpfiles --cat-config')")
-        audit.record("write", "failed", file=GUARD_FILE, detail="not guarded: " +
-                     ", ".join(missing))
-        return FAILED
     say(f"written; every instance is excluded from cleaning ({len(guarded_paths(config.mps))} "
         "paths)")
     audit.record("write", "ok", file=GUARD_FILE, paths=" ".join(guarded_paths(config.mps)))

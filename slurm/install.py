@@ -55,7 +55,7 @@ FOR_JOB_USERS = ("the TaskProlog runs as the job's user: install mps-health wher
 def check_python(python: str) -> List[str]:
     """The interpreter must import the hooks as slurmd will run them (-I, no PATH);
     returns the package dirs it imports them from."""
-    from .runas import run_as
+    from mps_health.runas import run_as
 
     r = run_as([python, "-I", "-c", PROBE], 60, None, env={})
     if r.exec_error or r.rc != 0:

@@ -21,14 +21,15 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
 from mps_health import processes, safedirs
 from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
+from mps_health.daemonctl import quit_daemon, start_daemon
 from mps_health.facts import ProcessFact
+from mps_health.planned import record as record_planned
 from mps_health.probes.proc import read_processes
+from mps_health.runas import RunAs, for_user, resolve, user_env
 from mps_health.templates import expand, match
 
-from . import daemons
 from .hooklog import HookLog
 from .jobenv import JobEnv, parse_gpus, wants_daemon
-from .runas import RunAs, for_user, resolve, user_env
 from .settings import JobsSettings
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -119,13 +120,17 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
                 return f"cannot make {path}: {e.strerror or e}"
             if note:
                 log.warning(note)
-        started = daemons.start_daemon(control, dirs.pipe_dir, as_user,
-                                       daemon_env(job, dirs, as_user),
-                                       settings.start_timeout_s, proc_dir)
+        started = start_daemon(control, dirs.pipe_dir, as_user,
+                               daemon_env(job, dirs, as_user), settings.start_timeout_s,
+                               proc_dir)
         if started.pid is None:
             return f"MPS daemon for GPUs {','.join(dirs.gpus)} did not start: {started.detail}"
         log.info(f"started MPS daemon {started.pid} as {job.user} for GPUs "
                  f"{','.join(dirs.gpus)} in {dirs.pipe_dir} ({started.elapsed_s:.2f}s)")
+        unrecorded = record_planned(config.state_dir, dirs.pipe_dir, "prolog", started.pid,
+                                    started.start_ticks)
+        if unrecorded:
+            log.warning(unrecorded)
     return None
 
 
@@ -206,8 +211,8 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
             log.warning(f"daemon {daemon[0].pid} is in state {daemon[0].state}: not asking "
                         "it to quit (the client would hang); ending it")
             continue
-        problem = daemons.quit_daemon(control, dirs.pipe_dir, as_user,
-                                      daemon_env(job, dirs, as_user), settings.quit_timeout_s)
+        problem = quit_daemon(control, as_user, daemon_env(job, dirs, as_user),
+                              settings.quit_timeout_s, settings.quit_timeout_s + 5.0)
         if problem:
             log.warning(f"daemon {daemon[0].pid} in {dirs.pipe_dir}: {problem}")
     processes.wait_gone(proc_dir, procs, 1.0)

@@ -1,5 +1,6 @@
 """Shared fixtures: the fake MPS control binary on PATH, fake daemons, config files."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -19,6 +20,35 @@ pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
 import mpsdaemon  # noqa: E402  (found through the path set above)
 from paths import FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401
+
+# Tripwire: no test may touch the host's real state (tests/tripwire/hostpaths.py). This
+# process is watched by an audit hook, every Python program it starts by sitecustomize.
+TRIPWIRE_DIR = Path(__file__).parent / "tripwire"
+sys.path.insert(0, str(TRIPWIRE_DIR))
+import hostpaths  # noqa: E402
+
+_TOUCHED: List[str] = []
+hostpaths.install(lambda event, path: _TOUCHED.append(f"{event} {path}"))
+_TRIPWIRE_LOG = Path(f"/tmp/mps-health-tripwire-{os.getpid()}.log")
+os.environ["MPS_HEALTH_TEST_TRIPWIRE"] = str(_TRIPWIRE_LOG)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(TRIPWIRE_DIR), os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(autouse=True)
+def host_state_untouched() -> Iterator[None]:
+    """Fails the test that read or wrote /var/lib/mps-health, /run/mps-health, ..."""
+    _TOUCHED.clear()
+    with contextlib.suppress(FileNotFoundError):
+        _TRIPWIRE_LOG.unlink()
+    yield
+    touched = list(_TOUCHED)
+    with contextlib.suppress(FileNotFoundError):
+        touched += _TRIPWIRE_LOG.read_text().splitlines()
+        _TRIPWIRE_LOG.unlink()
+    if touched:
+        pytest.fail("the test touched the host's real mps-health state (give the config "
+                    "tmp dirs): " + "; ".join(dict.fromkeys(touched))[:2000], pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

@@ -55,10 +55,21 @@ def launch(pipe: Path, log: Path, control: str = FAKE_CONTROL, *,
 def start_daemon(pipe: Path, log: Path, control: str = FAKE_CONTROL, *,
                  old: Optional[int] = None, timeout: float = 30, **kwargs: Any) -> int:
     """A daemon serving ``pipe`` (see launch); returns its PID once the PID file names one
-    other than ``old``."""
+    other than ``old``, by default the one a stale PID file names (an earlier daemon's,
+    never taken for the new one's)."""
+    if old is None:
+        old = read_pid(pipe)
     r = launch(pipe, log, control, timeout=timeout, **kwargs)
     assert r.returncode == 0, f"{control} -d exited {r.returncode}: {r.stdout}{r.stderr}"
     return wait_pid_file(pipe, old, timeout)
+
+
+def read_pid(pipe: Path) -> Optional[int]:
+    """The PID ``pipe``'s PID file names now, if any."""
+    try:
+        return int((pipe / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def wait_pid_file(pipe: Path, old: Optional[int] = None, timeout: float = 10.0) -> int:

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator, List
 
@@ -89,6 +90,15 @@ def make_dirs(*paths: Path, mode: int = 0o777) -> None:
     for p in paths:
         p.mkdir(parents=True, exist_ok=True)
         p.chmod(mode)
+
+
+def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL ``pid`` (one we started) and wait until it is a zombie or reaped."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < deadline, f"{pid} still runs after SIGKILL"
+        time.sleep(0.01)
 
 
 def daemons_of(pipe: Path) -> List[int]:

@@ -131,7 +131,7 @@ def _pct(value: Optional[float]) -> str:
 
 
 def render_text(data: Dict[str, Any]) -> str:
-    from ..textsafe import escape as e
+    from ..printable import escape as e
 
     lines: List[str] = [f"MPS clients on {e(data['node'])}"]
     for inst in data["instances"]:

@@ -23,7 +23,8 @@ from ..runner import Completed, Pending
 from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
 from ..users import by_uid, name_of, uid_of
 from . import control
-from .servers import identity, parse_pid_list
+from .proc import identity
+from .servers import parse_pid_list
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client

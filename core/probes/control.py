@@ -8,13 +8,18 @@ group. All instances are asked at once against one deadline, and a lock file mak
 own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Dict, List, Tuple
 
 from ..context import Context
 from ..facts import ControlAnswer, Instance
 from ..runner import Completed, Pending, child_env, wait_all
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -53,16 +58,21 @@ def _is_answer(command: str, out: str) -> bool:
 
 class _Lock:
     """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
-    fatal, where it cannot be made (not root)."""
+    fatal, where it cannot be made (not root), and under --root (which writes nothing).
+    Pipe dirs come and go with jobs, so the file is removed when the query is done."""
 
-    def __init__(self, run_dir: str, pipe_dir: str) -> None:
+    def __init__(self, ctx: Context, pipe_dir: str) -> None:
         from ..filelock import FileLock
 
-        self.lock = FileLock(os.path.join(run_dir,
-                                          "control" + pipe_dir.replace("/", "_") + ".lock"))
+        self.read_only = ctx.read_only
+        self.lock = FileLock(os.path.join(ctx.path(ctx.config.run_dir),
+                                          "control" + pipe_dir.replace("/", "_") + ".lock"),
+                             transient=True)
         self.path = self.lock.path
 
     def acquire(self, deadline: float) -> bool:
+        if self.read_only:
+            return True
         try:
             return self.lock.wait(deadline)
         except OSError:
@@ -74,14 +84,31 @@ class _Lock:
 
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],
             command: str = QUERY) -> Dict[str, ControlAnswer]:
-    """Ask every instance ``command`` at once; one shared deadline bounds them all."""
+    """Ask every instance ``command``, at most ``control.max_clients`` clients at once
+    (many instances must not mean as many processes); one deadline bounds them all."""
     cfg = ctx.config
     deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
-    client = cfg.command("nvidia-cuda-mps-control")
+    answers: Dict[str, ControlAnswer] = {}
+    step = cfg.control.max_clients
+    for first in range(0, len(instances), step):
+        batch = instances[first:first + step]
+        if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it all
+            answers.update({inst.name: ControlAnswer(
+                command, "skipped", None, "", "", 0.0, f"not asked: at most {step} control "
+                "clients run at once (control.max_clients) and the run's time was up")
+                for inst in batch})
+            continue
+        answers.update(_ask_batch(ctx, batch, command, deadline))
+    return answers
+
+
+def _ask_batch(ctx: Context, instances: Tuple[Instance, ...], command: str,
+               deadline: float) -> Dict[str, ControlAnswer]:
+    client = ctx.config.command("nvidia-cuda-mps-control")
     started: List[Tuple[Instance, Pending, _Lock]] = []
     answers: Dict[str, ControlAnswer] = {}
     for inst in instances:
-        lock = _Lock(ctx.path(cfg.run_dir), inst.pipe_dir)
+        lock = _Lock(ctx, inst.pipe_dir)
         if not lock.acquire(deadline):
             answers[inst.name] = ControlAnswer(
                 command, "skipped", None, "", "", 0.0,
@@ -109,7 +136,7 @@ def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
 
 def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
     """The lock our queries to ``inst``'s pipe dir take turns on (acquire, then release)."""
-    return _Lock(ctx.path(ctx.config.run_dir), inst.pipe_dir)
+    return _Lock(ctx, inst.pipe_dir)
 
 
 def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:
@@ -127,4 +154,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAn
     return ask_all(ctx, instances)
 
 
-VALUE_TYPE = Dict[str, ControlAnswer]
+VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

@@ -1,13 +1,17 @@
 """Pipe and log directories, by lstat: a symlink is reported, never followed."""
 
+from __future__ import annotations
+
 import os
 import stat
-from typing import Dict, List, Optional, Tuple
 
 from ..context import Context
 from ..facts import DirFact, EntryFact, Instance
 from ..pidfile import PID_FILE, read_text
-from ..users import name_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 
 def kind_of(mode: int) -> str:
@@ -44,7 +48,7 @@ def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
     if kind == "dir" and with_entries:
         entries, pid_file = _read_entries(path)
     return DirFact(shown_as, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
-                   name_of(st.st_uid), target, None, entries, pid_file)
+                   _name_of(st.st_uid), target, None, entries, pid_file)
 
 
 def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
@@ -78,4 +82,10 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
     return out
 
 
-VALUE_TYPE = Dict[str, DirFact]
+VALUE_TYPE = "Dict[str, DirFact]"  # read by codec, in this module's names
+
+
+def _name_of(uid: int) -> Optional[str]:
+    from ..users import name_of  # lazy: no NamedTuple built on the plain check's path
+
+    return name_of(uid)

@@ -9,7 +9,6 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from ..context import Context
 from ..templates import match
-from ..users import name_of
 from .dirs import kind_of
 
 
@@ -46,7 +45,7 @@ def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
             except OSError:
                 continue  # removed while we looked
             found.append(JobDir(fields[0], role, path, kind_of(st.st_mode), st.st_uid,
-                                name_of(st.st_uid), st.st_mtime))
+                                _name_of(st.st_uid), st.st_mtime))
     return tuple(found)
 
 
@@ -55,3 +54,9 @@ def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
 
 
 VALUE_TYPE = Tuple[JobDir, ...]
+
+
+def _name_of(uid: int) -> Optional[str]:
+    from ..users import name_of  # lazy: no NamedTuple built on the plain check's path
+
+    return name_of(uid)

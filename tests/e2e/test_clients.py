@@ -126,7 +126,7 @@ def test_environ_read_is_bounded_and_a_cut_entry_dropped(monkeypatch: pytest.Mon
     env = dict(os.environ, SLURM_JOB_ID="42", PAD=big, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
     p = subprocess.Popen(["sleep", "60"], env=env)
     try:
-        from mps_health.probes.servers import identity
+        from mps_health.probes.proc import identity
 
         for _ in range(500):  # until the child has exec'd (before, /proc shows our environ)
             if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
@@ -298,8 +298,10 @@ def test_view_and_check_end_to_end(tmp_path: Path, fake_daemon) -> None:
     squeue.write_text(SQUEUE)
     squeue.chmod(0o755)
     d = fake_daemon(FAKE_MPS_PERCENTAGE="60.0")
+    # gres_conf: the snapshot (--all) reads it, and the host's is not ours to read
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir,
-                      f"commands:\n  squeue: {squeue}\nclients: {{}}\n")
+                      f"commands:\n  squeue: {squeue}\nclients: {{}}\n"
+                      f"slurm:\n  gres_conf: {tmp_path}/gres.conf\n")
     procs = [subprocess.Popen(["\x1b[2Jsleep", "120"], executable="/bin/sleep", env=dict(
         os.environ, SLURM_JOB_ID=job, **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct} if pct
                                          else {})))

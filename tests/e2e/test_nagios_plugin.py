@@ -39,10 +39,17 @@ def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None
 
 def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
     d = fake_daemon()
-    r = check_mps("--config", node_config(tmp_path, d.pipe_dir, d.log_dir))
+    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    # strays skipped: other tests' daemons on this machine are strays to this config
+    r = check_mps("--config", cfg, "--skip", "strays")
     out = parse(r.stdout, r.returncode)
+    assert (r.returncode, out.state) == (0, "OK"), r.stdout
     assert out.perf("node_daemon_up")[1:] == ("1", "", "", "", "0", "1")
-    assert out.state in ("OK", "WARNING")  # WARNING only for other tests' daemons
+    d.stop()
+    r = check_mps("--config", cfg, "--skip", "strays")
+    out = parse(r.stdout, r.returncode)
+    assert (r.returncode, out.state) == (2, "CRITICAL"), r.stdout
+    assert out.perf("node_daemon_up").value == "0"
 
 
 def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> None:
@@ -171,6 +178,7 @@ def test_output_stays_under_8k_with_many_instances(tmp_path: Path) -> None:
     gpus = ", ".join(str(n) for n in range(300))
     cfg = write_config(tmp_path / "c.yaml", f"""
 run_dir: {tmp_path}/run
+state_dir: {tmp_path}/state
 mps:
   layout: per-gpu
   pipe_dir: {tmp_path}/pipe_{{gpu}}
@@ -184,3 +192,19 @@ mps:
     assert out.long_lines[-1].startswith("... ") and "more lines cut" in out.long_lines[-1]
     assert out.perf("gpu0_daemon_up").value == "0"
     assert len(r.stdout.encode()) > 6000  # it did fill the space it had
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["-w", "0.8", "-c", "30"], ["--warning=@0.5:60", "-t", "5", "-v"],
+    ["--only", "control,daemon", "--skip=tmpfiles", "--config", "/etc/x.yaml", "-vv"],
+    ["-v", "-v", "--timeout=3600", "--root", "/srv/node"], ["-c", "~:2"],
+])
+def test_fast_arguments_read_as_argparse_does(argv) -> None:
+    fast = plugin.fast_args(argv)
+    assert fast is not None and vars(fast) == vars(plugin.parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["-V"], ["--bogus"], ["-w", "abc"], ["-t", "0"],
+                                  ["-t"], ["-w", "-1:1"], ["--only"], ["-vvv"]])
+def test_unusual_arguments_take_argparse(argv) -> None:
+    assert plugin.fast_args(argv) is None

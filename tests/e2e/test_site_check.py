@@ -59,7 +59,8 @@ def run(tmp_path: Path, config: str, *args: str) -> subprocess.CompletedProcess:
         d.chmod(0o777)
     path.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n"
                     f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n{config}")
-    env: Dict[str, str] = dict(os.environ, PYTHONPATH=str(site_tree(tmp_path)))
+    env: Dict[str, str] = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(site_tree(tmp_path)), os.environ.get("PYTHONPATH")) if p))
     return subprocess.run([sys.executable, "-m", "mps_health.cli", *args, "--config",
                            str(path)], capture_output=True, text=True, timeout=60, env=env)
 

@@ -1,21 +1,25 @@
 """contrib/ansible run for real by ansible-playbook against this machine (connection
-local): the role installs the wheel into a venv and configures a node whose MPS is
-broken (fake daemon killed: stale pipe dir, mode 0700), the audit reports it, the reset
-repairs it, a second reset changes nothing; a reset refuses while a client is connected
-and -e force=true overrides it."""
+local): the role builds mps-health's wheel from an unpacked sdist into a wheel folder that
+holds its dependencies' wheels, installs from that folder only (--no-index) into a
+virtualenv with links to the commands, and configures a node whose MPS is broken (fake
+daemon killed: stale pipe dir, mode 0700); the audit reports it, the reset repairs it, a
+second reset changes nothing; a reset refuses while a client is connected and -e
+force=true overrides it."""
 # ruff: noqa: F811  (the fixture tree comes from remhelp)
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from clirun import mps_health
 from conftest import FAKE_CONTROL
-from fleethelp import CONTRIB, dists, need  # noqa: F401
+from fleethelp import CONTRIB, dists, need, wheelhouse  # noqa: F401
 from mpsdaemon import start_daemon
 from remhelp import make_dirs, tree  # noqa: F401
 
@@ -33,7 +37,11 @@ def playbook(base: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(base / "ans-tmp"),
                ANSIBLE_REMOTE_TEMP=str(base / "ans-tmp"), ANSIBLE_RETRY_FILES_ENABLED="0",
                ANSIBLE_ROLES_PATH=str(ANSIBLE / "roles"), ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_HOME=str(base / "ans-home"))
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_HOME=str(base / "ans-home"),
+               # No pip config of this machine, and an index that answers nothing: the
+               # role must install from its wheel folder alone.
+               PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="", PIP_EXTRA_INDEX_URL="",
+               PIP_INDEX_URL="http://127.0.0.1:9/simple")
     r = subprocess.run([exe, "-i", str(base / "inventory.ini"), str(ANSIBLE / name), *extra],
                        capture_output=True, text=True, timeout=180, env=env)
     print(f"--- ansible-playbook {name} {' '.join(extra)} (rc {r.returncode})\n{r.stdout}")
@@ -45,8 +53,21 @@ def node_state(base: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def test_role_audit_reset(tree: Path, dists) -> None:
+def wheel_folder(base: Path, wheelhouse: Path) -> Path:
+    """The dependencies' wheels for this Python (mps-health's own is built by the role):
+    repacked from this interpreter's install, so no index is needed."""
+    wheels = base / "wheels"
+    shutil.copytree(wheelhouse, wheels)
+    return wheels
+
+
+def test_role_audit_reset(tree: Path, dists, wheelhouse: Path) -> None:
     base = tree
+    wheels = wheel_folder(base, wheelhouse)
+    source = base / "source"
+    with tarfile.open(dists.sdist) as tar:
+        tar.extractall(source)  # our own sdist, built in this session
+    [source] = list(source.iterdir())
     pipe, log = base / "pipe", base / "log"
     make_dirs(pipe, log)
     os.kill(start_daemon(pipe, log), signal.SIGKILL)  # stale: every entry left behind
@@ -64,10 +85,15 @@ def test_role_audit_reset(tree: Path, dists) -> None:
                         "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10},
     }
     group_vars = {
-        "mps_health_package": str(dists.wheel),
-        "mps_health_virtualenv": str(venv),
-        "mps_health_virtualenv_site_packages": True,  # the dependencies, without network
-        "mps_health_pip_extra_args": "--no-index",
+        "mps_health_wheels": str(wheels),
+        "mps_health_build_wheel": True,
+        "mps_health_source": str(source),
+        "mps_health_wheels_on_node": str(base / "node-wheels"),
+        "mps_health_venv": str(venv),
+        "mps_health_python": sys.executable,
+        "mps_health_sbin": str(base / "sbin"),
+        "mps_health_plugin_dir": str(base / "plugins"),
+        "mps_health_bin": f"{base}/sbin/mps-health",  # the playbooks read it too
         "mps_health_config_path": f"{base}/etc/config.yaml",
         "mps_health_config": settings,
         "mps_health_root": f"{base}/root",
@@ -86,16 +112,17 @@ def test_role_audit_reset(tree: Path, dists) -> None:
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert recap(r.stdout)["failed"] == 0
     assert (venv / "bin" / "mps-health").exists()
+    assert (base / "sbin/mps-health").resolve() == (venv / "bin/mps-health").resolve()
+    assert os.readlink(base / "plugins/check_mps") == f"{venv}/bin/check_mps"
+    assert (venv.stat().st_mode & 0o777) == 0o755
+    assert any((base / "node-wheels").glob("mps_health-0.1.0-*.whl"))  # built by the role
     guard = (base / "root/etc/tmpfiles.d/mps-health.conf").read_text()
     assert f"x {pipe}\n" in guard and f"x {log}\n" in guard
     unit = (base / "mps-health-exporter.service").read_text()
-    assert f"ExecStart={venv}/bin/mps-health exporter $MPS_HEALTH_EXPORTER_ARGS" in unit
+    assert f"ExecStart={base}/sbin/mps-health exporter $MPS_HEALTH_EXPORTER_ARGS" in unit
     assert f"--config {base}/etc/config.yaml" in unit
     again = playbook(base, "site.yml")
     assert again.returncode == 0 and recap(again.stdout)["changed"] == 0, again.stdout[-3000:]
-
-    group_vars["mps_health_bin"] = f"{venv}/bin/mps-health"
-    (base / "group_vars" / "gpu_nodes.yml").write_text(json.dumps(group_vars))
 
     # The audit reports the broken node and its codes, and changes nothing.
     r = playbook(base, "audit.yml")

@@ -96,16 +96,24 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
     pipe, log = tree / "nvidia-mps_0", tree / "nvidia-mps-log_0"
     os.symlink("/etc", pipe)  # planted in /tmp: moved aside, never followed
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    r = mps_health("unit", "prepare", env=env, timeout=30)
+    cfg = tree / "unit.yaml"
+    cfg.write_text(f"state_dir: {tree}/state\n")
+    r = mps_health("unit", "prepare", "--config", str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and "aside" in r.stdout
     assert not pipe.is_symlink() and (pipe.stat().st_mode & 0o7777) == 0o777
     assert oct(os.stat("/etc").st_mode & 0o7777) != "0o777"
     pid = start_daemon(pipe, log)
-    r = mps_health("unit", "stop", "--control", FAKE_CONTROL, "--timeout", "10", env=env,
-                   timeout=30)
+    r = mps_health("unit", "stop", "--control", FAKE_CONTROL, "--timeout", "10", "--config",
+                   str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and f"control daemon {pid}" in r.stdout
+    # Both recorded as planned: the servers check does not call them daemon-restarted.
+    from mps_health.planned import load
+
+    records, error = load(f"{tree}/state")
+    assert error == "" and [(p.pipe_dir, p.by) for p in records] == \
+        [(str(pipe), "unit start"), (str(pipe), "unit stop")]
     assert not Path(f"/proc/{pid}").exists() or \
         Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     r = mps_health("unit", "stop", env=env, timeout=30)
@@ -322,3 +330,21 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
                         "--replay", str(REPO / "examples/broken-node.json")],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r
+
+
+def test_monitoring_definitions_use_the_installed_plugin_paths() -> None:
+    """Nagios's default _MPS_PLUGIN is where the Debian package links check_mps; Icinga
+    uses PluginDir; no definition names a path nothing installs."""
+    links = (CONTRIB / "debian/mps-health.links").read_text().split()
+    deb_plugin = "/" + links[links.index("opt/mps-health/bin/check_mps") + 1]
+    nagios = (CONTRIB / "nagios/mps-health.cfg").read_text()
+    assert f"_MPS_PLUGIN             {deb_plugin}\n" in nagios
+    assert nagios.count("$_HOSTMPS_PLUGIN$ -w $ARG1$ -c $ARG2$ -t 20") == 2
+    icinga = (CONTRIB / "icinga2/mps-health.conf").read_text()
+    assert 'vars.mps_plugin = PluginDir + "/check_mps"' in icinga
+    spec = (CONTRIB / "rpm/mps-health.spec").read_text()
+    assert "ln -s %{venv}/bin/check_mps %{buildroot}%{plugindir}/check_mps" in spec
+    readme = (CONTRIB.parent / "README.md").read_text()
+    assert "ln -sf /opt/mps-health/bin/check_mps /usr/local/lib/nagios/plugins/" in readme
+    for text in (nagios, icinga):
+        assert "/usr/local/bin/check_mps" not in text

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator
 
 import pytest
 from debian_root import fresh_root
@@ -25,10 +25,20 @@ BOOKKEEPING = ("/var/lib/dpkg", "/var/log/dpkg.log", "/var/log/apt", "/var/cache
                "/var/log/alternatives.log")
 
 
+UPGRADE_ENTRY = """mps-health (0.1.1) unstable; urgency=medium
+
+  * A later version, to test upgrades.
+
+ -- mps-health developers <mps-health@lists.example.org>  Wed, 02 Dec 2026 19:00:00 +0000
+
+"""
+
+
 @pytest.fixture(scope="module")
-def deb(dists, tmp_path_factory) -> Iterator[Path]:
-    """contrib/debian built as its README-like header says: the sdist, debian/ copied in,
-    the wheel folder plus setuptools' wheel, dpkg-buildpackage -b in a Debian 13 root."""
+def debs(dists, tmp_path_factory) -> Iterator[Dict[str, Path]]:
+    """contrib/debian built as docs/fleet.md says: the sdist, debian/ copied in, the wheel
+    folder plus setuptools' wheel, dpkg-buildpackage -b in a Debian 13 root; and the same
+    as version 0.1.1, to upgrade to."""
     base = tmp_path_factory.mktemp("debbuild")
     root = fresh_root(base / "root", BUILD_PACKAGES)
     src = unpack_sdist(dists.sdist, root / "build")
@@ -37,10 +47,25 @@ def deb(dists, tmp_path_factory) -> Iterator[Path]:
              "--dest", str(wheels), "setuptools>=61"])
     assert r.returncode == 0, r.stderr[-2000:]
     shutil.copytree(src / "contrib" / "debian", src / "debian")
-    r = Node(root).sh(f"cd /build/{src.name}\ndpkg-buildpackage -b -us -uc", timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    [built] = (root / "build").glob("mps-health_0.1.0_*.deb")
+    newer = root / "build" / "mps-health-0.1.1"
+    shutil.copytree(src, newer, symlinks=True)
+    for name in ("pyproject.toml", "core/__init__.py"):
+        text = (newer / name).read_text()
+        (newer / name).write_text(text.replace('"0.1.0"', '"0.1.1"', 1))
+    changelog = newer / "debian/changelog"
+    changelog.write_text(UPGRADE_ENTRY + changelog.read_text())
+    built: Dict[str, Path] = {}
+    for tree in (src, newer):
+        r = Node(root).sh(f"cd /build/{tree.name}\ndpkg-buildpackage -b -us -uc", timeout=600)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    for version in ("0.1.0", "0.1.1"):
+        [built[version]] = (root / "build").glob(f"mps-health_{version}_*.deb")
     yield built
+
+
+@pytest.fixture
+def deb(debs: Dict[str, Path]) -> Path:
+    return debs["0.1.0"]
 
 
 def test_deb_depends_and_contents(deb: Path) -> None:
@@ -119,3 +144,36 @@ def test_deb_rules_are_the_files_the_test_builds() -> None:
                        capture_output=True, text=True)
     if r.returncode == 0:
         assert r.stdout.strip() == "0.1.0"
+
+
+def test_deb_upgrade_keeps_config_state_and_hooks(debs: Dict[str, Path], tmp_path: Path) -> None:
+    """dpkg -i of a newer version over the old one: the config, the state and the hooks
+    that `slurm install` wrote elsewhere are kept; rewritten, those hooks run as before."""
+    node = Node(fresh_root(tmp_path / "root", NODE_PACKAGES))
+    node.add_users()
+    for version in debs:
+        shutil.copy(debs[version], node.root / "root")
+    node.ok(f"dpkg -i /root/{debs['0.1.0'].name}")
+    (node.root / "etc/mps-health/config.yaml").write_text(PER_JOB)
+    node.ok("mkdir -p /etc/slurm\nmps-health check || :\n"
+            "mps-health slurm install --prefix /etc/slurm --config /etc/mps-health/config.yaml")
+    state = node.root / "var/lib/mps-health"
+    before = {p.relative_to(state): p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    assert before, "mps-health check kept no state"
+
+    out = node.ok(f"dpkg -i /root/{debs['0.1.1'].name}")
+    assert "Unpacking mps-health (0.1.1) over (0.1.0)" in out
+    assert node.ok("mps-health --version") == "mps-health 0.1.1\n"
+    assert node.ok("/usr/sbin/mps-health --version", user="alice") == "mps-health 0.1.1\n"
+    assert (node.root / "etc/mps-health/config.yaml").read_text() == PER_JOB
+    after = {p.relative_to(state): p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    assert after == before
+    node.ok("mps-health slurm install --prefix /etc/slurm --config /etc/mps-health/config.yaml")
+    uid = node.uid("alice")
+    node.ok("install -d -m 0700 -o alice -g alice /tmp/nvidia-mps_job11")
+    for hooks in ("/etc/slurm", "/usr/libexec/mps-health"):
+        exports = node.sh(f"{hooks}/mps-health-task-prolog", user="alice",
+                          env={"SLURM_JOB_ID": "11", "SLURM_JOB_UID": uid, "SLURM_JOB_GPUS": "0"})
+        assert exports.stdout == "export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps_job11\n", hooks
+    plugin = node.sh("/usr/lib/nagios/plugins/check_mps -V", user="nagios")
+    assert plugin.returncode == 3 and "0.1.1" in plugin.stdout + plugin.stderr

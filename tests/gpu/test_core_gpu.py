@@ -166,10 +166,17 @@ def test_start_without_dirs(mps_base: Path) -> None:
     q = m.control("get_default_active_thread_percentage")
     say(f"  then a query: rc {q.returncode} {q.stdout.strip()!r}")
     m.quit()
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert m.pipe.is_dir() and m.log.is_dir()  # the daemon made both
+    assert q.returncode == 0 and float(q.stdout) == 100.0
     long_base = mps_base / ("x" * 100)
     long_base.mkdir()
     m2 = Mps(long_base, "long")
     r = m2.start()
     say(f"-d with a {len(str(m2.pipe))}-character pipe dir: rc {r.returncode} "
         f"{(r.stdout + r.stderr).strip()!r}")
+    q = m2.control("get_default_active_thread_percentage")
     m2.quit()
+    assert len(str(m2.pipe)) + len("/control_privileged") + 1 > 108
+    assert (r.returncode, (r.stdout + r.stderr).strip()) == (1, "")  # silent: hence the check
+    assert (q.returncode, q.stdout.strip()) == (1, "Cannot find MPS control daemon process")

@@ -2,13 +2,15 @@
 
 These run ``mps-health-healthcheck`` by hand (as slurmd would: SLURMD_NODENAME set) so
 each run is one step of the test; test_healthcheck_slurmd.py lets slurmd itself run
-it. Only the control and directories checks are enabled: other test sessions on this
+it. On this machine's Slurm and on Slurm 24.11 in the Debian 13 root (reached through
+the cluster's client wrappers on PATH). Only the control and directories checks are enabled: other test sessions on this
 machine start fake daemons and servers of their own, which the node-wide daemon check
 would (rightly) report.
 """
 # ruff: noqa: F811  (the fixture tree comes from remhelp)
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -20,18 +22,18 @@ from mps_health.filelock import node_lock
 from mps_health.remediation.detach import RESULT_FILE, format_result
 from mpsdaemon import start_daemon
 from remhelp import make_dirs, tree, write_config  # noqa: F401
-from slurm_fixture import _require
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 NODE = "hcnode"
+PEERS = ("hcpeer1", "hcpeer2", "hcpeer3")  # declared only, in their own cluster: DOWN
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
-    _require()
-    c = SlurmCluster(node_name=NODE, extra_conf=["RebootProgram=/bin/true"]).start()
+def cluster(slurm_where) -> Iterator[SlurmCluster]:
+    c = SlurmCluster(node_name=NODE, extra_conf=["RebootProgram=/bin/true"],
+                     root=slurm_where).start()
     yield c
     c.stop()
 
@@ -53,8 +55,9 @@ def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
     import subprocess
 
     full = {"SLURM_CONF": str(cluster.conf), "SLURMD_NODENAME": cluster.node_name,
-            "PATH": os.environ["PATH"], **env}
-    return subprocess.run([installed("mps-health-healthcheck"), "--config", cfg, *args], capture_output=True,
+            "PATH": cluster.env["PATH"], **env}
+    return subprocess.run([installed("mps-health-healthcheck"), "--config", cfg, *args],
+                          capture_output=True,
                           text=True, timeout=90, env=full)
 
 
@@ -66,7 +69,7 @@ def node(cluster: SlurmCluster):
 
 @pytest.fixture
 def clean_node(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The node back to IDLE, no reason, before and after each test."""
+    """The node back to IDLE (no reason on 22.05; 24.11 keeps the last), before and after."""
     def reset() -> None:
         v = node(cluster)
         if {"DRAIN", "DOWN"}.intersection(v.flags):
@@ -99,7 +102,11 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
     fourth = hc(cluster, cfg)
     assert "resumed (drained by us" in fourth.stdout, fourth.stdout
     v = node(cluster)
-    assert not {"DRAIN", "DOWN"}.intersection(v.flags) and v.reason == ""
+    assert not {"DRAIN", "DOWN"}.intersection(v.flags)
+    if cluster.version.split()[-1].startswith("22."):
+        assert v.reason == ""
+    else:  # 24.11 keeps the last reason after RESUME
+        assert v.reason.startswith("MPS-HC: control-absent node: ")
     audit = (tree / "audit.log").read_text()
     assert "action=healthcheck event=drain result=ok" in audit
     assert "action=healthcheck event=resume result=ok" in audit
@@ -149,7 +156,8 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
     cluster = clean_node
     calls = tree / "scontrol-calls.log"
     wrapper = tree / "scontrol"
-    wrapper.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec /usr/bin/scontrol \"$@\"\n")
+    real = shutil.which("scontrol", path=cluster.env["PATH"])
+    wrapper.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real} \"$@\"\n")
     wrapper.chmod(0o755)
     cfg = write_hc_config(tree)
     Path(cfg).write_text(Path(cfg).read_text().replace(
@@ -168,6 +176,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
     assert "drained (" in r.stdout
     assert calls.read_text().splitlines() == [
         f"show node {NODE} -o",
+        "show node -o",  # the circuit breaker, only when about to drain
         f"update NodeName={NODE} State=DRAIN Reason={node(cluster).reason}"]
 
 
@@ -254,3 +263,35 @@ def test_dry_run_changes_nothing(clean_node, tree: Path) -> None:
     assert "would drain" in r.stdout
     assert "DRAIN" not in node(clean_node).flags
     assert not (tree / "state" / "healthcheck.state").exists()
+
+
+@pytest.fixture
+def fleet(slurm_where) -> Iterator[SlurmCluster]:
+    """A partition of four nodes: ours, and three declared peers no slurmd answers for."""
+    c = SlurmCluster(node_name=NODE, peers=PEERS, root=slurm_where).start()
+    yield c
+    c.stop()
+
+
+def test_circuit_breaker_holds_the_drain_when_the_partition_is_already_drained(
+        fleet: SlurmCluster, tree: Path) -> None:
+    cluster = fleet
+    cfg = write_hc_config(tree, "  fail_runs: 1\n  recheck_s: 0\n  fleet_max_share: 0.5")
+    for peer in PEERS[:2]:  # 2 of 4: not more than half, the drain goes ahead
+        cluster.scontrol("update", f"NodeName={peer}", "State=DRAIN",
+                         "Reason=MPS-HC: control-absent node: no daemon")
+    r = hc(cluster, cfg)
+    assert "drained (" in r.stdout, r.stdout
+    cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+    cluster.wait_state(lambda s: "DRAIN" not in s, 30)
+    cluster.scontrol("update", f"NodeName={PEERS[2]}", "State=DRAIN",
+                     "Reason=MPS-HC: control-absent node: no daemon")
+    r = hc(cluster, cfg)  # 3 of 4 already ours: a fleet-wide cause, not this node
+    assert r.returncode == 2
+    assert "MPS CRITICAL - fleet-wide-fault: fleet-wide fault suspected: 3 of 4 nodes " \
+        "of partition debug already drained by MPS-HC:" in r.stdout, r.stdout
+    assert "DRAIN" not in node(cluster).flags
+    # someone else's drains do not count
+    for peer in PEERS:
+        cluster.scontrol("update", f"NodeName={peer}", "State=DRAIN", "Reason=rack work")
+    assert "drained (" in hc(cluster, cfg).stdout

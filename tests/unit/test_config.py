@@ -1,10 +1,12 @@
 """config: defaults without a file, and one clear line for every bad key."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRIPWIRE_DIR
 from mps_health import config
 
 
@@ -59,7 +61,7 @@ def test_explicit_missing_file(tmp_path: Path) -> None:
     ("remediation:\n  orphan_min_age_s: 3",
      "key 'remediation.orphan_min_age_s': unknown key: it is orphans.min_age_s now"),
     ("slurm:\n  timeout_s: 30", "key 'healthcheck.timeout_s': must leave room for the checks "
-     "and two scontrol calls: at least 2 x slurm.timeout_s + 2 = 62 (got 45)"),
+     "and 3 scontrol calls: at least 3 x slurm.timeout_s + 2 = 92 (got 45)"),
     # control characters never reach a path or a command
     ("mps:\n  pipe_dir: \"/tmp/a\\nb\"", "key 'mps.pipe_dir': must be an absolute path without "
      "control characters (got '/tmp/a\\nb')"),
@@ -146,3 +148,15 @@ def test_commands_are_configurable() -> None:
     c = config.from_mapping({"commands": {"nvidia-cuda-mps-control": "/opt/cuda/bin/x"}}, None)
     assert c.command("nvidia-cuda-mps-control") == "/opt/cuda/bin/x"
     assert c.command("scontrol") == "scontrol"
+
+
+def test_the_host_state_tripwire_fires(tmp_path: Path) -> None:
+    """tests/tripwire: a program the tests start that touches the host's state is named."""
+    log = tmp_path / "touched.log"
+    code = ("import contextlib\nwith contextlib.suppress(OSError): open('/var/lib/mps-health/x')\n"
+            "with contextlib.suppress(OSError): open('/tmp/elsewhere-x')\n")
+    env = dict(os.environ, MPS_HEALTH_TEST_TRIPWIRE=str(log),
+               PYTHONPATH=str(TRIPWIRE_DIR))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    (line,) = log.read_text().splitlines()
+    assert line.endswith(": open /var/lib/mps-health/x")

@@ -70,7 +70,7 @@ def test_lock_serialises_queries_to_one_pipe_dir(tmp_path: Path, fake_daemon) ->
 
     d = fake_daemon()
     ctx = _ctx(tmp_path, d.pipe_dir, d.log_dir, timeout=0.5)
-    lock = control._Lock(ctx.path(ctx.config.run_dir), str(d.pipe_dir))
+    lock = control._Lock(ctx, str(d.pipe_dir))
     os.makedirs(os.path.dirname(lock.path), exist_ok=True)
     fd = os.open(lock.path, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # someone else is querying this dir
@@ -81,3 +81,4 @@ def test_lock_serialises_queries_to_one_pipe_dir(tmp_path: Path, fake_daemon) ->
         os.close(fd)
     assert answer.status == "skipped"
     assert control.ask_all(ctx, (inst,))["node"].status == "ok"
+    assert not os.path.exists(lock.path)  # pipe dirs come and go: their locks do not stay

@@ -44,8 +44,10 @@ def layer_of(module: str) -> str:
                                              "mps_health.checks.common") else "checks"
     if sub == "exporters":
         return "exporters"
-    if sub in ("remediation", "slurm", "processes"):
+    if sub in ("remediation", "slurm", "processes", "daemonctl"):
         return "actions"
+    if sub == "instances":  # which instances the node has: read from disk and Slurm
+        return "probes"
     if sub in ("commands", "cli", "argv"):
         return "commands"
     if sub in ("engine", "snapshot"):

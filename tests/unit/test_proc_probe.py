@@ -1,5 +1,7 @@
 """probes/proc: parsing real /proc files, and reading a --root tree."""
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,9 +55,21 @@ def test_environ_gives_pipe_dir_and_default(tmp_path: Path) -> None:
     assert 200 not in facts
 
 
-def test_live_proc_finds_nothing_or_only_mps() -> None:
-    for p in proc.read_processes("/proc"):
-        assert p.role in ("control", "server", "unknown")
+def test_live_proc_finds_the_daemon_and_no_other_process(fake_daemon) -> None:
+    """The real /proc: a live (fake) control daemon is found with its pipe dir; a plain
+    process, and this one, are not listed at all."""
+    d = fake_daemon()
+    decoy = subprocess.Popen(["sleep", "30"])
+    try:
+        found = {p.pid: p for p in proc.read_processes("/proc")}
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert d.pid is not None
+    daemon = found[d.pid]
+    assert (daemon.role, daemon.pipe_dir, daemon.uid) == ("control", str(d.pipe_dir), 0)
+    assert decoy.pid not in found and os.getpid() not in found
+    assert {p.role for p in found.values()} <= {"control", "server", "unknown"}
 
 
 @pytest.mark.parametrize("captured,role", [("proc_h200-daemon", "control"),

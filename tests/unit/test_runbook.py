@@ -1,24 +1,43 @@
-"""Every code a check can report has a runbook entry (an anchor) in README.md."""
+"""Every code mps-health can report has a runbook entry (an anchor) in README.md.
 
+The codes are read from where they are declared: each check module's ``CODES``, the
+engine's (facts-unavailable, check-failed) and the health check's (healthcheck-timeout).
+A second look at the source keeps those declarations honest: every code literal a check
+module passes to ``Result(...)`` must be in its ``CODES``.
+"""
+
+import importlib
 import re
+from typing import Dict, Set
 
 from conftest import REPO
+from mps_health import engine, registry
+from mps_health.remediation import healthcheck
 
 
-def emitted_codes() -> set:
+def declared_by_check() -> Dict[str, Set[str]]:
+    out: Dict[str, Set[str]] = {}
+    for spec in registry.CHECKS.values():
+        module = spec.target.partition(":")[0]
+        out[module] = set(importlib.import_module(module).CODES)
+    return out
+
+
+def declared() -> Set[str]:
+    codes = set(engine.CODES) | set(healthcheck.CODES)
+    for found in declared_by_check().values():
+        codes |= found
+    return codes
+
+
+def literal_codes(text: str) -> Set[str]:
+    """Codes written out in Result(NAME, STATE, "code", ...) calls and code tables."""
     codes = set()
-    for path in [*(REPO / "checks").glob("*.py"), REPO / "core" / "engine.py"]:
-        text = path.read_text()
-        # Result(CHECK, STATE, "code", ...) and Result(..., f"{role}-dir-...", ...)
-        for m in re.finditer(r'Result\(\s*[\w.]+,\s*[^,]+?,\s*(f?)"([a-z0-9{}-]+)"', text):
-            code = m.group(2)
-            if m.group(1):
-                codes |= {code.replace("{role}", role) for role in ("pipe", "log")}
-            else:
-                codes.add(code)
-        # tables of codes: "code": (STATE, ...
-        codes |= set(re.findall(r'^\s*"([a-z]+(?:-[a-z0-9]+)+)": \((?:OK|WARNING|CRITICAL|UNKNOWN)',
-                                text, flags=re.M))
+    for m in re.finditer(r'Result\(\s*[\w.]+,\s*[^,]+?,\s*(f?)"([a-z0-9{}-]+)"', text):
+        code = m.group(2)
+        codes |= {code.replace("{role}", r) for r in ("pipe", "log")} if m.group(1) else {code}
+    codes |= set(re.findall(r'^\s*"([a-z]+(?:-[a-z0-9]+)+)": \((?:OK|WARNING|CRITICAL|UNKNOWN)',
+                            text, flags=re.M))
     codes.discard("ok")
     return codes
 
@@ -28,7 +47,17 @@ def test_every_code_has_a_readme_anchor() -> None:
     anchors = set(re.findall(r'<a id="([a-z0-9-]+)">', readme))
     anchors |= {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
                 for h in re.findall(r"^#+ (.+)$", readme, flags=re.M)}
-    codes = emitted_codes()
+    codes = declared()
     assert len(codes) > 60
+    assert {"daemon-restarted", "server-churn", "healthcheck-timeout"} <= codes
     missing = sorted(c for c in codes if c not in anchors)
     assert missing == [], f"codes without a runbook entry in README.md: {missing}"
+
+
+def test_check_modules_declare_every_code_they_report() -> None:
+    for module, codes in declared_by_check().items():
+        path = REPO / "checks" / (module.rsplit(".", 1)[-1] + ".py")
+        undeclared = sorted(literal_codes(path.read_text()) - codes)
+        assert undeclared == [], f"{module} reports codes missing from its CODES: {undeclared}"
+    engine_text = (REPO / "core" / "engine.py").read_text()
+    assert literal_codes(engine_text) <= set(engine.CODES)

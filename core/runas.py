@@ -1,4 +1,4 @@
-"""Run a command as the job's user: no shell, no ``su -``, bounded by a timeout.
+"""Run a command as another user (a job's, a daemon's): no shell, no ``su -``, bounded.
 
 Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups to the
 user's groups, setgid, setuid, umask, cwd), so nothing is interpolated into a command
@@ -7,8 +7,8 @@ killed with its whole process group at the timeout. Output goes to unlinked temp
 files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
 its inherited descriptors, and a pipe would then never reach end-of-file.
 
-It takes the core runner's ``RunAs``. It keeps its own loop because hooks want the
-output in files, not pipes, whatever the daemon does with them. ``subprocess`` is
+It takes the core runner's ``RunAs``. It keeps its own loop because starting a daemon
+wants the output in files, not pipes, whatever the daemon does with them. ``subprocess`` is
 imported here only: the plain check never loads it.
 """
 

@@ -1,0 +1,97 @@
+"""Many dirs or many jobs never mean as many root processes: dirs Slurm does not know
+start no control client, instances and concurrent clients are capped (configurable),
+and no per-pipe-dir lock file stays behind."""
+
+import json
+from pathlib import Path
+from typing import List, Tuple
+
+from conftest import FAKE_CONTROL
+from hostile import ATTACKER, VICTIM, cli, ensure_user, fake_squeue, public_dir, run_as, squeue_line
+
+__all__ = ["public_dir"]  # the fixture, used by name
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def counting_client(base: Path) -> Tuple[str, Path]:
+    """The fake control client, logging its start and end (in order, under flock)."""
+    log = base / "clients.log"
+    script = base / "counting-control"
+    script.write_text(f"""#!/bin/sh
+exec 9>>{log}
+flock 9; echo "start $$" >&9; flock -u 9
+sleep 0.3
+flock 9; echo "end $$" >&9; flock -u 9
+exec 9>&-
+exec {SYSTEM_PYTHON} {FAKE_CONTROL} "$@"
+""")
+    script.chmod(0o755)
+    return str(script), log
+
+
+def most_at_once(log: Path) -> Tuple[int, int]:
+    """(clients started, most running at the same time) from the client log."""
+    lines: List[str] = log.read_text().split() if log.exists() else []
+    running = peak = started = 0
+    for word in lines[::2]:
+        if word == "start":
+            started += 1
+            running += 1
+            peak = max(peak, running)
+        else:
+            running -= 1
+    return started, peak
+
+
+def site(base: Path, extra: str, jobs: List[str]) -> Tuple[Path, Path, Path]:
+    parent = base / "tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    client, log = counting_client(base)
+    config = base / "config.yaml"
+    config.write_text(f"run_dir: {base}/run\nstate_dir: {base}/state\n"
+                      f"mps:\n  layout: per-job\n  pipe_dir: {parent}/nvidia-mps_job{{job}}\n"
+                      f"  log_dir: {parent}/nvidia-log_job{{job}}\n  dir_mode: '0700'\n{extra}"
+                      f"commands:\n  nvidia-cuda-mps-control: {client}\n"
+                      f"  squeue: {fake_squeue(base, jobs)}\n")
+    return config, parent, log
+
+
+def check(config: Path) -> Tuple[int, dict]:
+    r = cli("check", "--config", str(config), "--only", "daemon,control", "--format", "json")
+    assert r.returncode in (0, 1, 2, 3) and r.stderr == "", r.stdout + r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_three_thousand_strangers_dirs_start_no_client(public_dir: Path) -> None:
+    config, parent, log = site(public_dir, "", [])
+    ensure_user(ATTACKER)
+    r = run_as(ATTACKER, [SYSTEM_PYTHON, "-c", "import os,sys\nfor i in range(3000): "
+                          "os.mkdir(f'{sys.argv[1]}/nvidia-mps_job{4000 + i}', 0o777)",
+                          str(parent)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    rc, report = check(config)
+    assert (rc, report["problems"]) == (0, [])
+    assert most_at_once(log) == (0, 0)
+    assert not list((public_dir / "run").glob("*.lock"))
+
+
+def test_instances_and_concurrent_clients_are_capped(public_dir: Path) -> None:
+    pw = ensure_user(VICTIM)
+    jobs = [str(j) for j in range(71, 77)]
+    config, parent, log = site(public_dir, "  max_instances: 4\ncontrol:\n  max_clients: 2\n",
+                               [squeue_line(j, VICTIM) for j in jobs])
+    for j in jobs:  # the victim's six jobs' dirs; their daemons are gone
+        r = run_as(VICTIM, ["mkdir", "-m", "0700", str(parent / f"nvidia-mps_job{j}"),
+                            str(parent / f"nvidia-log_job{j}")])
+        assert r.returncode == 0, r.stderr
+    rc, report = check(config)
+    found = {(p["instance"], p["code"]): p for p in report["problems"]}
+    capped = found[("", "instances-capped")]
+    assert capped["state"] == "WARNING" and capped["message"].startswith("2 more per-job")
+    assert {i for i, c in found if c == "control-absent"} == {f"job{j}" for j in jobs[:4]}
+    assert most_at_once(log) == (4, 2)
+    assert rc == 1  # the job user's own dirs: at most WARNING
+    assert not list((public_dir / "run").glob("*.lock"))
+    assert pw.pw_uid != 0
