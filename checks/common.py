@@ -2,11 +2,15 @@
 line each for facts that come from NVML or Slurm. Checks import this module and never
 one another."""
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from __future__ import annotations
 
 from mps_health.facts import DirFact, Instance, ProcessFact
 from mps_health.instances import pipe_paths
 from mps_health.results import UNKNOWN, Result
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 if TYPE_CHECKING:
     from mps_health.probes.nvml import NvmlFacts
@@ -25,7 +29,7 @@ def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[
     return found
 
 
-def nvml_unavailable(check: str, nvml: "NvmlFacts") -> Result:
+def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
     """The one UNKNOWN line for a node where NVML cannot be used (shared by GPU checks)."""
     action = {
         "PYNVML_MISSING": "pip install nvidia-ml-py",
@@ -38,7 +42,7 @@ def nvml_unavailable(check: str, nvml: "NvmlFacts") -> Result:
     return Result(check, UNKNOWN, "nvml-unavailable", "", f"NVML: {nvml.error}", action)
 
 
-def slurm_unavailable(check: str, slurm: "SlurmFacts") -> Result:
+def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
     """The UNKNOWN line when Slurm could not be asked (gres-drift, orphans)."""
     action = {
         "timeout": "check slurmctld ('scontrol ping'); this is not an MPS failure",

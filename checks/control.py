@@ -5,11 +5,15 @@ other output: the client exits 0 on errors) and wedged (no answer: a stopped dae
 makes the client hang forever) are different failures with different codes.
 """
 
-from typing import Iterator, Mapping
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import ControlAnswer, Facts
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping
 
 NAME = "control"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

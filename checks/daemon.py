@@ -6,13 +6,17 @@ CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreada
 the live control process the pid file names.
 """
 
-from typing import Iterator, List, Mapping, Optional, Tuple
+from __future__ import annotations
 
 from mps_health.checks.common import live_daemons
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, OK, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, List, Mapping, Optional, Tuple
 
 NAME = "daemon"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -11,12 +11,16 @@ user who renames ``control`` and binds their own socket answers every query). An
 entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 """
 
-from typing import Iterator, Mapping, Optional
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import DirFact, Facts, Instance
 from mps_health.instances import expected_uid
 from mps_health.results import CRITICAL, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping, Optional
 
 NAME = "directories"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -7,14 +7,19 @@ until it exits or a server starts for its user (MPS serves one user per GPU at a
 so another user's job blocks it).
 """
 
+from __future__ import annotations
+
 import time
-from typing import Dict, Iterator, List, Sequence
 
 from mps_health.config import Config
 from mps_health.facts import Facts
 from mps_health.facts_deep import LogFinding, LogsFacts
 from mps_health.probes.logs import settings
 from mps_health.results import OK, UNKNOWN, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Iterator, List, Sequence
 
 NAME = "logs"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -5,12 +5,16 @@ no new clients; a control daemon on a pipe dir the config does not know was star
 hand or by an out-of-date script. Both are node-wide findings (instance "").
 """
 
-from typing import Iterator, Tuple
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import Facts, Instance, ProcessFact
 from mps_health.instances import pipe_paths
 from mps_health.results import CRITICAL, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Tuple
 
 NAME = "strays"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

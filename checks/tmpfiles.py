@@ -7,11 +7,15 @@ or a parent (the dir and its contents), or by ``X`` on the dir plus ``x`` on its
 contents. Globs match one path component at a time, as systemd's FNM_PATHNAME does.
 """
 
-from typing import Iterator, Optional, Tuple
+from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.results import OK, WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator, Optional, Tuple
 
 NAME = "tmpfiles"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -7,13 +7,18 @@ one line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEB
 see one). The subcommands are listed in ``mps_health.argv.COMMANDS``.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence
 
 from .commands.common import edge
 from .exitcodes import ExitCode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
 
 FAST_VALUED = {"--config": "config", "--root": "root", "--format": "format", "--only": "only",
                "--skip": "skip"}
@@ -61,7 +66,9 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr)
+    from .printable import printable
+
+    print(printable(line), file=sys.stderr)  # one line: an error may quote a path
 
 
 def dispatch(argv: List[str]) -> int:

@@ -1,11 +1,23 @@
-"""Facts to JSON and back, driven by the NamedTuples' own type hints (snapshots, replay)."""
+"""Facts to JSON and back, driven by the records' own field annotations (snapshots,
+replay, the state the deep checks keep between runs).
 
-from typing import Any, Dict, Tuple, Union, get_type_hints
+Annotations are read as text (fact modules use ``from __future__ import annotations``;
+a ``typing`` object is first turned into text) and parsed here, for the forms facts use:
+``int``, ``float``, ``str``, ``bool``, ``Any``/``object``, ``None``, ``Optional[X]``,
+``Union[...]``, ``Tuple[X, ...]``, ``Tuple[A, B]``, ``Dict``/``Mapping[K, V]``,
+``List[X]`` and record classes (NamedTuples), named as the module defining the record
+names them. No ``typing`` import: state is decoded on every check.
+"""
 
-try:
-    from typing import get_args, get_origin
-except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
-    raise
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+    Node = Tuple[Any, ...]
 
 
 class DecodeError(ValueError):
@@ -23,48 +35,166 @@ def encode(value: Any) -> Any:
     return value
 
 
-def decode(tp: Any, data: Any, where: str = "$") -> Any:
-    """``data`` (from JSON) rebuilt as type ``tp``; DecodeError names where it does not fit."""
-    if tp is Any or tp is object:
+_LEAVES = {"int": int, "float": float, "str": str, "bool": bool}
+_ANY: Node = ("any",)
+
+
+def _split(text: str) -> List[str]:
+    """Top-level comma-separated parts of ``text``."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _typing_text(tp: Any) -> str:
+    """A ``typing`` object (or class) as annotation text."""
+    if isinstance(tp, type):
+        return tp.__name__ if tp is not type(None) else "None"
+    if type(tp).__name__ == "ForwardRef":
+        return str(tp.__forward_arg__)
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return "Any"
+    if origin is None:
+        return getattr(tp, "__name__", "Any")
+    name = {tuple: "Tuple", dict: "Dict", list: "List", typing.Union: "Union"}.get(
+        origin, getattr(origin, "__name__", "Any"))
+    inner = ", ".join("..." if a is Ellipsis else _typing_text(a) for a in args)
+    return f"{name}[{inner}]"
+
+
+def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:
+    """The plan of a generic typing object (``Dict[str, ServerMemory]``), keeping its
+    classes: as text their names would have to be found in ``ns``. None for others."""
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is None or not args:
+        return None
+    if origin is tuple:
+        if args[-1] is Ellipsis:
+            return ("varlen", parse(args[0], ns))
+        return ("tuple", [parse(a, ns) for a in args])
+    if origin is dict or getattr(origin, "__name__", "") == "Mapping":
+        return ("dict", parse(args[-1], ns))
+    if origin is list or getattr(origin, "__name__", "") == "Sequence":
+        return ("varlen", parse(args[0], ns))
+    if origin is typing.Union:
+        parts = [parse(a, ns) for a in args]
+        return ("union", [p for p in parts if p != ("none",)], ("none",) in parts)
+    return None
+
+
+def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
+    """The decoding plan for annotation ``tp`` (text, class or typing object); names are
+    looked up in ``ns`` (the globals of the module that wrote the annotation)."""
+    if not isinstance(tp, str):
+        if isinstance(tp, type) and tp.__name__ not in _LEAVES and tp is not type(None):
+            return ("record", tp) if hasattr(tp, "_fields") else ("leaf", tp)
+        structured = _typing_node(tp, ns)
+        if structured is not None:
+            return structured
+        tp = _typing_text(tp)
+    text = tp.strip().strip("'\"")
+    if text == "...":
+        return _ANY
+    head, bracket, rest = text.partition("[")
+    head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
+    args = [parse(a, ns) for a in _split(rest[:-1])] if bracket else []
+    if head == "Optional":
+        return ("union", args, True)
+    if head == "Union":
+        return ("union", [a for a in args if a != ("none",)], ("none",) in args)
+    if head in ("Tuple", "tuple"):
+        if bracket and _split(rest[:-1])[-1:] == ["..."]:
+            return ("varlen", args[0])
+        return ("tuple", args)
+    if head in ("Dict", "dict", "Mapping"):
+        return ("dict", args[1] if len(args) == 2 else _ANY)
+    if head in ("List", "list", "Sequence"):
+        return ("varlen", args[0] if args else _ANY)
+    if head in ("None", "NoneType"):
+        return ("none",)
+    if head in _LEAVES:
+        return ("leaf", _LEAVES[head])
+    if head in ("Any", "object"):
+        return _ANY
+    found = ns.get(head)
+    if isinstance(found, type) and hasattr(found, "_fields"):
+        return ("record", found)
+    raise DecodeError(f"cannot decode values of type {text!r}")
+
+
+_FIELDS: Dict[type, List[Tuple[str, Node]]] = {}
+
+
+def _fields_of(cls: type) -> List[Tuple[str, Node]]:
+    if cls not in _FIELDS:
+        ns = vars(sys.modules[cls.__module__])
+        hints = getattr(cls, "__annotations__", {})
+        _FIELDS[cls] = [(f, parse(hints[f], ns) if f in hints else _ANY)
+                        for f in cls._fields]  # type: ignore[attr-defined]
+    return _FIELDS[cls]
+
+
+def decode(tp: Any, data: Any, where: str = "$",
+           ns: Optional[Mapping[str, Any]] = None) -> Any:
+    """``data`` (from JSON) rebuilt as type ``tp``; DecodeError names where it does not fit.
+    ``tp`` is annotation text (names resolved in ``ns``), a class or a typing object."""
+    return _decode(parse(tp, ns or {}), data, where)
+
+
+def _decode(node: Node, data: Any, where: str) -> Any:
+    kind = node[0]
+    if kind == "any":
         return data
-    origin = get_origin(tp)
-    if origin is Union:
-        args = get_args(tp)
-        if data is None and type(None) in args:
+    if kind == "none":
+        if data is not None:
+            raise DecodeError(f"{where}: expected null")
+        return None
+    if kind == "union":
+        if data is None and node[2]:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in node[1]:
             try:
-                return decode(arg, data, where)
+                return _decode(arg, data, where)
             except DecodeError as e:
                 errors.append(str(e))
         raise DecodeError(errors[0] if errors else f"{where}: no type fits")
-    if origin in (tuple, Tuple):
-        args = get_args(tp)
+    if kind in ("varlen", "tuple"):
         if not isinstance(data, list):
             raise DecodeError(f"{where}: expected a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        return tuple(decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
-    if origin in (dict, Dict) or (origin is not None and getattr(origin, "__name__", "") in
-                                  ("Mapping",)):
-        _key_t, val_t = get_args(tp) or (str, Any)
+        if kind == "varlen":
+            return tuple(_decode(node[1], v, f"{where}[{i}]") for i, v in enumerate(data))
+        return tuple(_decode(a, v, f"{where}[{i}]")
+                     for i, (a, v) in enumerate(zip(node[1], data)))
+    if kind == "dict":
         if not isinstance(data, dict):
             raise DecodeError(f"{where}: expected a mapping")
-        return {k: decode(val_t, v, f"{where}.{k}") for k, v in data.items()}
-    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):
+        return {k: _decode(node[1], v, f"{where}.{k}") for k, v in data.items()}
+    if kind == "record":
+        cls = node[1]
         if not isinstance(data, dict):
-            raise DecodeError(f"{where}: expected a mapping for {tp.__name__}")
-        hints = get_type_hints(tp)
+            raise DecodeError(f"{where}: expected a mapping for {cls.__name__}")
         kwargs = {}
-        for field in tp._fields:
+        for field, sub in _fields_of(cls):
             if field in data:
-                kwargs[field] = decode(hints.get(field, Any), data[field], f"{where}.{field}")
-            elif field not in getattr(tp, "_field_defaults", {}):
-                raise DecodeError(f"{where}: {tp.__name__} lacks '{field}'")
-        return tp(**kwargs)
+                kwargs[field] = _decode(sub, data[field], f"{where}.{field}")
+            elif field not in getattr(cls, "_field_defaults", {}):
+                raise DecodeError(f"{where}: {cls.__name__} lacks '{field}'")
+        return cls(**kwargs)
+    tp = node[1]
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise DecodeError(f"{where}: expected a number")

@@ -8,8 +8,9 @@ the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nv
 mode 0777) and neither PyYAML nor any owner module is imported.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from .schema import (
     Invalid,
@@ -27,6 +28,10 @@ from .schema import (
     text,
     whole,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 DEFAULT_PATH = "/etc/mps-health/config.yaml"
 LAYOUTS = ("node", "per-gpu", "per-job")
@@ -75,7 +80,8 @@ DEFAULT_COMMANDS = {
 # Commands that may be configured but are not looked up on PATH by default.
 OPTIONAL_COMMANDS = ("mps-health-canary",)
 
-R = TypeVar("R", bound=Record)
+if TYPE_CHECKING:
+    R = TypeVar("R", bound=Record)
 
 
 class ConfigError(Exception):
@@ -204,6 +210,9 @@ class ChecksConfig(Record):
     enable: Tuple[str, ...] = custom((), names)  # besides the defaults (e.g. canary)
     disable: Tuple[str, ...] = custom((), names)
     modules: Tuple[str, ...] = custom((), _modules)  # the site's own check modules
+    # Reported and exported like the others, but never a reason for the health check to
+    # drain: for rolling out a new or changed check safely.
+    observe: Tuple[str, ...] = custom((), names)
 
 
 def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
@@ -214,7 +223,7 @@ def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[st
 
     for module in c.modules:
         registry.load_site_module(module)  # Invalid names the module
-    for key in ("only", "enable", "disable"):
+    for key in ("only", "enable", "disable", "observe"):
         for name in getattr(c, key):
             if name not in registry.CHECKS:
                 raise Invalid(f"unknown check {shown(name)} (known: "

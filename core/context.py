@@ -4,11 +4,18 @@
 taken under it, so a whole fixture tree can stand in for a node.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Any, Mapping, NamedTuple, Optional
 
 from .config import Config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, NamedTuple, Optional
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class Context(NamedTuple):

@@ -13,13 +13,20 @@ ends servers still busy after N s itself; the client is bounded by ``timeout_s``
 is left afterwards is ended by ``processes.end_all``.
 """
 
+from __future__ import annotations
+
 import os
 import stat
 import time
-from typing import Mapping, NamedTuple, Optional
 
 from .processes import daemon_of
 from .runas import RunAs, run_as
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, NamedTuple, Optional
+else:
+    from mps_health.frozen import NamedTuple
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 READY_QUERY = "get_default_active_thread_percentage"
@@ -29,6 +36,7 @@ class Started(NamedTuple):
     pid: Optional[int]  # None when it did not come up
     detail: str  # what went wrong, or the daemon's first answer
     elapsed_s: float
+    start_ticks: Optional[int] = None  # the daemon's start time, with pid: its identity
 
 
 def _has_socket(pipe_dir: str) -> bool:
@@ -71,7 +79,7 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
         why = "timed out" if answer.timed_out else f"rc {answer.rc}, {text or answer.stderr!r}"
         return Started(None, f"daemon {daemon.pid} started but does not answer "
                        f"{READY_QUERY} ({why})", time.monotonic() - t0)
-    return Started(daemon.pid, text, time.monotonic() - t0)
+    return Started(daemon.pid, text, time.monotonic() - t0, daemon.start_ticks)
 
 
 def quit_daemon(control: str, as_user: Optional[RunAs], env: Mapping[str, str], grace_s: float,

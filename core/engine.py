@@ -6,9 +6,10 @@ line in ``Facts.errors`` and makes only the checks that need it UNKNOWN, so one 
 daemon never hides the other results.
 """
 
+from __future__ import annotations
+
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import __version__, instances, registry
 from .config import Config
@@ -17,6 +18,10 @@ from .exitcodes import Failure
 from .facts import Facts
 from .printable import printable
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be

@@ -6,7 +6,13 @@ rather than dataclasses: they are frozen and typed, and importing them costs
 nothing, which matters for a program slurmd starts every few minutes.
 """
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class Instance(NamedTuple):

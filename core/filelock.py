@@ -12,9 +12,14 @@ waiter that then wins the flock on the removed file notices (the path no longer 
 the file it holds) and starts over on the new one, so two holders never overlap.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class LockBusy(Exception):
@@ -65,7 +70,7 @@ class FileLock:
                     return False
                 time.sleep(0.01)
 
-    def acquire(self, wait_s: float, what: str) -> "FileLock":
+    def acquire(self, wait_s: float, what: str) -> FileLock:
         """Take the lock within ``wait_s`` or raise LockBusy naming the holder."""
         if not self.wait(time.monotonic() + wait_s, what):
             raise LockBusy(f"another remediation holds {self.path} ({self._holder}); "
@@ -86,7 +91,7 @@ class FileLock:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> FileLock:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,13 +11,18 @@ user). Anything else is not judged as MPS here (the orphans check names dirs who
 is gone).
 """
 
+from __future__ import annotations
+
 import os
-from typing import List, Optional, Tuple
 
 from .config import Config
 from .context import Context
 from .facts import DirFact, Instance
 from .templates import expand, match
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:

@@ -5,8 +5,13 @@ Anyone may write in a 0777 pipe dir, so the file is read with ``safefiles.read_s
 candidate: ``processes.daemon_of`` checks /proc before anything acts on it.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 

@@ -9,7 +9,13 @@ config imports it, and it declares itself as the built-ins below do, with a
 ``check(...)`` call at import (and its config sections in a ``SECTIONS`` tuple).
 """
 
-from typing import Dict, NamedTuple, Tuple
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, NamedTuple, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class Source(NamedTuple):

@@ -5,7 +5,13 @@ which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``
 a node with one broken daemon and one unreadable fact is broken, not unknown.
 """
 
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}

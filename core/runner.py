@@ -19,11 +19,18 @@ Why not ``subprocess``: importing it pulls in locale, re and enum, about 10 ms, 
 is most of what the whole check may cost beyond starting Python (bench/check_speed.py).
 """
 
+from __future__ import annotations
+
 import os
 import select
 import signal
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)),
                 None)

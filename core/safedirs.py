@@ -29,11 +29,18 @@ Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run wi
 renames after a fresh look: still no link followed, only the race window is wider.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
 import stat
-from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LINKS = 8
@@ -175,10 +182,10 @@ def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
 
 
 def random_name(name: str, what: str) -> str:
-    import secrets
     import time
 
-    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(8)}"
+    # os.urandom is what secrets.token_hex reads, without importing random and hashlib.
+    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(8).hex()}"
 
 
 def move_aside(parent_fd: int, name: str, called: Optional[str] = None) -> str:

@@ -14,11 +14,16 @@ dirs, state, caches, tmpfiles.d, the last textfile) opens it ``O_NOFOLLOW|O_NONB
 most ``limit`` bytes.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
 import stat
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -26,13 +31,13 @@ READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
-    import secrets
-
     from .safedirs import open_dir, split  # lazy: readers on the check's path never need it
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
-    tmp = f".{name}.tmp-{secrets.token_hex(8)}"
+    # os.urandom is what secrets.token_hex reads; secrets itself imports random, hashlib
+    # and hmac (milliseconds on every check that saves state).
+    tmp = f".{name}.tmp-{os.urandom(8).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=pfd)

@@ -14,19 +14,25 @@ is wrong; the loader adds the file and the key. No heavy import here: this runs 
 every check.
 """
 
-from typing import (
-    Any,
-    Callable,
-    ClassVar,
-    Dict,
-    Generic,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-    Type,
-    TypeVar,
-)
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import (
+        Any,
+        Callable,
+        ClassVar,
+        Dict,
+        Generic,
+        Mapping,
+        Optional,
+        Sequence,
+        Tuple,
+        Type,
+        TypeVar,
+    )
+else:
+    from mps_health.frozen import Generic, TypeVar
 
 SHOWN_MAX = 60  # characters of a bad value quoted back in an error line
 
@@ -108,7 +114,8 @@ class Record:
 
 # finish(record, given, loaded) -> record: rules across keys or sections. ``given`` is the
 # section as written, ``loaded`` the sections validated before this one (by name).
-Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
+if TYPE_CHECKING:
+    Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
 
 
 class Section(Generic[R]):

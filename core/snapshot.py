@@ -1,5 +1,6 @@
 """Snapshots: the gathered facts as JSON, to judge later (support bundles, replay)."""
 
+import importlib
 import json
 from typing import Any, Dict, Mapping, Tuple
 
@@ -49,15 +50,18 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             src = registry.SOURCES.get(name)
             if src is None:
                 continue  # a source this version does not know: ignore it
-            sources[name] = codec.decode(registry.load(src.value_type), value, f"sources.{name}")
+            module, _, attr = src.value_type.partition(":")
+            names = vars(importlib.import_module(module))
+            sources[name] = codec.decode(names[attr], value, f"sources.{name}", names)
         facts = Facts(
             node=codec.decode(str, data.get("node"), "node"),
             taken_at=codec.decode(float, data.get("taken_at"), "taken_at"),
             root=codec.decode(str, data.get("root", "/"), "root"),
-            instances=codec.decode(Tuple[Instance, ...], data.get("instances", []), "instances"),
+            instances=codec.decode("Tuple[Instance, ...]", data.get("instances", []),
+                                   "instances", {"Instance": Instance}),
             sources=sources,
-            errors=codec.decode(Dict[str, str], data.get("errors", {}), "errors"),
-            durations=codec.decode(Dict[str, float], data.get("durations", {}), "durations"),
+            errors=codec.decode("Dict[str, str]", data.get("errors", {}), "errors"),
+            durations=codec.decode("Dict[str, float]", data.get("durations", {}), "durations"),
             instances_over_cap=codec.decode(int, data.get("instances_over_cap", 0),
                                             "instances_over_cap"),
         )

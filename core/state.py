@@ -7,10 +7,14 @@ why; a state dir that cannot be written (not root) makes each run start from not
 which costs accuracy (no offsets, no history), never correctness of what is reported.
 """
 
-import os
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from __future__ import annotations
 
+import os
+
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional, Tuple
+
     from .filelock import FileLock
 
 
@@ -41,8 +45,10 @@ class StateFile:
         if self._lock is not None:
             self._lock.release()
 
-    def load(self, value_type: Any, empty: Any) -> Tuple[Any, str]:
-        """The saved value decoded as ``value_type``, or ``empty`` and why not."""
+    def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
+             ) -> Tuple[Any, str]:
+        """The saved value decoded as ``value_type`` (annotation text, its names looked up
+        in ``names``), or ``empty`` and why not."""
         import json
 
         from . import codec
@@ -56,7 +62,7 @@ class StateFile:
             return empty, ""
         try:
             data = json.loads(raw.decode("utf-8"))
-            return codec.decode(value_type, data, self.path), ""
+            return codec.decode(value_type, data, self.path, names), ""
         except (ValueError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 

@@ -8,8 +8,13 @@ expansion: a job id is digits, a GPU an index or a UUID (letters, digits, '-'), 
 value can never add a path component.
 """
 
+from __future__ import annotations
+
 import os
-from typing import TYPE_CHECKING, List, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 if TYPE_CHECKING:
     import re
@@ -46,7 +51,7 @@ def split_fields(text: str) -> List[Tuple[str, str]]:
     return parts
 
 
-def pattern(template: str) -> "re.Pattern[str]":
+def pattern(template: str) -> re.Pattern[str]:
     """A regex for the last component of a per-job template (groups ``job``, ``gpu``)."""
     import re  # only for the per-job layout: the plain check never loads it
 

@@ -6,8 +6,15 @@ what we create). A uid without a passwd entry is still a user (its own group, ho
 ``/``), as ``useradd`` would make it; names are looked up once per run.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Dict, NamedTuple, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 
 class User(NamedTuple):

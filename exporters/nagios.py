@@ -11,11 +11,17 @@ broken, not unknown.
 Pure and cheap: it only reads the Report (no engine run, no nagiosplugin, no ``re``).
 """
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from __future__ import annotations
 
 from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
 
 from .series import PREFIX, Sample, samples
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, NamedTuple, Optional, Sequence, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of status text before " | ": the rest goes to the long output
@@ -39,7 +45,7 @@ class Range(NamedTuple):
     end: float
 
     @classmethod
-    def parse(cls, text: str) -> "Range":
+    def parse(cls, text: str) -> Range:
         """ValueError for anything that is not a range."""
         spec, invert = (text[1:], True) if text.startswith("@") else (text, False)
         start_text, sep, end_text = spec.rpartition(":") if ":" in spec else ("", "", spec)

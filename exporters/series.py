@@ -19,10 +19,17 @@ without code changes. The contract, spelled out for check authors in docs/metric
 Pure and cheap: no prometheus_client.
 """
 
+from __future__ import annotations
+
 import math
-from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from mps_health.results import Report, worst
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 PREFIX = "mps_health_"
 
@@ -41,7 +48,8 @@ RESERVED = frozenset(PREFIX + n for n in (
 # Label names Prometheus sets on every target: a sample carrying them would be renamed.
 TARGET_LABELS = frozenset(("instance", "job"))
 
-Labels = Tuple[Tuple[str, str], ...]
+if TYPE_CHECKING:
+    Labels = Tuple[Tuple[str, str], ...]
 
 
 class Sample(NamedTuple):

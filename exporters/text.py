@@ -1,8 +1,12 @@
 """NHC-style text: a summary line, then one line per problem with what to do."""
 
-from typing import List
+from __future__ import annotations
 
 from mps_health.results import OK, STATE_NAMES, Report, Result
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List
 
 
 def problem_line(r: Result) -> str:

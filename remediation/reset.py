@@ -147,8 +147,8 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     if running and obs.answer.status == "ok":
         n = settings.quit_timeout_s
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
-                          f"to quit ('quit -t {n:g}': servers still busy after {n:g}s are "
-                          f"killed), waiting at most {n + 5:g}s"))
+                          f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
+                          f"that are killed), waiting at most {n + 5:g}s"))
     leftovers = list(obs.daemons) + list(obs.servers)
     if leftovers:
         listed = ", ".join(procs.describe(p) for p in leftovers)
@@ -225,8 +225,13 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, started.detail, stop=True)
+    from mps_health.planned import record
+
+    # A planned restart: the servers check must not report it as daemon-restarted.
+    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+                        started.start_ticks)
     return Outcome(True, f"started as {user.name}: daemon {started.pid} answers "
-                   f"({started.elapsed_s:.2f}s)")
+                   f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
 
 def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings

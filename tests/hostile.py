@@ -21,16 +21,12 @@ VICTIM = "mpshvictim"  # a user whose job runs on the node
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:
-    """The local user ``name``, created (no home, no login shell) if missing."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
+    """The local user ``name`` (slurmcluster's one way to create test users)."""
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root and useradd to create an unprivileged test user")
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                   check=True, capture_output=True, timeout=60)
-    return pwd.getpwnam(name)
+    from slurmcluster import ensure_user as create
+
+    return create(name)
 
 
 def as_user(name: str) -> dict:

@@ -1,9 +1,13 @@
 """``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3."""
 
-from typing import TYPE_CHECKING, Callable
+from __future__ import annotations
 
 from ..exitcodes import Failure
 from .common import add_common, load_config, names
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 if TYPE_CHECKING:
     import argparse
@@ -12,7 +16,7 @@ if TYPE_CHECKING:
     from ..facts import Facts
 
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is OK, and timings")
@@ -24,7 +28,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def replayed(args: "argparse.Namespace") -> "tuple[Facts, Config]":
+def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
     from ..config import from_mapping
     from ..snapshot import SnapshotError, loads
@@ -41,7 +45,7 @@ def replayed(args: "argparse.Namespace") -> "tuple[Facts, Config]":
     return facts, from_mapping(saved_config, f"{args.replay} (its config)")
 
 
-def run(args: "argparse.Namespace") -> int:
+def run(args: argparse.Namespace) -> int:
     from .. import engine
 
     replay = None

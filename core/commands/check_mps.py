@@ -11,66 +11,86 @@ daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the 
 overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN, by SIGALRM.
 """
 
-import argparse
+from __future__ import annotations
+
 import sys
-from typing import Callable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
+from types import SimpleNamespace
 
 from .. import __version__
 from ..exitcodes import ExitCode
 from .common import UsageError, edge, load_config, names
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, TypeVar
+
+if TYPE_CHECKING:
+    import argparse
+
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
-T = TypeVar("T")
+if TYPE_CHECKING:
+    T = TypeVar("T")
 
 
 class Timeout(Exception):
     """The plugin's own time limit (-t) ran out."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
-
-
-def _range(text: str) -> str:
+def check_range(text: str) -> str:
+    """ValueError unless ``text`` is a monitoring-plugins range."""
     from ..exporters.nagios import Range
 
     try:
         Range.parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid range {text!r} (forms: 10, 10:, ~:10, 10:20, @10:20)") from None
+        raise ValueError(f"invalid range {text!r} (forms: 10, 10:, ~:10, 10:20, "
+                         "@10:20)") from None
     return text
 
 
-def _timeout(text: str) -> int:
+def check_timeout(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds") from None
+        raise ValueError(f"invalid timeout {text!r}: whole seconds") from None
     if not 1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"timeout {value} out of range 1..3600")
+        raise ValueError(f"timeout {value} out of range 1..3600")
     return value
 
 
-def parser() -> _Parser:
-    p = _Parser(prog=PROG, add_help=False, description=(
+def parser() -> argparse.ArgumentParser:
+    """The whole interface (help, errors and rare forms; ``fast_args`` takes the rest)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
+
+    def typed(check: Callable[[str], Any]) -> Callable[[str], Any]:
+        def convert(text: str) -> Any:
+            try:
+                return check(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return convert
+
+    p = Parser(prog=PROG, add_help=False, description=(
         "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
         "mps-health runs. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."),
         epilog="Ranges follow the monitoring-plugins syntax: 10 (alert outside 0..10), "
                "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
                "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
                "within it is CRITICAL (control-wedged).")
-    p.add_argument("-w", "--warning", type=_range, metavar="RANGE",
+    p.add_argument("-w", "--warning", type=typed(check_range), metavar="RANGE",
                    help="control latency warning range in seconds (default: the config's "
                         "control.warn_latency_s, 0.5)")
-    p.add_argument("-c", "--critical", type=_range, metavar="RANGE",
+    p.add_argument("-c", "--critical", type=typed(check_range), metavar="RANGE",
                    help="control latency critical range in seconds (default: twice the "
                         "warning threshold, 1)")
-    p.add_argument("-t", "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"the plugin's own time limit (default {DEFAULT_TIMEOUT}); the "
-                        "checks get a budget below it")
+    p.add_argument("-t", "--timeout", type=typed(check_timeout), default=DEFAULT_TIMEOUT,
+                   metavar="SECONDS", help=f"the plugin's own time limit (default "
+                   f"{DEFAULT_TIMEOUT}); the checks get a budget below it")
     p.add_argument("--only", type=names, default=[], metavar="A,B",
                    help="run only these checks (mps-health's names)")
     p.add_argument("--skip", type=names, default=[], metavar="A,B",
@@ -83,6 +103,49 @@ def parser() -> _Parser:
     p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     p.add_argument("-V", "--version", action="store_true", help="show the version and exit")
     return p
+
+
+FAST_VALUED = {"-w": "warning", "--warning": "warning", "-c": "critical",
+               "--critical": "critical", "-t": "timeout", "--timeout": "timeout",
+               "--only": "only", "--skip": "skip", "--config": "config", "--root": "root"}
+
+
+def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
+    """The usual options, parsed by hand; None means "ask argparse".
+
+    Nagios and Icinga run check_mps every few minutes on every node, and argparse (with
+    the ``re`` and ``gettext`` it imports) costs about as much as the check's own
+    gathering. Anything unusual (help, version, errors) takes the argparse path, which
+    stays the one definition of the interface; tests compare both paths.
+    """
+    ns: Dict[str, Any] = {"warning": None, "critical": None, "timeout": DEFAULT_TIMEOUT,
+                          "only": [], "skip": [], "config": None, "root": "/", "verbose": 0,
+                          "help": False, "version": False}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("-v", "--verbose", "-vv"):
+            ns["verbose"] += 2 if arg == "-vv" else 1
+            continue
+        key, eq, value = arg.partition("=")
+        if key not in FAST_VALUED or (not eq and not rest):
+            return None
+        if not eq:
+            value = rest.pop(0)
+        if not value or value.startswith("-"):
+            return None
+        ns[FAST_VALUED[key]] = value
+    try:
+        for key in ("warning", "critical"):
+            if ns[key] is not None:
+                check_range(ns[key])
+        ns["timeout"] = check_timeout(str(ns["timeout"]))
+    except ValueError:
+        return None  # argparse says what is wrong, in its words
+    for key in ("only", "skip"):
+        if isinstance(ns[key], str):
+            ns[key] = names(ns[key])
+    return SimpleNamespace(**ns)
 
 
 def within(seconds: int, body: Callable[[], T]) -> T:
@@ -107,10 +170,12 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
     from .. import engine
     from ..exporters import nagios
 
-    p = parser()
-    args = p.parse_args(list(argv))
-    if args.help:
-        return p.format_help(), ExitCode.UNKNOWN
+    args: Any = fast_args(argv)
+    if args is None:
+        p = parser()
+        args = p.parse_args(list(argv))
+        if args.help:
+            return p.format_help(), ExitCode.UNKNOWN
     if args.version:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
     config = load_config(args)

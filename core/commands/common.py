@@ -6,11 +6,16 @@ is one line and its exit code; anything unexpected is one line and UNKNOWN (3), 
 a traceback (MPS_HEALTH_DEBUG=1 shows one).
 """
 
+from __future__ import annotations
+
 import os
-from typing import TYPE_CHECKING, Callable, List
 
 from ..config import Config, ConfigError, load
 from ..exitcodes import ExitCode, Failure
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List
 
 if TYPE_CHECKING:
     import argparse
@@ -49,7 +54,7 @@ def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> in
         return ExitCode.UNKNOWN
 
 
-def load_config(args: "argparse.Namespace") -> Config:
+def load_config(args: argparse.Namespace) -> Config:
     """The config named by --config (else the default file, else the defaults).
     A bad file raises ConfigError: the edge prints it in one line, exit 3."""
     return load(getattr(args, "config", None))
@@ -75,7 +80,7 @@ def names(value: str) -> List[str]:
     return [n.strip() for n in value.split(",") if n.strip()]
 
 
-def add_common(p: "argparse.ArgumentParser") -> None:
+def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="config file (default /etc/mps-health/config.yaml if it exists)")
     p.add_argument("--root", metavar="DIR", default="/", type=system_root,

@@ -12,10 +12,17 @@ comes from users' processes: it is kept raw and escaped where it is printed
 (``mps_health.exporters.text.escape``).
 """
 
+from __future__ import annotations
+
 import os
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..schema import Invalid, Record, Section, custom, number, shown, whole
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+else:
+    from mps_health.frozen import NamedTuple
 
 ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
 CMDLINE_CAP = 4096
@@ -271,7 +278,7 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
 
 def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientProc:
     """What /proc says about client ``pid`` (started at ``start_ticks``); never raises."""
-    from .servers import identity
+    from .proc import identity
 
     base = f"{proc_dir}/{pid}"
     cmdline, _ = _read_capped(f"{base}/cmdline", CMDLINE_CAP)

@@ -8,13 +8,18 @@ group. All instances are asked at once against one deadline, and a lock file mak
 own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Dict, List, Tuple
 
 from ..context import Context
 from ..facts import ControlAnswer, Instance
 from ..runner import Completed, Pending, child_env, wait_all
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -149,4 +154,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAn
     return ask_all(ctx, instances)
 
 
-VALUE_TYPE = Dict[str, ControlAnswer]
+VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

@@ -1,12 +1,17 @@
 """Pipe and log directories, by lstat: a symlink is reported, never followed."""
 
+from __future__ import annotations
+
 import os
 import stat
-from typing import Dict, List, Optional, Tuple
 
 from ..context import Context
 from ..facts import DirFact, EntryFact, Instance
 from ..pidfile import PID_FILE, read_text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 
 def kind_of(mode: int) -> str:
@@ -77,7 +82,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
     return out
 
 
-VALUE_TYPE = Dict[str, DirFact]
+VALUE_TYPE = "Dict[str, DirFact]"  # read by codec, in this module's names
 
 
 def _name_of(uid: int) -> Optional[str]:

@@ -13,15 +13,20 @@ Notable lines become findings with their own timestamp; findings are remembered 
 then cleared.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
 from .sections import LOGS, LogsConfig
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 FILES = ("control.log", "server.log")
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
@@ -235,8 +240,8 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     now = time.time()
     state = StateFile(ctx.path(ctx.config.state_dir), "logs")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    memory, error = state.load(LogMemory, LogMemory({}, ())) if not ctx.read_only \
-        else (LogMemory({}, ()), "")
+    memory, error = state.load(LogMemory, LogMemory({}, ()), globals()) \
+        if not ctx.read_only else (LogMemory({}, ()), "")
     positions: Dict[str, LogPosition] = {}
     files: List[LogFileFact] = []
     new: List[LogFinding] = []
@@ -283,4 +288,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     return facts
 
 
-VALUE_TYPE = LogsFacts
+VALUE_TYPE = "LogsFacts"  # read by codec, in this module's names

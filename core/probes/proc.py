@@ -5,11 +5,16 @@
 empty cmdline; it keeps role "unknown" and state "Z".
 """
 
+from __future__ import annotations
+
 import os
-from typing import Dict, List, Optional, Tuple
 
 from ..context import Context
 from ..facts import ProcessFact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
 COMM_PREFIX_BYTES = COMM_PREFIX.encode()
@@ -91,6 +96,17 @@ def _comm_matches(proc_dir: str, pid: int) -> bool:
         os.close(fd)
 
 
+def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
+    try:
+        _comm, state, _ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+        uid = parse_status_uid(_read(f"{proc_dir}/{pid}/status").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (uid, start)
+
+
 def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
     """The MPS process ``pid``, or None if it is not one (or is gone)."""
     base = f"{proc_dir}/{pid}"
@@ -136,7 +152,7 @@ def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
     return read_processes(ctx.proc)
 
 
-VALUE_TYPE = Tuple[ProcessFact, ...]
+VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:

@@ -15,10 +15,11 @@ tier pays two small /proc reads, not a client run). The previous run's memory
 gathering: replay never writes.
 """
 
+from __future__ import annotations
+
 import os
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..config import Config
 from ..context import Context
@@ -36,6 +37,10 @@ from ..safefiles import read_small
 from ..users import name_of
 from . import clientinfo, control, proc
 from .sections import SERVERS, ServersConfig
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
@@ -88,20 +93,6 @@ def _read_small(path: str) -> Optional[str]:
     return None if data is None else data.decode("ascii", "replace")
 
 
-def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
-    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
-    stat_text = _read_small(f"{proc_dir}/{pid}/stat")
-    status_text = _read_small(f"{proc_dir}/{pid}/status")
-    if stat_text is None or status_text is None:
-        return None
-    try:
-        _comm, state, _ppid, start = proc.parse_stat(stat_text)
-        uid = proc.parse_status_uid(status_text)
-    except proc.ParseError:
-        return None
-    return None if state in ("Z", "X") else (uid, start)
-
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
@@ -127,7 +118,7 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
 def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     out: List[ClientFact] = []
     for pid in pids:
-        ident = identity(ctx.proc, pid)
+        ident = proc.identity(ctx.proc, pid)
         uid, start = ident if ident else (None, None)
         fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
@@ -227,7 +218,7 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
 
 
 def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
-    ident = identity(ctx.proc, pid)
+    ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
@@ -299,7 +290,7 @@ def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tupl
     for memory in previous.values():
         for server in memory.servers:
             for pid, start in server.clients:
-                ident = identity(ctx.proc, pid)
+                ident = proc.identity(ctx.proc, pid)
                 if ident is not None and ident[1] == start:
                     alive.append((pid, start))
     return tuple(sorted(set(alive)))
@@ -315,6 +306,7 @@ def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemor
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     from .. import servertrack
+    from ..planned import load as load_planned
     from ..state import StateFile
 
     cfg = settings(ctx.config)
@@ -329,18 +321,21 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
         t.start()
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load(Dict[str, ServerMemory], {}) if not ctx.read_only \
-        else ({}, "")
+    previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
+        if not ctx.read_only else ({}, "")
     alive = read_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
     for inst in instances:
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))
-    facts = ServersFacts(now, dict(results), previous, alive, error or state.error)
+    planned, planned_error = load_planned(ctx.config.state_dir)
+    facts = ServersFacts(now, dict(results), previous, alive,
+                         error or state.error or planned_error, planned)
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
-                                                 alive, now, cfg.event_window_s)
+                                                 alive, now, cfg.event_window_s, planned,
+                                                 inst.pipe_dir)
                   for inst in instances}
         # Keep the memory of instances not seen this run (a per-job dir between jobs)
         # only for the window: their events still matter, their servers do not.
@@ -354,4 +349,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     return facts
 
 
-VALUE_TYPE = ServersFacts
+VALUE_TYPE = "ServersFacts"  # read by codec, in this module's names

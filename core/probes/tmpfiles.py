@@ -5,11 +5,16 @@ masks /usr/local/lib and /usr/lib (and /lib on hosts without merged /usr); the
 surviving files are then read in file-name order, whatever their directory.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Dict, List, Tuple
 
 from ..context import Context
 from ..facts import TmpfilesFacts, TmpfilesRule
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Tuple
 
 # Highest priority first.
 SEARCH_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/local/lib/tmpfiles.d",
@@ -115,7 +120,7 @@ def gather(ctx: Context) -> TmpfilesFacts:
     return TmpfilesFacts(True, tuple(files), tuple(rules), tuple(errors))
 
 
-VALUE_TYPE = TmpfilesFacts
+VALUE_TYPE = "TmpfilesFacts"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> TmpfilesFacts:

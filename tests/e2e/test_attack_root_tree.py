@@ -52,8 +52,11 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
     assert "log-fatal" in codes or any(c.startswith("log-") for c in codes), report["problems"]
     assert (_all_files(tree), _all_files(target), _all_files(state)) == before
 
-    # The host's own run afterwards knows nothing of the tree's log lines.
-    r = cli("check", "--config", str(config), "--only", "logs", "--format", "json")
+    # The host's own run (same state dir) afterwards knows nothing of the tree's log lines.
+    host = public_dir / "host.yaml"
+    host.write_text(f"state_dir: {state}\nrun_dir: {public_dir}/run\nmps:\n"
+                    f"  pipe_dir: {public_dir}/pipe\n  log_dir: {public_dir}/log\n")
+    r = cli("check", "--config", str(host), "--only", "logs", "--format", "json")
     assert not [p for p in json.loads(r.stdout)["problems"] if p["code"].startswith("log-")
                 and "77" in p["message"]]
 

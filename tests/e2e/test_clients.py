@@ -126,7 +126,7 @@ def test_environ_read_is_bounded_and_a_cut_entry_dropped(monkeypatch: pytest.Mon
     env = dict(os.environ, SLURM_JOB_ID="42", PAD=big, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
     p = subprocess.Popen(["sleep", "60"], env=env)
     try:
-        from mps_health.probes.servers import identity
+        from mps_health.probes.proc import identity
 
         for _ in range(500):  # until the child has exec'd (before, /proc shows our environ)
             if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):

@@ -196,3 +196,19 @@ mps:
     assert out.long_lines[-1].startswith("... ") and "more lines cut" in out.long_lines[-1]
     assert out.perf("gpu0_daemon_up").value == "0"
     assert len(r.stdout.encode()) > 6000  # it did fill the space it had
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["-w", "0.8", "-c", "30"], ["--warning=@0.5:60", "-t", "5", "-v"],
+    ["--only", "control,daemon", "--skip=tmpfiles", "--config", "/etc/x.yaml", "-vv"],
+    ["-v", "-v", "--timeout=3600", "--root", "/srv/node"], ["-c", "~:2"],
+])
+def test_fast_arguments_read_as_argparse_does(argv) -> None:
+    fast = plugin.fast_args(argv)
+    assert fast is not None and vars(fast) == vars(plugin.parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["-V"], ["--bogus"], ["-w", "abc"], ["-t", "0"],
+                                  ["-t"], ["-w", "-1:1"], ["--only"], ["-vvv"]])
+def test_unusual_arguments_take_argparse(argv) -> None:
+    assert plugin.fast_args(argv) is None

@@ -1,0 +1,61 @@
+"""What `mps-health check` and `check_mps` import on a node's every run: no typing (and no
+NamedTuple built by it), no argparse, re, json on the way in, no monitoring library.
+
+bench/check_speed.py measures what this costs; this test keeps the imports from coming
+back unnoticed. It imports, in a fresh interpreter, every module a default check runs
+(the registry's default checks and the sources they need) and the state and codec the
+deep checks read their memory with.
+"""
+
+import subprocess
+import sys
+
+from mps_health import registry
+
+HEAVY = ("typing", "argparse", "re", "json", "secrets", "random", "hashlib", "yaml",
+         "subprocess", "dataclasses", "prometheus_client", "nagiosplugin")
+
+
+def modules_of_a_default_check():
+    checks = [c for c in registry.CHECKS.values() if c.default_on]
+    targets = [c.target for c in checks]
+    targets += [registry.SOURCES[n].target for c in checks for n in c.needs]
+    return sorted({t.partition(":")[0] for t in targets})
+
+
+def heavy_imports(imports):
+    """The HEAVY modules that importing ``imports`` asks for, in a fresh interpreter.
+    Each is blocked (an interpreter's start-up, a .pth file, may have loaded it already),
+    so any import of one fails and is named."""
+    code = ("import sys\n"
+            f"for name in {HEAVY!r}:\n"
+            "    sys.modules[name] = None\n"
+            f"for module in {list(imports)!r}:\n"
+            "    try:\n"
+            "        __import__(module)\n"
+            "    except ImportError as e:\n"
+            "        print('NEEDS', e.name, 'FOR', module)\n"
+            "        sys.exit(0)\n"
+            "print('NEEDS', 'nothing')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "NEEDS" in r.stdout, r.stdout + r.stderr
+    return r.stdout.split("NEEDS ", 1)[1].strip()
+
+
+def test_a_default_check_imports_nothing_heavy() -> None:
+    mods = ["mps_health.cli", "mps_health.commands.check", "mps_health.engine",
+            "mps_health.exporters.text", "mps_health.state", "mps_health.codec",
+            *modules_of_a_default_check()]
+    assert "mps_health.probes.control" in mods and "mps_health.checks.daemon" in mods
+    assert heavy_imports(mods) == "nothing"
+
+
+def test_check_mps_imports_nothing_heavy() -> None:
+    assert heavy_imports(["mps_health.commands.check_mps", "mps_health.exporters.nagios",
+                          "mps_health.exporters.series"]) == "nothing"
+
+
+def test_a_heavy_import_is_caught() -> None:
+    assert heavy_imports(["mps_health.cli", "argparse"]) == "argparse FOR argparse"
+    assert heavy_imports(["mps_health.snapshot"]).startswith("json FOR ")
