@@ -217,13 +217,14 @@ class ChecksConfig(Record):
 
 def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
                    ) -> ChecksConfig:
-    if not (c.modules or c.only or c.enable or c.disable):
+    lists = ("only", "enable", "disable", "observe")
+    if not c.modules and not any(getattr(c, key) for key in lists):
         return c
     from . import registry  # small: a table of names
 
     for module in c.modules:
         registry.load_site_module(module)  # Invalid names the module
-    for key in ("only", "enable", "disable", "observe"):
+    for key in lists:
         for name in getattr(c, key):
             if name not in registry.CHECKS:
                 raise Invalid(f"unknown check {shown(name)} (known: "

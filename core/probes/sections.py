@@ -6,7 +6,7 @@ prolog and the other commands that never gather these facts do not pay for them.
 probes and checks read them with ``config.get(SERVERS)`` and so on.
 """
 
-from typing import Any
+from __future__ import annotations
 
 from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
 
@@ -22,7 +22,7 @@ class LogsConfig(Record):
     max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
 
 
-def _user(value: Any) -> str:
+def _user(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return str(value)
     if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
