@@ -1,5 +1,6 @@
 """logs: the real control.log lines, incremental reads, rotation, truncation, the window."""
 
+import json
 import subprocess
 import time
 from pathlib import Path
