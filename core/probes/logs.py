@@ -23,7 +23,7 @@ from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
-from ..schema import Record, Section, number, whole
+from .sections import LOGS, LogsConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,18 +34,8 @@ PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a d
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
 
-class LogsConfig(Record):
-    window_s: float = number(900.0, low=0.001)  # a finding stays reported this long
-    pending_warn_s: float = number(30.0, low=0.001)  # a client pending longer is reported
-    max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
-
-
-SECTION = Section("logs", LogsConfig)
-SECTIONS = (SECTION,)
-
-
 def settings(config: Config) -> LogsConfig:
-    return config.get(SECTION)
+    return config.get(LOGS)
 
 
 # --- parse (pure) ---------------------------------------------------------------------
