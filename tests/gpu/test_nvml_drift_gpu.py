@@ -21,9 +21,9 @@ from mps_health.config import from_mapping
 from mps_health.context import Context
 from mps_health.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
 from mps_health.registry import CHECKS
+from paths import FIXTURES
 
 FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def real_gpu() -> bool:
