@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 NAME = "daemon"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
-         "daemon-uninterruptible", "daemon-foreign", "instances-capped")
+         "daemon-uninterruptible", "daemon-foreign", "instances-capped", "mps-not-installed")
 
 
 def _reset(inst: Instance) -> str:
@@ -39,13 +39,23 @@ def _foreign(inst: Instance, strangers: List[ProcessFact], want: int) -> Iterato
 
 
 def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
-                    config: Config, root: str) -> Iterator[Result]:
+                    config: Config, root: str, missing: str = "") -> Iterator[Result]:
     want = expected_uid(config.mps.daemon_user, pipe)
     claimants = live_daemons(inst, procs, pipe, root)
     live = [p for p in claimants if want is None or p.uid == want]
     if want is not None:
         yield from _foreign(inst, [p for p in claimants if p.uid != want], want)
     severity = WARNING if inst.layout == "per-job" else CRITICAL
+    if not live and missing:
+        # The cause, in one line: no daemon can run here, and a reset cannot change that.
+        yield Result(NAME, severity, "mps-not-installed", inst.name,
+                     f"MPS is not installed on this node ({missing}): no control daemon can "
+                     f"serve {inst.pipe_dir}",
+                     "install the NVIDIA driver's MPS binaries (nvidia-cuda-mps-control, "
+                     "nvidia-cuda-mps-server), or set commands.nvidia-cuda-mps-control to "
+                     "the binary's path; a reset cannot help before that",
+                     (("daemon_up", 0.0),))
+        return
     if not live:
         stale = []
         if pipe is not None and pipe.kind == "dir":
@@ -92,11 +102,22 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
              daemon_up=1.0, daemon_pid=float(daemon.pid))
 
 
+def _binary_missing(answers: object, name: str) -> str:
+    """Why the control client could not even start ("... command not found"), or ""."""
+    answer = answers.get(name) if isinstance(answers, dict) else None
+    detail = getattr(answer, "exec_error", None) or getattr(answer, "detail", "")
+    if getattr(answer, "status", "") == "exec-failed" and "not found" in str(detail):
+        return str(detail)
+    return ""
+
+
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     procs: Tuple[ProcessFact, ...] = facts.get("processes")
     dirs: Mapping[str, DirFact] = facts.get("dirs")
+    answers = facts.sources.get("control")  # there when the control check runs too
     for inst in facts.instances:
-        yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root)
+        yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root,
+                                   _binary_missing(answers, inst.name))
     if facts.instances_over_cap:
         yield Result(NAME, WARNING, "instances-capped", "",
                      f"{facts.instances_over_cap} more per-job instances than mps.max_instances "

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from mps_health.config import Config
 from mps_health.facts import Facts, Instance
-from mps_health.facts_deep import InstanceServers, ServerFact, ServerMemory, ServersFacts
+from mps_health.facts_deep import (
+    InstanceServers,
+    ServerEvent,
+    ServerFact,
+    ServerMemory,
+    ServersFacts,
+)
 from mps_health.probes.servers import settings
 from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.servertrack import advance, status_since
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator, List, Optional, Tuple
+    from typing import Dict, Iterator, List, Optional, Tuple
 
 NAME = "servers"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -38,6 +44,23 @@ def describe(server: ServerFact) -> str:
                       for c in server.clients[:8])
     more = f", +{len(server.clients) - 8} more" if len(server.clients) > 8 else ""
     return f"server {server.pid} ({who}) with clients {shown}{more}"
+
+
+def _by_code(events: Tuple[ServerEvent, ...]) -> List[Tuple[str, List[ServerEvent]]]:
+    """Events grouped by code, oldest first within each: one finding per code."""
+    groups: Dict[str, List[ServerEvent]] = {}
+    for e in sorted(events, key=lambda e: e.at):
+        groups.setdefault(e.code, []).append(e)
+    return list(groups.items())
+
+
+def _repeated(group: List[ServerEvent], now: float) -> str:
+    """One line for one or many events of a code: the latest, how many, first and last."""
+    last = group[-1]
+    if len(group) == 1:
+        return f"{last.message} ({(now - last.at) / 60:.0f} min ago)"
+    return (f"{len(group)} times, first {(now - group[0].at) / 60:.0f} min ago, last "
+            f"{(now - last.at) / 60:.0f} min ago; the last: {last.message}")
 
 
 def counts(cur: InstanceServers) -> Tuple[Tuple[str, float], ...]:
@@ -75,13 +98,11 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
             yield Result(NAME, UNKNOWN, "server-unreadable", inst.name,
                          f"server {server.pid}: {server.detail}",
                          "see the control check; run 'mps-health check -v' as root", values)
-    for event in memory.events:
+    for code, group in _by_code(memory.events):
         found = True
-        age = now - event.at
-        yield Result(NAME, WARNING, event.code, inst.name,
-                     f"{event.message} ({age / 60:.0f} min ago)",
+        yield Result(NAME, WARNING, code, inst.name, _repeated(group, now),
                      "read the instance's control.log around that time; see the logs check",
-                     values)
+                     (*values, ("events", float(len(group)))))
     if not found:
         live = [s for s in cur.servers if s.status != "gone"]
         text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
@@ -99,7 +120,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "no server query was made for this instance", "")
             continue
         memory = advance(sf.previous.get(inst.name), cur, sf.alive, sf.taken_at,
-                         settings(config).event_window_s)
+                         settings(config).event_window_s, sf.planned, inst.pipe_dir)
         if cur.query not in ("ok", "idle"):
             yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
                          f"cannot list the servers ({cur.query}: {cur.detail})",

@@ -66,7 +66,9 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr)
+    from .printable import printable
+
+    print(printable(line), file=sys.stderr)  # one line: an error may quote a path
 
 
 def dispatch(argv: List[str]) -> int:

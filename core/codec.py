@@ -73,12 +73,37 @@ def _typing_text(tp: Any) -> str:
     return f"{name}[{inner}]"
 
 
+def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:
+    """The plan of a generic typing object (``Dict[str, ServerMemory]``), keeping its
+    classes: as text their names would have to be found in ``ns``. None for others."""
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is None or not args:
+        return None
+    if origin is tuple:
+        if args[-1] is Ellipsis:
+            return ("varlen", parse(args[0], ns))
+        return ("tuple", [parse(a, ns) for a in args])
+    if origin is dict or getattr(origin, "__name__", "") == "Mapping":
+        return ("dict", parse(args[-1], ns))
+    if origin is list or getattr(origin, "__name__", "") == "Sequence":
+        return ("varlen", parse(args[0], ns))
+    if origin is typing.Union:
+        parts = [parse(a, ns) for a in args]
+        return ("union", [p for p in parts if p != ("none",)], ("none",) in parts)
+    return None
+
+
 def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
     """The decoding plan for annotation ``tp`` (text, class or typing object); names are
     looked up in ``ns`` (the globals of the module that wrote the annotation)."""
     if not isinstance(tp, str):
         if isinstance(tp, type) and tp.__name__ not in _LEAVES and tp is not type(None):
             return ("record", tp) if hasattr(tp, "_fields") else ("leaf", tp)
+        structured = _typing_node(tp, ns)
+        if structured is not None:
+            return structured
         tp = _typing_text(tp)
     text = tp.strip().strip("'\"")
     if text == "...":

@@ -208,6 +208,9 @@ class ChecksConfig(Record):
     enable: Tuple[str, ...] = custom((), names)  # besides the defaults (e.g. canary)
     disable: Tuple[str, ...] = custom((), names)
     modules: Tuple[str, ...] = custom((), _modules)  # the site's own check modules
+    # Reported and exported like the others, but never a reason for the health check to
+    # drain: for rolling out a new or changed check safely.
+    observe: Tuple[str, ...] = custom((), names)
 
 
 def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
@@ -216,7 +219,7 @@ def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[st
 
     for module in c.modules:
         registry.load_site_module(module)  # Invalid names the module
-    for key in ("only", "enable", "disable"):
+    for key in ("only", "enable", "disable", "observe"):
         for name in getattr(c, key):
             if name not in registry.CHECKS:
                 raise Invalid(f"unknown check {shown(name)} (known: "

@@ -36,6 +36,7 @@ class Started(NamedTuple):
     pid: Optional[int]  # None when it did not come up
     detail: str  # what went wrong, or the daemon's first answer
     elapsed_s: float
+    start_ticks: Optional[int] = None  # the daemon's start time, with pid: its identity
 
 
 def _has_socket(pipe_dir: str) -> bool:
@@ -78,7 +79,7 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
         why = "timed out" if answer.timed_out else f"rc {answer.rc}, {text or answer.stderr!r}"
         return Started(None, f"daemon {daemon.pid} started but does not answer "
                        f"{READY_QUERY} ({why})", time.monotonic() - t0)
-    return Started(daemon.pid, text, time.monotonic() - t0)
+    return Started(daemon.pid, text, time.monotonic() - t0, daemon.start_ticks)
 
 
 def quit_daemon(control: str, as_user: Optional[RunAs], env: Mapping[str, str], grace_s: float,

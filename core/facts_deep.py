@@ -114,12 +114,24 @@ class ServerMemory(NamedTuple):
     events: Tuple[ServerEvent, ...] = ()
 
 
+class PlannedRestart(NamedTuple):
+    """A change of a control daemon mps-health made itself (``mps_health.planned``)."""
+
+    pipe_dir: str
+    at: float  # Unix time of the record
+    daemon_pid: Optional[int] = None  # the daemon we started, where known
+    daemon_start: Optional[int] = None  # its start time (clock ticks), with the pid
+    by: str = ""  # "reset", "unit start", "unit stop", "prolog"
+
+
 class ServersFacts(NamedTuple):
     taken_at: float  # Unix time of this gathering: "now" for the check
     instances: Dict[str, InstanceServers]
     previous: Dict[str, ServerMemory]
     alive: Tuple[Tuple[int, int], ...]  # previous runs' clients (pid, start) still alive
     state_error: str = ""  # why the state could not be read or saved ("" when fine)
+    # Daemon changes mps-health made itself (core/planned.py): not daemon-restarted.
+    planned: Tuple[PlannedRestart, ...] = ()
 
 
 # --- logs ----------------------------------------------------------------------------

@@ -28,6 +28,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else _escape(c) for c in text)
 
 
+def lines(text: str) -> str:
+    """Several lines of output (a plan, a diff), each made printable: the line breaks are
+    ours, anything else a value brought in is escaped."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def escape(text: str, limit: int = 120) -> str:
     """``text`` quoted exactly (``\\`` for a backslash, escapes as above), cut to ``limit``."""
     shown = printable(text.replace("\\", "\\\\"))

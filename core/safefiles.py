@@ -85,3 +85,26 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
         return data
     finally:
         os.close(fd)
+
+
+def read_tail(path: str, limit: int = 4096) -> Optional[bytes]:
+    """The last ``limit`` bytes of regular file ``path`` (a log we quote from); None if it
+    does not exist. OSError if it is a link, not a regular file, or unreadable."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        data = b""
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .facts_deep import (
     InstanceServers,
+    PlannedRestart,
     RememberedServer,
     ServerEvent,
     ServerFact,
@@ -25,7 +26,11 @@ from .facts_deep import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Set, Tuple
+    from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+
+# Events kept per instance (the newest): the finding counts them, the file stays small.
+MAX_EVENTS = 100
 
 
 def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
@@ -37,8 +42,12 @@ def _who(server: RememberedServer) -> str:
 
 
 def advance(previous: Optional[ServerMemory], current: InstanceServers,
-            alive: Iterable[Tuple[int, int]], now: float, window_s: float) -> ServerMemory:
-    """The memory after this run: statuses with the time first seen, events in window."""
+            alive: Iterable[Tuple[int, int]], now: float, window_s: float,
+            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "") -> ServerMemory:
+    """The memory after this run: statuses with the time first seen, events in window.
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event."""
+    from .planned import excused
+
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
                                  if now - e.at <= window_s]
     if current.query not in ("ok", "idle"):
@@ -49,7 +58,9 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
     if previous is not None and previous.daemon_pid is not None \
             and current.daemon_pid is not None \
             and (previous.daemon_pid, previous.daemon_start) != (current.daemon_pid,
-                                                                 current.daemon_start):
+                                                                 current.daemon_start) \
+            and not excused(planned, pipe_dir, previous.taken_at, now, current.daemon_pid,
+                            current.daemon_start):
         events.append(ServerEvent(now, "daemon-restarted",
                                   f"the control daemon changed since the last run "
                                   f"(was {previous.daemon_pid}, now {current.daemon_pid}): "
@@ -75,7 +86,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         remembered.append(RememberedServer(server.pid, key[1], server.status, since,
                                            server.user or "", _clients(server)))
     return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
-                        tuple(events))
+                        tuple(events[-MAX_EVENTS:]))
 
 
 def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:

@@ -108,11 +108,30 @@ def _show_state(obs: reset_mod.Observed, say: Say) -> None:
         say(f"  clients: {who} ({c.how})")
 
 
+def control_binary(config: Config) -> str:
+    """The control binary's absolute path; Failure (CANNOT) up front when there is none:
+    a reset would make the dirs, then fail to start a daemon that cannot exist."""
+    from mps_health.exitcodes import ExitCode, Failure
+    from mps_health.printable import escape
+    from mps_health.runas import SAFE_PATH
+    from mps_health.runas import resolve as find_binary
+
+    name = config.command("nvidia-cuda-mps-control")
+    found = find_binary(name)
+    if found is None or not os.access(found, os.X_OK):
+        raise Failure(f"cannot reset: {escape(name)} is not installed (looked on {SAFE_PATH}): "
+                      "MPS is not installed on this node; install the NVIDIA driver's MPS "
+                      "binaries, or set commands.nvidia-cuda-mps-control to the binary's path",
+                      ExitCode.CANNOT)
+    return found
+
+
 def reset(config: Config, root: str, name: Optional[str], every: bool, force: bool,
           dry_run: bool, say: Say) -> int:
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "reset")
+    control_binary(config)
     chosen = choose(ctx, name, every)
     lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
         i.name for i in chosen))

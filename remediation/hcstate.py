@@ -6,12 +6,14 @@ run's verdict and Slurm's own word where it gives one (``SLURM_NODE_IS_HEALTHY``
 says whether slurmctld must be asked anything at all. Most runs ask nothing.
 """
 
+import math
 import os
 from typing import NamedTuple, Optional
 
 from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
 
 STATE_FILE = "healthcheck.state"
+MAX_COUNT = 1_000_000  # runs in a row: a larger saved number is as good as this
 
 
 class HcState(NamedTuple):
@@ -99,13 +101,24 @@ def parse(text: str) -> HcState:
         if sep:
             values[key.strip()] = value.strip()
     try:
-        return HcState(fails=max(0, int(values.get("fails", 0))),
-                       passes=max(0, int(values.get("passes", 0))),
-                       drained=values.get("drained") == "yes",
-                       last_code=values.get("last_code", ""),
-                       verified_at=float(values.get("verified_at", 0.0)))
+        state = HcState(fails=min(MAX_COUNT, max(0, int(values.get("fails", 0)))),
+                        passes=min(MAX_COUNT, max(0, int(values.get("passes", 0)))),
+                        drained=values.get("drained") == "yes",
+                        last_code=_code(values.get("last_code", "")),
+                        verified_at=float(values.get("verified_at", 0.0)))
     except ValueError:
         return HcState()
+    # NaN or inf would switch the recheck off for good (every comparison with it is
+    # false): a time we cannot trust means "never verified", so the next run reads the node.
+    if not math.isfinite(state.verified_at) or state.verified_at < 0:
+        return state._replace(verified_at=0.0)
+    return state
+
+
+def _code(text: str) -> str:
+    """A failure code as we write them (kebab-case, short); anything else is dropped."""
+    ok = len(text) <= 64 and all(c.isalnum() or c == "-" for c in text) and text.isascii()
+    return text if ok else ""
 
 
 def dumps(state: HcState) -> str:

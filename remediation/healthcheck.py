@@ -22,11 +22,11 @@ from mps_health.slurm_settings import settings as slurm_settings
 
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
-from .settings import HealthcheckSettings, healthcheck, remediation
+from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
 
 LOCK_NAME = "healthcheck"
 # Its own code, besides the checks' (runbook entry in README.md): the checks hung.
-CODES = ("healthcheck-timeout",)
+CODES = ("healthcheck-timeout", "fleet-wide-fault")
 
 
 class RunResult(NamedTuple):
@@ -35,8 +35,8 @@ class RunResult(NamedTuple):
 
 
 def budget_for(config: Config, hc: HealthcheckSettings) -> float:
-    """Time for the checks: what is left after two scontrol calls and a margin."""
-    spare = hc.timeout_s - 2 * slurm_settings(config).timeout_s - 1.0
+    """Time for the checks: what is left after the scontrol calls and a margin."""
+    spare = hc.timeout_s - SLURM_CALLS * slurm_settings(config).timeout_s - 1.0
     return max(0.5, min(config.budget_s, spare))
 
 
@@ -73,14 +73,28 @@ def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
     """(failure code, drain reason starting with ``tag``) for this run."""
     if report is None:
         return "healthcheck-timeout", slurmnode.reason_text(
-            tag, "healthcheck-timeout", "the MPS checks did not finish in time")
+            tag, "healthcheck-timeout:", "the MPS checks did not finish in time")
     r = first_failure(report, hc.drain_on)
     if r is None:
-        return "unknown", slurmnode.reason_text(tag, "unknown", "MPS check failed")
+        return "unknown", slurmnode.reason_text(tag, "unknown:", "MPS check failed")
     others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
     where = f" {r.instance}" if r.instance else ""
     more = f" (+{others} more)" if others > 0 else ""
     return r.code, slurmnode.reason_text(tag, f"{r.code}{where}:", r.message + more)
+
+
+def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
+    """The report without the checks in ``checks.observe``: what the verdict is made of."""
+    if not observe:
+        return report
+    return report._replace(runs=tuple(r for r in report.runs if r.name not in observe))
+
+
+def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
+    if report is None or not observe:
+        return []
+    seen = sorted({r.check for r in report.problems() if r.check in observe})
+    return [f"MPS-HC: observe only, never drains: {', '.join(seen)}"] if seen else []
 
 
 def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
@@ -102,8 +116,10 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     node = node_name(config, environ)
     report, budget = run_checks(config, root, hc)
     state_code, lines = _summary(report, budget)
-    verdict = hcstate.verdict_of(state_code, hc.drain_on)
-    code, reason = reason_for(report, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
+    lines += _observed(report, config.checks.observe)
+    judged = None if report is None else drainable(report, config.checks.observe)
+    verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
+    code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
     state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
     before = hcstate.load(state_path)
     state = hcstate.count(before, verdict, code)
@@ -114,8 +130,15 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     if need.action in ("drain", "resume") and dry_run:
         outcome, why = "dry-run", f"would {need.action}: {need.why}"
     elif need.action == "drain":
+        breaker = slurmnode.fleet_breaker(node, slurm.drain_tag, hc.fleet_max_share,
+                                          hc.fleet_max_nodes)
         outcome, why, _ = slurmnode.drain_if_allowed(config, node, slurm.drain_tag, reason,
-                                                     slurm.timeout_s)
+                                                     slurm.timeout_s, breaker)
+        if outcome == "held":
+            state_code = CRITICAL
+            lines.append(f"MPS CRITICAL - fleet-wide-fault: {why}: find the common cause "
+                         "(driver rollout, shared filesystem, a check's bug) before draining "
+                         "by hand")
         if outcome in ("drained", "already"):
             state = state._replace(drained=True, verified_at=now)
         elif outcome == "left":
@@ -127,10 +150,10 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
             state = state._replace(drained=False)
     elif need.action == "forget":
         state = state._replace(drained=False)
-    if outcome in ("drained", "resumed", "error"):
+    if outcome in ("drained", "resumed", "error", "held"):
         audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
                       f"{who(environ)} via healthcheck")
-        audit.record(need.action, "ok" if outcome != "error" else "failed",
+        audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
                      reason=reason if need.action == "drain" else "", detail=why)
     if not dry_run:
         try:
@@ -154,6 +177,8 @@ def _said(action: str, outcome: str, why: str) -> str:
         return f"resumed ({why})"
     if outcome == "already":
         return "already drained by us"
+    if outcome == "held":
+        return f"not drained: {why}"
     if outcome == "dry-run":
         return f"{action}: {why}"
     return f"{'not drained' if action == 'drain' else 'not resumed'}: {why}"

@@ -101,10 +101,14 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
+    from mps_health.runas import SAFE_PATH
+
+    # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
+    # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
     env = {
-        "PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATH": SAFE_PATH,
         "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "LANG": "C.UTF-8",
         "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
         "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir),
     }
@@ -147,8 +151,8 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     if running and obs.answer.status == "ok":
         n = settings.quit_timeout_s
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
-                          f"to quit ('quit -t {n:g}': servers still busy after {n:g}s are "
-                          f"killed), waiting at most {n + 5:g}s"))
+                          f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
+                          f"that are killed), waiting at most {n + 5:g}s"))
     leftovers = list(obs.daemons) + list(obs.servers)
     if leftovers:
         listed = ", ".join(procs.describe(p) for p in leftovers)
@@ -224,9 +228,31 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
                            ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
-        return Outcome(False, started.detail, stop=True)
+        return Outcome(False, f"{started.detail}; {daemon_logged(ctx.path(inst.log_dir))}",
+                       stop=True)
+    from mps_health.planned import record
+
+    # A planned restart: the servers check must not report it as daemon-restarted.
+    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+                        started.start_ticks)
     return Outcome(True, f"started as {user.name}: daemon {started.pid} answers "
-                   f"({started.elapsed_s:.2f}s)")
+                   f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
+
+
+def daemon_logged(log_dir: str, lines: int = 3) -> str:
+    """What the daemon last wrote in control.log, quoted and escaped, for a failure line."""
+    from mps_health.printable import escape
+    from mps_health.safefiles import read_tail
+
+    path = os.path.join(log_dir, "control.log")
+    try:
+        data = read_tail(path, 2048)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if not data:
+        return f"{path} is {'missing' if data is None else 'empty'}"
+    last = data.decode("utf-8", "replace").splitlines()[-lines:]
+    return f"{path} ends: " + " | ".join(escape(ln.strip())[:200] for ln in last)
 
 
 def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
@@ -244,7 +270,8 @@ def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
         return Outcome(False, f"the daemon did not answer within "
-                       f"{settings.verify_timeout_s:g}s ({why})"), obs
+                       f"{settings.verify_timeout_s:g}s ({why}); "
+                       + daemon_logged(ctx.path(inst.log_dir))), obs
     worst = [r for r in bad if r.state in (CRITICAL, UNKNOWN)]
     if worst:
         return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst)), obs

@@ -7,7 +7,7 @@ scontrol timeout they use are ``slurm.drain_tag`` and ``slurm.timeout_s``. Both 
 validated with the whole file when it is loaded (``mps_health.config``).
 """
 
-from typing import Any, Mapping, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from mps_health.config import Config
 from mps_health.schema import (
@@ -27,6 +27,8 @@ from mps_health.slurm_settings import SlurmSettings
 DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).
 SLURMD_KILL_S = 60.0
+# A run that drains reads the node, reads every node (the circuit breaker), then drains.
+SLURM_CALLS = 3
 
 
 def _env(value: Any) -> Tuple[Tuple[str, str], ...]:
@@ -58,16 +60,20 @@ class HealthcheckSettings(Record):
     detached: bool = flag(False)  # answer at once with the last result, check in background
     result_ttl_s: float = number(900.0, low=1.0)  # an older detached result is not reported
     recheck_s: float = number(600.0)  # while failing and drained by us, re-read the node
+    # Circuit breaker: do not drain when more than this share, or this number, of the
+    # nodes of this node's partitions already carry our drain tag (a fleet-wide cause).
+    fleet_max_share: float = number(0.5, 0.0, 1.0)  # 1.0: no limit by share
+    fleet_max_nodes: Optional[int] = whole(None, 0, 1_000_000, optional=True)  # null: none
 
 
 def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],
                         loaded: Mapping[str, Record]) -> HealthcheckSettings:
     slurm = loaded.get("slurm")
     scontrol = slurm.timeout_s if isinstance(slurm, SlurmSettings) else SlurmSettings.timeout_s
-    if hc.timeout_s < 2 * scontrol + 2:
-        raise Invalid(f"must leave room for the checks and two scontrol calls: at least "
-                      f"2 x slurm.timeout_s + 2 = {2 * scontrol + 2:g} (got {hc.timeout_s:g})",
-                      "timeout_s")
+    if hc.timeout_s < SLURM_CALLS * scontrol + 2:
+        raise Invalid(f"must leave room for the checks and {SLURM_CALLS} scontrol calls: at "
+                      f"least {SLURM_CALLS} x slurm.timeout_s + 2 = "
+                      f"{SLURM_CALLS * scontrol + 2:g} (got {hc.timeout_s:g})", "timeout_s")
     return hc
 
 

@@ -10,10 +10,20 @@ and not-responding nodes are left alone. Every scontrol call is bounded; a failu
 reported, never fatal.
 """
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from mps_health.config import Config
-from mps_health.probes.slurm import SlurmError, SlurmNode, call, read_node, scontrol_argv
+from mps_health.probes.slurm import (
+    SlurmError,
+    SlurmNode,
+    call,
+    read_node,
+    read_nodes,
+    scontrol_argv,
+)
+
+# Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or why not.
+Breaker = Callable[[Sequence[SlurmNode]], str]
 
 # States where Slurm, or a person, owns what happens to the node next. NOT_RESPONDING is
 # not one: it comes and goes with slurmctld's pings (NHC ignores it too), and a node
@@ -79,9 +89,34 @@ def resume(config: Config, node: str, timeout_s: float) -> None:
     _update(config, node, timeout_s, "State=RESUME")
 
 
-def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s: float
+def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int]) -> Breaker:
+    """The circuit breaker: a drain waits when, in the partitions ``me`` is in, more than
+    ``max_nodes`` nodes or more than ``max_share`` of the nodes already carry our tag
+    (NVSentinel's rule: a fault that many nodes share is the fleet's, not the node's)."""
+    def judge(nodes: Sequence[SlurmNode]) -> str:
+        mine = next((n for n in nodes if n.name == me), None)
+        parts = set(mine.partitions) if mine is not None else set()
+        peers = [n for n in nodes if parts.intersection(n.partitions)] if parts else list(nodes)
+        ours_now = [n for n in peers if n.name != me and DRAINED.intersection(n.flags)
+                    and ours(n, tag)]
+        size = max(1, len(peers))
+        where = f"partition {','.join(sorted(parts))}" if parts else "the cluster"
+        over = (max_nodes is not None and len(ours_now) > max_nodes) or \
+            len(ours_now) / size > max_share
+        if not over:
+            return ""
+        limit = f"limit {max_nodes} nodes or {max_share:.0%}" if max_nodes is not None \
+            else f"limit {max_share:.0%}"
+        return (f"fleet-wide fault suspected: {len(ours_now)} of {size} nodes of {where} "
+                f"already drained by {tag} ({limit}); this node is not drained")
+    return judge
+
+
+def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s: float,
+                     breaker: Optional[Breaker] = None
                      ) -> Tuple[str, str, Optional[SlurmNode]]:
-    """Read, decide, drain: ("drained" | "already" | "left" | "error", why, view)."""
+    """Read, decide, drain: ("drained" | "already" | "left" | "held" | "error", why, view).
+    ``breaker`` costs one more call (every node), only when about to drain."""
     try:
         view = read_node(config, node, timeout_s)
     except SlurmError as e:
@@ -89,6 +124,13 @@ def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s
     allowed, why = may_drain(view, tag)
     if not allowed:
         return ("already" if why == "already drained by us" else "left"), why, view
+    if breaker is not None:
+        try:
+            held = breaker(read_nodes(config, timeout_s))
+        except SlurmError as e:
+            return "error", f"cannot count the drained nodes of the partition: {e}", view
+        if held:
+            return "held", held, view
     try:
         drain(config, node, reason, timeout_s)
     except SlurmError as e:

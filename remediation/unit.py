@@ -24,7 +24,8 @@ from typing import Callable
 from mps_health.exitcodes import ExitCode, Failure
 
 
-def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None]) -> int:
+def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
+            state_dir: str) -> int:
     from .dirs import DirTarget, repair
 
     if os.geteuid() != 0:
@@ -37,10 +38,21 @@ def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None]) 
     except OSError as e:
         raise Failure(f"unit prepare: {e.filename or pipe_dir}: {e.strerror or e}; "
                       "see 'mps-health remediate reset --dry-run'", ExitCode.FAILED) from None
+    _planned(state_dir, pipe_dir, "unit start", say)  # the unit's ExecStart starts it next
     return ExitCode.DONE
 
 
-def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None]) -> int:
+def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None]) -> None:
+    """Record the unit's start or stop as planned (never fails the unit)."""
+    from mps_health.planned import record
+
+    unrecorded = record(state_dir, pipe_dir, by) if state_dir else ""
+    if unrecorded:
+        say(unrecorded)
+
+
+def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None],
+         state_dir: str) -> int:
     from mps_health import runner
     from mps_health.daemonctl import quit_daemon
     from mps_health.processes import daemon_of, wait_gone
@@ -49,6 +61,7 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     if daemon is None:
         say(f"no live control daemon for {pipe_dir}: nothing to stop")
         return ExitCode.DONE
+    _planned(state_dir, pipe_dir, "unit stop", say)
     pid = daemon.pid
     # quit -t N: the daemon kills servers still busy after N s, so it exits within our wait.
     grace = max(1, int(timeout_s / 2))

@@ -23,6 +23,7 @@ from mps_health import processes, safedirs
 from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.daemonctl import quit_daemon, start_daemon
 from mps_health.facts import ProcessFact
+from mps_health.planned import record as record_planned
 from mps_health.probes.proc import read_processes
 from mps_health.runas import RunAs, for_user, resolve, user_env
 from mps_health.templates import expand, match
@@ -126,6 +127,10 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return f"MPS daemon for GPUs {','.join(dirs.gpus)} did not start: {started.detail}"
         log.info(f"started MPS daemon {started.pid} as {job.user} for GPUs "
                  f"{','.join(dirs.gpus)} in {dirs.pipe_dir} ({started.elapsed_s:.2f}s)")
+        unrecorded = record_planned(config.state_dir, dirs.pipe_dir, "prolog", started.pid,
+                                    started.start_ticks)
+        if unrecorded:
+            log.warning(unrecorded)
     return None
 
 

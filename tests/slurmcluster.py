@@ -114,8 +114,12 @@ class SlurmCluster:
                  epilog: Optional[str] = None, task_prolog: Optional[str] = None,
                  extra_conf: Sequence[str] = (), gres_conf: Optional[str] = None,
                  base_dir: Optional[Union[str, Path]] = None,
-                 return_to_service: int = 2, root: Optional["SlurmRoot"] = None) -> None:
+                 return_to_service: int = 2, root: Optional["SlurmRoot"] = None,
+                 peers: Sequence[str] = ()) -> None:
         self.node_name = node_name
+        # Other nodes of the partition, declared only: no slurmd answers for them
+        # (127.0.0.2), so they stay DOWN, and can be drained by 'scontrol update'.
+        self.peers = list(peers)
         self.gpus = gpus
         self.mps_per_gpu = mps_per_gpu
         self.cpus = cpus
@@ -284,7 +288,10 @@ class SlurmCluster:
             f"NodeName={self.node_name} NodeAddr=127.0.0.1 NodeHostname={self.host} "
             f"CPUs={self.cpus} RealMemory=1000" + (f" Gres={gres}" if gres else "")
             + " State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.node_name} Default=YES MaxTime=INFINITE State=UP",
+            *(f"NodeName={p} NodeAddr=127.0.0.2 CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
+              for p in self.peers),
+            f"PartitionName=debug Nodes={','.join([self.node_name, *self.peers])} Default=YES "
+            "MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         self.conf.chmod(0o644)

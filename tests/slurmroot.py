@@ -3,8 +3,9 @@
 tests/slurmcluster.py runs its daemons either from this machine's own Slurm or, given
 a :class:`SlurmRoot`, from the root. The root is a fresh copy of the cached Debian 13
 root (tests/debian_root.py) with mps-health installed as a node would have it: a venv
-at /opt/mps-health holding a wheel built from this checkout, plus its dependencies'
-wheels (fetched once with ``pip download`` into the test cache).
+at /opt/mps-health holding a wheel built from this checkout, plus the wheels of the
+dependencies that wheel names (fetched once per list with ``pip download`` into the
+test cache).
 
 Paths are the same inside and outside: one private mount namespace, held by a small
 process, mounts /tmp and the tests' fakes dir into the root at their own paths (plus
@@ -37,7 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
 # The root's python3 (Debian 13) is 3.13: its binary wheels are fetched for that.
 ROOT_PYTHON = "3.13"
-DEPENDENCIES = ("nvidia-ml-py", "nagiosplugin>=1.3", "prometheus-client", "pyyaml", "jinja2")
 
 # Runs as the namespace's first process: mounts, says "ready", then holds the namespace
 # until its stdin closes (our end, or this test session dying).
@@ -69,18 +69,33 @@ def _run(argv: Sequence[str], what: str, timeout: float = 300) -> str:
     return r.stdout
 
 
-def dependency_wheels(cache: Path) -> Path:
-    """Wheels of mps-health's dependencies for the root's Python, fetched once."""
-    folder = cache / f"wheels-cp{ROOT_PYTHON.replace('.', '')}"
-    if folder.is_dir() and any(folder.glob("pyyaml-*.whl")):
+def requirements(wheel: Path) -> List[str]:
+    """The wheel's own Requires-Dist (pyproject's dependencies, as built)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        [meta] = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        text = z.read(meta).decode()
+    return sorted(line.split(":", 1)[1].strip() for line in text.splitlines()
+                  if line.startswith("Requires-Dist:") and "extra ==" not in line)
+
+
+def dependency_wheels(cache: Path, wanted: Sequence[str]) -> Path:
+    """Wheels of ``wanted`` for the root's Python, fetched once per dependency list."""
+    import hashlib
+
+    key = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:12]
+    folder = cache / f"wheels-cp{ROOT_PYTHON.replace('.', '')}-{key}"
+    if folder.is_dir():
         return folder
     partial = Path(tempfile.mkdtemp(prefix="wheels-", dir=cache))
     _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
           "--python-version", ROOT_PYTHON, "--implementation", "cp",
-          "--platform", "manylinux2014_x86_64", "-d", str(partial), *DEPENDENCIES],
+          "--platform", "manylinux2014_x86_64", "-d", str(partial), *wanted],
          "pip download of mps-health's dependencies")
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
+    with contextlib.suppress(OSError):  # another session may have won the race: keep its
+        partial.rename(folder)
+    shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 
@@ -88,7 +103,7 @@ def checkout_wheel(dest: Path) -> Path:
     """A wheel of this checkout, built from a copy (no build/ left in the checkout)."""
     src = dest / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", "__pycache__", "build", "dist", "*.egg-info", ".*_cache", ".hypothesis"))
+        ".*", "__pycache__", "build", "dist", "*.egg-info"))  # .git, caches, local wheels
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
           "-w", str(dest), str(src)], "building the mps-health wheel", timeout=300)
     shutil.rmtree(src, ignore_errors=True)
@@ -109,9 +124,9 @@ class SlurmRoot:
         """A venv at /opt/mps-health with this checkout's wheel (no network in the root)."""
         wheels = self.path / "opt" / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
-        for whl in dependency_wheels(cache).glob("*.whl"):
+        ours = checkout_wheel(wheels)
+        for whl in dependency_wheels(cache, requirements(ours)).glob("*.whl"):
             shutil.copy(whl, wheels)
-        checkout_wheel(wheels)
         from debian_root import chroot_argv
 
         _run(chroot_argv(self.path, ["/usr/bin/python3", "-m", "venv", VENV]),

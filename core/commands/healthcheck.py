@@ -37,5 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.environ.get("PATH"):
         os.environ["PATH"] = SAFE_PATH
     result = main_run(load_config(args), args.root, args.dry_run, args.mode)
-    print("\n".join(result.lines), flush=True)
+    from ..printable import printable
+
+    print("\n".join(printable(line) for line in result.lines), flush=True)
     return result.rc

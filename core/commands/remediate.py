@@ -47,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args)
 
+    from ..printable import lines
+
     def say(line: str) -> None:
-        print(line, flush=True)
+        print(lines(line), flush=True)
 
     try:
         if args.action == "reset":

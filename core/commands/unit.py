@@ -21,6 +21,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         a = sub.add_parser(name, help=text, description=text)
         a.add_argument("--pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
                        help="default: $CUDA_MPS_PIPE_DIRECTORY")
+        a.add_argument("--config", metavar="FILE",
+                       help="config file, for its state_dir, where the start or stop is "
+                       "recorded as planned (default /etc/mps-health/config.yaml if it exists)")
         if name == "prepare":
             a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
                            help="default: $CUDA_MPS_LOG_DIRECTORY")
@@ -48,5 +51,25 @@ def run(args: argparse.Namespace) -> int:
             mode = int(args.mode, 8)
         except ValueError:
             raise Failure(f"unit prepare: --mode {args.mode!r} is not an octal mode") from None
-        return prepare(args.pipe_dir, args.log_dir, mode, print)
-    return stop(args.pipe_dir, args.control, args.timeout, print)
+        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args))
+    return stop(args.pipe_dir, args.control, args.timeout, say, _state_dir(args))
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    """Where to record the planned start or stop; "" (with a line) when the config is bad:
+    the unit must still start and stop."""
+    from ..config import ConfigError
+    from .common import load_config
+
+    try:
+        return load_config(args).state_dir
+    except ConfigError as e:
+        say(f"not recorded as a planned restart: {e}")
+        return ""
+
+
+def say(line: str) -> None:
+    """What the unit's steps print, with names from the pipe dir escaped."""
+    from ..printable import lines
+
+    print(lines(line), flush=True)

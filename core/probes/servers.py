@@ -315,6 +315,7 @@ def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemor
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     from .. import servertrack
+    from ..planned import load as load_planned
     from ..state import StateFile
 
     cfg = settings(ctx.config)
@@ -337,10 +338,13 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     for inst in instances:
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))
-    facts = ServersFacts(now, dict(results), previous, alive, error or state.error)
+    planned, planned_error = load_planned(ctx.config.state_dir)
+    facts = ServersFacts(now, dict(results), previous, alive,
+                         error or state.error or planned_error, planned)
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
-                                                 alive, now, cfg.event_window_s)
+                                                 alive, now, cfg.event_window_s, planned,
+                                                 inst.pipe_dir)
                   for inst in instances}
         # Keep the memory of instances not seen this run (a per-job dir between jobs)
         # only for the window: their events still matter, their servers do not.

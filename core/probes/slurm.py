@@ -53,6 +53,7 @@ class SlurmNode(NamedTuple):
     gres: Tuple[GresItem, ...]
     gres_used: Optional[Tuple[GresItem, ...]]  # None when Slurm did not print it
     slurmd_version: Optional[str] = None
+    partitions: Tuple[str, ...] = ()  # the partitions the node is in
 
 
 class SlurmJob(NamedTuple):
@@ -200,11 +201,12 @@ def strip_stamp(reason: str) -> str:
 
 
 def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
-          version: Optional[str]) -> SlurmNode:
+          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
     words = state.replace("*", "+NOT_RESPONDING").split("+")
     flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
     return SlurmNode(name, state, flags, strip_stamp(reason), parse_gres(gres),
-                     None if used is None else parse_gres(used), version)
+                     None if used is None else parse_gres(used), version,
+                     tuple(p for p in partitions if p and p != "(null)"))
 
 
 def parse_node_line(text: str) -> SlurmNode:
@@ -212,13 +214,23 @@ def parse_node_line(text: str) -> SlurmNode:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) != 1:
         raise ParseError(f"expected one node line, got {len(lines)}")
-    if not lines[0].startswith("NodeName="):
-        raise ParseError(f"not a node record: {lines[0].strip()[:80]!r} (no NodeName=)")
-    fields = parse_fields(lines[0])
+    return _node_record(lines[0])
+
+
+def _node_record(line: str) -> SlurmNode:
+    if not line.startswith("NodeName="):
+        raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
+    fields = parse_fields(line)
     if "State" not in fields:
         raise ParseError("the node record has no State=")
     return _node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
-                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"))
+                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
+                 fields.get("Partitions", "").split(","))
+
+
+def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
+    """Every node of ``scontrol show node -o`` (one line each)."""
+    return tuple(_node_record(ln) for ln in text.splitlines() if ln.strip())
 
 
 def parse_node_json(text: str, name: str) -> SlurmNode:
@@ -257,8 +269,11 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
         if not isinstance(node.get(key, ""), str):
             raise ParseError(f"scontrol --json: '{key}' is not a string")
     version = node.get("version")
+    parts = node.get("partitions")
+    parts = [p for p in parts if isinstance(p, str)] if isinstance(parts, list) else []
     return _node(name, state_text, node.get("reason") or "", node.get("gres") or "",
-                 node.get("gres_used", ""), version if isinstance(version, str) else None)
+                 node.get("gres_used", ""), version if isinstance(version, str) else None,
+                 parts)
 
 
 def parse_elapsed(text: str) -> Optional[float]:
@@ -360,6 +375,17 @@ def read_node(config: "Config", node: str, timeout_s: float) -> SlurmNode:
     text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
     try:
         return parse_node_line(text)
+    except ParseError as e:
+        raise SlurmError("parse", f"{what}: {e}") from None
+
+
+def read_nodes(config: "Config", timeout_s: float) -> Tuple[SlurmNode, ...]:
+    """Every node slurmctld knows, by one bounded call (the health check's circuit
+    breaker asks it once, just before a drain); SlurmError."""
+    what = "scontrol show node"
+    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, what)
+    try:
+        return parse_node_lines(text)
     except ParseError as e:
         raise SlurmError("parse", f"{what}: {e}") from None
 

@@ -93,3 +93,23 @@ def test_drain_reason_and_audit_line_are_escaped() -> None:
     assert "\x1b" not in reason and "\x07" not in reason and "\\x1b]0;t\\x07" in reason
     line = format_line({"path": f"/tmp/a\n{FORGED}\x1b[2J"})
     assert "\n" not in line and "\x1b" not in line and "\\x0a" in line
+
+
+def test_error_lines_and_action_output_are_escaped(public_dir: Path) -> None:
+    r = cli("check", "--config", str(public_dir / f"c\x1b]0;t\x07\n{FORGED}.yaml"))
+    assert r.returncode == 3 and r.stdout == ""
+    _clean(r.stderr)
+    assert len(r.stderr.splitlines()) == 1
+    pipe, log = public_dir / "pipe", public_dir / "log"
+    for d in (pipe, log):
+        d.mkdir(mode=0o777)
+        d.chmod(0o777)
+    r = run_as(ATTACKER, ["touch", str(pipe / f"x\n{FORGED}\x1b[31m")])
+    assert r.returncode == 0, r.stderr
+    config = public_dir / "config.yaml"
+    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
+                      f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\nremediation:\n"
+                      f"  audit_log: {public_dir}/audit.log\n  syslog: false\n")
+    r = cli("remediate", "reset", "--dry-run", "--config", str(config))
+    _clean(r.stdout + r.stderr)
+    assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout

@@ -94,16 +94,25 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
     os.symlink("/etc", pipe)  # planted in /tmp: moved aside, never followed
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     cli = [sys.executable, "-m", "mps_health.cli", "unit"]
-    r = subprocess.run([*cli, "prepare"], env=env, capture_output=True, text=True, timeout=30)
+    cfg = tree / "unit.yaml"
+    cfg.write_text(f"state_dir: {tree}/state\n")
+    r = subprocess.run([*cli, "prepare", "--config", str(cfg)], env=env, capture_output=True,
+                       text=True, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and "aside" in r.stdout
     assert not pipe.is_symlink() and (pipe.stat().st_mode & 0o7777) == 0o777
     assert oct(os.stat("/etc").st_mode & 0o7777) != "0o777"
     pid = start_fake(pipe, log)
-    r = subprocess.run([*cli, "stop", "--control", FAKE_CONTROL, "--timeout", "10"], env=env,
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run([*cli, "stop", "--control", FAKE_CONTROL, "--timeout", "10", "--config",
+                        str(cfg)], env=env, capture_output=True, text=True, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and f"control daemon {pid}" in r.stdout
+    # Both recorded as planned: the servers check does not call them daemon-restarted.
+    from mps_health.planned import load
+
+    records, error = load(f"{tree}/state")
+    assert error == "" and [(p.pipe_dir, p.by) for p in records] == \
+        [(str(pipe), "unit start"), (str(pipe), "unit stop")]
     assert not Path(f"/proc/{pid}").exists() or \
         Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     r = subprocess.run([*cli, "stop"], env=env, capture_output=True, text=True, timeout=30)

@@ -25,6 +25,7 @@ from slurmcluster import SlurmCluster
 pytestmark = pytest.mark.slurm
 
 NODE = "hcnode"
+PEERS = ("hcpeer1", "hcpeer2", "hcpeer3")  # declared only, in their own cluster: DOWN
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +173,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
     assert "drained (" in r.stdout
     assert calls.read_text().splitlines() == [
         f"show node {NODE} -o",
+        "show node -o",  # the circuit breaker, only when about to drain
         f"update NodeName={NODE} State=DRAIN Reason={node(cluster).reason}"]
 
 
@@ -258,3 +260,35 @@ def test_dry_run_changes_nothing(clean_node, tree: Path) -> None:
     assert "would drain" in r.stdout
     assert "DRAIN" not in node(clean_node).flags
     assert not (tree / "state" / "healthcheck.state").exists()
+
+
+@pytest.fixture
+def fleet(slurm_where) -> Iterator[SlurmCluster]:
+    """A partition of four nodes: ours, and three declared peers no slurmd answers for."""
+    c = SlurmCluster(node_name=NODE, peers=PEERS, root=slurm_where).start()
+    yield c
+    c.stop()
+
+
+def test_circuit_breaker_holds_the_drain_when_the_partition_is_already_drained(
+        fleet: SlurmCluster, tree: Path) -> None:
+    cluster = fleet
+    cfg = write_hc_config(tree, "  fail_runs: 1\n  recheck_s: 0\n  fleet_max_share: 0.5")
+    for peer in PEERS[:2]:  # 2 of 4: not more than half, the drain goes ahead
+        cluster.scontrol("update", f"NodeName={peer}", "State=DRAIN",
+                         "Reason=MPS-HC: control-absent node: no daemon")
+    r = hc(cluster, cfg)
+    assert "drained (" in r.stdout, r.stdout
+    cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+    cluster.wait_state(lambda s: "DRAIN" not in s, 30)
+    cluster.scontrol("update", f"NodeName={PEERS[2]}", "State=DRAIN",
+                     "Reason=MPS-HC: control-absent node: no daemon")
+    r = hc(cluster, cfg)  # 3 of 4 already ours: a fleet-wide cause, not this node
+    assert r.returncode == 2
+    assert "MPS CRITICAL - fleet-wide-fault: fleet-wide fault suspected: 3 of 4 nodes " \
+        "of partition debug already drained by MPS-HC:" in r.stdout, r.stdout
+    assert "DRAIN" not in node(cluster).flags
+    # someone else's drains do not count
+    for peer in PEERS:
+        cluster.scontrol("update", f"NodeName={peer}", "State=DRAIN", "Reason=rack work")
+    assert "drained (" in hc(cluster, cfg).stdout

@@ -188,7 +188,7 @@ def test_settings_errors_are_one_line() -> None:
     assert "healthcheck.fail_runs': must be a whole number from 1 to 100 (got 0)" in \
         settings_error("healthcheck", {"fail_runs": 0})
     assert "key 'remediation.kill': unknown key" in settings_error("remediation", {"kill": 1})
-    assert "at least 2 x slurm.timeout_s + 2 = 12 (got 8)" in \
+    assert "at least 3 x slurm.timeout_s + 2 = 17 (got 8)" in \
         settings_error("healthcheck", {"timeout_s": 8})
     cfg = from_mapping({}, None)
     defaults = settings.healthcheck(cfg)

@@ -1,0 +1,77 @@
+"""Restarts mps-health makes itself: recorded so that only unplanned ones warn.
+
+``remediate reset`` (quit, end, start), ``unit prepare``/``unit stop`` (the systemd unit
+starting or stopping its daemon) and the Slurm Prolog starting a job's daemon all change
+an instance's control daemon on purpose. Each records it here; the servers check then
+does not report that change as ``daemon-restarted`` ("its clients lost MPS"), which
+would raise an alarm for every careful repair.
+
+``state_dir/planned.json`` holds the newest ``MAX_RECORDS`` records of the last
+``KEEP_S`` seconds, written by ``state.StateFile`` (flock, atomic write). A record names
+the pipe dir and, where the caller knows it, the daemon it started (pid, start time):
+then only that daemon's appearance is excused; without one (unit stop, a quit) any
+change of the daemon between the run before the record and the run after it is.
+Recording is best effort: a failure is one line for the caller to show, never fatal.
+"""
+
+import os
+import time
+from typing import Optional, Sequence, Tuple
+
+from .facts_deep import PlannedRestart
+
+NAME = "planned"
+MAX_RECORDS = 64
+KEEP_S = 7 * 86400.0
+
+
+def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
+    """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
+    import math
+
+    fresh = [r for r in records if isinstance(r.at, float) and math.isfinite(r.at)
+             and now - KEEP_S <= r.at <= now + 60.0]
+    return tuple(sorted(fresh, key=lambda r: r.at)[-MAX_RECORDS:])
+
+
+def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = None,
+           daemon_start: Optional[int] = None) -> str:
+    """Add a record; '' or one line saying why it could not be kept."""
+    from .state import StateFile
+
+    now = time.time()
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    except OSError as e:
+        return f"cannot record the planned restart in {state_dir}: {e.strerror}"
+    state = StateFile(state_dir, NAME)
+    if not state.lock(time.monotonic() + 2.0):
+        return f"planned restart not recorded: {state.error}"
+    try:
+        old, _ = state.load(Tuple[PlannedRestart, ...], ())
+        new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
+        problem = state.save(keep((*old, new), now))
+    finally:
+        state.unlock()
+    return f"planned restart not recorded: {problem}" if problem else ""
+
+
+def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
+    """The records (read only, no lock: the file is replaced atomically), and any error."""
+    from .state import StateFile
+
+    records, error = StateFile(state_dir, NAME).load(Tuple[PlannedRestart, ...], ())
+    return keep(records, time.time()), error
+
+
+def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now: float,
+            daemon_pid: Optional[int], daemon_start: Optional[int]) -> bool:
+    """Was the daemon change seen between ``since`` and ``now`` made by us?"""
+    pipe_dir = os.path.normpath(pipe_dir)
+    for r in records:
+        if r.pipe_dir != pipe_dir or not since <= r.at <= now:
+            continue
+        if r.daemon_pid is None or (r.daemon_pid, r.daemon_start) == (daemon_pid,
+                                                                      daemon_start):
+            return True
+    return False

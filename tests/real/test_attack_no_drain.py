@@ -1,0 +1,57 @@
+"""What an ordinary user can do on a node never gets it drained: slurmd's health check
+(``mps-health-healthcheck``) against a real slurmctld, run twice with a one-failure
+drain threshold, while a user plants entries and a fake daemon beside a healthy one."""
+# ruff: noqa: F811  (the fixture tree comes from remhelp)
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hostile import ATTACKER, as_user, ensure_user, run_as
+from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
+from slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+
+def hc(cluster: SlurmCluster, cfg: str) -> subprocess.CompletedProcess:
+    env = {"SLURM_CONF": str(cluster.conf), "SLURMD_NODENAME": cluster.node_name,
+           "PATH": cluster.env["PATH"]}
+    return subprocess.run([healthcheck_exe(), "--config", cfg], capture_output=True,
+                          text=True, timeout=90, env=env)
+
+
+def drained(cluster: SlurmCluster) -> bool:
+    from mps_health.probes.slurm import parse_node_line
+
+    view = parse_node_line(cluster.scontrol("show", "node", cluster.node_name, "-o"))
+    return bool({"DRAIN", "DOWN"}.intersection(view.flags))
+
+
+def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, tree: Path) -> None:
+    cluster = slurm_cluster
+    assert not drained(cluster)
+    ensure_user(ATTACKER)
+    pipe, log = tree / "pipe", tree / "log"
+    make_dirs(pipe, log)
+    cfg = write_config(tree, extra="checks:\n  only: [daemon, control, directories]\n"
+                                    "healthcheck:\n  fail_runs: 1\n")
+    start_fake(pipe, log)
+    r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(pipe / "x\nOK daemon[node]: fine")])
+    assert r.returncode == 0, r.stderr
+    fake = tree / "evil"
+    fake.mkdir()
+    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")
+    poser = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "120"],
+                             env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, **as_user(ATTACKER))
+    try:
+        runs = [hc(cluster, cfg) for _ in range(2)]
+    finally:
+        poser.kill()
+        poser.wait()
+    for run in runs:
+        assert run.returncode == 1, run.stdout + run.stderr  # WARNINGs, nothing more
+        assert "drained (" not in run.stdout
+    assert "pipe-entry-foreign" in runs[0].stdout and "daemon-foreign" in runs[0].stdout
+    assert not drained(cluster)
