@@ -14,11 +14,16 @@ change of the daemon between the run before the record and the run after it is.
 Recording is best effort: a failure is one line for the caller to show, never fatal.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Optional, Sequence, Tuple
 
 from .facts_deep import PlannedRestart
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Sequence, Tuple
 
 NAME = "planned"
 MAX_RECORDS = 64
