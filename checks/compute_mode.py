@@ -67,12 +67,13 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
         yield ok(NAME, inst, f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode} "
                  f"({role}{'' if want != 'any' else ', any mode accepted'})",
                  compute_mode_ok=1.0)
-    if mps and gpu.mig_current:
+    if mps and gpu.mig_current and gs.mig == "warn":
         yield Result(NAME, WARNING, "mig-on-mps-gpu", inst,
                      f"{_gpu_name(gpu)} has MIG enabled but MPS is configured to serve it: "
                      "clients reach MIG instances, not the GPU the site planned for",
-                     f"disable MIG (nvidia-smi -i {gpu.gpu_index} -mig 0, then reset the GPU) or "
-                     "take the GPU out of gpu.mps_gpus")
+                     f"disable MIG (nvidia-smi -i {gpu.gpu_index} -mig 0, then reset the GPU), "
+                     "take the GPU out of gpu.mps_gpus, or set gpu.mig: allow if MPS on MIG "
+                     "is meant")
     if gpu.mig_current is not None and gpu.mig_pending is not None \
             and gpu.mig_current != gpu.mig_pending:
         yield Result(NAME, WARNING, "mig-change-pending", inst,

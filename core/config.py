@@ -52,9 +52,9 @@ LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 # file, every one is validated (absent ones as empty); without one, none is imported.
 # Order matters where one section's rules read another (healthcheck reads slurm).
 SECTIONS = {
-    "servers": "mps_health.probes.servers",
-    "logs": "mps_health.probes.logs",
-    "canary": "mps_health.probes.canary",
+    "servers": "mps_health.probes.sections",
+    "logs": "mps_health.probes.sections",
+    "canary": "mps_health.probes.sections",
     "gpu": "mps_health.slurm_settings",
     "slurm": "mps_health.slurm_settings",
     "orphans": "mps_health.slurm_settings",
@@ -125,7 +125,9 @@ class MpsConfig(Record):
 
 
 def _template_fields(template: str) -> Tuple[str, ...]:
-    import string  # small; only when a template is checked
+    if "{" not in template and "}" not in template:
+        return ()
+    import string  # small; only for a template with fields
 
     try:
         return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)
@@ -215,11 +217,14 @@ class ChecksConfig(Record):
 
 def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
                    ) -> ChecksConfig:
+    lists = ("only", "enable", "disable", "observe")
+    if not c.modules and not any(getattr(c, key) for key in lists):
+        return c
     from . import registry  # small: a table of names
 
     for module in c.modules:
         registry.load_site_module(module)  # Invalid names the module
-    for key in ("only", "enable", "disable", "observe"):
+    for key in lists:
         for name in getattr(c, key):
             if name not in registry.CHECKS:
                 raise Invalid(f"unknown check {shown(name)} (known: "

@@ -75,6 +75,9 @@ class GpuSettings(Record):
     # mps/other/GPU index or UUID -> expected compute mode
     compute_mode: Tuple[Tuple[str, str], ...] = custom(DEFAULT_MODES, _modes)
     count: Optional[int] = whole(None, optional=True)  # GPUs this node must have (gres-drift)
+    # MIG under MPS is supported by NVIDIA (each MIG compute instance gets its share of
+    # the 48 clients): "allow" where the site means it, "warn" (mig-on-mps-gpu) otherwise.
+    mig: str = text("warn", choices=("warn", "allow"))
 
     @property
     def mode_mps(self) -> str:

@@ -13,44 +13,25 @@ listing it means CUDA clients on this pipe dir silently run without MPS.
 import contextlib
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import CanaryFact
 from ..runner import Completed, Pending
-from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
 from ..users import by_uid, name_of, uid_of
 from . import control
 from .proc import identity
+from .sections import CANARY, CanaryConfig
 from .servers import parse_pid_list
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
 
 
-def _user(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
-        raise Invalid(f"must be a user name or uid (got {shown(value)})")
-    return value
-
-
-class CanaryConfig(Record):
-    timeout_s: float = number(10.0, low=0.5, high=120.0)  # one canary run, launch to exit
-    user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
-    device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
-    alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
-
-
-SECTION = Section("canary", CanaryConfig)
-SECTIONS = (SECTION,)
-
-
 def settings(config: Config) -> CanaryConfig:
-    return config.get(SECTION)
+    return config.get(CANARY)
 
 
 # --- parse (pure) ---------------------------------------------------------------------

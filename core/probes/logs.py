@@ -15,6 +15,7 @@ then cleared.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -22,7 +23,7 @@ from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
-from ..schema import Record, Section, number, whole
+from .sections import LOGS, LogsConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,18 +34,8 @@ PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a d
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
 
-class LogsConfig(Record):
-    window_s: float = number(900.0, low=0.001)  # a finding stays reported this long
-    pending_warn_s: float = number(30.0, low=0.001)  # a client pending longer is reported
-    max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
-
-
-SECTION = Section("logs", LogsConfig)
-SECTIONS = (SECTION,)
-
-
 def settings(config: Config) -> LogsConfig:
-    return config.get(SECTION)
+    return config.get(LOGS)
 
 
 # --- parse (pure) ---------------------------------------------------------------------
@@ -235,6 +226,9 @@ def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: i
     return chunks, LogPosition(st.st_dev, st.st_ino, next_offset, head), "; ".join(notes)
 
 
+FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
+
+
 def _pid_alive(proc_dir: str, pid: int) -> bool:
     return pid > 0 and os.path.exists(f"{proc_dir}/{pid}")
 
@@ -281,7 +275,10 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
                 new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
                                           now))
             files.append(LogFileFact(shown, "read", note, size))
-    merged = {f: None for f in (*memory.findings, *new)}  # ordered, without repeats
+    # A finding dated in the future (the clock stepped back, or a damaged logs.json with
+    # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite.
+    merged = {f: None for f in (*memory.findings, *new)
+              if math.isfinite(f.at) and 0 <= f.at <= now + FUTURE_SLACK_S}
     pending = [f.pid for f in merged if f.code == "log-pending-client"]
     alive = tuple(sorted({p for p in pending if _pid_alive(ctx.proc, p)}))
     kept = tuple(f for f in merged

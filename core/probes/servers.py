@@ -34,9 +34,9 @@ from ..facts_deep import (
 )
 from ..pidfile import read_pid
 from ..safefiles import read_small
-from ..schema import Record, Section, number
 from ..users import name_of
 from . import clientinfo, control, proc
+from .sections import SERVERS, ServersConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,17 +49,8 @@ class ParseError(ValueError):
     pass
 
 
-class ServersConfig(Record):
-    init_stuck_s: float = number(60.0)  # INITIALIZING longer than this is stuck
-    event_window_s: float = number(3600.0)  # restarts and churn stay reported this long
-
-
-SECTION = Section("servers", ServersConfig)
-SECTIONS = (SECTION,)
-
-
 def settings(config: Config) -> ServersConfig:
-    return config.get(SECTION)
+    return config.get(SERVERS)
 
 
 # --- parse (pure) ---------------------------------------------------------------------

@@ -27,7 +27,11 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
         d.mkdir()
     add_process(tree, 4242, pipe_dir="/tmp/nvidia-mps")
     add_pipe_dir(tree, "/tmp/nvidia-mps", 4242)
-    logs = add_dir(tree, "/var/log/nvidia-mps")
+    # The log dir is named in the config, under public_dir: the host's run below reads the
+    # same path on the host (an empty dir), never the host's real /var/log/nvidia-mps.
+    host_logs = public_dir / "logs"
+    host_logs.mkdir()
+    logs = add_dir(tree, str(host_logs))
     (logs / "control.log").write_text(
         f"[{_stamp(time.time() - 5)} Control   436] Client {{PID: 77, Context: 1}} encountered "
         "a fatal GPU error.\n")
@@ -38,7 +42,8 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
     r = run_as(ATTACKER, ["ln", "-s", str(target), str(tree / "run")])  # TREE/run -> elsewhere
     assert r.returncode == 0, r.stderr
     config = public_dir / "config.yaml"
-    config.write_text(f"state_dir: {state}\n")  # run_dir: the default /run/mps-health
+    # run_dir: the default /run/mps-health, which --root reads under the tree
+    config.write_text(f"state_dir: {state}\nmps:\n  log_dir: {host_logs}\n")
     before = (_all_files(tree), _all_files(target), _all_files(state))
 
     r = cli("check", "--root", str(tree), "--config", str(config), "--format", "json")

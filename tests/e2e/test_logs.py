@@ -233,3 +233,21 @@ def test_a_symlinked_log_dir_is_not_read(tmp_path: Path, mps_dirs) -> None:
     assert r.returncode == 3
     assert f"UNKNOWN logs[node] logs-unreadable: {link}/control.log: cannot read: the log dir " \
            "is a symlink" in r.stdout
+
+
+def test_findings_dated_in_the_future_are_dropped(tmp_path: Path, mps_dirs) -> None:
+    """A damaged logs.json (at: 1e308, NaN) or a clock stepped back leaves findings "in
+    the future": they are dropped on load, never reported for ever nor UNKNOWN."""
+    pipe, log = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log)
+    (log / "control.log").write_text(line("Server 510 exited with status 1", time.time()))
+    assert mps_health("check", "--config", cfg, "--only", "logs").returncode == 1
+    state = tmp_path / "state" / "logs.json"
+    data = json.loads(state.read_text())
+    (finding,) = data["findings"]
+    data["findings"] = [dict(finding, at=1e308), dict(finding, at=time.time() + 3600),
+                        dict(finding, at=float("nan"))]
+    state.write_text(json.dumps(data))
+    r = mps_health("check", "--config", cfg, "--only", "logs")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(state.read_text())["findings"] == []

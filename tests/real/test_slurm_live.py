@@ -44,6 +44,7 @@ def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: i
            checks: Tuple[str, ...] = ("gres-drift",)) -> Tuple[Facts, Any]:
     raw = {"node_name": cluster.node_name, "run_dir": str(tmp_path / "run"),
            "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 20},
+           "mps": {"pipe_dir": str(tmp_path / "pipe"), "log_dir": str(tmp_path / "log")},
            "commands": cluster.client_commands(), **extra}
     cfg = from_mapping(raw, "test.yaml")
     needs = [n for c in checks for n in CHECKS[c].needs if n != "nvml"]

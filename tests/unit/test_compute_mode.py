@@ -67,6 +67,10 @@ def test_prohibited_is_critical() -> None:
 def test_mig_on_an_mps_gpu() -> None:
     results = judge(MIXED, {"gpu": {"mps_gpus": [5], "compute_mode": {"mps": "any"}}})
     assert ("gpu5", WARNING, "mig-on-mps-gpu") in problems(results)
+    # MPS on MIG is supported: a site that means it says so, and is not warned
+    allowed = judge(MIXED, {"gpu": {"mps_gpus": [5], "compute_mode": {"mps": "any"},
+                                    "mig": "allow"}})
+    assert "mig-on-mps-gpu" not in [code for _, _, code in problems(allowed)]
 
 
 def test_configured_mps_gpu_that_does_not_exist() -> None:

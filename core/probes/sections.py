@@ -1,0 +1,43 @@
+"""The config sections of the servers, logs and canary probes.
+
+Declared here, apart from the probes themselves, so that validating a config file (which
+checks every section, whatever command runs) imports none of the probes: the Slurm
+prolog and the other commands that never gather these facts do not pay for them. The
+probes and checks read them with ``config.get(SERVERS)`` and so on.
+"""
+
+from __future__ import annotations
+
+from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
+
+
+class ServersConfig(Record):
+    init_stuck_s: float = number(60.0)  # INITIALIZING longer than this is stuck
+    event_window_s: float = number(3600.0)  # restarts and churn stay reported this long
+
+
+class LogsConfig(Record):
+    window_s: float = number(900.0, low=0.001)  # a finding stays reported this long
+    pending_warn_s: float = number(30.0, low=0.001)  # a client pending longer is reported
+    max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
+
+
+def _user(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
+        raise Invalid(f"must be a user name or uid (got {shown(value)})")
+    return value
+
+
+class CanaryConfig(Record):
+    timeout_s: float = number(10.0, low=0.5, high=120.0)  # one canary run, launch to exit
+    user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
+    device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
+    alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
+
+
+SERVERS = Section("servers", ServersConfig)
+LOGS = Section("logs", LogsConfig)
+CANARY = Section("canary", CanaryConfig)
+SECTIONS = (SERVERS, LOGS, CANARY)
