@@ -53,7 +53,7 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
     if not state.lock(time.monotonic() + 2.0):
         return f"planned restart not recorded: {state.error}"
     try:
-        old, _ = state.load(Tuple[PlannedRestart, ...], ())
+        old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
         new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
         problem = state.save(keep((*old, new), now))
     finally:
@@ -65,7 +65,8 @@ def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
     """The records (read only, no lock: the file is replaced atomically), and any error."""
     from .state import StateFile
 
-    records, error = StateFile(state_dir, NAME).load(Tuple[PlannedRestart, ...], ())
+    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (),
+                                                   globals())
     return keep(records, time.time()), error
 
 
