@@ -301,7 +301,8 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     import yaml  # only when there is a file: PyYAML costs milliseconds
 
     try:
-        data = yaml.safe_load(text)
+        # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -8,7 +8,7 @@ says whether slurmctld must be asked anything at all. Most runs ask nothing.
 
 import math
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
 
@@ -22,6 +22,9 @@ class HcState(NamedTuple):
     drained: bool = False  # we drained the node and have not seen it back in service
     last_code: str = ""  # the failure code of the last failed run
     verified_at: float = 0.0  # when we last read the node while we believed it drained
+    # False when the memory was lost (no file, or a damaged one): whether the node carries
+    # our drain is then unknown, and the next clean run reads the node once to learn it.
+    known: bool = True
 
 
 class Need(NamedTuple):
@@ -84,14 +87,45 @@ def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
 
 
 def load(path: str) -> HcState:
-    """The saved state; a missing or unreadable file starts afresh (never fatal)."""
+    """The saved state; a missing or unreadable file starts afresh, not knowing whether
+    the node is drained by us (never fatal)."""
     from mps_health.safefiles import read_small
 
     try:
         data = read_small(path, 4096)
     except OSError:
-        return HcState()
-    return HcState() if data is None else parse(data.decode("utf-8", "replace"))
+        return HcState(known=False)
+    return HcState(known=False) if data is None else parse(data.decode("utf-8", "replace"))
+
+
+def load_either(path: str, fallback: str) -> HcState:
+    """The state from ``fallback`` (the run dir) while it exists: it is written only when
+    ``path`` (the state dir) cannot be, and removed once it can; else from ``path``."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        if os.path.lexists(fallback):
+            return load(fallback)
+    return load(path)
+
+
+def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
+    """Save to ``path``, else to ``fallback``: (where it went or "", the error or "")."""
+    import contextlib
+
+    try:
+        save(path, state)
+    except OSError as e:
+        problem = f"cannot save {path}: {e.strerror or e}"
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fallback)
+        return path, ""
+    try:
+        save(fallback, state)
+    except OSError as e:
+        return "", f"{problem}; nor {fallback}: {e.strerror or e}"
+    return fallback, problem
 
 
 def parse(text: str) -> HcState:
@@ -100,14 +134,17 @@ def parse(text: str) -> HcState:
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
+    if "fails" not in values:
+        return HcState(known=False)
     try:
         state = HcState(fails=min(MAX_COUNT, max(0, int(values.get("fails", 0)))),
                         passes=min(MAX_COUNT, max(0, int(values.get("passes", 0)))),
                         drained=values.get("drained") == "yes",
                         last_code=_code(values.get("last_code", "")),
-                        verified_at=float(values.get("verified_at", 0.0)))
+                        verified_at=float(values.get("verified_at", 0.0)),
+                        known=values.get("known", "yes") != "no")
     except ValueError:
-        return HcState()
+        return HcState(known=False)
     # NaN or inf would switch the recheck off for good (every comparison with it is
     # false): a time we cannot trust means "never verified", so the next run reads the node.
     if not math.isfinite(state.verified_at) or state.verified_at < 0:
@@ -124,7 +161,7 @@ def _code(text: str) -> str:
 def dumps(state: HcState) -> str:
     return (f"fails={state.fails}\npasses={state.passes}\n"
             f"drained={'yes' if state.drained else 'no'}\nlast_code={state.last_code}\n"
-            f"verified_at={state.verified_at:.0f}\n")
+            f"verified_at={state.verified_at:.0f}\n" + ("" if state.known else "known=no\n"))
 
 
 def save(path: str, state: HcState) -> None:

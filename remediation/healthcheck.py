@@ -121,11 +121,27 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
     state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
-    before = hcstate.load(state_path)
+    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
+    fallback = os.path.join(_path(root, config.run_dir), hcstate.STATE_FILE)
+    before = hcstate.load_either(state_path, fallback)
     state = hcstate.count(before, verdict, code)
     healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
     now = time.time()
-    need = hcstate.decide(state, verdict, hc.fail_runs, hc.pass_runs, hc.recheck_s, healthy, now)
+    fail_runs = hc.fail_runs
+    if not dry_run:
+        # Saved before deciding: a run that can keep no count anywhere must not wait for
+        # a second failure that it could never see, so it drains on this one.
+        saved_to, problem = hcstate.save_either(state_path, fallback, state)
+        if problem:
+            lines.append(f"MPS-HC: warning: {problem}" + (
+                f"; counting in {saved_to} until it can" if saved_to else
+                "; no count can be kept: a failed run drains at once"))
+        if not saved_to:
+            fail_runs = 1
+    if not state.known and verdict == "pass" and not dry_run:
+        state, note = _relearn(config, node, slurm.drain_tag, slurm.timeout_s, state, healthy)
+        lines.append(note)
+    need = hcstate.decide(state, verdict, fail_runs, hc.pass_runs, hc.recheck_s, healthy, now)
     outcome, why = "none", need.why
     if need.action in ("drain", "resume") and dry_run:
         outcome, why = "dry-run", f"would {need.action}: {need.why}"
@@ -140,9 +156,9 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                          "(driver rollout, shared filesystem, a check's bug) before draining "
                          "by hand")
         if outcome in ("drained", "already"):
-            state = state._replace(drained=True, verified_at=now)
-        elif outcome == "left":
-            state = state._replace(drained=False)
+            state = state._replace(drained=True, verified_at=now, known=True)
+        elif outcome in ("left", "held"):
+            state = state._replace(drained=False, known=True)
     elif need.action == "resume":
         outcome, why, _ = slurmnode.resume_if_ours(config, node, slurm.drain_tag,
                                                    slurm.timeout_s)
@@ -156,14 +172,30 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
         audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
                      reason=reason if need.action == "drain" else "", detail=why)
     if not dry_run:
-        try:
-            hcstate.save(state_path, state)
-        except OSError as e:
-            lines.append(f"MPS-HC: warning: cannot save {state_path}: {e.strerror}")
+        hcstate.save_either(state_path, fallback, state)  # its trouble is said above
     ours = "drained by us" if state.drained else "not drained by us"
     lines.append(f"MPS-HC: {verdict}; failed {state.fails}/{hc.fail_runs}, clean "
                  f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}")
     return RunResult(state_code, tuple(lines))
+
+
+def _relearn(config: Config, node: str, tag: str, timeout_s: float, state: hcstate.HcState,
+             healthy: Optional[bool]) -> Tuple[hcstate.HcState, str]:
+    """The memory was lost: read the node once to learn whether it carries our drain, so
+    that a drain of ours is resumed after the usual clean runs, not never."""
+    if healthy is True:  # Slurm says it is in service: nothing of ours to resume
+        return state._replace(known=True), "MPS-HC: no saved state; Slurm says the node is " \
+            "in service"
+    try:
+        view = slurmnode.read_node(config, node, timeout_s)
+    except slurmnode.SlurmError as e:
+        return state, f"MPS-HC: no saved state, and the node cannot be read ({e}): will retry"
+    mine, why = slurmnode.may_resume(view, tag)
+    if mine:
+        return state._replace(drained=True, known=True), \
+            f"MPS-HC: no saved state; the node is {why}: resumed after the usual clean runs"
+    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us " \
+        f"({why})"
 
 
 def _said(action: str, outcome: str, why: str) -> str:

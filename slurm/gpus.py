@@ -22,6 +22,10 @@ class GpusError(Exception):
     """The GPUs cannot be described (one line: what is wrong, what to do)."""
 
 
+class NvmlUnavailable(GpusError):
+    """NVML answered nothing here (no driver, no library): a node without GPUs to describe."""
+
+
 class GresGpu(NamedTuple):
     gpu_index: int  # NVML index (PCI bus order)
     minor: int  # N of /dev/nvidiaN
@@ -95,7 +99,7 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
         except ValueError as e:
             raise GpusError(str(e)) from None
     if not facts.available:
-        raise GpusError(f"NVML: {facts.error}")
+        raise NvmlUnavailable(f"NVML: {facts.error}")
     return facts
 
 

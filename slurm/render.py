@@ -52,14 +52,17 @@ def hook_paths(prefix: str) -> Dict[str, str]:
 
 def render_slurm_conf(gpus: Sequence[GresGpu], node: str, count: int, layout: str,
                       hooks_prefix: str, health_check_program: str,
-                      health_check_interval: int) -> str:
+                      health_check_interval: int, no_gpus: str = "") -> str:
+    """The lines; without GPUs (``no_gpus`` says why: no NVML here) all but the node's
+    Gres=, which needs them."""
     paths = hook_paths(hooks_prefix)
     return template("slurm.conf.j2").render(
         gpus=gpus, node=node, mps_count=sum(1 for g in gpus if g.mps), layout=layout,
         per_job=layout == "per-job", prolog=paths["prolog"],
         task_prolog=paths["task-prolog"], epilog=paths["epilog"],
         health_check_program=health_check_program,
-        health_check_interval=health_check_interval, gres=gres_value(gpus, count))
+        health_check_interval=health_check_interval,
+        gres=gres_value(gpus, count) if gpus else "", no_gpus=no_gpus)
 
 
 def render_hook(hook: str, python: str, config: Optional[str], path: str) -> str:

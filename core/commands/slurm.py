@@ -177,15 +177,28 @@ def health_check_default() -> str:
 
 
 def conf(args: "argparse.Namespace") -> int:
+    from ..slurm.gpus import GpusError, NvmlUnavailable
     from ..slurm.render import diff_slurm_conf, render_slurm_conf
 
-    config, gpus, _, count = _prepare(args)
     if not 1 <= args.health_check_interval <= 86400:
         raise Failure("--health-check-interval must be between 1 and 86400 seconds")
+    config = load_config(args)
+    # Only the node's Gres= needs the GPUs: without NVML (the controller, a login node)
+    # every other line is still written, and the missing one is named.
+    try:
+        count = mps_count(args, config)
+        gpus, _ = _gpus(args, config)
+        no_gpus = "" if gpus else "NVML sees no GPU on this node"
+    except NvmlUnavailable as e:
+        gpus, no_gpus = (), str(e).rstrip(".")
+    except (GpusError, ValueError) as e:
+        raise Failure(str(e)) from None
+    if no_gpus:
+        print(f"mps-health: note: {no_gpus}: the node's Gres= is left out", file=sys.stderr)
     node = _node(args, config)
     text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix,
                              args.health_check_program or health_check_default(),
-                             args.health_check_interval)
+                             args.health_check_interval, no_gpus)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK

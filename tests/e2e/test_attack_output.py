@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import FAKE_CONTROL
 from hostile import ATTACKER, as_user, cli, ensure_user, public_dir, run_as
 from mps_health.printable import printable
 
@@ -109,7 +110,8 @@ def test_error_lines_and_action_output_are_escaped(public_dir: Path) -> None:
     config = public_dir / "config.yaml"
     config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\nremediation:\n"
-                      f"  audit_log: {public_dir}/audit.log\n  syslog: false\n")
+                      f"  audit_log: {public_dir}/audit.log\n  syslog: false\n"
+                      f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n")
     r = cli("remediate", "reset", "--dry-run", "--config", str(config))
     _clean(r.stdout + r.stderr)
     assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout

@@ -43,9 +43,10 @@ def recorded_nvml(gpus: int = 2):
 def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: int = 2,
            checks: Tuple[str, ...] = ("gres-drift",)) -> Tuple[Facts, Any]:
     raw = {"node_name": cluster.node_name, "run_dir": str(tmp_path / "run"),
-           "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 20},
+           "state_dir": str(tmp_path / "state"), "slurm": {"timeout_s": 10},
+           "commands": cluster.client_commands(),
            "mps": {"pipe_dir": str(tmp_path / "pipe"), "log_dir": str(tmp_path / "log")},
-           "commands": cluster.client_commands(), **extra}
+           **extra}
     cfg = from_mapping(raw, "test.yaml")
     needs = [n for c in checks for n in CHECKS[c].needs if n != "nvml"]
     facts = engine.gather(Context(cfg, "/", time.monotonic() + 30, cluster.env), needs)
@@ -155,7 +156,7 @@ def test_json_and_text_give_the_same_facts(slurm_cluster, tmp_path, slurm_user) 
         cluster.wait_state(lambda s: "DRAIN" in s, 30)
 
         def read(output: str):
-            facts, _ = gather(cluster, tmp_path / output, {"slurm": {"timeout_s": 20,
+            facts, _ = gather(cluster, tmp_path / output, {"slurm": {"timeout_s": 10,
                                                                       "output": output}})
             return facts.sources["slurm"]
 
@@ -219,7 +220,7 @@ def per_job(make_slurm_cluster, tmp_path, slurm_where):
     cfg = {"mps": {"layout": "per-job", "pipe_dir": f"{top}/nvidia-mps_job{{job}}",
                    "log_dir": f"{top}/nvidia-log_job{{job}}", "daemon_user": "any",
                    "dir_owner": "root"},  # the prolog above makes root's dirs
-           "slurm": {"timeout_s": 20, "job_grace_s": 0}, "orphans": {"min_age_s": 0}}
+           "slurm": {"timeout_s": 10, "job_grace_s": 0}, "orphans": {"min_age_s": 0}}
     yield cluster, top, cfg
     for pid_file in top.glob("nvidia-mps_job*/nvidia-cuda-mps-control.pid"):
         with contextlib.suppress(ValueError, ProcessLookupError):  # our prolog's daemons
@@ -345,7 +346,7 @@ def test_gres_conf_against_slurm_without_nvml(slurm_cluster, fake_daemon, tmp_pa
     conf = tmp_path / "gres.conf"
     conf.write_text(f"Name=gpu File={slurm_cluster.devices[0]}\n")
     facts, cfg = gather(slurm_cluster, tmp_path, {**node_cfg(d), "slurm": {
-        "timeout_s": 20, "gres_conf": str(conf)}})
+        "timeout_s": 10, "gres_conf": str(conf)}})
     facts.sources["nvml"] = read_nvml(PynvmlApi()) if not shutil.which("nvidia-smi") \
         else read_nvml(load_record(fixture_text("nvml__cpu-vm_no-driver.json"), "x"))
     found = bad(verdicts(facts, cfg))

@@ -159,7 +159,7 @@ def test_verdicts() -> None:
 def test_state_file_round_trip_and_garbage() -> None:
     s = hcstate.HcState(3, 0, True, "control-wedged", 1234.0)
     assert hcstate.parse(hcstate.dumps(s)) == s
-    assert hcstate.parse("fails=lots\n") == hcstate.HcState()
+    assert hcstate.parse("fails=lots\n") == hcstate.HcState(known=False)
     assert hcstate.node_healthy_from_env(None) is None
     assert hcstate.node_healthy_from_env("yes") is True
 

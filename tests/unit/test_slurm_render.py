@@ -217,3 +217,19 @@ def test_cli_without_a_driver_says_so_in_one_line() -> None:
     r = mps_health("slurm", "gres-conf")
     assert r.returncode == 3 and r.stdout == "" and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith("mps-health: NVML: ")
+
+
+def test_cli_conf_without_nvml_writes_every_line_but_the_gres() -> None:
+    """slurm.conf's lines need no GPU but the node's Gres=: the controller, a login node
+    or a node without the driver still gets them, and the missing line is named."""
+    r = mps_health("slurm", "conf", "--node-name", "n1", "--nvml-record",
+                   str(FIXTURES / "nvml__cpu-vm_no-driver.json"))
+    assert r.returncode == 0, r.stderr
+    assert "GresTypes=gpu,mps" in r.stdout and "HealthCheckProgram=" in r.stdout
+    assert "Gres=gpu" not in r.stdout
+    assert "# The NodeName=n1 line's Gres= is not written: NVML: libnvidia-ml.so.1 not found" \
+        in r.stdout
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("mps-health: note: NVML: ")
+    # a recording that cannot be read is still an error
+    bad = mps_health("slurm", "conf", "--nvml-record", "/nonexistent.json")
+    assert bad.returncode == 3 and "cannot read" in bad.stderr
