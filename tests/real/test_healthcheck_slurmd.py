@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
+from clirun import installed
 from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
-from remhelp import healthcheck_exe, make_dirs, start_fake, write_config
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, write_config
 from slurmcluster import SlurmCluster
 from slurmroot import VENV
 
@@ -58,7 +60,7 @@ def setup(slurm_where) -> Iterator[Setup]:
     cluster = SlurmCluster(node_name=NODE, health_check_program=str(script),
                            health_check_interval=INTERVAL, return_to_service=1,
                            root=slurm_where)
-    exe = healthcheck_exe() if slurm_where is None else f"{VENV}/bin/mps-health-healthcheck"
+    exe = installed("mps-health-healthcheck") if slurm_where is None else f"{VENV}/bin/mps-health-healthcheck"
     script.write_text(f"""#!/bin/sh
 echo "start $$ $(date +%s.%N)" >> {base}/runs.log
 env > {base}/hc-env.txt
@@ -69,7 +71,7 @@ cat {base}/last-output.txt
 exit $rc
 """)
     script.chmod(0o755)
-    start_fake(base / "pipe", base / "log")
+    start_daemon(base / "pipe", base / "log")
     try:
         cluster.start(timeout=90)
         yield Setup(cluster, base, str(cfg))
