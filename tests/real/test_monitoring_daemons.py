@@ -9,6 +9,7 @@ can run it) on a private symlinked copy of this checkout's packages, against a f
 daemon started as root.
 """
 
+import contextlib
 import os
 import pwd
 import subprocess
@@ -20,7 +21,8 @@ from typing import Callable, Dict, Iterator, Optional
 import pytest
 from conftest import FAKE_CONTROL, REPO
 from monitoring_tools import need, stop
-from remhelp import kill_and_wait, start_fake
+from mpsdaemon import start_daemon
+from remhelp import kill_and_wait
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is under /root)
 PACKAGES = {"mps_health": "core", "mps_health/checks": "checks",
@@ -62,7 +64,7 @@ def site() -> Iterator[Dict[str, Path]]:
     work = base / "daemon"
     work.mkdir()
     os.chown(work, user.pw_uid, user.pw_gid)
-    pid = start_fake(base / "pipe", base / "log")
+    pid = start_daemon(base / "pipe", base / "log")
     yield {"base": base, "plugin": plugin, "work": work, "daemon": Path(str(pid))}
     if Path(f"/proc/{pid}").exists():
         kill_and_wait(pid)
@@ -157,6 +159,86 @@ def test_nagios4_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
         kill_and_wait(int(str(site["daemon"])))
         time.sleep(1.0)  # a later last_check than the OK one
         bad = forced(int(time.time()))
+        assert bad.startswith("2|MPS CRITICAL - daemon-stale node"), bad
+    finally:
+        stop(proc)
+
+
+# --- Icinga 2 --------------------------------------------------------------------------
+
+def icinga_conf(site: Dict[str, Path]) -> Path:
+    base, work = site["base"], site["work"]
+    conf = base / "icinga2.conf"
+    conf.write_text(f"""
+const PluginDir = "/usr/lib/nagios/plugins"
+const NodeName = "monitor.test"
+const ZoneName = "master"
+object Endpoint NodeName {{}}
+object Zone ZoneName {{ endpoints = [ NodeName ] }}
+include <itl>
+include <plugins>
+include "{REPO / 'contrib' / 'icinga2' / 'mps-health.conf'}"
+object Host "gpu01" {{
+  check_command = "dummy"
+  enable_active_checks = false
+  vars.mps_gpu_node = true
+  vars.mps_plugin = "{site['plugin']}"
+}}
+object CheckerComponent "checker" {{}}
+object ExternalCommandListener "command" {{ command_path = "{work}/icinga2.cmd" }}
+object PerfdataWriter "perfdata" {{
+  service_perfdata_path = "{work}/service-perfdata"
+  service_temp_path = "{work}/service-perfdata.tmp"
+  host_perfdata_path = "{work}/host-perfdata"
+  host_temp_path = "{work}/host-perfdata.tmp"
+  service_format_template = "SERVICE::$service.name$\\tSTATE::$service.state_id$\\tCHECKED::$service.last_check$\\tOUTPUT::$service.output$"
+  rotation_interval = 1s
+}}
+""")
+    conf.chmod(0o644)
+    return conf
+
+
+def icinga_result(work: Path, checked_after: float) -> Optional[str]:
+    """'state|output' of the newest result of service mps checked after ``checked_after``."""
+    newest = None
+    for path in sorted(work.glob("service-perfdata*")):
+        for line in path.read_text(errors="replace").splitlines():
+            fields = dict(f.split("::", 1) for f in line.split("\t") if "::" in f)
+            if fields.get("SERVICE") == "mps" and float(fields["CHECKED"]) >= checked_after:
+                newest = f"{fields['STATE']}|{fields['OUTPUT']}"
+    return newest
+
+
+def test_icinga2_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
+    icinga2 = need("icinga2")
+    conf, work = icinga_conf(site), site["work"]
+    for sub in ("data", "log", "cache", "spool", "run"):
+        (work / sub).mkdir()
+        os.chown(work / sub, work.stat().st_uid, work.stat().st_gid)
+    argv = [icinga2, "daemon", "-c", str(conf), "-DRunAsUser=nagios", "-DRunAsGroup=nagios",
+            *(f"-D{name}={work / sub}" for name, sub in (
+                ("DataDir", "data"), ("LogDir", "log"), ("CacheDir", "cache"),
+                ("SpoolDir", "spool"), ("InitRunDir", "run"))),
+            f"-DPidPath={work / 'run' / 'icinga2.pid'}"]
+    log = site["base"] / "icinga2.out"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def forced(after: float) -> str:
+            # Asked again every few seconds: a forced check that arrives while Icinga's
+            # own first check of the service runs is dropped.
+            for _ in range(12):
+                command(work / "icinga2.cmd",
+                        f"SCHEDULE_FORCED_SVC_CHECK;gpu01;mps;{int(time.time())}")
+                with contextlib.suppress(AssertionError):
+                    return poll("service result", lambda: icinga_result(work, after), 5, log)
+            raise AssertionError(f"no result of a forced check: {log.read_text()[-3000:]}")
+
+        ok = forced(time.time())
+        assert ok.startswith("0|MPS OK - "), ok
+        kill_and_wait(int(str(site["daemon"])))
+        bad = forced(time.time())
         assert bad.startswith("2|MPS CRITICAL - daemon-stale node"), bad
     finally:
         stop(proc)
