@@ -108,6 +108,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         mine = [f for f in lf.findings if f.log_dir == inst.log_dir]
         yield from judge(inst.name, mine, lf, config)
     if lf.state_error:
-        yield Result(NAME, OK, "ok", "", f"offsets not kept: {lf.state_error}")
+        yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")
     if not facts.instances:
         yield ok(NAME, "", "no MPS instance on this node")

@@ -112,7 +112,7 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
     if sf.state_error:
-        yield Result(NAME, 0, "ok", "", f"history not kept: {sf.state_error}")
+        yield Result(NAME, 0, "ok", "", f"server history: {sf.state_error}")
     for inst in facts.instances:
         cur = sf.instances.get(inst.name)
         if cur is None:

@@ -38,7 +38,16 @@ class StateFile:
                 return True
             self.error = f"{self.lock_path} is held by another run; state not saved"
         except OSError as e:
-            self.error = f"cannot use state dir {self.dir}: {e.strerror}"
+            import errno
+
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                # Not root (check_mps as nagios): root's runs keep the memory; this run
+                # reads it and is judged against it, and only its own view is lost.
+                self.error = (f"{self.dir} is read-only for uid {os.geteuid()} "
+                              f"({e.strerror}): read what root's runs keep there, "
+                              "this run's own view is not saved")
+            else:
+                self.error = f"cannot use state dir {self.dir}: {e.strerror}"
         return False
 
     def unlock(self) -> None:

@@ -2,29 +2,24 @@
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
 # Tests live in folders by kind (unit, e2e, real, fleet, gpu); the shared helper modules
 # beside this file are imported by plain name from all of them.
-for _path in (TESTS, TESTS / "gpu"):
+for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent / "gpu"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+
 # The real Slurm cluster (tests/slurm_fixture.py) and the real-GPU fixtures (tests/gpu).
 pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
-REPO = TESTS.parent
-FAKES = TESTS / "fakes"
-FIXTURES = TESTS / "fixtures"
-FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
-FAKE_SERVER = str(FAKES / "nvidia-cuda-mps-server")
+import mpsdaemon  # noqa: E402  (found through the path set above)
+from paths import FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401
 
 # Tripwire: no test may touch the host's real state (tests/tripwire/hostpaths.py). This
 # process is watched by an audit hook, every Python program it starts by sitecustomize.
@@ -98,37 +93,20 @@ class FakeDaemon:
         self.pid: Optional[int] = None
 
     def start(self) -> "FakeDaemon":
-        env = dict(os.environ, **self.env, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir),
-                   CUDA_MPS_LOG_DIRECTORY=str(self.log_dir))
-        subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10)
-        pid_file = self.pipe_dir / "nvidia-cuda-mps-control.pid"
-        for _ in range(200):
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            time.sleep(0.01)
-        self.pid = int(pid_file.read_text())
+        self.pid = mpsdaemon.start_daemon(self.pipe_dir, self.log_dir, env=self.env)
         return self
 
     def query(self, command: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir))
-        return subprocess.run([sys.executable, FAKE_CONTROL], input=command + "\n", env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return mpsdaemon.query(self.pipe_dir, command, timeout=timeout)
 
     def signal(self, sig: int) -> None:
         assert self.pid is not None
         os.kill(self.pid, sig)
 
     def stop(self) -> None:
-        if self.pid is None:
-            return
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-            os.kill(self.pid, signal.SIGKILL)  # by the PID we started, never by name
-        except ProcessLookupError:
-            pass
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, os.WNOHANG)
-        self.pid = None
+        if self.pid is not None:
+            mpsdaemon.kill_daemon(self.pid)
+            self.pid = None
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Iterator, List, NamedTuple, Set
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CONTRIB = REPO / "contrib"
 
 

@@ -9,10 +9,9 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -71,12 +70,6 @@ def public_dir() -> Iterator[Path]:
     base.chmod(0o755)
     yield base
     shutil.rmtree(base, ignore_errors=True)
-
-
-def cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60
-        ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
 
 
 def in_namespace(argv: Sequence[str]) -> List[str]:

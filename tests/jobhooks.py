@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
-FAKE_CONTROL = str(Path(__file__).parent / "fakes" / "nvidia-cuda-mps-control")
+from clirun import argv
+from paths import FAKE_CONTROL, FIXTURES, REPO
+
 MAPPED = ("checks", "exporters", "remediation", "slurm")
 
 
@@ -88,7 +88,7 @@ class Site:
     def __init__(self, user: str, python: str, extra_config: str = "",
                  pipe: str = "nvidia-mps_job{job}", log: str = "nvidia-log_job{job}",
                  control: str = FAKE_CONTROL,
-                 mps_health: Sequence[str] = (sys.executable, "-m", "mps_health.cli")) -> None:
+                 mps_health: Sequence[str] = tuple(argv("mps-health"))) -> None:
         self.user = user
         self.python = python
         self.pw = pwd.getpwnam(user)

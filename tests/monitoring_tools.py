@@ -6,13 +6,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 import pytest
+from clirun import argv
 
 T = TypeVar("T")
 
@@ -93,9 +93,9 @@ def started(argv: List[str], log: Path, env: Optional[dict] = None
 def exporter(tmp_path: Path, config: str, *args: str) -> Iterator[Tuple[subprocess.Popen, str]]:
     """``mps-health exporter`` on a free port: (process, base URL)."""
     log = tmp_path / "exporter.log"
-    argv = [sys.executable, "-m", "mps_health.cli", "exporter", "--config", config,
-            "--listen", "127.0.0.1:0", *args]
-    with started(argv, log) as proc:
+    command = argv("mps-health", "exporter", "--config", config, "--listen", "127.0.0.1:0",
+                   *args)
+    with started(command, log) as proc:
         def announced() -> Optional[str]:
             if proc.poll() is not None:
                 pytest.fail(f"exporter exited {proc.returncode}: {log.read_text()}")

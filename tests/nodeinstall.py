@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 from debian_root import chroot_argv
+from paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 # The Python of Debian 13's python3 package: the wheels of compiled dependencies must match.
 ROOT_PYTHON = "3.13"

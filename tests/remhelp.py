@@ -6,33 +6,16 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 import pytest
 from conftest import FAKE_CONTROL
 from mps_health.probes.proc import read_processes
 
 TEST_USER = "mpsh-remtest"
-
-
-def mps_health(*args: str, env: Optional[dict] = None, timeout: float = 60
-               ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
-
-
-def healthcheck_exe() -> str:
-    """The installed console script slurm.conf names (next to this Python, or on PATH)."""
-    exe = Path(sys.executable).parent / "mps-health-healthcheck"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("mps-health-healthcheck")
-    assert found, "mps-health-healthcheck is not installed (pip install -e .)"
-    return found
 
 
 def kill_daemons_under(base: str) -> None:
@@ -109,20 +92,6 @@ def make_dirs(*paths: Path, mode: int = 0o777) -> None:
         p.chmod(mode)
 
 
-def start_fake(pipe: Path, log: Path, **env: str) -> int:
-    """A fake daemon on ``pipe`` (as root); returns its PID, once it wrote its pid file.
-
-    A stale pid file of an earlier daemon may be there: the new daemon's PID is the one
-    that replaces it, never the stale one."""
-    full = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log),
-                **env)
-    old = None
-    with contextlib.suppress(OSError, ValueError):
-        old = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
-    subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=full, check=True, timeout=10)
-    return wait_pid_file(pipe, old)
-
-
 def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
     """SIGKILL ``pid`` (one we started) and wait until it is a zombie or reaped."""
     os.kill(pid, signal.SIGKILL)
@@ -130,18 +99,6 @@ def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
     while alive(pid):
         assert time.monotonic() < deadline, f"{pid} still runs after SIGKILL"
         time.sleep(0.01)
-
-
-def wait_pid_file(pipe: Path, old: Optional[int] = None, timeout: float = 10.0) -> int:
-    pid_file = pipe / "nvidia-cuda-mps-control.pid"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text())
-            if pid != old:
-                return pid
-        time.sleep(0.02)
-    raise AssertionError(f"no new pid file in {pipe}")
 
 
 def daemons_of(pipe: Path) -> List[int]:

@@ -10,7 +10,8 @@ import socket
 from pathlib import Path
 from typing import Dict, Optional
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from paths import FIXTURES
+
 RUNNING_ENTRIES = ("control", "control_privileged", "control_lock", "log",
                    "nvidia-cuda-mps-control.pid")
 

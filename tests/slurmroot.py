@@ -30,12 +30,13 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from clirun import argv
+from paths import FAKES, REPO
+
 PACKAGES = ["slurm-wlm", "munge", "python3", "python3-venv"]
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/mps-health"
 CLIENTS = ("scontrol", "squeue", "sinfo", "srun", "sbatch", "scancel")
-REPO = Path(__file__).resolve().parent.parent
-FAKES = Path(__file__).resolve().parent / "fakes"
 # The root's python3 (Debian 13) is 3.13: its binary wheels are fetched for that.
 ROOT_PYTHON = "3.13"
 
@@ -211,7 +212,7 @@ class SlurmRoot:
 
 def mps_health_argv(root: Optional[SlurmRoot]) -> List[str]:
     """mps-health as a node has it: the root's install, or this checkout's."""
-    return root.mps_health() if root is not None else [sys.executable, "-m", "mps_health.cli"]
+    return root.mps_health() if root is not None else argv("mps-health")
 
 
 def make_root(dest: Path, cache: Path) -> SlurmRoot:

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 from typing import List, Tuple
 
+from clirun import mps_health
 from conftest import FAKE_CONTROL
-from hostile import ATTACKER, VICTIM, cli, ensure_user, fake_squeue, public_dir, run_as, squeue_line
+from hostile import ATTACKER, VICTIM, ensure_user, fake_squeue, public_dir, run_as, squeue_line
 
 __all__ = ["public_dir"]  # the fixture, used by name
 
@@ -59,7 +60,7 @@ def site(base: Path, extra: str, jobs: List[str]) -> Tuple[Path, Path, Path]:
 
 
 def check(config: Path) -> Tuple[int, dict]:
-    r = cli("check", "--config", str(config), "--only", "daemon,control", "--format", "json")
+    r = mps_health("check", "--config", str(config), "--only", "daemon,control", "--format", "json")
     assert r.returncode in (0, 1, 2, 3) and r.stderr == "", r.stdout + r.stderr
     return r.returncode, json.loads(r.stdout)
 

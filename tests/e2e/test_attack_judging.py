@@ -14,18 +14,19 @@ from pathlib import Path
 from typing import Iterator, Tuple
 
 import pytest
-from conftest import FAKE_CONTROL, FakeDaemon
+from clirun import mps_health
+from conftest import FakeDaemon
 from hostile import (
     ATTACKER,
     VICTIM,
     as_user,
-    cli,
     ensure_user,
     fake_squeue,
     public_dir,
     run_as,
     squeue_line,
 )
+from mpsdaemon import kill_daemon, start_daemon
 
 __all__ = ["public_dir"]  # the fixture, used by name
 
@@ -33,8 +34,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is und
 
 
 def check_json(config: Path, *extra: str) -> Tuple[int, dict]:
-    r = cli("check", "--config", str(config), "--only", "daemon,directories", "--format", "json",
-            *extra)
+    r = mps_health("check", "--config", str(config), "--only", "daemon,directories",
+                   "--format", "json", *extra)
     assert r.returncode in (0, 1, 2, 3) and r.stderr == "", r.stdout + r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -207,19 +208,10 @@ def test_a_fake_daemon_by_its_own_user_in_the_job_dir_is_judged(per_job,
     for d in (pipe, log):
         d.mkdir(mode=0o700)
         os.chown(d, pw.pw_uid, pw.pw_gid)
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
-           "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([SYSTEM_PYTHON, FAKE_CONTROL, "-d"], env=env, capture_output=True,
-                       text=True, timeout=10, **as_user(VICTIM))
-    assert r.returncode == 0, r.stderr
+    daemon = start_daemon(pipe, log, env={"PATH": "/usr/bin:/bin"}, inherit=False,
+                          python=SYSTEM_PYTHON, **as_user(VICTIM))
     try:
         rc, report = check_json(config)
         assert (rc, report["problems"]) == (0, [])
     finally:
-        pid_file = pipe / "nvidia-cuda-mps-control.pid"
-        for _ in range(100):
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            time.sleep(0.02)
-        if pid_file.exists() and pid_file.read_text().strip().isdigit():
-            os.kill(int(pid_file.read_text()), 9)
+        kill_daemon(daemon)

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from clirun import mps_health
 from conftest import FAKE_CONTROL
-from hostile import ATTACKER, as_user, cli, ensure_user, public_dir, run_as
+from hostile import ATTACKER, as_user, ensure_user, public_dir, run_as
 from mps_health.printable import printable
 
 __all__ = ["public_dir"]  # the fixture, used by name
@@ -60,13 +61,13 @@ def _clean(text: str) -> None:
 def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
                                                                public_dir: Path) -> None:
     only = ("--only", "strays,directories")
-    r = cli("check", "--config", str(posing), "-v", *only)
+    r = mps_health("check", "--config", str(posing), "-v", *only)
     assert r.returncode == 1, r.stdout + r.stderr
     _clean(r.stdout + r.stderr)
     assert "serves /tmp/x\\x0aOK daemon[node]: all good\\x1b]0;pwned\\x07" in r.stdout
     assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout
 
-    r = cli("check", "--config", str(posing), "--format", "json", *only)
+    r = mps_health("check", "--config", str(posing), "--format", "json", *only)
     report = json.loads(r.stdout)
     messages = " ".join(p["message"] for p in report["problems"])
     _clean(messages)
@@ -81,7 +82,7 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
 
     out = public_dir / "textfile"
     out.mkdir()
-    r = cli("exporter", "--config", str(posing), "--textfile", str(out))
+    r = mps_health("exporter", "--config", str(posing), "--textfile", str(out))
     assert r.returncode == 0, r.stderr
     _clean((out / "mps_health.prom").read_text())
 
@@ -97,7 +98,7 @@ def test_drain_reason_and_audit_line_are_escaped() -> None:
 
 
 def test_error_lines_and_action_output_are_escaped(public_dir: Path) -> None:
-    r = cli("check", "--config", str(public_dir / f"c\x1b]0;t\x07\n{FORGED}.yaml"))
+    r = mps_health("check", "--config", str(public_dir / f"c\x1b]0;t\x07\n{FORGED}.yaml"))
     assert r.returncode == 3 and r.stdout == ""
     _clean(r.stderr)
     assert len(r.stderr.splitlines()) == 1
@@ -112,6 +113,6 @@ def test_error_lines_and_action_output_are_escaped(public_dir: Path) -> None:
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\nremediation:\n"
                       f"  audit_log: {public_dir}/audit.log\n  syslog: false\n"
                       f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n")
-    r = cli("remediate", "reset", "--dry-run", "--config", str(config))
+    r = mps_health("remediate", "reset", "--dry-run", "--config", str(config))
     _clean(r.stdout + r.stderr)
     assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout

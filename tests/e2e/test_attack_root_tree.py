@@ -7,7 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from hostile import ATTACKER, cli, ensure_user, public_dir, run_as
+from clirun import mps_health
+from hostile import ATTACKER, ensure_user, public_dir, run_as
 from roottree import add_dir, add_pipe_dir, add_process
 
 __all__ = ["public_dir"]  # the fixture, used by name
@@ -46,7 +47,7 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
     config.write_text(f"state_dir: {state}\nmps:\n  log_dir: {host_logs}\n")
     before = (_all_files(tree), _all_files(target), _all_files(state))
 
-    r = cli("check", "--root", str(tree), "--config", str(config), "--format", "json")
+    r = mps_health("check", "--root", str(tree), "--config", str(config), "--format", "json")
     report = json.loads(r.stdout)
     codes = {p["code"] for p in report["problems"]}
     assert "log-fatal" in codes or any(c.startswith("log-") for c in codes), report["problems"]
@@ -56,7 +57,7 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
     host = public_dir / "host.yaml"
     host.write_text(f"state_dir: {state}\nrun_dir: {public_dir}/run\nmps:\n"
                     f"  pipe_dir: {public_dir}/pipe\n  log_dir: {public_dir}/log\n")
-    r = cli("check", "--config", str(host), "--only", "logs", "--format", "json")
+    r = mps_health("check", "--config", str(host), "--only", "logs", "--format", "json")
     assert not [p for p in json.loads(r.stdout)["problems"] if p["code"].startswith("log-")
                 and "77" in p["message"]]
 
@@ -64,11 +65,11 @@ def test_a_root_tree_run_writes_nothing_even_through_planted_links(public_dir: P
 def test_a_relative_or_missing_root_is_one_line_and_unknown(public_dir: Path) -> None:
     config = public_dir / "config.yaml"
     config.write_text(f"state_dir: {public_dir}/state\nrun_dir: {public_dir}/run\n")
-    r = cli("check", "--root", "some/tree", "--config", str(config))
+    r = mps_health("check", "--root", "some/tree", "--config", str(config))
     assert r.returncode == 3 and r.stdout == ""
     assert len(r.stderr.splitlines()) == 1 and "must be an absolute path" in r.stderr
     missing = public_dir / "no-such-tree"
-    r = cli("check", "--root", str(missing), "--config", str(config))
+    r = mps_health("check", "--root", str(missing), "--config", str(config))
     assert r.returncode == 3 and "is not a directory" in r.stderr
     assert not missing.exists() and not (public_dir / "run").exists()
     assert os.listdir(public_dir) == ["config.yaml"]

@@ -14,27 +14,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import pytest
-from conftest import FAKE_CONTROL, FAKES, node_config
+from clirun import mps_health, results
+from conftest import FAKES, node_config
 from mps_health import canary_client
 from mps_health.probes import canary as probe
 from mps_health.runner import Completed
+from mpsdaemon import start_daemon
 
 NOBODY = 65534
-
-
-def mps_health(*args: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, **(env or {})))
-
-
-def canary_result(r: subprocess.CompletedProcess) -> dict:
-    data = json.loads(r.stdout)
-    (result,) = [x for c in data["checks"] if c["name"] == "canary" for x in c["results"]]
-    return result
 
 
 def fake_canary(extra: str = "") -> str:
@@ -98,7 +88,7 @@ def test_served_by_mps_reports_latency(tmp_path: Path, fake_daemon) -> None:
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
     r = mps_health("check", "--config", cfg, "--only", "canary", "--format", "json")
     assert r.returncode == 0, r.stdout + r.stderr
-    res = canary_result(r)
+    (res,) = results(r, "canary")
     server = d.query("get_server_list").stdout.strip()
     assert res["message"].startswith("a CUDA client (pid ")
     assert res["message"].endswith(f"served by MPS server {server}")
@@ -172,7 +162,7 @@ def test_skips_while_another_users_clients_are_connected(tmp_path: Path, fake_da
     server = d.query(f"fake_client_connect {other_user_client.pid} {NOBODY}").stdout.strip()
     r = mps_health("check", "--config", cfg, "--only", "canary", "--format", "json")
     assert r.returncode == 0
-    res = canary_result(r)
+    (res,) = results(r, "canary")
     assert res["code"] == "canary-skipped"
     assert res["message"] == (
         f"canary not run: 1 client(s) of another user are connected (e.g. "
@@ -195,15 +185,7 @@ def test_runs_as_the_daemons_user(fake_path: str) -> None:
         for p in (pipe, log):
             p.mkdir()
             os.chown(p, NOBODY, NOBODY)
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
-        subprocess.run([python, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10,
-                       user=NOBODY, group=NOBODY)
-        pid_file = pipe / "nvidia-cuda-mps-control.pid"
-        for _ in range(500):  # the fake writes it after binding: wait for the content
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            time.sleep(0.01)
-        daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+        daemon = start_daemon(pipe, log, python=python, user=NOBODY, group=NOBODY)
         try:
             cfg = node_config(Path(base), pipe, log, fake_canary())
             r = mps_health("check", "--config", cfg, "--only", "canary")

@@ -1,19 +1,11 @@
 """End to end: the installed ``mps-health check`` against fake daemons, every exit code."""
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from clirun import mps_health, problem_codes
 from conftest import node_config, write_config
-
-
-def mps_health(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
 def test_healthy_daemon_is_ok(tmp_path: Path, fake_daemon) -> None:
@@ -35,7 +27,7 @@ def test_stopped_daemon_is_critical_within_timeout(tmp_path: Path, fake_daemon) 
     elapsed = time.monotonic() - t0
     d.signal(signal.SIGCONT)
     assert r.returncode == 2
-    codes = {p["code"] for p in json.loads(r.stdout)["problems"]}
+    codes = set(problem_codes(r))
     assert {"daemon-stopped", "control-wedged"} <= codes
     assert elapsed < 10  # bounded; the exact bound is measured in bench/, not asserted here
 

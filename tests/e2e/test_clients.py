@@ -9,12 +9,12 @@ real client processes and a squeue stand-in printing squeue's own format.
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from clirun import mps_health
 from conftest import FIXTURES, fixture_text, node_config
 from mps_health.config import from_mapping
 from mps_health.facts import Facts, Instance
@@ -286,11 +286,6 @@ def test_bad_config_is_one_line_at_load() -> None:
 
 SQUEUE = ("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%U|%T|%M|%b' (lines as Slurm 22.05 prints)\n"
           "printf '101|root|0|RUNNING|0:42|gres:mps:30\\n103|root|0|RUNNING|0:42|gres:gpu:1\\n'\n")
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=60)
 
 
 def test_view_and_check_end_to_end(tmp_path: Path, fake_daemon) -> None:

@@ -6,12 +6,11 @@ client would be reported UNKNOWN (facts-unavailable) and the health check would 
 drain for it.
 """
 
-import json
 import signal
 import time
 
+from clirun import mps_health, problem_codes
 from conftest import node_config
-from remhelp import mps_health
 
 
 def test_wedged_daemon_is_critical_when_the_budget_ends_first(tmp_path, fake_daemon) -> None:
@@ -25,7 +24,7 @@ def test_wedged_daemon_is_critical_when_the_budget_ends_first(tmp_path, fake_dae
         took = time.monotonic() - t0
     finally:
         d.signal(signal.SIGCONT)
-    codes = [p["code"] for p in json.loads(r.stdout)["problems"]]
+    codes = problem_codes(r)
     assert r.returncode == 2, r.stdout
     assert codes == ["control-wedged"]
     assert took < 10

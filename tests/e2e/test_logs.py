@@ -1,28 +1,16 @@
 """logs: the real control.log lines, incremental reads, rotation, truncation, the window."""
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import List
 
+from clirun import mps_health, results
 from conftest import fixture_text, node_config
 from mps_health.facts_deep import LogPosition
 from mps_health.probes import logs as probe
 
 SEEN = "control.log__h200-cuda13.0_seen-lines.txt"
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=30, env=dict(os.environ))
-
-
-def logs_results(r: subprocess.CompletedProcess) -> List[dict]:
-    data = json.loads(r.stdout)
-    return [x for c in data["checks"] if c["name"] == "logs" for x in c["results"]]
 
 
 def line(text: str, at: float, role: str = "Control", pid: int = 436) -> str:
@@ -170,7 +158,7 @@ def test_findings_are_reported_within_the_window_and_never_twice(tmp_path: Path,
     with (log / "control.log").open("a") as f:
         f.write(line("Server 511 exited with status 1", time.time()))
     again = mps_health("check", "--config", cfg, "--only", "logs", "--format", "json")
-    exits = [x for x in logs_results(again) if x["code"] == "log-server-exit"]
+    exits = [x for x in results(again, "logs") if x["code"] == "log-server-exit"]
     assert exits[0]["message"].startswith("2 in the last")  # the old one once, plus the new
     assert exits[0]["values"]["log_server_exit"] == 2
     time.sleep(3.2)

@@ -14,15 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import check_mps
 from conftest import node_config, write_config
 from monitoring_tools import node_wide_check
 from mps_health.commands import check_mps as plugin
 from plugin_output import parse
-
-
-def check_mps(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.commands.check_mps", *args],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
 def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None:

@@ -3,7 +3,8 @@
 
 from pathlib import Path
 
-from remhelp import mps_health, tree, write_config  # noqa: F401
+from clirun import mps_health
+from remhelp import tree, write_config  # noqa: F401
 
 
 def no_mps_config(tree: Path) -> str:

@@ -4,10 +4,12 @@ while an unplanned restart still warns, once per instance and code however often
 
 from pathlib import Path
 
+from clirun import mps_health
 from mps_health import planned
 from mps_health.facts_deep import InstanceServers, PlannedRestart, ServerEvent, ServerMemory
 from mps_health.servertrack import MAX_EVENTS, advance
-from remhelp import daemons_of, kill_and_wait, make_dirs, mps_health, start_fake, tree, write_config  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import daemons_of, kill_and_wait, make_dirs, tree, write_config  # noqa: F401
 
 
 def servers(pid: int, start: int = 5) -> InstanceServers:
@@ -55,7 +57,7 @@ def test_events_are_bounded_per_instance() -> None:
 def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    start_fake(tree / "pipe", tree / "log")
+    start_daemon(tree / "pipe", tree / "log")
 
     def check() -> str:
         r = mps_health("check", "--config", cfg, "--only", "servers")
@@ -69,7 +71,7 @@ def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(tree: Path) 
     for _ in range(3):  # three unplanned restarts: one finding with a count
         for pid in daemons_of(tree / "pipe"):
             kill_and_wait(pid)
-        start_fake(tree / "pipe", tree / "log")
+        start_daemon(tree / "pipe", tree / "log")
         out = check()
     lines = [ln for ln in out.splitlines() if "daemon-restarted" in ln]
     assert len(lines) == 2, out  # the summary and one finding

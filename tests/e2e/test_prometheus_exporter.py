@@ -1,20 +1,14 @@
 """``mps-health exporter``: served and textfile output against fake daemons, checked by
 promtool; scrapes answered from the cache while a wedged daemon holds a run."""
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from clirun import mps_health
 from conftest import node_config, write_config
 from monitoring_tools import exporter, get, metric_lines, need, wait_for
-
-
-def mps_health(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
 def promtool_check(text: str) -> subprocess.CompletedProcess:

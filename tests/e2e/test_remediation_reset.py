@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import mps_health
 from mps_health.config import ConfigError, load
 from mps_health.filelock import node_lock
+from mpsdaemon import start_daemon
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
     environ_of,
     kill_and_wait,
     make_dirs,
-    mps_health,
-    start_fake,
     test_user,
     tree,
     uid_of,
@@ -72,7 +72,7 @@ def test_missing_daemon_is_started_and_a_second_reset_only_verifies(tree: Path) 
 def test_stale_dir_after_sigkill_is_cleared_and_restarted(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.1)
     assert (tree / "pipe" / "control").exists()  # stale socket left behind
@@ -86,7 +86,7 @@ def test_stale_dir_after_sigkill_is_cleared_and_restarted(tree: Path) -> None:
 def test_stopped_daemon_is_ended_by_pid_and_replaced(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     os.kill(pid, signal.SIGSTOP)
     r = reset(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -101,7 +101,7 @@ def test_stopped_daemon_is_ended_by_pid_and_replaced(tree: Path) -> None:
 def test_wrong_mode_is_fixed_through_the_fd(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    start_fake(tree / "pipe", tree / "log")
+    start_daemon(tree / "pipe", tree / "log")
     (tree / "pipe").chmod(0o700)
     old_umask = os.umask(0o077)  # the fix must not depend on the caller's umask
     try:
@@ -169,11 +169,11 @@ def test_pipe_dir_owned_by_another_user_is_moved_aside_intact(tree: Path, test_u
 
 def test_pid_file_naming_an_unrelated_process_does_not_get_it_killed(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log", tree / "other-pipe", tree / "other-log")
-    other = start_fake(tree / "other-pipe", tree / "other-log")  # another instance's daemon
+    other = start_daemon(tree / "other-pipe", tree / "other-log")  # another instance's daemon
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         for victim in (bystander.pid, other):
-            pid = start_fake(tree / "pipe", tree / "log")
+            pid = start_daemon(tree / "pipe", tree / "log")
             kill_and_wait(pid)  # nothing writes the pid file after this
             (tree / "pipe" / "nvidia-cuda-mps-control.pid").write_text(str(victim))
             r = reset(write_config(tree))
@@ -195,7 +195,7 @@ def test_connected_clients_make_reset_refuse_until_forced(tree: Path) -> None:
     try:
         # The fake answers every query with FAKE_MPS_REPLY: one server and one client, both
         # the PID of our stand-in client process.
-        pid = start_fake(tree / "pipe", tree / "log", FAKE_MPS_REPLY=str(client.pid))
+        pid = start_daemon(tree / "pipe", tree / "log", env={"FAKE_MPS_REPLY": str(client.pid)})
         (tree / "pipe").chmod(0o700)  # something to repair
         cfg = write_config(tree)
         r = reset(cfg)
@@ -215,7 +215,7 @@ def test_connected_clients_make_reset_refuse_until_forced(tree: Path) -> None:
 def test_healthy_instance_is_restarted_only_with_force(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     r = reset(cfg)
     assert r.returncode == 0 and "nothing to do" in r.stdout
     assert daemons_of(tree / "pipe") == [pid]
@@ -244,7 +244,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tree: Path) -> None:
 def test_two_resets_at_once_take_turns(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
     cfg = write_config(tree)
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     os.kill(pid, signal.SIGKILL)
     results = []
 
@@ -286,7 +286,7 @@ def test_per_gpu_reset_touches_only_its_instance_and_sets_cuda_visible_devices(
         make_dirs(tree / f"pipe{g}", tree / f"log{g}")
     cfg = write_config(tree, layout="per-gpu", pipe=f"{tree}/pipe{{gpu}}",
                        log=f"{tree}/log{{gpu}}", extra="  gpus: [0, 1]")
-    gpu0 = start_fake(tree / "pipe0", tree / "log0")
+    gpu0 = start_daemon(tree / "pipe0", tree / "log0")
     no_name = reset(cfg)
     assert no_name.returncode == 3 and "name the instance to reset (gpu0, gpu1)" in no_name.stderr
     r = reset(cfg, "gpu1")

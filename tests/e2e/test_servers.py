@@ -1,15 +1,14 @@
 """servers: parse the real answers; FAULT, stuck INITIALIZING, churn and restarts end to end."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from clirun import mps_health, results
 from conftest import fixture_text, node_config
 from mps_health.facts_deep import (
     ClientFact,
@@ -18,16 +17,6 @@ from mps_health.facts_deep import (
 )
 from mps_health.probes import servers as probe
 from mps_health.servertrack import advance
-
-
-def mps_health(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-
-
-def results(r: subprocess.CompletedProcess, check: str = "servers") -> List[dict]:
-    data = json.loads(r.stdout)
-    return [x for c in data["checks"] if c["name"] == check for x in c["results"]]
 
 
 @pytest.fixture
@@ -112,7 +101,7 @@ def test_idle_daemon_is_not_asked(tmp_path: Path, fake_daemon) -> None:
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
     r = mps_health("check", "--config", cfg, "--only", "servers", "--format", "json")
     assert r.returncode == 0, r.stdout + r.stderr
-    (res,) = results(r)
+    (res,) = results(r, "servers")
     assert res["message"] == "no server running" and res["values"]["servers"] == 0
     # No server process: two small /proc reads, no client run (the fast tier's cost).
     assert "get_server_list" not in (d.log_dir / "control.log").read_text()
@@ -131,7 +120,7 @@ def test_fault_server_is_critical_with_pid_user_and_clients(tmp_path: Path, fake
             "(root) is in FAULT") in r.stdout
     assert "mps-health remediate reset node" in r.stdout
     r = mps_health("check", "--config", cfg, "--only", "servers", "--format", "json")
-    (res,) = results(r)
+    (res,) = results(r, "servers")
     assert res["values"] == {"servers": 1, "clients": 1, "servers_fault": 1,
                              "servers_initializing": 0}
 
@@ -201,7 +190,7 @@ def test_stopped_daemon_with_a_server_is_bounded(tmp_path: Path, fake_daemon) ->
         r = mps_health("check", "--config", cfg, "--only", "servers", "--format", "json")
     finally:
         d.signal(signal.SIGCONT)
-    (res,) = results(r)
+    (res,) = results(r, "servers")
     assert r.returncode == 3 and res["code"] == "servers-not-asked"
     assert res["message"].startswith("cannot list the servers (timeout: no answer within")
     assert json.loads(r.stdout)["gather_s"]["servers"] < 5

@@ -6,18 +6,17 @@ the environment real slurmd 22.05 gave them (tests/fixtures/slurm_hook_env__*); 
 TaskProlog runs as the test user. The real-Slurm version is tests/real/test_slurm_jobs.py.
 """
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from clirun import mps_health, report
 from conftest import FAKE_SERVER
 from jobhooks import Site, as_user_kwargs, daemon_pid, proc_uid, user_python
 from slurmcluster import ensure_user
@@ -67,11 +66,10 @@ def environ_of(pid: int) -> dict:
 
 def check(site: Site) -> dict:
     # tmpfiles judges the machine's /tmp aging rules, not these dirs: skipped here.
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
-                        str(site.config), "--skip", "tmpfiles", "--format", "json"],
-                       capture_output=True, text=True, timeout=60)
+    r = mps_health("check", "--config", str(site.config), "--skip", "tmpfiles",
+                   "--format", "json")
     assert r.returncode in (0, 1, 2), r.stderr
-    return json.loads(r.stdout)
+    return report(r)
 
 
 def test_mps_job_life_cycle(make_site) -> None:

@@ -3,12 +3,12 @@
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from clirun import mps_health
 from conftest import REPO
 from jobhooks import user_python
 from mps_health.config import ConfigError, from_mapping
@@ -43,11 +43,6 @@ def python() -> Iterator[str]:
         yield found
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=120)
 
 
 def settings(data: dict) -> JobsSettings:

@@ -1,19 +1,13 @@
 """Snapshots: facts saved as JSON judge the same way later; bad files get one line."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import mps_health
 from conftest import REPO, node_config
 
 EXAMPLES = REPO / "examples"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=60)
 
 
 def test_snapshot_then_replay_gives_the_same_verdict(tmp_path: Path, fake_daemon) -> None:
@@ -21,11 +15,11 @@ def test_snapshot_then_replay_gives_the_same_verdict(tmp_path: Path, fake_daemon
     (d.pipe_dir).chmod(0o700)
     cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
     snap = tmp_path / "snap.json"
-    r = cli("snapshot", "--config", cfg, "-o", str(snap))
+    r = mps_health("snapshot", "--config", cfg, "-o", str(snap))
     assert r.returncode == 0, r.stderr
-    live = cli("check", "--config", cfg, "--format", "json", "--skip", "strays")
+    live = mps_health("check", "--config", cfg, "--format", "json", "--skip", "strays")
     d.stop()  # the node changes; the snapshot does not
-    replayed = cli("check", "--replay", str(snap), "--format", "json", "--skip", "strays")
+    replayed = mps_health("check", "--replay", str(snap), "--format", "json", "--skip", "strays")
     assert replayed.returncode == live.returncode == 2
     codes = lambda out: sorted(p["code"] for p in json.loads(out)["problems"])  # noqa: E731
     assert codes(replayed.stdout) == codes(live.stdout) == ["pipe-dir-mode"]
@@ -41,13 +35,13 @@ def test_snapshot_then_replay_gives_the_same_verdict(tmp_path: Path, fake_daemon
 def test_bad_snapshot_is_one_line(tmp_path: Path, content: str, message: str) -> None:
     snap = tmp_path / "bad.json"
     snap.write_text(content)
-    r = cli("check", "--replay", str(snap))
+    r = mps_health("check", "--replay", str(snap))
     assert r.returncode == 3
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name,state", [("healthy-node.json", 0), ("broken-node.json", 2)])
 def test_shipped_examples_replay(name: str, state: int) -> None:
-    r = cli("check", "--replay", str(EXAMPLES / name))
+    r = mps_health("check", "--replay", str(EXAMPLES / name))
     assert r.returncode == state, r.stdout + r.stderr
     assert r.stdout.startswith("MPS " + ("OK" if state == 0 else "CRITICAL"))

@@ -3,7 +3,8 @@ applies it as root at every boot."""
 
 from pathlib import Path
 
-from hostile import cli, public_dir
+from clirun import mps_health
+from hostile import public_dir
 from mps_health.config import from_mapping
 from mps_health.remediation.tmpfiles_guard import GUARD_FILE, render, rendered_rules_ok
 
@@ -24,7 +25,7 @@ def _tree(base: Path, pipe_dir: str) -> Path:
 def test_a_guard_that_does_not_guard_is_removed_again(public_dir: Path) -> None:
     """'[a]' is a glob to systemd-tmpfiles: 'x /tmp/mps[a]' does not cover /tmp/mps[a]."""
     root = _tree(public_dir, "/tmp/mps[a]")
-    r = cli("remediate", "tmpfiles-guard", "--root", str(root), "--config",
+    r = mps_health("remediate", "tmpfiles-guard", "--root", str(root), "--config",
             str(public_dir / "config.yaml"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "still not guarded: /tmp/mps[a]" in r.stdout + r.stderr
@@ -36,7 +37,7 @@ def test_a_failed_update_puts_the_previous_guard_back(public_dir: Path) -> None:
     root = _tree(public_dir, "/tmp/mps[a]")
     previous = render(from_mapping({}, None).mps)  # ours, for the default dirs
     (root / GUARD_FILE.lstrip("/")).write_text(previous)
-    r = cli("remediate", "tmpfiles-guard", "--root", str(root), "--config",
+    r = mps_health("remediate", "tmpfiles-guard", "--root", str(root), "--config",
             str(public_dir / "config.yaml"))
     assert r.returncode == 2 and "the previous file was put back" in r.stdout + r.stderr
     assert (root / GUARD_FILE.lstrip("/")).read_text() == previous

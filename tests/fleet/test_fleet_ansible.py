@@ -17,9 +17,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+from clirun import mps_health
 from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need, wheelhouse  # noqa: F401
-from remhelp import make_dirs, mps_health, start_fake, tree  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, tree  # noqa: F401
 
 ANSIBLE = CONTRIB / "ansible"
 
@@ -68,7 +70,7 @@ def test_role_audit_reset(tree: Path, dists, wheelhouse: Path) -> None:
     [source] = list(source.iterdir())
     pipe, log = base / "pipe", base / "log"
     make_dirs(pipe, log)
-    os.kill(start_fake(pipe, log), signal.SIGKILL)  # stale: every entry left behind
+    os.kill(start_daemon(pipe, log), signal.SIGKILL)  # stale: every entry left behind
     pipe.chmod(0o700)
     (base / "root" / "etc").mkdir(parents=True)
     venv = base / "venv"

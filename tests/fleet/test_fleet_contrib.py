@@ -4,6 +4,7 @@ mps-health's own loaders, and the RPM spec through rpmbuild and rpm -qlp."""
 # ruff: noqa: F811  (fixtures come from remhelp and fleethelp)
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -11,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import argv, mps_health
 from conftest import FAKE_CONTROL, REPO
 from fleethelp import CONTRIB, dists, need  # noqa: F401
-from remhelp import make_dirs, start_fake, tree  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, tree  # noqa: F401
 
 UNITS = ("nvidia-mps.service", "nvidia-mps@.service", "mps-health-exporter.service",
          "mps-health-textfile.service", "mps-health-textfile.timer")
@@ -92,19 +95,17 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
     """ExecStartPre and ExecStop as the unit runs them: env from Environment=, no shell."""
     pipe, log = tree / "nvidia-mps_0", tree / "nvidia-mps-log_0"
     os.symlink("/etc", pipe)  # planted in /tmp: moved aside, never followed
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
-    cli = [sys.executable, "-m", "mps_health.cli", "unit"]
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
     cfg = tree / "unit.yaml"
     cfg.write_text(f"state_dir: {tree}/state\n")
-    r = subprocess.run([*cli, "prepare", "--config", str(cfg)], env=env, capture_output=True,
-                       text=True, timeout=30)
+    r = mps_health("unit", "prepare", "--config", str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and "aside" in r.stdout
     assert not pipe.is_symlink() and (pipe.stat().st_mode & 0o7777) == 0o777
     assert oct(os.stat("/etc").st_mode & 0o7777) != "0o777"
-    pid = start_fake(pipe, log)
-    r = subprocess.run([*cli, "stop", "--control", FAKE_CONTROL, "--timeout", "10", "--config",
-                        str(cfg)], env=env, capture_output=True, text=True, timeout=30)
+    pid = start_daemon(pipe, log)
+    r = mps_health("unit", "stop", "--control", FAKE_CONTROL, "--timeout", "10", "--config",
+                   str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and f"control daemon {pid}" in r.stdout
     # Both recorded as planned: the servers check does not call them daemon-restarted.
@@ -115,10 +116,10 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
         [(str(pipe), "unit start"), (str(pipe), "unit stop")]
     assert not Path(f"/proc/{pid}").exists() or \
         Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    r = subprocess.run([*cli, "stop"], env=env, capture_output=True, text=True, timeout=30)
+    r = mps_health("unit", "stop", env=env, timeout=30)
     assert r.returncode == 0 and "nothing to stop" in r.stdout
-    r = subprocess.run([*cli, "stop"], env={"PATH": os.environ["PATH"]}, capture_output=True,
-                       text=True, timeout=30)
+    r = mps_health("unit", "stop", env={"PATH": os.environ["PATH"]}, inherit=False,
+                   timeout=30)
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "CUDA_MPS_PIPE_DIRECTORY" in r.stderr
 
 
@@ -173,7 +174,7 @@ echo "msg=$CHECK_DIE_MSG"
 def _nhc(tree: Path, config: str, *args: str) -> dict:
     prog = tree / "mps-health"
     # A wrapper with this interpreter: NHC's PATH has no mps-health of ours.
-    prog.write_text(f"#!/bin/sh\nexec {sys.executable} -m mps_health.cli \"$@\"\n")
+    prog.write_text(f"#!/bin/sh\nexec {shlex.join(argv('mps-health'))} \"$@\"\n")
     prog.chmod(0o755)
     env = {"SHIM": str(CONTRIB / "nhc/mps_health.nhc"), "LOG": str(tree / "nhc.log"),
            "MPS_HEALTH": str(prog), "DEBUG": "1",
@@ -201,7 +202,7 @@ mps:
   pipe_dir: {pipe}
   log_dir: {log}
 """)
-    pid = start_fake(pipe, log)
+    pid = start_daemon(pipe, log)
     healthy = _nhc(tree, str(config))
     assert healthy["rc"] == "0" and healthy["die"] == ""
     os.kill(pid, signal.SIGKILL)
@@ -217,7 +218,7 @@ mps:
     unknown = _nhc(tree, str(bad), "-u")
     assert unknown["rc"] == "1" and "mps.layout" in unknown["msg"]
     (pipe / "nvidia-cuda-mps-control.pid").unlink()
-    os.kill(start_fake(pipe, log), signal.SIGSTOP)  # never answers: bounded by -t
+    os.kill(start_daemon(pipe, log), signal.SIGSTOP)  # never answers: bounded by -t
     wedged = _nhc(tree, str(config), "-t", "3")
     assert wedged["rc"] == "1"
     assert any(w in wedged["msg"] for w in ("daemon-stopped", "control-wedged",

@@ -6,9 +6,10 @@ that need CUDA skip), so they can be exercised on any machine before a GPU run.
 Never change the card's settings here (no nvidia-smi -c/-r/-pm, clocks, MIG).
 """
 
+import atexit
+import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,8 +18,10 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 import pytest
+from clirun import mps_health
+from mpsdaemon import launch, query, quit_daemon
+from paths import FAKES, REPO
 
-FAKES = Path(__file__).resolve().parent.parent / "fakes"
 USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
 
 
@@ -28,6 +31,28 @@ def real_control() -> Optional[str]:
         return None
     with open(path, "rb") as f:
         return path if f.read(4) == b"\x7fELF" else None  # our fake is a script
+
+
+@functools.cache
+def pythonpath() -> str:
+    """Where ``mps_health`` imports from in a clean environment (another user, cwd /): ""
+    when this Python finds it installed, else a tree of links to this checkout (removed at
+    exit) for PYTHONPATH."""
+    probe = subprocess.run([sys.executable, "-c", "import mps_health.checks.canary"],
+                           cwd="/", capture_output=True, timeout=60)
+    if probe.returncode == 0:
+        return ""
+    tree = Path(tempfile.mkdtemp(prefix="mpsh-import-"))
+    atexit.register(shutil.rmtree, tree, True)
+    pkg = tree / "mps_health"
+    pkg.mkdir()
+    for item in (REPO / "core").iterdir():
+        (pkg / item.name).symlink_to(item)
+    for sub in ("checks", "exporters", "remediation", "slurm"):
+        if (REPO / sub).is_dir() and not (pkg / sub).exists():
+            (pkg / sub).symlink_to(REPO / sub)
+    os.chmod(tree, 0o755)
+    return str(tree)
 
 
 def have_gpu() -> bool:
@@ -73,13 +98,18 @@ class Mps:
         if USE_FAKE:
             self.env["PATH"] = f"{FAKES}{os.pathsep}{self.env['PATH']}"
 
+    @property
+    def binary(self) -> str:
+        """The control binary on this instance's PATH: the real one, or the fake."""
+        found = shutil.which("nvidia-cuda-mps-control", path=self.env["PATH"])
+        assert found, "nvidia-cuda-mps-control is not on PATH"
+        return found
+
     def control(self, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
-        return subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return query(self.pipe, command, self.binary, timeout=timeout, env=self.env)
 
     def start(self) -> subprocess.CompletedProcess:
-        r = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=self.env, capture_output=True,
-                           text=True, timeout=30)
+        r = launch(self.pipe, self.log, self.binary, env=self.env)
         for _ in range(300):
             if self.daemon_pid() is not None:
                 break
@@ -94,24 +124,14 @@ class Mps:
         return int(text) if text.isdigit() and Path(f"/proc/{text}").exists() else None
 
     def check(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "mps_health.cli", "check", "--config", str(self.config),
-               *args]
-        return subprocess.run(cmd, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return mps_health("check", "--config", str(self.config), *args, env=self.env,
+                          timeout=timeout)
 
     def quit(self) -> None:
         pid = self.daemon_pid()
         if pid is not None:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            try:
-                self.control("quit -t 5", timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-            if Path(f"/proc/{pid}").exists():
-                os.kill(pid, signal.SIGKILL)  # the PID we started, never by name
+            quit_daemon(self.pipe, pid, self.binary, command="quit -t 5", env=self.env,
+                        grace=0)
 
 
 def record_proc(pid: int, into: Path) -> None:

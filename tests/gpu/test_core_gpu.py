@@ -5,7 +5,6 @@ then each fault in turn, each reported with its code, and the healthy runs OK.
 Run on the GPU node: python3 -m pytest -m gpu tests/gpu -v -s
 """
 
-import json
 import os
 import shutil
 import signal
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import mps_health, problem_codes
 from mpsgpu import Mps, env_info, have_torch_cuda, out_dir, record_proc, say
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ print("done", flush=True)
 
 
 def codes(r: subprocess.CompletedProcess) -> list:
-    return sorted(p["code"] for p in json.loads(r.stdout)["problems"])
+    return sorted(problem_codes(r))
 
 
 LAST_TOOK = [0.0]
@@ -142,15 +142,13 @@ def test_snapshots_for_examples(mps: Mps) -> None:
     """Real snapshots of a healthy and a broken node for examples/."""
     mps.start()
     out = out_dir()
-    cmd = [sys.executable, "-m", "mps_health.cli", "snapshot", "--config", str(mps.config)]
-    subprocess.run([*cmd, "-o", str(out / "healthy-node.json")], env=mps.env, check=True,
-                   timeout=60)
+    cmd = ("snapshot", "--config", str(mps.config))
+    mps_health(*cmd, "-o", str(out / "healthy-node.json"), env=mps.env, check=True)
     pid = mps.daemon_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     mps.pipe.chmod(0o700)
-    subprocess.run([*cmd, "-o", str(out / "broken-node.json")], env=mps.env, check=True,
-                   timeout=60)
+    mps_health(*cmd, "-o", str(out / "broken-node.json"), env=mps.env, check=True)
     mps.pipe.chmod(0o777)
     say(f"snapshots written to {out}")
 

@@ -25,23 +25,18 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from clirun import mps_health
+from mpsdaemon import query, quit_daemon, start_daemon
+from mpsgpu import pythonpath, real_control
+from paths import FAKES
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parent.parent.parent
-FAKES = REPO / "tests" / "fakes"
 FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
 OTHER_USER = "mpshealth-gpu-test"
 
 
-def _real_control() -> Optional[str]:
-    path = shutil.which("nvidia-cuda-mps-control")
-    if path is None or Path(path).resolve() == (FAKES / "nvidia-cuda-mps-control").resolve():
-        return None
-    return path
-
-
-REAL = bool(shutil.which("nvidia-smi")) and _real_control() is not None
+REAL = bool(shutil.which("nvidia-smi")) and real_control() is not None
 if not (REAL or FAKE):
     pytest.skip("needs a GPU with the MPS binaries (or MPS_HEALTH_GPU_FAKE=1)",
                 allow_module_level=True)
@@ -74,28 +69,6 @@ def show(title: str, text: str) -> None:
     print(f"\n=== {title}\n{text.rstrip()}", flush=True)
 
 
-def _pythonpath() -> str:
-    """Where ``mps_health`` imports from: installed, or a tree of links to this checkout."""
-    probe = subprocess.run([sys.executable, "-c", "import mps_health.checks.canary"],
-                           cwd="/", capture_output=True)
-    if probe.returncode == 0:
-        return ""
-    tree = Path(tempfile.mkdtemp(prefix="mpsh-import-"))
-    pkg = tree / "mps_health"
-    pkg.mkdir()
-    core = REPO / "core" if (REPO / "core").is_dir() else REPO / "mps_health"  # either layout
-    for item in core.iterdir():
-        (pkg / item.name).symlink_to(item)
-    for sub in ("checks", "exporters", "remediation", "slurm"):
-        if (REPO / sub).is_dir() and not (pkg / sub).exists():
-            (pkg / sub).symlink_to(REPO / sub)
-    os.chmod(tree, 0o755)
-    return str(tree)
-
-
-PYTHONPATH = _pythonpath()
-
-
 class Node:
     """A private MPS instance: pipe and log dirs, config, a daemon we start and quit."""
 
@@ -106,7 +79,7 @@ class Node:
         for d in (self.pipe, self.log):
             d.mkdir()
             os.chmod(d, 0o777)
-        self.control = _real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
+        self.control = real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
         commands = f"  nvidia-cuda-mps-control: {self.control}\n"
         if not REAL:
             commands += f"  mps-health-canary: {FAKES / 'mps-canary'}\n"
@@ -117,25 +90,16 @@ class Node:
             f"commands:\n{commands}{extra}")
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
-        if PYTHONPATH:
-            self.env["PYTHONPATH"] = PYTHONPATH
+        if pythonpath():
+            self.env["PYTHONPATH"] = pythonpath()
         self.daemon: Optional[int] = None
 
     def start(self) -> "Node":
-        argv = [self.control, "-d"] if REAL else [sys.executable, self.control, "-d"]
-        subprocess.run(argv, env=self.env, check=True, timeout=30)
-        pid_file = self.pipe / "nvidia-cuda-mps-control.pid"
-        for _ in range(500):
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            time.sleep(0.01)
-        self.daemon = int(pid_file.read_text())
+        self.daemon = start_daemon(self.pipe, self.log, self.control, env=self.env)
         return self
 
     def query(self, command: str, timeout: float = 10) -> str:
-        argv = [self.control] if REAL else [sys.executable, self.control]
-        r = subprocess.run(argv, input=command + "\n", env=self.env, capture_output=True,
-                           text=True, timeout=timeout)
+        r = query(self.pipe, command, self.control, timeout=timeout, env=self.env)
         return f"$ echo {command} | nvidia-cuda-mps-control   (rc {r.returncode})\n" \
                f"{r.stdout}{r.stderr}"
 
@@ -143,9 +107,8 @@ class Node:
         return self.query(command).split("\n", 1)[1].strip()
 
     def check(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
-                               str(self.config), *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd="/")
+        return mps_health("check", "--config", str(self.config), *args, timeout=timeout,
+                          env=self.env, cwd="/")
 
     def logs(self) -> str:
         out = []
@@ -158,17 +121,8 @@ class Node:
     def quit(self) -> None:
         if self.daemon is None:
             return
-        try:
-            os.kill(self.daemon, signal.SIGCONT)
-            self.query("quit -t 5" if REAL else "quit", timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-        for _ in range(100):
-            if not Path(f"/proc/{self.daemon}").exists():
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(self.daemon, signal.SIGKILL)  # the daemon we started, by its PID
+        quit_daemon(self.pipe, self.daemon, self.control, env=self.env,
+                    command="quit -t 5" if REAL else "quit")
         self.daemon = None
 
 

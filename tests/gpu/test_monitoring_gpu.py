@@ -9,8 +9,6 @@ With MPS_HEALTH_GPU_FAKE=1 (no GPU) the same steps run against tests/fakes' daem
 skipping the CUDA client.
 """
 
-import atexit
-import functools
 import os
 import shutil
 import signal
@@ -23,20 +21,14 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+from clirun import argv, run
+from mpsdaemon import quit_daemon, start_daemon
+from mpsgpu import pythonpath, real_control
+from paths import FAKES
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parent.parent.parent
-FAKES = REPO / "tests" / "fakes"
 FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
-
-
-def real_control() -> Optional[str]:
-    path = shutil.which("nvidia-cuda-mps-control")
-    if path is None:
-        return None
-    with open(path, "rb") as f:
-        return path if f.read(4) == b"\x7fELF" else None  # our fake is a script
 
 
 REAL = shutil.which("nvidia-smi") is not None and real_control() is not None
@@ -52,24 +44,6 @@ def importable(module: str, env: dict) -> bool:
 
 def show(title: str, text: str) -> None:
     print(f"\n=== {title}\n{text.rstrip()}", flush=True)
-
-
-@functools.cache
-def pythonpath() -> str:
-    """Where mps_health imports from: installed, or a tree of links to this checkout."""
-    if importable("mps_health.exporters.prometheus", dict(os.environ)):
-        return ""
-    tree = Path(tempfile.mkdtemp(prefix="mpsmon-import-"))
-    atexit.register(shutil.rmtree, tree, True)
-    pkg = tree / "mps_health"
-    pkg.mkdir()
-    core = REPO / "core" if (REPO / "core").is_dir() else REPO / "mps_health"
-    for item in core.iterdir():
-        (pkg / item.name).symlink_to(item)
-    for sub in ("checks", "exporters", "remediation", "slurm"):
-        if (REPO / sub).is_dir() and not (pkg / sub).exists():
-            (pkg / sub).symlink_to(REPO / sub)
-    return str(tree)
 
 
 class Node:
@@ -99,40 +73,22 @@ class Node:
         self.daemon: Optional[int] = None
 
     def start(self) -> "Node":
-        argv = [self.control, "-d"] if REAL else [sys.executable, self.control, "-d"]
-        subprocess.run(argv, env=self.env, check=True, timeout=30)
-        pid_file = self.pipe / "nvidia-cuda-mps-control.pid"
-        for _ in range(500):
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            time.sleep(0.01)
-        self.daemon = int(pid_file.read_text())
+        self.daemon = start_daemon(self.pipe, self.log, self.control, env=self.env)
         return self
 
     def quit(self) -> None:
         if self.daemon is None:
             return
-        argv = [self.control] if REAL else [sys.executable, self.control]
-        try:
-            os.kill(self.daemon, signal.SIGCONT)
-            subprocess.run(argv, input="quit -t 5\n" if REAL else "quit\n", env=self.env,
-                           capture_output=True, text=True, timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-        for _ in range(100):
-            if not Path(f"/proc/{self.daemon}").exists():
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(self.daemon, signal.SIGKILL)  # the daemon we started, by its PID
+        quit_daemon(self.pipe, self.daemon, self.control, env=self.env,
+                    command="quit -t 5" if REAL else "quit")
         self.daemon = None
 
-    def run(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd="/")
+    def run(self, command: str, *args: str, timeout: float = 120
+            ) -> subprocess.CompletedProcess:
+        return run(command, *args, timeout=timeout, env=self.env, cwd="/")
 
     def check_mps(self, *args: str) -> subprocess.CompletedProcess:
-        r = self.run("-m", "mps_health.commands.check_mps", "--config", str(self.config), *args)
+        r = self.run("check_mps", "--config", str(self.config), *args)
         show(f"check_mps {' '.join(args)}   (exit {r.returncode})", r.stdout + r.stderr)
         return r
 
@@ -206,7 +162,7 @@ def test_exporter_textfile_and_scrape_on_a_real_daemon(node: Node) -> None:
     out.mkdir()
     client = cuda_client(node.env)
     try:
-        r = node.run("-m", "mps_health.cli", "exporter", "--config", str(node.config),
+        r = node.run("mps-health", "exporter", "--config", str(node.config),
                      "--textfile", str(out))
         assert r.returncode == 0, r.stderr
         text = (out / "mps_health.prom").read_text()
@@ -222,8 +178,8 @@ def test_exporter_textfile_and_scrape_on_a_real_daemon(node: Node) -> None:
         log = node.base / "exporter.log"
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mps_health.cli", "exporter", "--config",
-                 str(node.config), "--listen", "127.0.0.1:0", "--interval", "5"],
+                argv("mps-health", "exporter", "--config", str(node.config), "--listen",
+                     "127.0.0.1:0", "--interval", "5"),
                 env=node.env, cwd="/", stdout=f, stderr=subprocess.STDOUT)
         try:
             url = ""

@@ -10,21 +10,20 @@ NVML (the CLI parts, which need the live driver, are skipped).
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from clirun import mps_health
 from mps_health import engine
 from mps_health.config import from_mapping
 from mps_health.context import Context
 from mps_health.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
 from mps_health.registry import CHECKS
+from paths import FIXTURES
 
 FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def real_gpu() -> bool:
@@ -49,11 +48,6 @@ def api() -> Any:
 
 def nvml_facts() -> NvmlFacts:
     return read_nvml(api())
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args],
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_live_nvml_facts_parse() -> None:

@@ -9,7 +9,6 @@ tests/fakes/nvidia-cuda-mps-control (the torch client test is skipped there).
 Each test prints what it saw (check and reset outputs, timings) for docs/gpu-validation.md.
 """
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,11 +22,12 @@ from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
 
 import pytest
+from clirun import mps_health
+from mpsdaemon import query, quit_daemon, start_daemon
+from paths import FAKE_CONTROL
 
 pytestmark = pytest.mark.gpu
 
-HERE = Path(__file__).resolve().parent
-FAKE_CONTROL = str(HERE.parent / "fakes" / "nvidia-cuda-mps-control")
 USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
 
 
@@ -46,7 +46,7 @@ if CONTROL is None:
 if os.geteuid() != 0:
     pytest.skip("run as root: reset ends daemons and repairs dirs", allow_module_level=True)
 try:
-    import mps_health.remediation  # noqa: F401
+    from mps_health import remediation  # noqa: F401
 except ImportError:
     pytest.fail("mps_health is not installed: python3 -m pip install --no-deps "
                 "--no-build-isolation -e .", pytrace=False)
@@ -71,21 +71,10 @@ def print_timings() -> Iterator[None]:
         print("  " + line)
 
 
-def cli(*args: str, timeout: float = 120, show: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                       text=True, timeout=timeout)
-    if show:
-        print(f"$ mps-health {' '.join(args)}  -> exit {r.returncode}")
-        print((r.stdout + r.stderr).rstrip())
-    return r
-
-
 def control(inst: Inst, command: str, timeout: float = 10) -> str:
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(inst.pipe),
-               CUDA_MPS_LOG_DIRECTORY=str(inst.log))
-    r = subprocess.run([CONTROL], input=command + "\n", env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    return r.stdout
+    assert CONTROL is not None
+    return query(inst.pipe, command, CONTROL, timeout=timeout,
+                 env={"CUDA_MPS_LOG_DIRECTORY": str(inst.log)}).stdout
 
 
 def daemon_pid(inst: Inst) -> Optional[int]:
@@ -99,8 +88,8 @@ def daemon_pid(inst: Inst) -> Optional[int]:
 
 
 def problems(inst: Inst) -> List[str]:
-    r = cli("check", "--config", inst.cfg, "--only", "daemon,control,directories",
-            "--format", "json", show=False)
+    r = mps_health("check", "--config", inst.cfg, "--only", "daemon,control,directories",
+                   "--format", "json", timeout=120)
     found = [p for p in json.loads(r.stdout)["problems"] if p["instance"] == "node"]
     for p in found:
         print(f"  check: {p['state']} {p['code']}: {p['message']}")
@@ -131,10 +120,8 @@ remediation:
   term_timeout_s: 5
 """)
     i = Inst(base, pipe, log, str(cfg))
-    start = subprocess.run([CONTROL, "-d"], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe),
-                                                     CUDA_MPS_LOG_DIRECTORY=str(log)),
-                           capture_output=True, text=True, timeout=30)
-    assert start.returncode == 0, start.stdout + start.stderr
+    assert CONTROL is not None
+    start_daemon(pipe, log, CONTROL)
     deadline = time.monotonic() + 15
     while control(i, "get_default_active_thread_percentage").strip() == "" and \
             time.monotonic() < deadline:
@@ -143,16 +130,8 @@ remediation:
         yield i
     finally:
         pid = daemon_pid(i)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                control(i, "quit", timeout=15)
-            time.sleep(0.5)
-            pid = daemon_pid(i)
-            if pid is not None:  # by the PID we verified, never by name
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        if pid is not None:  # by the PID we verified, never by name
+            quit_daemon(i.pipe, pid, CONTROL, grace=0.5)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -161,7 +140,7 @@ def repair_and_time(inst: Inst, fault: str, t_fault: float) -> None:
     print(f"fault {fault}: the check finds {found}")
     assert found, f"{fault}: the check saw nothing wrong"
     t0 = time.monotonic()
-    r = cli("remediate", "reset", "--config", inst.cfg)
+    r = mps_health("remediate", "reset", "--config", inst.cfg, timeout=120, show=True)
     reset_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert problems(inst) == [], f"{fault}: still unhealthy after reset"
@@ -253,13 +232,14 @@ def test_a_torch_client_makes_reset_refuse_and_force_loses_only_it(inst: Inst) -
         print(f"servers {servers}, clients {clients}, torch pid {client.pid}")
         assert str(client.pid) in clients, "the torch client is not an MPS client"
         inst.pipe.chmod(0o700)  # something to repair while the client is connected
-        refused = cli("remediate", "reset", "--config", inst.cfg)
+        refused = mps_health("remediate", "reset", "--config", inst.cfg, timeout=120, show=True)
         assert refused.returncode == 1
         assert f"client(s) connected: {client.pid}" in refused.stdout
         assert client.poll() is None, "a refused reset must not touch the client"
         old_daemon = daemon_pid(inst)
         t0 = time.monotonic()
-        forced = cli("remediate", "reset", "--config", inst.cfg, "--force")
+        forced = mps_health("remediate", "reset", "--config", inst.cfg, "--force", timeout=120,
+                            show=True)
         print(f"forced reset took {time.monotonic() - t0:.2f}s")
         assert forced.returncode == 0, forced.stdout + forced.stderr
         try:

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 import pytest
+from clirun import mps_health
 from jobhooks import FAKE_CONTROL, Site, as_user_kwargs, daemon_pid, proc_uid
 from mpsgpu import USE_FAKE, env_info, have_torch_cuda, real_control, say
+from paths import FIXTURES
 from slurmcluster import ensure_user
 
 pytestmark = pytest.mark.gpu
@@ -172,9 +174,7 @@ def test_job_life_cycle_with_a_torch_client(site: Site) -> None:
         say(f"client {client.pid} is served by MPS server {server} (uid {proc_uid(int(server))})")
         assert proc_uid(int(server)) == site.pw.pw_uid
         # tmpfiles judges the node's /tmp aging rules, not this job: skipped here.
-        check = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
-                                str(site.config), "--skip", "tmpfiles"], capture_output=True,
-                               text=True, timeout=60)
+        check = mps_health("check", "--config", str(site.config), "--skip", "tmpfiles")
         say(f"mps-health check during the job: exit {check.returncode}",
             *("    " + x for x in check.stdout.splitlines()))
         assert check.returncode == 0
@@ -204,10 +204,8 @@ def test_cancelled_job_leaves_nothing(site: Site) -> None:
 def test_gres_conf_and_slurm_conf_from_live_nvml() -> None:
     """On the GPU node: the lines come from the real NVML (the fake run uses the H200 dump)."""
     record = [] if not USE_FAKE else [
-        "--nvml-record", str(Path(__file__).parent.parent / "fixtures" /
-                             "nvml_dump__h200-driver580.json")]
-    cli = [sys.executable, "-m", "mps_health.cli", "slurm"]
-    g = subprocess.run([*cli, "gres-conf", *record], capture_output=True, text=True, timeout=60)
+        "--nvml-record", str(FIXTURES / "nvml_dump__h200-driver580.json")]
+    g = mps_health("slurm", "gres-conf", *record)
     say(f"--- mps-health slurm gres-conf: exit {g.returncode} {g.stderr.strip()}",
         *("    " + x for x in g.stdout.splitlines()))
     assert g.returncode == 0
@@ -216,7 +214,7 @@ def test_gres_conf_and_slurm_conf_from_live_nvml() -> None:
     for line in lines:
         device = line.split("File=", 1)[1]
         assert USE_FAKE or os.path.exists(device), f"{device} does not exist"
-    c = subprocess.run([*cli, "conf", *record], capture_output=True, text=True, timeout=60)
+    c = mps_health("slurm", "conf", *record)
     say(f"--- mps-health slurm conf: exit {c.returncode} {c.stderr.strip()}",
         *("    " + x for x in c.stdout.splitlines()))
     assert c.returncode == 0 and "GresTypes=gpu,mps" in c.stdout

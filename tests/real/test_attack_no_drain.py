@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from clirun import installed
 from hostile import ATTACKER, as_user, ensure_user, run_as
-from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, tree, write_config  # noqa: F401
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.slurm
 def hc(cluster: SlurmCluster, cfg: str) -> subprocess.CompletedProcess:
     env = {"SLURM_CONF": str(cluster.conf), "SLURMD_NODENAME": cluster.node_name,
            "PATH": cluster.env["PATH"]}
-    return subprocess.run([healthcheck_exe(), "--config", cfg], capture_output=True,
+    return subprocess.run([installed("mps-health-healthcheck"), "--config", cfg], capture_output=True,
                           text=True, timeout=90, env=env)
 
 
@@ -37,7 +39,7 @@ def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, tree: Path)
     make_dirs(pipe, log)
     cfg = write_config(tree, extra="checks:\n  only: [daemon, control, directories]\n"
                                     "healthcheck:\n  fail_runs: 1\n")
-    start_fake(pipe, log)
+    start_daemon(pipe, log)
     r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(pipe / "x\nOK daemon[node]: fine")])
     assert r.returncode == 0, r.stderr
     fake = tree / "evil"

@@ -7,11 +7,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+from clirun import mps_health
 from conftest import REPO, node_config
 from monitoring_tools import need
 from mps_health.exporters.series import metric_name
@@ -131,8 +131,7 @@ def exported_names(tmp_path: Path, fake_daemon) -> set:
     names = set()
     for extra in ("", "commands:\n  nvidia-cuda-mps-control: /nonexistent\n"):
         cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, extra)
-        r = run(sys.executable, "-m", "mps_health.cli", "exporter", "--config", cfg,
-                "--textfile", str(out))
+        r = mps_health("exporter", "--config", cfg, "--textfile", str(out), timeout=120)
         assert r.returncode == 0, r.stderr
         names |= set(re.findall(r"^# TYPE (\w+) ", (out / "mps_health.prom").read_text(), re.M))
     return names

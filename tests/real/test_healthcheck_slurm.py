@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from clirun import installed
 from mps_health.filelock import node_lock
 from mps_health.remediation.detach import RESULT_FILE, format_result
-from remhelp import healthcheck_exe, make_dirs, start_fake, tree, write_config  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, tree, write_config  # noqa: F401
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -54,7 +56,8 @@ def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
 
     full = {"SLURM_CONF": str(cluster.conf), "SLURMD_NODENAME": cluster.node_name,
             "PATH": cluster.env["PATH"], **env}
-    return subprocess.run([healthcheck_exe(), "--config", cfg, *args], capture_output=True,
+    return subprocess.run([installed("mps-health-healthcheck"), "--config", cfg, *args],
+                          capture_output=True,
                           text=True, timeout=90, env=full)
 
 
@@ -91,7 +94,7 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
     v = node(cluster)
     assert "DRAIN" in v.flags
     assert v.reason.startswith("MPS-HC: control-absent node: ")
-    start_fake(tree / "pipe", tree / "log")
+    start_daemon(tree / "pipe", tree / "log")
     third = hc(cluster, cfg)
     assert third.returncode == 0, third.stdout
     assert "clean run 1 of 2 before resuming" in third.stdout
@@ -114,7 +117,7 @@ def test_a_human_drain_is_never_resumed_nor_overwritten(clean_node, tree: Path) 
     cfg = write_hc_config(tree, "  fail_runs: 1\n  pass_runs: 1")
     assert "drained (" in hc(cluster, cfg).stdout  # ours first...
     cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN", "Reason=swapping a GPU")
-    start_fake(tree / "pipe", tree / "log")  # ...then a human takes it over, MPS recovers
+    start_daemon(tree / "pipe", tree / "log")  # ...then a human takes it over, MPS recovers
     runs = [hc(cluster, cfg) for _ in range(3)]
     assert [r.returncode for r in runs] == [0, 0, 0]
     assert "not resumed: drained by someone else (swapping a GPU): left alone" in runs[0].stdout
@@ -159,7 +162,7 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
     cfg = write_hc_config(tree)
     Path(cfg).write_text(Path(cfg).read_text().replace(
         "commands:\n", f"commands:\n  scontrol: {wrapper}\n"))
-    start_fake(tree / "pipe", tree / "log")
+    start_daemon(tree / "pipe", tree / "log")
     for _ in range(3):
         assert hc(cluster, cfg).returncode == 0
     # The first run has no saved state: it reads the node once (is it drained by us?).
@@ -213,7 +216,7 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
                                                                   tree: Path) -> None:
     cluster = clean_node
     cfg = write_hc_config(tree, "  detached: true\n  fail_runs: 5", control_timeout=3.0)
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     os.kill(pid, signal.SIGSTOP)  # every check now waits 3 s for a wedged daemon
     t0 = time.monotonic()
     first = hc(cluster, cfg)
@@ -245,7 +248,7 @@ def wait_for_background_run(tree: Path) -> None:
 
 def test_a_result_from_another_boot_is_not_reported(clean_node, tree: Path) -> None:
     cfg = write_hc_config(tree, "  detached: true")
-    start_fake(tree / "pipe", tree / "log")
+    start_daemon(tree / "pipe", tree / "log")
     (tree / "run").mkdir(exist_ok=True)
     (tree / "run" / RESULT_FILE).write_text(
         format_result(2, "another-boot", time.time(), "MPS CRITICAL - from before the reboot"))

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
+from clirun import installed
 from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
-from remhelp import healthcheck_exe, make_dirs, start_fake, write_config
+from mpsdaemon import start_daemon
+from remhelp import make_dirs, write_config
 from slurmcluster import SlurmCluster
 from slurmroot import VENV
 
@@ -58,7 +60,7 @@ def setup(slurm_where) -> Iterator[Setup]:
     cluster = SlurmCluster(node_name=NODE, health_check_program=str(script),
                            health_check_interval=INTERVAL, return_to_service=1,
                            root=slurm_where)
-    exe = healthcheck_exe() if slurm_where is None else f"{VENV}/bin/mps-health-healthcheck"
+    exe = installed("mps-health-healthcheck") if slurm_where is None else f"{VENV}/bin/mps-health-healthcheck"
     script.write_text(f"""#!/bin/sh
 echo "start $$ $(date +%s.%N)" >> {base}/runs.log
 env > {base}/hc-env.txt
@@ -69,7 +71,7 @@ cat {base}/last-output.txt
 exit $rc
 """)
     script.chmod(0o755)
-    start_fake(base / "pipe", base / "log")
+    start_daemon(base / "pipe", base / "log")
     try:
         cluster.start(timeout=90)
         yield Setup(cluster, base, str(cfg))
@@ -192,10 +194,11 @@ def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
 
 def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     """The control client would wait 60 s on a stopped daemon (slurmd kills at 60 s); our
-    budget (healthcheck.timeout_s 15) ends each run well before."""
+    budget (healthcheck.timeout_s 18: 8 s of checks after three 3-s scontrol calls) ends
+    each run well before."""
     s = setup
     Path(s.cfg).write_text(config_text(s.base, control_timeout=60.0,
-                                       hc="  timeout_s: 15", scontrol_timeout=3)
+                                       hc="  timeout_s: 18", scontrol_timeout=3)
                            .replace("run_dir:", "budget_s: 300\nrun_dir:"))
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)

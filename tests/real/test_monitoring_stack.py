@@ -8,14 +8,13 @@ its PID.
 import json
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
+from clirun import mps_health
 from conftest import REPO, node_config
 from monitoring_tools import (
     exporter,
@@ -143,9 +142,8 @@ def test_node_exporter_serves_the_textfile(tmp_path: Path, fake_daemon) -> None:
     d = fake_daemon()
     textfile = tmp_path / "textfile"
     textfile.mkdir()
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "exporter", "--config",
-                        node_config(tmp_path, d.pipe_dir, d.log_dir), "--textfile", str(textfile)],
-                       capture_output=True, text=True, timeout=60)
+    r = mps_health("exporter", "--config", node_config(tmp_path, d.pipe_dir, d.log_dir),
+                   "--textfile", str(textfile))
     assert r.returncode == 0, r.stderr
     port = free_port()
     argv = [binary, "--collector.disable-defaults", "--collector.textfile",

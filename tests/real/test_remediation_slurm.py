@@ -7,17 +7,16 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import FAKE_CONTROL
+from clirun import mps_health
 from mps_health.probes.slurm import parse_node_line
+from mpsdaemon import start_daemon
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
     make_dirs,
-    mps_health,
     test_user,
     tree,
     uid_of,
-    wait_pid_file,
     write_config,
 )
 from slurm_fixture import _require
@@ -50,11 +49,8 @@ def user_daemon(base: Path, job: str, user) -> int:
     make_dirs(pipe, log, mode=0o700)
     for d in (pipe, log):
         os.chown(d, user.pw_uid, user.pw_gid)
-    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-           "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    subprocess.run([FAKE_CONTROL, "-d"], env=env, user=user.pw_uid, group=user.pw_gid,
-                   extra_groups=[], cwd="/", check=True, timeout=10)
-    return wait_pid_file(pipe)
+    return start_daemon(pipe, log, env={"PATH": "/usr/bin:/bin"}, inherit=False, python=None,
+                        user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/")
 
 
 def run(cluster: SlurmCluster, cfg: str, *args: str) -> subprocess.CompletedProcess:

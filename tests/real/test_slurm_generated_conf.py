@@ -10,13 +10,12 @@ root's install; the lines are rendered by this checkout, which renders the same)
 """
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator, List, Optional
 
 import pytest
+from clirun import mps_health
 from conftest import FIXTURES
 from jobhooks import Site, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
@@ -26,11 +25,6 @@ pytestmark = pytest.mark.slurm
 RECORD = str(FIXTURES / "nvml__HANDWRITTEN_2gpu-test-node.json")
 RENDERED_KEYS = ("gresTypes", "selecttype", "prolog", "taskprolog", "epilog",
                  "healthcheckprogram", "healthcheckinterval", "healthchecknodestate")
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=60)
 
 
 class GeneratedConfCluster(SlurmCluster):

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from clirun import mps_health
 from conftest import FAKE_CONTROL, fixture_text
 from mps_health import engine
 from mps_health.config import from_mapping
@@ -27,6 +27,7 @@ from mps_health.facts import Facts
 from mps_health.probes.nvml import load_record, read_nvml
 from mps_health.registry import CHECKS
 from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
+from mpsdaemon import start_daemon
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -264,11 +265,8 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
     message = run.results[0].message
     assert f"job {job_id} (owner root)" in message and "old" in message
 
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(top / f"nvidia-mps_job{job_id}"),
-               CUDA_MPS_LOG_DIRECTORY=str(top / f"nvidia-log_job{job_id}"))
     pid_file.unlink()
-    subprocess.run([sys.executable, FAKE_CONTROL, "-d"], env=env, check=True, timeout=10)
-    wait_for(pid_file)
+    start_daemon(top / f"nvidia-mps_job{job_id}", top / f"nvidia-log_job{job_id}")
     time.sleep(0.2)
     facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
     assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-daemon")]
@@ -282,9 +280,8 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
 def cli_check(cluster: SlurmCluster, config: Path) -> Tuple[int, Dict[str, Any], float]:
     env = dict(cluster.env, SLURMD_NODENAME=cluster.node_name)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--config",
-                        str(config), "--only", "gres-drift,orphans", "--format", "json"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = mps_health("check", "--config", str(config), "--only", "gres-drift,orphans",
+                   "--format", "json", env=env)
     elapsed = time.monotonic() - t0
     assert r.stderr == "", r.stderr
     return r.returncode, json.loads(r.stdout), elapsed

@@ -1,11 +1,10 @@
 """daemon and directories checks over --root fixture trees (captured /proc, real sockets)."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import mps_health
 from conftest import write_config
 from hostile import fake_squeue, squeue_line
 from mps_health import engine
@@ -149,8 +148,7 @@ def test_planted_symlink_entry(tmp_path: Path) -> None:
 def test_cli_with_root_tree(tmp_path: Path) -> None:
     healthy_node(tmp_path)
     cfg = write_config(tmp_path / "c.yaml", f"run_dir: {tmp_path}/run\n")
-    r = subprocess.run([sys.executable, "-m", "mps_health.cli", "check", "--root", str(tmp_path),
-                        "--config", cfg, "--only", "daemon,directories"],
-                       capture_output=True, text=True, timeout=30)
+    r = mps_health("check", "--root", str(tmp_path), "--config", cfg, "--only",
+                   "daemon,directories", timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
     assert set(RUNNING_ENTRIES) <= set(os.listdir(tmp_path / "tmp/nvidia-mps"))

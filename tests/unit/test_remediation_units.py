@@ -21,7 +21,8 @@ from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from mps_health.slurm_settings import settings as slurm_settings
-from remhelp import alive, make_dirs, start_fake, test_user, tree  # noqa: F401
+from mpsdaemon import start_daemon
+from remhelp import alive, make_dirs, test_user, tree  # noqa: F401
 
 TAG = "MPS-HC:"
 
@@ -244,7 +245,7 @@ def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
 # --- verified PIDs ---------------------------------------------------------------------------
 def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     make_dirs(tree / "pipe", tree / "log")
-    pid = start_fake(tree / "pipe", tree / "log")
+    pid = start_daemon(tree / "pipe", tree / "log")
     fact = read_process("/proc", pid)
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"

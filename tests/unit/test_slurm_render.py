@@ -5,11 +5,10 @@ node recording (probe format; minors 2 and 3 swapped, GPU 5 with MIG on).
 """
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import mps_health
 from conftest import FIXTURES, fixture_text
 from mps_health.probes.nvml import read_nvml
 from mps_health.slurm.gpus import GpusError, gres_gpus, load_recording, parse_choice
@@ -34,11 +33,6 @@ def gpus_of(name: str, choice=None):
 
 def lines(text: str) -> list:
     return [x for x in text.splitlines() if x and not x.startswith("#")]
-
-
-def mps_health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mps_health.cli", *args], capture_output=True,
-                          text=True, timeout=60)
 
 
 def test_real_h200_dump() -> None:

@@ -1,0 +1,42 @@
+"""check_mps run as an unprivileged user (nagios) next to root's runs: it reads the
+memory root keeps, says what it does not save, and changes nothing there."""
+# ruff: noqa: F811  (the fixture public_dir comes from hostile)
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hostile import VICTIM, public_dir, setpriv  # noqa: F401
+from mps_health.facts_deep import ServerMemory
+from mps_health.state import StateFile
+
+
+def test_a_user_reads_roots_history_and_says_it_saves_nothing(public_dir: Path) -> None:
+    base = public_dir
+    state = base / "state"
+    state.mkdir(mode=0o755)
+    for d in ("pipe", "log"):
+        (base / d).mkdir()
+        (base / d).chmod(0o777)
+    cfg = base / "c.yaml"
+    cfg.write_text(f"state_dir: {state}\nrun_dir: {base}/run\nmps:\n  pipe_dir: {base}/pipe\n"
+                   f"  log_dir: {base}/log\n")
+    cfg.chmod(0o644)
+    # root's memory of the instance
+    memory = StateFile(str(state), "servers")
+    assert memory.save({"node": ServerMemory(0.0, 1, 1, (), ())}) == ""
+    before = (state / "servers.json").read_bytes()
+    r = subprocess.run([*setpriv(VICTIM), sys.executable, "-m", "mps_health.cli", "check",
+                        "--config", str(cfg), "--only", "servers,logs", "-v"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, HOME="/"))
+    assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Permission denied" in r.stdout
+    uid = int(subprocess.run([*setpriv(VICTIM), "id", "-u"], capture_output=True, text=True,
+                             timeout=10).stdout)
+    assert f"server history: {state} is read-only for uid {uid} (Permission denied): read " \
+        "what root's runs keep there, this run's own view is not saved" in r.stdout, r.stdout
+    assert "log offsets: " in r.stdout
+    assert (state / "servers.json").read_bytes() == before
+    assert sorted(p.name for p in state.iterdir()) == ["servers.json"]  # no lock, no file
