@@ -22,9 +22,9 @@ finder to every interpreter start, the baseline's too), and should start as fast
 plain interpreter does (compare its `-c pass` with `-S -E -c pass` below).
 
 As root the bench runs in a private PID and mount namespace (unshare), with empty
-state and run dirs mounted over /var/lib/mps-health and /run/mps-health: other
-processes on a shared machine cannot make the node look unhealthy, and the host's state
-is left alone.
+file systems over /tmp, /run, /var/lib and /var/log: other processes on a shared
+machine cannot make the node look unhealthy, the default dirs are free (no config file
+is read), and the host's state is left alone. PYTHON must live elsewhere.
 """
 
 import argparse
@@ -76,14 +76,15 @@ def build_fast_client(bindir: Path) -> Optional[Path]:
     return target
 
 
-PRIVATE_DIRS = ("/var/lib/mps-health", "/run/mps-health")
+# Empty in the private namespace: the default pipe, log, state and run dirs are free, and
+# nothing of the host's is read or written (PYTHON must not live under these).
+PRIVATE_DIRS = ("/tmp", "/run", "/var/lib", "/var/log")
 
 
 def private_namespace() -> None:
     """Re-run this bench in a PID and mount namespace of its own (root only)."""
     if os.environ.get("MPS_BENCH_PRIVATE") == "1":
         for d in PRIVATE_DIRS:
-            os.makedirs(d, exist_ok=True)
             subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
         return
     if os.geteuid() != 0 or shutil.which("unshare") is None:

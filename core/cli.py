@@ -93,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return edge(lambda: dispatch(args), _say, "mps-health: ")
 
 
-def _exit(code: int) -> None:
+def exit_now(code: int) -> None:
     """Exit without interpreter teardown (a few ms of module cleanup on every run slurmd
     makes; nothing is left to flush after this)."""
     try:
@@ -106,13 +106,13 @@ def _exit(code: int) -> None:
 
 def console_main() -> None:
     """The ``mps-health`` command."""
-    _exit(main())
+    exit_now(main())
 
 
 def healthcheck_main() -> None:
     """``mps-health-healthcheck``, the program slurm.conf names: ``mps-health healthcheck``
     (slurmd passes no arguments)."""
-    _exit(main(["healthcheck", *sys.argv[1:]]))
+    exit_now(main(["healthcheck", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -85,9 +85,10 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
     durations: Dict[str, float] = {}
     over = 0
     try:
-        from .probes.slurm import with_jobs
+        if ctx.config.mps.layout == "per-job":  # the other layouts never load the Slurm probe
+            from .probes.slurm import with_jobs
 
-        ctx = with_jobs(ctx)  # per-job: the one squeue, shared with the slurm source
+            ctx = with_jobs(ctx)  # the one squeue, shared with the slurm source
         insts = instances.gather(ctx)
         over = max(0, len(insts) - ctx.config.mps.max_instances)
         insts = insts[:ctx.config.mps.max_instances]

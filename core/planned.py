@@ -14,11 +14,16 @@ change of the daemon between the run before the record and the run after it is.
 Recording is best effort: a failure is one line for the caller to show, never fatal.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Optional, Sequence, Tuple
 
 from .facts_deep import PlannedRestart
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Sequence, Tuple
 
 NAME = "planned"
 MAX_RECORDS = 64
@@ -48,7 +53,7 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
     if not state.lock(time.monotonic() + 2.0):
         return f"planned restart not recorded: {state.error}"
     try:
-        old, _ = state.load(Tuple[PlannedRestart, ...], ())
+        old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
         new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
         problem = state.save(keep((*old, new), now))
     finally:
@@ -60,7 +65,8 @@ def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
     """The records (read only, no lock: the file is replaced atomically), and any error."""
     from .state import StateFile
 
-    records, error = StateFile(state_dir, NAME).load(Tuple[PlannedRestart, ...], ())
+    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (),
+                                                   globals())
     return keep(records, time.time()), error
 
 

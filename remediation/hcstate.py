@@ -161,7 +161,7 @@ def _code(text: str) -> str:
 def dumps(state: HcState) -> str:
     return (f"fails={state.fails}\npasses={state.passes}\n"
             f"drained={'yes' if state.drained else 'no'}\nlast_code={state.last_code}\n"
-            f"verified_at={state.verified_at:.0f}\n" + ("" if state.known else "known=no\n"))
+            f"verified_at={int(state.verified_at)}\n" + ("" if state.known else "known=no\n"))
 
 
 def save(path: str, state: HcState) -> None:

@@ -71,9 +71,11 @@ def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],
     slurm = loaded.get("slurm")
     scontrol = slurm.timeout_s if isinstance(slurm, SlurmSettings) else SlurmSettings.timeout_s
     if hc.timeout_s < SLURM_CALLS * scontrol + 2:
+        got = f"got {hc.timeout_s:g}" if "timeout_s" in given else \
+            f"the default {hc.timeout_s:g}: set it, or lower slurm.timeout_s"
         raise Invalid(f"must leave room for the checks and {SLURM_CALLS} scontrol calls: at "
                       f"least {SLURM_CALLS} x slurm.timeout_s + 2 = "
-                      f"{SLURM_CALLS * scontrol + 2:g} (got {hc.timeout_s:g})", "timeout_s")
+                      f"{SLURM_CALLS * scontrol + 2:g} ({got})", "timeout_s")
     return hc
 
 

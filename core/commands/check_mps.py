@@ -222,5 +222,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     return code
 
 
+def console_main() -> None:
+    """The ``check_mps`` command: main(), then exit without interpreter teardown, as
+    ``mps-health`` does (milliseconds on every poll)."""
+    from ..cli import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -194,10 +194,11 @@ def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
 
 def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     """The control client would wait 60 s on a stopped daemon (slurmd kills at 60 s); our
-    budget (healthcheck.timeout_s 15) ends each run well before."""
+    budget (healthcheck.timeout_s 18: 8 s of checks after three 3-s scontrol calls) ends
+    each run well before."""
     s = setup
     Path(s.cfg).write_text(config_text(s.base, control_timeout=60.0,
-                                       hc="  timeout_s: 15", scontrol_timeout=3)
+                                       hc="  timeout_s: 18", scontrol_timeout=3)
                            .replace("run_dir:", "budget_s: 300\nrun_dir:"))
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)

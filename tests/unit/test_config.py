@@ -61,7 +61,11 @@ def test_explicit_missing_file(tmp_path: Path) -> None:
     ("remediation:\n  orphan_min_age_s: 3",
      "key 'remediation.orphan_min_age_s': unknown key: it is orphans.min_age_s now"),
     ("slurm:\n  timeout_s: 30", "key 'healthcheck.timeout_s': must leave room for the checks "
-     "and 3 scontrol calls: at least 3 x slurm.timeout_s + 2 = 92 (got 45)"),
+     "and 3 scontrol calls: at least 3 x slurm.timeout_s + 2 = 92 (the default 45: set it, "
+     "or lower slurm.timeout_s)"),
+    ("slurm:\n  timeout_s: 30\nhealthcheck:\n  timeout_s: 50",
+     "key 'healthcheck.timeout_s': must leave room for the checks and 3 scontrol calls: at "
+     "least 3 x slurm.timeout_s + 2 = 92 (got 50)"),
     # control characters never reach a path or a command
     ("mps:\n  pipe_dir: \"/tmp/a\\nb\"", "key 'mps.pipe_dir': must be an absolute path without "
      "control characters (got '/tmp/a\\nb')"),

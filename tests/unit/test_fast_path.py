@@ -59,3 +59,19 @@ def test_check_mps_imports_nothing_heavy() -> None:
 def test_a_heavy_import_is_caught() -> None:
     assert heavy_imports(["mps_health.cli", "argparse"]) == "argparse FOR argparse"
     assert heavy_imports(["mps_health.snapshot"]).startswith("json FOR ")
+
+
+def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
+    """A whole run (every lazy import included) over an empty --root, which writes
+    nothing: a heavy import anywhere fails, and the engine would name it."""
+    code = ("import sys\n"
+            "for name in ('typing', 'argparse', 'secrets', 'random', 'hashlib'):\n"
+            "    sys.modules[name] = None\n"
+            "from mps_health.cli import main\n"
+            f"sys.exit(main(['check', '-v', '--root', {str(tmp_path)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin"})
+    out = r.stdout + r.stderr
+    assert "gathered:" in out, out
+    for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError"):
+        assert failure not in out, out
