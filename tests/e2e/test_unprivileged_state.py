@@ -4,11 +4,10 @@ memory root keeps, says what it does not save, and changes nothing there."""
 
 import os
 import subprocess
-
-import pytest
 import sys
 from pathlib import Path
 
+import pytest
 from hostile import VICTIM, public_dir, setpriv  # noqa: F401
 from mps_health.facts_deep import ServerMemory
 from mps_health.state import StateFile
