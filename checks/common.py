@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mps_health.facts import DirFact, Instance, ProcessFact
 from mps_health.instances import pipe_paths
+from mps_health.process_identity import is_daemon
 from mps_health.results import UNKNOWN, Result
 
 TYPE_CHECKING = False
@@ -19,9 +20,10 @@ if TYPE_CHECKING:
 
 def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                  root: str = "/") -> List[ProcessFact]:
-    """The live control daemons serving ``inst``, by environ or else by pid file."""
+    """The live control daemons serving ``inst``, by environ or else by pid file: never
+    a client of the control binary nor a process running another binary (``is_daemon``)."""
     paths = pipe_paths(inst, root)
-    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
+    controls = [p for p in procs if is_daemon(p)]
     found = [p for p in controls if p.pipe_dir in paths]
     if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
         named = int(pipe.pid_file)

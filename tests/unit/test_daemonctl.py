@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mps_health import processes
 from mps_health.daemonctl import quit_daemon, start_daemon
+from paths import fake_binaries
 from remhelp import FAKE_CONTROL, make_dirs, tree  # noqa: F401
 
 
@@ -19,7 +20,7 @@ def test_start_answers_then_quit_ends_it(tree: Path) -> None:
     env = env_for(tree / "pipe", tree / "log")
     started = start_daemon(FAKE_CONTROL, str(tree / "pipe"), None, env, 10.0)
     assert started.pid is not None, started.detail
-    daemon = processes.daemon_of("/proc", str(tree / "pipe"))
+    daemon = processes.daemon_of("/proc", str(tree / "pipe"), fake_binaries())
     assert daemon is not None and daemon.pid == started.pid
     assert quit_daemon(FAKE_CONTROL, None, env, 1, 6.0) == ""
     assert processes.wait_gone("/proc", (daemon,), 5.0)
