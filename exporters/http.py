@@ -46,6 +46,7 @@ REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not All
 MAX_HEAD = 16384  # bytes of request line and headers we accept
 READ_CHUNK = 65536
 ACCEPT_BATCH = 64  # accepted per wake-up; the rest wait in the kernel's queue meanwhile
+PIPELINE_BATCH = 8  # pipelined requests answered per turn of one connection
 TICK_S = 0.1  # deadlines and the stop flag are looked at this often
 ACCEPT_PAUSE_S = 0.25  # after accept() fails for want of fds: retrying at once would spin
 RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps no buffers
@@ -83,7 +84,7 @@ class Conn:
     """One client connection: what it sent that is not yet answered, what is left to
     send it, and when it must have made progress by."""
 
-    __slots__ = ("close_after", "closed", "deadline", "inbuf", "out", "sock")
+    __slots__ = ("close_after", "closed", "deadline", "events", "inbuf", "out", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
@@ -92,6 +93,7 @@ class Conn:
         self.deadline = deadline
         self.close_after = False
         self.closed = False
+        self.events = selectors.EVENT_READ  # what the selector waits for on it
 
 
 class MetricsHTTP:
@@ -216,51 +218,57 @@ class MetricsHTTP:
         if not conn.inbuf and conn in self.talking:  # a new head starts on a kept-alive one
             conn.deadline = now + self.limits.header_timeout_s
         conn.inbuf += data
-        self.next_request(conn, now)
+        self.pump(conn, now)
 
-    def next_request(self, conn: Conn, now: float) -> None:
+    def next_response(self, conn: Conn, now: float) -> bool:
+        """Queue the answer to the next whole request in ``conn.inbuf``, if there is one."""
         end = conn.inbuf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
         if end < 0:
-            if len(conn.inbuf) > MAX_HEAD:
-                conn.out = memoryview(response(431, "text/plain", b"request head too large\n",
-                                               True, False))
-                conn.close_after = True
-                self.start_writing(conn, now)
-            return
-        head = bytes(conn.inbuf[:end])
-        del conn.inbuf[:end + 4]
-        self.active(conn)
-        out, conn.close_after = self.answer(head)
-        conn.out = memoryview(out)
-        self.start_writing(conn, now)
-
-    def start_writing(self, conn: Conn, now: float) -> None:
-        """Send ``conn.out``; read nothing more from it until it is sent, so a client that
-        sends requests and never reads holds one response, never a growing queue."""
+            if len(conn.inbuf) <= MAX_HEAD:
+                return False
+            out = response(431, "text/plain", b"request head too large\n", True, False)
+            conn.out, conn.close_after = memoryview(out), True
+        else:
+            head = bytes(conn.inbuf[:end])
+            del conn.inbuf[:end + 4]
+            self.active(conn)
+            out, conn.close_after = self.answer(head)
+            conn.out = memoryview(out)
         conn.deadline = now + self.limits.write_timeout_s
-        self.sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
-        self.on_write(conn, now)
+        return True
 
-    def on_write(self, conn: Conn, now: float) -> None:
-        try:
-            sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.close(conn)
-            return
-        conn.out = conn.out[sent:]
-        if conn.out:
-            return
-        if conn.close_after:
-            self.close(conn)
-            return
-        self.active(conn)
-        self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
-        conn.deadline = now + self.limits.idle_timeout_s
-        if conn.inbuf:  # pipelined: the next head is (partly) here already
-            conn.deadline = now + self.limits.header_timeout_s
-            self.next_request(conn, now)
+    def pump(self, conn: Conn, now: float) -> None:
+        """Send what is queued, then answer the next request, until one waits on the
+        client. Nothing more is read from a client while its response is unsent, so one
+        that sends requests and never reads holds one response, never a growing queue."""
+        for _ in range(PIPELINE_BATCH):
+            if conn.out:
+                try:
+                    sent = conn.sock.send(conn.out)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    self.close(conn)
+                    return
+                conn.out = conn.out[sent:]
+                if conn.out:
+                    self.want(conn, selectors.EVENT_WRITE)
+                    return
+                if conn.close_after:
+                    self.close(conn)
+                    return
+                self.active(conn)
+                conn.deadline = now + (self.limits.header_timeout_s if conn.inbuf
+                                       else self.limits.idle_timeout_s)
+            if not self.next_response(conn, now):
+                self.want(conn, selectors.EVENT_READ)
+                return
+        self.want(conn, selectors.EVENT_WRITE)  # more queued: go on when the others had a turn
+
+    def want(self, conn: Conn, events: int) -> None:
+        if conn.events != events:
+            self.sel.modify(conn.sock, events, conn)
+            conn.events = events
 
     def expire(self, now: float) -> None:
         for conn in [c for queue in (self.fresh, self.talking) for c in queue
@@ -282,9 +290,9 @@ class MetricsHTTP:
         if conn.closed:  # closed earlier in this round (evicted by an accept)
             return
         try:
-            if mask & selectors.EVENT_WRITE:
-                self.on_write(conn, now)
-            elif mask & selectors.EVENT_READ:
+            if conn.events == selectors.EVENT_WRITE:
+                self.pump(conn, now)
+            else:
                 self.on_read(conn, now)
         except Exception as e:  # a bug must cost one connection, never the server
             self.close(conn, reset=True)
