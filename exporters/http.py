@@ -180,7 +180,9 @@ class MetricsHTTP:
                       "closed (the oldest without a whole request first)")
 
     def accept(self, now: float) -> None:
-        for _ in range(ACCEPT_BATCH):
+        # A quarter of the cap per turn: a scraper accepted in one turn has its request
+        # read in the next, before a flood can push it to the front of the eviction queue.
+        for _ in range(max(1, min(ACCEPT_BATCH, self.limits.max_connections // 4))):
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -198,6 +200,7 @@ class MetricsHTTP:
             conn = Conn(sock, now + self.limits.header_timeout_s)
             self.fresh[conn] = None
             self.sel.register(sock, selectors.EVENT_READ, conn)
+            self.on_read(conn, now)  # a scraper's request is often here already: answer it
 
     def active(self, conn: Conn) -> None:
         """``conn`` sent a whole request or took a whole response: last to be evicted."""

@@ -67,9 +67,12 @@ def flood(port: int, n: int, seconds: float) -> Dict[str, int]:
 
 
 def slowloris(port: int, interval: float, limit: float) -> Dict[str, Optional[float]]:
-    s = socket.create_connection((HOST, port), timeout=5)
     start = time.monotonic()
-    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    try:
+        s = socket.create_connection((HOST, port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    except OSError:  # closed at once (over the cap)
+        return {"closed_after_s": 0.0}
     s.setblocking(False)
     while time.monotonic() - start < limit:
         if closed_by_server(s):
@@ -87,9 +90,12 @@ def slowloris(port: int, interval: float, limit: float) -> Dict[str, Optional[fl
 def nonreader(port: int, limit: float) -> Dict[str, Optional[float]]:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
-    s.connect((HOST, port))
-    s.setblocking(False)
     start = time.monotonic()
+    try:
+        s.connect((HOST, port))
+    except OSError:  # closed at once (over the cap)
+        return {"dropped_after_s": 0.0, "requests": 0}
+    s.setblocking(False)
     request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
     poller = select.poll()
     poller.register(s, select.POLLOUT)
