@@ -166,3 +166,38 @@ def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, mps_d
     # and the count of the rest when the server stops: hundreds of events, seven lines.
     assert len(text.splitlines()) <= 7 and len(text) < 2000
     assert sum(int(n) for n in re.findall(r"\((\d+) in the last", text)) > 100
+
+
+def test_unit_open_file_limit_fits_the_default_cap_and_the_reserve() -> None:
+    """The unit's LimitNOFILE (systemd-analyze verify checks its syntax, with the other
+    units, in tests/fleet/test_fleet_contrib.py) leaves the default cap whole."""
+    from mps_health.commands.exporter import ExporterConfig
+    from mps_health.exporters.fdbudget import RESERVE_FDS
+
+    unit = (REPO / "contrib/systemd/mps-health-exporter.service").read_text()
+    limits = [line.split("=", 1)[1] for line in unit.splitlines()
+              if line.startswith("LimitNOFILE=")]
+    assert len(limits) == 1
+    # 64 for the interpreter, NVML and the listening socket, with room to spare
+    assert int(limits[0]) >= ExporterConfig().max_connections + 1 + RESERVE_FDS + 64
+
+
+def test_no_room_for_connections_and_bad_limits_are_one_line_unknown(tmp_path: Path,
+                                                                     mps_dirs) -> None:
+    from clirun import mps_health
+
+    pipe, log_dir = mps_dirs()
+    cfg = node_config(tmp_path, pipe, log_dir)
+    r = subprocess.run(["prlimit", "--nofile=200:200",
+                        *argv("mps-health", "exporter", "--config", cfg,
+                              "--listen", "127.0.0.1:0")],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == ("mps-health: the open-file limit (200) leaves no room for connections "
+                        "after 256 kept for the checks: raise it (LimitNOFILE= in the unit, "
+                        "ulimit -n)\n")
+    bad = node_config(tmp_path, pipe, log_dir, "exporter:\n  max_connections: 0\n")
+    r = mps_health("exporter", "--config", bad)
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == (f"mps-health: {bad}: key 'exporter.max_connections': must be a whole "
+                        "number from 1 to 100000 (got 0)\n")
