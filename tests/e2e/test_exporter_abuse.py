@@ -15,9 +15,9 @@ from typing import Iterator, List, Tuple
 
 import pytest
 from clirun import argv
-from conftest import REPO, node_config
 from hostile import ATTACKER, as_user
 from monitoring_tools import get, metric_lines, started, wait_for
+from paths import REPO
 
 CLIENTS = str(REPO / "tests" / "abuse_clients.py")
 PYTHON = "/usr/bin/python3"  # the attacker's own python: the test's may be in root's home
@@ -63,17 +63,17 @@ def runs_judged(body: str) -> Tuple[float, str, str]:
 
 
 def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
-                                                              fake_daemon) -> None:
+                                                              site) -> None:
     """1100 held-open connections against an open-file limit of 400 (the checks once
     failed with EMFILE and every scrape timed out): the cap is lowered to fit the limit,
     scrapes are answered, a Prometheus-style kept-alive connection survives, and the runs
     during the flood judge the node as before it."""
     import http.client
 
-    d = fake_daemon()
+    site.start_daemon()
     # The control check spawns the client (a pipe per run: the EMFILE seen), and its
     # deadline is generous: the flood loads a shared two-core test machine.
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 20\n"
+    cfg = site.config("control:\n  timeout_s: 20\n"
                       "exporter:\n  max_connections: 1000\n  header_timeout_s: 2\n")
     with served(tmp_path, cfg, "--only", "control,directories", "--budget", "30",
                 wrap=("prlimit", "--nofile=400:400")) as (url, port, log):
@@ -118,9 +118,9 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
     assert any("connections over the cap of" in line for line in lines)
 
 
-def test_slowloris_is_closed_after_the_header_deadline(tmp_path: Path, mps_dirs) -> None:
-    pipe, log_dir = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log_dir, "exporter:\n  header_timeout_s: 1\n"
+def test_slowloris_is_closed_after_the_header_deadline(tmp_path: Path, site) -> None:
+    site.dirs()
+    cfg = site.config("exporter:\n  header_timeout_s: 1\n"
                       "  idle_timeout_s: 3600\n")
     with served(tmp_path, cfg) as (url, port, log):
         seen = run_attack("slowloris", str(port), "0.2", "60")
@@ -130,9 +130,9 @@ def test_slowloris_is_closed_after_the_header_deadline(tmp_path: Path, mps_dirs)
 
 
 def test_client_that_never_reads_is_dropped_after_the_write_deadline(tmp_path: Path,
-                                                                     mps_dirs) -> None:
-    pipe, log_dir = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log_dir, "exporter:\n  write_timeout_s: 1\n"
+                                                                     site) -> None:
+    site.dirs()
+    cfg = site.config("exporter:\n  write_timeout_s: 1\n"
                       "  idle_timeout_s: 3600\n  header_timeout_s: 300\n")
     with served(tmp_path, cfg) as (url, port, log):
         seen = run_attack("nonreader", str(port), "60")
@@ -142,9 +142,9 @@ def test_client_that_never_reads_is_dropped_after_the_write_deadline(tmp_path: P
     assert "took no response within write_timeout_s 1" in log.read_text()
 
 
-def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, mps_dirs) -> None:
-    pipe, log_dir = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log_dir, "exporter:\n  max_connections: 20\n"
+def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site) -> None:
+    site.dirs()
+    cfg = site.config("exporter:\n  max_connections: 20\n"
                       "  header_timeout_s: 0.5\n  write_timeout_s: 0.5\n")
     with served(tmp_path, cfg) as (url, port, log):
         attacks = [subprocess.Popen(attacker(*a), stdout=subprocess.DEVNULL,
@@ -183,11 +183,11 @@ def test_unit_open_file_limit_fits_the_default_cap_and_the_reserve() -> None:
 
 
 def test_no_room_for_connections_and_bad_limits_are_one_line_unknown(tmp_path: Path,
-                                                                     mps_dirs) -> None:
+                                                                     site) -> None:
     from clirun import mps_health
 
-    pipe, log_dir = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log_dir)
+    site.dirs()
+    cfg = site.config()
     r = subprocess.run(["prlimit", "--nofile=200:200",
                         *argv("mps-health", "exporter", "--config", cfg,
                               "--listen", "127.0.0.1:0")],
@@ -196,7 +196,7 @@ def test_no_room_for_connections_and_bad_limits_are_one_line_unknown(tmp_path: P
     assert r.stderr == ("mps-health: the open-file limit (200) leaves no room for connections "
                         "after 256 kept for the checks: raise it (LimitNOFILE= in the unit, "
                         "ulimit -n)\n")
-    bad = node_config(tmp_path, pipe, log_dir, "exporter:\n  max_connections: 0\n")
+    bad = site.config("exporter:\n  max_connections: 0\n", file="bad.yaml")
     r = mps_health("exporter", "--config", bad)
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == (f"mps-health: {bad}: key 'exporter.max_connections': must be a whole "
