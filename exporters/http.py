@@ -52,7 +52,21 @@ ACCEPT_PAUSE_S = 0.25  # after accept() fails for want of fds: retrying at once 
 RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps no buffers
 SEND_BUFFER = 256 * 1024  # per connection: a whole page at once, yet a client that never
 # reads stalls after a few responses instead of the megabytes of autotuned buffers
-PROCESS_FRESH_S = 0.5  # the process_* series are rebuilt at most this often
+PROCESS_FRESH_S = 0.5  # the process_* and server series are rebuilt at most this often
+
+
+# Why the server closed a connection (or could not accept one): the series' label.
+REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
+
+
+class _Fixed:
+    """A collector over a fixed list of families."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
 
 
 class Limits(NamedTuple):
@@ -124,14 +138,44 @@ class MetricsHTTP:
         self.talking: OrderedDict[Conn, None] = OrderedDict()
         self.accept_paused_until: Optional[float] = None
         self.process: Tuple[float, bytes] = (float("-inf"), b"")
+        self.refused: Dict[str, int] = dict.fromkeys(REFUSALS, 0)
+
+    def refuse(self, reason: str, what: str) -> None:
+        """Count what a client caused (a series and a rate-limited log line)."""
+        self.refused[reason] += 1
+        self.log.note(reason, what)
 
     def process_series(self) -> bytes:
-        """process_page(), reused for PROCESS_FRESH_S: a client pipelining requests costs
-        a copy per response, not a /proc read (no scraper asks twice a second)."""
+        """process_page() and server_page(), reused for PROCESS_FRESH_S: a client
+        pipelining requests costs a copy per response, not a /proc read (no scraper asks
+        twice a second)."""
         now = time.monotonic()
         if now - self.process[0] >= PROCESS_FRESH_S:
-            self.process = (now, process_page())
+            self.process = (now, process_page() + self.server_page())
         return self.process[1]
+
+    def server_page(self) -> bytes:
+        """The server's own series: connections open, the cap, and those it closed."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        prefix = "mps_health_exporter_"
+        closed = CounterMetricFamily(
+            prefix + "connections_closed", "Connections the exporter closed or could not "
+            "accept because of what the client did, by reason (docs/monitoring.md).",
+            labels=["reason"])
+        for reason in REFUSALS:
+            closed.add_metric([reason], self.refused[reason])
+        families = [GaugeMetricFamily(prefix + "connections", "Client connections open now.",
+                                      value=self.count()),
+                    GaugeMetricFamily(prefix + "max_connections", "The cap on open client "
+                                      "connections (exporter.max_connections, or lower to "
+                                      "fit the open-file limit).",
+                                      value=self.limits.max_connections),
+                    closed]
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Fixed(families))
+        return generate_latest(reg)
 
     def route(self, path: str) -> Tuple[int, str, bytes]:
         if path == "/metrics":
@@ -188,7 +232,7 @@ class MetricsHTTP:
         queue = self.fresh if self.fresh else self.talking
         oldest = next(iter(queue))
         self.close(oldest, reset=True)
-        self.log.note("evicted", f"connections over the cap of {self.limits.max_connections} "
+        self.refuse("over_cap", f"connections over the cap of {self.limits.max_connections} "
                       "closed (the oldest without a whole request first)")
 
     def accept(self, now: float) -> None:
@@ -201,7 +245,7 @@ class MetricsHTTP:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.log.note("accept", f"cannot accept connections: {e.strerror} "
+                    self.refuse("accept_failed", f"cannot accept connections: {e.strerror} "
                                   "(open files of this process or the node at their limit)")
                     self.sel.unregister(self.listener)
                     self.accept_paused_until = now + ACCEPT_PAUSE_S
@@ -290,11 +334,11 @@ class MetricsHTTP:
         for conn in [c for queue in (self.fresh, self.talking) for c in queue
                      if c.deadline <= now]:
             if conn.out:
-                self.log.note("write", f"connections closed that took no response within "
+                self.refuse("write_timeout", f"connections closed that took no response within "
                               f"write_timeout_s {self.limits.write_timeout_s:g}")
                 self.close(conn, reset=True)
             elif conn.inbuf or conn in self.fresh:
-                self.log.note("header", f"connections closed that sent no whole request "
+                self.refuse("header_timeout", f"connections closed that sent no whole request "
                               f"within header_timeout_s {self.limits.header_timeout_s:g}")
                 self.close(conn, reset=True)
             else:  # an idle keep-alive connection: normal, not worth a line
@@ -312,7 +356,7 @@ class MetricsHTTP:
                 self.on_read(conn, now)
         except Exception as e:  # a bug must cost one connection, never the server
             self.close(conn, reset=True)
-            self.log.note("internal", f"internal error on a connection, closed: "
+            self.refuse("internal_error", f"internal error on a connection, closed: "
                           f"{type(e).__name__}: {e}"[:300])
 
     def serve(self, stop: threading.Event) -> None:

@@ -110,7 +110,12 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
         assert [(s, ok) for _, s, ok in seen] == [(status, success)] * 4, \
             metric_lines(body, "mps_health_problems")
         assert 'mps_health_check_success{check="control"} 1.0' in body
-        time.sleep(0.5)
+        time.sleep(0.6)  # the server's series are rebuilt twice a second
+        after = get(url + "/metrics")[2]
+        cap = int(float(metric_lines(after, "mps_health_exporter_max_connections")[0].split()[1]))
+        assert 0 < cap < 400 - 256
+        over = metric_lines(after, 'mps_health_exporter_connections_closed_total{reason="over_cap"}')
+        assert len(over) == 1 and float(over[0].split()[1]) >= 1100 - cap
     text = log.read_text()
     print(text)
     assert "Traceback" not in text and "Too many open files" not in text
