@@ -50,6 +50,23 @@ PIPELINE_BATCH = 8  # pipelined requests answered per turn of one connection
 TICK_S = 0.1  # deadlines and the stop flag are looked at this often
 ACCEPT_PAUSE_S = 0.25  # after accept() fails for want of fds: retrying at once would spin
 RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps no buffers
+SEND_BUFFER = 256 * 1024  # per connection: a whole page at once, yet a client that never
+# reads stalls after a few responses instead of the megabytes of autotuned buffers
+PROCESS_FRESH_S = 0.5  # the process_* and server series are rebuilt at most this often
+
+
+# Why the server closed a connection (or could not accept one): the series' label.
+REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
+
+
+class _Fixed:
+    """A collector over a fixed list of families."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
 
 
 class Limits(NamedTuple):
@@ -120,6 +137,45 @@ class MetricsHTTP:
         self.fresh: OrderedDict[Conn, None] = OrderedDict()
         self.talking: OrderedDict[Conn, None] = OrderedDict()
         self.accept_paused_until: Optional[float] = None
+        self.process: Tuple[float, bytes] = (float("-inf"), b"")
+        self.refused: Dict[str, int] = dict.fromkeys(REFUSALS, 0)
+
+    def refuse(self, reason: str, what: str) -> None:
+        """Count what a client caused (a series and a rate-limited log line)."""
+        self.refused[reason] += 1
+        self.log.note(reason, what)
+
+    def process_series(self) -> bytes:
+        """process_page() and server_page(), reused for PROCESS_FRESH_S: a client
+        pipelining requests costs a copy per response, not a /proc read (no scraper asks
+        twice a second)."""
+        now = time.monotonic()
+        if now - self.process[0] >= PROCESS_FRESH_S:
+            self.process = (now, process_page() + self.server_page())
+        return self.process[1]
+
+    def server_page(self) -> bytes:
+        """The server's own series: connections open, the cap, and those it closed."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        prefix = "mps_health_exporter_"
+        closed = CounterMetricFamily(
+            prefix + "connections_closed", "Connections the exporter closed or could not "
+            "accept because of what the client did, by reason (docs/monitoring.md).",
+            labels=["reason"])
+        for reason in REFUSALS:
+            closed.add_metric([reason], self.refused[reason])
+        families = [GaugeMetricFamily(prefix + "connections", "Client connections open now.",
+                                      value=self.count()),
+                    GaugeMetricFamily(prefix + "max_connections", "The cap on open client "
+                                      "connections (exporter.max_connections, or lower to "
+                                      "fit the open-file limit).",
+                                      value=self.limits.max_connections),
+                    closed]
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Fixed(families))
+        return generate_latest(reg)
 
     def route(self, path: str) -> Tuple[int, str, bytes]:
         if path == "/metrics":
@@ -127,7 +183,7 @@ class MetricsHTTP:
 
             body = self.page()
             if self.with_process:
-                body += process_page()
+                body += self.process_series()
             return 200, CONTENT_TYPE, body
         if path == "/":
             return 200, "text/html; charset=utf-8", LANDING
@@ -176,7 +232,7 @@ class MetricsHTTP:
         queue = self.fresh if self.fresh else self.talking
         oldest = next(iter(queue))
         self.close(oldest, reset=True)
-        self.log.note("evicted", f"connections over the cap of {self.limits.max_connections} "
+        self.refuse("over_cap", f"connections over the cap of {self.limits.max_connections} "
                       "closed (the oldest without a whole request first)")
 
     def accept(self, now: float) -> None:
@@ -189,7 +245,7 @@ class MetricsHTTP:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.log.note("accept", f"cannot accept connections: {e.strerror} "
+                    self.refuse("accept_failed", f"cannot accept connections: {e.strerror} "
                                   "(open files of this process or the node at their limit)")
                     self.sel.unregister(self.listener)
                     self.accept_paused_until = now + ACCEPT_PAUSE_S
@@ -197,6 +253,7 @@ class MetricsHTTP:
             if self.count() >= self.limits.max_connections:
                 self.evict_one()
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             conn = Conn(sock, now + self.limits.header_timeout_s)
             self.fresh[conn] = None
             self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -277,11 +334,11 @@ class MetricsHTTP:
         for conn in [c for queue in (self.fresh, self.talking) for c in queue
                      if c.deadline <= now]:
             if conn.out:
-                self.log.note("write", f"connections closed that took no response within "
+                self.refuse("write_timeout", f"connections closed that took no response within "
                               f"write_timeout_s {self.limits.write_timeout_s:g}")
                 self.close(conn, reset=True)
             elif conn.inbuf or conn in self.fresh:
-                self.log.note("header", f"connections closed that sent no whole request "
+                self.refuse("header_timeout", f"connections closed that sent no whole request "
                               f"within header_timeout_s {self.limits.header_timeout_s:g}")
                 self.close(conn, reset=True)
             else:  # an idle keep-alive connection: normal, not worth a line
@@ -299,7 +356,7 @@ class MetricsHTTP:
                 self.on_read(conn, now)
         except Exception as e:  # a bug must cost one connection, never the server
             self.close(conn, reset=True)
-            self.log.note("internal", f"internal error on a connection, closed: "
+            self.refuse("internal_error", f"internal error on a connection, closed: "
                           f"{type(e).__name__}: {e}"[:300])
 
     def serve(self, stop: threading.Event) -> None:

@@ -216,7 +216,7 @@ def serve(config: Config, args: "argparse.Namespace", listen: str, interval: flo
 
     try:
         serve_http(lambda: refresher.page, address, listening, stop, limits)
-    except OSError as e:  # asyncio words it at length; the errno says it in the usual words
+    except OSError as e:  # the errno says it in the usual words
         raise Failure(f"cannot listen on {listen}: "
                       f"{os.strerror(e.errno) if e.errno else e}") from None
     finally:

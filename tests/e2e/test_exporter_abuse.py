@@ -72,8 +72,8 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
 
     site.start_daemon()
     # The control check spawns the client (a pipe per run: the EMFILE seen), and its
-    # deadline is generous: the flood loads a shared two-core test machine.
-    cfg = site.config("control:\n  timeout_s: 20\n"
+    # deadline and latency warning are generous: the flood loads a shared two-core machine.
+    cfg = site.config("control:\n  timeout_s: 20\n  warn_latency_s: 15\n"
                       "exporter:\n  max_connections: 1000\n  header_timeout_s: 2\n")
     with served(tmp_path, cfg, "--only", "control,directories", "--budget", "30",
                 wrap=("prlimit", "--nofile=400:400")) as (url, port, log):
@@ -83,7 +83,8 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
         before = wait_for("a first run", lambda: (lambda b: b if "mps_health_status" in b
                                                   else None)(get(url + "/metrics")[2]))
         _, status, success = runs_judged(before)
-        assert (status, success) == ("mps_health_status 0.0", "mps_health_run_success 1.0")
+        assert (status, success) == ("mps_health_status 0.0", "mps_health_run_success 1.0"), \
+            metric_lines(before, "mps_health_problems")
         prometheus = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         prometheus.request("GET", "/metrics")
         assert prometheus.getresponse().read()
@@ -109,7 +110,12 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
         assert [(s, ok) for _, s, ok in seen] == [(status, success)] * 4, \
             metric_lines(body, "mps_health_problems")
         assert 'mps_health_check_success{check="control"} 1.0' in body
-        time.sleep(0.5)
+        time.sleep(0.6)  # the server's series are rebuilt twice a second
+        after = get(url + "/metrics")[2]
+        cap = int(float(metric_lines(after, "mps_health_exporter_max_connections")[0].split()[1]))
+        assert 0 < cap < 400 - 256
+        over = metric_lines(after, 'mps_health_exporter_connections_closed_total{reason="over_cap"}')
+        assert len(over) == 1 and float(over[0].split()[1]) >= 1100 - cap
     text = log.read_text()
     print(text)
     assert "Traceback" not in text and "Too many open files" not in text
