@@ -12,7 +12,9 @@ target is followed: the rename replaces the entry itself.
 0777 pipe dirs, state, caches, tmpfiles.d, gres.conf, /proc, logs, the last textfile),
 opens it ``O_NONBLOCK`` (a FIFO planted anywhere cannot block the run), takes regular
 files only, and reads at most ``limit`` bytes. Links are refused (``O_NOFOLLOW``)
-except where root's own config may be a link (``follow``: tmpfiles.d, gres.conf).
+except where an admin's or root's own file may be a link (``follow``: the config file,
+tmpfiles.d, gres.conf). The config and snapshots are read through it too
+(``mps_health.inputs``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
     symlink is refused with ELOOP). FileNotFoundError if it does not exist; OSError if it
     is not a regular file or cannot be opened; OutOfResources when this process has no
     file descriptor (or memory) left: that is our trouble, never a fact about the file."""
-    flags = READ_FLAGS if not follow else READ_FLAGS & ~os.O_NOFOLLOW
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as e:
@@ -89,31 +91,36 @@ def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
     return fd, st
 
 
-def read_upto(fd: int, limit: int) -> bytes:
+def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
     """At most ``limit + 1`` bytes from ``fd`` (one more than allowed tells "too long");
-    loops because procfs and some file systems return short reads."""
+    loops because procfs and some file systems return short reads. Reads are sized by
+    ``size_hint`` (st_size; procfs says 0): a small file under a large limit never costs
+    a buffer of the limit's size."""
     chunks: List[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, max(size_hint + 1, 1 << 16)))
         if not chunk:
             break
         chunks.append(chunk)
-        size += len(chunk)
+        got += len(chunk)
     return b"".join(chunks)
 
 
 def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
                follow: bool = False) -> Optional[bytes]:
     """The content of regular file ``path``; None if it does not exist. OSError if it is a
-    link (ELOOP; followed when ``follow``: root's own config files only), not a regular
-    file, longer than ``limit``, or unreadable."""
+    link (ELOOP), not a regular file, longer than ``limit``, or unreadable. ``follow``
+    only for a path an admin or root chose (the config file, tmpfiles.d, gres.conf): a
+    symlink is then followed."""
     try:
-        fd, _st = open_regular(path, dir_fd, follow)
+        fd, st = open_regular(path, dir_fd, follow)
     except FileNotFoundError:
         return None
     try:
-        data = read_upto(fd, limit)
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        data = read_upto(fd, limit, st.st_size)
     finally:
         os.close(fd)
     if len(data) > limit:

@@ -19,7 +19,7 @@ from ..resources import OutOfResources
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List
+    from typing import Callable, List, TextIO
 
 if TYPE_CHECKING:
     import argparse
@@ -34,9 +34,19 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+MAX_LINE = 2000
+
+
+def _cut(say: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda line: say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
 def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
     """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
-    ``say`` and the failure's code. A UsageError's text is already the whole line."""
+    ``say`` and the failure's code. A UsageError's text is already the whole line.
+    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
+    readable line."""
+    say = _cut(say)
     try:
         return int(body())
     except UsageError as e:
@@ -80,16 +90,22 @@ def standard_fds() -> None:
 
 
 def emit(text: str) -> None:
-    """Print ``text`` (one newline added) on stdout. Output no one can read (stdout closed,
-    a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text, never the
-    exit code the run has earned: that is what slurmd, Nagios and scripts act on."""
+    """Print ``text`` (one newline added) on stdout; see ``written``."""
+    written(lambda out: out.write(text + "\n"))
+
+
+def written(produce: Callable[[TextIO], object]) -> None:
+    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout
+    closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
+    never the exit code the run has earned: that is what slurmd, Nagios and scripts act
+    on."""
     import sys
 
     out = sys.stdout
     if out is None:  # started with stdout closed
         return
     try:
-        out.write(text + "\n")
+        produce(out)
         out.flush()
     except BrokenPipeError:
         _discard(out)

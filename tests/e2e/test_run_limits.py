@@ -18,7 +18,6 @@ from typing import Dict, List
 
 import pytest
 from clirun import argv, check_mps, mps_health
-from conftest import write_config
 from roottree import add_dir, add_pipe_dir, add_process
 
 SITE_HANG = '''
@@ -45,6 +44,11 @@ def check(facts, config):
 registry.source("site-fifo", "site_hang:gather", "builtins:str")
 registry.check("site-hang", "site_hang:check", ("site-fifo",))
 '''
+
+
+def write_config(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
 
 
 def _fifos_everywhere(tree: Path) -> None:
@@ -221,12 +225,9 @@ os._exit(cli.main(args))
 '''
 
 
-def test_out_of_fds_is_unknown_never_client_missing_or_critical(tmp_path: Path,
-                                                                 fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = write_config(tmp_path / "c.yaml", f"state_dir: {tmp_path}/state\nrun_dir: "
-                                            f"{tmp_path}/run\nmps:\n  pipe_dir: {d.pipe_dir}\n"
-                                            f"  log_dir: {d.log_dir}\n")
+def test_out_of_fds_is_unknown_never_client_missing_or_critical(site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     r = subprocess.run([sys.executable, "-c", EMFILE_RUN, cfg], capture_output=True,
                        text=True, timeout=120)
     first, _, second = r.stdout.partition("=====\n")
@@ -273,16 +274,13 @@ def test_closed_or_broken_stdout_keeps_the_exit_code(tmp_path: Path, command: st
 
 # --- a full state dir: one line naming the file, the verdict stands ----------------------
 
-def test_a_full_state_dir_is_one_line_and_the_verdict_still_comes(tmp_path: Path,
-                                                                  fake_daemon) -> None:
+def test_a_full_state_dir_is_one_line_and_the_verdict_still_comes(site) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root for a private mount namespace")
-    d = fake_daemon()
-    state = tmp_path / "state"
+    site.start_daemon()
+    state = site.state_dir
     state.mkdir()
-    cfg = write_config(tmp_path / "c.yaml", f"state_dir: {state}\nrun_dir: {tmp_path}/run\n"
-                                            f"mps:\n  pipe_dir: {d.pipe_dir}\n  log_dir: "
-                                            f"{d.log_dir}\n")
+    cfg = site.config()
     # A 64 KiB tmpfs on the state dir, filled, in a mount namespace of this command only.
     fill = ('mount -t tmpfs -o size=64k tmpfs "$0" && '
             '(head -c 1000000 /dev/zero > "$0/fill" 2>/dev/null; exec "$@")')
