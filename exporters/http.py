@@ -233,7 +233,7 @@ class MetricsHTTP:
         oldest = next(iter(queue))
         self.close(oldest, reset=True)
         self.refuse("over_cap", f"connections over the cap of {self.limits.max_connections} "
-                      "closed (the oldest without a whole request first)")
+                    "closed (the oldest without a whole request first)")
 
     def accept(self, now: float) -> None:
         # A quarter of the cap per turn: a scraper accepted in one turn has its request
@@ -246,7 +246,7 @@ class MetricsHTTP:
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.refuse("accept_failed", f"cannot accept connections: {e.strerror} "
-                                  "(open files of this process or the node at their limit)")
+                                "(open files of this process or the node at their limit)")
                     self.sel.unregister(self.listener)
                     self.accept_paused_until = now + ACCEPT_PAUSE_S
                 return  # ECONNABORTED and the like: that client is gone already
@@ -334,19 +334,19 @@ class MetricsHTTP:
         for conn in [c for queue in (self.fresh, self.talking) for c in queue
                      if c.deadline <= now]:
             if conn.out:
-                self.refuse("write_timeout", f"connections closed that took no response within "
-                              f"write_timeout_s {self.limits.write_timeout_s:g}")
+                self.refuse("write_timeout", "connections closed that took no response "
+                            f"within write_timeout_s {self.limits.write_timeout_s:g}")
                 self.close(conn, reset=True)
             elif conn.inbuf or conn in self.fresh:
-                self.refuse("header_timeout", f"connections closed that sent no whole request "
-                              f"within header_timeout_s {self.limits.header_timeout_s:g}")
+                self.refuse("header_timeout", "connections closed that sent no whole request "
+                            f"within header_timeout_s {self.limits.header_timeout_s:g}")
                 self.close(conn, reset=True)
             else:  # an idle keep-alive connection: normal, not worth a line
                 self.close(conn)
 
     # --- the loop -----------------------------------------------------------------------
 
-    def event(self, conn: Conn, mask: int, now: float) -> None:
+    def event(self, conn: Conn, now: float) -> None:
         if conn.closed:  # closed earlier in this round (evicted by an accept)
             return
         try:
@@ -356,8 +356,8 @@ class MetricsHTTP:
                 self.on_read(conn, now)
         except Exception as e:  # a bug must cost one connection, never the server
             self.close(conn, reset=True)
-            self.refuse("internal_error", f"internal error on a connection, closed: "
-                          f"{type(e).__name__}: {e}"[:300])
+            self.refuse("internal_error", "internal error on a connection, closed: "
+                        f"{type(e).__name__}: {ascii(str(e))[:200]}")
 
     def serve(self, stop: threading.Event) -> None:
         self.listener.setblocking(False)
@@ -365,12 +365,12 @@ class MetricsHTTP:
         next_sweep = 0.0
         try:
             while not stop.is_set():
-                for key, mask in self.sel.select(TICK_S):
+                for key, _ in self.sel.select(TICK_S):
                     now = time.monotonic()
                     if key.data is None:
                         self.accept(now)
                     else:
-                        self.event(key.data, mask, now)
+                        self.event(key.data, now)
                 now = time.monotonic()
                 if self.accept_paused_until is not None and now >= self.accept_paused_until:
                     self.accept_paused_until = None

@@ -148,6 +148,38 @@ def test_client_that_never_reads_is_dropped_after_the_write_deadline(tmp_path: P
     assert "took no response within write_timeout_s 1" in log.read_text()
 
 
+def test_idle_kept_alive_connection_is_closed_after_the_idle_timeout(tmp_path: Path,
+                                                                     site) -> None:
+    """Quietly: an idle connection is normal (Prometheus between scrapes), not abuse."""
+    import socket
+
+    site.dirs()
+    cfg = site.config("exporter:\n  idle_timeout_s: 1\n")
+    with served(tmp_path, cfg) as (_url, port, log):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):  # b"" once the server closes: not a 30 s timeout
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and b"keep-alive" in reply
+        assert reply.endswith(b"</html>\n")
+    assert len(log.read_text().splitlines()) == 1  # the start line only
+
+
+def test_oversized_request_head_is_refused_and_closed(tmp_path: Path, site) -> None:
+    import socket
+
+    site.dirs()
+    with served(tmp_path, site.config()) as (url, port, _log):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /" + b"a" * 20000)
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+        assert get(url + "/metrics")[0] == 200
+
+
 def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site) -> None:
     site.dirs()
     cfg = site.config("exporter:\n  max_connections: 20\n"
