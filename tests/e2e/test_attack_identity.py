@@ -15,33 +15,20 @@ from typing import Iterator, List, Tuple
 
 import pytest
 from clirun import mps_health
-from conftest import FakeDaemon
-from hostile import ATTACKER, as_user, ensure_user, public_dir
-
-__all__ = ["public_dir"]  # the fixture, used by name
+from hostile import ATTACKER, as_user, ensure_user
+from nodesite import Daemon, Site
 
 
 @pytest.fixture
-def node(public_dir: Path) -> Iterator[Tuple[Path, Path, FakeDaemon]]:
+def node(site: Site) -> Tuple[Path, Path, Daemon]:
     """A node-layout instance on a 0777 pipe dir, served by a root daemon (the fake
-    binaries, configured by path as a site names the real ones)."""
-    from paths import FAKE_CONTROL
-
-    pipe, log = public_dir / "nvidia-mps", public_dir / "nvidia-log"
-    for d in (pipe, log):
-        d.mkdir()
-        d.chmod(0o777)
-    config = public_dir / "config.yaml"
-    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
-                      f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
-                      f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
-    daemon = FakeDaemon(pipe, log, {}).start()
-    yield config, pipe, daemon
-    daemon.stop()
+    binaries, found on PATH as a site finds the real ones)."""
+    daemon = site.start_daemon()
+    return Path(site.config()), daemon.pipe_dir, daemon
 
 
 @pytest.fixture
-def posers(public_dir: Path) -> Iterator[List[subprocess.Popen]]:
+def posers() -> Iterator[List[subprocess.Popen]]:
     started: List[subprocess.Popen] = []
     yield started
     for p in started:
@@ -69,12 +56,12 @@ def check_json(config: Path, only: str = "daemon,strays") -> Tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
-def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, public_dir: Path,
+def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, site: Site,
                                                                   posers) -> None:
     config, pipe, daemon = node
     uid = ensure_user(ATTACKER).pw_uid
-    server = pose(posers, public_dir, "nvidia-cuda-mps-server", "/usr/bin/sleep", ["120"], pipe)
-    fake_daemon = pose(posers, public_dir, "nvidia-cuda-mps-control", "/usr/bin/tail",
+    server = pose(posers, site.root, "nvidia-cuda-mps-server", "/usr/bin/sleep", ["120"], pipe)
+    fake_daemon = pose(posers, site.root, "nvidia-cuda-mps-control", "/usr/bin/tail",
                        ["-f", "/dev/null"], pipe)
     rc, report = check_json(config)
     found = {(p["instance"], p["code"]): p for p in report["problems"]}
@@ -91,9 +78,9 @@ def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, public_d
     assert f"control daemon {daemon.pid} serves" in run["results"][0]["message"]
 
 
-def test_a_reset_never_ends_a_users_fake_server(node, public_dir: Path, posers) -> None:
+def test_a_reset_never_ends_a_users_fake_server(node, site: Site, posers) -> None:
     config, pipe, _ = node
-    server = pose(posers, public_dir, "nvidia-cuda-mps-server", "/usr/bin/sleep", ["120"], pipe)
+    server = pose(posers, site.root, "nvidia-cuda-mps-server", "/usr/bin/sleep", ["120"], pipe)
     r = mps_health("remediate", "reset", "node", "--config", str(config), "--force")
     assert str(server) not in r.stdout, r.stdout
     assert posers[0].poll() is None  # still running: never signalled

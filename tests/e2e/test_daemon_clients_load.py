@@ -17,10 +17,9 @@ import threading
 from pathlib import Path
 from typing import List
 
-from clirun import mps_health
-from conftest import node_config
 from mps_health.probes.proc import read_processes
-from mpsdaemon import kill_daemon, mps_env, start_daemon
+from mpsdaemon import mps_env
+from nodesite import Site
 from paths import FAKE_CONTROL, fake_binaries
 
 RUNS = 20  # the waiting clients are there in every run: each run is a full trial
@@ -35,11 +34,10 @@ def churn(pipe: Path, stop: threading.Event) -> None:
                        capture_output=True, text=True, timeout=30)
 
 
-def test_healthy_checks_stay_ok_while_clients_run(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    config = node_config(tmp_path, pipe, log,
-                         f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n")
-    daemon = start_daemon(pipe, log)
+def test_healthy_checks_stay_ok_while_clients_run(site: Site) -> None:
+    started = site.start_daemon()
+    pipe, daemon = started.pipe_dir, started.pid
+    site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     waiting: List[subprocess.Popen] = []
     loaders: List[subprocess.Popen] = []
     stop = threading.Event()
@@ -61,7 +59,7 @@ def test_healthy_checks_stay_ok_while_clients_run(tmp_path: Path, mps_dirs) -> N
             assert [p.pid for p in seen if p.role == "control"] == [daemon]
             # The daemon check alone: strays looks at the whole host, which other tests
             # share.
-            r = mps_health("check", "--config", config, "--only", "daemon", "--format", "json")
+            r = site.run("check", "--only", "daemon", "--format", "json")
             reports.append((r.returncode, r.stdout + r.stderr))
     finally:
         stop.set()
@@ -72,7 +70,6 @@ def test_healthy_checks_stay_ok_while_clients_run(tmp_path: Path, mps_dirs) -> N
         for p in (*waiting, *loaders):
             p.wait()
         churner.join(30)
-        kill_daemon(daemon)
     failed = [(rc, out) for rc, out in reports if rc != 0]
     assert failed == [], f"{len(failed)} of {RUNS} healthy checks failed: {failed[0]}"
     for _, out in reports:

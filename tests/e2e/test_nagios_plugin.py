@@ -11,19 +11,17 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from clirun import check_mps
-from conftest import node_config, write_config
 from monitoring_tools import node_wide_check
 from mps_health.commands import check_mps as plugin
 from plugin_output import parse
 
 
-def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_healthy_daemon_is_ok_with_perfdata(site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     r = check_mps("--config", cfg, "--skip", node_wide_check())
     assert r.returncode == 0, r.stdout + r.stderr
     out = parse(r.stdout, r.returncode)
@@ -37,9 +35,9 @@ def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None
     assert out.long_lines == [] and r.stderr == ""
 
 
-def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_daemon_up_is_in_the_perfdata(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     # strays skipped: other tests' daemons on this machine are strays to this config
     r = check_mps("--config", cfg, "--skip", "strays")
     out = parse(r.stdout, r.returncode)
@@ -52,9 +50,9 @@ def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
     assert out.perf("node_daemon_up").value == "0"
 
 
-def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon(FAKE_MPS_DELAY="1.0")
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_slow_answer_is_warning_by_the_w_range(site) -> None:
+    site.start_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = site.config()
     r = check_mps("--config", cfg, "--only", "control", "-w", "0.8", "-c", "30")
     assert r.returncode == 1, r.stdout
     out = parse(r.stdout, r.returncode)
@@ -63,17 +61,17 @@ def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> N
     assert out.perf("node_latency")[3:5] == ("0.8", "30")
 
 
-def test_slow_answer_is_critical_by_the_c_range(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon(FAKE_MPS_DELAY="1.0")
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_slow_answer_is_critical_by_the_c_range(site) -> None:
+    site.start_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = site.config()
     r = check_mps("--config", cfg, "--only", "control", "-w", "0.2", "-c", "@0.5:60")
     assert r.returncode == 2, r.stdout
     assert parse(r.stdout, 2).perf("node_latency").crit == "@0.5:60"
 
 
-def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_stopped_daemon_is_critical_inside_the_timeout(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     d.signal(signal.SIGSTOP)
     try:
         r = check_mps("--config", cfg, "-t", "2", "-v")  # budget 1.4s < control.timeout_s 2
@@ -90,8 +88,8 @@ def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daem
     assert out.perf("node_daemon_up").value == "1"
 
 
-def test_bad_config_is_unknown(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "bad.yaml", "mps:\n  layout: sideways\n")
+def test_bad_config_is_unknown(site) -> None:
+    cfg = site.write("bad.yaml", "mps:\n  layout: sideways\n")
     r = check_mps("--config", cfg)
     assert r.returncode == 3
     assert r.stdout == (f"MPS UNKNOWN - {cfg}: key 'mps.layout': must be one of node, per-gpu, "
@@ -106,6 +104,19 @@ def test_bad_config_is_unknown(tmp_path: Path) -> None:
     (["-t", "0"], "timeout 0 out of range"),
     (["-t", "2.5"], "whole seconds"),
     (["--only", "nope"], "unknown check 'nope'"),
+    # absurd thresholds: one line, never "internal error"
+    (["-w", "1e29"], "invalid range '1e29'"),
+    (["-w", "1.0e29"], "range '1.0e29' out of bounds: latency thresholds are seconds from 0 "
+                       "to 3600"),
+    (["-c", "99999999999999999999999999999999"], "out of bounds"),
+    (["-w", "9" * 400], "invalid range '" + "9" * 40 + "'"),  # beyond a float
+    (["-w", "1.0e400"], "invalid range '1.0e400'"),
+    (["-c", "@1.0e400:"], "invalid range '@1.0e400:'"),
+    (["-w", "nan"], "invalid range 'nan'"),
+    (["-w", "nan."], "invalid range 'nan.'"),
+    (["--warning=-1:2"], "range '-1:2' out of bounds"),
+    (["--critical=~:-1"], "range '~:-1' out of bounds"),
+    (["-w", "3601"], "range '3601' out of bounds"),
 ])
 def test_bad_arguments_are_unknown_not_critical(args, says) -> None:
     r = check_mps(*args)
@@ -131,42 +142,41 @@ def test_console_script_is_installed() -> None:
     assert r.returncode == 3 and r.stdout.startswith("check_mps v")
 
 
-def test_plugin_timeout_ends_a_read_stuck_in_the_kernel(tmp_path: Path) -> None:
-    """The plugin's own time limit (SIGALRM) interrupts an open() that never returns."""
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-
-    def stuck() -> None:
-        with open(fifo):  # no writer: blocks as a read from a hung file system does
-            pass
-
-    with pytest.raises(plugin.Timeout):
-        plugin.within(1, stuck)
-    assert plugin.within(1, lambda: 42) == 42
-
-
-def test_plugin_timeout_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run that overruns -t is the plugin's own UNKNOWN, in one line."""
+def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that overruns -t is the plugin's own UNKNOWN, in one line, at -t."""
     import time
 
     from mps_health import engine
 
     def hung(*args, **kwargs):
-        time.sleep(30)  # a probe that never returns
+        time.sleep(30)  # a probe that never returns (its thread is left behind)
 
-    monkeypatch.setattr(engine, "run", hung)
-    text, code = plugin.run(["--config", write_config(tmp_path / "c.yaml", "{}\n"),
-                             "-t", "1"])
+    monkeypatch.setattr(engine, "gather", hung)
+    text, code = plugin.run(["--config", site.write("c.yaml", "{}\n"), "-t", "1"])
     assert code == 3
     assert text == ("MPS UNKNOWN - check_mps timed out after 1s before the checks finished "
                     "(raise -t, or look for a hung process on the node)\n")
     parse(text, 3)
 
 
-def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> None:
+def test_config_thresholds_that_print_in_exponent_form_are_taken(site) -> None:
+    """The default -w/-c come from control.warn_latency_s as numbers: 1e-05 and .inf are
+    thresholds, not "internal error"."""
+    site.start_daemon()
+    for value, perf in (("0.00001", ";0.00001;0.00002;0"), (".inf", ";;;0"),
+                        ("2", ";2;4;0")):
+        cfg = site.config(f"control:\n  warn_latency_s: {value}\n")
+        r = check_mps("--config", cfg, "--only", "control")
+        assert r.returncode in (0, 1, 2), r.stdout
+        assert "internal error" not in r.stdout
+        latency = next(p for p in r.stdout.split("|")[1].split() if p.startswith("node_lat"))
+        assert latency.endswith("s" + perf), r.stdout
+
+
+def test_two_runs_in_one_process_do_not_pile_up(site) -> None:
     """Two runs in one process each print their own perfdata, never piled up."""
-    d = fake_daemon()
-    args = ["--config", node_config(tmp_path, d.pipe_dir, d.log_dir), "--only", "control"]
+    site.start_daemon()
+    args = ["--config", site.config(), "--only", "control"]
     first, second = plugin.run(args), plugin.run(args)
     assert first[1] == second[1] == 0
     labels = [p.label for p in parse(*first).perfdata]
@@ -174,17 +184,9 @@ def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> 
     assert [p.label for p in parse(*second).perfdata] == labels
 
 
-def test_output_stays_under_8k_with_many_instances(tmp_path: Path) -> None:
-    gpus = ", ".join(str(n) for n in range(300))
-    cfg = write_config(tmp_path / "c.yaml", f"""
-run_dir: {tmp_path}/run
-state_dir: {tmp_path}/state
-mps:
-  layout: per-gpu
-  pipe_dir: {tmp_path}/pipe_{{gpu}}
-  log_dir: {tmp_path}/log_{{gpu}}
-  gpus: [{gpus}]
-""")
+def test_output_stays_under_8k_with_many_instances(site) -> None:
+    cfg = site.config(mps={"layout": "per-gpu", "pipe_dir": f"{site.root}/pipe_{{gpu}}",
+                           "log_dir": f"{site.root}/log_{{gpu}}", "gpus": list(range(300))})
     r = check_mps("--config", cfg, "--skip", "control", "-v")
     assert r.returncode == 2
     out = parse(r.stdout, 2)  # under 8 KiB, every perfdata item whole
