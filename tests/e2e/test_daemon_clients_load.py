@@ -59,7 +59,7 @@ def test_healthy_checks_stay_ok_while_clients_run(site: Site) -> None:
             assert [p.pid for p in seen if p.role == "control"] == [daemon]
             # The daemon check alone: strays looks at the whole host, which other tests
             # share.
-            r = site.run("check", "--only", "daemon", "--format", "json")
+            r = site.run("mps-health", "check", "--only", "daemon", "--format", "json")
             reports.append((r.returncode, r.stdout + r.stderr))
     finally:
         stop.set()
