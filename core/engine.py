@@ -8,10 +8,10 @@ daemon never hides the other results.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from . import __version__, instances, registry
+from .background import Background
 from .config import Config
 from .context import Context, node_name
 from .exitcodes import Failure
@@ -104,18 +104,12 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
             errors[src.name] = _one_line(e)
         durations[src.name] = time.monotonic() - t0
 
-    threads: List[Tuple[registry.Source, threading.Thread]] = []
-    for src in wanted:
-        if src.blocking:
-            t = threading.Thread(target=collect, args=(src,), daemon=True)
-            t.start()
-            threads.append((src, t))
+    threads = [(src, Background(collect, src)) for src in wanted if src.blocking]
     for src in wanted:
         if not src.blocking:
             collect(src)
     for src, t in threads:
-        t.join(ctx.remaining() + JOIN_GRACE_S)
-        if t.is_alive():
+        if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
                  errors, durations, over)

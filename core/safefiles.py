@@ -16,7 +16,6 @@ most ``limit`` bytes.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -52,11 +51,15 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(pfd)  # the rename itself, durable (some file systems refuse: fine)
+        except OSError:
+            pass
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
         raise
     finally:
         os.close(pfd)
