@@ -79,8 +79,9 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     FIFO, a hung NFS read, a process in D state) can hold the caller; ``in_flight`` is a
     set it keeps the names of what it is doing in, for the Overrun's line. At the limit
     every command started meanwhile (``runner``) is killed with its process group; the
-    thread itself is left behind and dies with the process. A signal (SIGALRM) cannot do this: the handler's
-    exception would be caught as a probe's failure, and it runs only in the main thread.
+    thread itself is left behind and dies with the process. A signal (SIGALRM) cannot do
+    this: the handler's exception would be caught as a probe's failure, and it runs only
+    in the main thread.
     """
     started = time.monotonic() if since is None else since
     in_flight: Set[str] = set()
