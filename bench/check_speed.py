@@ -19,7 +19,13 @@ On a machine without a GPU the daemon is tests/fakes' fake, and its client is th
 version (tests/fakes/fast_client.c) so the query costs what the real C client costs.
 On a GPU node (--real) the real nvidia-cuda-mps-control is used.
 
-Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON]
+With --instructions (valgrind installed), each of python3 -c pass, import re, the check
+and check_mps also runs once under valgrind's cachegrind, which counts the instructions
+the process executes in user space: the same count on a busy machine as on an idle one
+(unlike wall or CPU time), so it shows what a change saves where other helpers load the
+machine. It leaves out the kernel's share (exec, page faults, the client process).
+
+Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON] [--instructions]
 PYTHON must have mps-health installed (not editable: an editable install adds its
 finder to every interpreter start, the baseline's too), and should start as fast as a
 plain interpreter does (compare its `-c pass` with `-S -E -c pass` below).
@@ -83,6 +89,19 @@ def cpu_ratio(argv: List[str], base: List[str]) -> str:
     return f"CPU {mine * 1000:.1f} ms, ratio {mine / theirs:.2f}"
 
 
+def instructions(argv: List[str], env: Dict[str, str], logs: Path) -> int:
+    """User-space instructions ``argv`` executes (valgrind; its children run natively)."""
+    logs.mkdir(exist_ok=True)
+    log = logs / "cachegrind.log"
+    subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                    "--cachegrind-out-file=/dev/null", f"--log-file={log}", *argv],
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    for line in log.read_text().splitlines():
+        if "I   refs:" in line:
+            return int(line.rsplit(":", 1)[1].replace(",", ""))
+    raise RuntimeError(f"valgrind counted nothing for {argv}: {log.read_text()[-300:]}")
+
+
 def med(xs: List[float]) -> float:
     return statistics.median(xs)
 
@@ -129,6 +148,8 @@ def main() -> int:
     ap.add_argument("--real", action="store_true", help="use the real MPS binaries (GPU node)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--control-timeout", type=float, default=2.0)
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count instructions under valgrind (load-independent)")
     args = ap.parse_args()
     private_namespace()
 
@@ -231,6 +252,18 @@ def main() -> int:
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
         print(f"  hand audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
+
+        if args.instructions and shutil.which("valgrind"):
+            counted = {name: instructions(argv, env, work / "valgrind") for name, argv in (
+                ("python3 -c pass", [args.python, "-c", "pass"]),
+                ("python3 -c 'import re'", [args.python, "-c", "import re"]),
+                ("mps-health check", check), ("check_mps", plugin))}
+            one = counted["python3 -c pass"]
+            print("\ninstructions in user space (valgrind), ratio to python3 -c pass:")
+            for name, n in counted.items():
+                print(f"  {name:24} {n / 1e6:7.1f} M  ratio {n / one:.2f}")
+        elif args.instructions:
+            print("\n(valgrind not installed: no instruction counts)")
 
         # Wedged daemon.
         os.kill(pid, signal.SIGSTOP)
