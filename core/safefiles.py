@@ -11,7 +11,8 @@ target is followed: the rename replaces the entry itself.
 ``read_small``: every read of a file others could have replaced (pid files in 0777 pipe
 dirs, state, caches, tmpfiles.d, the last textfile) opens it ``O_NOFOLLOW|O_NONBLOCK``
 (a symlink is refused, a FIFO cannot block us), takes regular files only, and reads at
-most ``limit`` bytes.
+most ``limit`` bytes. The config and snapshots are read through it too
+(``mps_health.inputs``).
 """
 
 from __future__ import annotations
@@ -62,27 +63,34 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
         os.close(pfd)
 
 
-def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
-               ) -> Optional[bytes]:
+def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
+               follow: bool = False) -> Optional[bytes]:
     """The content of regular file ``path``; None if it does not exist. OSError if it is a
-    link (ELOOP), not a regular file, longer than ``limit``, or unreadable."""
+    link (ELOOP), not a regular file, longer than ``limit``, or unreadable. ``follow``
+    only for a path an admin chose (the config file): a symlink is then followed."""
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS
     try:
-        fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        data = b""
-        while len(data) <= limit:  # procfs and some file systems return short reads
-            chunk = os.read(fd, limit + 1 - len(data))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        # Reads sized by the file (procfs says 0 and gives short reads): a small file
+        # under a large limit never costs a buffer of the limit's size.
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(limit + 1 - got, max(st.st_size + 1, 1 << 16)))
             if not chunk:
                 break
-            data += chunk
-        if len(data) > limit:
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
-        return data
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -1,11 +1,10 @@
-"""Shared fixtures: the fake MPS control binary on PATH, fake daemons, config files."""
+"""Shared fixtures: the fake MPS control binary on PATH, a node's site, the tripwire."""
 
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List
 
 import pytest
 
@@ -18,7 +17,7 @@ for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent /
 # The real Slurm cluster (tests/slurm_fixture.py) and the real-GPU fixtures (tests/gpu).
 pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
-import mpsdaemon  # noqa: E402  (found through the path set above)
+from nodesite import Site  # noqa: E402  (found through the path set above)
 from paths import FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401
 
 # Tripwire: no test may touch the host's real state (tests/tripwire/hostpaths.py). This
@@ -83,75 +82,10 @@ def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
     return path
 
 
-class FakeDaemon:
-    """A fake control daemon serving ``pipe_dir``; quit (or killed by PID) at teardown."""
-
-    def __init__(self, pipe_dir: Path, log_dir: Path, env: dict) -> None:
-        self.pipe_dir = pipe_dir
-        self.log_dir = log_dir
-        self.env = env
-        self.pid: Optional[int] = None
-
-    def start(self) -> "FakeDaemon":
-        self.pid = mpsdaemon.start_daemon(self.pipe_dir, self.log_dir, env=self.env)
-        return self
-
-    def query(self, command: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
-        return mpsdaemon.query(self.pipe_dir, command, timeout=timeout)
-
-    def signal(self, sig: int) -> None:
-        assert self.pid is not None
-        os.kill(self.pid, sig)
-
-    def stop(self) -> None:
-        if self.pid is not None:
-            mpsdaemon.kill_daemon(self.pid)
-            self.pid = None
-
-
 @pytest.fixture
-def mps_dirs(tmp_path: Path) -> Callable[..., tuple]:
-    """Make a pipe dir and a log dir (mode 0777) under tmp_path; returns (pipe, log)."""
-
-    def make(name: str = "mps") -> tuple:
-        pipe, log = tmp_path / f"{name}-pipe", tmp_path / f"{name}-log"
-        for d in (pipe, log):
-            d.mkdir()
-            d.chmod(0o777)
-        return pipe, log
-
-    return make
-
-
-@pytest.fixture
-def fake_daemon(fake_path: str,
-                mps_dirs: Callable[..., tuple]) -> Iterator[Callable[..., FakeDaemon]]:
-    """Start fake daemons: ``fake_daemon(name="mps", **env)``; all stopped afterwards."""
-    started: List[FakeDaemon] = []
-
-    def start(name: str = "mps", **env: str) -> FakeDaemon:
-        pipe, log = mps_dirs(name)
-        d = FakeDaemon(pipe, log, env).start()
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop()
-
-
-def write_config(path: Path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
-
-
-def node_config(tmp_path: Path, pipe: Path, log: Path, extra: str = "") -> str:
-    """A config for one node-wide instance on ``pipe``/``log`` with a private run dir."""
-    return write_config(tmp_path / "config.yaml", f"""
-run_dir: {tmp_path}/run
-state_dir: {tmp_path}/state
-mps:
-  pipe_dir: {pipe}
-  log_dir: {log}
-{extra}
-""")
+def site(fake_path: str) -> Iterator[Site]:
+    """A node's site under a fresh root (tests/nodesite.py), tests/fakes first on PATH;
+    its daemons and processes ended and its root removed afterwards."""
+    s = Site.create()
+    yield s
+    s.close()

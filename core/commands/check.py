@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ..exitcodes import Failure
 from .common import add_common, load_config, names
 
@@ -31,18 +33,18 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
     from ..config import from_mapping
-    from ..snapshot import SnapshotError, loads
+    from ..snapshot import SnapshotError, capped, read
 
     try:
-        with open(args.replay, encoding="utf-8") as f:
-            facts, saved_config = loads(f.read(), args.replay)
-    except OSError as e:
-        raise Failure(f"{args.replay}: cannot read: {e.strerror}") from None
+        facts, saved_config = read(args.replay)
     except SnapshotError as e:
         raise Failure(str(e)) from None
     if args.config:
-        return facts, load_config(args)
-    return facts, from_mapping(saved_config, f"{args.replay} (its config)")
+        config = load_config(args)
+    else:
+        config = from_mapping(saved_config, f"{args.replay} (its config)")
+    # Whoever wrote the snapshot, it is judged within the bounds of a live run.
+    return capped(facts, config.mps.max_instances), config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is not None and not 0.1 <= args.budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
     _, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
+    # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
         from ..exporters import json as json_out
 
-        print(json_out.render(report))
+        json_out.write(report, sys.stdout)
     else:
         from ..exporters import text
 
-        print(text.render(report, verbose=args.verbose))
+        text.write(report, sys.stdout, verbose=args.verbose)
     return report.state

@@ -30,9 +30,19 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+MAX_LINE = 2000
+
+
+def _cut(say: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda line: say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
 def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
     """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
-    ``say`` and the failure's code. A UsageError's text is already the whole line."""
+    ``say`` and the failure's code. A UsageError's text is already the whole line.
+    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
+    readable line."""
+    say = _cut(say)
     try:
         return int(body())
     except UsageError as e:

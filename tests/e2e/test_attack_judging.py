@@ -11,24 +11,20 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Tuple
 
 import pytest
 from clirun import mps_health
-from conftest import FakeDaemon
 from hostile import (
     ATTACKER,
     VICTIM,
     as_user,
     ensure_user,
-    fake_squeue,
-    public_dir,
     run_as,
     squeue_line,
 )
 from mpsdaemon import kill_daemon, start_daemon
-
-__all__ = ["public_dir"]  # the fixture, used by name
+from nodesite import Daemon, Site
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is under /root)
 
@@ -45,18 +41,10 @@ def findings(report: dict) -> dict:
 
 
 @pytest.fixture
-def node(public_dir: Path) -> Iterator[Tuple[Path, FakeDaemon]]:
+def node(site: Site) -> Tuple[Path, Daemon]:
     """A node-layout instance whose pipe dir is 0777 (as MPS needs), served by a root daemon."""
-    pipe, log = public_dir / "nvidia-mps", public_dir / "nvidia-log"
-    for d in (pipe, log):
-        d.mkdir()
-        d.chmod(0o777)
-    config = public_dir / "config.yaml"
-    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
-                      f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
-    daemon = FakeDaemon(pipe, log, {}).start()
-    yield config, daemon
-    daemon.stop()
+    daemon = site.start_daemon()
+    return Path(site.config()), daemon
 
 
 def test_a_strangers_link_in_the_pipe_dir_is_a_warning_naming_them(node) -> None:
@@ -72,10 +60,10 @@ def test_a_strangers_link_in_the_pipe_dir_is_a_warning_naming_them(node) -> None
 
 
 def test_a_strangers_process_posing_as_the_daemon_is_a_stray_not_a_duplicate(
-        node, public_dir: Path) -> None:
+        node, site: Site) -> None:
     config, daemon = node
     ensure_user(ATTACKER)
-    fake = public_dir / "evil"
+    fake = site.root / "evil"
     fake.mkdir()
     shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")  # comm and argv0 as MPS's
     proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "60"],
@@ -95,11 +83,11 @@ def test_a_strangers_process_posing_as_the_daemon_is_a_stray_not_a_duplicate(
         proc.wait()
 
 
-def test_a_hijacked_control_socket_is_critical_naming_the_owner(node, public_dir: Path) -> None:
+def test_a_hijacked_control_socket_is_critical_naming_the_owner(node, site: Site) -> None:
     """The user renames the daemon's socket and binds their own answering queries."""
     config, daemon = node
     ensure_user(ATTACKER)
-    script = public_dir / "hijack.py"
+    script = site.root / "hijack.py"
     script.write_text(f"""
 import os, socket, sys, time
 pipe = {str(daemon.pipe_dir)!r}
@@ -136,20 +124,17 @@ def test_the_daemon_entries_of_the_daemons_user_pass(node) -> None:
 # --- per-job layout: /tmp is everyone's ----------------------------------------------------
 
 @pytest.fixture
-def per_job(public_dir: Path) -> Tuple[Path, Path]:
-    parent = public_dir / "tmp"
-    parent.mkdir()
-    parent.chmod(0o1777)
-    config = public_dir / "config.yaml"
-    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
-                      f"mps:\n  layout: per-job\n  pipe_dir: {parent}/nvidia-mps_job{{job}}\n"
-                      f"  log_dir: {parent}/nvidia-log_job{{job}}\n  dir_mode: '0700'\n"
-                      f"commands:\n  squeue: {fake_squeue(public_dir, [])}\n")
-    return config, parent
+def per_job(site: Site) -> Tuple[Path, Path]:
+    parent = site.sticky_tmp()
+    config = site.config(
+        mps={"layout": "per-job", "pipe_dir": f"{parent}/nvidia-mps_job{{job}}",
+             "log_dir": f"{parent}/nvidia-log_job{{job}}", "dir_mode": "0700"},
+        commands={"squeue": site.squeue()})
+    return Path(config), parent
 
 
 def test_a_dir_named_like_a_job_that_slurm_does_not_run_here_is_not_an_instance(
-        per_job, public_dir: Path) -> None:
+        per_job, site: Site) -> None:
     config, parent = per_job
     r = run_as(ATTACKER, ["mkdir", str(parent / "nvidia-mps_job4242")])
     assert r.returncode == 0, r.stderr
@@ -158,20 +143,20 @@ def test_a_dir_named_like_a_job_that_slurm_does_not_run_here_is_not_an_instance(
 
 
 def test_a_dir_squatted_for_a_real_job_is_not_that_jobs_instance(per_job,
-                                                                  public_dir: Path) -> None:
+                                                                  site: Site) -> None:
     """Job 4242 of the victim runs here; the attacker made its dir first."""
     config, parent = per_job
     ensure_user(VICTIM)
-    fake_squeue(public_dir, [squeue_line("4242", VICTIM)])
+    site.squeue(squeue_line("4242", VICTIM))
     r = run_as(ATTACKER, ["mkdir", "-m", "0777", str(parent / "nvidia-mps_job4242")])
     assert r.returncode == 0, r.stderr
     rc, report = check_json(config)
     assert rc != 2 and not [p for p in report["problems"] if p["instance"] == "job4242"]
 
 
-def test_slurm_unreachable_leaves_per_job_instances_unknown(per_job, public_dir: Path) -> None:
+def test_slurm_unreachable_leaves_per_job_instances_unknown(per_job, site: Site) -> None:
     config, parent = per_job
-    (public_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to "
+    (site.root / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to "
                                        "contact slurm controller' >&2\nexit 1\n")
     r = run_as(ATTACKER, ["mkdir", str(parent / "nvidia-mps_job4242")])
     assert r.returncode == 0, r.stderr
@@ -181,11 +166,11 @@ def test_slurm_unreachable_leaves_per_job_instances_unknown(per_job, public_dir:
 
 
 def test_the_jobs_own_user_breaking_their_dir_is_at_most_a_warning(per_job,
-                                                                   public_dir: Path) -> None:
+                                                                   site: Site) -> None:
     """A job's user owns its pipe dir: what they do to it hurts their job only."""
     config, parent = per_job
     ensure_user(VICTIM)
-    fake_squeue(public_dir, [squeue_line("77", VICTIM)])
+    site.squeue(squeue_line("77", VICTIM))
     for name in ("nvidia-mps_job77", "nvidia-log_job77"):
         r = run_as(VICTIM, ["mkdir", "-m", "0777", str(parent / name)])
         assert r.returncode == 0, r.stderr
@@ -199,11 +184,11 @@ def test_the_jobs_own_user_breaking_their_dir_is_at_most_a_warning(per_job,
 
 
 def test_a_fake_daemon_by_its_own_user_in_the_job_dir_is_judged(per_job,
-                                                                public_dir: Path) -> None:
+                                                                site: Site) -> None:
     """The real per-job daemon (the job user's) is found only for a Slurm job."""
     config, parent = per_job
     pw = ensure_user(VICTIM)
-    fake_squeue(public_dir, [squeue_line("78", VICTIM)])
+    site.squeue(squeue_line("78", VICTIM))
     pipe, log = parent / "nvidia-mps_job78", parent / "nvidia-log_job78"
     for d in (pipe, log):
         d.mkdir(mode=0o700)

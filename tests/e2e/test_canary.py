@@ -7,18 +7,15 @@ reaches the fake daemon as a CUDA client reaches MPS.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 from clirun import mps_health, results
-from conftest import FAKES, node_config
+from conftest import FAKES
 from mps_health import canary_client
 from mps_health.probes import canary as probe
 from mps_health.runner import Completed
@@ -33,13 +30,13 @@ def fake_canary(extra: str = "") -> str:
 
 # --- the real client, here without a driver ----------------------------------------------
 
-def test_real_canary_without_libcuda_is_a_clear_unknown(tmp_path: Path, fake_daemon) -> None:
+def test_real_canary_without_libcuda_is_a_clear_unknown(site) -> None:
     out = subprocess.run([sys.executable, "-I", "-S", canary_client.__file__],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 3
     assert out.stdout.startswith("mps-health-canary no-libcuda libcuda.so.1 not found: ")
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    site.start_daemon()
+    cfg = site.config()
     r = mps_health("check", "--config", cfg, "--only", "canary")
     assert r.returncode == 3
     assert r.stdout.splitlines()[1] == (
@@ -83,9 +80,9 @@ def test_judge_run_keeps_served_and_unserved_apart() -> None:
 
 # --- orchestration against the fake daemon -----------------------------------------------------
 
-def test_served_by_mps_reports_latency(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
+def test_served_by_mps_reports_latency(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config(fake_canary())
     r = mps_health("check", "--config", cfg, "--only", "canary", "--format", "json")
     assert r.returncode == 0, r.stdout + r.stderr
     (res,) = results(r, "canary")
@@ -96,17 +93,17 @@ def test_served_by_mps_reports_latency(tmp_path: Path, fake_daemon) -> None:
     assert res["values"]["canary_total_s"] > 0
 
 
-def test_canary_is_off_by_default(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
+def test_canary_is_off_by_default(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config(fake_canary())
     r = mps_health("check", "--config", cfg, "--format", "json")
     assert "canary" not in [c["name"] for c in json.loads(r.stdout)["checks"]]
     assert "fake_client_connect" not in (d.log_dir / "control.log").read_text()
 
 
-def test_fault_server_fails_the_canary(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
+def test_fault_server_fails_the_canary(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config(fake_canary())
     server = d.query("fake_server_start").stdout.strip()
     d.query(f"fake_server_set {server} FAULT")
     r = mps_health("check", "--config", cfg, "--only", "canary,servers")
@@ -117,9 +114,9 @@ def test_fault_server_fails_the_canary(tmp_path: Path, fake_daemon) -> None:
     assert "server-fault" in r.stdout
 
 
-def test_dead_daemon_means_clients_run_without_mps(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
+def test_dead_daemon_means_clients_run_without_mps(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config(fake_canary())
     d.query("quit")  # its sockets stay behind, as the real daemon's do
     r = mps_health("check", "--config", cfg, "--only", "canary")
     assert r.returncode == 2
@@ -128,10 +125,9 @@ def test_dead_daemon_means_clients_run_without_mps(tmp_path: Path, fake_daemon) 
            "without MPS" in r.stdout
 
 
-def test_stopped_daemon_fails_within_the_timeout(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir,
-                      fake_canary("canary:\n  timeout_s: 2\ncontrol:\n  timeout_s: 0.5\n"))
+def test_stopped_daemon_fails_within_the_timeout(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config(fake_canary("canary:\n  timeout_s: 2\ncontrol:\n  timeout_s: 0.5\n"))
     d.signal(signal.SIGSTOP)
     t0 = time.monotonic()
     try:
@@ -155,10 +151,10 @@ def other_user_client() -> Iterator[subprocess.Popen]:
     p.wait()
 
 
-def test_skips_while_another_users_clients_are_connected(tmp_path: Path, fake_daemon,
+def test_skips_while_another_users_clients_are_connected(site,
                                                          other_user_client) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, fake_canary())
+    d = site.start_daemon()
+    cfg = site.config(fake_canary())
     server = d.query(f"fake_client_connect {other_user_client.pid} {NOBODY}").stdout.strip()
     r = mps_health("check", "--config", cfg, "--only", "canary", "--format", "json")
     assert r.returncode == 0
@@ -172,35 +168,26 @@ def test_skips_while_another_users_clients_are_connected(tmp_path: Path, fake_da
     assert (d.log_dir / "control.log").read_text().count("fake_client_connect") == 1  # ours
 
 
-def test_runs_as_the_daemons_user(fake_path: str) -> None:
+def test_runs_as_the_daemons_user(site) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to start a daemon as another user")
     python = "/usr/bin/python3"  # one that user nobody may run (a venv under /root is not)
     if not os.access(python, os.X_OK):
         pytest.skip("no /usr/bin/python3 for user nobody")
-    base = tempfile.mkdtemp(prefix="mpsh-canary-", dir="/tmp")
-    try:
-        os.chmod(base, 0o755)
-        pipe, log = Path(base, "pipe"), Path(base, "log")
-        for p in (pipe, log):
-            p.mkdir()
-            os.chown(p, NOBODY, NOBODY)
-        daemon = start_daemon(pipe, log, python=python, user=NOBODY, group=NOBODY)
-        try:
-            cfg = node_config(Path(base), pipe, log, fake_canary())
-            r = mps_health("check", "--config", cfg, "--only", "canary")
-            assert r.returncode == 0, r.stdout + r.stderr
-            r = mps_health("check", "--config", cfg, "--only", "canary", "-v")
-            assert f", uid {NOBODY}) got a context in" in r.stdout
-        finally:
-            os.kill(daemon, signal.SIGKILL)  # the daemon we started, by its PID
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    pipe, log = site.dirs()
+    for p in (pipe, log):
+        os.chown(p, NOBODY, NOBODY)
+    start_daemon(pipe, log, python=python, user=NOBODY, group=NOBODY)  # ended at close
+    cfg = site.config(fake_canary())
+    r = mps_health("check", "--config", cfg, "--only", "canary")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mps_health("check", "--config", cfg, "--only", "canary", "-v")
+    assert f", uid {NOBODY}) got a context in" in r.stdout
 
 
-def test_bad_canary_section_is_one_line(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "canary:\n  timeout_s: 0\n")
+def test_bad_canary_section_is_one_line(site) -> None:
+    site.dirs()
+    cfg = site.config("canary:\n  timeout_s: 0\n")
     r = mps_health("check", "--config", cfg, "--only", "canary")
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == f"mps-health: {cfg}: key 'canary.timeout_s': must be a number between " \

@@ -2,15 +2,13 @@
 
 import signal
 import time
-from pathlib import Path
 
 from clirun import mps_health, problem_codes
-from conftest import node_config, write_config
 
 
-def test_healthy_daemon_is_ok(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_healthy_daemon_is_ok(site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     # strays is skipped: it judges the whole node, where other tests' daemons may run.
     r = mps_health("check", "--config", cfg, "--skip", "tmpfiles,strays")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -18,9 +16,9 @@ def test_healthy_daemon_is_ok(tmp_path: Path, fake_daemon) -> None:
     assert r.stdout.startswith("MPS OK - ") and " checks passed on " in r.stdout
 
 
-def test_stopped_daemon_is_critical_within_timeout(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 1.0\n")
+def test_stopped_daemon_is_critical_within_timeout(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("control:\n  timeout_s: 1.0\n")
     d.signal(signal.SIGSTOP)
     t0 = time.monotonic()
     r = mps_health("check", "--config", cfg, "--format", "json")
@@ -32,9 +30,9 @@ def test_stopped_daemon_is_critical_within_timeout(tmp_path: Path, fake_daemon) 
     assert elapsed < 10  # bounded; the exact bound is measured in bench/, not asserted here
 
 
-def test_killed_daemon_is_stale(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_killed_daemon_is_stale(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     d.signal(signal.SIGKILL)
     time.sleep(0.1)
     r = mps_health("check", "--config", cfg)
@@ -42,8 +40,8 @@ def test_killed_daemon_is_stale(tmp_path: Path, fake_daemon) -> None:
     assert "daemon-stale" in r.stdout and "control-absent" in r.stdout
 
 
-def test_bad_config_is_one_line_unknown(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "bad.yaml", "mps:\n  layout: sideways\n")
+def test_bad_config_is_one_line_unknown(site) -> None:
+    cfg = site.write("bad.yaml", "mps:\n  layout: sideways\n")
     r = mps_health("check", "--config", cfg)
     assert r.returncode == 3
     assert r.stdout == ""
@@ -57,13 +55,10 @@ def test_bad_argument_is_unknown_not_critical() -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_slow_answer_is_warning(tmp_path: Path, fake_path: str, mps_dirs) -> None:
-    from conftest import FakeDaemon
-
-    pipe, log = mps_dirs("slow")
-    d = FakeDaemon(pipe, log, {"FAKE_MPS_DELAY": "0.3"}).start()
+def test_slow_answer_is_warning(site) -> None:
+    d = site.start_daemon("slow", FAKE_MPS_DELAY="0.3")
     try:
-        cfg = node_config(tmp_path, pipe, log, "control:\n  warn_latency_s: 0.2\n")
+        cfg = site.config("control:\n  warn_latency_s: 0.2\n", pipe=d.pipe_dir, log=d.log_dir)
         r = mps_health("check", "--config", cfg, "--only", "control")
     finally:
         d.stop()
@@ -71,22 +66,20 @@ def test_slow_answer_is_warning(tmp_path: Path, fake_path: str, mps_dirs) -> Non
     assert "control-slow" in r.stdout
 
 
-def test_error_answer_is_critical(tmp_path: Path, fake_path: str, mps_dirs) -> None:
-    from conftest import FakeDaemon
-
-    pipe, log = mps_dirs("err")
-    d = FakeDaemon(pipe, log, {"FAKE_MPS_REPLY": 'Unknown command "x"'}).start()
+def test_error_answer_is_critical(site) -> None:
+    d = site.start_daemon("err", FAKE_MPS_REPLY='Unknown command "x"')
     try:
-        r = mps_health("check", "--config", node_config(tmp_path, pipe, log), "--only", "control")
+        cfg = site.config(pipe=d.pipe_dir, log=d.log_dir)
+        r = mps_health("check", "--config", cfg, "--only", "control")
     finally:
         d.stop()
     assert r.returncode == 2
     assert 'control-error: the control daemon answered with an error: Unknown command "x"' in r.stdout
 
 
-def test_missing_client_is_unknown(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "commands:\n  nvidia-cuda-mps-control: /nonexistent/x\n")
+def test_missing_client_is_unknown(site) -> None:
+    site.dirs()
+    cfg = site.config("commands:\n  nvidia-cuda-mps-control: /nonexistent/x\n")
     r = mps_health("check", "--config", cfg, "--only", "control")
     assert r.returncode == 3
     assert "control-client-missing" in r.stdout
@@ -98,9 +91,8 @@ def test_unknown_check_name_is_unknown() -> None:
     assert "unknown check 'bogus' (known:" in r.stderr
 
 
-def test_expected_percentage(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon(FAKE_MPS_PERCENTAGE="50.0")
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir,
-                      "control:\n  expected_thread_percentage: 100\n")
+def test_expected_percentage(site) -> None:
+    site.start_daemon(FAKE_MPS_PERCENTAGE="50.0")
+    cfg = site.config("control:\n  expected_thread_percentage: 100\n")
     r = mps_health("check", "--config", cfg, "--only", "control")
     assert r.returncode == 1 and "control-percentage" in r.stdout

@@ -15,7 +15,7 @@ from typing import Iterator, List
 
 import pytest
 from clirun import mps_health
-from conftest import FIXTURES, fixture_text, node_config
+from conftest import FIXTURES, fixture_text
 from mps_health.config import from_mapping
 from mps_health.facts import Facts, Instance
 from mps_health.facts_deep import ClientFact, DeviceFact, InstanceServers, ServerFact, ServersFacts
@@ -67,8 +67,8 @@ def test_limits_and_contexts() -> None:
         == {0: 4}
 
 
-def test_the_fake_daemon_prints_the_real_formats(fake_daemon, sleepers: List[int]) -> None:
-    d = fake_daemon()
+def test_the_fake_daemon_prints_the_real_formats(site, sleepers: List[int]) -> None:
+    d = site.start_daemon()
     assert d.query("get_default_device_pinned_mem_limit 0").stdout == ""
     d.query("set_default_active_thread_percentage 60")
     d.query("set_default_device_pinned_mem_limit 0 1500M")
@@ -288,14 +288,13 @@ SQUEUE = ("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%U|%T|%M|%b' (lines as Slurm
           "printf '101|root|0|RUNNING|0:42|gres:mps:30\\n103|root|0|RUNNING|0:42|gres:gpu:1\\n'\n")
 
 
-def test_view_and_check_end_to_end(tmp_path: Path, fake_daemon) -> None:
+def test_view_and_check_end_to_end(tmp_path: Path, site) -> None:
     squeue = tmp_path / "squeue"
     squeue.write_text(SQUEUE)
     squeue.chmod(0o755)
-    d = fake_daemon(FAKE_MPS_PERCENTAGE="60.0")
+    d = site.start_daemon(FAKE_MPS_PERCENTAGE="60.0")
     # gres_conf: the snapshot (--all) reads it, and the host's is not ours to read
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir,
-                      f"commands:\n  squeue: {squeue}\nclients: {{}}\n"
+    cfg = site.config(f"commands:\n  squeue: {squeue}\nclients: {{}}\n"
                       f"slurm:\n  gres_conf: {tmp_path}/gres.conf\n")
     procs = [subprocess.Popen(["\x1b[2Jsleep", "120"], executable="/bin/sleep", env=dict(
         os.environ, SLURM_JOB_ID=job, **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct} if pct
@@ -334,9 +333,9 @@ def test_view_and_check_end_to_end(tmp_path: Path, fake_daemon) -> None:
     assert view.returncode == 0 and str(procs[0].pid) in view.stdout
 
 
-def test_idle_daemon_asks_nothing(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "commands:\n  squeue: /nonexistent\n")
+def test_idle_daemon_asks_nothing(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("commands:\n  squeue: /nonexistent\n")
     r = mps_health("clients", "--config", cfg)
     assert r.returncode == 0 and "no server runs" in r.stdout
     assert "squeue" not in r.stdout  # not even asked: no client to judge
@@ -380,9 +379,9 @@ def test_nvml_memory_of_mps_clients_from_the_h200_recording() -> None:
     assert clients[531] == 473956352  # the env-30 client holds less than the others
 
 
-def test_servers_not_listed_is_unknown(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "commands:\n  nvidia-cuda-mps-control: /nonexistent\n"
+def test_servers_not_listed_is_unknown(site) -> None:
+    pipe, _ = site.dirs()
+    cfg = site.config("commands:\n  nvidia-cuda-mps-control: /nonexistent\n"
                       "  squeue: /nonexistent\n")
     (pipe / "nvidia-cuda-mps-control.pid").write_text(str(os.getpid()))  # not a daemon
     r = mps_health("clients", "--config", cfg)

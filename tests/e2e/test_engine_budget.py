@@ -10,12 +10,11 @@ import signal
 import time
 
 from clirun import mps_health, problem_codes
-from conftest import node_config
 
 
-def test_wedged_daemon_is_critical_when_the_budget_ends_first(tmp_path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 60\n")
+def test_wedged_daemon_is_critical_when_the_budget_ends_first(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("control:\n  timeout_s: 60\n")
     d.signal(signal.SIGSTOP)
     try:
         t0 = time.monotonic()

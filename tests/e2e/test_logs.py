@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from clirun import mps_health, results
-from conftest import fixture_text, node_config
+from conftest import fixture_text
 from mps_health.facts_deep import LogPosition
 from mps_health.probes import logs as probe
 
@@ -140,10 +140,9 @@ def test_a_symlinked_log_is_not_followed(tmp_path: Path) -> None:
 
 # --- the check, end to end ------------------------------------------------------------------
 
-def test_findings_are_reported_within_the_window_and_never_twice(tmp_path: Path,
-                                                                  mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "logs:\n  window_s: 3\n")
+def test_findings_are_reported_within_the_window_and_never_twice(site) -> None:
+    _, log = site.dirs()
+    cfg = site.config("logs:\n  window_s: 3\n")
     now = time.time()
     (log / "control.log").write_text(
         line("Server 510 exited with status 1", now)
@@ -166,9 +165,9 @@ def test_findings_are_reported_within_the_window_and_never_twice(tmp_path: Path,
     assert cleared.returncode == 0, cleared.stdout
 
 
-def test_pending_client_is_reported_until_it_exits(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "logs:\n  pending_warn_s: 1\n")
+def test_pending_client_is_reported_until_it_exits(site) -> None:
+    _, log = site.dirs()
+    cfg = site.config("logs:\n  pending_warn_s: 1\n")
     client = subprocess.Popen(["sleep", "60"])
     try:
         (log / "control.log").write_text(line(
@@ -185,9 +184,9 @@ def test_pending_client_is_reported_until_it_exits(tmp_path: Path, mps_dirs) -> 
     assert mps_health("check", "--config", cfg, "--only", "logs").returncode == 0
 
 
-def test_pending_client_is_resolved_by_a_server_for_its_user(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log, "logs:\n  pending_warn_s: 1\n")
+def test_pending_client_is_resolved_by_a_server_for_its_user(site) -> None:
+    _, log = site.dirs()
+    cfg = site.config("logs:\n  pending_warn_s: 1\n")
     client = subprocess.Popen(["sleep", "60"])
     try:
         (log / "control.log").write_text(
@@ -201,9 +200,9 @@ def test_pending_client_is_resolved_by_a_server_for_its_user(tmp_path: Path, mps
         client.wait()
 
 
-def test_fake_daemon_log_lines_are_read(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_fake_daemon_log_lines_are_read(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     server = d.query("fake_server_start").stdout.strip()
     d.query(f"fake_server_stop {server} 139")
     r = mps_health("check", "--config", cfg, "--only", "logs")
@@ -211,26 +210,26 @@ def test_fake_daemon_log_lines_are_read(tmp_path: Path, fake_daemon) -> None:
     assert f"Server {server} exited with status 139" in r.stdout
 
 
-def test_a_symlinked_log_dir_is_not_read(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
+def test_a_symlinked_log_dir_is_not_read(tmp_path: Path, site) -> None:
+    pipe, log = site.dirs()
     (log / "control.log").write_text(line("Unable to accept connection", time.time()))
     link = tmp_path / "linked-log"
     link.symlink_to(log)
-    cfg = node_config(tmp_path, pipe, link)
+    cfg = site.config(pipe=pipe, log=link)
     r = mps_health("check", "--config", cfg, "--only", "logs")
     assert r.returncode == 3
     assert f"UNKNOWN logs[node] logs-unreadable: {link}/control.log: cannot read: the log dir " \
            "is a symlink" in r.stdout
 
 
-def test_findings_dated_in_the_future_are_dropped(tmp_path: Path, mps_dirs) -> None:
+def test_findings_dated_in_the_future_are_dropped(site) -> None:
     """A damaged logs.json (at: 1e308, NaN) or a clock stepped back leaves findings "in
     the future": they are dropped on load, never reported for ever nor UNKNOWN."""
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log)
+    _, log = site.dirs()
+    cfg = site.config()
     (log / "control.log").write_text(line("Server 510 exited with status 1", time.time()))
     assert mps_health("check", "--config", cfg, "--only", "logs").returncode == 1
-    state = tmp_path / "state" / "logs.json"
+    state = site.state_dir / "logs.json"
     data = json.loads(state.read_text())
     (finding,) = data["findings"]
     data["findings"] = [dict(finding, at=1e308), dict(finding, at=time.time() + 3600),

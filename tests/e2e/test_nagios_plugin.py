@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 from clirun import check_mps
-from conftest import node_config, write_config
 from monitoring_tools import node_wide_check
 from mps_health.commands import check_mps as plugin
 from plugin_output import parse
 
 
-def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_healthy_daemon_is_ok_with_perfdata(site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     r = check_mps("--config", cfg, "--skip", node_wide_check())
     assert r.returncode == 0, r.stdout + r.stderr
     out = parse(r.stdout, r.returncode)
@@ -37,9 +36,9 @@ def test_healthy_daemon_is_ok_with_perfdata(tmp_path: Path, fake_daemon) -> None
     assert out.long_lines == [] and r.stderr == ""
 
 
-def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_daemon_up_is_in_the_perfdata(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     # strays skipped: other tests' daemons on this machine are strays to this config
     r = check_mps("--config", cfg, "--skip", "strays")
     out = parse(r.stdout, r.returncode)
@@ -52,9 +51,9 @@ def test_daemon_up_is_in_the_perfdata(tmp_path: Path, fake_daemon) -> None:
     assert out.perf("node_daemon_up").value == "0"
 
 
-def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon(FAKE_MPS_DELAY="1.0")
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_slow_answer_is_warning_by_the_w_range(site) -> None:
+    site.start_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = site.config()
     r = check_mps("--config", cfg, "--only", "control", "-w", "0.8", "-c", "30")
     assert r.returncode == 1, r.stdout
     out = parse(r.stdout, r.returncode)
@@ -63,17 +62,17 @@ def test_slow_answer_is_warning_by_the_w_range(tmp_path: Path, fake_daemon) -> N
     assert out.perf("node_latency")[3:5] == ("0.8", "30")
 
 
-def test_slow_answer_is_critical_by_the_c_range(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon(FAKE_MPS_DELAY="1.0")
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_slow_answer_is_critical_by_the_c_range(site) -> None:
+    site.start_daemon(FAKE_MPS_DELAY="1.0")
+    cfg = site.config()
     r = check_mps("--config", cfg, "--only", "control", "-w", "0.2", "-c", "@0.5:60")
     assert r.returncode == 2, r.stdout
     assert parse(r.stdout, 2).perf("node_latency").crit == "@0.5:60"
 
 
-def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_stopped_daemon_is_critical_inside_the_timeout(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     d.signal(signal.SIGSTOP)
     try:
         r = check_mps("--config", cfg, "-t", "2", "-v")  # budget 1.4s < control.timeout_s 2
@@ -90,8 +89,8 @@ def test_stopped_daemon_is_critical_inside_the_timeout(tmp_path: Path, fake_daem
     assert out.perf("node_daemon_up").value == "1"
 
 
-def test_bad_config_is_unknown(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "bad.yaml", "mps:\n  layout: sideways\n")
+def test_bad_config_is_unknown(site) -> None:
+    cfg = site.write("bad.yaml", "mps:\n  layout: sideways\n")
     r = check_mps("--config", cfg)
     assert r.returncode == 3
     assert r.stdout == (f"MPS UNKNOWN - {cfg}: key 'mps.layout': must be one of node, per-gpu, "
@@ -145,7 +144,7 @@ def test_plugin_timeout_ends_a_read_stuck_in_the_kernel(tmp_path: Path) -> None:
     assert plugin.within(1, lambda: 42) == 42
 
 
-def test_plugin_timeout_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that overruns -t is the plugin's own UNKNOWN, in one line."""
     import time
 
@@ -155,18 +154,17 @@ def test_plugin_timeout_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         time.sleep(30)  # a probe that never returns
 
     monkeypatch.setattr(engine, "run", hung)
-    text, code = plugin.run(["--config", write_config(tmp_path / "c.yaml", "{}\n"),
-                             "-t", "1"])
+    text, code = plugin.run(["--config", site.write("c.yaml", "{}\n"), "-t", "1"])
     assert code == 3
     assert text == ("MPS UNKNOWN - check_mps timed out after 1s before the checks finished "
                     "(raise -t, or look for a hung process on the node)\n")
     parse(text, 3)
 
 
-def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> None:
+def test_two_runs_in_one_process_do_not_pile_up(site) -> None:
     """Two runs in one process each print their own perfdata, never piled up."""
-    d = fake_daemon()
-    args = ["--config", node_config(tmp_path, d.pipe_dir, d.log_dir), "--only", "control"]
+    site.start_daemon()
+    args = ["--config", site.config(), "--only", "control"]
     first, second = plugin.run(args), plugin.run(args)
     assert first[1] == second[1] == 0
     labels = [p.label for p in parse(*first).perfdata]
@@ -174,17 +172,9 @@ def test_two_runs_in_one_process_do_not_pile_up(tmp_path: Path, fake_daemon) -> 
     assert [p.label for p in parse(*second).perfdata] == labels
 
 
-def test_output_stays_under_8k_with_many_instances(tmp_path: Path) -> None:
-    gpus = ", ".join(str(n) for n in range(300))
-    cfg = write_config(tmp_path / "c.yaml", f"""
-run_dir: {tmp_path}/run
-state_dir: {tmp_path}/state
-mps:
-  layout: per-gpu
-  pipe_dir: {tmp_path}/pipe_{{gpu}}
-  log_dir: {tmp_path}/log_{{gpu}}
-  gpus: [{gpus}]
-""")
+def test_output_stays_under_8k_with_many_instances(site) -> None:
+    cfg = site.config(mps={"layout": "per-gpu", "pipe_dir": f"{site.root}/pipe_{{gpu}}",
+                           "log_dir": f"{site.root}/log_{{gpu}}", "gpus": list(range(300))})
     r = check_mps("--config", cfg, "--skip", "control", "-v")
     assert r.returncode == 2
     out = parse(r.stdout, 2)  # under 8 KiB, every perfdata item whole

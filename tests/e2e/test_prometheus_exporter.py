@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from clirun import mps_health
-from conftest import node_config, write_config
 from monitoring_tools import exporter, get, metric_lines, need, wait_for
 
 
@@ -16,9 +15,9 @@ def promtool_check(text: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_textfile_is_valid_and_has_no_process_series(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_textfile_is_valid_and_has_no_process_series(tmp_path: Path, site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     out = tmp_path / "textfile"
     out.mkdir()
     r = mps_health("exporter", "--config", cfg, "--textfile", str(out))
@@ -39,17 +38,17 @@ def test_textfile_is_valid_and_has_no_process_series(tmp_path: Path, fake_daemon
     assert metric_lines(text, "mps_health_build_info")[0].startswith("mps_health_build_info{")
 
 
-def test_textfile_keeps_the_last_success_of_a_blind_run(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
+def test_textfile_keeps_the_last_success_of_a_blind_run(tmp_path: Path, site) -> None:
+    site.start_daemon()
     out = tmp_path / "textfile"
     out.mkdir()
-    good = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    good = site.config()
     assert mps_health("exporter", "--config", good, "--textfile", str(out)).returncode == 0
     first = metric_lines((out / "mps_health.prom").read_text(),
                          "mps_health_last_success_timestamp_seconds")
     assert len(first) == 1
-    blind = write_config(tmp_path / "blind.yaml", Path(good).read_text()
-                         + "commands:\n  nvidia-cuda-mps-control: /nonexistent/client\n")
+    blind = site.config(file="blind.yaml",
+                        commands={"nvidia-cuda-mps-control": "/nonexistent/client"})
     time.sleep(0.05)
     assert mps_health("exporter", "--config", blind, "--textfile", str(out)).returncode == 0
     text = (out / "mps_health.prom").read_text()
@@ -60,9 +59,9 @@ def test_textfile_keeps_the_last_success_of_a_blind_run(tmp_path: Path, fake_dae
     assert 'mps_health_check_success{check="control"} 0.0' in text
 
 
-def test_served_metrics_are_valid_with_process_series(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_served_metrics_are_valid_with_process_series(tmp_path: Path, site) -> None:
+    site.start_daemon()
+    cfg = site.config()
     with exporter(tmp_path, cfg, "--interval", "1") as (proc, url):
         assert get(url + "/")[0] == 200 and get(url + "/nope")[0] == 404
         body = wait_for("a first run", lambda: (
@@ -79,9 +78,9 @@ def test_served_metrics_are_valid_with_process_series(tmp_path: Path, fake_daemo
         assert proc.wait(15) == 0
 
 
-def test_scrapes_do_not_wait_for_a_wedged_daemon(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 3.0\n")
+def test_scrapes_do_not_wait_for_a_wedged_daemon(tmp_path: Path, site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("control:\n  timeout_s: 3.0\n")
     d.signal(signal.SIGSTOP)
     try:
         with exporter(tmp_path, cfg, "--interval", "5", "--only", "control") as (_proc, url):
@@ -103,13 +102,13 @@ def test_scrapes_do_not_wait_for_a_wedged_daemon(tmp_path: Path, fake_daemon) ->
         d.signal(signal.SIGCONT)
 
 
-def test_bad_exporter_settings_are_one_line_unknown(tmp_path: Path) -> None:
-    bad = write_config(tmp_path / "bad.yaml", "exporter:\n  interval_s: 0\n")
+def test_bad_exporter_settings_are_one_line_unknown(tmp_path: Path, site) -> None:
+    bad = site.write("bad.yaml", "exporter:\n  interval_s: 0\n")
     r = mps_health("exporter", "--config", bad)
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == (f"mps-health: {bad}: key 'exporter.interval_s': must be a number between "
                         "1 and 3600 (got 0)\n")
-    unknown = write_config(tmp_path / "unknown.yaml", "exporter:\n  port: 1\n")
+    unknown = site.write("unknown.yaml", "exporter:\n  port: 1\n")
     r = mps_health("exporter", "--config", unknown)
     assert r.returncode == 3 and "key 'exporter.port': unknown key" in r.stderr
     r = mps_health("exporter", "--listen", "nowhere")
@@ -119,26 +118,26 @@ def test_bad_exporter_settings_are_one_line_unknown(tmp_path: Path) -> None:
     assert r.stderr.count("\n") == 1
 
 
-def test_port_in_use_is_one_line_unknown(tmp_path: Path, mps_dirs) -> None:
+def test_port_in_use_is_one_line_unknown(site) -> None:
     import socket
 
-    pipe, log = mps_dirs()
+    site.dirs()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        r = mps_health("exporter", "--config", node_config(tmp_path, pipe, log),
+        r = mps_health("exporter", "--config", site.config(),
                        "--listen", f"127.0.0.1:{port}")
     assert r.returncode == 3
     assert r.stderr == f"mps-health: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
-def test_http_keep_alive_head_and_bad_requests(tmp_path: Path, mps_dirs) -> None:
+def test_http_keep_alive_head_and_bad_requests(tmp_path: Path, site) -> None:
     import http.client
     import socket
 
-    pipe, log = mps_dirs()
-    cfg = node_config(tmp_path, pipe, log)
+    site.dirs()
+    cfg = site.config()
     with exporter(tmp_path, cfg, "--interval", "60", "--only", "directories") as (_p, url):
         host, port = url.split("//", 1)[1].rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)

@@ -9,7 +9,7 @@ from typing import Iterator, List
 
 import pytest
 from clirun import mps_health, results
-from conftest import fixture_text, node_config
+from conftest import fixture_text
 from mps_health.facts_deep import (
     ClientFact,
     InstanceServers,
@@ -96,9 +96,9 @@ def test_daemon_restart_is_an_event_and_failed_queries_invent_none() -> None:
 
 # --- end to end against the fake daemon ------------------------------------------------
 
-def test_idle_daemon_is_not_asked(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_idle_daemon_is_not_asked(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     r = mps_health("check", "--config", cfg, "--only", "servers", "--format", "json")
     assert r.returncode == 0, r.stdout + r.stderr
     (res,) = results(r, "servers")
@@ -107,10 +107,10 @@ def test_idle_daemon_is_not_asked(tmp_path: Path, fake_daemon) -> None:
     assert "get_server_list" not in (d.log_dir / "control.log").read_text()
 
 
-def test_fault_server_is_critical_with_pid_user_and_clients(tmp_path: Path, fake_daemon,
+def test_fault_server_is_critical_with_pid_user_and_clients(site,
                                                             sleepers) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    d = site.start_daemon()
+    cfg = site.config()
     client = sleeper(sleepers)
     server = int(d.query(f"fake_client_connect {client}").stdout)
     d.query(f"fake_server_set {server} FAULT")
@@ -125,9 +125,9 @@ def test_fault_server_is_critical_with_pid_user_and_clients(tmp_path: Path, fake
                              "servers_initializing": 0}
 
 
-def test_initializing_is_stuck_only_across_runs(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "servers:\n  init_stuck_s: 1\n")
+def test_initializing_is_stuck_only_across_runs(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("servers:\n  init_stuck_s: 1\n")
     server = int(d.query("fake_server_start INITIALIZING").stdout)
     first = mps_health("check", "--config", cfg, "--only", "servers")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -139,10 +139,10 @@ def test_initializing_is_stuck_only_across_runs(tmp_path: Path, fake_daemon) -> 
     assert "(limit 1s): its clients wait forever" in second.stdout
 
 
-def test_server_gone_under_live_clients_is_churn(tmp_path: Path, fake_daemon,
+def test_server_gone_under_live_clients_is_churn(site,
                                                  sleepers) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    d = site.start_daemon()
+    cfg = site.config()
     client = sleeper(sleepers)
     server = int(d.query(f"fake_client_connect {client}").stdout)
     assert mps_health("check", "--config", cfg, "--only", "servers").returncode == 0
@@ -155,9 +155,9 @@ def test_server_gone_under_live_clients_is_churn(tmp_path: Path, fake_daemon,
     assert again.stdout.count("server-churn") == 2  # summary and line: one event, kept
 
 
-def test_ended_job_is_not_churn(tmp_path: Path, fake_daemon, sleepers) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_ended_job_is_not_churn(site, sleepers) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     client = sleeper(sleepers)
     server = int(d.query(f"fake_client_connect {client}").stdout)
     assert mps_health("check", "--config", cfg, "--only", "servers").returncode == 0
@@ -168,9 +168,9 @@ def test_ended_job_is_not_churn(tmp_path: Path, fake_daemon, sleepers) -> None:
     assert r.returncode == 0, r.stdout
 
 
-def test_daemon_restart_is_reported(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+def test_daemon_restart_is_reported(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
     old = d.pid
     assert mps_health("check", "--config", cfg, "--only", "servers").returncode == 0
     d.query("quit")
@@ -181,9 +181,9 @@ def test_daemon_restart_is_reported(tmp_path: Path, fake_daemon) -> None:
            f"now {d.pid})" in r.stdout
 
 
-def test_stopped_daemon_with_a_server_is_bounded(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "control:\n  timeout_s: 0.5\n")
+def test_stopped_daemon_with_a_server_is_bounded(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("control:\n  timeout_s: 0.5\n")
     d.query("fake_server_start")
     d.signal(signal.SIGSTOP)
     try:
@@ -196,24 +196,24 @@ def test_stopped_daemon_with_a_server_is_bounded(tmp_path: Path, fake_daemon) ->
     assert json.loads(r.stdout)["gather_s"]["servers"] < 5
 
 
-def test_replay_judges_the_saved_memory_and_writes_nothing(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "servers:\n  init_stuck_s: 1\n")
+def test_replay_judges_the_saved_memory_and_writes_nothing(tmp_path: Path, site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("servers:\n  init_stuck_s: 1\n")
     d.query("fake_server_start INITIALIZING")
     mps_health("check", "--config", cfg, "--only", "servers")
     time.sleep(1.1)
     snap = tmp_path / "snap.json"
     assert mps_health("snapshot", "--config", cfg, "-o", str(snap)).returncode == 0
-    state = tmp_path / "state" / "servers.json"
+    state = site.state_dir / "servers.json"
     before = state.read_bytes()
     r = mps_health("check", "--replay", str(snap), "--only", "servers")
     assert r.returncode == 2 and "server-stuck-initializing" in r.stdout
     assert state.read_bytes() == before
 
 
-def test_bad_section_is_one_line(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, "servers:\n  init_stuck_s: soon\n")
+def test_bad_section_is_one_line(site) -> None:
+    site.start_daemon()
+    cfg = site.config("servers:\n  init_stuck_s: soon\n")
     r = mps_health("check", "--config", cfg, "--only", "servers")
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == f"mps-health: {cfg}: key 'servers.init_stuck_s': must be a number >= 0 " \

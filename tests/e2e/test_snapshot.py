@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 from clirun import mps_health
-from conftest import REPO, node_config
+from conftest import REPO
 
 EXAMPLES = REPO / "examples"
 
 
-def test_snapshot_then_replay_gives_the_same_verdict(tmp_path: Path, fake_daemon) -> None:
-    d = fake_daemon()
+def test_snapshot_then_replay_gives_the_same_verdict(tmp_path: Path, site) -> None:
+    d = site.start_daemon()
     (d.pipe_dir).chmod(0o700)
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    cfg = site.config()
     snap = tmp_path / "snap.json"
     r = mps_health("snapshot", "--config", cfg, "-o", str(snap))
     assert r.returncode == 0, r.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 from clirun import mps_health
-from conftest import REPO, node_config
+from conftest import REPO
 from monitoring_tools import need
 from mps_health.exporters.series import metric_name
 
@@ -123,22 +123,22 @@ def test_nagios4_accepts_the_commands_and_services(tmp_path: Path) -> None:
     assert r.returncode != 0 and "check_mps_typo" in r.stdout
 
 
-def exported_names(tmp_path: Path, fake_daemon) -> set:
+def exported_names(tmp_path: Path, site) -> set:
     """Metric names a real exporter run writes, with and without problems."""
-    d = fake_daemon()
+    site.start_daemon()
     out = tmp_path / "textfile"
     out.mkdir()
     names = set()
     for extra in ("", "commands:\n  nvidia-cuda-mps-control: /nonexistent\n"):
-        cfg = node_config(tmp_path, d.pipe_dir, d.log_dir, extra)
+        cfg = site.config(extra)
         r = mps_health("exporter", "--config", cfg, "--textfile", str(out), timeout=120)
         assert r.returncode == 0, r.stderr
         names |= set(re.findall(r"^# TYPE (\w+) ", (out / "mps_health.prom").read_text(), re.M))
     return names
 
 
-def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path, fake_daemon) -> None:
-    names = exported_names(tmp_path, fake_daemon)
+def test_alerts_and_dashboard_use_only_exported_metrics(tmp_path: Path, site) -> None:
+    names = exported_names(tmp_path, site)
     # The dashboard's compute-mode panel reads mps_health_compute_mode, the series the
     # metric contract gives a compute_mode value (the check exports compute_mode_ok today).
     names.add(metric_name("compute_mode", "compute_mode"))

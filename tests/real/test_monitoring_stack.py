@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 from clirun import mps_health
-from conftest import REPO, node_config
+from conftest import REPO
 from monitoring_tools import (
     exporter,
     free_port,
@@ -97,10 +97,10 @@ def first(alerts: List[Dict[str, Any]], **labels: str) -> Optional[Dict[str, Any
                 None)
 
 
-def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, fake_daemon,
+def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, site,
                                                     prometheus) -> None:
-    d = fake_daemon()
-    cfg = node_config(tmp_path, d.pipe_dir, d.log_dir)
+    d = site.start_daemon()
+    cfg = site.config()
     with exporter(tmp_path, cfg, "--interval", "1", "--skip", node_wide_check()) as (_p, url):
         target = url.split("//", 1)[1]
         prom = prometheus(target)
@@ -137,12 +137,12 @@ def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, fake_daemon,
         assert alert["annotations"]["runbook_url"].endswith("README.md#control-absent")
 
 
-def test_node_exporter_serves_the_textfile(tmp_path: Path, fake_daemon) -> None:
+def test_node_exporter_serves_the_textfile(tmp_path: Path, site) -> None:
     binary = need("prometheus-node-exporter")
-    d = fake_daemon()
+    site.start_daemon()
     textfile = tmp_path / "textfile"
     textfile.mkdir()
-    r = mps_health("exporter", "--config", node_config(tmp_path, d.pipe_dir, d.log_dir),
+    r = mps_health("exporter", "--config", site.config(),
                    "--textfile", str(textfile))
     assert r.returncode == 0, r.stderr
     port = free_port()

@@ -69,8 +69,8 @@ def node_cfg(d) -> Dict[str, Any]:
     return {"mps": {"pipe_dir": str(d.pipe_dir), "log_dir": str(d.log_dir)}}
 
 
-def test_consistent_node_with_live_daemon_is_ok(slurm_cluster, fake_daemon, tmp_path) -> None:
-    d = fake_daemon()
+def test_consistent_node_with_live_daemon_is_ok(slurm_cluster, site, tmp_path) -> None:
+    d = site.start_daemon()
     facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d))
     results = verdicts(facts, cfg)
     assert bad(results) == []
@@ -78,9 +78,9 @@ def test_consistent_node_with_live_daemon_is_ok(slurm_cluster, fake_daemon, tmp_
     assert facts.sources["slurm"].node.state == "IDLE"
 
 
-def test_running_mps_job_seen_and_still_ok(slurm_cluster, fake_daemon, tmp_path,
+def test_running_mps_job_seen_and_still_ok(slurm_cluster, site, tmp_path,
                                            slurm_user) -> None:
-    d = fake_daemon()
+    d = site.start_daemon()
     job = slurm_cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
     try:
         slurm_cluster.wait_running(1)
@@ -94,8 +94,8 @@ def test_running_mps_job_seen_and_still_ok(slurm_cluster, fake_daemon, tmp_path,
         job.wait(30)
 
 
-def test_dead_daemon_under_slurm_mps_is_critical(slurm_cluster, fake_daemon, tmp_path) -> None:
-    d = fake_daemon()
+def test_dead_daemon_under_slurm_mps_is_critical(slurm_cluster, site, tmp_path) -> None:
+    d = site.start_daemon()
     d.signal(signal.SIGKILL)
     time.sleep(0.1)
     facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d))
@@ -103,8 +103,8 @@ def test_dead_daemon_under_slurm_mps_is_critical(slurm_cluster, fake_daemon, tmp
                                          ("gpu1", CRITICAL, "mps-gpu-no-daemon")]
 
 
-def test_lost_gpu_drifts_from_slurm_and_gres_conf(slurm_cluster, fake_daemon, tmp_path) -> None:
-    d = fake_daemon()
+def test_lost_gpu_drifts_from_slurm_and_gres_conf(slurm_cluster, site, tmp_path) -> None:
+    d = site.start_daemon()
     facts, cfg = gather(slurm_cluster, tmp_path, node_cfg(d), gpus=1)
     found = bad(verdicts(facts, cfg))
     assert ("", CRITICAL, "gres-gpu-count") in found
@@ -112,12 +112,12 @@ def test_lost_gpu_drifts_from_slurm_and_gres_conf(slurm_cluster, fake_daemon, tm
     assert ("", WARNING, "gres-mps-count") not in found  # gres.conf still offers 2 x 100
 
 
-def test_mixed_node_gpu1_unserved(slurm_cluster, fake_daemon, tmp_path) -> None:
-    d = fake_daemon(name="g0")
-    mps = {"layout": "per-gpu", "gpus": [0], "pipe_dir": f"{tmp_path}/g{{gpu}}-pipe",
-           "log_dir": f"{tmp_path}/g{{gpu}}-log"}
+def test_mixed_node_gpu1_unserved(slurm_cluster, site, tmp_path) -> None:
+    d = site.start_daemon(name="g0")
+    mps = {"layout": "per-gpu", "gpus": [0], "pipe_dir": f"{site.root}/g{{gpu}}-pipe",
+           "log_dir": f"{site.root}/g{{gpu}}-log"}
     facts, cfg = gather(slurm_cluster, tmp_path, {"mps": mps})
-    assert d.pipe_dir == tmp_path / "g0-pipe"
+    assert d.pipe_dir == site.root / "g0-pipe"
     assert bad(verdicts(facts, cfg)) == [("gpu1", CRITICAL, "mps-gpu-unserved")]
 
 
@@ -127,10 +127,10 @@ def has_json(cluster: SlurmCluster) -> bool:
     return (int(major), int(minor)) >= (23, 2)
 
 
-def test_one_scontrol_call_per_run(slurm_cluster, fake_daemon, tmp_path, monkeypatch) -> None:
+def test_one_scontrol_call_per_run(slurm_cluster, site, tmp_path, monkeypatch) -> None:
     from mps_health.probes import slurm as probe
 
-    d = fake_daemon()
+    d = site.start_daemon()
     monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
     first, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
     assert first.sources["slurm"].calls[0].endswith("scontrol --version")
@@ -288,12 +288,11 @@ def cli_check(cluster: SlurmCluster, config: Path) -> Tuple[int, Dict[str, Any],
 
 
 @pytest.mark.parametrize("how", ["stopped", "hanging"])
-def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, tmp_path, how) -> None:
+def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, site, how) -> None:
     cluster = make_slurm_cluster(node_name="downnode")
-    config = tmp_path / "config.yaml"
-    config.write_text(f"run_dir: {tmp_path}/run\nstate_dir: {tmp_path}/state\n"
-                      f"mps:\n  layout: per-job\n  pipe_dir: {tmp_path}/mps_job{{job}}\n"
-                      f"  log_dir: {tmp_path}/log_job{{job}}\nslurm:\n  timeout_s: 2\n")
+    config = Path(site.config(mps={"layout": "per-job", "pipe_dir": f"{site.root}/mps_job{{job}}",
+                                   "log_dir": f"{site.root}/log_job{{job}}"},
+                              slurm={"timeout_s": 2}))
     rc, report, _ = cli_check(cluster, config)
     codes = {p["code"] for p in report["problems"]}
     assert "slurm-unavailable" not in codes and rc != 2
@@ -335,11 +334,11 @@ def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) 
     job.wait(30)
 
 
-def test_gres_conf_against_slurm_without_nvml(slurm_cluster, fake_daemon, tmp_path) -> None:
+def test_gres_conf_against_slurm_without_nvml(slurm_cluster, site, tmp_path) -> None:
     # No driver (this machine for real): gres.conf is still compared with Slurm's Gres.
     from mps_health.probes.nvml import PynvmlApi
 
-    d = fake_daemon()
+    d = site.start_daemon()
     conf = tmp_path / "gres.conf"
     conf.write_text(f"Name=gpu File={slurm_cluster.devices[0]}\n")
     facts, cfg = gather(slurm_cluster, tmp_path, {**node_cfg(d), "slurm": {

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 from clirun import mps_health
-from conftest import write_config
 from hostile import fake_squeue, squeue_line
 from mps_health import engine
 from mps_health.config import from_mapping
@@ -145,9 +144,9 @@ def test_planted_symlink_entry(tmp_path: Path) -> None:
     assert found[("node", "pipe-entry-bad")].state == CRITICAL
 
 
-def test_cli_with_root_tree(tmp_path: Path) -> None:
+def test_cli_with_root_tree(tmp_path: Path, site) -> None:
     healthy_node(tmp_path)
-    cfg = write_config(tmp_path / "c.yaml", f"run_dir: {tmp_path}/run\n")
+    cfg = site.write("c.yaml", f"run_dir: {tmp_path}/run\n")
     r = mps_health("check", "--root", str(tmp_path), "--config", cfg, "--only",
                    "daemon,directories", timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr

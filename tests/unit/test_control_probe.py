@@ -2,15 +2,14 @@
 
 import signal
 import time
-from pathlib import Path
 
 import pytest
-from conftest import node_config
 from mps_health import config as config_mod
 from mps_health.context import Context
 from mps_health.facts import Instance
 from mps_health.probes import control
 from mps_health.runner import Completed
+from nodesite import Site
 
 Q = control.QUERY
 
@@ -39,17 +38,17 @@ def test_error_detail_is_first_line() -> None:
     assert a.detail == 'Unknown command "x"'
 
 
-def _ctx(tmp_path: Path, pipe: Path, log: Path, timeout: float = 1.0) -> Context:
-    cfg = config_mod.load(node_config(tmp_path, pipe, log, f"control:\n  timeout_s: {timeout}\n"))
+def _ctx(site: Site, timeout: float = 1.0) -> Context:
+    cfg = config_mod.load(site.config(control={"timeout_s": timeout}))
     return Context(cfg, "/", time.monotonic() + 30)
 
 
-def test_wedged_instances_cost_one_timeout(tmp_path: Path, fake_daemon) -> None:
-    daemons = [fake_daemon(f"i{n}") for n in range(3)]
+def test_wedged_instances_cost_one_timeout(site) -> None:
+    daemons = [site.start_daemon(f"i{n}") for n in range(3)]
     for d in daemons[:2]:
         d.signal(signal.SIGSTOP)
-    cfg = config_mod.load(node_config(tmp_path, daemons[0].pipe_dir, daemons[0].log_dir,
-                                      "control:\n  timeout_s: 1.0\n"))
+    cfg = config_mod.load(site.config(control={"timeout_s": 1.0}, pipe=daemons[0].pipe_dir,
+                                      log=daemons[0].log_dir))
     ctx = Context(cfg, "/", time.monotonic() + 30)
     insts = tuple(Instance(f"i{n}", "node", str(d.pipe_dir), str(d.log_dir))
                   for n, d in enumerate(daemons))
@@ -64,12 +63,12 @@ def test_wedged_instances_cost_one_timeout(tmp_path: Path, fake_daemon) -> None:
     assert elapsed < 3 * 1.0  # concurrent: well under three timeouts
 
 
-def test_lock_serialises_queries_to_one_pipe_dir(tmp_path: Path, fake_daemon) -> None:
+def test_lock_serialises_queries_to_one_pipe_dir(site) -> None:
     import fcntl
     import os
 
-    d = fake_daemon()
-    ctx = _ctx(tmp_path, d.pipe_dir, d.log_dir, timeout=0.5)
+    d = site.start_daemon()
+    ctx = _ctx(site, timeout=0.5)
     lock = control._Lock(ctx, str(d.pipe_dir))
     os.makedirs(os.path.dirname(lock.path), exist_ok=True)
     fd = os.open(lock.path, os.O_RDWR | os.O_CREAT)

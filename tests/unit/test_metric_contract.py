@@ -4,10 +4,8 @@ Nagios perfdata, for the built-in checks and for value keys any check may give."
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import node_config
 from mps_health.config import from_mapping
 from mps_health.engine import fit_control
 from mps_health.exporters import prometheus
@@ -119,11 +117,11 @@ def test_control_timeout_fits_inside_the_budget() -> None:
     assert fit_control(config, 0.2).control.timeout_s == 0.1
 
 
-def test_the_check_path_imports_no_monitoring_library(tmp_path: Path, mps_dirs) -> None:
-    pipe, log = mps_dirs()
+def test_the_check_path_imports_no_monitoring_library(site) -> None:
+    site.dirs()
     code = ("import sys; from mps_health import cli; cli.main(['check', '--config', sys.argv[1]]);"
             " print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in "
             "('prometheus_client', 'nagiosplugin', 'http')))")
-    r = subprocess.run([sys.executable, "-c", code, node_config(tmp_path, pipe, log)],
+    r = subprocess.run([sys.executable, "-c", code, site.config()],
                        capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert "LOADED []" in r.stdout, r.stdout + r.stderr

@@ -55,10 +55,10 @@ def test_environ_gives_pipe_dir_and_default(tmp_path: Path) -> None:
     assert 200 not in facts
 
 
-def test_live_proc_finds_the_daemon_and_no_other_process(fake_daemon) -> None:
+def test_live_proc_finds_the_daemon_and_no_other_process(site) -> None:
     """The real /proc: a live (fake) control daemon is found with its pipe dir; a plain
     process, and this one, are not listed at all."""
-    d = fake_daemon()
+    d = site.start_daemon()
     decoy = subprocess.Popen(["sleep", "30"])
     try:
         found = {p.pid: p for p in proc.read_processes("/proc")}

@@ -1,0 +1,193 @@
+"""One node's site for a test: a private root with the config file, the MPS pipe and log
+dirs, the run and state dirs, and the daemons started there. Every test builds its node
+here (the ``site`` fixture in conftest.py gives one, closed afterwards).
+
+The root is a fresh dir under /tmp that other users may enter (0755; pytest's tmp_path is
+0700), so a daemon or hook run as a test user reaches it, and its paths stay short (a
+socket path holds 108 bytes). ``config()`` writes YAML made from a dict: the node-wide
+layout on this site's dirs, merged section by section with what the test gives. Daemons
+start and answer through tests/mpsdaemon.py, commands run through tests/clirun.py. Closing
+ends, by PID, every process whose CUDA_MPS_PIPE_DIRECTORY lies in the root (daemons and
+servers, ours or a test user's), then removes the root.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import clirun
+import mpsdaemon
+from paths import FAKE_CONTROL
+
+Config = Dict[str, Any]
+
+
+def merged(base: Mapping[str, Any], more: Mapping[str, Any]) -> Config:
+    """``base`` with ``more`` laid over it, section by section; a None value drops the key."""
+    out = dict(base)
+    for key, value in more.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass
+class Daemon:
+    """A control daemon this site started, serving ``pipe_dir``."""
+
+    pipe_dir: Path
+    log_dir: Path
+    env: Dict[str, str]
+    control: str = FAKE_CONTROL
+    pid: Optional[int] = None
+
+    def start(self) -> "Daemon":
+        """Start it on its dirs (again, after a quit); its PID is the new one's."""
+        self.pid = mpsdaemon.start_daemon(self.pipe_dir, self.log_dir, self.control,
+                                          env=self.env)
+        return self
+
+    def query(self, command: str, timeout: float = 5.0) -> subprocess.CompletedProcess:
+        return mpsdaemon.query(self.pipe_dir, command, self.control, timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.pid is not None
+        os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            mpsdaemon.kill_daemon(self.pid)
+            self.pid = None
+
+
+@dataclass
+class Site:
+    """A node under ``root``; ``control`` is the control binary its daemons run (the fake
+    unless a test gives a real one)."""
+
+    root: Path
+    control: str = FAKE_CONTROL
+    daemons: List[Daemon] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, prefix: str = "mpsh-site-", **kwargs: Any) -> "Site":
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        root.chmod(0o755)
+        return cls(root, **kwargs)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    def dirs(self, name: str = "mps", mode: int = 0o777) -> Tuple[Path, Path]:
+        """The pipe and log dir of instance ``name`` (made with ``mode`` if missing)."""
+        pipe, log = self.root / f"{name}-pipe", self.root / f"{name}-log"
+        for d in (pipe, log):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(mode)
+        return pipe, log
+
+    def start_daemon(self, name: str = "mps", **env: str) -> Daemon:
+        """A control daemon for instance ``name``, with ``env`` added to this environment;
+        killed by its PID at close."""
+        pipe, log = self.dirs(name)
+        d = Daemon(pipe, log, env, self.control)
+        self.daemons.append(d)
+        return d.start()
+
+    def sticky_tmp(self, name: str = "tmp") -> Path:
+        """A dir in the root standing in for /tmp: sticky, everyone may create in it."""
+        d = self.root / name
+        d.mkdir(exist_ok=True)
+        d.chmod(0o1777)
+        return d
+
+    def squeue(self, *lines: str) -> str:
+        """A squeue in the root printing ``lines`` (made by hostile.squeue_line): the jobs
+        Slurm runs on this node. Returns its path, for the config's ``commands:``."""
+        from hostile import fake_squeue
+
+        return fake_squeue(self.root, lines)
+
+    def config_dict(self, extra: Mapping[str, Any] = {}, *, pipe: Union[Path, str, None] = None,
+                    log: Union[Path, str, None] = None) -> Config:
+        """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
+        this site's run and state dirs, and ``extra`` merged over it."""
+        base: Config = {
+            "run_dir": str(self.run_dir), "state_dir": str(self.state_dir),
+            "mps": {"pipe_dir": str(pipe or self.root / "mps-pipe"),
+                    "log_dir": str(log or self.root / "mps-log")}}
+        return merged(base, extra)
+
+    def config(self, extra: Union[str, Mapping[str, Any]] = "", *, file: str = "config.yaml",
+               pipe: Union[Path, str, None] = None, log: Union[Path, str, None] = None,
+               **sections: Any) -> str:
+        """Write the config (see config_dict) to ``file`` in the root; returns its path.
+        ``extra`` is YAML text or a dict; ``sections`` are top-level keys, merged last."""
+        import yaml
+
+        more = yaml.safe_load(extra) or {} if isinstance(extra, str) else dict(extra)
+        data = self.config_dict(merged(more, sections), pipe=pipe, log=log)
+        return self.write(file, yaml.safe_dump(data, sort_keys=False))
+
+    def write(self, name: str, text: str, mode: int = 0o644) -> str:
+        """A file in the root with ``text`` as it is (a config a test writes by hand)."""
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(mode)
+        return str(path)
+
+    def run(self, command: str, *args: str, config: Optional[str] = None,
+            **kwargs: Any) -> subprocess.CompletedProcess:
+        """``command args --config CONFIG`` (this site's config.yaml by default) through
+        tests/clirun.py."""
+        config = config or str(self.root / "config.yaml")
+        return clirun.run(command, *args, "--config", config, **kwargs)
+
+    def processes(self) -> List[int]:
+        """Live PIDs whose CUDA_MPS_PIPE_DIRECTORY lies in this root."""
+        marker = f"={self.root}/".encode()
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{name}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X") and any(
+                    e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=") and marker in e for e in env):
+                found.append(int(name))
+        return sorted(found)
+
+    def close(self) -> None:
+        for d in self.daemons:
+            d.stop()
+        for pid in self.processes():  # each found by its environment just now
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(self.root, ignore_errors=True)
+
