@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Hostile inputs cost work and memory in proportion to their size, never more.
+
+1. Snapshots of many per-job instances (the shipped broken node's, every instance
+   without a daemon: four problems each) replayed in text and JSON. A baseline of 2000
+   instances and a large one (default 100000, the most ``mps.max_instances`` allows)
+   are measured in the same run; with linear output the time and memory ratios stay
+   near the instance ratio or below it (a fixed start-up cost is in both).
+2. A snapshot of 200000 instances under the default ``mps.max_instances`` (256): only
+   256 are judged, the rest counted in one line.
+3. A YAML alias bomb of a few hundred bytes (9**9 values) against a plain config.
+
+Every command runs in a child capped at 3 GiB of address space (RLIMIT_AS); its peak
+RSS comes from wait4. Usage: python3 bench/hostile_inputs.py [--large 100000]
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+BROKEN = REPO / "examples" / "broken-node.json"
+CAP = 3 << 30
+
+
+def snapshot(n: int, max_instances: int) -> Dict[str, Any]:
+    data = json.loads(BROKEN.read_text())
+    data["config"] = {"mps": {"layout": "per-job", "max_instances": max_instances}}
+    data["instances"] = [
+        {"name": f"job{i}", "layout": "per-job", "job_id": str(i), "gpu": None,
+         "pipe_dir": f"/tmp/nvidia-mps_job{i}", "log_dir": f"/tmp/nvidia-log_job{i}"}
+        for i in range(n)]
+    data["sources"]["control"] = {}
+    data["sources"]["dirs"] = {}
+    return data
+
+
+def measure(args: List[str], work: Path) -> Tuple[float, float, int, str]:
+    """(seconds, peak RSS in MiB, bytes written to stdout, first stderr line) of
+    ``mps-health ARGS`` in a memory-capped child."""
+    out, err = work / "stdout", work / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        t0 = time.monotonic()
+        p = subprocess.Popen(
+            [sys.executable, "-m", "mps_health.cli", *args], stdout=o, stderr=e,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP)))
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.monotonic() - t0
+    first = (err.read_text(errors="replace").splitlines() or [""])[0]
+    return seconds, usage.ru_maxrss / 1024, out.stat().st_size, first[:120]
+
+
+def alias_bomb(levels: int) -> str:
+    anchors = ["&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        anchors.append(f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "mps:\n  gpus: [" + ", ".join(anchors) + "]\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", type=int, default=2000)
+    ap.add_argument("--large", type=int, default=100000)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mpsh-hostile-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    sizes = {"base": args.base, "large": args.large}
+    files = {}
+    for name, n in sizes.items():
+        files[name] = work / f"{name}.json"
+        files[name].write_text(json.dumps(snapshot(n, 100000)))
+    print(f"snapshots: {args.base} instances {files['base'].stat().st_size >> 10} KiB, "
+          f"{args.large} instances {files['large'].stat().st_size >> 10} KiB")
+    for fmt in ("text", "json"):
+        got = {name: measure(["check", "--replay", str(path), "--format", fmt], work)
+               for name, path in files.items()}
+        (bt, bm, bo, _), (lt, lm, lo, _) = got["base"], got["large"]
+        print(f"{fmt:5} {args.base:>6}: {bt:6.2f} s {bm:7.1f} MiB out {bo >> 10:>7} KiB | "
+              f"{args.large:>6}: {lt:6.2f} s {lm:7.1f} MiB out {lo >> 10:>7} KiB | "
+              f"ratios: instances {args.large / args.base:.0f}x, time {lt / bt:.1f}x, "
+              f"peak RSS {lm / bm:.1f}x, output {lo / bo:.1f}x")
+
+    capped = work / "capped.json"
+    capped.write_text(json.dumps(snapshot(200000, 256)))
+    t, m, o, _ = measure(["check", "--replay", str(capped)], work)
+    print(f"200000 instances, mps.max_instances 256: {t:.2f} s {m:.1f} MiB, "
+          f"{o >> 10} KiB of output (256 judged, the rest counted)")
+
+    plain, bomb = work / "plain.yaml", work / "bomb.yaml"
+    plain.write_text("mps:\n  gpus: [lol]\n")
+    bomb.write_text(alias_bomb(9))
+    pt, pm, _, _ = measure(["check", "--config", str(plain)], work)
+    bt, bm, _, line = measure(["check", "--config", str(bomb)], work)
+    print(f"alias bomb ({bomb.stat().st_size} bytes, 9**9 values): {bt:.2f} s {bm:.1f} MiB "
+          f"against a plain bad config {pt:.2f} s {pm:.1f} MiB; it says: {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
