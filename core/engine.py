@@ -21,7 +21,7 @@ from .background import Background
 from .config import Config
 from .context import Context, node_name
 from .exitcodes import Failure
-from .facts import Facts
+from .facts import Facts, Instance
 from .printable import printable
 from .resources import OutOfResources
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
@@ -164,11 +164,12 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
             from .probes.slurm import with_jobs
 
             ctx = with_jobs(ctx)  # the one squeue, shared with the slurm source
-        insts = instances.gather(ctx)
+        found = insts = instances.gather(ctx)
+        insts, unjudged = _judged_now(ctx, insts, None, {})
         over = max(0, len(insts) - ctx.config.mps.max_instances)
         insts = insts[:ctx.config.mps.max_instances]
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
-        insts = ()
+        found, insts, unjudged = (), (), {}
         errors["instances"] = _one_line(e)
     doing.discard("instances")
 
@@ -189,8 +190,27 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     for src, t in threads:
         if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
+    # Once more with every fact in: a hook that changed an instance meanwhile recorded it
+    # before acting, so what the facts saw of that change is never judged.
+    try:
+        insts, unjudged = _judged_now(ctx, insts, started, unjudged)
+    except Exception as e:  # cannot tell set-up from failure: judge none, say why
+        errors["instances"] = _one_line(e)
+    job_of = {i.name: i.job_id or i.name for i in found}
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
-                 errors, durations, over)
+                 errors, durations, over,
+                 tuple(sorted((job_of.get(n, n), why) for n, why in unjudged.items())))
+
+
+def _judged_now(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float],
+                known: Dict[str, str]) -> Tuple[Tuple[Instance, ...], Dict[str, str]]:
+    """The per-job instances to judge (core/jobphase.py), and those left out, with why."""
+    if ctx.config.mps.layout != "per-job" or not insts:
+        return insts, known
+    from .jobphase import unjudged
+
+    why = {**known, **unjudged(ctx, insts, since)}
+    return tuple(i for i in insts if i.name not in why), why
 
 
 def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
