@@ -31,12 +31,13 @@ SHOWN_DIRS = 3
 
 def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
     live_controls = {p.pid: p for p in procs if is_daemon(p)}
+    # Sets, not a scan of every control per server: many processes stay linear.
+    control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
     for p in procs:
         if not is_server(p):
             continue
         parent_alive = p.ppid in live_controls
-        same_dir = any(c.pipe_dir is not None and c.pipe_dir == p.pipe_dir
-                       for c in live_controls.values())
+        same_dir = p.pipe_dir in control_dirs
         if parent_alive or same_dir:
             continue
         text = (f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}) runs with no control "

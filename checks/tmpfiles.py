@@ -23,16 +23,30 @@ CODES = ("tmpfiles-unguarded",)
 AGING_TYPES = frozenset("dDevqQ")
 
 
+GLOB = "*?["
+
+
 def path_match(pattern: str, path: str) -> bool:
     """fnmatch with FNM_PATHNAME: '*' never crosses a '/'."""
-    if not any(c in pattern for c in "*?["):
+    if not any(c in pattern for c in GLOB):
         return pattern.rstrip("/") == path.rstrip("/")
-    from fnmatch import fnmatchcase  # only for glob rules
-
     pat_parts = pattern.rstrip("/").split("/")
     path_parts = path.rstrip("/").split("/")
     return len(pat_parts) == len(path_parts) and all(
-        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
+        _part_match(pat, name) for name, pat in zip(path_parts, pat_parts))
+
+
+def _part_match(pattern: str, name: str) -> bool:
+    """One component. A glob is compiled to a regex only when the literal text before its
+    first wildcard fits: most rules (/tmp/systemd-private-*) are ruled out for free."""
+    first = min((i for i in map(pattern.find, GLOB) if i >= 0), default=-1)
+    if first < 0:
+        return pattern == name
+    if not name.startswith(pattern[:first]):
+        return False
+    from fnmatch import fnmatchcase
+
+    return fnmatchcase(name, pattern)
 
 
 def _ancestors_and_self(path: str) -> Tuple[str, ...]:
@@ -85,4 +99,14 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "idle MPS sockets will be deleted",
                          "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
         else:
-            yield ok(NAME, name, f"{path} is not under an aged path", guarded=0.0)
+            yield ok(NAME, name, f"{path} is not under an aged path{_unread(tf)}",
+                     guarded=0.0)
+
+
+def _unread(tf: TmpfilesFacts) -> str:
+    """What could not be read (a FIFO or a device planted in tmpfiles.d, a bad line): a
+    rule in it could still age the path."""
+    if not tf.errors:
+        return ""
+    more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
+    return f", as far as could be read: {tf.errors[0]}{more}"

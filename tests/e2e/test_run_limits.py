@@ -87,6 +87,10 @@ def test_fifos_where_the_probes_read_never_block_a_run(tmp_path: Path) -> None:
     assert by_code["logs-unreadable"]["message"].count("not a regular file") == 2
     daemon = [x for c in report["checks"] if c["name"] == "daemon" for x in c["results"]]
     assert [x["state"] for x in daemon] == ["OK"], daemon  # 4242 found, FIFOs skipped
+    tmpfiles = [x for c in report["checks"] if c["name"] == "tmpfiles" for x in c["results"]]
+    assert [x["message"] for x in tmpfiles] == [
+        "/tmp/nvidia-mps is not under an aged path, as far as could be read: "
+        "/etc/tmpfiles.d/planted.conf: cannot read: not a regular file"]
     r = check_mps("--root", str(tree), "--config", cfg, "-t", "5", timeout=60)
     assert "timed out" not in r.stdout and "facts-unavailable" not in r.stdout, r.stdout
 
@@ -300,6 +304,15 @@ def test_a_full_state_dir_is_one_line_and_the_verdict_still_comes(site) -> None:
         else:
             assert r.stderr == ""
     assert not (state / "fill").exists()  # the tmpfs was the command's own
+
+    # The health check's lock in a full run dir: it judges and counts, never "cannot take
+    # the health check lock" (that was one run in two skipped: no drain ever).
+    cfg = site.config({"run_dir": str(state)}, file="hc.yaml")
+    r = subprocess.run(prefix + argv("mps-health", "healthcheck", "--foreground", "--dry-run",
+                                     "--config", cfg),
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith(("MPS OK", "MPS WARNING", "MPS CRITICAL")), r.stdout + r.stderr
+    assert "cannot take the health check lock" not in r.stdout
 
 
 def test_an_os_error_no_one_expected_is_one_line_naming_the_path() -> None:
