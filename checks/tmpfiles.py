@@ -85,4 +85,14 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "idle MPS sockets will be deleted",
                          "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
         else:
-            yield ok(NAME, name, f"{path} is not under an aged path", guarded=0.0)
+            yield ok(NAME, name, f"{path} is not under an aged path{_unread(tf)}",
+                     guarded=0.0)
+
+
+def _unread(tf: TmpfilesFacts) -> str:
+    """What could not be read (a FIFO or a device planted in tmpfiles.d, a bad line): a
+    rule in it could still age the path."""
+    if not tf.errors:
+        return ""
+    more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
+    return f", as far as could be read: {tf.errors[0]}{more}"

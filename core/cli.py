@@ -13,7 +13,7 @@ import os
 import sys
 from types import SimpleNamespace
 
-from .commands.common import edge
+from .commands.common import edge, standard_fds
 from .exitcodes import ExitCode
 
 TYPE_CHECKING = False
@@ -68,7 +68,10 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 def _say(line: str) -> None:
     from .printable import printable
 
-    print(printable(line), file=sys.stderr)  # one line: an error may quote a path
+    try:
+        print(printable(line), file=sys.stderr, flush=True)  # one line: may quote a path
+    except (OSError, ValueError):
+        pass  # stderr gone too: the exit code says it
 
 
 def dispatch(argv: List[str]) -> int:
@@ -90,17 +93,19 @@ def dispatch(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    standard_fds()
     return edge(lambda: dispatch(args), _say, "mps-health: ")
 
 
 def exit_now(code: int) -> None:
     """Exit without interpreter teardown (a few ms of module cleanup on every run slurmd
     makes; nothing is left to flush after this)."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: the program was started with it closed
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
     os._exit(code)
 
 

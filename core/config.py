@@ -283,36 +283,58 @@ class Config(Record):
 TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
 
 
+MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
+
+
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
-    """Load the config from ``path`` (default file if it exists) or from ``text``."""
+    """Load the config from ``path`` (default file if it exists) or from ``text``.
+
+    The path is the admin's choice (the default file, --config, slurm.conf's lines), so a
+    symlink is followed; anything but a regular file (a FIFO, a dir) is refused without
+    blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
+    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.inputs``).
+    """
+    from .inputs import InputError, read_text
+
     explicit = path is not None
     path = path or DEFAULT_PATH
-    if text is None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(1 << 20)
-        except FileNotFoundError:
-            if explicit:
-                raise ConfigError(f"{path}: no such file; give an existing --config") from None
-            return Config()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}"
-                              ) from None
-    import yaml  # only when there is a file: PyYAML costs milliseconds
-
     try:
-        # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+        if text is None:
+            text = read_text(path, MAX_BYTES, follow=True)
+            if text is None:
+                if explicit:
+                    raise ConfigError(f"{path}: no such file; give an existing --config")
+                return Config()
+        data = _parse_yaml(text, path)
+    except InputError as e:
+        raise ConfigError(f"{path}: {e}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     return from_mapping(data, path)
+
+
+def _parse_yaml(text: str, path: str) -> Any:
+    import yaml  # only when there is a file: PyYAML costs milliseconds
+
+    from .inputs import tree_size, yaml_nesting
+    from .printable import escape
+
+    # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    yaml_nesting(text, loader)
+    try:
+        data = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: not valid YAML: {escape(problem)}") from None
+    except ValueError as e:  # an integer of over 4300 digits, a date out of range
+        raise ConfigError(f"{path}: not valid YAML: {escape(str(e))}") from None
+    tree_size(data)
+    return data
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:

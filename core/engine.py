@@ -4,6 +4,12 @@ Sources that wait on other programs (the control client, scontrol) run in thread
 their own against the run's deadline; a source that misses it, or fails, leaves one
 line in ``Facts.errors`` and makes only the checks that need it UNKNOWN, so one wedged
 daemon never hides the other results.
+
+The whole run has a hard limit too (``bounded``): it runs in a thread the caller walks
+away from at the limit, whatever blocks it (a read stuck in a hung file system, a
+process in D state, a bug), and every command the run started is killed then. The
+caller says so in its documented line (``Overrun``); the budget (gathering) and the
+limit (the whole run) are decided here, for every command, once.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ from . import __version__, instances, registry
 from .config import Config
 from .context import Context, node_name
 from .exitcodes import Failure
-from .facts import Facts
+from .facts import Facts, Instance
 from .printable import printable
+from .resources import OutOfResources
 from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar
+
+    T = TypeVar("T")
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
@@ -30,12 +39,73 @@ JOIN_GRACE_S = 1.0
 # The control query ends this long before the budget, so killing the client and
 # collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
 CONTROL_MARGIN_S = 0.3
+# Where no outer limit is given (check --budget, the health check), the whole run is
+# abandoned this long after its gathering budget: room for JOIN_GRACE_S and judging.
+OVERRUN_GRACE_S = 2.0
 # The codes the engine itself reports for any check (runbook entries in README.md).
 CODES = ("facts-unavailable", "check-failed")
 
 
 class SelectionError(Failure, ValueError):
     """--only/--skip or the config named a check that does not exist (exit 3)."""
+
+
+class Overrun(Failure):
+    """The run did not end within its hard limit and was abandoned (its commands killed):
+    exit 3, one line. Something below Python hung: a read on a hung file system, a
+    process stuck in the kernel. ``waiting_on`` names what was still being done then."""
+
+    def __init__(self, limit_s: float, waiting_on: Sequence[str]) -> None:
+        self.limit_s = limit_s
+        self.waiting_on = tuple(waiting_on)
+        where = f" (still busy with: {', '.join(self.waiting_on)})" if self.waiting_on else ""
+        super().__init__(f"the checks did not finish within {limit_s:g}s{where}: something "
+                         "below mps-health hung (a hung file system, a process stuck in the "
+                         "kernel); abandoned, the commands it started killed (runbook: "
+                         "run-overrun)")
+
+
+def limit_for(budget_s: float) -> float:
+    """The hard limit of a run whose gathering budget is ``budget_s``."""
+    return budget_s + OVERRUN_GRACE_S
+
+
+def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float] = None
+            ) -> T:
+    """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
+    ``time.monotonic()``; default now).
+
+    ``work`` runs in a daemon thread, so nothing it blocks on (a FIFO, a hung NFS read,
+    a process in D state) can hold the caller; ``in_flight`` is a set it keeps the names
+    of what it is doing in, for the Overrun's line. At the limit every command started
+    meanwhile (``runner``) is killed with its process group; the thread itself is left
+    behind and dies with the process. A signal (SIGALRM) cannot do this: the handler's
+    exception would be caught as a probe's failure, and it runs only in the main thread.
+    """
+    started = time.monotonic() if since is None else since
+    in_flight: Set[str] = set()
+    box: List[T] = []
+    failed: List[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(work(in_flight))
+        except BaseException as e:  # handed to the caller as it is
+            failed.append(e)
+
+    t = threading.Thread(target=target, name="mps-health-run", daemon=True)
+    t.start()
+    t.join(max(0.0, limit_s - (time.monotonic() - started)))
+    if t.is_alive():
+        import sys
+
+        runner = sys.modules.get("mps_health.runner")  # not loaded: nothing was started
+        if runner is not None:
+            runner.kill_started_since(started)
+        raise Overrun(limit_s, sorted(in_flight))
+    if failed:
+        raise failed[0]
+    return box[0]
 
 
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
@@ -73,36 +143,47 @@ def fit_control(config: Config, budget_s: float) -> Config:
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
+    if isinstance(exc, OutOfResources) and text:
+        return text[0]  # already says what and why, in words
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def gather(ctx: Context, needs: Iterable[str]) -> Facts:
-    """Gather every needed source once; never raises, never outlives ``ctx.deadline``."""
+def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = None
+           ) -> Facts:
+    """Gather every needed source once; never raises, never outlives ``ctx.deadline``
+    unless a read blocks below Python (``bounded`` ends that). ``in_flight`` is kept
+    holding the names of the sources being gathered."""
     started = time.time()
+    doing: Set[str] = set() if in_flight is None else in_flight
     wanted = [registry.SOURCES[n] for n in dict.fromkeys(needs) if n in registry.SOURCES]
     values: Dict[str, object] = {}
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
     over = 0
+    doing.add("instances")
     try:
         if ctx.config.mps.layout == "per-job":  # the other layouts never load the Slurm probe
             from .probes.slurm import with_jobs
 
             ctx = with_jobs(ctx)  # the one squeue, shared with the slurm source
-        insts = instances.gather(ctx)
+        found = insts = instances.gather(ctx)
+        insts, unjudged = _judged_now(ctx, insts, None, {})
         over = max(0, len(insts) - ctx.config.mps.max_instances)
         insts = insts[:ctx.config.mps.max_instances]
     except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
-        insts = ()
+        found, insts, unjudged = (), (), {}
         errors["instances"] = _one_line(e)
+    doing.discard("instances")
 
     def collect(src: registry.Source) -> None:
         t0 = time.monotonic()
+        doing.add(src.name)
         try:
             values[src.name] = registry.load(src.target)(ctx, insts)
         except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
             errors[src.name] = _one_line(e)
         durations[src.name] = time.monotonic() - t0
+        doing.discard(src.name)
 
     threads: List[Tuple[registry.Source, threading.Thread]] = []
     for src in wanted:
@@ -117,8 +198,27 @@ def gather(ctx: Context, needs: Iterable[str]) -> Facts:
         t.join(ctx.remaining() + JOIN_GRACE_S)
         if t.is_alive():
             errors[src.name] = "did not finish within the run's budget"
+    # Once more with every fact in: a hook that changed an instance meanwhile recorded it
+    # before acting, so what the facts saw of that change is never judged.
+    try:
+        insts, unjudged = _judged_now(ctx, insts, started, unjudged)
+    except Exception as e:  # cannot tell set-up from failure: judge none, say why
+        errors["instances"] = _one_line(e)
+    job_of = {i.name: i.job_id or i.name for i in found}
     return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
-                 errors, durations, over)
+                 errors, durations, over,
+                 tuple(sorted((job_of.get(n, n), why) for n, why in unjudged.items())))
+
+
+def _judged_now(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float],
+                known: Dict[str, str]) -> Tuple[Tuple[Instance, ...], Dict[str, str]]:
+    """The per-job instances to judge (core/jobphase.py), and those left out, with why."""
+    if ctx.config.mps.layout != "per-job" or not insts:
+        return insts, known
+    from .jobphase import unjudged
+
+    why = {**known, **unjudged(ctx, insts, since)}
+    return tuple(i for i in insts if i.name not in why), why
 
 
 def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
@@ -166,25 +266,49 @@ def judge(facts: Facts, config: Config,
 
 
 def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
-        budget_s: Optional[float] = None, replay: Optional[Facts] = None
-        ) -> Tuple[Facts, Report]:
-    """Gather (or replay) and judge. Raises SelectionError for unknown check names."""
+        budget_s: Optional[float] = None, replay: Optional[Facts] = None,
+        limit_s: Optional[float] = None) -> Tuple[Facts, Report]:
+    """Gather (or replay) and judge, all over within ``limit_s`` (default: the budget plus
+    OVERRUN_GRACE_S). Raises SelectionError for unknown check names, Overrun when the
+    limit passes first."""
     t0 = time.monotonic()
     checks = select_checks(config, only, skip)
+    budget = budget_s if budget_s is not None else config.budget_s
+    limit = limit_s if limit_s is not None else limit_for(budget)
+
+    def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
+        return _run(config, root, checks, budget, replay, t0, in_flight)
+
+    return bounded(limit, work, since=t0)
+
+
+def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: float) -> Facts:
+    """``gather`` for the commands that keep the facts themselves (snapshot, clients),
+    under the same hard limit as a run."""
+    wanted = list(needs)
+
+    def work(in_flight: Set[str]) -> Facts:
+        return gather(Context(config, root, time.monotonic() + budget_s), wanted, in_flight)
+
+    return bounded(limit_for(budget_s), work)
+
+
+def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,
+         replay: Optional[Facts], t0: float, in_flight: Set[str]) -> Tuple[Facts, Report]:
     if replay is None:
-        budget = budget_s if budget_s is not None else config.budget_s
         config = fit_control(config, budget)
         ctx = Context(config, root, t0 + budget)
-        facts = gather(ctx, [n for c in checks for n in c.needs])
+        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight)
     else:
         facts = replay
         # A snapshot judges only what it holds: a check added after it was taken is left
         # out rather than reported UNKNOWN.
         checks = [c for c in checks
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
+    in_flight.add("judging")
     runs = judge(facts, config, checks)
+    in_flight.discard("judging")
     report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
                     dict(facts.durations), __version__,
                     {i.name: i.gpu for i in facts.instances if i.gpu})
     return facts, report
-

@@ -50,10 +50,13 @@ class FileLock:
             if not self.transient or _same_file(fd, self.path):
                 break
             os.close(fd)  # its holder removed it while we waited: take the new one
-        if what:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()}: {what}, since {time.strftime('%H:%M:%S')}\n"
-                     .encode())
+        if what:  # a note for waiters; a full disk loses the note, never the lock
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"pid {os.getpid()}: {what}, since "
+                         f"{time.strftime('%H:%M:%S')}\n".encode())
+            except OSError:
+                pass
         self.fd = fd
         return True
 

@@ -26,11 +26,17 @@ import select
 import signal
 import time
 
+from .resources import STARVED, OutOfResources, starved_line
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 else:
     from mps_health.frozen import NamedTuple
+
+# The commands started and not yet reaped: a run abandoned at its hard limit kills those it
+# started (engine.bounded), whichever thread started them.
+_LIVE: Set[Pending] = set()
 
 _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)),
                 None)
@@ -96,6 +102,8 @@ class Pending:
         self.out: Dict[int, bytearray] = {}
         self.ended: Optional[float] = None
         self.rc: Optional[int] = None
+        # (errno, strerror) when it could not start for lack of our own fds or memory
+        self.starved: Optional[Tuple[int, str]] = None
         try:
             if as_user is None and (user is not None or group is not None):
                 as_user = RunAs(user if user is not None else os.getuid(),
@@ -110,6 +118,10 @@ class Pending:
             self.error = f"{self.argv[0]}: permission denied"
         except OSError as e:
             self.error = f"{self.argv[0]}: cannot run: {e.strerror}"
+            if e.errno in STARVED:
+                self.starved = (e.errno, e.strerror or "")
+        if self.pid is not None:
+            _LIVE.add(self)
 
     def _spawn(self, stdin: str, env: Optional[Mapping[str, str]]) -> None:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -170,10 +182,12 @@ class Pending:
             pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
         except ChildProcessError:
             self.rc = -1
+            _LIVE.discard(self)
             return True
         if pid == 0:
             return False
         self.rc = os.waitstatus_to_exitcode(status)
+        _LIVE.discard(self)
         return True
 
     def finished(self) -> bool:
@@ -268,7 +282,17 @@ def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
             p.kill()
             p._reap(block=True)
         results.append(p.result(timed_out))
+    for p in pending:
+        if p.starved is not None:  # our own limit, never "not installed" or a broken daemon
+            raise OutOfResources(starved_line(f"start {p.argv[0]}", *p.starved))
     return results
+
+
+def kill_started_since(started: float) -> None:
+    """SIGKILL every command started at or after ``started`` that is still running."""
+    for p in list(_LIVE):
+        if p.started >= started:
+            p.kill()
 
 
 def _reap_until(p: Pending, deadline: float) -> None:

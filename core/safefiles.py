@@ -8,10 +8,13 @@ in advance, link or not, is never opened), is fsynced and renamed over the targe
 reader sees the old file or the new one, never half of one, and nothing planted at the
 target is followed: the rename replaces the entry itself.
 
-``read_small``: every read of a file others could have replaced (pid files in 0777 pipe
-dirs, state, caches, tmpfiles.d, the last textfile) opens it ``O_NOFOLLOW|O_NONBLOCK``
-(a symlink is refused, a FIFO cannot block us), takes regular files only, and reads at
-most ``limit`` bytes.
+``open_regular`` / ``read_small``: every read of a file, system or shared (pid files in
+0777 pipe dirs, state, caches, tmpfiles.d, gres.conf, /proc, logs, the last textfile),
+opens it ``O_NONBLOCK`` (a FIFO planted anywhere cannot block the run), takes regular
+files only, and reads at most ``limit`` bytes. Links are refused (``O_NOFOLLOW``)
+except where an admin's or root's own file may be a link (``follow``: the config file,
+tmpfiles.d, gres.conf). The config and snapshots are read through it too
+(``mps_health.inputs``).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import errno
 import os
 import stat
 
+from .resources import raise_if_starved
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import List, Optional, Tuple
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -62,49 +67,76 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
         os.close(pfd)
 
 
-def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None
-               ) -> Optional[bytes]:
-    """The content of regular file ``path``; None if it does not exist. OSError if it is a
-    link (ELOOP), not a regular file, longer than ``limit``, or unreadable."""
+def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
+                 ) -> Tuple[int, os.stat_result]:
+    """(fd, stat) of regular file ``path``, opened ``O_NONBLOCK`` (a FIFO, a socket or a
+    device planted there cannot block us) and, unless ``follow``, ``O_NOFOLLOW`` (a
+    symlink is refused with ELOOP). FileNotFoundError if it does not exist; OSError if it
+    is not a regular file or cannot be opened; OutOfResources when this process has no
+    file descriptor (or memory) left: that is our trouble, never a fact about the file."""
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS
     try:
-        fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as e:
+        raise_if_starved(e, f"open {path}")
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd, st
+
+
+def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
+    """At most ``limit + 1`` bytes from ``fd`` (one more than allowed tells "too long");
+    loops because procfs and some file systems return short reads. Reads are sized by
+    ``size_hint`` (st_size; procfs says 0): a small file under a large limit never costs
+    a buffer of the limit's size."""
+    chunks: List[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, max(size_hint + 1, 1 << 16)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
+               follow: bool = False) -> Optional[bytes]:
+    """The content of regular file ``path``; None if it does not exist. OSError if it is a
+    link (ELOOP), not a regular file, longer than ``limit``, or unreadable. ``follow``
+    only for a path an admin or root chose (the config file, tmpfiles.d, gres.conf): a
+    symlink is then followed."""
+    try:
+        fd, st = open_regular(path, dir_fd, follow)
     except FileNotFoundError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        data = b""
-        while len(data) <= limit:  # procfs and some file systems return short reads
-            chunk = os.read(fd, limit + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-        if len(data) > limit:
+        if st.st_size > limit:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
-        return data
+        data = read_upto(fd, limit, st.st_size)
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+    return data
 
 
 def read_tail(path: str, limit: int = 4096) -> Optional[bytes]:
     """The last ``limit`` bytes of regular file ``path`` (a log we quote from); None if it
     does not exist. OSError if it is a link, not a regular file, or unreadable."""
     try:
-        fd = os.open(path, READ_FLAGS)
+        fd, st = open_regular(path)
     except FileNotFoundError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        data = b""
-        while len(data) < limit:
-            chunk = os.read(fd, limit - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return read_upto(fd, limit - 1)
     finally:
         os.close(fd)

@@ -47,8 +47,18 @@ class Invalid(ValueError):
 
 
 def shown(value: Any) -> str:
-    """A value for an error line: escaped (repr) and cut to SHOWN_MAX characters."""
-    text = repr(value)
+    """A value for an error line: escaped (repr) and cut to SHOWN_MAX characters.
+
+    Built by ``reprlib``, which stops after a few items and levels: the full repr of a
+    value that YAML aliases repeat (or that contains itself) would be as large as its
+    expansion, however small the file."""
+    import reprlib  # small, and only on the way to an error line
+
+    short = reprlib.Repr()
+    # Strings are cut in their middle by reprlib: far enough out that the cut below,
+    # at the end, is the one seen.
+    short.maxlevel, short.maxstring, short.maxother = 3, 4 * SHOWN_MAX, 4 * SHOWN_MAX
+    text = short.repr(value)
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
 
 

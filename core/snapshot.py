@@ -1,4 +1,10 @@
-"""Snapshots: the gathered facts as JSON, to judge later (support bundles, replay)."""
+"""Snapshots: the gathered facts as JSON, to judge later (support bundles, replay).
+
+A snapshot may come from anyone, so reading one is bounded: ``read`` takes a regular
+file only, never through a symlink, of at most MAX_BYTES (``mps_health.inputs``); a
+document nested past ``inputs.MAX_DEPTH`` is refused; every error line quotes a cut
+value. Replay judges at most ``mps.max_instances`` instances, as a live run does.
+"""
 
 import importlib
 import json
@@ -6,9 +12,13 @@ from typing import Any, Dict, Mapping, Tuple
 
 from . import __version__, codec, registry
 from .facts import Facts, Instance
+from .printable import escape
 
 FORMAT = "mps-health-snapshot"
 FORMAT_VERSION = 1
+# mps-health writes about 2 KB a per-job instance: the largest mps.max_instances allows
+# (100000) fits. The parsed facts take about ten times the file's size in memory.
+MAX_BYTES = 256 << 20
 
 
 class SnapshotError(ValueError):
@@ -28,22 +38,60 @@ def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
         "errors": dict(facts.errors),
         "durations": dict(facts.durations),
         "instances_over_cap": facts.instances_over_cap,
+        "unjudged": codec.encode(facts.unjudged),
         "config": dict(config_raw),
     }
     return json.dumps(data, indent=1, sort_keys=True)
 
 
+def capped(facts: Facts, cap: int) -> Facts:
+    """``facts`` with at most ``cap`` instances (``mps.max_instances``), the rest counted
+    as not judged (the daemon check names them), as a live run gathers them."""
+    over = len(facts.instances) - cap
+    if over <= 0:
+        return facts
+    return facts._replace(instances=facts.instances[:cap],
+                          instances_over_cap=facts.instances_over_cap + over)
+
+
+def read(path: str) -> Tuple[Facts, Dict[str, Any]]:
+    """The snapshot at ``path``, as ``loads`` gives it; SnapshotError (naming the file)
+    if it cannot be read or used."""
+    from .inputs import InputError, read_text
+
+    try:
+        text = read_text(path, MAX_BYTES)
+    except InputError as e:
+        raise SnapshotError(f"{path}: {e}") from None
+    if text is None:
+        raise SnapshotError(f"{path}: no such file")
+    return loads(text, path)
+
+
 def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
     """(facts, the config mapping they were taken with); SnapshotError on bad input."""
+    from .inputs import MAX_DEPTH, InputError, tree_size
+    from .schema import shown
+
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise SnapshotError(f"{where}: nested too deeply (mps-health writes fewer than "
+                            f"{MAX_DEPTH} levels)") from None
     except ValueError as e:
         raise SnapshotError(f"{where}: not JSON: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise SnapshotError(f"{where}: not an mps-health snapshot (no format '{FORMAT}')")
     if data.get("format_version") != FORMAT_VERSION:
-        raise SnapshotError(f"{where}: snapshot format {data.get('format_version')} is not "
-                            f"supported (this version reads {FORMAT_VERSION})")
+        raise SnapshotError(f"{where}: snapshot format {shown(data.get('format_version'))} "
+                            f"is not supported (this version reads {FORMAT_VERSION})")
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise SnapshotError(f"{where}: 'config' must be a mapping")
+    try:
+        tree_size(config)
+    except InputError as e:
+        raise SnapshotError(f"{where}: its config {e}") from None
     try:
         sources: Dict[str, object] = {}
         for name, value in (data.get("sources") or {}).items():
@@ -64,10 +112,9 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             durations=codec.decode("Dict[str, float]", data.get("durations", {}), "durations"),
             instances_over_cap=codec.decode(int, data.get("instances_over_cap", 0),
                                             "instances_over_cap"),
+            unjudged=codec.decode("Tuple[Tuple[str, str], ...]", data.get("unjudged", []),
+                                  "unjudged"),
         )
-    except codec.DecodeError as e:
-        raise SnapshotError(f"{where}: {e}") from None
-    config = data.get("config") or {}
-    if not isinstance(config, dict):
-        raise SnapshotError(f"{where}: 'config' must be a mapping")
+    except codec.DecodeError as e:  # it names keys from the file: quoted, cut
+        raise SnapshotError(f"{where}: {escape(str(e), 300)}") from None
     return facts, config

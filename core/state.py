@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     from .filelock import FileLock
 
 
+SAVE_FAULTS = ("cannot save ", "cannot use state dir ")
+
+
+def is_fault(note: str) -> bool:
+    """Does a state note say the disk failed us (full, broken), not that this run is
+    unprivileged or that an old file was damaged? The check says so in one line."""
+    return note.startswith(SAVE_FAULTS)
+
+
 class StateFile:
     """``state_dir/NAME.json`` and its lock ``NAME.lock``; use as a context manager."""
 

@@ -13,6 +13,8 @@ Pure and cheap: it only reads the Report (no engine run, no nagiosplugin, no ``r
 
 from __future__ import annotations
 
+import math
+
 from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
 
 from .series import PREFIX, Sample, samples
@@ -57,6 +59,13 @@ class Range(NamedTuple):
             raise ValueError(f"start {start} must not be greater than end {end}")
         return cls(invert, start, end)
 
+    @classmethod
+    def up_to(cls, end: float) -> Range:
+        """0..``end`` (``end`` a number, not text: a config value, twice -w), a whole
+        number printed as one."""
+        return cls(False, 0, int(end) if math.isfinite(end) and float(end).is_integer()
+                   else end)
+
     def holds(self, value: float) -> bool:
         """True when ``value`` raises no alert."""
         return (self.start <= value <= self.end) != self.invert
@@ -66,14 +75,27 @@ class Range(NamedTuple):
         if self.start == -_INF:
             out += "~:"
         elif zero_start or self.start != 0:
-            out += f"{self.start}:"
-        return out + (f"{self.end}" if self.end != _INF else "")
+            out += f"{_as_given(self.start)}:"
+        return out + (_as_given(self.end) if self.end != _INF else "")
+
+
+def _as_given(v: float) -> str:
+    """``v`` as it was typed (10, 0.5), never in exponent notation (perfdata's [-0-9.])."""
+    text = f"{v}"
+    return _number(v) if "e" in text else text
 
 
 def _atom(text: str, default: float) -> float:
     if text == "":
         return default
-    return float(text) if "." in text else int(text)
+    value = float(text) if "." in text else int(text)
+    try:
+        finite = math.isfinite(value)  # 1.0e400 would read as "no limit", nan as "never"
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
 
 
 class Thresholds(NamedTuple):

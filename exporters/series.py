@@ -43,6 +43,9 @@ RESERVED = frozenset(PREFIX + n for n in (
     "status", "problem", "build_info", "check_status", "check_success",
     "check_duration_seconds", "source_duration_seconds", "run_duration_seconds",
     "last_run_timestamp_seconds", "last_success_timestamp_seconds", "run_success",
+    # the served exporter's own (exporters/http.py)
+    "exporter_connections", "exporter_max_connections", "exporter_connections_closed",
+    "exporter_connections_closed_total",
 ))
 
 # Label names Prometheus sets on every target: a sample carrying them would be renamed.

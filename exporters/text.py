@@ -5,8 +5,8 @@ from __future__ import annotations
 from mps_health.results import OK, STATE_NAMES, Report, Result
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List
+if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
+    from typing import Iterator, TextIO
 
 
 def problem_line(r: Result) -> str:
@@ -22,25 +22,33 @@ def summary_line(report: Report) -> str:
     if not problems:
         return (f"MPS {state} - {checks} checks passed on {report.node} "
                 f"in {report.duration_s:.2f}s")
-    codes: List[str] = []
-    for r in problems:
-        label = f"{r.code}" + (f" {r.instance}" if r.instance else "")
-        if label not in codes:
-            codes.append(label)
+    # Distinct labels in order of first appearance: a dict, so many problems stay linear.
+    codes = list(dict.fromkeys(r.code + (f" {r.instance}" if r.instance else "")
+                               for r in problems))
     shown = ", ".join(codes[:6]) + (f", +{len(codes) - 6} more" if len(codes) > 6 else "")
     return f"MPS {state} - {len(problems)} problem{'s' if len(problems) != 1 else ''}: {shown}"
 
 
-def render(report: Report, verbose: bool = False) -> str:
-    lines = [summary_line(report)]
+def lines(report: Report, verbose: bool = False) -> Iterator[str]:
+    """The output, line by line (``write`` prints them as they come: a report of many
+    thousand instances is never held as one string)."""
+    yield summary_line(report)
     for run in report.runs:
         for r in run.results:
             if r.state != OK:
-                lines.append(problem_line(r))
+                yield problem_line(r)
             elif verbose:
                 where = f"[{r.instance}]" if r.instance else ""
-                lines.append(f"OK {r.check}{where}: {r.message}")
+                yield f"OK {r.check}{where}: {r.message}"
     if verbose:
         spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-        lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
-    return "\n".join(lines)
+        yield f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
+
+
+def write(report: Report, out: TextIO, verbose: bool = False) -> None:
+    for line in lines(report, verbose):
+        out.write(line + "\n")
+
+
+def render(report: Report, verbose: bool = False) -> str:
+    return "\n".join(lines(report, verbose))

@@ -29,9 +29,11 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     acting = _user_name(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
+    from mps_health.safefiles import read_small
+
     try:
-        with open(f"{proc}/self/loginuid") as f:
-            login = int(f.read().strip() or _UNSET_LOGINUID)
+        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
+                    or _UNSET_LOGINUID)
     except (OSError, ValueError):
         login = _UNSET_LOGINUID
     if login not in (_UNSET_LOGINUID, uid):

@@ -112,16 +112,17 @@ def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_an
 
 def job_of(proc_dir: str, pid: int) -> str:
     """The Slurm job a process belongs to ('' if none): SLURM_JOB_ID, else its cgroup."""
+    from mps_health.safefiles import read_small
+
     try:
-        with open(f"{proc_dir}/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"SLURM_JOB_ID="):
-                    return item.split(b"=", 1)[1].decode("ascii", "replace")
+        for item in (read_small(f"{proc_dir}/{pid}/environ", 8 << 20) or b"").split(b"\0"):
+            if item.startswith(b"SLURM_JOB_ID="):
+                return item.split(b"=", 1)[1].decode("ascii", "replace")
     except OSError:
         pass
     try:
-        with open(f"{proc_dir}/{pid}/cgroup") as f:
-            text = f.read()
+        text = (read_small(f"{proc_dir}/{pid}/cgroup", 1 << 16) or b"").decode(
+            "utf-8", "replace")
     except OSError:
         return ""
     marker = "/job_"

@@ -23,11 +23,13 @@ class StoredResult(NamedTuple):
 
 
 def boot_id(proc: str = "/proc") -> str:
+    from mps_health.safefiles import read_small
+
     try:
-        with open(f"{proc}/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+        data = read_small(f"{proc}/sys/kernel/random/boot_id", 64)
     except OSError:
         return "unknown"
+    return data.decode("ascii", "replace").strip() if data else "unknown"
 
 
 def parse_result(data: str) -> Optional[StoredResult]:

@@ -9,7 +9,6 @@ never overlap (a flock); and slurmctld is asked nothing unless something must ch
 
 import contextlib
 import os
-import threading
 import time
 from typing import List, NamedTuple, Optional, Tuple
 
@@ -42,23 +41,13 @@ def budget_for(config: Config, hc: HealthcheckSettings) -> float:
 
 def run_checks(config: Config, root: str, hc: HealthcheckSettings
                ) -> Tuple[Optional[Report], float]:
-    """The engine in a thread we can walk away from: (report or None if it hung, budget)."""
+    """(the report, or None if the run hung past its hard limit, the budget). The engine
+    walks away from a hung run (``engine.bounded``) and kills what it started."""
     budget = budget_for(config, hc)
-    box: List[Report] = []
-    errors: List[BaseException] = []
-
-    def work() -> None:
-        try:
-            box.append(engine.run(config, root, budget_s=budget)[1])
-        except BaseException as e:  # reported as UNKNOWN below, never a traceback
-            errors.append(e)
-
-    t = threading.Thread(target=work, name="mps-health-checks", daemon=True)
-    t.start()
-    t.join(budget + 2.0)
-    if errors:
-        raise errors[0]
-    return (box[0] if box else None), budget
+    try:
+        return engine.run(config, root, budget_s=budget)[1], budget
+    except engine.Overrun:
+        return None, budget
 
 
 def first_failure(report: Report, drain_on: str) -> Optional[Result]:
@@ -100,7 +89,8 @@ def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
 def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
     if report is None:
         return CRITICAL, [f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
-                          f"within {budget + 2:.0f}s (a hung probe); abandoned, not waited for"]
+                          f"within {engine.limit_for(budget):.0f}s (a hung probe); abandoned, "
+                          "not waited for"]
     from mps_health.exporters import text
 
     return report.state, text.render(report).splitlines()

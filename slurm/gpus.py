@@ -89,11 +89,15 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
     if recording is None:
         facts = read_nvml(PynvmlApi())
     else:
+        from mps_health.safefiles import read_small
+
         try:
-            with open(recording, encoding="utf-8") as f:
-                text = f.read()
+            data = read_small(recording, 64 << 20, follow=True)
         except OSError as e:
             raise GpusError(f"{recording}: cannot read: {e.strerror}") from None
+        if data is None:
+            raise GpusError(f"{recording}: cannot read: No such file or directory")
+        text = data.decode("utf-8", "replace")
         try:
             facts = read_nvml(load_recording(text, recording))
         except ValueError as e:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..exitcodes import Failure
-from .common import add_common, load_config, names
+from .common import add_common, load_config, names, written
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,18 +31,18 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
     from ..config import from_mapping
-    from ..snapshot import SnapshotError, loads
+    from ..snapshot import SnapshotError, capped, read
 
     try:
-        with open(args.replay, encoding="utf-8") as f:
-            facts, saved_config = loads(f.read(), args.replay)
-    except OSError as e:
-        raise Failure(f"{args.replay}: cannot read: {e.strerror}") from None
+        facts, saved_config = read(args.replay)
     except SnapshotError as e:
         raise Failure(str(e)) from None
     if args.config:
-        return facts, load_config(args)
-    return facts, from_mapping(saved_config, f"{args.replay} (its config)")
+        config = load_config(args)
+    else:
+        config = from_mapping(saved_config, f"{args.replay} (its config)")
+    # Whoever wrote the snapshot, it is judged within the bounds of a live run.
+    return capped(facts, config.mps.max_instances), config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,13 +55,35 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args)
     if args.budget is not None and not 0.1 <= args.budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
-    _, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
+    facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
+    # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
         from ..exporters import json as json_out
 
-        print(json_out.render(report))
+        written(lambda out: json_out.write(report, out))
     else:
         from ..exporters import text
 
-        print(text.render(report, verbose=args.verbose))
+        written(lambda out: text.write(report, out, verbose=args.verbose))
+    if replay is None:
+        say_state_faults(facts)
     return report.state
+
+
+def say_state_faults(facts: Facts) -> None:
+    """One line on stderr per state file that could not be saved (a full or broken
+    state dir): the verdict above stands, only history is lost until it can be saved."""
+    import sys
+
+    from ..printable import printable
+    from ..state import is_fault
+
+    for name in sorted(facts.sources):
+        note = getattr(facts.sources[name], "state_error", "")
+        if isinstance(note, str) and is_fault(note) and sys.stderr is not None:
+            try:
+                print(printable(f"mps-health: warning: {note} (the {name} check's history is "
+                                "not kept until it can be saved; the verdict is not affected)"),
+                      file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass

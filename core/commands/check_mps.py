@@ -7,8 +7,9 @@ do (argparse's own 2 would read as CRITICAL), and every failure is one UNKNOWN l
 stdout, where Nagios reads it.
 
 Time: the engine's budget is set below ``-t`` (``engine.budget_within``), so a wedged
-daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the plugin
-overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN, by SIGALRM.
+daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the run
+overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN: the engine's hard
+limit (``engine.bounded``) abandons it at ``-t`` and kills what it started.
 """
 
 from __future__ import annotations
@@ -18,34 +19,37 @@ from types import SimpleNamespace
 
 from .. import __version__
 from ..exitcodes import ExitCode
-from .common import UsageError, edge, load_config, names
+from .common import UsageError, edge, emit, load_config, names, standard_fds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, TypeVar
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import argparse
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
-if TYPE_CHECKING:
-    T = TypeVar("T")
 
 
-class Timeout(Exception):
-    """The plugin's own time limit (-t) ran out."""
+# -w/-c judge the control daemon's answer time: seconds, and no answer takes longer
+# than the plugin's own limit (-t, at most 3600).
+MAX_SECONDS = 3600
 
 
 def check_range(text: str) -> str:
-    """ValueError unless ``text`` is a monitoring-plugins range."""
+    """ValueError unless ``text`` is a monitoring-plugins range of seconds, 0..3600."""
     from ..exporters.nagios import Range
 
     try:
-        Range.parse(text)
+        rng = Range.parse(text)
     except ValueError:
-        raise ValueError(f"invalid range {text!r} (forms: 10, 10:, ~:10, 10:20, "
+        raise ValueError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, 10:20, "
                          "@10:20)") from None
+    given = [v for v in (rng.start, rng.end) if v not in (float("-inf"), float("inf"))]
+    if any(not 0 <= v <= MAX_SECONDS for v in given):
+        raise ValueError(f"range {text[:40]!r} out of bounds: latency thresholds are "
+                         f"seconds from 0 to {MAX_SECONDS}")
     return text
 
 
@@ -148,23 +152,6 @@ def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
     return SimpleNamespace(**ns)
 
 
-def within(seconds: int, body: Callable[[], T]) -> T:
-    """``body()``, or Timeout after ``seconds`` (SIGALRM: interrupts a read stuck in the
-    kernel too; the main thread only)."""
-    import signal
-
-    def expired(_signum: int, _frame: object) -> None:
-        raise Timeout()
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        return body()
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
     from .. import engine
@@ -180,24 +167,27 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
     config = load_config(args)
     engine.select_checks(config, args.only, args.skip)
-    warning = nagios.Range.parse(args.warning if args.warning is not None
-                                 else f"{config.control.warn_latency_s:g}")
+    # The defaults are built, not parsed: "%g" of a config value writes 1e-05 or inf,
+    # which a range does not take.
+    warning = nagios.Range.parse(args.warning) if args.warning is not None else \
+        nagios.Range.up_to(config.control.warn_latency_s)
     if args.critical is not None:
         critical: Optional[nagios.Range] = nagios.Range.parse(args.critical)
     elif warning.end != float("inf"):
-        critical = nagios.Range.parse(f"{2 * warning.end:g}")
+        critical = nagios.Range.up_to(2 * warning.end)
     else:
         critical = None
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
     try:
-        _, report = within(args.timeout, lambda: engine.run(
-            config, args.root, args.only, args.skip, budget))
-    except Timeout:
+        _, report = engine.run(config, args.root, args.only, args.skip, budget,
+                               limit_s=args.timeout)
+    except engine.Overrun as e:
+        busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
         return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
-                              "finished (raise -t, or look for a hung process on the "
-                              "node)"), ExitCode.UNKNOWN
+                              f"finished (raise -t, or look for a hung process on the "
+                              f"node{busy})"), ExitCode.UNKNOWN
     return nagios.render(report, nagios.Thresholds(warning, critical), args.verbose)
 
 
@@ -213,12 +203,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     def say(line: str) -> None:  # one line, no '|' (it would start perfdata)
         out.append(" ".join(line.replace("|", "/").split()) + "\n")
 
+    standard_fds()
     code = edge(body, say, "MPS UNKNOWN - ")
-    try:
-        sys.stdout.write("".join(out))
-        sys.stdout.flush()
-    except BrokenPipeError:
-        pass
+    if out:
+        emit("".join(out).rstrip("\n"))
     return code
 
 

@@ -34,10 +34,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
     """This node's facts within the budget, or a snapshot's (Failure: one line, exit 3)."""
-    import time
-
     from .. import engine
-    from ..context import Context
     from .check import replayed
 
     if args.replay:
@@ -46,8 +43,7 @@ def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
     budget = args.budget if args.budget is not None else config.budget_s
     if not 0.1 <= budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
-    ctx = Context(config, args.root, time.monotonic() + budget)
-    return engine.gather(ctx, SOURCES), config
+    return engine.facts_within(config, args.root, SOURCES, budget), config
 
 
 def gpu_memory(facts: "Facts") -> Dict[int, int]:

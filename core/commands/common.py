@@ -2,20 +2,24 @@
 
 Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``)
 runs inside ``edge``: an expected failure (``Failure``, a bad config, bad arguments)
-is one line and its exit code; anything unexpected is one line and UNKNOWN (3), never
-a traceback (MPS_HEALTH_DEBUG=1 shows one).
+is one line and its exit code; the system failing us (an OSError no one turned into a
+fact: a full disk, a read-only file system; our own fd limit) is one line naming the
+path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
+(MPS_HEALTH_DEBUG=1 shows one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from ..config import Config, ConfigError, load
 from ..exitcodes import ExitCode, Failure
+from ..resources import OutOfResources
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List
+    from typing import Callable, List, TextIO
 
 if TYPE_CHECKING:
     import argparse
@@ -30,9 +34,19 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+MAX_LINE = 2000
+
+
+def _cut(say: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda line: say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
 def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
     """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
-    ``say`` and the failure's code. A UsageError's text is already the whole line."""
+    ``say`` and the failure's code. A UsageError's text is already the whole line.
+    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
+    readable line."""
+    say = _cut(say)
     try:
         return int(body())
     except UsageError as e:
@@ -41,10 +55,19 @@ def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> in
     except (Failure, ConfigError) as e:
         say(prefix + str(e))
         return e.code if isinstance(e, Failure) else ExitCode.UNKNOWN
+    except OutOfResources as e:  # our own fd or memory limit: never a fact about MPS
+        say(prefix + str(e))
+        return ExitCode.UNKNOWN
     except KeyboardInterrupt:
         say(prefix + "interrupted")
         return ExitCode.UNKNOWN
     except BrokenPipeError:  # the reader went away: nothing left to say it to
+        return ExitCode.UNKNOWN
+    except OSError as e:  # the node's trouble (a full disk, a read-only file system), not ours
+        if os.environ.get("MPS_HEALTH_DEBUG"):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        say(f"{prefix}{where}{e.strerror or one_line(e)}")
         return ExitCode.UNKNOWN
     except Exception as e:
         if os.environ.get("MPS_HEALTH_DEBUG"):
@@ -52,6 +75,55 @@ def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> in
         say(f"{prefix}internal error: {one_line(e)} (set MPS_HEALTH_DEBUG=1 for a traceback, "
             "and report it)")
         return ExitCode.UNKNOWN
+
+
+def standard_fds() -> None:
+    """Point a closed stdin, stdout or stderr (``mps-health check >&-``) at /dev/null, so
+    no file this run opens takes fd 0, 1 or 2 and gets another program's output or ours."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one
+            if null != fd:  # not possible while fd is free; never leave a stray one open
+                os.close(null)
+
+
+def emit(text: str) -> None:
+    """Print ``text`` (one newline added) on stdout; see ``written``."""
+    written(lambda out: out.write(text + "\n"))
+
+
+def written(produce: Callable[[TextIO], object]) -> None:
+    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout
+    closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
+    never the exit code the run has earned: that is what slurmd, Nagios and scripts act
+    on."""
+    import sys
+
+    out = sys.stdout
+    if out is None:  # started with stdout closed
+        return
+    try:
+        produce(out)
+        out.flush()
+    except BrokenPipeError:
+        _discard(out)
+    except (OSError, ValueError) as e:  # ValueError: the file object was closed
+        _discard(out)
+        if sys.stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"mps-health: cannot write the output: "
+                      f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
+
+
+def _discard(out: object) -> None:
+    """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
+    interpreter's last flush must not fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, out.fileno())  # type: ignore[attr-defined]
+        os.close(null)
 
 
 def load_config(args: argparse.Namespace) -> Config:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from ..config import Config
 from ..exitcodes import Failure
-from ..schema import Invalid, Record, Section, custom, number, shown, text
+from ..schema import Invalid, Record, Section, custom, number, shown, text, whole
 from .common import add_common, load_config, names, one_line
 
 if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
@@ -55,6 +55,12 @@ def _listen(value: Any) -> str:
 class ExporterConfig(Record):
     listen: str = custom(DEFAULT_LISTEN, _listen)
     interval_s: float = number(DEFAULT_INTERVAL_S, low=1.0, high=3600.0)
+    # What one client may hold (exporters/http.py; docs/monitoring.md).
+    max_connections: int = whole(64, low=1, high=100000)
+    header_timeout_s: float = number(10.0, low=0.1, high=300.0)
+    write_timeout_s: float = number(10.0, low=0.1, high=300.0)
+    idle_timeout_s: float = number(120.0, low=1.0, high=3600.0)
+    log_interval_s: float = number(60.0, low=1.0, high=3600.0)
 
 
 SECTION = Section("exporter", ExporterConfig)
@@ -161,6 +167,27 @@ def write_once(config: Config, args: "argparse.Namespace", directory: str) -> in
     return 0 if record.report is not None else 3
 
 
+def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
+    """The server's limits, with the connection cap the open-file limit allows, and a note
+    for the start line when that is below exporter.max_connections."""
+    from ..exporters.fdbudget import RESERVE_FDS, connection_budget
+    from ..exporters.http import Limits
+
+    budget = connection_budget(settings.max_connections)
+    if budget.cap < 1:
+        raise Failure(f"the open-file limit ({budget.limit}) leaves no room for connections "
+                      f"after {RESERVE_FDS} kept for the checks: raise it (LimitNOFILE= in "
+                      "the unit, ulimit -n)")
+    note = ""
+    if budget.cap < settings.max_connections:
+        note = (f"; at most {budget.cap} connections, not exporter.max_connections "
+                f"{settings.max_connections}: the open-file limit {budget.limit} keeps "
+                f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
+    limits = Limits(budget.cap, settings.header_timeout_s, settings.write_timeout_s,
+                    settings.idle_timeout_s, settings.log_interval_s)
+    return limits, note
+
+
 def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
     from .. import engine
     from ..exporters.http import serve as serve_http
@@ -169,6 +196,7 @@ def serve(config: Config, args: "argparse.Namespace", listen: str, interval: flo
         address = parse_listen(listen)
     except ValueError as e:
         raise Failure(str(e)) from None
+    limits, note = http_limits(exporter_config(config))
     budget = args.budget if args.budget is not None else \
         engine.budget_within(interval, config.budget_s)
     refresher = Refresher(config, args, interval, budget)
@@ -183,12 +211,12 @@ def serve(config: Config, args: "argparse.Namespace", listen: str, interval: flo
 
     def listening(url: str) -> None:
         print(f"mps-health exporter: serving {url}, checks every {interval:g}s "
-              f"(budget {budget:g}s)", file=sys.stderr, flush=True)
+              f"(budget {budget:g}s){note}", file=sys.stderr, flush=True)
         checks.start()
 
     try:
-        serve_http(lambda: refresher.page, address, listening, stop)
-    except OSError as e:  # asyncio words it at length; the errno says it in the usual words
+        serve_http(lambda: refresher.page, address, listening, stop, limits)
+    except OSError as e:  # the errno says it in the usual words
         raise Failure(f"cannot listen on {listen}: "
                       f"{os.strerror(e.errno) if e.errno else e}") from None
     finally:

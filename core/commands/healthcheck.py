@@ -12,7 +12,7 @@ import argparse
 import os
 from typing import Callable
 
-from .common import add_common, load_config
+from .common import add_common, emit, load_config
 
 # slurmd gives the program an almost empty environment: find scontrol and the MPS client.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -39,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
     result = main_run(load_config(args), args.root, args.dry_run, args.mode)
     from ..printable import printable
 
-    print("\n".join(printable(line) for line in result.lines), flush=True)
+    emit("\n".join(printable(line) for line in result.lines))
     return result.rc

@@ -125,11 +125,15 @@ def _node(args: "argparse.Namespace", config: "Config") -> str:
 
 
 def _read(path: str) -> str:
+    from ..safefiles import read_small
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        data = read_small(path, 64 << 20, follow=True)  # slurm.conf may be a link
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
+    if data is None:
+        raise Failure(f"{path}: cannot read: No such file or directory")
+    return data.decode("utf-8", "replace")
 
 
 def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)

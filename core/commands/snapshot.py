@@ -2,7 +2,6 @@
 
 import argparse
 import os
-import time
 from typing import Callable
 
 from ..exitcodes import Failure
@@ -20,7 +19,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import engine, registry
-    from ..context import Context
     from ..snapshot import dumps
 
     config = load_config(args)
@@ -28,8 +26,7 @@ def run(args: argparse.Namespace) -> int:
         needs = list(registry.SOURCES)
     else:
         needs = [n for c in engine.select_checks(config) for n in c.needs]
-    ctx = Context(config, args.root, time.monotonic() + config.budget_s)
-    facts = engine.gather(ctx, needs)
+    facts = engine.facts_within(config, args.root, needs, config.budget_s)
     text = dumps(facts, config.raw)
     if args.output == "-":
         print(text)

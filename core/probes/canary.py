@@ -20,6 +20,7 @@ from ..context import Context
 from ..facts import Instance
 from ..facts_deep import CanaryFact
 from ..runner import Completed, Pending
+from ..safefiles import read_small
 from ..users import by_uid, name_of, uid_of
 from . import control
 from .proc import identity
@@ -203,9 +204,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
         ready: Optional[Tuple[int, float]] = None
         while pending.pid is not None and time.monotonic() < deadline:
             if os.path.exists(ready_path):
-                try:
-                    with open(ready_path, encoding="ascii") as f:
-                        ready = parse_ready(f.read())
+                try:  # the canary runs as the user: what it leaves is read as hostile
+                    ready = parse_ready(
+                        (read_small(ready_path, 4096) or b"").decode("ascii"))
                 except (OSError, ValueError):
                     ready = (pending.pid or 0, 0.0)
                 break

@@ -245,8 +245,10 @@ def parse_environ(data: bytes, truncated: bool) -> Dict[str, str]:
 
 def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
     """(up to ``cap`` bytes, status): "read", "truncated", "denied", "gone", "error"."""
+    from ..safefiles import open_regular, read_upto
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, _st = open_regular(path)
     except PermissionError:
         return None, "denied"
     except FileNotFoundError:
@@ -254,15 +256,7 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
     except OSError:
         return None, "error"
     try:
-        chunks: List[bytes] = []
-        size = 0
-        while size <= cap:
-            chunk = os.read(fd, min(65536, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        data = b"".join(chunks)
+        data = read_upto(fd, cap)
     except PermissionError:
         return None, "denied"
     except ProcessLookupError:

@@ -8,6 +8,7 @@ import stat
 from ..context import Context
 from ..facts import DirFact, EntryFact, Instance
 from ..pidfile import PID_FILE, read_text
+from ..resources import raise_if_starved
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
                     continue
                 found.append(EntryFact(entry.name, kind_of(st.st_mode),
                                        stat.S_IMODE(st.st_mode), st.st_uid))
-    except OSError:
+    except OSError as e:  # out of fds: our trouble, not an empty pipe dir
+        raise_if_starved(e, f"list {path}")
         return (), None
     if any(e.name == PID_FILE and e.kind == "file" for e in found):
         pid_file = read_text(path)

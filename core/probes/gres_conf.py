@@ -10,6 +10,7 @@ shared GRES like mps with several files, is spread evenly over them; ``AutoDetec
 directory of slurm.conf (``SLURM_CONF``, default /etc/slurm).
 """
 
+import errno
 import os
 import stat
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
@@ -23,6 +24,7 @@ KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": 
         "type": "Type"}
 SUFFIXES = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 MAX_INCLUDE_DEPTH = 10
+MAX_FILE_BYTES = 4 << 20  # per file: a gres.conf for hundreds of nodes fits
 
 
 class GresLine(NamedTuple):
@@ -188,8 +190,12 @@ def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
     """Read and parse ``path`` (as configured; read under --root), then stat its devices."""
 
     def read(p: str) -> str:
-        with open(ctx.path(p), encoding="utf-8", errors="replace") as f:
-            return f.read()
+        from ..safefiles import read_small
+
+        data = read_small(ctx.path(p), MAX_FILE_BYTES, follow=True)  # may be a link
+        if data is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", p)
+        return data.decode("utf-8", "replace")
 
     try:
         text = read(path)

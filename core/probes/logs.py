@@ -128,14 +128,9 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
 # --- read (I/O) -----------------------------------------------------------------------
 
 def _open(path: str) -> Tuple[int, os.stat_result]:
-    import stat
+    from ..safefiles import open_regular
 
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise OSError(0, "not a regular file")
-    return fd, st
+    return open_regular(path)
 
 
 def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:

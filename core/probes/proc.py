@@ -7,10 +7,12 @@ empty cmdline; it keeps role "unknown" and state "Z".
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..context import Context
 from ..facts import ProcessFact
+from ..safefiles import open_regular, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
 COMM_PREFIX_BYTES = COMM_PREFIX.encode()
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PIPE_DIRECTORY
+# environ and cmdline are at most ARG_MAX-sized on a real /proc (6 MiB with an unlimited
+# stack); a --root tree's files are cut off there.
+PROC_FILE_LIMIT = 8 << 20
 ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 
 
@@ -70,22 +75,19 @@ def role_of(cmdline: Tuple[str, ...]) -> str:
 
 
 def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks: List[bytes] = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+    """A /proc file, whole (the kernel bounds them; under --root a tree's file is bounded
+    by PROC_FILE_LIMIT). Non-blocking and regular files only: a FIFO planted in a --root
+    tree cannot block the run."""
+    data = read_small(path, PROC_FILE_LIMIT)
+    if data is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+    return data
 
 
 def _comm_matches(proc_dir: str, pid: int) -> bool:
     """The cheap first filter: /proc/PID/comm is far cheaper for the kernel than stat."""
     try:
-        fd = os.open(f"{proc_dir}/{pid}/comm", os.O_RDONLY)
+        fd, _st = open_regular(f"{proc_dir}/{pid}/comm")
     except OSError:
         return False
     try:

@@ -11,11 +11,15 @@ import os
 
 from ..context import Context
 from ..facts import TmpfilesFacts, TmpfilesRule
+from ..resources import raise_if_starved
+from ..safefiles import read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Tuple
+    from typing import Dict, List, Optional, Tuple
 
+# Larger is no tmpfiles.d file a package ships; read no further (bounded work).
+MAX_FILE_BYTES = 1 << 20
 # Highest priority first.
 SEARCH_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/local/lib/tmpfiles.d",
                "/usr/lib/tmpfiles.d", "/lib/tmpfiles.d")
@@ -89,6 +93,19 @@ def effective_files(listing: Dict[str, List[str]]) -> List[str]:
     return [chosen[name] for name in sorted(chosen)]
 
 
+def _target(ctx: Context, path: str) -> Optional[str]:
+    """Where to read ``path`` (under --root: a link's absolute target read in the tree
+    too); None when it is a link to /dev/null, which masks a file of that name."""
+    real = ctx.path(path)
+    try:
+        link = os.readlink(real)
+    except OSError:
+        return real  # not a link (or gone: the read says so)
+    if link == "/dev/null":
+        return None
+    return ctx.path(link) if os.path.isabs(link) else os.path.join(os.path.dirname(real), link)
+
+
 def gather(ctx: Context) -> TmpfilesFacts:
     listing: Dict[str, List[str]] = {}
     for directory in SEARCH_DIRS:
@@ -98,7 +115,8 @@ def gather(ctx: Context) -> TmpfilesFacts:
             continue  # merged /usr: the same directory twice
         try:
             listing[directory] = [n for n in os.listdir(real) if n.endswith(".conf")]
-        except OSError:
+        except OSError as e:  # out of fds: our trouble, not a missing dir
+            raise_if_starved(e, f"list {real}")
             continue
     if not listing:
         return TmpfilesFacts(False, (), ())
@@ -106,14 +124,15 @@ def gather(ctx: Context) -> TmpfilesFacts:
     rules: List[TmpfilesRule] = []
     errors: List[str] = []
     for path in files:
+        target = _target(ctx, path)
+        if target is None:
+            continue  # a symlink to /dev/null masks a file: nothing to read
         try:
-            with open(ctx.path(path), encoding="utf-8", errors="replace") as f:
-                text = f.read()
+            data = read_small(target, MAX_FILE_BYTES, follow=True)
         except OSError as e:
             errors.append(f"{path}: cannot read: {e.strerror}")
             continue
-        if text.strip() == "" and os.path.islink(ctx.path(path)):
-            continue  # a symlink to /dev/null masks a file: nothing to read
+        text = (data or b"").decode("utf-8", "replace")
         file_rules, file_errors = parse_tmpfiles(text, path)
         rules.extend(file_rules)
         errors.extend(file_errors)

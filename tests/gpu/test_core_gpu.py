@@ -177,4 +177,6 @@ def test_start_without_dirs(mps_site: Site) -> None:
     m2.quit()
     assert len(str(m2.pipe)) + len("/control_privileged") + 1 > 108
     assert (r.returncode, (r.stdout + r.stderr).strip()) == (1, "")  # silent: hence the check
-    assert (q.returncode, q.stdout.strip()) == (1, "Cannot find MPS control daemon process")
+    # The client is silent too (H200, driver 580): rc 1 and no "Cannot find MPS control
+    # daemon process" line, so only the path-length check can say what is wrong.
+    assert (q.returncode, (q.stdout + q.stderr).strip()) == (1, "")

@@ -1,0 +1,50 @@
+"""Our own process running out of file descriptors or memory is never a fact about the node.
+
+``open()``, ``pipe()`` or ``posix_spawn`` failing with EMFILE, ENFILE, ENOMEM (or, for
+a spawn, EAGAIN) says
+that this mps-health process (an exporter under a connection flood, a run started with
+a low ``ulimit -n``) has nothing left, not that a file is unreadable, a process gone or
+the control client missing. Such a failure raises ``OutOfResources``, which is not an
+OSError on purpose: the many ``except OSError`` that turn a missing file into a fact
+cannot swallow it. The engine turns it into one UNKNOWN line for the sources it hit
+(facts-unavailable): never a CRITICAL, never a drain.
+"""
+
+from __future__ import annotations
+
+import errno
+
+STARVED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)  # EAGAIN: fork/spawn
+
+
+class OutOfResources(Exception):
+    """This process could not get a file descriptor or memory from the kernel."""
+
+
+def raise_if_starved(e: OSError, doing: str) -> None:
+    """OutOfResources if ``e`` is EMFILE, ENFILE or ENOMEM; else nothing (the caller
+    re-raises ``e``)."""
+    if e.errno in STARVED:
+        raise OutOfResources(starved_line(doing, e.errno, e.strerror or "")) from None
+
+
+def starved_line(doing: str, code: int, text: str) -> str:
+    """One line: what could not be done, why, and that it is this process's limit."""
+    return (f"cannot {doing}: {text} (this mps-health process's own limit, not the node's "
+            f"MPS: {limit_hint(code)})")
+
+
+def limit_hint(code: int) -> str:
+    if code == errno.EMFILE:
+        try:  # a C extension: loading it needs a file descriptor too
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError):
+            return "raise its LimitNOFILE or ulimit -n"
+        return f"it may open {soft} files; raise its LimitNOFILE or ulimit -n"
+    if code == errno.ENFILE:
+        return "the system's file table is full (fs.file-max)"
+    if code == errno.EAGAIN:
+        return "no process can be started now (RLIMIT_NPROC, pids cgroup or kernel.pid_max)"
+    return "the node is out of memory"
