@@ -98,12 +98,12 @@ class JobHooks:
         self.parent = self.site.sticky_tmp()
         self.hooks = self.base / "hooks"
         self.hooks.mkdir()
-        self.pipe_template = f"{self.parent}/{pipe}"
-        self.config = Path(self.site.config(
-            {"mps": {"layout": "per-job", "dir_mode": "0700"},
-             "commands": {"nvidia-cuda-mps-control": control, "squeue": f"{self.base}/squeue"},
-             "jobs": {"start_timeout_s": 10, "quit_timeout_s": 2, "kill_grace_s": 1, **jobs}},
-            pipe=self.pipe_template, log=f"{self.parent}/{log}"))
+        self.pipe_template, self.log_template = f"{self.parent}/{pipe}", f"{self.parent}/{log}"
+        self.settings = {
+            "mps": {"layout": "per-job", "dir_mode": "0700"},
+            "commands": {"nvidia-cuda-mps-control": control, "squeue": f"{self.base}/squeue"},
+            "jobs": {"start_timeout_s": 10, "quit_timeout_s": 2, "kill_grace_s": 1, **jobs}}
+        self.config = Path(self.configure())
         self.slurm_runs()  # Slurm's view of the node: no job yet
         # Installed by the mps-health that will run them (a Slurm root's has its own).
         self.mps_health = list(mps_health)
@@ -113,6 +113,12 @@ class JobHooks:
         if r.returncode != 0:
             raise RuntimeError(f"mps-health slurm install failed: {r.stderr}")
         self.install_output = r.stdout
+
+    def configure(self, **sections: Any) -> str:
+        """(Re)write the config, which the hooks read at each run: this layout with
+        ``sections`` merged over it."""
+        return self.site.config(self.settings, pipe=self.pipe_template, log=self.log_template,
+                                **sections)
 
     def slurm_runs(self, *jobs: str) -> None:
         """What squeue says runs on this node: ``jobs``, each of this site's user."""
