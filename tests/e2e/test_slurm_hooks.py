@@ -58,6 +58,21 @@ def make_site(user: str, python: str) -> Iterator:
         s.close()
 
 
+def test_the_hooks_record_each_step_before_acting(make_site) -> None:
+    """Prolog: "prolog start" before the dirs, "prolog" once the daemon answers; Epilog:
+    "epilog" before the quit. The health check leaves the instance alone meanwhile."""
+    from mps_health import planned
+
+    site = make_site()
+    assert site.run("prolog", site.env("prolog", "43")).returncode == 0
+    assert site.run("epilog", site.env("epilog", "43")).returncode == 0
+    records, error = planned.load(str(site.base / "state"))
+    assert error == ""
+    assert [r.by for r in records if r.pipe_dir == str(site.pipe_dir("43"))] == [
+        "prolog start", "prolog", "epilog"]
+    assert site.entries() == []
+
+
 def environ_of(pid: int) -> dict:
     with open(f"/proc/{pid}/environ", "rb") as f:
         items = f.read().split(b"\0")
