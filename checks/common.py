@@ -10,22 +10,42 @@ from mps_health.results import UNKNOWN, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from mps_health.probes.nvml import NvmlFacts
     from mps_health.probes.slurm import SlurmFacts
 
 
+# The last process list indexed, and its index: every instance of a run is judged
+# against the same tuple, so it is indexed once per run, not scanned once per instance
+# (quadratic with many instances, e.g. a replayed snapshot of thousands).
+_indexed: List[Any] = [None, None]
+
+
+def _controls(procs: Tuple[ProcessFact, ...]) -> Tuple[Dict[Optional[str], List[int]],
+                                                       Dict[int, List[int]]]:
+    """Positions in ``procs`` of the live control processes, by pipe dir and by pid."""
+    if _indexed[0] is not procs:
+        by_dir: Dict[Optional[str], List[int]] = {}
+        by_pid: Dict[int, List[int]] = {}
+        for i, p in enumerate(procs):
+            if p.role == "control" and p.state not in ("Z", "X"):
+                by_dir.setdefault(p.pipe_dir, []).append(i)
+                by_pid.setdefault(p.pid, []).append(i)
+        _indexed[:] = [procs, (by_dir, by_pid)]
+    return _indexed[1]
+
+
 def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                  root: str = "/") -> List[ProcessFact]:
     """The live control daemons serving ``inst``, by environ or else by pid file."""
-    paths = pipe_paths(inst, root)
-    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
-    found = [p for p in controls if p.pipe_dir in paths]
+    by_dir, by_pid = _controls(procs)
+    at = sorted(i for path in set(pipe_paths(inst, root)) for i in by_dir.get(path, ()))
+    found = [procs[i] for i in at]
     if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
         named = int(pipe.pid_file)
-        found = [p for p in controls if p.pid == named and not p.environ_readable]
+        found = [procs[i] for i in by_pid.get(named, ()) if not procs[i].environ_readable]
     return found
 
 

@@ -197,7 +197,9 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
 
 def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...],
                   procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact], root: str,
-                  cfg: SlurmSettings) -> Iterator[Result]:
+                  cfg: SlurmSettings, unjudged: Optional[Mapping[str, str]] = None
+                  ) -> Iterator[Result]:
+    unjudged = unjudged or {}
     live: Dict[str, List[int]] = {}
     for inst in insts:
         if inst.job_id:
@@ -220,6 +222,8 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
         if job.job_id in live:
             yield ok(NAME, f"job{job.job_id}", f"job {job.job_id} ({job.user}) holds mps and "
                      f"its daemon {live[job.job_id][0]} runs")
+        elif job.job_id in unjudged:  # our hooks are setting it up or tearing it down
+            yield ok(NAME, f"job{job.job_id}", f"job {job.job_id}: {unjudged[job.job_id]}")
         elif job.elapsed_s is not None and job.elapsed_s < cfg.job_grace_s:
             yield ok(NAME, f"job{job.job_id}", f"job {job.job_id} started "
                      f"{job.elapsed_s:.0f}s ago: its prolog may still be starting MPS")
@@ -257,7 +261,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     yield node_context(node, cfg)
     yield from judge_counts(node, nvml, conf, cfg, config)
     if config.mps.layout == "per-job":
-        yield from judge_per_job(slurm, node, facts.instances, procs, dirs, facts.root, cfg)
+        yield from judge_per_job(slurm, node, facts.instances, procs, dirs, facts.root, cfg,
+                                 dict(facts.unjudged))
     else:
         yield from judge_resident(node, conf, nvml, facts.instances, procs, dirs, facts.root,
                                   config)

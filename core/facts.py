@@ -110,6 +110,9 @@ class Facts(NamedTuple):
     durations: Dict[str, float]  # source name -> seconds spent gathering it
     # Per-job instances found beyond mps.max_instances: not judged this run.
     instances_over_cap: int = 0
+    # Per-job instances found but not judged this run (core/jobphase.py): their job's
+    # MPS is being set up or torn down. (job id, why) pairs.
+    unjudged: Tuple[Tuple[str, str], ...] = ()
 
     def get(self, source: str) -> Any:
         """A gathered source's value (the engine runs a check only when it is there)."""

@@ -26,22 +26,21 @@ if TYPE_CHECKING:
     from typing import Optional, Sequence, Tuple
 
 NAME = "planned"
-MAX_RECORDS = 64
+MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
 
 
 def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
     """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
-    import math
-
-    fresh = [r for r in records if isinstance(r.at, float) and math.isfinite(r.at)
-             and now - KEEP_S <= r.at <= now + 60.0]
+    # nan and the infinities fail the range comparison.
+    fresh = [r for r in records if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0]
     return tuple(sorted(fresh, key=lambda r: r.at)[-MAX_RECORDS:])
 
 
 def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = None,
-           daemon_start: Optional[int] = None) -> str:
-    """Add a record; '' or one line saying why it could not be kept."""
+           daemon_start: Optional[int] = None, wait_s: float = 2.0) -> str:
+    """Add a record, waiting up to ``wait_s`` for the lock; '' or one line saying why it
+    could not be kept."""
     from .state import StateFile
 
     now = time.time()
@@ -50,7 +49,7 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
     except OSError as e:
         return f"cannot record the planned restart in {state_dir}: {e.strerror}"
     state = StateFile(state_dir, NAME)
-    if not state.lock(time.monotonic() + 2.0):
+    if not state.lock(time.monotonic() + wait_s):
         return f"planned restart not recorded: {state.error}"
     try:
         old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())

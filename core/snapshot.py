@@ -38,6 +38,7 @@ def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
         "errors": dict(facts.errors),
         "durations": dict(facts.durations),
         "instances_over_cap": facts.instances_over_cap,
+        "unjudged": codec.encode(facts.unjudged),
         "config": dict(config_raw),
     }
     return json.dumps(data, indent=1, sort_keys=True)
@@ -111,6 +112,8 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             durations=codec.decode("Dict[str, float]", data.get("durations", {}), "durations"),
             instances_over_cap=codec.decode(int, data.get("instances_over_cap", 0),
                                             "instances_over_cap"),
+            unjudged=codec.decode("Tuple[Tuple[str, str], ...]", data.get("unjudged", []),
+                                  "unjudged"),
         )
     except codec.DecodeError as e:  # it names keys from the file: quoted, cut
         raise SnapshotError(f"{where}: {escape(str(e), 300)}") from None

@@ -23,6 +23,7 @@ from mps_health import processes, safedirs
 from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.daemonctl import quit_daemon, start_daemon
 from mps_health.facts import ProcessFact
+from mps_health.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
 from mps_health.planned import record as record_planned
 from mps_health.probes.proc import read_processes
 from mps_health.runas import RunAs, for_user, resolve, user_env
@@ -33,6 +34,10 @@ from .jobenv import JobEnv, parse_gpus, wants_daemon
 from .settings import JobsSettings
 
 CONTROL = "nvidia-cuda-mps-control"
+UNDO = TEARDOWN[1]  # the Prolog undoing a failed start
+# Many jobs ending at once queue for the records' lock; a record lost would let the
+# health check judge a set-up or tear-down, so a hook waits longer than a check would.
+RECORD_WAIT_S = 10.0
 
 
 class JobDirs(NamedTuple):
@@ -88,7 +93,7 @@ def prolog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     if failure is None:
         return 0
     log.error(failure)
-    leftovers = cleanup(job, config, settings, log, proc_dir)
+    leftovers = cleanup(job, config, settings, log, proc_dir, by=UNDO)
     if leftovers:
         log.error("could not clean up after the failed start: " + leftovers)
     if settings.on_start_failure == "fail":
@@ -113,6 +118,9 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
         if socket_path_bytes(dirs.pipe_dir) > SUN_PATH_MAX:
             return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
                     f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
+        # Recorded before the dirs exist: the health check judges no instance our
+        # Prolog is still setting up (mps_health.jobphase).
+        _record(config, dirs.pipe_dir, SETUP_START, log)
         for path in (dirs.log_dir, dirs.pipe_dir):
             try:
                 note = make_job_dir(path, job.uid, job.gid, config.mps.dir_mode)
@@ -127,11 +135,17 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return f"MPS daemon for GPUs {','.join(dirs.gpus)} did not start: {started.detail}"
         log.info(f"started MPS daemon {started.pid} as {job.user} for GPUs "
                  f"{','.join(dirs.gpus)} in {dirs.pipe_dir} ({started.elapsed_s:.2f}s)")
-        unrecorded = record_planned(config.state_dir, dirs.pipe_dir, "prolog", started.pid,
-                                    started.start_ticks)
-        if unrecorded:
-            log.warning(unrecorded)
+        _record(config, dirs.pipe_dir, SETUP_DONE, log, started.pid, started.start_ticks)
     return None
+
+
+def _record(config: Config, pipe_dir: str, step: str, log: HookLog,
+            pid: Optional[int] = None, start: Optional[int] = None) -> None:
+    """Record a step of ours on the job's MPS (mps_health.planned): the daemon's change
+    is then no alarm, and the health check leaves the instance alone meanwhile."""
+    unrecorded = record_planned(config.state_dir, pipe_dir, step, pid, start, RECORD_WAIT_S)
+    if unrecorded:
+        log.warning(unrecorded)
 
 
 # --- TaskProlog -----------------------------------------------------------------------
@@ -186,7 +200,7 @@ def epilog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
            proc_dir: str = "/proc") -> int:
     if config.mps.layout != "per-job":
         return 0
-    stuck = cleanup(job, config, settings, log, proc_dir)
+    stuck = cleanup(job, config, settings, log, proc_dir, by=TEARDOWN[0])
     if stuck:
         log.error(stuck + ": exit 1 so that Slurm drains the node")
         return 1
@@ -194,13 +208,15 @@ def epilog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
 
 
 def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
-            proc_dir: str = "/proc") -> str:
+            proc_dir: str = "/proc", by: str = TEARDOWN[0]) -> str:
     """Quit, end and remove everything of the job; "" or the processes that survived."""
     all_dirs = found_job_dirs(config, job.job_id, job.gpus)
     pipes = {d.pipe_dir for d in all_dirs}
     procs = sum(processes.of_pipe_dirs(read_processes(proc_dir), pipes), ())
     if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
         return ""
+    for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
+        _record(config, pipe, by, log)
     as_user = for_user(job.uid, job.gid, job.user)
     control = resolve(config.command(CONTROL))
     for dirs in all_dirs:

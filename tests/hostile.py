@@ -46,10 +46,11 @@ def run_as(name: str, argv: Sequence[str], timeout: float = 30, **kw) -> subproc
 
 
 def squeue_line(job: str, user: str, uid: Optional[int] = None, state: str = "RUNNING",
-                gres: str = "gres:mps:50") -> str:
-    """One line as ``squeue -h -o '%A|%u|%U|%T|%M|%b'`` prints it (Slurm 22.05)."""
+                gres: str = "gres:mps:50", elapsed: str = "1:00:00") -> str:
+    """One line as ``squeue -h -o '%A|%u|%U|%T|%M|%b'`` prints it (Slurm 22.05); by
+    default a job running for an hour, past any set-up grace."""
     uid = pwd.getpwnam(user).pw_uid if uid is None else uid
-    return f"{job}|{user}|{uid}|{state}|0:02|{gres}"
+    return f"{job}|{user}|{uid}|{state}|{elapsed}|{gres}"
 
 
 def fake_squeue(directory: Path, lines: Iterable[str]) -> str:

@@ -46,8 +46,8 @@ def layer_of(module: str) -> str:
         return "exporters"
     if sub in ("remediation", "slurm", "processes", "daemonctl"):
         return "actions"
-    if sub == "instances":  # which instances the node has: read from disk and Slurm
-        return "probes"
+    if sub in ("instances", "jobphase"):  # which instances the node has and judges now:
+        return "probes"  # read from disk, Slurm and the hooks' records
     if sub in ("commands", "cli", "argv"):
         return "commands"
     if sub in ("engine", "snapshot"):
