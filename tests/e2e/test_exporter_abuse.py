@@ -183,7 +183,7 @@ def test_oversized_request_head_is_refused_and_closed(tmp_path: Path, site) -> N
 
 def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site) -> None:
     site.dirs()
-    cfg = site.config("exporter:\n  max_connections: 20\n"
+    cfg = site.config("exporter:\n  max_connections: 64\n"
                       "  header_timeout_s: 0.5\n  write_timeout_s: 0.5\n")
     with served(tmp_path, cfg) as (url, port, log, proc):
         attacks = [subprocess.Popen(attacker(*a), stdout=subprocess.DEVNULL,
