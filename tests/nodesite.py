@@ -126,6 +126,13 @@ class Site:
         d.chmod(0o1777)
         return d
 
+    def per_job(self, **mps: Any) -> Config:
+        """The ``mps`` section of the per-job layout in sticky_tmp(), as the Prolog makes
+        it (dirs 0700, named by job), with ``mps`` merged over it; for config()."""
+        parent = self.sticky_tmp()
+        return {"mps": {"layout": "per-job", "pipe_dir": f"{parent}/nvidia-mps_job{{job}}",
+                        "log_dir": f"{parent}/nvidia-log_job{{job}}", "dir_mode": "0700", **mps}}
+
     def squeue(self, *lines: str) -> str:
         """A squeue in the root printing ``lines`` (made by hostile.squeue_line): the jobs
         Slurm runs on this node. Returns its path, for the config's ``commands:``."""
