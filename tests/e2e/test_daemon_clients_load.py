@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import List
 
+from clirun import mps_health
 from mps_health.probes.proc import read_processes
 from mpsdaemon import mps_env
 from nodesite import Site
@@ -37,7 +38,7 @@ def churn(pipe: Path, stop: threading.Event) -> None:
 def test_healthy_checks_stay_ok_while_clients_run(site: Site) -> None:
     started = site.start_daemon()
     pipe, daemon = started.pipe_dir, started.pid
-    site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
+    config = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     waiting: List[subprocess.Popen] = []
     loaders: List[subprocess.Popen] = []
     stop = threading.Event()
@@ -59,7 +60,7 @@ def test_healthy_checks_stay_ok_while_clients_run(site: Site) -> None:
             assert [p.pid for p in seen if p.role == "control"] == [daemon]
             # The daemon check alone: strays looks at the whole host, which other tests
             # share.
-            r = site.run("mps-health", "check", "--only", "daemon", "--format", "json")
+            r = mps_health("check", "--config", config, "--only", "daemon", "--format", "json")
             reports.append((r.returncode, r.stdout + r.stderr))
     finally:
         stop.set()
