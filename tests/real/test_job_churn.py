@@ -12,9 +12,10 @@ wrapper that sets both, runs the printed program and logs each run's exit status
 Counted honestly from four places: the wrapper's log (every run and its status),
 slurmd's log (a run that fails is logged there; a failed Prolog or Epilog too), our
 audit log (every drain), and slurmctld's log (every node drain, and each job's exit
-status). The figures are printed: ``pytest -s -k churn tests/real/test_job_churn.py``.
+status). The servers source's memory shows that per-job instances were judged. The figures are printed: ``pytest -s -k churn tests/real/test_job_churn.py``.
 """
 
+import json
 import re
 import shutil
 import tempfile
@@ -58,12 +59,10 @@ def node_config(site: Site, cluster: SlurmCluster) -> None:
     settings: the per-instance checks that need no GPU (not strays, which judges every
     MPS process of the machine: other test sessions' stand-ins are its findings here),
     a 1 s grace, our audit log."""
-    squeue = cluster.client_commands().get("squeue", "squeue")
+    # Where slurmd runs the health check (here or in the Slurm root) Slurm's clients
+    # are on its PATH: the real squeue in place of the site's stand-in.
     text = site.config.read_text().replace(f"  squeue: {site.base}/squeue\n",
-                                           f"  squeue: {squeue}\n")
-    if "scontrol" in cluster.client_commands():
-        text = text.replace("commands:\n",
-                            f"commands:\n  scontrol: {cluster.client_commands()['scontrol']}\n")
+                                           "  squeue: squeue\n")
     text = text.replace("jobs:\n", f"jobs:\n  log_file: {site.base}/hooks.log\n")
     text += ("checks:\n  only: [control, daemon, directories, servers, orphans]\n"
              "slurm:\n  job_grace_s: 1\n"
@@ -78,7 +77,9 @@ def rendered_lines(site: Site) -> Dict[str, str]:
     """`mps-health slurm conf` for this node: the hooks and health check lines."""
     import subprocess
 
-    r = subprocess.run([*site.mps_health, "slurm", "conf", "--nvml-record", RECORD,
+    record = site.base / "nvml.json"  # under /tmp: a Slurm root's mps-health sees it too
+    shutil.copy(RECORD, record)
+    r = subprocess.run([*site.mps_health, "slurm", "conf", "--nvml-record", str(record),
                         "--node-name", NODE, "--config", str(site.config), "--prefix",
                         str(site.hooks), "--health-check-interval", str(INTERVAL)],
                        capture_output=True, text=True, timeout=120)
@@ -134,18 +135,22 @@ def runs(site: Site) -> List[int]:
     return [int(line.rsplit("rc=", 1)[1]) for line in text.splitlines() if "rc=" in line]
 
 
-def wait_for(what: str, cond, timeout: float) -> None:
+def wait_for(what: str, cond, timeout: float, site: Site, cluster: SlurmCluster) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    failed = site.base / "failed-output.log"
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; runs "
+                         f"{runs(site)[-10:]}\n"
+                         + (failed.read_text()[-2000:] if failed.exists() else "")
+                         + cluster.logs())
 
 
 def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCluster,
                                                                 site: Site) -> None:
-    wait_for("a first clean health check run", lambda: 0 in runs(site), 60)
+    wait_for("a first clean health check run", lambda: 0 in runs(site), 60, site, cluster)
     before = len(runs(site))
     slurmd_log = cluster.log_dir / "slurmd.log"
     log_start = slurmd_log.stat().st_size
@@ -156,12 +161,12 @@ def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCl
     r = cluster.run(["sbatch", f"--array=1-{JOBS}", "--gres=mps:10", "-o", "/dev/null",
                      "--wrap", "true"], user=site.user, timeout=60)
     assert r.returncode == 0, r.stderr
-    wait_for("every job to finish", lambda: not cluster.job_ids(), 900)
+    wait_for("every job to finish", lambda: not cluster.job_ids(), 900, site, cluster)
     cluster.wait_state(lambda s: s == "IDLE", 120)
     elapsed = time.monotonic() - t0
     # Two more runs after the last job: anything left behind is judged too.
     done = len(runs(site))
-    wait_for("two more health check runs", lambda: len(runs(site)) >= done + 2, 60)
+    wait_for("two more health check runs", lambda: len(runs(site)) >= done + 2, 60, site, cluster)
 
     during = runs(site)[before:]
     failed = [rc for rc in during if rc != 0]
@@ -173,13 +178,19 @@ def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCl
     slurmd = slurmd_log.read_text(errors="replace")[log_start:]
     hook_errors = [x for x in (site.base / "hooks.log").read_text().splitlines()
                    if "error" in x.lower() or "not recorded" in x] if (site.base / "hooks.log").exists() else []
+    # The servers source remembers each instance it looked at (state_dir/servers.json):
+    # per-job instances were judged during the churn, not merely skipped.
+    memory = json.loads((site.base / "state" / "servers.json").read_text())
+    judged = sorted(name for name in memory if name.startswith("job"))
     print(f"\n{cluster.version}: {len(exits)} jobs ({JOBS} x true, {SLEEPERS} x sleep 4) "
           f"in {elapsed:.0f}s; {len(during)} health check runs, {len(failed)} failed; "
-          f"{len(drains)} drains (slurmctld), {len(audit_lines)} audit lines")
+          f"{len(drains)} drains (slurmctld), {len(audit_lines)} audit lines; "
+          f"{len(judged)} per-job instances judged")
     if failed:
         print((site.base / "failed-output.log").read_text()[-3000:])
     assert len(exits) == JOBS + SLEEPERS and set(exits) == {"0"}, exits[-20:]
     assert len(during) >= 10, f"only {len(during)} health check runs: the test saw no churn"
+    assert judged, "no per-job instance was ever judged: the test proves nothing"
     assert failed == [], (site.base / "failed-output.log").read_text()[-3000:]
     assert drains == [] and audit_lines == [], (drains, audit_lines)
     assert "health_check failed" not in slurmd and "prolog failed" not in slurmd.lower()
