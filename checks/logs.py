@@ -9,17 +9,18 @@ so another user's job blocks it).
 
 from __future__ import annotations
 
+import os
 import time
 
 from mps_health.config import Config
 from mps_health.facts import Facts
-from mps_health.facts_deep import LogFinding, LogsFacts
+from mps_health.facts_deep import LogFileFact, LogFinding, LogsFacts
 from mps_health.probes.logs import settings
 from mps_health.results import OK, UNKNOWN, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterator, List, Sequence
+    from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
 
 NAME = "logs"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -48,11 +49,13 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def _resolved(p: LogFinding, findings: Sequence[LogFinding], alive: Sequence[int]) -> bool:
+def _resolved(p: LogFinding, started: Mapping[Tuple[str, int], float],
+              alive: AbstractSet[int]) -> bool:
+    """A pending client is no longer waiting: it exited, or a server of its user started
+    in its log dir since (``started``: the last such start per log dir and uid)."""
     if p.pid not in alive:
         return True  # the client exited (served, gave up, or killed)
-    return any(f.code == "log-server-start" and f.log_dir == p.log_dir and f.uid == p.uid
-               and f.at >= p.at for f in findings)
+    return started.get((p.log_dir, p.uid), float("-inf")) >= p.at
 
 
 def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
@@ -60,8 +63,15 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
     cfg = settings(config)
     now = lf.taken_at
     recent = [f for f in findings if now - f.at <= cfg.window_s]
+    # Indexed once: many findings stay linear.
+    started: Dict[Tuple[str, int], float] = {}
+    for f in findings:
+        if f.code == "log-server-start":
+            key = (f.log_dir, f.uid)
+            started[key] = max(f.at, started.get(key, f.at))
+    alive = set(lf.alive)
     waiting = [p for p in findings if p.code == "log-pending-client"
-               and not _resolved(p, findings, lf.alive) and now - p.at >= cfg.pending_warn_s]
+               and not _resolved(p, started, alive) and now - p.at >= cfg.pending_warn_s]
     values = (("log_findings", float(sum(f.code in MEANING for f in recent))),
               ("pending_clients", float(len(waiting))))
     found = False
@@ -95,17 +105,24 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
     done = set()
+    # By dir once, not a scan of every file and finding per instance.
+    files_in: Dict[str, List[LogFileFact]] = {}
+    for lfile in lf.files:
+        files_in.setdefault(os.path.dirname(lfile.path), []).append(lfile)
+    findings_in: Dict[str, List[LogFinding]] = {}
+    for finding in lf.findings:
+        findings_in.setdefault(finding.log_dir, []).append(finding)
     for inst in facts.instances:
         if inst.log_dir in done:
             continue
         done.add(inst.log_dir)
-        files = [f for f in lf.files if f.path.startswith(inst.log_dir.rstrip("/") + "/")]
+        files = files_in.get(inst.log_dir.rstrip("/") or "/", [])
         if files and all(f.status == "error" for f in files):
             yield Result(NAME, UNKNOWN, "logs-unreadable", inst.name,
                          "; ".join(f"{f.path}: {f.detail}" for f in files),
                          "run the check as root")
             continue
-        mine = [f for f in lf.findings if f.log_dir == inst.log_dir]
+        mine = findings_in.get(inst.log_dir, [])
         yield from judge(inst.name, mine, lf, config)
     if lf.state_error:
         yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")

@@ -23,12 +23,13 @@ CODES = ("daemon-unexpected", "server-orphaned")
 
 def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
     live_controls = {p.pid: p for p in procs if p.role == "control" and p.state not in "ZX"}
+    # Sets, not a scan of every control per server: many processes stay linear.
+    control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
     for p in procs:
         if p.role != "server" or p.state in ("Z", "X"):
             continue
         parent_alive = p.ppid in live_controls
-        same_dir = any(c.pipe_dir is not None and c.pipe_dir == p.pipe_dir
-                       for c in live_controls.values())
+        same_dir = p.pipe_dir in control_dirs
         if not parent_alive and not same_dir:
             yield Result(NAME, CRITICAL, "server-orphaned", "",
                          f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}) runs with no control "

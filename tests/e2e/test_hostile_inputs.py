@@ -150,6 +150,15 @@ def test_replay_judges_at_most_max_instances_and_says_so(tmp_path: Path) -> None
         in r.stdout
 
 
+def test_clients_replay_lists_at_most_max_instances(tmp_path: Path) -> None:
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(many_instances(2000, 100)))
+    r = mps_health("clients", "--replay", str(path), preexec_fn=memory_cap(512 * MiB),
+                   timeout=300)
+    listed = [line for line in r.stdout.splitlines() if line.startswith("instance job")]
+    assert len(listed) == 100, r.stdout[-500:] + r.stderr[-500:]
+
+
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_many_instances_stream_out_in_bounded_memory(tmp_path: Path, fmt: str) -> None:
     # 20000 judged instances, 80000 results: building the JSON document and its text
