@@ -33,6 +33,7 @@ from ..facts_deep import (
     ServersFacts,
 )
 from ..pidfile import read_pid
+from ..process_identity import is_daemon
 from ..safefiles import read_small
 from ..users import name_of
 from . import control, proc
@@ -105,8 +106,8 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
     pid = read_pid(ctx.path(inst.pipe_dir))
     if pid is None:
         return None, None, True
-    fact = proc.read_process(ctx.proc, pid)
-    if fact is None or fact.role != "control" or fact.state in ("Z", "X"):
+    fact = proc.read_process(ctx.proc, pid, proc.binaries_here(ctx))
+    if fact is None or not is_daemon(fact):
         return None, None, True
     try:
         tids = os.listdir(f"{ctx.proc}/{pid}/task")
