@@ -81,6 +81,8 @@ def measure(args: List[str], work: Path) -> Tuple[float, float, int, str]:
         p.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - t0
     first = (err.read_text(errors="replace").splitlines() or [""])[0]
+    if p.returncode not in (0, 1, 2, 3):
+        print(f"  (exit {p.returncode}: {first[:200]})")
     return seconds, usage.ru_maxrss / 1024, out.stat().st_size, first[:120]
 
 
@@ -102,7 +104,7 @@ def main() -> int:
         path, n, cap, daemons = args.make
         Path(path).write_text(json.dumps(snapshot(int(n), int(cap), daemons == "1")))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="mpsh-hostile-"))
+    work = Path(tempfile.mkdtemp(prefix="mps-health-bench-"))
     try:
         run(args, work)
     finally:
