@@ -5,6 +5,9 @@ Everything is measured in one run and printed as ratios, so the figures do not d
 on the machine's speed:
 
 * baseline: `python3 -c pass` with the same interpreter that runs mps-health;
+* `python3 -c "import re"`: the entry script that pip (and installer, dh-virtualenv)
+  writes for `mps-health` imports re before any mps-health code runs, so this is the
+  floor of the installed command; what the check costs beyond it is mps-health's own;
 * `mps-health check` on a healthy node (one daemon answering);
 * `check_mps`, the Nagios plugin, on the same node, against `mps-health check`;
 * a hand audit as a shell script, as sites run one without mps-health: pgrep, the
@@ -16,7 +19,13 @@ On a machine without a GPU the daemon is tests/fakes' fake, and its client is th
 version (tests/fakes/fast_client.c) so the query costs what the real C client costs.
 On a GPU node (--real) the real nvidia-cuda-mps-control is used.
 
-Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON]
+With --instructions (valgrind installed), each of python3 -c pass, import re, the check
+and check_mps also runs once under valgrind's cachegrind, which counts the instructions
+the process executes in user space: the same count on a busy machine as on an idle one
+(unlike wall or CPU time), so it shows what a change saves where other helpers load the
+machine. It leaves out the kernel's share (exec, page faults, the client process).
+
+Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON] [--instructions]
 PYTHON must have mps-health installed (not editable: an editable install adds its
 finder to every interpreter start, the baseline's too), and should start as fast as a
 plain interpreter does (compare its `-c pass` with `-S -E -c pass` below).
@@ -29,6 +38,7 @@ is read), and the host's state is left alone. PYTHON must live elsewhere.
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -52,18 +62,55 @@ exit 0
 """
 
 
+# CPU seconds (user + system) of each timed command and what it waited for, by argv: on
+# a loaded machine wall times swing with the load, CPU time much less.
+CPU: Dict[str, List[float]] = {}
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def timed(argv: List[str], env: Dict[str, str], runs: int, timeout: float = 60) -> List[float]:
     out = []
     for _ in range(runs):
+        c0 = children_cpu()
         t0 = time.perf_counter()
         subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=timeout)
         out.append(time.perf_counter() - t0)
+        CPU.setdefault(" ".join(argv), []).append(children_cpu() - c0)
     return out
+
+
+def cpu_ratio(argv: List[str], base: List[str]) -> str:
+    mine, theirs = med(CPU[" ".join(argv)]), med(CPU[" ".join(base)])
+    return f"CPU {mine * 1000:.1f} ms, ratio {mine / theirs:.2f}"
+
+
+def instructions(argv: List[str], env: Dict[str, str], logs: Path) -> int:
+    """User-space instructions ``argv`` executes (valgrind; its children run natively)."""
+    logs.mkdir(exist_ok=True)
+    log = logs / "cachegrind.log"
+    subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                    "--cachegrind-out-file=/dev/null", f"--log-file={log}", *argv],
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    for line in log.read_text().splitlines():
+        if "I   refs:" in line:
+            return int(line.rsplit(":", 1)[1].replace(",", ""))
+    raise RuntimeError(f"valgrind counted nothing for {argv}: {log.read_text()[-300:]}")
 
 
 def med(xs: List[float]) -> float:
     return statistics.median(xs)
+
+
+def spread(num: List[float], den: List[float]) -> str:
+    """The quartiles of the per-round ratios (both series ran in the same rounds)."""
+    ratios = sorted(n / d for n, d in zip(num, den))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"per-round ratio quartiles {q[0]:.2f}-{q[2]:.2f}"
 
 
 def build_fast_client(bindir: Path) -> Optional[Path]:
@@ -101,6 +148,8 @@ def main() -> int:
     ap.add_argument("--real", action="store_true", help="use the real MPS binaries (GPU node)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--control-timeout", type=float, default=2.0)
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count instructions under valgrind (load-independent)")
     args = ap.parse_args()
     private_namespace()
 
@@ -156,12 +205,14 @@ def main() -> int:
                       "from mps_health.cli import main; rc = main(sys.argv[1:]); "
                       "sys.stdout.flush(); os._exit(rc)", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
-        results: Dict[str, List[float]] = {"python": [], "isolated": [], "check": [],
+        results: Dict[str, List[float]] = {"python": [], "isolated": [], "entry": [],
+                                           "check": [],
                                            "bare": [], "core": [], "config": [], "audit": [],
                                            "plugin": []}
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
             results["isolated"] += timed([args.python, "-S", "-E", "-c", "pass"], env, 1)
+            results["entry"] += timed([args.python, "-c", "import re"], env, 1)
             results["bare"] += timed(bare_check, env, 1)
             results["core"] += timed(core_only, env, 1)
             results["check"] += timed(check, env, 1)
@@ -174,14 +225,23 @@ def main() -> int:
         print(f"  python3 -c pass          {base * 1000:7.1f} ms  (baseline)")
         print(f"  python3 -S -E -c pass    {iso * 1000:7.1f} ms  (no site-packages at all: "
               "what this interpreter's .pth files cost is the difference)")
+        e = med(results["entry"])
+        print(f"  python3 -c 'import re'   {e * 1000:7.1f} ms  ratio {e / base:.2f} (the floor: "
+              "what the installed entry script imports before mps-health runs)")
         c = med(results["check"])
         what = "no config file" if use_defaults else "with a config file"
         print(f"  mps-health check         {c * 1000:7.1f} ms  ratio {c / base:.2f} "
-              f"(goal <= 2.0; {what})")
-        print(f"  check beyond the baseline: {(c - base) * 1000:+.1f} ms")
+              f"(goal <= 2.0; {what}; {spread(results['check'], results['python'])})")
+        print(f"  check beyond the baseline: {(c - base) * 1000:+.1f} ms; beyond the floor: "
+              f"{(c - e) * 1000:+.1f} ms")
+        py = [args.python, "-c", "pass"]
+        print(f"  CPU time (user + system, median): python3 -c pass "
+              f"{med(CPU[' '.join(py)]) * 1000:.1f} ms; import re: "
+              f"{cpu_ratio([args.python, '-c', 'import re'], py)}; check: "
+              f"{cpu_ratio(check, py)}")
         n = med(results["plugin"])
         print(f"  check_mps                {n * 1000:7.1f} ms  ratio {n / c:.2f} against "
-              "mps-health check (goal <= 1.1)")
+              f"mps-health check (goal <= 1.1; {spread(results['plugin'], results['check'])})")
         b = med(results["bare"])
         print(f"  check under python3 -S -E {b * 1000:6.1f} ms  ratio {b / iso:.2f} against "
               "python3 -S -E -c pass (the check's own cost, no .pth at all)")
@@ -192,6 +252,18 @@ def main() -> int:
         print(f"  ... with a config file   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed)")
         a = med(results["audit"])
         print(f"  hand audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
+
+        if args.instructions and shutil.which("valgrind"):
+            counted = {name: instructions(argv, env, work / "valgrind") for name, argv in (
+                ("python3 -c pass", [args.python, "-c", "pass"]),
+                ("python3 -c 'import re'", [args.python, "-c", "import re"]),
+                ("mps-health check", check), ("check_mps", plugin))}
+            one = counted["python3 -c pass"]
+            print("\ninstructions in user space (valgrind), ratio to python3 -c pass:")
+            for name, n in counted.items():
+                print(f"  {name:24} {n / 1e6:7.1f} M  ratio {n / one:.2f}")
+        elif args.instructions:
+            print("\n(valgrind not installed: no instruction counts)")
 
         # Wedged daemon.
         os.kill(pid, signal.SIGSTOP)

@@ -23,16 +23,30 @@ CODES = ("tmpfiles-unguarded",)
 AGING_TYPES = frozenset("dDevqQ")
 
 
+GLOB = "*?["
+
+
 def path_match(pattern: str, path: str) -> bool:
     """fnmatch with FNM_PATHNAME: '*' never crosses a '/'."""
-    if not any(c in pattern for c in "*?["):
+    if not any(c in pattern for c in GLOB):
         return pattern.rstrip("/") == path.rstrip("/")
-    from fnmatch import fnmatchcase  # only for glob rules
-
     pat_parts = pattern.rstrip("/").split("/")
     path_parts = path.rstrip("/").split("/")
     return len(pat_parts) == len(path_parts) and all(
-        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
+        _part_match(pat, name) for name, pat in zip(path_parts, pat_parts))
+
+
+def _part_match(pattern: str, name: str) -> bool:
+    """One component. A glob is compiled to a regex only when the literal text before its
+    first wildcard fits: most rules (/tmp/systemd-private-*) are ruled out for free."""
+    first = min((i for i in map(pattern.find, GLOB) if i >= 0), default=-1)
+    if first < 0:
+        return pattern == name
+    if not name.startswith(pattern[:first]):
+        return False
+    from fnmatch import fnmatchcase
+
+    return fnmatchcase(name, pattern)
 
 
 def _ancestors_and_self(path: str) -> Tuple[str, ...]:

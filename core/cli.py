@@ -68,6 +68,8 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 def _say(line: str) -> None:
     from .printable import printable
 
+    if sys.stderr is None:  # started with stderr closed (print would fall back to stdout)
+        return
     try:
         print(printable(line), file=sys.stderr, flush=True)  # one line: may quote a path
     except (OSError, ValueError):

@@ -14,10 +14,10 @@ limit (the whole run) are decided here, for every command, once.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from . import __version__, instances, registry
+from .background import Background
 from .config import Config
 from .context import Context, node_name
 from .exitcodes import Failure
@@ -75,12 +75,13 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
     ``time.monotonic()``; default now).
 
-    ``work`` runs in a daemon thread, so nothing it blocks on (a FIFO, a hung NFS read,
-    a process in D state) can hold the caller; ``in_flight`` is a set it keeps the names
-    of what it is doing in, for the Overrun's line. At the limit every command started
-    meanwhile (``runner``) is killed with its process group; the thread itself is left
-    behind and dies with the process. A signal (SIGALRM) cannot do this: the handler's
-    exception would be caught as a probe's failure, and it runs only in the main thread.
+    ``work`` runs in a thread of its own (``Background``), so nothing it blocks on (a
+    FIFO, a hung NFS read, a process in D state) can hold the caller; ``in_flight`` is a
+    set it keeps the names of what it is doing in, for the Overrun's line. At the limit
+    every command started meanwhile (``runner``) is killed with its process group; the
+    thread itself is left behind and dies with the process. A signal (SIGALRM) cannot do
+    this: the handler's exception would be caught as a probe's failure, and it runs only
+    in the main thread.
     """
     started = time.monotonic() if since is None else since
     in_flight: Set[str] = set()
@@ -93,10 +94,7 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
         except BaseException as e:  # handed to the caller as it is
             failed.append(e)
 
-    t = threading.Thread(target=target, name="mps-health-run", daemon=True)
-    t.start()
-    t.join(max(0.0, limit_s - (time.monotonic() - started)))
-    if t.is_alive():
+    if not Background(target).join(limit_s - (time.monotonic() - started)):
         import sys
 
         runner = sys.modules.get("mps_health.runner")  # not loaded: nothing was started
@@ -185,18 +183,12 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         durations[src.name] = time.monotonic() - t0
         doing.discard(src.name)
 
-    threads: List[Tuple[registry.Source, threading.Thread]] = []
-    for src in wanted:
-        if src.blocking:
-            t = threading.Thread(target=collect, args=(src,), daemon=True)
-            t.start()
-            threads.append((src, t))
+    threads = [(src, Background(collect, src)) for src in wanted if src.blocking]
     for src in wanted:
         if not src.blocking:
             collect(src)
     for src, t in threads:
-        t.join(ctx.remaining() + JOIN_GRACE_S)
-        if t.is_alive():
+        if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
     # Once more with every fact in: a hook that changed an instance meanwhile recorded it
     # before acting, so what the facts saw of that change is never judged.

@@ -7,10 +7,11 @@ their own meaning: 0 done or nothing to do, 1 refused or differs (nothing change
 ``--diff`` exits 1 when the files differ.
 """
 
-from enum import IntEnum
 
+class ExitCode:
+    """The codes as plain ints: an IntEnum would cost every run its construction, and
+    ``os._exit``, Nagios and slurmd read numbers."""
 
-class ExitCode(IntEnum):
     OK = 0
     WARNING = 1
     CRITICAL = 2

@@ -1,8 +1,9 @@
 """``typing.NamedTuple`` at run time, without importing ``typing``.
 
 The fast path (``mps-health check``, ``check_mps``) builds some forty frozen records at
-import. ``typing`` costs milliseconds to import and ``typing.NamedTuple`` more per class
-than ``collections.namedtuple``, which is what it calls in the end. Modules write::
+import. ``typing`` costs milliseconds to import, and ``typing.NamedTuple`` and
+``collections.namedtuple`` compile a ``__new__`` from source for every class (about
+0.1 ms each here, 4 ms a check). Modules write::
 
     TYPE_CHECKING = False
     if TYPE_CHECKING:
@@ -13,13 +14,98 @@ than ``collections.namedtuple``, which is what it calls in the end. Modules writ
 and declare records exactly as for typing (annotated fields, defaults, methods,
 properties, a docstring); annotations stay text (``from __future__ import
 annotations``), which ``codec`` reads for snapshots and state.
+
+A record here is a tuple subclass that behaves as a namedtuple does (``_fields``,
+``_field_defaults``, ``_make``, ``_replace``, ``_asdict``, keyword arguments, defaults,
+repr, pickling, the same TypeErrors): its methods are written once, in ``_Record``, so
+making a class compiles nothing. tests/unit/test_frozen.py compares it with
+``typing.NamedTuple``.
 """
 
-from collections import namedtuple
+from __future__ import annotations
 
-# Class-body names that are not methods to copy onto the record.
-_SKIP = frozenset(("__module__", "__qualname__", "__annotations__", "__slots__",
-                   "__orig_bases__", "__classcell__"))
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Dict, Tuple
+
+try:
+    from _collections import _tuplegetter  # the C field accessor namedtuple uses
+except ImportError:  # another Python implementation
+    from operator import itemgetter
+
+    def _tuplegetter(index: int, doc: str) -> property:
+        return property(itemgetter(index), doc=doc)
+
+_tuple_new = tuple.__new__
+
+# Class-body names that are typing's, not the record's.
+_SKIP = frozenset(("__slots__", "__orig_bases__"))
+
+
+def _bind(cls: type, args: tuple, kwargs: dict) -> tuple:
+    """The field values of ``cls(*args, **kwargs)``, with namedtuple's TypeErrors."""
+    fields = cls._fields  # type: ignore[attr-defined]
+    if len(args) > len(fields):
+        raise TypeError(f"{cls.__name__}.__new__() takes {len(fields) + 1} positional "
+                        f"arguments but {len(args) + 1} were given")
+    for name in fields[:len(args)]:
+        if name in kwargs:
+            raise TypeError(f"{cls.__name__}.__new__() got multiple values for argument "
+                            f"'{name}'")
+    defaults = cls._field_defaults  # type: ignore[attr-defined]
+    values = list(args)
+    missing = []
+    for name in fields[len(args):]:
+        if name in kwargs:
+            values.append(kwargs.pop(name))
+        elif name in defaults:
+            values.append(defaults[name])
+        else:
+            missing.append(name)
+    if kwargs:
+        raise TypeError(f"{cls.__name__}.__new__() got an unexpected keyword argument "
+                        f"'{next(iter(kwargs))}'")
+    if missing:
+        names = ", ".join(repr(n) for n in missing)
+        raise TypeError(f"{cls.__name__}.__new__() missing {len(missing)} required "
+                        f"argument{'s' if len(missing) > 1 else ''}: {names}")
+    return tuple(values)
+
+
+class _Record(tuple):
+    """What every record shares (namedtuple writes these anew for each class)."""
+
+    __slots__ = ()
+    _fields: ClassVar[Tuple[str, ...]] = ()
+    _field_defaults: ClassVar[Dict[str, Any]] = {}
+
+    def __new__(cls, *args, **kwargs):
+        if kwargs or len(args) != len(cls._fields):
+            args = _bind(cls, args, kwargs)
+        return _tuple_new(cls, args)
+
+    @classmethod
+    def _make(cls, iterable):
+        result = _tuple_new(cls, iterable)
+        if len(result) != len(cls._fields):
+            raise TypeError(f"Expected {len(cls._fields)} arguments, got {len(result)}")
+        return result
+
+    def _replace(self, /, **kwds):
+        result = self._make(map(kwds.pop, self._fields, self))
+        if kwds:
+            raise ValueError(f"Got unexpected field names: {list(kwds)!r}")
+        return result
+
+    def __repr__(self) -> str:
+        return type(self).__name__ + "(" + ", ".join(
+            f"{name}={value!r}" for name, value in zip(self._fields, self)) + ")"
+
+    def _asdict(self) -> dict:
+        return dict(zip(self._fields, self))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
 
 
 class _Maker(type):
@@ -27,22 +113,21 @@ class _Maker(type):
         if ns.get("_is_root"):
             return super().__new__(mcls, name, bases, ns)
         annotations = dict(ns.get("__annotations__", {}))
-        fields = list(annotations)
-        defaults = [ns[f] for f in fields if f in ns]
-        if any(f not in ns for f in fields[len(fields) - len(defaults):]):
+        fields = tuple(annotations)
+        defaults = {f: ns[f] for f in fields if f in ns}
+        if any(f not in defaults for f in fields[len(fields) - len(defaults):]):
             raise TypeError(f"{name}: a field without a default follows one with a default")
-        cls = namedtuple(name, fields, defaults=defaults,  # type: ignore[misc]
-                         module=ns.get("__module__"))
-        cls.__annotations__ = annotations
-        cls.__qualname__ = ns.get("__qualname__", name)
-        for key, value in ns.items():
-            if key not in _SKIP and key not in annotations:
-                setattr(cls, key, value)
-        return cls
+        body = {k: v for k, v in ns.items() if k not in _SKIP}
+        body.setdefault("__doc__", f"{name}({', '.join(fields)})")
+        body.update(__slots__=(), _fields=fields, _field_defaults=defaults,
+                    __match_args__=fields, __annotations__=annotations)
+        for index, field in enumerate(fields):
+            body[field] = _tuplegetter(index, f"Alias for field number {index}")
+        return type(name, (_Record,), body)
 
 
 class NamedTuple(metaclass=_Maker):
-    """Base of a frozen record: subclasses become ``collections.namedtuple`` classes."""
+    """Base of a frozen record: subclasses become namedtuple-like ``tuple`` classes."""
 
     _is_root = True
 

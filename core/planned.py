@@ -32,10 +32,8 @@ KEEP_S = 7 * 86400.0
 
 def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
     """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
-    import math
-
-    fresh = [r for r in records if isinstance(r.at, float) and math.isfinite(r.at)
-             and now - KEEP_S <= r.at <= now + 60.0]
+    # nan and the infinities fail the range comparison.
+    fresh = [r for r in records if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0]
     return tuple(sorted(fresh, key=lambda r: r.at)[-MAX_RECORDS:])
 
 

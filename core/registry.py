@@ -11,6 +11,8 @@ config imports it, and it declares itself as the built-ins below do, with a
 
 from __future__ import annotations
 
+import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, NamedTuple, Tuple
@@ -80,10 +82,11 @@ def load_site_module(module: str) -> None:
 
 
 def load(target: str):  # -> the object named "module:attr"
-    import importlib
-
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    # importlib.import_module without importing importlib (and the warnings it imports):
+    # the same for an absolute name.
+    __import__(module)
+    return getattr(sys.modules[module], attr)
 
 
 # --- fact sources -----------------------------------------------------------------

@@ -31,7 +31,6 @@ renames after a fresh look: still no link followed, only the race window is wide
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -297,8 +296,10 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
         finally:
             if not placed:
                 os.close(fd)
-                with contextlib.suppress(OSError):
+                try:
                     os.rmdir(tmp, dir_fd=parent_fd)
+                except OSError:
+                    pass
     raise UnsafePath(errno.EAGAIN, f"{name}: replaced {TRIES} times while we made it")
 
 

@@ -19,7 +19,6 @@ tmpfiles.d, gres.conf). The config and snapshots are read through it too
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -57,11 +56,15 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(pfd)  # the rename itself, durable (some file systems refuse: fine)
+        except OSError:
+            pass
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
         raise
     finally:
         os.close(pfd)

@@ -1,6 +1,6 @@
-"""Test helpers for the per-job hooks: a private "site" (parent dir, config, installed hooks).
+"""Test helpers for the per-job hooks on a site: parent dir, config, installed hooks.
 
-A site is a root-owned sticky dir under /tmp standing in for /tmp itself, a config
+The site (tests/nodesite.py) holds a root-owned sticky dir standing in for /tmp, a config
 with the per-job layout pointing there and at the fake control binary, and the three
 hook scripts written by ``mps-health slurm install``. The hooks run with the
 environment slurmd was seen to give them (tests/fixtures/slurm_hook_env__*), as root
@@ -8,19 +8,16 @@ or as the test user. Teardown ends, by PID verified in /proc, any MPS process wh
 environment names the site, and removes it.
 """
 
-import contextlib
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from clirun import argv
+from nodesite import Site
 from paths import FAKE_CONTROL, FIXTURES, REPO
 
 MAPPED = ("checks", "exporters", "remediation", "slurm")
@@ -82,42 +79,31 @@ def user_python(base: Path, user: str) -> Optional[str]:
     return python if r.returncode == 0 else None
 
 
-class Site:
-    """A parent dir standing in for /tmp, a per-job config, and the installed hooks."""
+class JobHooks:
+    """The per-job layout on a site (tests/nodesite.py): a parent dir standing in for /tmp,
+    a per-job config, Slurm's job list, and the hooks installed by ``mps-health slurm
+    install``; ``jobs`` adds to the config's jobs section. Closing closes the site (a
+    fresh one unless given)."""
 
-    def __init__(self, user: str, python: str, extra_config: str = "",
+    def __init__(self, user: str, python: str, jobs: Mapping[str, Any] = {},
                  pipe: str = "nvidia-mps_job{job}", log: str = "nvidia-log_job{job}",
                  control: str = FAKE_CONTROL,
-                 mps_health: Sequence[str] = tuple(argv("mps-health"))) -> None:
+                 mps_health: Sequence[str] = tuple(argv("mps-health")),
+                 site: Optional[Site] = None) -> None:
         self.user = user
         self.python = python
         self.pw = pwd.getpwnam(user)
-        self.base = Path(tempfile.mkdtemp(prefix="mpsh-site-", dir="/tmp"))
-        self.base.chmod(0o755)
-        self.parent = self.base / "tmp"
-        self.parent.mkdir()
-        self.parent.chmod(0o1777)  # like /tmp: sticky, everyone may create
+        self.site = site or Site.create()
+        self.base = self.site.root
+        self.parent = self.site.sticky_tmp()
         self.hooks = self.base / "hooks"
         self.hooks.mkdir()
-        self.config = self.base / "config.yaml"
-        self.config.write_text(f"""
-run_dir: {self.base}/run
-state_dir: {self.base}/state
-mps:
-  layout: per-job
-  pipe_dir: {self.parent}/{pipe}
-  log_dir: {self.parent}/{log}
-  dir_mode: '0700'
-commands:
-  nvidia-cuda-mps-control: {control}
-  squeue: {self.base}/squeue
-jobs:
-  start_timeout_s: 10
-  quit_timeout_s: 2
-  kill_grace_s: 1
-{extra_config}
-""")
-        self.config.chmod(0o644)
+        self.pipe_template, self.log_template = f"{self.parent}/{pipe}", f"{self.parent}/{log}"
+        self.settings = {
+            "mps": {"layout": "per-job", "dir_mode": "0700"},
+            "commands": {"nvidia-cuda-mps-control": control, "squeue": f"{self.base}/squeue"},
+            "jobs": {"start_timeout_s": 10, "quit_timeout_s": 2, "kill_grace_s": 1, **jobs}}
+        self.config = Path(self.configure())
         self.slurm_runs()  # Slurm's view of the node: no job yet
         # Installed by the mps-health that will run them (a Slurm root's has its own).
         self.mps_health = list(mps_health)
@@ -128,11 +114,17 @@ jobs:
             raise RuntimeError(f"mps-health slurm install failed: {r.stderr}")
         self.install_output = r.stdout
 
+    def configure(self, **sections: Any) -> str:
+        """(Re)write the config, which the hooks read at each run: this layout with
+        ``sections`` merged over it."""
+        return self.site.config(self.settings, pipe=self.pipe_template, log=self.log_template,
+                                **sections)
+
     def slurm_runs(self, *jobs: str) -> None:
         """What squeue says runs on this node: ``jobs``, each of this site's user."""
-        from hostile import fake_squeue, squeue_line
+        from hostile import squeue_line
 
-        fake_squeue(self.base, [squeue_line(j, self.user) for j in jobs])
+        self.site.squeue(*(squeue_line(j, self.user) for j in jobs))
 
     def env(self, hook: str, job: str, label: str = "mps-50", **overrides: str
             ) -> Dict[str, str]:
@@ -154,41 +146,17 @@ jobs:
                               **as_user_kwargs(self.user if as_user else None))
 
     def pipe_dir(self, job: str, gpu: str = "") -> Path:
-        text = self.config.read_text()
-        line = next(x for x in text.splitlines() if x.strip().startswith("pipe_dir:"))
-        return Path(line.split(":", 1)[1].strip().format(job=job, gpu=gpu))
+        return Path(self.pipe_template.format(job=job, gpu=gpu))
 
     def entries(self) -> List[str]:
         return sorted(os.listdir(self.parent))
 
     def processes(self) -> List[int]:
-        """Live PIDs whose environment names a path in this site (MPS daemons and servers)."""
-        marker = f"={self.parent}/".encode()
-        found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{name}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z" and any(e.startswith(b"CUDA_MPS_PIPE_DIRECTORY") and marker in e
-                                    for e in env):
-                found.append(int(name))
-        return sorted(found)
+        """Live PIDs whose CUDA_MPS_PIPE_DIRECTORY lies in this site (daemons, servers)."""
+        return self.site.processes()
 
     def close(self) -> None:
-        for pid in self.processes():  # each found by its environment just now
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while self.processes() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        shutil.rmtree(self.base, ignore_errors=True)
+        self.site.close()
 
 
 def proc_uid(pid: int) -> int:

@@ -94,6 +94,15 @@ class Site:
     def state_dir(self) -> Path:
         return self.root / "state"
 
+    @property
+    def pipe(self) -> Path:
+        """Instance "mps"'s pipe dir (made by dirs() or start_daemon())."""
+        return self.root / "mps-pipe"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "mps-log"
+
     def dirs(self, name: str = "mps", mode: int = 0o777) -> Tuple[Path, Path]:
         """The pipe and log dir of instance ``name`` (made with ``mode`` if missing)."""
         pipe, log = self.root / f"{name}-pipe", self.root / f"{name}-log"
@@ -117,6 +126,13 @@ class Site:
         d.chmod(0o1777)
         return d
 
+    def per_job(self, **mps: Any) -> Config:
+        """The ``mps`` section of the per-job layout in sticky_tmp(), as the Prolog makes
+        it (dirs 0700, named by job), with ``mps`` merged over it; for config()."""
+        parent = self.sticky_tmp()
+        return {"mps": {"layout": "per-job", "pipe_dir": f"{parent}/nvidia-mps_job{{job}}",
+                        "log_dir": f"{parent}/nvidia-log_job{{job}}", "dir_mode": "0700", **mps}}
+
     def squeue(self, *lines: str) -> str:
         """A squeue in the root printing ``lines`` (made by hostile.squeue_line): the jobs
         Slurm runs on this node. Returns its path, for the config's ``commands:``."""
@@ -130,18 +146,20 @@ class Site:
         this site's run and state dirs, and ``extra`` merged over it."""
         base: Config = {
             "run_dir": str(self.run_dir), "state_dir": str(self.state_dir),
-            "mps": {"pipe_dir": str(pipe or self.root / "mps-pipe"),
-                    "log_dir": str(log or self.root / "mps-log")}}
+            "mps": {"pipe_dir": str(pipe or self.pipe), "log_dir": str(log or self.log)}}
         return merged(base, extra)
 
-    def config(self, extra: Union[str, Mapping[str, Any]] = "", *, file: str = "config.yaml",
+    def config(self, *extras: Union[str, Mapping[str, Any]], file: str = "config.yaml",
                pipe: Union[Path, str, None] = None, log: Union[Path, str, None] = None,
                **sections: Any) -> str:
         """Write the config (see config_dict) to ``file`` in the root; returns its path.
-        ``extra`` is YAML text or a dict; ``sections`` are top-level keys, merged last."""
+        Each of ``extras`` is YAML text or a dict, merged in order; ``sections`` are
+        top-level keys, merged last."""
         import yaml
 
-        more = yaml.safe_load(extra) or {} if isinstance(extra, str) else dict(extra)
+        more: Config = {}
+        for extra in extras:
+            more = merged(more, yaml.safe_load(extra) or {} if isinstance(extra, str) else extra)
         data = self.config_dict(merged(more, sections), pipe=pipe, log=log)
         return self.write(file, yaml.safe_dump(data, sort_keys=False))
 

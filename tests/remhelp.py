@@ -1,42 +1,19 @@
-"""Helpers for the remediation tests: private trees, configs, a test user, clean-up by PID."""
+"""Helpers for the remediation tests: their config settings, a test user, processes by PID."""
 
-import contextlib
 import os
 import pwd
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from conftest import FAKE_CONTROL
 from mps_health.probes.proc import read_processes
+from nodesite import Config, Site
+from paths import FAKE_CONTROL
 
 TEST_USER = "mpsh-remtest"
-
-
-def kill_daemons_under(base: str) -> None:
-    """End every fake MPS process whose pipe dir is under ``base`` (ours), by PID."""
-    for p in read_processes("/proc"):
-        if p.pipe_dir and p.pipe_dir.startswith(base.rstrip("/") + "/") and p.state != "Z":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)
-                os.kill(p.pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def tree() -> Iterator[Path]:
-    """A private dir others may traverse (a daemon run as the test user must reach it)."""
-    base = Path(tempfile.mkdtemp(prefix="mpsh-rem-", dir="/tmp"))
-    base.chmod(0o755)
-    try:
-        yield base
-    finally:
-        kill_daemons_under(str(base))
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -57,33 +34,16 @@ def test_user() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", TEST_USER], capture_output=True)
 
 
-def write_config(base: Path, extra: str = "", layout: str = "node", pipe: str = "",
-                 log: str = "", remediation: str = "") -> str:
-    pipe = pipe or f"{base}/pipe"
-    log = log or f"{base}/log"
-    text = f"""
-run_dir: {base}/run
-state_dir: {base}/state
-commands:
-  nvidia-cuda-mps-control: {FAKE_CONTROL}
-control:
-  timeout_s: 1.0
-mps:
-  layout: {layout}
-  pipe_dir: {pipe}
-  log_dir: {log}
-{extra}
-remediation:
-  audit_log: {base}/audit.log
-  syslog: false
-  quit_timeout_s: 2
-  term_timeout_s: 2
-  verify_timeout_s: 10
-{remediation}
-"""
-    path = base / "config.yaml"
-    path.write_text(text)
-    return str(path)
+def remediating(site: Site) -> Config:
+    """What the remediation tests add to a site's config: the fake control binary, short
+    timeouts, and the audit log in the site (never syslog)."""
+    return {
+        "commands": {"nvidia-cuda-mps-control": FAKE_CONTROL},
+        "control": {"timeout_s": 1.0},
+        "mps": {"layout": "node"},
+        "remediation": {"audit_log": f"{site.root}/audit.log", "syslog": False,
+                        "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10},
+    }
 
 
 def make_dirs(*paths: Path, mode: int = 0o777) -> None:

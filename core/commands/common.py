@@ -10,7 +10,6 @@ path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from ..config import Config, ConfigError, load
@@ -112,18 +111,22 @@ def written(produce: Callable[[TextIO], object]) -> None:
     except (OSError, ValueError) as e:  # ValueError: the file object was closed
         _discard(out)
         if sys.stderr is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 print(f"mps-health: cannot write the output: "
                       f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass
 
 
 def _discard(out: object) -> None:
     """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
     interpreter's last flush must not fail again."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
+    try:  # (no contextlib.suppress: this module is on every check's path)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, out.fileno())  # type: ignore[attr-defined]
         os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def load_config(args: argparse.Namespace) -> Config:

@@ -15,7 +15,6 @@ then cleared.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -271,9 +270,10 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
                                           now))
             files.append(LogFileFact(shown, "read", note, size))
     # A finding dated in the future (the clock stepped back, or a damaged logs.json with
-    # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite.
+    # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite
+    # (nan and the infinities fail the range comparison).
     merged = {f: None for f in (*memory.findings, *new)
-              if math.isfinite(f.at) and 0 <= f.at <= now + FUTURE_SLACK_S}
+              if 0 <= f.at <= now + FUTURE_SLACK_S}
     pending = [f.pid for f in merged if f.code == "log-pending-client"]
     alive = tuple(sorted({p for p in pending if _pid_alive(ctx.proc, p)}))
     kept = tuple(f for f in merged

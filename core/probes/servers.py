@@ -18,9 +18,9 @@ gathering: replay never writes.
 from __future__ import annotations
 
 import os
-import threading
 import time
 
+from ..background import Background
 from ..config import Config
 from ..context import Context
 from ..facts import Instance
@@ -316,9 +316,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     def one(inst: Instance) -> None:
         results[inst.name] = read_instance(ctx, inst)
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in instances]
-    for t in threads:
-        t.start()
+    threads = [Background(one, i) for i in instances]
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \

@@ -4,13 +4,12 @@ and no per-pipe-dir lock file stays behind."""
 
 import json
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 from clirun import mps_health
 from conftest import FAKE_CONTROL
-from hostile import ATTACKER, VICTIM, ensure_user, fake_squeue, public_dir, run_as, squeue_line
-
-__all__ = ["public_dir"]  # the fixture, used by name
+from hostile import ATTACKER, VICTIM, ensure_user, run_as, squeue_line
+from nodesite import Site
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -45,18 +44,13 @@ def most_at_once(log: Path) -> Tuple[int, int]:
     return started, peak
 
 
-def site(base: Path, extra: str, jobs: List[str]) -> Tuple[Path, Path, Path]:
-    parent = base / "tmp"
-    parent.mkdir()
-    parent.chmod(0o1777)
-    client, log = counting_client(base)
-    config = base / "config.yaml"
-    config.write_text(f"run_dir: {base}/run\nstate_dir: {base}/state\n"
-                      f"mps:\n  layout: per-job\n  pipe_dir: {parent}/nvidia-mps_job{{job}}\n"
-                      f"  log_dir: {parent}/nvidia-log_job{{job}}\n  dir_mode: '0700'\n{extra}"
-                      f"commands:\n  nvidia-cuda-mps-control: {client}\n"
-                      f"  squeue: {fake_squeue(base, jobs)}\n")
-    return config, parent, log
+def per_job(site: Site, jobs: List[str], **sections: Any) -> Tuple[Path, Path, Path]:
+    """A per-job config whose control client counts its runs, Slurm running ``jobs``."""
+    client, log = counting_client(site.root)
+    config = site.config(site.per_job(), sections,
+                         commands={"nvidia-cuda-mps-control": client,
+                                   "squeue": site.squeue(*jobs)})
+    return Path(config), site.sticky_tmp(), log
 
 
 def check(config: Path) -> Tuple[int, dict]:
@@ -65,8 +59,8 @@ def check(config: Path) -> Tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
-def test_three_thousand_strangers_dirs_start_no_client(public_dir: Path) -> None:
-    config, parent, log = site(public_dir, "", [])
+def test_three_thousand_strangers_dirs_start_no_client(site: Site) -> None:
+    config, parent, log = per_job(site, [])
     ensure_user(ATTACKER)
     r = run_as(ATTACKER, [SYSTEM_PYTHON, "-c", "import os,sys\nfor i in range(3000): "
                           "os.mkdir(f'{sys.argv[1]}/nvidia-mps_job{4000 + i}', 0o777)",
@@ -75,14 +69,14 @@ def test_three_thousand_strangers_dirs_start_no_client(public_dir: Path) -> None
     rc, report = check(config)
     assert (rc, report["problems"]) == (0, [])
     assert most_at_once(log) == (0, 0)
-    assert not list((public_dir / "run").glob("*.lock"))
+    assert not list((site.root / "run").glob("*.lock"))
 
 
-def test_instances_and_concurrent_clients_are_capped(public_dir: Path) -> None:
+def test_instances_and_concurrent_clients_are_capped(site: Site) -> None:
     pw = ensure_user(VICTIM)
     jobs = [str(j) for j in range(71, 77)]
-    config, parent, log = site(public_dir, "  max_instances: 4\ncontrol:\n  max_clients: 2\n",
-                               [squeue_line(j, VICTIM) for j in jobs])
+    config, parent, log = per_job(site, [squeue_line(j, VICTIM) for j in jobs],
+                                  mps={"max_instances": 4}, control={"max_clients": 2})
     for j in jobs:  # the victim's six jobs' dirs; their daemons are gone
         r = run_as(VICTIM, ["mkdir", "-m", "0700", str(parent / f"nvidia-mps_job{j}"),
                             str(parent / f"nvidia-log_job{j}")])
@@ -94,5 +88,5 @@ def test_instances_and_concurrent_clients_are_capped(public_dir: Path) -> None:
     assert {i for i, c in found if c == "control-absent"} == {f"job{j}" for j in jobs[:4]}
     assert most_at_once(log) == (4, 2)
     assert rc == 1  # the job user's own dirs: at most WARNING
-    assert not list((public_dir / "run").glob("*.lock"))
+    assert not list((site.root / "run").glob("*.lock"))
     assert pw.pw_uid != 0

@@ -125,12 +125,8 @@ def test_the_daemon_entries_of_the_daemons_user_pass(node) -> None:
 
 @pytest.fixture
 def per_job(site: Site) -> Tuple[Path, Path]:
-    parent = site.sticky_tmp()
-    config = site.config(
-        mps={"layout": "per-job", "pipe_dir": f"{parent}/nvidia-mps_job{{job}}",
-             "log_dir": f"{parent}/nvidia-log_job{{job}}", "dir_mode": "0700"},
-        commands={"squeue": site.squeue()})
-    return Path(config), parent
+    config = site.config(site.per_job(), commands={"squeue": site.squeue()})
+    return Path(config), site.sticky_tmp()
 
 
 def test_a_dir_named_like_a_job_that_slurm_does_not_run_here_is_not_an_instance(

@@ -8,6 +8,7 @@ Timings are pass/fail only as generous deadlines that tell "answered" from "hung
 import contextlib
 import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -36,9 +37,9 @@ def run_attack(*args: str, timeout: float = 120) -> dict:
 
 @contextlib.contextmanager
 def served(tmp_path: Path, config: str, *args: str, wrap: Tuple[str, ...] = ()
-           ) -> Iterator[Tuple[str, int, Path]]:
+           ) -> Iterator[Tuple[str, int, Path, subprocess.Popen]]:
     """The exporter on a free localhost port (run under ``wrap``, e.g. prlimit):
-    (base URL, port, its log)."""
+    (base URL, port, its log, its process)."""
     log = tmp_path / "exporter.log"
     command = [*wrap, *argv("mps-health", "exporter", "--config", config,
                             "--listen", "127.0.0.1:0", "--interval", "1", *args)]
@@ -52,7 +53,7 @@ def served(tmp_path: Path, config: str, *args: str, wrap: Tuple[str, ...] = ()
             return None
 
         url = wait_for("the exporter to listen", announced)
-        yield url, int(url.rsplit(":", 1)[1]), log
+        yield url, int(url.rsplit(":", 1)[1]), log, proc
 
 
 def runs_judged(body: str) -> Tuple[float, str, str]:
@@ -76,7 +77,7 @@ def test_flood_above_the_cap_leaves_scrapes_and_checks_working(tmp_path: Path,
     cfg = site.config("control:\n  timeout_s: 20\n  warn_latency_s: 15\n"
                       "exporter:\n  max_connections: 1000\n  header_timeout_s: 2\n")
     with served(tmp_path, cfg, "--only", "control,directories", "--budget", "30",
-                wrap=("prlimit", "--nofile=400:400")) as (url, port, log):
+                wrap=("prlimit", "--nofile=400:400")) as (url, port, log, _proc):
         start_line = log.read_text().splitlines()[0]
         assert "not exporter.max_connections 1000: the open-file limit 400 keeps 256 " \
                "for the checks" in start_line, start_line
@@ -128,7 +129,7 @@ def test_slowloris_is_closed_after_the_header_deadline(tmp_path: Path, site) -> 
     site.dirs()
     cfg = site.config("exporter:\n  header_timeout_s: 1\n"
                       "  idle_timeout_s: 3600\n")
-    with served(tmp_path, cfg) as (url, port, log):
+    with served(tmp_path, cfg) as (url, port, log, _proc):
         seen = run_attack("slowloris", str(port), "0.2", "60")
         assert seen["closed_after_s"] is not None, "a slowloris client was held for 60 s"
         assert get(url + "/metrics")[0] == 200
@@ -140,7 +141,7 @@ def test_client_that_never_reads_is_dropped_after_the_write_deadline(tmp_path: P
     site.dirs()
     cfg = site.config("exporter:\n  write_timeout_s: 1\n"
                       "  idle_timeout_s: 3600\n  header_timeout_s: 300\n")
-    with served(tmp_path, cfg) as (url, port, log):
+    with served(tmp_path, cfg) as (url, port, log, _proc):
         seen = run_attack("nonreader", str(port), "60")
         assert seen["dropped_after_s"] is not None, "a client that never reads was held 60 s"
         assert seen["requests"] > 1
@@ -155,7 +156,7 @@ def test_idle_kept_alive_connection_is_closed_after_the_idle_timeout(tmp_path: P
 
     site.dirs()
     cfg = site.config("exporter:\n  idle_timeout_s: 1\n")
-    with served(tmp_path, cfg) as (_url, port, log):
+    with served(tmp_path, cfg) as (_url, port, log, _proc):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             reply = b""
@@ -170,7 +171,7 @@ def test_oversized_request_head_is_refused_and_closed(tmp_path: Path, site) -> N
     import socket
 
     site.dirs()
-    with served(tmp_path, site.config()) as (url, port, _log):
+    with served(tmp_path, site.config()) as (url, port, _log, _proc):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(b"GET /" + b"a" * 20000)
             reply = b""
@@ -182,9 +183,9 @@ def test_oversized_request_head_is_refused_and_closed(tmp_path: Path, site) -> N
 
 def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site) -> None:
     site.dirs()
-    cfg = site.config("exporter:\n  max_connections: 20\n"
+    cfg = site.config("exporter:\n  max_connections: 64\n"
                       "  header_timeout_s: 0.5\n  write_timeout_s: 0.5\n")
-    with served(tmp_path, cfg) as (url, port, log):
+    with served(tmp_path, cfg) as (url, port, log, proc):
         attacks = [subprocess.Popen(attacker(*a), stdout=subprocess.DEVNULL,
                                     **as_user(ATTACKER))
                    for a in (("flood", str(port), "300", "8"),
@@ -194,6 +195,8 @@ def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site)
             for _ in range(10):
                 assert get(url + "/metrics", timeout=30)[0] == 200
                 time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)  # stops cleanly with the attack going on
+            assert proc.wait(30) == 0
         finally:
             for a in attacks:
                 a.wait(60)

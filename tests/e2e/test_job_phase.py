@@ -10,40 +10,33 @@ the verdict is not capped at WARNING as for dirs the job's user owns.
 
 import json
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import List, Tuple
 
 import pytest
 from clirun import mps_health
-from hostile import fake_squeue, public_dir, squeue_line
+from hostile import squeue_line
 from mps_health import planned
 from mps_health.facts_deep import PlannedRestart
 from mps_health.jobphase import PROLOG_LIMIT_S, SET_UP, TORN_DOWN, hook_phase, slurm_phase
 from mps_health.probes.slurm import SlurmJob
+from nodesite import Site
 from paths import FAKE_CONTROL
-
-__all__ = ["public_dir"]  # the fixture, used by name
 
 JOB = "4711"
 
 
 @pytest.fixture
-def site(public_dir: Path) -> Iterator[Tuple[Path, Path]]:
+def job_site(site: Site) -> Tuple[Path, Path]:
     """A per-job config over a sticky parent, and job 4711's dirs made as its Prolog
     would have made them, with no daemon running: judged, it is broken."""
-    parent = public_dir / "tmp"
-    parent.mkdir()
-    parent.chmod(0o1777)
+    parent = site.sticky_tmp()
     for name in (f"nvidia-mps_job{JOB}", f"nvidia-log_job{JOB}"):
         (parent / name).mkdir(mode=0o700)
-    config = public_dir / "config.yaml"
-    config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
-                      f"mps:\n  layout: per-job\n  pipe_dir: {parent}/nvidia-mps_job{{job}}\n"
-                      f"  log_dir: {parent}/nvidia-log_job{{job}}\n  dir_mode: '0700'\n"
-                      "  dir_owner: root\n  daemon_user: root\n"
-                      f"commands:\n  squeue: {fake_squeue(public_dir, [])}\n"
-                      f"  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
-                      "slurm:\n  job_grace_s: 60\n")
-    yield config, parent
+    config = site.config(site.per_job(dir_owner="root", daemon_user="root"),
+                         commands={"squeue": site.squeue(),
+                                   "nvidia-cuda-mps-control": FAKE_CONTROL},
+                         slurm={"job_grace_s": 60})
+    return Path(config), parent
 
 
 def check(config: Path) -> Tuple[int, List[Tuple[str, str, str]]]:
@@ -54,44 +47,44 @@ def check(config: Path) -> Tuple[int, List[Tuple[str, str, str]]]:
     return r.returncode, [(p["instance"], p["state"], p["code"]) for p in report["problems"]]
 
 
-def slurm_lists(public_dir: Path, state: str = "RUNNING", elapsed: str = "1:00:00") -> None:
-    fake_squeue(public_dir, [squeue_line(JOB, "root", 0, state, elapsed=elapsed)])
+def slurm_lists(site: Site, state: str = "RUNNING", elapsed: str = "1:00:00") -> None:
+    site.squeue(squeue_line(JOB, "root", 0, state, elapsed=elapsed))
 
 
-def test_a_dir_whose_job_slurm_does_not_list_is_not_judged(site, public_dir: Path) -> None:
-    config, _ = site
+def test_a_dir_whose_job_slurm_does_not_list_is_not_judged(job_site, site: Site) -> None:
+    config, _ = job_site
     assert check(config) == (0, [])
 
 
-def test_a_job_within_the_grace_is_not_judged(site, public_dir: Path) -> None:
-    config, _ = site
-    slurm_lists(public_dir, elapsed="0:59")
+def test_a_job_within_the_grace_is_not_judged(job_site, site: Site) -> None:
+    config, _ = job_site
+    slurm_lists(site, elapsed="0:59")
     assert check(config) == (0, [])
 
 
 @pytest.mark.parametrize("state", ["CONFIGURING", "COMPLETING"])
-def test_a_job_being_set_up_or_torn_down_by_slurm_is_not_judged(site, public_dir: Path,
+def test_a_job_being_set_up_or_torn_down_by_slurm_is_not_judged(job_site, site: Site,
                                                                   state: str) -> None:
-    config, _ = site
-    slurm_lists(public_dir, state)
+    config, _ = job_site
+    slurm_lists(site, state)
     assert check(config) == (0, [])
 
 
-def test_a_job_past_the_grace_with_a_broken_instance_is_critical(site, public_dir: Path
+def test_a_job_past_the_grace_with_a_broken_instance_is_critical(job_site, site: Site
                                                                  ) -> None:
-    config, _ = site
-    slurm_lists(public_dir, elapsed="1:00")
+    config, _ = job_site
+    slurm_lists(site, elapsed="1:00")
     rc, found = check(config)
     assert rc == 2 and (f"job{JOB}", "CRITICAL", "control-absent") in found, found
 
 
-def test_our_epilog_at_work_is_not_judged_until_a_new_prolog(site, public_dir: Path) -> None:
+def test_our_epilog_at_work_is_not_judged_until_a_new_prolog(job_site, site: Site) -> None:
     """Slurm still lists the job as RUNNING (its answer came before the job ended), but
     our Epilog recorded its tear-down before quitting the daemon."""
-    config, parent = site
-    state = str(public_dir / "state")
+    config, parent = job_site
+    state = str(site.root / "state")
     pipe = str(parent / f"nvidia-mps_job{JOB}")
-    slurm_lists(public_dir)
+    slurm_lists(site)
     assert planned.record(state, pipe, "prolog", 1234, 5678) == ""
     assert check(config)[0] == 2
     assert planned.record(state, pipe, "epilog") == ""
@@ -102,13 +95,13 @@ def test_our_epilog_at_work_is_not_judged_until_a_new_prolog(site, public_dir: P
     assert check(config)[0] == 2
 
 
-def test_a_non_root_user_cannot_write_the_records(site, public_dir: Path) -> None:
+def test_a_non_root_user_cannot_write_the_records(job_site, site: Site) -> None:
     """The records that spare an instance live in root's state dir."""
-    _, parent = site
-    planned.record(str(public_dir / "state"), str(parent / "x"), "prolog")
-    mode = (public_dir / "state").stat().st_mode & 0o777
+    _, parent = job_site
+    planned.record(str(site.root / "state"), str(parent / "x"), "prolog")
+    mode = (site.root / "state").stat().st_mode & 0o777
     assert mode & 0o022 == 0, oct(mode)
-    files = list((public_dir / "state").glob("planned*"))
+    files = list((site.root / "state").glob("planned*"))
     assert files and all(f.stat().st_mode & 0o022 == 0 and f.stat().st_uid == 0
                          for f in files)
 

@@ -1,6 +1,5 @@
 """Restarts mps-health makes itself are planned: no daemon-restarted warning for them,
 while an unplanned restart still warns, once per instance and code however often."""
-# ruff: noqa: F811  (the fixture tree comes from remhelp)
 
 from pathlib import Path
 
@@ -9,7 +8,7 @@ from mps_health import planned
 from mps_health.facts_deep import InstanceServers, PlannedRestart, ServerEvent, ServerMemory
 from mps_health.servertrack import MAX_EVENTS, advance
 from mpsdaemon import start_daemon
-from remhelp import daemons_of, kill_and_wait, make_dirs, tree, write_config  # noqa: F401
+from remhelp import daemons_of, kill_and_wait, make_dirs, remediating  # noqa: F401
 
 
 def servers(pid: int, start: int = 5) -> InstanceServers:
@@ -54,10 +53,10 @@ def test_events_are_bounded_per_instance() -> None:
     assert len(advance(m, servers(2, 2), (), 600.0, 3600).events) == MAX_EVENTS
 
 
-def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(tree: Path) -> None:
-    make_dirs(tree / "pipe", tree / "log")
-    cfg = write_config(tree)
-    start_daemon(tree / "pipe", tree / "log")
+def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(site) -> None:
+    site.dirs()
+    cfg = site.config(remediating(site))
+    start_daemon(site.pipe, site.log)
 
     def check() -> str:
         r = mps_health("check", "--config", cfg, "--only", "servers")
@@ -69,9 +68,9 @@ def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(tree: Path) 
     assert r.returncode == 0, r.stdout + r.stderr
     assert "daemon-restarted" not in check()  # our own restart: no alarm
     for _ in range(3):  # three unplanned restarts: one finding with a count
-        for pid in daemons_of(tree / "pipe"):
+        for pid in daemons_of(site.pipe):
             kill_and_wait(pid)
-        start_daemon(tree / "pipe", tree / "log")
+        start_daemon(site.pipe, site.log)
         out = check()
     lines = [ln for ln in out.splitlines() if "daemon-restarted" in ln]
     assert len(lines) == 2, out  # the summary and one finding

@@ -276,6 +276,14 @@ def test_closed_or_broken_stdout_keeps_the_exit_code(tmp_path: Path, command: st
     assert r.stderr == "mps-health: cannot write the output: No space left on device\n"
 
 
+def test_an_error_with_stderr_closed_never_lands_on_stdout(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")  # a config that cannot be read
+    r = subprocess.run(argv("mps-health", "check", "--config", str(tmp_path / "fifo")),
+                       preexec_fn=lambda: os.close(2), stdout=subprocess.PIPE, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stdout) == (3, "")
+
+
 # --- a full state dir: one line naming the file, the verdict stands ----------------------
 
 def test_a_full_state_dir_is_one_line_and_the_verdict_still_comes(site) -> None:

@@ -5,7 +5,7 @@ virtualenv with links to the commands, and configures a node whose MPS is broken
 daemon killed: stale pipe dir, mode 0700); the audit reports it, the reset repairs it, a
 second reset changes nothing; a reset refuses while a client is connected and -e
 force=true overrides it."""
-# ruff: noqa: F811  (the fixture tree comes from remhelp)
+# ruff: noqa: F811  (the fixtures dists and wheelhouse come from fleethelp)
 
 import json
 import os
@@ -21,7 +21,7 @@ from clirun import mps_health
 from conftest import FAKE_CONTROL
 from fleethelp import CONTRIB, dists, need, wheelhouse  # noqa: F401
 from mpsdaemon import start_daemon
-from remhelp import make_dirs, tree  # noqa: F401
+from remhelp import make_dirs
 
 ANSIBLE = CONTRIB / "ansible"
 
@@ -61,8 +61,8 @@ def wheel_folder(base: Path, wheelhouse: Path) -> Path:
     return wheels
 
 
-def test_role_audit_reset(tree: Path, dists, wheelhouse: Path) -> None:
-    base = tree
+def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
+    base = site.root
     wheels = wheel_folder(base, wheelhouse)
     source = base / "source"
     with tarfile.open(dists.sdist) as tar:

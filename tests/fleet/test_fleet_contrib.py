@@ -16,7 +16,8 @@ from clirun import argv, mps_health
 from conftest import FAKE_CONTROL, REPO
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from mpsdaemon import start_daemon
-from remhelp import make_dirs, tree  # noqa: F401
+from nodesite import Site
+from remhelp import make_dirs
 
 UNITS = ("nvidia-mps.service", "nvidia-mps@.service", "mps-health-exporter.service",
          "mps-health-textfile.service", "mps-health-textfile.timer")
@@ -44,10 +45,10 @@ def _verify(root: Path, *units: str) -> subprocess.CompletedProcess:
                            *units], capture_output=True, text=True, timeout=60)
 
 
-def test_units_verify(tree: Path) -> None:
+def test_units_verify(site) -> None:
     if not Path("/usr/lib/systemd/system/sysinit.target").exists():
         pytest.skip("systemd's own units are not installed (apt-get install systemd)")
-    root = _unit_root(tree)
+    root = _unit_root(site.root)
     r = _verify(root, "nvidia-mps.service", "nvidia-mps@0.service",
                 "mps-health-exporter.service", "mps-health-textfile.service",
                 "mps-health-textfile.timer")
@@ -91,13 +92,13 @@ def test_mps_unit_lines(unit: str, pipe: str, log: str, extra: list) -> None:
         assert (mps.layout, mps.pipe_dir, mps.log_dir) == ("node", pipe, log)
 
 
-def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
+def test_unit_helpers_on_fake_daemon(site, fake_path: str) -> None:
     """ExecStartPre and ExecStop as the unit runs them: env from Environment=, no shell."""
-    pipe, log = tree / "nvidia-mps_0", tree / "nvidia-mps-log_0"
+    pipe, log = site.root / "nvidia-mps_0", site.root / "nvidia-mps-log_0"
     os.symlink("/etc", pipe)  # planted in /tmp: moved aside, never followed
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    cfg = tree / "unit.yaml"
-    cfg.write_text(f"state_dir: {tree}/state\n")
+    cfg = site.root / "unit.yaml"
+    cfg.write_text(f"state_dir: {site.root}/state\n")
     r = mps_health("unit", "prepare", "--config", str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and "aside" in r.stdout
@@ -111,7 +112,7 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
     # Both recorded as planned: the servers check does not call them daemon-restarted.
     from mps_health.planned import load
 
-    records, error = load(f"{tree}/state")
+    records, error = load(f"{site.root}/state")
     assert error == "" and [(p.pipe_dir, p.by) for p in records] == \
         [(str(pipe), "unit start"), (str(pipe), "unit stop")]
     assert not Path(f"/proc/{pid}").exists() or \
@@ -123,8 +124,8 @@ def test_unit_helpers_on_fake_daemon(tree: Path, fake_path: str) -> None:
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "CUDA_MPS_PIPE_DIRECTORY" in r.stderr
 
 
-def test_tmpfiles_guard_cat_config(tree: Path) -> None:
-    root = tree / "root"
+def test_tmpfiles_guard_cat_config(site) -> None:
+    root = site.root / "root"
     (root / "usr/lib/tmpfiles.d").mkdir(parents=True)
     shutil.copy(CONTRIB / "systemd/tmpfiles.d/mps-health.conf", root / "usr/lib/tmpfiles.d")
     r = subprocess.run([need("systemd-tmpfiles"), "--cat-config", f"--root={root}"],
@@ -171,29 +172,29 @@ echo "msg=$CHECK_DIE_MSG"
 """
 
 
-def _nhc(tree: Path, config: str, *args: str) -> dict:
-    prog = tree / "mps-health"
+def _nhc(site: Site, config: str, *args: str) -> dict:
+    prog = site.root / "mps-health"
     # A wrapper with this interpreter: NHC's PATH has no mps-health of ours.
     prog.write_text(f"#!/bin/sh\nexec {shlex.join(argv('mps-health'))} \"$@\"\n")
     prog.chmod(0o755)
-    env = {"SHIM": str(CONTRIB / "nhc/mps_health.nhc"), "LOG": str(tree / "nhc.log"),
+    env = {"SHIM": str(CONTRIB / "nhc/mps_health.nhc"), "LOG": str(site.root / "nhc.log"),
            "MPS_HEALTH": str(prog), "DEBUG": "1",
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     r = subprocess.run(["bash", "-c", NHC_HARNESS, "nhc", "-c", config, *args], env=env,
                        capture_output=True, text=True, timeout=60)
     out = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-    out["log"] = (tree / "nhc.log").read_text() if (tree / "nhc.log").exists() else ""
+    out["log"] = (site.root / "nhc.log").read_text() if (site.root / "nhc.log").exists() else ""
     print(out)
     return out
 
 
-def test_nhc_shim(tree: Path) -> None:
-    pipe, log = tree / "pipe", tree / "log"
+def test_nhc_shim(site) -> None:
+    pipe, log = site.pipe, site.log
     make_dirs(pipe, log)
-    config = tree / "config.yaml"
+    config = site.root / "config.yaml"
     config.write_text(f"""
-run_dir: {tree}/run
-state_dir: {tree}/state
+run_dir: {site.root}/run
+state_dir: {site.root}/state
 commands:
   nvidia-cuda-mps-control: {FAKE_CONTROL}
 checks:
@@ -203,23 +204,23 @@ mps:
   log_dir: {log}
 """)
     pid = start_daemon(pipe, log)
-    healthy = _nhc(tree, str(config))
+    healthy = _nhc(site, str(config))
     assert healthy["rc"] == "0" and healthy["die"] == ""
     os.kill(pid, signal.SIGKILL)
-    broken = _nhc(tree, str(config))
+    broken = _nhc(site, str(config))
     assert broken["rc"] == "1" and broken["die"] == "1"
     assert broken["msg"].startswith("check_mps_health:  CRITICAL daemon[node] daemon-stale: ")
     assert " -> " not in broken["msg"]  # the action goes to the log only
     assert "remediate reset" in broken["log"]
-    bad = tree / "bad.yaml"
+    bad = site.root / "bad.yaml"
     bad.write_text("mps:\n  layout: sideways\n")
-    unknown = _nhc(tree, str(bad))
+    unknown = _nhc(site, str(bad))
     assert unknown["rc"] == "0" and "layout" in unknown["log"]  # logged, not a failure
-    unknown = _nhc(tree, str(bad), "-u")
+    unknown = _nhc(site, str(bad), "-u")
     assert unknown["rc"] == "1" and "mps.layout" in unknown["msg"]
     (pipe / "nvidia-cuda-mps-control.pid").unlink()
     os.kill(start_daemon(pipe, log), signal.SIGSTOP)  # never answers: bounded by -t
-    wedged = _nhc(tree, str(config), "-t", "3")
+    wedged = _nhc(site, str(config), "-t", "3")
     assert wedged["rc"] == "1"
     assert any(w in wedged["msg"] for w in ("daemon-stopped", "control-wedged",
                                             "did not finish within 3s")), wedged

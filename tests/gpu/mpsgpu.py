@@ -20,6 +20,7 @@ from typing import Dict, Iterator, Optional
 import pytest
 from clirun import mps_health
 from mpsdaemon import launch, query, quit_daemon
+from nodesite import Site
 from paths import FAKES, REPO
 
 USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
@@ -76,21 +77,14 @@ def say(*lines: str) -> None:
 class Mps:
     """One MPS instance (daemon, pipe dir, log dir) under a private temp dir."""
 
-    def __init__(self, base: Path, name: str = "mps", gpu: Optional[str] = None) -> None:
-        self.base = base
-        self.pipe = base / f"{name}-pipe"
-        self.log = base / f"{name}-log"
+    def __init__(self, site: Site, name: str = "mps", gpu: Optional[str] = None) -> None:
+        self.base = site.root
+        self.pipe, self.log = site.dirs(name)
         self.gpu = gpu
-        self.config = base / f"{name}.yaml"
-        for d in (self.pipe, self.log):
-            d.mkdir(parents=True, exist_ok=True)
-            d.chmod(0o777)
-        self.config.write_text(
-            f"run_dir: {base}/run\nstate_dir: {base}/state\n"
-            f"mps:\n  pipe_dir: {self.pipe}\n  log_dir: {self.log}\n"
-            "control:\n  timeout_s: 2.0\n"
+        self.config = Path(site.config(
+            file=f"{name}.yaml", pipe=self.pipe, log=self.log, control={"timeout_s": 2.0},
             # strays judges the whole node, where other tests' daemons may run.
-            "checks:\n  disable: [strays]\n")
+            checks={"disable": ["strays"]}))
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if gpu is not None:
@@ -162,16 +156,16 @@ def env_info() -> Dict[str, str]:
 
 
 @pytest.fixture
-def mps_base() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="mpsh-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def mps_site() -> Iterator[Site]:
+    """A site for real daemons (not conftest's site: that puts the fakes first on PATH)."""
+    s = Site.create(prefix="mpsh-")
+    yield s
+    s.close()
 
 
 @pytest.fixture
-def mps(mps_base: Path) -> Iterator[Mps]:
-    m = Mps(mps_base)
+def mps(mps_site: Site) -> Iterator[Mps]:
+    m = Mps(mps_site)
     yield m
     m.quit()
 

@@ -11,11 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from clirun import mps_health, problem_codes
 from mpsgpu import Mps, env_info, have_torch_cuda, out_dir, record_proc, say
+from nodesite import Site
 
 pytestmark = pytest.mark.gpu
 
@@ -153,9 +153,9 @@ def test_snapshots_for_examples(mps: Mps) -> None:
     say(f"snapshots written to {out}")
 
 
-def test_start_without_dirs(mps_base: Path) -> None:
+def test_start_without_dirs(mps_site: Site) -> None:
     """What the real -d does when the pipe or log dir is missing (remediation relies on it)."""
-    m = Mps(mps_base, "nodirs")
+    m = Mps(mps_site, "nodirs")
     shutil.rmtree(m.pipe)
     shutil.rmtree(m.log)
     r = m.start()
@@ -167,9 +167,9 @@ def test_start_without_dirs(mps_base: Path) -> None:
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     assert m.pipe.is_dir() and m.log.is_dir()  # the daemon made both
     assert q.returncode == 0 and float(q.stdout) == 100.0
-    long_base = mps_base / ("x" * 100)
+    long_base = mps_site.root / ("x" * 100)
     long_base.mkdir()
-    m2 = Mps(long_base, "long")
+    m2 = Mps(Site(long_base), "long")
     r = m2.start()
     say(f"-d with a {len(str(m2.pipe))}-character pipe dir: rc {r.returncode} "
         f"{(r.stdout + r.stderr).strip()!r}")

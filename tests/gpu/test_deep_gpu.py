@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from clirun import mps_health
 from mpsdaemon import query, quit_daemon, start_daemon
 from mpsgpu import pythonpath, real_control
+from nodesite import Site
 from paths import FAKES
 
 pytestmark = pytest.mark.gpu
@@ -73,21 +73,14 @@ class Node:
     """A private MPS instance: pipe and log dirs, config, a daemon we start and quit."""
 
     def __init__(self, extra: str = "") -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="mpsh-deep-", dir="/tmp"))
-        os.chmod(self.base, 0o755)
-        self.pipe, self.log = self.base / "pipe", self.base / "log"
-        for d in (self.pipe, self.log):
-            d.mkdir()
-            os.chmod(d, 0o777)
+        self.site = Site.create(prefix="mpsh-deep-")
+        self.base = self.site.root
+        self.pipe, self.log = self.site.dirs()
         self.control = real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
-        commands = f"  nvidia-cuda-mps-control: {self.control}\n"
+        commands = {"nvidia-cuda-mps-control": self.control}
         if not REAL:
-            commands += f"  mps-health-canary: {FAKES / 'mps-canary'}\n"
-        self.config = self.base / "config.yaml"
-        self.config.write_text(
-            f"run_dir: {self.base}/run\nstate_dir: {self.base}/state\n"
-            f"mps:\n  pipe_dir: {self.pipe}\n  log_dir: {self.log}\n"
-            f"commands:\n{commands}{extra}")
+            commands["mps-health-canary"] = str(FAKES / "mps-canary")
+        self.config = Path(self.site.config(extra, commands=commands))
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if pythonpath():
@@ -131,7 +124,7 @@ def node() -> Iterator[Node]:
     n = Node("canary:\n  timeout_s: 20\n")
     yield n.start()
     n.quit()
-    shutil.rmtree(n.base, ignore_errors=True)
+    n.site.close()
 
 
 def result(r: subprocess.CompletedProcess, check: str) -> List[Dict]:
@@ -224,7 +217,7 @@ def test_canary_times_out_on_a_stopped_daemon() -> None:
         assert elapsed < 5 + 10
     finally:
         n.quit()
-        shutil.rmtree(n.base, ignore_errors=True)
+        n.site.close()
 
 
 # --- 3. another user's client: the canary skips -----------------------------------------

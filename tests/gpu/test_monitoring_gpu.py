@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from clirun import argv, run
 from mpsdaemon import quit_daemon, start_daemon
 from mpsgpu import pythonpath, real_control
+from nodesite import Site
 from paths import FAKES
 
 pytestmark = pytest.mark.gpu
@@ -50,19 +50,12 @@ class Node:
     """A private MPS instance: pipe and log dirs, a config, a daemon we start and quit."""
 
     def __init__(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="mpsmon-", dir="/tmp"))  # short: AF_UNIX
-        os.chmod(self.base, 0o755)
-        self.pipe, self.log = self.base / "pipe", self.base / "log"
-        for d in (self.pipe, self.log):
-            d.mkdir()
-            os.chmod(d, 0o777)
+        self.site = Site.create(prefix="mpsmon-")  # short: AF_UNIX
+        self.base = self.site.root
+        self.pipe, self.log = self.site.dirs()
         self.control = real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
-        self.config = self.base / "config.yaml"
-        self.config.write_text(
-            f"run_dir: {self.base}/run\nstate_dir: {self.base}/state\n"
-            f"mps:\n  pipe_dir: {self.pipe}\n  log_dir: {self.log}\n"
-            f"commands:\n  nvidia-cuda-mps-control: {self.control}\n"
-            "control:\n  timeout_s: 2.0\n")
+        self.config = Path(self.site.config(commands={"nvidia-cuda-mps-control": self.control},
+                                            control={"timeout_s": 2.0}))
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if FAKE:
@@ -98,7 +91,7 @@ def node() -> Iterator[Node]:
     n = Node()
     yield n.start()
     n.quit()
-    shutil.rmtree(n.base, ignore_errors=True)
+    n.site.close()
 
 
 def perf(output: str, label: str) -> str:

@@ -16,7 +16,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
@@ -24,6 +23,7 @@ from typing import Iterator, List, NamedTuple, Optional
 import pytest
 from clirun import mps_health
 from mpsdaemon import query, quit_daemon, start_daemon
+from nodesite import Site
 from paths import FAKE_CONTROL
 
 pytestmark = pytest.mark.gpu
@@ -98,28 +98,13 @@ def problems(inst: Inst) -> List[str]:
 
 @pytest.fixture
 def inst() -> Iterator[Inst]:
-    base = Path(tempfile.mkdtemp(prefix="mpsh-gpu-", dir="/tmp"))
-    base.chmod(0o755)
-    pipe, log = base / "pipe", base / "log"
-    for d in (pipe, log):
-        d.mkdir()
-        d.chmod(0o777)
-    cfg = base / "config.yaml"
-    cfg.write_text(f"""
-run_dir: {base}/run
-state_dir: {base}/state
-commands:
-  nvidia-cuda-mps-control: {CONTROL}
-mps:
-  pipe_dir: {pipe}
-  log_dir: {log}
-remediation:
-  audit_log: {base}/audit.log
-  syslog: false
-  quit_timeout_s: 5
-  term_timeout_s: 5
-""")
-    i = Inst(base, pipe, log, str(cfg))
+    site = Site.create(prefix="mpsh-gpu-")
+    base = site.root
+    pipe, log = site.dirs()
+    cfg = site.config(commands={"nvidia-cuda-mps-control": CONTROL},
+                      remediation={"audit_log": f"{base}/audit.log", "syslog": False,
+                                   "quit_timeout_s": 5, "term_timeout_s": 5})
+    i = Inst(base, pipe, log, cfg)
     assert CONTROL is not None
     start_daemon(pipe, log, CONTROL)
     deadline = time.monotonic() + 15
@@ -132,7 +117,7 @@ remediation:
         pid = daemon_pid(i)
         if pid is not None:  # by the PID we verified, never by name
             quit_daemon(i.pipe, pid, CONTROL, grace=0.5)
-        shutil.rmtree(base, ignore_errors=True)
+        site.close()
 
 
 def repair_and_time(inst: Inst, fault: str, t_fault: float) -> None:

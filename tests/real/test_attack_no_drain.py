@@ -1,17 +1,15 @@
 """What an ordinary user can do on a node never gets it drained: slurmd's health check
 (``mps-health-healthcheck``) against a real slurmctld, run twice with a one-failure
 drain threshold, while a user plants entries and a fake daemon beside a healthy one."""
-# ruff: noqa: F811  (the fixture tree comes from remhelp)
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from clirun import installed
 from hostile import ATTACKER, as_user, ensure_user, run_as
 from mpsdaemon import start_daemon
-from remhelp import make_dirs, tree, write_config  # noqa: F401
+from remhelp import make_dirs, remediating
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -31,18 +29,18 @@ def drained(cluster: SlurmCluster) -> bool:
     return bool({"DRAIN", "DOWN"}.intersection(view.flags))
 
 
-def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, tree: Path) -> None:
+def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, site) -> None:
     cluster = slurm_cluster
     assert not drained(cluster)
     ensure_user(ATTACKER)
-    pipe, log = tree / "pipe", tree / "log"
+    pipe, log = site.pipe, site.log
     make_dirs(pipe, log)
-    cfg = write_config(tree, extra="checks:\n  only: [daemon, control, directories]\n"
+    cfg = site.config(remediating(site), "checks:\n  only: [daemon, control, directories]\n"
                                     "healthcheck:\n  fail_runs: 1\n")
     start_daemon(pipe, log)
     r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(pipe / "x\nOK daemon[node]: fine")])
     assert r.returncode == 0, r.stderr
-    fake = tree / "evil"
+    fake = site.root / "evil"
     fake.mkdir()
     shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")
     poser = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "120"],

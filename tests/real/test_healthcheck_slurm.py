@@ -7,7 +7,6 @@ the cluster's client wrappers on PATH). Only the control and directories checks 
 machine start fake daemons and servers of their own, which the node-wide daemon check
 would (rightly) report.
 """
-# ruff: noqa: F811  (the fixture tree comes from remhelp)
 
 import os
 import shutil
@@ -21,7 +20,8 @@ from clirun import installed
 from mps_health.filelock import node_lock
 from mps_health.remediation.detach import RESULT_FILE, format_result
 from mpsdaemon import start_daemon
-from remhelp import make_dirs, tree, write_config  # noqa: F401
+from nodesite import Site
+from remhelp import remediating
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -38,16 +38,13 @@ def cluster(slurm_where) -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def write_hc_config(base: Path, healthcheck: str = "", control_timeout: float = 1.0,
+def write_hc_config(site: Site, healthcheck: str = "", control_timeout: float = 1.0,
                     scontrol_timeout: float = 10.0) -> str:
-    make_dirs(base / "pipe", base / "log")
-    cfg = write_config(base, extra="", remediation="")
-    text = Path(cfg).read_text()
-    text = text.replace("control:\n  timeout_s: 1.0", f"control:\n  timeout_s: {control_timeout}")
-    text += "checks:\n  only: [control, directories]\n"
-    text += f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{healthcheck}\n"
-    Path(cfg).write_text(text)
-    return cfg
+    site.dirs()
+    return site.config(remediating(site), f"healthcheck:\n{healthcheck}\n",
+                       control={"timeout_s": control_timeout},
+                       checks={"only": ["control", "directories"]},
+                       slurm={"timeout_s": scontrol_timeout})
 
 
 def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
@@ -81,9 +78,9 @@ def clean_node(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     reset()
 
 
-def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree: Path) -> None:
+def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, site) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree)
+    cfg = write_hc_config(site)
     first = hc(cluster, cfg)  # no daemon at all: control-absent
     assert first.returncode == 2, first.stdout + first.stderr
     assert "failed 1/2" in first.stdout and "before draining" in first.stdout
@@ -94,7 +91,7 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
     v = node(cluster)
     assert "DRAIN" in v.flags
     assert v.reason.startswith("MPS-HC: control-absent node: ")
-    start_daemon(tree / "pipe", tree / "log")
+    start_daemon(site.pipe, site.log)
     third = hc(cluster, cfg)
     assert third.returncode == 0, third.stdout
     assert "clean run 1 of 2 before resuming" in third.stdout
@@ -107,17 +104,17 @@ def test_two_failures_drain_with_our_tag_two_clean_runs_resume(clean_node, tree:
         assert v.reason == ""
     else:  # 24.11 keeps the last reason after RESUME
         assert v.reason.startswith("MPS-HC: control-absent node: ")
-    audit = (tree / "audit.log").read_text()
+    audit = (site.root / "audit.log").read_text()
     assert "action=healthcheck event=drain result=ok" in audit
     assert "action=healthcheck event=resume result=ok" in audit
 
 
-def test_a_human_drain_is_never_resumed_nor_overwritten(clean_node, tree: Path) -> None:
+def test_a_human_drain_is_never_resumed_nor_overwritten(clean_node, site) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1\n  pass_runs: 1")
+    cfg = write_hc_config(site, "  fail_runs: 1\n  pass_runs: 1")
     assert "drained (" in hc(cluster, cfg).stdout  # ours first...
     cluster.scontrol("update", f"NodeName={NODE}", "State=DRAIN", "Reason=swapping a GPU")
-    start_daemon(tree / "pipe", tree / "log")  # ...then a human takes it over, MPS recovers
+    start_daemon(site.pipe, site.log)  # ...then a human takes it over, MPS recovers
     runs = [hc(cluster, cfg) for _ in range(3)]
     assert [r.returncode for r in runs] == [0, 0, 0]
     assert "not resumed: drained by someone else (swapping a GPU): left alone" in runs[0].stdout
@@ -125,17 +122,17 @@ def test_a_human_drain_is_never_resumed_nor_overwritten(clean_node, tree: Path) 
     v = node(cluster)
     assert "DRAIN" in v.flags and v.reason == "swapping a GPU"
     # And a failing check never overwrites the human's reason.
-    (tree / "pipe").chmod(0o700)
+    site.pipe.chmod(0o700)
     for _ in range(2):
         assert hc(cluster, cfg).returncode == 2
     assert node(cluster).reason == "swapping a GPU"
 
 
-def test_a_node_pending_reboot_is_left_alone(clean_node, tree: Path) -> None:
+def test_a_node_pending_reboot_is_left_alone(clean_node, site) -> None:
     """(DOWN is judged on captured output in the unit tests: this test cluster's
     ReturnToService=2 brings a DOWN node back within a second.)"""
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1")
+    cfg = write_hc_config(site, "  fail_runs: 1")
     job = cluster.start_job(["srun", "sleep", "120"])
     try:
         cluster.wait_running(1)
@@ -151,24 +148,24 @@ def test_a_node_pending_reboot_is_left_alone(clean_node, tree: Path) -> None:
         job.wait(30)
 
 
-def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
+def test_no_slurm_call_when_nothing_changes(clean_node, site) -> None:
     """A counting wrapper stands first for scontrol: healthy runs never call it."""
     cluster = clean_node
-    calls = tree / "scontrol-calls.log"
-    wrapper = tree / "scontrol"
+    calls = site.root / "scontrol-calls.log"
+    wrapper = site.root / "scontrol"
     real = shutil.which("scontrol", path=cluster.env["PATH"])
     wrapper.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real} \"$@\"\n")
     wrapper.chmod(0o755)
-    cfg = write_hc_config(tree)
+    cfg = write_hc_config(site)
     Path(cfg).write_text(Path(cfg).read_text().replace(
         "commands:\n", f"commands:\n  scontrol: {wrapper}\n"))
-    start_daemon(tree / "pipe", tree / "log")
+    start_daemon(site.pipe, site.log)
     for _ in range(3):
         assert hc(cluster, cfg).returncode == 0
     # The first run has no saved state: it reads the node once (is it drained by us?).
     assert calls.read_text().splitlines() == [f"show node {NODE} -o"]
     calls.unlink()
-    (tree / "pipe").chmod(0o700)  # failing, but Slurm says the node is already out of service
+    site.pipe.chmod(0o700)  # failing, but Slurm says the node is already out of service
     for _ in range(2):
         r = hc(cluster, cfg, SLURM_NODE_IS_HEALTHY="no")
         assert "failing, and the node is already out of service" in r.stdout or \
@@ -182,9 +179,9 @@ def test_no_slurm_call_when_nothing_changes(clean_node, tree: Path) -> None:
         f"update NodeName={NODE} State=DRAIN Reason={node(cluster).reason}"]
 
 
-def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) -> None:
+def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, site) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  fail_runs: 1\n", scontrol_timeout=3)
+    cfg = write_hc_config(site, "  fail_runs: 1\n", scontrol_timeout=3)
     cluster.stop_controller()
     try:
         t0 = time.monotonic()
@@ -200,9 +197,9 @@ def test_slurmctld_down_is_reported_bounded_and_retried(clean_node, tree: Path) 
     assert "drained (" in again.stdout, again.stdout
 
 
-def test_runs_never_overlap(clean_node, tree: Path) -> None:
-    cfg = write_hc_config(tree)
-    held = node_lock(str(tree / "run"), "healthcheck").acquire(0, "a long run")
+def test_runs_never_overlap(clean_node, site) -> None:
+    cfg = write_hc_config(site)
+    held = node_lock(str(site.root / "run"), "healthcheck").acquire(0, "a long run")
     try:
         r = hc(clean_node, cfg)
     finally:
@@ -213,17 +210,17 @@ def test_runs_never_overlap(clean_node, tree: Path) -> None:
 
 
 def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
-                                                                  tree: Path) -> None:
+                                                                  site) -> None:
     cluster = clean_node
-    cfg = write_hc_config(tree, "  detached: true\n  fail_runs: 5", control_timeout=3.0)
-    pid = start_daemon(tree / "pipe", tree / "log")
+    cfg = write_hc_config(site, "  detached: true\n  fail_runs: 5", control_timeout=3.0)
+    pid = start_daemon(site.pipe, site.log)
     os.kill(pid, signal.SIGSTOP)  # every check now waits 3 s for a wedged daemon
     t0 = time.monotonic()
     first = hc(cluster, cfg)
     assert time.monotonic() - t0 < 2.5
     assert first.returncode == 0
     assert "no current result" in first.stdout and "refreshing in the background" in first.stdout
-    result = tree / "run" / RESULT_FILE
+    result = site.root / "run" / RESULT_FILE
     deadline = time.monotonic() + 20
     while not result.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -234,37 +231,37 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
     assert second.returncode == 2
     assert "control-wedged" in second.stdout and "result from" in second.stdout
     os.kill(pid, signal.SIGCONT)
-    wait_for_background_run(tree)
+    wait_for_background_run(site)
 
 
-def wait_for_background_run(tree: Path) -> None:
-    """The detached child refreshing the result must be done before the tree goes."""
-    lock = node_lock(str(tree / "run"), "healthcheck")
+def wait_for_background_run(site: Site) -> None:
+    """The detached child refreshing the result must be done before the site goes."""
+    lock = node_lock(str(site.root / "run"), "healthcheck")
     deadline = time.monotonic() + 30
     while not lock.try_acquire("test teardown") and time.monotonic() < deadline:
         time.sleep(0.2)
     lock.release()
 
 
-def test_a_result_from_another_boot_is_not_reported(clean_node, tree: Path) -> None:
-    cfg = write_hc_config(tree, "  detached: true")
-    start_daemon(tree / "pipe", tree / "log")
-    (tree / "run").mkdir(exist_ok=True)
-    (tree / "run" / RESULT_FILE).write_text(
+def test_a_result_from_another_boot_is_not_reported(clean_node, site) -> None:
+    cfg = write_hc_config(site, "  detached: true")
+    start_daemon(site.pipe, site.log)
+    (site.root / "run").mkdir(exist_ok=True)
+    (site.root / "run" / RESULT_FILE).write_text(
         format_result(2, "another-boot", time.time(), "MPS CRITICAL - from before the reboot"))
     r = hc(clean_node, cfg)
     assert r.returncode == 0
     assert "no current result" in r.stdout and "before the reboot" not in r.stdout
-    wait_for_background_run(tree)
+    wait_for_background_run(site)
 
 
-def test_dry_run_changes_nothing(clean_node, tree: Path) -> None:
-    cfg = write_hc_config(tree, "  fail_runs: 1")
+def test_dry_run_changes_nothing(clean_node, site) -> None:
+    cfg = write_hc_config(site, "  fail_runs: 1")
     r = hc(clean_node, cfg, "--dry-run")
     assert r.returncode == 2
     assert "would drain" in r.stdout
     assert "DRAIN" not in node(clean_node).flags
-    assert not (tree / "state" / "healthcheck.state").exists()
+    assert not (site.root / "state" / "healthcheck.state").exists()
 
 
 @pytest.fixture
@@ -276,9 +273,9 @@ def fleet(slurm_where) -> Iterator[SlurmCluster]:
 
 
 def test_circuit_breaker_holds_the_drain_when_the_partition_is_already_drained(
-        fleet: SlurmCluster, tree: Path) -> None:
+        fleet: SlurmCluster, site) -> None:
     cluster = fleet
-    cfg = write_hc_config(tree, "  fail_runs: 1\n  recheck_s: 0\n  fleet_max_share: 0.5")
+    cfg = write_hc_config(site, "  fail_runs: 1\n  recheck_s: 0\n  fleet_max_share: 0.5")
     for peer in PEERS[:2]:  # 2 of 4: not more than half, the drain goes ahead
         cluster.scontrol("update", f"NodeName={peer}", "State=DRAIN",
                          "Reason=MPS-HC: control-absent node: no daemon")

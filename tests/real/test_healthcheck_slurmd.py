@@ -13,15 +13,15 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
-from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
 from clirun import installed
 from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
 from mpsdaemon import start_daemon
-from remhelp import make_dirs, write_config
+from nodesite import Site
+from remhelp import remediating
 from slurmcluster import SlurmCluster
 from slurmroot import VENV
 
@@ -33,28 +33,24 @@ INTERVAL = 5
 
 class Setup(NamedTuple):
     cluster: SlurmCluster
-    base: Path
+    site: Site
     cfg: str
 
 
-def config_text(base: Path, control_timeout: float = 1.0, hc: str = "",
-                scontrol_timeout: float = 5.0) -> str:
-    cfg = Path(write_config(base))
-    text = cfg.read_text().replace("control:\n  timeout_s: 1.0",
-                                   f"control:\n  timeout_s: {control_timeout}")
-    return text + ("checks:\n  only: [control, directories]\n"
-                   f"slurm:\n  timeout_s: {scontrol_timeout}\nhealthcheck:\n{hc}\n")
+def configure(site: Site, control_timeout: float = 1.0, hc: str = "",
+              scontrol_timeout: float = 5.0, **sections: Any) -> str:
+    return site.config(remediating(site), f"healthcheck:\n{hc}\n",
+                       control={"timeout_s": control_timeout},
+                       checks={"only": ["control", "directories"]},
+                       slurm={"timeout_s": scontrol_timeout}, **sections)
 
 
 @pytest.fixture(scope="module")
 def setup(slurm_where) -> Iterator[Setup]:
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="mpsh-hcd-", dir="/tmp"))
-    base.chmod(0o755)
-    make_dirs(base / "pipe", base / "log")
-    cfg = base / "config.yaml"
-    cfg.write_text(config_text(base))
+    site = Site.create(prefix="mpsh-hcd-")
+    base = site.root
+    site.dirs()
+    cfg = configure(site)
     script = base / "hc.sh"
     # ReturnToService=1: a node an admin set DOWN stays DOWN (2 would return it).
     cluster = SlurmCluster(node_name=NODE, health_check_program=str(script),
@@ -71,18 +67,13 @@ cat {base}/last-output.txt
 exit $rc
 """)
     script.chmod(0o755)
-    start_daemon(base / "pipe", base / "log")
+    start_daemon(site.pipe, site.log)
     try:
         cluster.start(timeout=90)
-        yield Setup(cluster, base, str(cfg))
+        yield Setup(cluster, site, cfg)
     finally:
         cluster.stop()
-        from remhelp import kill_daemons_under
-
-        kill_daemons_under(str(base))
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
+        site.close()
 
 
 def node(s: Setup) -> SlurmNode:
@@ -93,7 +84,7 @@ def runs(s: Setup) -> List[Tuple[str, str, float, str]]:
     """(event, pid, time, rc) for each line the wrapper logged."""
     out = []
     try:
-        lines = (s.base / "runs.log").read_text().splitlines()
+        lines = (s.site.root / "runs.log").read_text().splitlines()
     except OSError:
         return []
     for line in lines:
@@ -117,7 +108,7 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float,
     if s is not None:  # what slurmd and our runs did meanwhile
         with contextlib.suppress(OSError):
             detail = ("\nlast runs: " + repr(runs(s)[-6:]) + "\nlast output:\n"
-                      + (s.base / "last-output.txt").read_text() + "\n" + s.cluster.logs())
+                      + (s.site.root / "last-output.txt").read_text() + "\n" + s.cluster.logs())
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{detail}")
 
 
@@ -135,13 +126,13 @@ def reset(s: Setup):
 
 
 def state(s: Setup) -> hcstate.HcState:
-    return hcstate.load(str(s.base / "state" / hcstate.STATE_FILE))
+    return hcstate.load(str(s.site.root / "state" / hcstate.STATE_FILE))
 
 
 def test_slurmd_gives_the_program_almost_no_environment(setup: Setup) -> None:
     wait_for("a health check run", lambda: ended(setup) >= 1, 30)
     env = dict(line.split("=", 1) for line in
-               (setup.base / "hc-env.txt").read_text().splitlines() if "=" in line)
+               (setup.site.root / "hc-env.txt").read_text().splitlines() if "=" in line)
     print(f"HealthCheckProgram environment from {setup.cluster.version}:", sorted(env))
     assert env["SLURMD_NODENAME"] == NODE
     assert "PATH" not in env and "SLURM_CONF" not in env
@@ -151,7 +142,7 @@ def test_fault_drains_fix_resumes_human_drain_stays(setup: Setup) -> None:
     s = setup
     wait_for("a clean run", lambda: any(r[3] == "rc=0" for r in runs(s)), 30)
     assert "DRAIN" not in node(s).flags
-    daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
     t_fault = time.monotonic()
     os.kill(daemon, signal.SIGKILL)  # a stale pipe dir: every client silently loses MPS
     seen_one = []
@@ -197,12 +188,11 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     budget (healthcheck.timeout_s 18: 8 s of checks after three 3-s scontrol calls) ends
     each run well before."""
     s = setup
-    Path(s.cfg).write_text(config_text(s.base, control_timeout=60.0,
-                                       hc="  timeout_s: 18", scontrol_timeout=3)
-                           .replace("run_dir:", "budget_s: 300\nrun_dir:"))
+    configure(s.site, control_timeout=60.0, hc="  timeout_s: 18", scontrol_timeout=3,
+              budget_s=300)
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
-    daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
     log_before = (s.cluster.log_dir / "slurmd.log").read_text()
     os.kill(daemon, signal.SIGSTOP)
     try:
@@ -235,13 +225,13 @@ def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setu
     from mps_health.remediation.detach import RESULT_FILE, read_result
 
     s = setup
-    Path(s.cfg).write_text(config_text(s.base, control_timeout=3.0, hc="  detached: true"))
+    configure(s.site, control_timeout=3.0, hc="  detached: true")
     resume_if_drained(s)
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     # After a drain of ours was lifted by hand, a clean run or two tell us it is over.
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
-    daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
-    result = s.base / "run" / RESULT_FILE
+    daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
+    result = s.site.root / "run" / RESULT_FILE
     first = len(runs(s))
     os.kill(daemon, signal.SIGSTOP)
     try:
@@ -258,26 +248,26 @@ def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setu
         assert spans and max(spans) < 2.5  # the checks themselves take over 3 s
     finally:
         os.kill(daemon, signal.SIGCONT)
-        Path(s.cfg).write_text(config_text(s.base))
+        configure(s.site)
         resume_if_drained(s)
 
 
 def test_a_down_node_is_left_alone(setup: Setup) -> None:
     """An admin's DOWN (with a broken MPS) is neither drained over nor resumed."""
     s = setup
-    Path(s.cfg).write_text(config_text(s.base))
+    configure(s.site)
     resume_if_drained(s)
     wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
     s.cluster.scontrol("update", f"NodeName={NODE}", "State=DOWN", "Reason=hands off: cabling")
     try:
         s.cluster.wait_state(lambda st: "DOWN" in st, 30)
-        daemon = int((s.base / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+        daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
         os.kill(daemon, signal.SIGKILL)
         before = ended(s)
         wait_for("three runs on the DOWN node", lambda: ended(s) >= before + 3, 40)
         v = node(s)
-        output = (s.base / "last-output.txt").read_text()
+        output = (s.site.root / "last-output.txt").read_text()
         print(f"DOWN: State={v.state} Reason={v.reason}; last run: {output.strip()}")
         assert "DOWN" in v.flags and "DRAIN" not in v.flags
         assert v.reason == "hands off: cabling"

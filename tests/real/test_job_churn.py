@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 from conftest import FIXTURES
-from jobhooks import Site, user_python
+from jobhooks import JobHooks, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
 from slurmroot import mps_health_argv
 
@@ -40,47 +40,44 @@ RENDERED = ("prolog", "taskprolog", "epilog", "healthcheckprogram", "healthcheck
 
 
 @pytest.fixture(scope="module")
-def site(slurm_user: str, slurm_where) -> Iterator[Site]:
+def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
     python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
     if python is None:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = Site(slurm_user, python, mps_health=mps_health_argv(slurm_where))
+    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
     yield s
     s.close()
     shutil.rmtree(base, ignore_errors=True)
 
 
-def node_config(site: Site, cluster: SlurmCluster) -> None:
-    """The site's per-job config, with Slurm's real clients and the health check's
+def node_config(hooks: JobHooks, cluster: SlurmCluster) -> None:
+    """The per-job config of the hooks, with Slurm's real clients and the health check's
     settings: the per-instance checks that need no GPU (not strays, which judges every
     MPS process of the machine: other test sessions' stand-ins are its findings here),
     a 1 s grace, our audit log."""
-    squeue = cluster.client_commands().get("squeue", "squeue")
-    text = site.config.read_text().replace(f"  squeue: {site.base}/squeue\n",
-                                           f"  squeue: {squeue}\n")
+    commands = {"squeue": cluster.client_commands().get("squeue", "squeue")}
     if "scontrol" in cluster.client_commands():
-        text = text.replace("commands:\n",
-                            f"commands:\n  scontrol: {cluster.client_commands()['scontrol']}\n")
-    text = text.replace("jobs:\n", f"jobs:\n  log_file: {site.base}/hooks.log\n")
-    text += ("checks:\n  only: [control, daemon, directories, servers, orphans]\n"
-             "slurm:\n  job_grace_s: 1\n"
-             # The stand-in daemon is Python: on a loaded two-core machine it may take a
-             # second to answer, which is no MPS fault (control-slow says it on a node).
-             "control:\n  warn_latency_s: 5\n"
-             f"remediation:\n  audit_log: {site.base}/audit.log\n  syslog: false\n")
-    site.config.write_text(text)
+        commands["scontrol"] = cluster.client_commands()["scontrol"]
+    hooks.configure(commands=commands, jobs={"log_file": f"{hooks.base}/hooks.log"},
+                    checks={"only": ["control", "daemon", "directories", "servers", "orphans"]},
+                    slurm={"job_grace_s": 1},
+                    # The stand-in daemon is Python: on a loaded two-core machine it may
+                    # take a second to answer, which is no MPS fault (control-slow says it
+                    # on a node).
+                    control={"warn_latency_s": 5},
+                    remediation={"audit_log": f"{hooks.base}/audit.log", "syslog": False})
 
 
-def rendered_lines(site: Site) -> Dict[str, str]:
+def rendered_lines(hooks: JobHooks) -> Dict[str, str]:
     """`mps-health slurm conf` for this node: the hooks and health check lines."""
     import subprocess
 
-    r = subprocess.run([*site.mps_health, "slurm", "conf", "--nvml-record", RECORD,
-                        "--node-name", NODE, "--config", str(site.config), "--prefix",
-                        str(site.hooks), "--health-check-interval", str(INTERVAL)],
+    r = subprocess.run([*hooks.mps_health, "slurm", "conf", "--nvml-record", RECORD,
+                        "--node-name", NODE, "--config", str(hooks.config), "--prefix",
+                        str(hooks.hooks), "--health-check-interval", str(INTERVAL)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = {}
@@ -92,15 +89,15 @@ def rendered_lines(site: Site) -> Dict[str, str]:
     return lines
 
 
-def wrapper(site: Site, cluster: SlurmCluster, program: str) -> Path:
-    script = site.base / "hc.sh"
+def wrapper(hooks: JobHooks, cluster: SlurmCluster, program: str) -> Path:
+    script = hooks.base / "hc.sh"
     script.write_text(f"""#!/bin/sh
-SLURM_CONF={cluster.conf} {program} --config {site.config} > {site.base}/hc-out.$$ 2>&1
+SLURM_CONF={cluster.conf} {program} --config {hooks.config} > {hooks.base}/hc-out.$$ 2>&1
 rc=$?
-echo "$(date +%s.%N) rc=$rc" >> {site.base}/runs.log
-if [ $rc -ne 0 ]; then cat {site.base}/hc-out.$$ >> {site.base}/failed-output.log; fi
-cat {site.base}/hc-out.$$
-rm -f {site.base}/hc-out.$$
+echo "$(date +%s.%N) rc=$rc" >> {hooks.base}/runs.log
+if [ $rc -ne 0 ]; then cat {hooks.base}/hc-out.$$ >> {hooks.base}/failed-output.log; fi
+cat {hooks.base}/hc-out.$$
+rm -f {hooks.base}/hc-out.$$
 exit $rc
 """)
     script.chmod(0o755)
@@ -108,13 +105,13 @@ exit $rc
 
 
 @pytest.fixture(scope="module")
-def cluster(site: Site, slurm_where) -> Iterator[SlurmCluster]:
+def cluster(hooks: JobHooks, slurm_where) -> Iterator[SlurmCluster]:
     c = SlurmCluster(node_name=NODE, root=slurm_where, cpus=8, return_to_service=1)
-    node_config(site, c)
-    lines = rendered_lines(site)  # by the node's mps-health (the root's, there)
+    node_config(hooks, c)
+    lines = rendered_lines(hooks)  # by the node's mps-health (the root's, there)
     program = lines["HealthCheckProgram"]
     c.prolog, c.task_prolog, c.epilog = lines["Prolog"], lines["TaskProlog"], lines["Epilog"]
-    c.health_check_program = str(wrapper(site, c, program))
+    c.health_check_program = str(wrapper(hooks, c, program))
     c.health_check_interval = int(lines["HealthCheckInterval"])
     c.health_check_node_state = lines["HealthCheckNodeState"]
     c.extra_conf = ["MaxArraySize=1001"]
@@ -126,9 +123,9 @@ def cluster(site: Site, slurm_where) -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def runs(site: Site) -> List[int]:
+def runs(hooks: JobHooks) -> List[int]:
     try:
-        text = (site.base / "runs.log").read_text()
+        text = (hooks.base / "runs.log").read_text()
     except OSError:
         return []
     return [int(line.rsplit("rc=", 1)[1]) for line in text.splitlines() if "rc=" in line]
@@ -144,46 +141,46 @@ def wait_for(what: str, cond, timeout: float) -> None:
 
 
 def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCluster,
-                                                                site: Site) -> None:
-    wait_for("a first clean health check run", lambda: 0 in runs(site), 60)
-    before = len(runs(site))
+                                                                hooks: JobHooks) -> None:
+    wait_for("a first clean health check run", lambda: 0 in runs(hooks), 60)
+    before = len(runs(hooks))
     slurmd_log = cluster.log_dir / "slurmd.log"
     log_start = slurmd_log.stat().st_size
     t0 = time.monotonic()
     sleepers = cluster.run(["sbatch", f"--array=1-{SLEEPERS}", "--gres=mps:10", "-o",
-                            "/dev/null", "--wrap", "sleep 4"], user=site.user, timeout=60)
+                            "/dev/null", "--wrap", "sleep 4"], user=hooks.user, timeout=60)
     assert sleepers.returncode == 0, sleepers.stderr
     r = cluster.run(["sbatch", f"--array=1-{JOBS}", "--gres=mps:10", "-o", "/dev/null",
-                     "--wrap", "true"], user=site.user, timeout=60)
+                     "--wrap", "true"], user=hooks.user, timeout=60)
     assert r.returncode == 0, r.stderr
     wait_for("every job to finish", lambda: not cluster.job_ids(), 900)
     cluster.wait_state(lambda s: s == "IDLE", 120)
     elapsed = time.monotonic() - t0
     # Two more runs after the last job: anything left behind is judged too.
-    done = len(runs(site))
-    wait_for("two more health check runs", lambda: len(runs(site)) >= done + 2, 60)
+    done = len(runs(hooks))
+    wait_for("two more health check runs", lambda: len(runs(hooks)) >= done + 2, 60)
 
-    during = runs(site)[before:]
+    during = runs(hooks)[before:]
     failed = [rc for rc in during if rc != 0]
     ctld = (cluster.log_dir / "slurmctld.log").read_text(errors="replace")
     exits = re.findall(r"_job_complete: JobId=\S+ WEXITSTATUS (\d+)", ctld)
     drains = [x for x in ctld.splitlines() if "MPS-HC" in x and "reason" in x.lower()]
-    audit = site.base / "audit.log"
+    audit = hooks.base / "audit.log"
     audit_lines = audit.read_text().splitlines() if audit.exists() else []
     slurmd = slurmd_log.read_text(errors="replace")[log_start:]
-    hook_errors = [x for x in (site.base / "hooks.log").read_text().splitlines()
-                   if "error" in x.lower() or "not recorded" in x] if (site.base / "hooks.log").exists() else []
+    hook_errors = [x for x in (hooks.base / "hooks.log").read_text().splitlines()
+                   if "error" in x.lower() or "not recorded" in x] if (hooks.base / "hooks.log").exists() else []
     print(f"\n{cluster.version}: {len(exits)} jobs ({JOBS} x true, {SLEEPERS} x sleep 4) "
           f"in {elapsed:.0f}s; {len(during)} health check runs, {len(failed)} failed; "
           f"{len(drains)} drains (slurmctld), {len(audit_lines)} audit lines")
     if failed:
-        print((site.base / "failed-output.log").read_text()[-3000:])
+        print((hooks.base / "failed-output.log").read_text()[-3000:])
     assert len(exits) == JOBS + SLEEPERS and set(exits) == {"0"}, exits[-20:]
     assert len(during) >= 10, f"only {len(during)} health check runs: the test saw no churn"
-    assert failed == [], (site.base / "failed-output.log").read_text()[-3000:]
+    assert failed == [], (hooks.base / "failed-output.log").read_text()[-3000:]
     assert drains == [] and audit_lines == [], (drains, audit_lines)
     assert "health_check failed" not in slurmd and "prolog failed" not in slurmd.lower()
     assert "epilog failed" not in slurmd.lower(), slurmd[-3000:]
     assert hook_errors == [], hook_errors[:5]
     assert "DRAIN" not in cluster.node_state()
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []

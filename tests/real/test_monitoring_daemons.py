@@ -13,15 +13,14 @@ import contextlib
 import os
 import pwd
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Optional
 
 import pytest
 from conftest import FAKE_CONTROL, REPO
 from monitoring_tools import need, stop
-from mpsdaemon import start_daemon
+from nodesite import Site
 from remhelp import kill_and_wait
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is under /root)
@@ -31,16 +30,15 @@ PACKAGES = {"mps_health": "core", "mps_health/checks": "checks",
 
 
 @pytest.fixture
-def site() -> Iterator[Dict[str, Path]]:
-    """A public dir with the plugin, its config, an instance's dirs and a fake daemon."""
+def monitored(site: Site) -> Dict[str, Path]:
+    """A site with the plugin, its config, an instance's dirs and a fake daemon."""
     try:
         user = pwd.getpwnam("nagios")
     except KeyError:
         pytest.skip("no nagios user (the nagios4 package makes it)")
     if os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip("needs root and /usr/bin/python3")
-    base = Path(tempfile.mkdtemp(prefix="mpsh-monitor-", dir="/tmp"))
-    base.chmod(0o755)
+    base = site.root
     lib = base / "lib" / "mps_health"
     lib.mkdir(parents=True)
     for entry in (REPO / "core").iterdir():
@@ -48,27 +46,17 @@ def site() -> Iterator[Dict[str, Path]]:
     for name, folder in PACKAGES.items():
         if name != "mps_health":
             (base / "lib" / name).symlink_to(REPO / folder)
-    for d in ("pipe", "log"):
-        (base / d).mkdir()
-        (base / d).chmod(0o777)
-    cfg = base / "config.yaml"
-    cfg.write_text(f"state_dir: {base}/state\nrun_dir: {base}/run\ncommands:\n"
-                   f"  nvidia-cuda-mps-control: {FAKE_CONTROL}\nmps:\n  pipe_dir: {base}/pipe\n"
-                   f"  log_dir: {base}/log\n")
+    daemon = site.start_daemon()
+    cfg = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     plugin = base / "check_mps"
     plugin.write_text(f"#!/bin/sh\nPYTHONPATH={base}/lib exec {SYSTEM_PYTHON} -m "
                       f"mps_health.commands.check_mps --config {cfg} "
                       "--only daemon,control,directories \"$@\"\n")
-    for f in (cfg, plugin):
-        f.chmod(0o755 if f == plugin else 0o644)
+    plugin.chmod(0o755)
     work = base / "daemon"
     work.mkdir()
     os.chown(work, user.pw_uid, user.pw_gid)
-    pid = start_daemon(base / "pipe", base / "log")
-    yield {"base": base, "plugin": plugin, "work": work, "daemon": Path(str(pid))}
-    if Path(f"/proc/{pid}").exists():
-        kill_and_wait(pid)
-    subprocess.run(["rm", "-rf", str(base)], check=False, timeout=60)
+    return {"base": base, "plugin": plugin, "work": work, "daemon": Path(str(daemon.pid))}
 
 
 def poll(what: str, probe: Callable[[], Optional[str]], timeout: float,
@@ -91,14 +79,14 @@ def command(pipe: Path, line: str) -> None:
 
 # --- Nagios 4 --------------------------------------------------------------------------
 
-def nagios_main(site: Dict[str, Path]) -> Path:
-    base, work = site["base"], site["work"]
+def nagios_main(monitored: Dict[str, Path]) -> Path:
+    base, work = monitored["base"], monitored["work"]
     (base / "hosts.cfg").write_text(f"""
 define host {{
     use          mps-gpu-node,linux-server
     host_name    gpu01
     address      127.0.0.1
-    _MPS_PLUGIN  {site["plugin"]}
+    _MPS_PLUGIN  {monitored["plugin"]}
 }}
 define service {{
     use                  mps-health-service
@@ -142,9 +130,9 @@ def nagios_result(status: Path, checked_after: float) -> Optional[str]:
     return f"{block['current_state']}|{block['plugin_output']}"
 
 
-def test_nagios4_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
+def test_nagios4_runs_check_mps_ok_then_critical(monitored: Dict[str, Path]) -> None:
     nagios4 = need("nagios4")
-    main, work = nagios_main(site), site["work"]
+    main, work = nagios_main(monitored), monitored["work"]
     proc = subprocess.Popen([nagios4, str(main)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     try:
@@ -156,7 +144,7 @@ def test_nagios4_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
 
         ok = forced(int(time.time()))
         assert ok.startswith("0|MPS OK - "), ok
-        kill_and_wait(int(str(site["daemon"])))
+        kill_and_wait(int(str(monitored["daemon"])))
         time.sleep(1.0)  # a later last_check than the OK one
         bad = forced(int(time.time()))
         assert bad.startswith("2|MPS CRITICAL - daemon-stale node"), bad
@@ -166,8 +154,8 @@ def test_nagios4_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
 
 # --- Icinga 2 --------------------------------------------------------------------------
 
-def icinga_conf(site: Dict[str, Path]) -> Path:
-    base, work = site["base"], site["work"]
+def icinga_conf(monitored: Dict[str, Path]) -> Path:
+    base, work = monitored["base"], monitored["work"]
     conf = base / "icinga2.conf"
     conf.write_text(f"""
 const PluginDir = "/usr/lib/nagios/plugins"
@@ -182,7 +170,7 @@ object Host "gpu01" {{
   check_command = "dummy"
   enable_active_checks = false
   vars.mps_gpu_node = true
-  vars.mps_plugin = "{site['plugin']}"
+  vars.mps_plugin = "{monitored['plugin']}"
 }}
 object CheckerComponent "checker" {{}}
 object ExternalCommandListener "command" {{ command_path = "{work}/icinga2.cmd" }}
@@ -210,9 +198,9 @@ def icinga_result(work: Path, checked_after: float) -> Optional[str]:
     return newest
 
 
-def test_icinga2_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
+def test_icinga2_runs_check_mps_ok_then_critical(monitored: Dict[str, Path]) -> None:
     icinga2 = need("icinga2")
-    conf, work = icinga_conf(site), site["work"]
+    conf, work = icinga_conf(monitored), monitored["work"]
     for sub in ("data", "log", "cache", "spool", "run"):
         (work / sub).mkdir()
         os.chown(work / sub, work.stat().st_uid, work.stat().st_gid)
@@ -221,7 +209,7 @@ def test_icinga2_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
                 ("DataDir", "data"), ("LogDir", "log"), ("CacheDir", "cache"),
                 ("SpoolDir", "spool"), ("InitRunDir", "run"))),
             f"-DPidPath={work / 'run' / 'icinga2.pid'}"]
-    log = site["base"] / "icinga2.out"
+    log = monitored["base"] / "icinga2.out"
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -237,7 +225,7 @@ def test_icinga2_runs_check_mps_ok_then_critical(site: Dict[str, Path]) -> None:
 
         ok = forced(time.time())
         assert ok.startswith("0|MPS OK - "), ok
-        kill_and_wait(int(str(site["daemon"])))
+        kill_and_wait(int(str(monitored["daemon"])))
         bad = forced(time.time())
         assert bad.startswith("2|MPS CRITICAL - daemon-stale node"), bad
     finally:

@@ -1,5 +1,5 @@
 """``remediate orphans``, ``drain`` and ``resume`` against a real slurmctld and squeue."""
-# ruff: noqa: F811  (the fixtures tree and test_user come from remhelp)
+# ruff: noqa: F811  (the fixture test_user comes from remhelp)
 
 import os
 import subprocess
@@ -10,14 +10,14 @@ import pytest
 from clirun import mps_health
 from mps_health.probes.slurm import parse_node_line
 from mpsdaemon import start_daemon
+from nodesite import Site
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
     make_dirs,
+    remediating,
     test_user,
-    tree,
     uid_of,
-    write_config,
 )
 from slurm_fixture import _require
 from slurmcluster import SlurmCluster
@@ -35,12 +35,10 @@ def cluster() -> Iterator[SlurmCluster]:
     c.stop()
 
 
-def per_job_config(base: Path, cluster: SlurmCluster) -> str:
-    cfg = Path(write_config(base, layout="per-job", pipe=f"{base}/nvidia-mps_job{{job}}",
-                            log=f"{base}/nvidia-log_job{{job}}",
-                            extra="orphans:\n  min_age_s: 0"))
-    cfg.write_text(f"node_name: {NODE}\n" + cfg.read_text())
-    return str(cfg)
+def per_job_config(site: Site) -> str:
+    return site.config(remediating(site), node_name=NODE, mps={"layout": "per-job"},
+                       pipe=f"{site.root}/nvidia-mps_job{{job}}",
+                       log=f"{site.root}/nvidia-log_job{{job}}", orphans={"min_age_s": 0})
 
 
 def user_daemon(base: Path, job: str, user) -> int:
@@ -58,18 +56,18 @@ def run(cluster: SlurmCluster, cfg: str, *args: str) -> subprocess.CompletedProc
 
 
 def test_orphans_of_ended_jobs_are_quit_as_their_user_and_removed(cluster: SlurmCluster,
-                                                                   tree: Path,
+                                                                   site,
                                                                    test_user) -> None:
     job = cluster.start_job(["srun", "sleep", "120"])
     try:
         (running,) = cluster.wait_running(1)
-        live = user_daemon(tree, running, test_user)
-        gone = user_daemon(tree, "99999", test_user)
-        target = tree / "precious"
+        live = user_daemon(site.root, running, test_user)
+        gone = user_daemon(site.root, "99999", test_user)
+        target = site.root / "precious"
         make_dirs(target)
         (target / "keep").write_text("k")
-        (tree / "nvidia-mps_job88888").symlink_to(target)  # an orphan entry that is a symlink
-        cfg = per_job_config(tree, cluster)
+        (site.root / "nvidia-mps_job88888").symlink_to(target)  # an orphan entry that is a symlink
+        cfg = per_job_config(site)
         dry = run(cluster, cfg, "orphans", "--dry-run")
         assert dry.returncode == 0, dry.stdout + dry.stderr
         assert f"jobs Slurm lists here: {running}" in dry.stdout
@@ -81,22 +79,22 @@ def test_orphans_of_ended_jobs_are_quit_as_their_user_and_removed(cluster: Slurm
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"quit as {test_user.pw_name}" in r.stdout
         assert not alive(gone)
-        assert not (tree / "nvidia-mps_job99999").exists()
-        assert not (tree / "nvidia-log_job99999").exists()
-        assert not os.path.lexists(tree / "nvidia-mps_job88888")
+        assert not (site.root / "nvidia-mps_job99999").exists()
+        assert not (site.root / "nvidia-log_job99999").exists()
+        assert not os.path.lexists(site.root / "nvidia-mps_job88888")
         assert (target / "keep").read_text() == "k"  # the symlink's target is untouched
-        assert alive(live) and (tree / f"nvidia-mps_job{running}").is_dir()
+        assert alive(live) and (site.root / f"nvidia-mps_job{running}").is_dir()
         assert uid_of(live) == test_user.pw_uid
-        audit = (tree / "audit.log").read_text()
+        audit = (site.root / "audit.log").read_text()
         assert "action=orphans event=remove result=ok instance=job99999" in audit
     finally:
         cluster.cancel_all()
         job.wait(30)
 
 
-def test_no_job_list_means_no_orphan(cluster: SlurmCluster, tree: Path, test_user) -> None:
-    pid = user_daemon(tree, "77777", test_user)
-    cfg = per_job_config(tree, cluster)
+def test_no_job_list_means_no_orphan(cluster: SlurmCluster, site, test_user) -> None:
+    pid = user_daemon(site.root, "77777", test_user)
+    cfg = per_job_config(site)
     cluster.stop_controller()
     try:
         r = run(cluster, cfg, "orphans")
@@ -105,12 +103,12 @@ def test_no_job_list_means_no_orphan(cluster: SlurmCluster, tree: Path, test_use
         cluster.wait_state(lambda st: st.startswith("IDLE"), 60)
     assert r.returncode == 3
     assert "cannot list the jobs on remnode, so no instance is judged an orphan" in r.stderr
-    assert alive(pid) and (tree / "nvidia-mps_job77777").is_dir()
+    assert alive(pid) and (site.root / "nvidia-mps_job77777").is_dir()
 
 
-def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, tree: Path) -> None:
+def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, site) -> None:
     cluster.wait_state(lambda st: st.startswith("IDLE") and "DRAIN" not in st, 60)
-    cfg = per_job_config(tree, cluster)
+    cfg = per_job_config(site)
     r = run(cluster, cfg, "drain", "--reason", "resetting MPS")
     assert r.returncode == 0, r.stdout + r.stderr
     v = parse_node_line(cluster.scontrol("show", "node", NODE, "-o"))
@@ -131,35 +129,35 @@ def test_drain_and_resume_by_hand_follow_the_tag_rules(cluster: SlurmCluster, tr
         assert v.reason == "firmware update"
     finally:
         cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
-    audit = (tree / "audit.log").read_text()
+    audit = (site.root / "audit.log").read_text()
     assert "action=drain event=drain result=ok" in audit
     assert "action=resume event=resume result=refused" in audit
 
 
-def test_per_job_reset_restarts_the_daemon_as_the_jobs_user(cluster: SlurmCluster, tree: Path,
+def test_per_job_reset_restarts_the_daemon_as_the_jobs_user(cluster: SlurmCluster, site,
                                                            test_user) -> None:
     cluster.wait_state(lambda st: st.startswith("IDLE") and "DRAIN" not in st, 60)
     job = cluster.start_job(["srun", "sleep", "120"], user=test_user.pw_name)
     try:
         (running,) = cluster.wait_running(1)
-        old = user_daemon(tree, running, test_user)
+        old = user_daemon(site.root, running, test_user)
         os.kill(old, 9)  # stale, as after a crash
-        cfg = per_job_config(tree, cluster)
+        cfg = per_job_config(site)
         r = run(cluster, cfg, "reset", f"job{running}")
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"as {test_user.pw_name} (uid {test_user.pw_uid})" in r.stdout
-        (new,) = daemons_of(tree / f"nvidia-mps_job{running}")
+        (new,) = daemons_of(site.root / f"nvidia-mps_job{running}")
         assert uid_of(new) == test_user.pw_uid
-        assert os.lstat(tree / f"nvidia-mps_job{running}").st_uid == test_user.pw_uid
+        assert os.lstat(site.root / f"nvidia-mps_job{running}").st_uid == test_user.pw_uid
         gone = run(cluster, cfg, "reset", "job424242")
         assert gone.returncode == 3 and "no MPS instance named 'job424242'" in gone.stderr
-        make_dirs(tree / "nvidia-mps_job55555", tree / "nvidia-log_job55555")
+        make_dirs(site.root / "nvidia-mps_job55555", site.root / "nvidia-log_job55555")
         ended = run(cluster, cfg, "reset", "job55555")
         # Dirs of a job Slurm does not run here are no instance (a user can make such
         # dirs in /tmp): reset refuses them; `remediate orphans` is what cleans them up.
         assert ended.returncode == 3
         assert "no MPS instance named 'job55555'" in ended.stderr
-        assert (tree / "nvidia-mps_job55555").is_dir()
+        assert (site.root / "nvidia-mps_job55555").is_dir()
     finally:
         cluster.cancel_all()
         job.wait(30)

@@ -17,7 +17,7 @@ from typing import Iterator, List, Optional
 import pytest
 from clirun import mps_health
 from conftest import FIXTURES
-from jobhooks import Site, user_python
+from jobhooks import JobHooks, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
 from slurmroot import mps_health_argv
 
@@ -30,15 +30,15 @@ RENDERED_KEYS = ("gresTypes", "selecttype", "prolog", "taskprolog", "epilog",
 class GeneratedConfCluster(SlurmCluster):
     """The fixture's cluster with our rendered gres.conf and slurm.conf lines."""
 
-    def __init__(self, site: Site, mps_gpus: str, **kw: object) -> None:
+    def __init__(self, hooks: JobHooks, mps_gpus: str, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self.site = site
+        self.hooks = hooks
         self.mps_gpus = mps_gpus
         self.rendered_conf = ""
 
     def render(self, what: str, *extra: str) -> str:
         r = mps_health("slurm", what, "--nvml-record", RECORD, "--mps-gpus", self.mps_gpus,
-                       "--node-name", self.node_name, "--config", str(self.site.config), *extra)
+                       "--node-name", self.node_name, "--config", str(self.hooks.config), *extra)
         if r.returncode != 0:
             raise SlurmClusterError(f"mps-health slurm {what}: {r.stderr}")
         return r.stdout
@@ -47,7 +47,7 @@ class GeneratedConfCluster(SlurmCluster):
         super().write_conf()
         shutil.copy(self.gres_conf, self.dir / "gres.conf.fixture")
         self.gres_conf.write_text(self.render("gres-conf", "--dev-dir", str(self.dir / "dev")))
-        self.rendered_conf = self.render("conf", "--prefix", str(self.site.hooks),
+        self.rendered_conf = self.render("conf", "--prefix", str(self.hooks.hooks),
                                          "--health-check-program", "/bin/true",
                                          "--health-check-interval", "600")
         gres = next(x.split("Gres=", 1)[1] for x in self.rendered_conf.splitlines()
@@ -66,21 +66,21 @@ class GeneratedConfCluster(SlurmCluster):
 
 
 @pytest.fixture(scope="module")
-def site(slurm_user: str, slurm_where) -> Iterator[Site]:
+def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
     python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
     if python is None:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = Site(slurm_user, python, mps_health=mps_health_argv(slurm_where))
+    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
     yield s
     s.close()
     shutil.rmtree(base, ignore_errors=True)
 
 
-def start(site: Site, mps_gpus: str, node: str, where) -> GeneratedConfCluster:
-    c = GeneratedConfCluster(site, mps_gpus, node_name=node, root=where)
+def start(hooks: JobHooks, mps_gpus: str, node: str, where) -> GeneratedConfCluster:
+    c = GeneratedConfCluster(hooks, mps_gpus, node_name=node, root=where)
     try:
         return c.start()  # type: ignore[return-value]
     except SlurmClusterError as e:
@@ -94,18 +94,18 @@ def node_field(cluster: SlurmCluster, name: str) -> Optional[str]:
     return None
 
 
-def test_all_gpus_with_mps(site: Site, slurm_where) -> None:
-    cluster = start(site, "all", "gennode", slurm_where)
+def test_all_gpus_with_mps(hooks: JobHooks, slurm_where) -> None:
+    cluster = start(hooks, "all", "gennode", slurm_where)
     try:
         print(cluster.gres_conf.read_text(), cluster.rendered_conf, sep="\n")
         assert node_field(cluster, "Gres") == "gpu:2,mps:200"
         assert cluster.node_state() == "IDLE"
-        r = cluster.run(["srun", "--gres=mps:50", "env"], user=site.user, timeout=90)
+        r = cluster.run(["srun", "--gres=mps:50", "env"], user=hooks.user, timeout=90)
         assert r.returncode == 0, r.stderr + cluster.logs()
         env = dict(x.split("=", 1) for x in r.stdout.splitlines() if "=" in x)
-        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(site.pipe_dir(env["SLURM_JOB_ID"]))
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(hooks.pipe_dir(env["SLURM_JOB_ID"]))
         cluster.wait_state(lambda s: s == "IDLE", 60)
-        assert site.entries() == [] and site.processes() == []
+        assert hooks.entries() == [] and hooks.processes() == []
 
         same = mps_health("slurm", "gres-conf", "--nvml-record", RECORD, "--dev-dir",
                           str(cluster.dir / "dev"), "--diff", "--gres-conf",
@@ -117,7 +117,7 @@ def test_all_gpus_with_mps(site: Site, slurm_where) -> None:
                              str(cluster.dir / "gres.conf.fixture"), "--node-name", "gennode")
         assert fixture.returncode == 0, fixture.stdout + fixture.stderr
         conf = mps_health("slurm", "conf", "--nvml-record", RECORD, "--config",
-                          str(site.config), "--prefix", str(site.hooks),
+                          str(hooks.config), "--prefix", str(hooks.hooks),
                           "--health-check-program", "/bin/true", "--health-check-interval",
                           "600", "--node-name", "gennode", "--diff", "--slurm-conf",
                           str(cluster.conf))
@@ -126,12 +126,12 @@ def test_all_gpus_with_mps(site: Site, slurm_where) -> None:
         cluster.stop()
 
 
-def test_mixed_node_mps_on_gpu0_only(site: Site, slurm_where) -> None:
-    cluster = start(site, "0", "mixnode", slurm_where)
+def test_mixed_node_mps_on_gpu0_only(hooks: JobHooks, slurm_where) -> None:
+    cluster = start(hooks, "0", "mixnode", slurm_where)
     try:
         assert node_field(cluster, "Gres") == "gpu:2,mps:100"
         assert cluster.gres_conf.read_text().count("Name=mps") == 1
-        r = cluster.run(["srun", "--gres=mps:50", "env"], user=site.user, timeout=90)
+        r = cluster.run(["srun", "--gres=mps:50", "env"], user=hooks.user, timeout=90)
         assert r.returncode == 0, r.stderr + cluster.logs()
         assert "CUDA_VISIBLE_DEVICES=0\n" in r.stdout and "CUDA_MPS_PIPE_DIRECTORY=" in r.stdout
         cluster.wait_state(lambda s: s == "IDLE", 60)
@@ -143,4 +143,4 @@ def test_mixed_node_mps_on_gpu0_only(site: Site, slurm_where) -> None:
         assert f"-Name=mps Count=100 File={cluster.dir}/dev/nvidia1" in diff.stdout.splitlines()
     finally:
         cluster.stop()
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []

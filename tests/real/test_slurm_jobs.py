@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
-from jobhooks import FAKE_CONTROL, Site, daemon_pid, proc_uid, user_python
+from jobhooks import FAKE_CONTROL, JobHooks, daemon_pid, proc_uid, user_python
 from slurmcluster import SlurmCluster, SlurmClusterError
 from slurmroot import mps_health_argv
 
@@ -25,24 +25,24 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
-def site(slurm_user: str, slurm_where) -> Iterator[Site]:
+def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
     python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
     if python is None:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = Site(slurm_user, python, mps_health=mps_health_argv(slurm_where))
+    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
     yield s
     s.close()
     shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(site: Site, slurm_where) -> Iterator[SlurmCluster]:
-    hooks = {h.replace("-", "_"): str(site.hooks / f"mps-health-{h}")
-             for h in ("prolog", "task-prolog", "epilog")}
-    c = SlurmCluster(node_name="jobnode", root=slurm_where, **hooks)
+def cluster(hooks: JobHooks, slurm_where) -> Iterator[SlurmCluster]:
+    scripts = {h.replace("-", "_"): str(hooks.hooks / f"mps-health-{h}")
+               for h in ("prolog", "task-prolog", "epilog")}
+    c = SlurmCluster(node_name="jobnode", root=slurm_where, **scripts)
     try:
         c.start()
     except SlurmClusterError as e:
@@ -63,40 +63,40 @@ def settle(cluster: SlurmCluster) -> None:
     cluster.wait_state(lambda s: s == "IDLE", 60)
 
 
-def test_mps_job_sees_its_own_pipe_dir(cluster: SlurmCluster, site: Site) -> None:
-    env = run_env(cluster, site.user, "--gres=mps:50")
+def test_mps_job_sees_its_own_pipe_dir(cluster: SlurmCluster, hooks: JobHooks) -> None:
+    env = run_env(cluster, hooks.user, "--gres=mps:50")
     job = env["SLURM_JOB_ID"]
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(site.pipe_dir(job))
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(site.parent / f"nvidia-log_job{job}")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(hooks.pipe_dir(job))
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(hooks.parent / f"nvidia-log_job{job}")
     settle(cluster)
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []
 
 
 def test_running_job_uses_a_daemon_of_its_user_and_scancel_leaves_nothing(
-        cluster: SlurmCluster, site: Site) -> None:
+        cluster: SlurmCluster, hooks: JobHooks) -> None:
     query = (f"echo get_default_active_thread_percentage | /usr/bin/python3 {FAKE_CONTROL}; "
              "echo $CUDA_MPS_PIPE_DIRECTORY; sleep 300")
-    job = cluster.start_job(["srun", "--gres=mps:50", "sh", "-c", query], user=site.user)
+    job = cluster.start_job(["srun", "--gres=mps:50", "sh", "-c", query], user=hooks.user)
     try:
         [job_id] = cluster.wait_running(1, timeout=60)
         assert job.stdout is not None
         answer, pipe = job.stdout.readline().strip(), job.stdout.readline().strip()
         assert answer == "100.0", answer + cluster.logs()  # the task reached the daemon
-        assert pipe == str(site.pipe_dir(job_id))
+        assert pipe == str(hooks.pipe_dir(job_id))
         pid = daemon_pid(Path(pipe))
-        assert pid is not None and proc_uid(pid) == site.pw.pw_uid
-        assert os.stat(pipe).st_uid == site.pw.pw_uid
+        assert pid is not None and proc_uid(pid) == hooks.pw.pw_uid
+        assert os.stat(pipe).st_uid == hooks.pw.pw_uid
         print(f"job {job_id}: daemon {pid} (uid {proc_uid(pid)}) in {pipe}")
     finally:
         cluster.run(["scancel", *cluster.job_ids()], timeout=30)
         job.wait(60)
     settle(cluster)
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []
     assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     # tmpfiles judges the machine's /tmp aging rules, not these dirs: skipped here.
-    r = subprocess.run([*site.mps_health, "check", "--config",
-                        str(site.config), "--skip", "tmpfiles", "--format", "json"],
+    r = subprocess.run([*hooks.mps_health, "check", "--config",
+                        str(hooks.config), "--skip", "tmpfiles", "--format", "json"],
                        capture_output=True, text=True, timeout=60)
     report = json.loads(r.stdout)
     daemon = [x for c in report["checks"] if c["name"] == "daemon" for x in c["results"]]
@@ -105,32 +105,32 @@ def test_running_job_uses_a_daemon_of_its_user_and_scancel_leaves_nothing(
     assert report["problems"] == [] and r.returncode == 0
 
 
-def test_whole_gpu_and_cpu_jobs_get_no_daemon(cluster: SlurmCluster, site: Site) -> None:
-    gpu = run_env(cluster, site.user, "--gres=gpu:1")
+def test_whole_gpu_and_cpu_jobs_get_no_daemon(cluster: SlurmCluster, hooks: JobHooks) -> None:
+    gpu = run_env(cluster, hooks.user, "--gres=gpu:1")
     assert gpu["CUDA_VISIBLE_DEVICES"] in ("0", "1")
     assert "CUDA_MPS_PIPE_DIRECTORY" not in gpu
-    cpu = run_env(cluster, site.user)
+    cpu = run_env(cluster, hooks.user)
     assert "CUDA_MPS_PIPE_DIRECTORY" not in cpu and "CUDA_VISIBLE_DEVICES" not in cpu
     settle(cluster)
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []
 
 
-def test_two_mps_jobs_at_once_get_two_daemons(cluster: SlurmCluster, site: Site) -> None:
-    jobs = [cluster.start_job(["srun", "--gres=mps:50", "sleep", "300"], user=site.user)
+def test_two_mps_jobs_at_once_get_two_daemons(cluster: SlurmCluster, hooks: JobHooks) -> None:
+    jobs = [cluster.start_job(["srun", "--gres=mps:50", "sleep", "300"], user=hooks.user)
             for _ in range(2)]
     try:
         ids = cluster.wait_running(2, timeout=60)
         deadline = time.monotonic() + 30  # RUNNING comes before the step's prolog ends
-        pids = {daemon_pid(site.pipe_dir(j)) for j in ids}
+        pids = {daemon_pid(hooks.pipe_dir(j)) for j in ids}
         while None in pids and time.monotonic() < deadline:
             time.sleep(0.1)
-            pids = {daemon_pid(site.pipe_dir(j)) for j in ids}
+            pids = {daemon_pid(hooks.pipe_dir(j)) for j in ids}
         assert None not in pids and len(pids) == 2
     finally:
         settle(cluster)
         for j in jobs:
             j.wait(60)
-    assert site.entries() == [] and site.processes() == []
+    assert hooks.entries() == [] and hooks.processes() == []
 
 
 def _zombie(pid: int) -> bool:
@@ -142,16 +142,16 @@ def _zombie(pid: int) -> bool:
 
 
 def test_a_failed_start_drains_the_node_and_leaves_nothing(
-        make_slurm_cluster, site: Site) -> None:
+        make_slurm_cluster, hooks: JobHooks) -> None:
     """Prolog exit 1 (on_start_failure: fail): Slurm drains the node and holds the job."""
-    broken = Site(site.user, site.python, control="/bin/true",
-                  extra_config="  start_timeout_s: 1", mps_health=site.mps_health)
+    broken = JobHooks(hooks.user, hooks.python, control="/bin/true",
+                      jobs={"start_timeout_s": 1}, mps_health=hooks.mps_health)
     try:
-        hooks = {h.replace("-", "_"): str(broken.hooks / f"mps-health-{h}")
-                 for h in ("prolog", "task-prolog", "epilog")}
-        c = make_slurm_cluster(node_name="failnode", **hooks)
+        scripts = {h.replace("-", "_"): str(broken.hooks / f"mps-health-{h}")
+                   for h in ("prolog", "task-prolog", "epilog")}
+        c = make_slurm_cluster(node_name="failnode", **scripts)
         batch = c.run(["sbatch", "--gres=mps:50", "--output=/dev/null", "--wrap", "true"],
-                      user=site.user, timeout=60)
+                      user=hooks.user, timeout=60)
         assert batch.returncode == 0, batch.stderr
         state = c.wait_state(lambda s: "DRAIN" in s, 60)
         line = c.node_line()

@@ -1,12 +1,11 @@
 """mps_health.daemonctl: the one way to start and quit a control daemon (fake daemon)."""
-# ruff: noqa: F811  (the fixtures tree comes from remhelp)
 
 import os
 from pathlib import Path
 
 from mps_health import processes
 from mps_health.daemonctl import quit_daemon, start_daemon
-from remhelp import FAKE_CONTROL, make_dirs, tree  # noqa: F401
+from paths import FAKE_CONTROL
 
 
 def env_for(pipe: Path, log: Path) -> dict:
@@ -14,25 +13,25 @@ def env_for(pipe: Path, log: Path) -> dict:
             "CUDA_MPS_LOG_DIRECTORY": str(log)}
 
 
-def test_start_answers_then_quit_ends_it(tree: Path) -> None:
-    make_dirs(tree / "pipe", tree / "log")
-    env = env_for(tree / "pipe", tree / "log")
-    started = start_daemon(FAKE_CONTROL, str(tree / "pipe"), None, env, 10.0)
+def test_start_answers_then_quit_ends_it(site) -> None:
+    site.dirs()
+    env = env_for(site.pipe, site.log)
+    started = start_daemon(FAKE_CONTROL, str(site.pipe), None, env, 10.0)
     assert started.pid is not None, started.detail
-    daemon = processes.daemon_of("/proc", str(tree / "pipe"))
+    daemon = processes.daemon_of("/proc", str(site.pipe))
     assert daemon is not None and daemon.pid == started.pid
     assert quit_daemon(FAKE_CONTROL, None, env, 1, 6.0) == ""
     assert processes.wait_gone("/proc", (daemon,), 5.0)
 
 
-def test_a_start_that_brings_up_no_daemon_says_so(tree: Path) -> None:
-    make_dirs(tree / "pipe", tree / "log")
-    started = start_daemon("/bin/true", str(tree / "pipe"), None,
-                           env_for(tree / "pipe", tree / "log"), 0.5)
+def test_a_start_that_brings_up_no_daemon_says_so(site) -> None:
+    site.dirs()
+    started = start_daemon("/bin/true", str(site.pipe), None,
+                           env_for(site.pipe, site.log), 0.5)
     assert started.pid is None and "no daemon in" in started.detail
 
 
-def test_quit_without_a_daemon_is_a_problem_not_a_hang(tree: Path) -> None:
-    make_dirs(tree / "pipe", tree / "log")
-    problem = quit_daemon(FAKE_CONTROL, None, env_for(tree / "pipe", tree / "log"), 1, 5.0)
+def test_quit_without_a_daemon_is_a_problem_not_a_hang(site) -> None:
+    site.dirs()
+    problem = quit_daemon(FAKE_CONTROL, None, env_for(site.pipe, site.log), 1, 5.0)
     assert problem.startswith("'quit -t 1'")

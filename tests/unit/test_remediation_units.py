@@ -1,11 +1,10 @@
 """The pure parts of remediation, on real captured Slurm output and real processes."""
-# ruff: noqa: F811  (the fixtures tree and test_user come from remhelp)
+# ruff: noqa: F811  (the fixture test_user comes from remhelp)
 
 import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from conftest import FAKE_SERVER, fixture_text
@@ -22,7 +21,7 @@ from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from mps_health.slurm_settings import settings as slurm_settings
 from mpsdaemon import start_daemon
-from remhelp import alive, make_dirs, test_user, tree  # noqa: F401
+from remhelp import alive, make_dirs, test_user  # noqa: F401
 
 TAG = "MPS-HC:"
 
@@ -210,11 +209,11 @@ def test_dir_actions() -> None:
     assert dirs.actions("file", 0o644, 0, T) == ("move-aside", "create")
 
 
-def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(tree: Path, test_user) -> None:
-    shared = tree / "shared"
-    make_dirs(shared, tree / "real" / "sub", mode=0o755)
+def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(site, test_user) -> None:
+    shared = site.root / "shared"
+    make_dirs(shared, site.root / "real" / "sub", mode=0o755)
     shared.chmod(0o1777)
-    (shared / "link").symlink_to(tree / "real")
+    (shared / "link").symlink_to(site.root / "real")
     os.lchown(shared / "link", test_user.pw_uid, test_user.pw_gid)
     with pytest.raises(safedirs.UnsafePath, match="a symlink owned by uid"):
         safedirs.open_dir(f"{shared}/link/sub")
@@ -222,30 +221,30 @@ def test_open_dir_refuses_a_users_symlink_in_a_shared_dir(tree: Path, test_user)
     fd = safedirs.open_dir(f"{shared}/link/sub")
     os.close(fd)
     with pytest.raises(safedirs.UnsafePath, match=r"'\.\.'"):
-        safedirs.open_dir(f"{tree}/real/../real")
-    (tree / "real").chmod(0o777)  # anyone could swap what is inside: not walked through
+        safedirs.open_dir(f"{site.root}/real/../real")
+    (site.root / "real").chmod(0o777)  # anyone could swap what is inside: not walked through
     with pytest.raises(safedirs.UnsafePath, match="writable by others without the sticky bit"):
-        safedirs.open_dir(f"{tree}/real/sub")
+        safedirs.open_dir(f"{site.root}/real/sub")
 
 
-def test_remove_tree_unlinks_symlinks_without_entering_them(tree: Path) -> None:
-    make_dirs(tree / "victim", tree / "gone" / "deep")
-    (tree / "victim" / "keep").write_text("k")
-    (tree / "gone" / "deep" / "link").symlink_to(tree / "victim")
-    (tree / "gone" / "file").write_text("f")
-    fd = safedirs.open_dir(str(tree))
+def test_remove_tree_unlinks_symlinks_without_entering_them(site) -> None:
+    make_dirs(site.root / "victim", site.root / "gone" / "deep")
+    (site.root / "victim" / "keep").write_text("k")
+    (site.root / "gone" / "deep" / "link").symlink_to(site.root / "victim")
+    (site.root / "gone" / "file").write_text("f")
+    fd = safedirs.open_dir(str(site.root))
     try:
-        assert safedirs.remove_tree(fd, "gone", f"{tree}/gone") == []
+        assert safedirs.remove_tree(fd, "gone", f"{site.root}/gone") == []
     finally:
         os.close(fd)
-    assert not (tree / "gone").exists()
-    assert (tree / "victim" / "keep").read_text() == "k"
+    assert not (site.root / "gone").exists()
+    assert (site.root / "victim" / "keep").read_text() == "k"
 
 
 # --- verified PIDs ---------------------------------------------------------------------------
-def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
-    make_dirs(tree / "pipe", tree / "log")
-    pid = start_daemon(tree / "pipe", tree / "log")
+def test_a_pid_reused_by_another_process_is_left_alone(site) -> None:
+    site.dirs()
+    pid = start_daemon(site.pipe, site.log)
     fact = read_process("/proc", pid)
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
@@ -257,11 +256,11 @@ def test_a_pid_reused_by_another_process_is_left_alone(tree: Path) -> None:
     assert not alive(pid)
 
 
-def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(tree: Path) -> None:
+def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(site) -> None:
     server = FAKE_SERVER
     started = [subprocess.Popen([server], stdout=subprocess.PIPE, text=True,
                                 env={"PATH": "/usr/bin:/bin", "FAKE_MPS_IGNORE_TERM": "1",
-                                     "CUDA_MPS_PIPE_DIRECTORY": str(tree)})
+                                     "CUDA_MPS_PIPE_DIRECTORY": str(site.root)})
                for _ in range(3)]
     try:
         for s in started:
@@ -326,9 +325,9 @@ def test_guard_covers_every_layout() -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None,
                     reason="systemd-tmpfiles not installed (apt-get install systemd)")
-def test_real_systemd_tmpfiles_spares_what_the_guard_covers(tree: Path) -> None:
+def test_real_systemd_tmpfiles_spares_what_the_guard_covers(site) -> None:
     """systemd-tmpfiles --clean, with /tmp aged after 1 s, under a private --root."""
-    root = tree / "root"
+    root = site.root / "root"
     make_dirs(root / "etc" / "tmpfiles.d", root / "usr" / "lib" / "tmpfiles.d",
               root / "tmp" / "nvidia-mps_job7", root / "tmp" / "unguarded", mode=0o755)
     (root / "usr/lib/tmpfiles.d/tmp.conf").write_text("d /tmp 1777 root root 1s\n")

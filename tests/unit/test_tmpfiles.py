@@ -107,3 +107,25 @@ def test_no_systemd_is_not_a_failure(tmp_path: Path) -> None:
     inst = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
     [r] = _judge(tmp_path, {}, [inst])
     assert r.state == OK and "does not clean" in r.message
+
+
+PATTERN_PARTS = ["tmp", "nvidia-mps", "nvidia-*", "*", "?mp", "[a-n]vidia-mps", "[!a]*",
+                 "systemd-private-*", "n*s", "[", "x[y", "control", ""]
+PATH_PARTS = ["tmp", "nvidia-mps", "nvidia-mps-0", "control", "tap", "x[y", "systemd-private-a"]
+
+
+@pytest.mark.parametrize("pattern", ["/" + "/".join(p) for p in
+                                     [(a,) for a in PATTERN_PARTS]
+                                     + [(a, b) for a in PATTERN_PARTS[:7] for b in PATTERN_PARTS]])
+def test_glob_shortcut_matches_as_fnmatch_does(pattern: str) -> None:
+    """The literal-prefix shortcut never changes a verdict of plain fnmatch per component."""
+    from fnmatch import fnmatchcase
+
+    for path in ["/" + a for a in PATH_PARTS] + ["/" + a + "/" + b for a in PATH_PARTS
+                                                 for b in PATH_PARTS]:
+        pat_parts, path_parts = pattern.rstrip("/").split("/"), path.split("/")
+        want = len(pat_parts) == len(path_parts) and all(
+            fnmatchcase(n, p) for n, p in zip(path_parts, pat_parts))
+        if not any(c in pattern for c in "*?["):
+            want = pattern.rstrip("/") == path
+        assert guard.path_match(pattern, path) == want, (pattern, path)
