@@ -81,8 +81,8 @@ def measure(args: List[str], work: Path) -> Tuple[float, float, int, str]:
         p.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - t0
     first = (err.read_text(errors="replace").splitlines() or [""])[0]
-    if p.returncode not in (0, 1, 2, 3):
-        print(f"  (exit {p.returncode}: {first[:200]})")
+    if p.returncode not in (0, 1, 2) or not out.stat().st_size:
+        print(f"  (exit {p.returncode}, {out.stat().st_size} bytes out: {first[:200]})")
     return seconds, usage.ru_maxrss / 1024, out.stat().st_size, first[:120]
 
 
