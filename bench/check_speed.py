@@ -16,7 +16,8 @@ on the machine's speed:
 * that audit with slurmctld down: scontrol alone blocks for seconds.
 
 On a machine without a GPU the daemon is tests/fakes' fake, and its client is the C
-version (tests/fakes/fast_client.c) so the query costs what the real C client costs.
+version (tests/fakes/launcher.c's FAST_CLIENT, built by tests/fakebin.py) so the query
+costs what the real C client costs.
 On a GPU node (--real) the real nvidia-cuda-mps-control is used.
 
 With --instructions (valgrind installed), each of python3 -c pass, import re, the check
@@ -38,13 +39,13 @@ is read), and the host's state is left alone. PYTHON must live elsewhere.
 
 import argparse
 import os
-import resource
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -67,20 +68,25 @@ exit 0
 CPU: Dict[str, List[float]] = {}
 
 
-def children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def timed(argv: List[str], env: Dict[str, str], runs: int, timeout: float = 60) -> List[float]:
+    """Wall seconds of each run. Not subprocess.run(timeout=...): its wait polls with
+    growing sleeps (0.5 ms doubling to 50 ms), so every time it measures is rounded up to
+    about 16, 32, 64, 114, 164 ms. A blocking wait4 ends when the command does; a timer
+    kills a command that outlives ``timeout``."""
     out = []
     for _ in range(runs):
-        c0 = children_cpu()
         t0 = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=timeout)
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(p.pid, 0)
+        finally:
+            timer.cancel()
         out.append(time.perf_counter() - t0)
-        CPU.setdefault(" ".join(argv), []).append(children_cpu() - c0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here
+        CPU.setdefault(" ".join(argv), []).append(usage.ru_utime + usage.ru_stime)
     return out
 
 
@@ -114,13 +120,15 @@ def spread(num: List[float], den: List[float]) -> str:
 
 
 def build_fast_client(bindir: Path) -> Optional[Path]:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    """The fake binaries (tests/fakebin.py, the client in C) in ``bindir``; None without
+    a C compiler or python3-dev."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fakebin import FakeBinError, install_fakes
+
+    try:
+        return install_fakes(bindir, fast_client=True)
+    except (FakeBinError, OSError, subprocess.CalledProcessError):
         return None
-    target = bindir / "nvidia-cuda-mps-control"
-    subprocess.run([cc, "-O2", "-o", str(target), str(FAKE.parent / "fast_client.c"),
-                    f'-DFAKE="{FAKE}"'], check=True)
-    return target
 
 
 # Empty in the private namespace: the default pipe, log, state and run dirs are free, and
@@ -167,8 +175,7 @@ def main() -> int:
     if not args.real:
         client = build_fast_client(bindir)
         if client is None:
-            shutil.copy(FAKE, bindir / "nvidia-cuda-mps-control")
-            print("note: no C compiler, the fake client is Python (slower than the real one)")
+            raise SystemExit("cannot build the fake MPS binaries: install gcc and python3-dev")
         env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     config = work / "config.yaml"
     config.write_text(f"run_dir: {work}/run\nmps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"

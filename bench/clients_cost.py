@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Dict, List
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
 
 
 def timed(argv: List[str], env: Dict[str, str]) -> float:
@@ -46,7 +45,13 @@ def main() -> int:
     for d in (pipe, log):
         d.mkdir()
         d.chmod(0o777)
-    control = shutil.which("nvidia-cuda-mps-control") if args.real else str(FAKE)
+    if args.real:
+        control = shutil.which("nvidia-cuda-mps-control")
+    else:  # the fake as an executable (tests/fakebin.py), as mps-health judges binaries
+        sys.path.insert(0, str(REPO / "tests"))
+        from fakebin import install_fakes
+
+        control = str(install_fakes(base / "bin", fast_client=False))
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     squeue = base / "squeue"
     squeue.write_text("#!/bin/sh\necho '7|root|0|RUNNING|0:42|gres:mps:50'\n")
@@ -57,7 +62,7 @@ def main() -> int:
     plain, clients = base / "plain.yaml", base / "clients.yaml"
     plain.write_text(common)
     clients.write_text(common + "clients: {}\n")
-    start = [control, "-d"] if args.real else [sys.executable, control, "-d"]
+    start = [control, "-d"]
     subprocess.run(start, env=env, check=True, timeout=30)
     time.sleep(0.5)
     sleepers: List[subprocess.Popen] = []
@@ -71,7 +76,7 @@ def main() -> int:
                 for _ in range(2):
                     p = subprocess.Popen(["sleep", "600"], env=dict(env, SLURM_JOB_ID="7"))
                     sleepers.append(p)
-                    subprocess.run([sys.executable, control], input=f"fake_client_connect "
+                    subprocess.run([control], input=f"fake_client_connect "
                                    f"{p.pid} 0\n", env=env, text=True, capture_output=True)
             for name in ("check", "check + clients"):
                 results[f"{state}: {name}"] = []
@@ -88,7 +93,7 @@ def main() -> int:
         for p in sleepers:
             p.kill()
             p.wait()
-        argv = [control] if args.real else [sys.executable, control]
+        argv = [control]
         subprocess.run(argv, input="quit\n", env=env, text=True, capture_output=True,
                        timeout=30)
         shutil.rmtree(base, ignore_errors=True)

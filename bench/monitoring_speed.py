@@ -9,9 +9,9 @@
 * Memory: the exporter's resident set (VmRSS) after the scrapes. Goal: under 60 MB.
 * check_mps against `mps-health check` on the same node and checks: median wall time.
 
-The daemon is tests/fakes' fake; if tests/fakes/fast_client.c exists and a C compiler
-does, its C client stands in for nvidia-cuda-mps-control (the real client is C too),
-otherwise the Python fake client's start-up dominates both check timings.
+The daemon is tests/fakes' fake, built as an executable by tests/fakebin.py with its
+client in C (launcher.c's FAST_CLIENT), as the real client is: otherwise the Python fake
+client's start-up would dominate both check timings. Needs a C compiler and python3-dev.
 
 Usage: python3 bench/monitoring_speed.py [--requests N] [--runs N] [--python PYTHON]
 PYTHON must have mps-health installed; node_exporter is Debian's prometheus-node-exporter.
@@ -112,14 +112,12 @@ def timed(argv: List[str], env: Dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
-def build_fast_client(bindir: Path) -> bool:
-    source = FAKE.parent / "fast_client.c"
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not source.exists() or cc is None:
-        return False
-    subprocess.run([cc, "-O2", "-o", str(bindir / "nvidia-cuda-mps-control"), str(source),
-                    f'-DFAKE="{FAKE}"'], check=True)
-    return True
+def build_fast_client(bindir: Path) -> Path:
+    """The fake binaries (tests/fakebin.py, the client in C) in ``bindir``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fakebin import install_fakes
+
+    return install_fakes(bindir, fast_client=True)
 
 
 def main() -> int:
@@ -137,9 +135,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="mps-bench-mon-"))
     bindir = work / "bin"
     bindir.mkdir()
-    fast = build_fast_client(bindir)
-    if not fast:
-        os.symlink(FAKE, bindir / "nvidia-cuda-mps-control")
+    control = build_fast_client(bindir)
     env = dict(os.environ, PATH=f"{bindir}:{FAKE.parent}:{os.environ['PATH']}")
     pipe, log, textdir = work / "pipe", work / "log", work / "textfile"
     for d in (pipe, log, textdir):
@@ -149,7 +145,7 @@ def main() -> int:
     cfg.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
                    f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
     daemon_env = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
-    subprocess.run([sys.executable, str(FAKE), "-d"], check=True, timeout=10, env=daemon_env)
+    subprocess.run([str(control), "-d"], check=True, timeout=10, env=daemon_env)
     time.sleep(0.3)
     daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
     procs: List[subprocess.Popen] = []
@@ -187,7 +183,7 @@ def main() -> int:
 
         print(f"scrapes: {args.threads} concurrent scrapers, {len(lat['mps-health exporter'])} "
               f"scrapes per target in {args.rounds} alternating rounds "
-              f"(fake client: {'C' if fast else 'Python'})")
+              f"(fake client: C)")
         print(f"{'target':24} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} {'RSS MB':>7} "
               f"{'bytes':>6} errors")
         for name, xs in lat.items():

@@ -13,8 +13,8 @@ so nothing depends on the machine's speed:
   first answer; then quit, verified cleanup), against that bash prolog and epilog
   doing the same with the same daemon.
 
-The daemon is tests/fakes' fake; its client is the C version (fast_client.c) where a
-compiler exists, so a query costs what the real client costs. Needs root and the
+The daemon is tests/fakes' fake, built by tests/fakebin.py with its client in C, so a
+query costs what the real client costs. Needs root and the
 test user (tests/slurmcluster.py's ensure_user creates it).
 
 Usage: python3 bench/slurm_prolog_cost.py [--runs N]
@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from jobhooks import FAKE_CONTROL, Site, user_python  # noqa: E402
+from jobhooks import Site, user_python  # noqa: E402
 from slurmcluster import ensure_user  # noqa: E402
 
 BASH_PROLOG = """#!/bin/bash
@@ -75,15 +75,10 @@ def once(argv: List[str], env: Dict[str, str], user_kw: Optional[dict] = None) -
 
 
 def fast_client(work: Path) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        print("note: no C compiler: the fake's client is Python (slower than the real one)")
-        return FAKE_CONTROL
-    target = work / "nvidia-cuda-mps-control"
-    subprocess.run([cc, "-O2", "-o", str(target), str(REPO / "tests/fakes/fast_client.c"),
-                    f'-DFAKE="{FAKE_CONTROL}"'], check=True)
-    target.chmod(0o755)
-    return str(target)
+    """The fake binaries with the client in C (tests/fakebin.py), in ``work/bin``."""
+    from fakebin import install_fakes
+
+    return str(install_fakes(work / "bin", fast_client=True))
 
 
 def main() -> int:

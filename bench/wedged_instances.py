@@ -37,12 +37,10 @@ def main() -> int:
     if not args.real:
         bindir = work / "bin"
         bindir.mkdir()
-        cc = shutil.which("cc")
-        if cc:
-            subprocess.run([cc, "-O2", "-o", str(bindir / "nvidia-cuda-mps-control"),
-                            str(FAKE.parent / "fast_client.c"), f'-DFAKE="{FAKE}"'], check=True)
-        else:
-            shutil.copy(FAKE, bindir / "nvidia-cuda-mps-control")
+        sys.path.insert(0, str(REPO / "tests"))
+        from fakebin import install_fakes  # the fake binaries, the client in C
+
+        install_fakes(bindir, fast_client=True)
         env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     n = args.instances
     gpus = list(range(n))

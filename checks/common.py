@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mps_health.facts import DirFact, Instance, ProcessFact
 from mps_health.instances import pipe_paths
+from mps_health.process_identity import is_daemon
 from mps_health.results import UNKNOWN, Result
 
 TYPE_CHECKING = False
@@ -25,12 +26,13 @@ _indexed: List[Any] = [None, None]
 
 def _controls(procs: Tuple[ProcessFact, ...]) -> Tuple[Dict[Optional[str], List[int]],
                                                        Dict[int, List[int]]]:
-    """Positions in ``procs`` of the live control processes, by pipe dir and by pid."""
+    """Positions in ``procs`` of the live control daemons (``is_daemon``), by pipe dir and
+    by pid."""
     if _indexed[0] is not procs:
         by_dir: Dict[Optional[str], List[int]] = {}
         by_pid: Dict[int, List[int]] = {}
         for i, p in enumerate(procs):
-            if p.role == "control" and p.state not in ("Z", "X"):
+            if is_daemon(p):
                 by_dir.setdefault(p.pipe_dir, []).append(i)
                 by_pid.setdefault(p.pid, []).append(i)
         _indexed[:] = [procs, (by_dir, by_pid)]
@@ -39,7 +41,8 @@ def _controls(procs: Tuple[ProcessFact, ...]) -> Tuple[Dict[Optional[str], List[
 
 def live_daemons(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
                  root: str = "/") -> List[ProcessFact]:
-    """The live control daemons serving ``inst``, by environ or else by pid file."""
+    """The live control daemons serving ``inst``, by environ or else by pid file: never
+    a client of the control binary nor a process running another binary (``is_daemon``)."""
     by_dir, by_pid = _controls(procs)
     at = sorted(i for path in set(pipe_paths(inst, root)) for i in by_dir.get(path, ()))
     found = [procs[i] for i in at]

@@ -5,8 +5,10 @@ job user's daemon; an epilog that failed, or a node that rebooted mid-job, leave
 behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any state:
 a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
 not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
-EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL; a leftover control daemon or
-dirs alone: WARNING. Each orphan is named with its job id, owner and age.
+EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
+configured server binary (``mps_health.process_identity``; a process only named like one is no
+server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
+job id, owner and age.
 """
 
 from typing import Dict, Iterator, List, Tuple
@@ -16,6 +18,7 @@ from mps_health.config import Config
 from mps_health.facts import Facts, ProcessFact
 from mps_health.probes.jobdirs import JobDir
 from mps_health.probes.slurm import SlurmFacts
+from mps_health.process_identity import is_daemon, is_server
 from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.slurm_settings import orphan_settings
 
@@ -37,8 +40,8 @@ def age_text(seconds: float) -> str:
 
 def _processes_for(paths: List[str], procs: Tuple[ProcessFact, ...], role: str
                    ) -> List[ProcessFact]:
-    return [p for p in procs if p.role == role and p.state not in ("Z", "X")
-            and p.pipe_dir is not None and p.pipe_dir in paths]
+    which = is_server if role == "server" else is_daemon
+    return [p for p in procs if which(p) and p.pipe_dir is not None and p.pipe_dir in paths]
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
@@ -79,10 +82,14 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                f"{age_text(age)} old"
         values = (("age_s", float(age)),)
         action = f"run 'mps-health remediate reset job{job_id}' (dry run first: --dry-run)"
-        if servers:
+        if servers and servers[0].genuine:
             yield Result(NAME, CRITICAL, "orphan-server", f"job{job_id}",
                          f"{head}; its MPS server {servers[0].pid} still holds the GPU",
                          action, values)
+        elif servers:  # its binary could not be read: it may only be named like a server
+            yield Result(NAME, WARNING, "orphan-server", f"job{job_id}",
+                         f"{head}; a process named like its MPS server ({servers[0].pid}) "
+                         "still runs (its binary could not be checked)", action, values)
         elif controls:
             yield Result(NAME, WARNING, "orphan-daemon", f"job{job_id}",
                          f"{head}; its control daemon {controls[0].pid} still runs", action,

@@ -36,6 +36,3 @@ class Background:
             self._running.release()
             return True
         return False
-
-    def running(self) -> bool:
-        return self._running.locked()

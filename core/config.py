@@ -77,8 +77,9 @@ DEFAULT_COMMANDS = {
     "scontrol": "scontrol",
     "squeue": "squeue",
 }
-# Commands that may be configured but are not looked up on PATH by default.
-OPTIONAL_COMMANDS = ("mps-health-canary",)
+# Commands that may be configured but are not looked up on PATH by default. The server
+# is the one beside the control binary unless configured (mps_health.processes).
+OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
 
 if TYPE_CHECKING:
     R = TypeVar("R", bound=Record)

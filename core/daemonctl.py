@@ -19,7 +19,7 @@ import os
 import stat
 import time
 
-from .processes import daemon_of
+from .processes import binaries_of, daemon_of
 from .runas import RunAs, run_as
 
 TYPE_CHECKING = False
@@ -57,8 +57,9 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
         return Started(None, launch.exec_error, time.monotonic() - t0)
     daemon = None
     pause = 0.005
+    binaries = binaries_of(control, path_env=env.get("PATH"))
     while time.monotonic() < deadline:
-        daemon = daemon_of(proc_dir, pipe_dir, uid)
+        daemon = daemon_of(proc_dir, pipe_dir, binaries, uid)
         if daemon is not None and _has_socket(pipe_dir):
             break
         daemon = None

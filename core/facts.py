@@ -33,11 +33,15 @@ class ProcessFact(NamedTuple):
     ppid: int
     state: str  # one letter of /proc/PID/stat: R S D T t Z X ...
     uid: int
-    role: str  # "control" | "server"
+    # "control" (a daemon: started with -d or -f) | "client" | "server" | "unknown"
+    role: str
     cmdline: Tuple[str, ...]
     start_ticks: int  # field 22 of stat: with the pid it names the process uniquely
     pipe_dir: Optional[str]  # CUDA_MPS_PIPE_DIRECTORY from environ; None when unreadable
     environ_readable: bool
+    # Does /proc/PID/exe show the configured binary of its role? None: cannot be told
+    # (not root, a --root tree). See mps_health.process_identity.
+    genuine: Optional[bool] = None
 
 
 class EntryFact(NamedTuple):

@@ -5,8 +5,11 @@ Used by ``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up.
 Safety rules, all here:
 
 * A process is ours by what /proc says, never because a pid file names it: a control
-  daemon or server (by cmdline, ``probes.proc``) whose environment names the pipe dir,
-  or a server whose parent is such a daemon (``of_pipe_dirs``).
+  daemon or server (``is_daemon``, ``is_server`` of ``mps_health.process_identity``: by
+  command line and the binary it runs) whose environment names the pipe dir, or a server
+  whose parent is such a daemon (``of_pipe_dirs``). Only a process proven to run the
+  configured MPS binary is ever signalled (``end_all``): never a user's process that
+  only takes an MPS name.
 * Just before a signal, /proc must still show the very process we planned on: the same
   start time (so not a reused PID), the same uid and MPS role, and not a zombie.
 * Where the kernel offers pidfds (``os.pidfd_open``, Linux 5.3+) one is opened *before*
@@ -27,13 +30,22 @@ from .facts import Instance, ProcessFact
 from .instances import pipe_paths
 from .pidfile import read_pid
 from .probes.proc import read_process
-
-GONE_STATES = ("Z", "X")
+from .process_identity import (  # noqa: F401  (the identity rule, re-exported)
+    GONE_STATES,
+    Binaries,
+    binaries_for,
+    binaries_of,
+    is_daemon,
+    is_impostor,
+    is_server,
+)
 
 
 class Ended(NamedTuple):
     pid: int
-    outcome: str  # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive"
+    # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive",
+    # "refused" (not proven to run the MPS binary: never signalled)
+    outcome: str
     detail: str = ""
 
 
@@ -42,10 +54,9 @@ def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str]
     """(control daemons, servers) serving ``paths``: by the pipe dir in their environ, and
     for servers also by parentage (a daemon's child is its server whatever its environ)."""
     wanted = {os.path.normpath(p) for p in paths}
-    live = [p for p in procs if p.state not in GONE_STATES]
-    daemons = tuple(p for p in live if p.role == "control" and p.pipe_dir in wanted)
+    daemons = tuple(p for p in procs if is_daemon(p) and p.pipe_dir in wanted)
     pids = {d.pid for d in daemons}
-    servers = tuple(p for p in live if p.role == "server" and (
+    servers = tuple(p for p in procs if is_server(p) and (
         p.pipe_dir in wanted or p.ppid in pids))
     return daemons, servers
 
@@ -57,13 +68,14 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
     return of_pipe_dirs(procs, pipe_paths(inst, root))
 
 
-def daemon_of(proc_dir: str, pipe_dir: str, uid: Optional[int] = None
+def daemon_of(proc_dir: str, pipe_dir: str, binaries: Binaries, uid: Optional[int] = None
               ) -> Optional[ProcessFact]:
     """The control daemon the pid file names, if /proc shows a live control daemon (of
-    ``uid``) whose environ names ``pipe_dir`` (or cannot be read)."""
+    ``uid``, running the configured binary) whose environ names ``pipe_dir`` (or cannot
+    be read)."""
     pid = read_pid(pipe_dir)
-    p = read_process(proc_dir, pid) if pid is not None else None
-    if p is None or p.role != "control" or p.state in GONE_STATES:
+    p = read_process(proc_dir, pid, binaries) if pid is not None else None
+    if p is None or not is_daemon(p):
         return None
     if uid is not None and p.uid != uid:
         return None
@@ -121,8 +133,12 @@ def _send(proc_dir: str, fact: ProcessFact, pidfd: Optional[int], sig: int) -> N
 
 def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
             kill_wait_s: float = 5.0) -> List[Ended]:
-    """End each verified process: SIGTERM (+SIGCONT), SIGKILL after ``grace_s``."""
-    facts = list(dict.fromkeys(facts))
+    """End each verified process: SIGTERM (+SIGCONT), SIGKILL after ``grace_s``. A process
+    not proven to run its configured MPS binary is never signalled ("refused")."""
+    ordered = list(dict.fromkeys(facts))
+    refused = {f: Ended(f.pid, "refused", "not proven to run the MPS binary: left alone")
+               for f in ordered if f.genuine is not True}
+    facts = [f for f in ordered if f not in refused]
     pidfds: Dict[int, Optional[int]] = {f.pid: _open_pidfd(f.pid) for f in facts}
     try:
         outcome: Dict[ProcessFact, Ended] = {}
@@ -151,7 +167,8 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
             outcome[f] = Ended(f.pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL") \
                 if gone(proc_dir, f) else \
                 Ended(f.pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
-        return [outcome[f] for f in facts]
+        outcome.update(refused)
+        return [outcome[f] for f in ordered]
     finally:
         for fd in pidfds.values():
             if fd is not None:

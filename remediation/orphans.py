@@ -21,9 +21,9 @@ from mps_health import safedirs
 from mps_health.config import Config
 from mps_health.context import Context, node_name
 from mps_health.daemonctl import quit_daemon
-from mps_health.facts import Instance
+from mps_health.facts import Instance, ProcessFact
 from mps_health.instances import discover_jobs
-from mps_health.probes.proc import read_processes
+from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.runner import RunAs
 from mps_health.slurm_settings import orphan_settings
@@ -45,8 +45,13 @@ def _age(ctx: Context, path: str, now: float) -> float:
         return float("inf")
 
 
+def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
+                                                      Tuple[ProcessFact, ...]]:
+    return procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)), ctx.root)
+
+
 def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> List[str]:
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    daemons, servers = _processes(ctx, inst)
     lines = []
     for d in daemons:
         lines.append(f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its "
@@ -90,11 +95,11 @@ def _remove(ctx: Context, path: str) -> str:
 
 def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings) -> Tuple[bool, str]:
     done: List[str] = []
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    daemons, servers = _processes(ctx, inst)
     for d in daemons:
         if d.state not in ("T", "t"):
             done.append(_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s))
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    daemons, servers = _processes(ctx, inst)
     ended = procs.end_all(ctx.proc, (*daemons, *servers), settings.term_timeout_s)
     done.extend(f"{e.pid}: {e.detail}" for e in ended)
     if any(e.outcome == "alive" for e in ended):

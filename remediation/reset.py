@@ -22,7 +22,7 @@ from mps_health.daemonctl import quit_daemon, start_daemon
 from mps_health.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.probes import control as control_probe
 from mps_health.probes.dirs import read_dir
-from mps_health.probes.proc import read_processes
+from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.results import CRITICAL, OK, UNKNOWN, Result
 from mps_health.runner import RunAs
 from mps_health.safedirs import UnsafePath
@@ -84,7 +84,7 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
 
 def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
             with_clients: bool = True) -> Observed:
-    found = read_processes(ctx.proc)
+    found = read_processes(ctx.proc, binaries_here(ctx))
     daemons, servers = procs.of_instance(inst, found, ctx.root)
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
     log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
@@ -202,7 +202,8 @@ def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Out
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
             settings: RemediationSettings) -> Outcome:
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc), ctx.root)
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
+                                        ctx.root)
     # What we planned on, plus any process of this instance started since (same pipe dir).
     todo = list(planned) + [p for p in (*daemons, *servers)
                             if (p.pid, p.start_ticks) not in {(q.pid, q.start_ticks)

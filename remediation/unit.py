@@ -55,9 +55,9 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
          state_dir: str) -> int:
     from mps_health import runner
     from mps_health.daemonctl import quit_daemon
-    from mps_health.processes import daemon_of, wait_gone
+    from mps_health.processes import binaries_of, daemon_of, wait_gone
 
-    daemon = daemon_of("/proc", pipe_dir)
+    daemon = daemon_of("/proc", pipe_dir, binaries_of(control, path_env=os.environ.get("PATH")))
     if daemon is None:
         say(f"no live control daemon for {pipe_dir}: nothing to stop")
         return ExitCode.DONE

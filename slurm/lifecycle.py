@@ -212,7 +212,8 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     """Quit, end and remove everything of the job; "" or the processes that survived."""
     all_dirs = found_job_dirs(config, job.job_id, job.gpus)
     pipes = {d.pipe_dir for d in all_dirs}
-    procs = sum(processes.of_pipe_dirs(read_processes(proc_dir), pipes), ())
+    procs = sum(processes.of_pipe_dirs(
+        read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
     if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
         return ""
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
@@ -220,7 +221,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     as_user = for_user(job.uid, job.gid, job.user)
     control = resolve(config.command(CONTROL))
     for dirs in all_dirs:
-        daemon = [p for p in procs if p.role == "control" and p.pipe_dir == dirs.pipe_dir]
+        daemon = [p for p in procs if processes.is_daemon(p) and p.pipe_dir == dirs.pipe_dir]
         if not daemon or control is None:
             continue
         if daemon[0].state in ("T", "t", "D"):

@@ -18,7 +18,7 @@ for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent /
 pytest_plugins = ["slurm_fixture", "mpsgpu"]
 
 from nodesite import Site  # noqa: E402  (found through the path set above)
-from paths import FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401
+from paths import FAKE_BIN, FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401
 
 # Tripwire: no test may touch the host's real state (tests/tripwire/hostpaths.py). This
 # process is watched by an audit hook, every Python program it starts by sitecustomize.
@@ -76,8 +76,9 @@ def fixture_text(name: str) -> str:
 
 @pytest.fixture
 def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
-    """tests/fakes first on PATH, for this process and the commands it starts."""
-    path = f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}"
+    """The fake MPS binaries (then tests/fakes' mps-canary) first on PATH, for this process
+    and the commands it starts."""
+    path = os.pathsep.join((str(FAKE_BIN), str(FAKES), os.environ.get("PATH", "")))
     monkeypatch.setenv("PATH", path)
     return path
 

@@ -9,7 +9,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
 
@@ -65,12 +64,14 @@ def fake_squeue(directory: Path, lines: Iterable[str]) -> str:
 
 @pytest.fixture
 def public_dir() -> Iterator[Path]:
-    """A root-owned 0755 dir under /tmp (pytest's tmp_path is 0700 to other users),
-    removed afterwards; make sticky 1777 dirs inside it to stand in for /tmp."""
-    base = Path(tempfile.mkdtemp(prefix="mpsh-attack-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    """The root of a site (tests/nodesite.py) for tests that build its files themselves,
+    without the fakes on PATH: root-owned, 0755 (pytest's tmp_path is 0700 to other
+    users); make sticky 1777 dirs inside it to stand in for /tmp. Closed afterwards."""
+    from nodesite import Site
+
+    site = Site.create(prefix="mpsh-attack-")
+    yield site.root
+    site.close()
 
 
 def in_namespace(argv: Sequence[str]) -> List[str]:

@@ -1,8 +1,8 @@
 """Start, ask and end an MPS control daemon: one way for every test, fake or real binary.
 
-The fake (tests/fakes/nvidia-cuda-mps-control) is a Python script and runs under the
-interpreter given (this one by default, which imports what the fake imports); a real
-binary runs as it is. The daemon writes its PID file after binding its socket, so a
+The fake is an executable (tests/fakes/nvidia-cuda-mps-control run by the launcher that
+tests/fakebin.py builds) and runs as a real binary does; a script given instead runs
+under the interpreter given. The daemon writes its PID file after binding its socket, so a
 started daemon is one whose PID file names a new PID. Daemons end by the PID we started,
 never by name.
 """

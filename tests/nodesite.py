@@ -6,7 +6,7 @@ The root is a fresh dir under /tmp that other users may enter (0755; pytest's tm
 0700), so a daemon or hook run as a test user reaches it, and its paths stay short (a
 socket path holds 108 bytes). ``config()`` writes YAML made from a dict: the node-wide
 layout on this site's dirs, merged section by section with what the test gives. Daemons
-start and answer through tests/mpsdaemon.py, commands run through tests/clirun.py. Closing
+start and answer through tests/mpsdaemon.py. Closing
 ends, by PID, every process whose CUDA_MPS_PIPE_DIRECTORY lies in the root (daemons and
 servers, ours or a test user's), then removes the root.
 """
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-import clirun
 import mpsdaemon
 from paths import FAKE_CONTROL
 
@@ -170,13 +169,6 @@ class Site:
         path.write_text(text)
         path.chmod(mode)
         return str(path)
-
-    def run(self, command: str, *args: str, config: Optional[str] = None,
-            **kwargs: Any) -> subprocess.CompletedProcess:
-        """``command args --config CONFIG`` (this site's config.yaml by default) through
-        tests/clirun.py."""
-        config = config or str(self.root / "config.yaml")
-        return clirun.run(command, *args, "--config", config, **kwargs)
 
     def processes(self) -> List[int]:
         """Live PIDs whose CUDA_MPS_PIPE_DIRECTORY lies in this root."""

@@ -2,9 +2,22 @@
 
 from pathlib import Path
 
+from fakebin import fake_bin
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-FAKES = TESTS / "fakes"
+FAKES = TESTS / "fakes"  # the fakes' sources (scripts), and mps-canary
 FIXTURES = TESTS / "fixtures"
-FAKE_CONTROL = str(FAKES / "nvidia-cuda-mps-control")
-FAKE_SERVER = str(FAKES / "nvidia-cuda-mps-server")
+# The fake MPS binaries as executables (built from FAKES, see fakebin): what tests run
+# and configure, as a node has the real binaries.
+FAKE_BIN = fake_bin()
+FAKE_CONTROL = str(FAKE_BIN / "nvidia-cuda-mps-control")
+FAKE_SERVER = str(FAKE_BIN / "nvidia-cuda-mps-server")
+
+
+def fake_binaries():  # -> mps_health.processes.Binaries
+    """The fakes as the binaries mps-health judges processes by (as a config naming them
+    would give)."""
+    from mps_health.processes import binaries_of
+
+    return binaries_of(FAKE_CONTROL)

@@ -33,8 +33,10 @@ def add_process(root: Path, pid: int, captured: str = "proc_fake-daemon", state:
     status = (src / "status").read_text().splitlines()
     status = [f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" if s.startswith("Uid:") else s for s in status]
     (d / "status").write_text("\n".join(status) + "\n")
-    binary = "nvidia-cuda-mps-control" if role == "control" else "nvidia-cuda-mps-server"
-    (d / "cmdline").write_bytes(b"" if state == "Z" else binary.encode() + b"\0")
+    # As the real ones were seen: a daemon keeps its -d, a server gets an empty argument.
+    cmdline = {"control": b"nvidia-cuda-mps-control\0-d\0", "client": b"nvidia-cuda-mps-control\0",
+               "server": b"nvidia-cuda-mps-server\0\0"}[role]
+    (d / "cmdline").write_bytes(b"" if state == "Z" else cmdline)
     env: Dict[str, str] = {"PATH": "/usr/bin:/bin"}
     if pipe_dir is not None:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir

@@ -44,17 +44,20 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                        help="this node's Slurm name (default: SLURMD_NODENAME, node_name, "
                             "the short hostname)")
 
+    def diff_options(q: "argparse.ArgumentParser", installed: str, default: str) -> None:
+        """--diff against the installed file, and --gres-conf/--slurm-conf naming it."""
+        q.add_argument("--diff", action="store_true",
+                       help=f"compare with the installed {installed}; exit 1 when it differs")
+        q.add_argument("--" + installed.replace(".", "-"), metavar="FILE",
+                       help=f"the installed {installed} (default: {default})")
+
     g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
     gpu_options(g)
     g.add_argument("--dev-dir", default="/dev", metavar="DIR",
                    help="where the nvidiaN device files are (default /dev)")
     g.add_argument("--with-node-name", action="store_true",
                    help="start each line with NodeName=NODE (for a cluster-wide gres.conf)")
-    g.add_argument("--diff", action="store_true",
-                   help="compare with the installed gres.conf; exit 1 when it differs")
-    g.add_argument("--gres-conf", metavar="FILE",
-                   help="the installed gres.conf (default: slurm.gres_conf, else beside "
-                        "slurm.conf)")
+    diff_options(g, "gres.conf", "slurm.gres_conf, else beside slurm.conf")
     g.set_defaults(slurm_handler=gres_conf)
 
     c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
@@ -64,11 +67,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     c.add_argument("--health-check-program", metavar="PATH",
                    help="default: mps-health-healthcheck beside this Python's scripts")
     c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
-    c.add_argument("--diff", action="store_true",
-                   help="compare with the installed slurm.conf; exit 1 when it differs")
-    c.add_argument("--slurm-conf", metavar="FILE",
-                   help="the installed slurm.conf (default: $SLURM_CONF, else "
-                        "/etc/slurm/slurm.conf)")
+    diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
     c.set_defaults(slurm_handler=conf)
 
     i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts")
@@ -163,14 +162,17 @@ def gres_conf(args: "argparse.Namespace") -> int:
 
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
-    installed = _read(path)
-    diff = diff_gres_conf(text, installed, node, path)
+    return _report_diff(diff_gres_conf(text, _read(path), node, path),
+                        f"{path} differs from NVML for {node}", f"{path} matches NVML for {node}")
+
+
+def _report_diff(diff: str, differs: str, same: str) -> int:
+    """A --diff's end: the unified diff and what is wrong (exit 1), or that it is right."""
     if diff:
         sys.stdout.write(diff)
-        print(f"mps-health: {path} differs from NVML for {node} (- installed, + expected)",
-              file=sys.stderr)
+        print(f"mps-health: {differs} (- installed, + expected)", file=sys.stderr)
         return ExitCode.DIFFERS
-    print(f"{path} matches NVML for {node}")
+    print(same)
     return ExitCode.OK
 
 
@@ -207,15 +209,9 @@ def conf(args: "argparse.Namespace") -> int:
         sys.stdout.write(text)
         return ExitCode.OK
     path = args.slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
-    installed = _read(path)
-    diff = diff_slurm_conf(text, installed, node, path)
-    if diff:
-        sys.stdout.write(diff)
-        print(f"mps-health: {path} lacks settings mps-health needs (- installed, + expected)",
-              file=sys.stderr)
-        return ExitCode.DIFFERS
-    print(f"{path} has every setting mps-health needs for {node}")
-    return ExitCode.OK
+    return _report_diff(diff_slurm_conf(text, _read(path), node, path),
+                        f"{path} lacks settings mps-health needs",
+                        f"{path} has every setting mps-health needs for {node}")
 
 
 def install(args: "argparse.Namespace") -> int:

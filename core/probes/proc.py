@@ -1,8 +1,10 @@
 """The MPS processes in the process table, read from /proc (under --root).
 
 ``comm`` of both the control daemon and its servers is truncated by the kernel to
-``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``. A zombie has an
-empty cmdline; it keeps role "unknown" and state "Z".
+``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``, and whether the process
+runs the configured binary from ``/proc/PID/exe``: both by the one rule in
+``mps_health.process_identity``. A zombie has an empty cmdline; it keeps role "unknown" and
+state "Z".
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import os
 
 from ..context import Context
 from ..facts import ProcessFact
+from ..process_identity import genuine, role_of
 from ..safefiles import open_regular, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
+
+    from ..process_identity import Binaries
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
 COMM_PREFIX_BYTES = COMM_PREFIX.encode()
@@ -24,7 +29,6 @@ DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PI
 # environ and cmdline are at most ARG_MAX-sized on a real /proc (6 MiB with an unlimited
 # stack); a --root tree's files are cut off there.
 PROC_FILE_LIMIT = 8 << 20
-ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 
 
 class ParseError(ValueError):
@@ -68,12 +72,6 @@ def parse_environ(data: bytes) -> Dict[str, str]:
     return env
 
 
-def role_of(cmdline: Tuple[str, ...]) -> str:
-    if not cmdline:
-        return "unknown"
-    return ROLES.get(os.path.basename(cmdline[0]), "unknown")
-
-
 def _read(path: str) -> bytes:
     """A /proc file, whole (the kernel bounds them; under --root a tree's file is bounded
     by PROC_FILE_LIMIT). Non-blocking and regular files only: a FIFO planted in a --root
@@ -109,8 +107,10 @@ def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
     return None if state in ("Z", "X") else (uid, start)
 
 
-def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
-    """The MPS process ``pid``, or None if it is not one (or is gone)."""
+def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
+                 ) -> Optional[ProcessFact]:
+    """The MPS process ``pid``, or None if it is not one (or is gone); whether it runs
+    the configured binary is told only when ``binaries`` is given."""
     base = f"{proc_dir}/{pid}"
     try:
         comm, state, ppid, start = parse_stat(_read(f"{base}/stat").decode("utf-8", "replace"))
@@ -129,12 +129,13 @@ def read_process(proc_dir: str, pid: int) -> Optional[ProcessFact]:
         readable = False  # environ is readable by root and the owner only
     if state == "Z":
         pipe_dir, readable = None, False
-    return ProcessFact(pid, ppid, state, uid, role_of(cmdline), cmdline, start, pipe_dir,
-                       readable)
+    role = role_of(cmdline)
+    return ProcessFact(pid, ppid, state, uid, role, cmdline, start, pipe_dir, readable,
+                       genuine(proc_dir, pid, role, binaries))
 
 
-def read_processes(proc_dir: str, not_children_of: Optional[int] = None
-                   ) -> Tuple[ProcessFact, ...]:
+def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,
+                   not_children_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
     """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
     found: List[ProcessFact] = []
     try:
@@ -143,24 +144,31 @@ def read_processes(proc_dir: str, not_children_of: Optional[int] = None
         raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
     for name in names:
         if name.isdigit() and _comm_matches(proc_dir, int(name)):
-            fact = read_process(proc_dir, int(name))
+            fact = read_process(proc_dir, int(name), binaries)
             if fact is not None and (not_children_of is None or fact.ppid != not_children_of):
                 found.append(fact)
     found.sort(key=lambda p: p.pid)
     return tuple(found)
 
 
+def binaries_here(ctx: Context) -> Optional[Binaries]:
+    """The configured binaries to judge processes by; None under ``--root``, whose /proc
+    is a copy (its binaries are not this host's)."""
+    from ..process_identity import binaries_for
+
+    return binaries_for(ctx.config) if ctx.root in ("", "/") else None
+
+
 def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
-    return read_processes(ctx.proc)
+    return read_processes(ctx.proc, binaries_here(ctx))
 
 
 VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
-    """The node's MPS processes, less the control clients this run itself started: the
-    control and servers queries run while /proc is read, and the client's cmdline and
-    environment are a daemon's (``nvidia-cuda-mps-control``, CUDA_MPS_PIPE_DIRECTORY),
-    so one caught alive would be judged a second daemon on its pipe dir."""
+    """The node's MPS processes, less the control clients this run itself started (the
+    control and servers queries run while /proc is read; any client, ours or not, is
+    told from a daemon by its missing -d/-f anyway)."""
     own = os.getpid() if ctx.root in ("", "/") else None
-    return read_processes(ctx.proc, not_children_of=own)
+    return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)

@@ -33,14 +33,19 @@ from ..facts_deep import (
     ServersFacts,
 )
 from ..pidfile import read_pid
+from ..process_identity import is_daemon
 from ..safefiles import read_small
 from ..users import name_of
-from . import clientinfo, control, proc
+from . import control, proc
 from .sections import SERVERS, ServersConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
+
+    from . import clientinfo
+
+    T = TypeVar("T")
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
@@ -101,8 +106,8 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
     pid = read_pid(ctx.path(inst.pipe_dir))
     if pid is None:
         return None, None, True
-    fact = proc.read_process(ctx.proc, pid)
-    if fact is None or fact.role != "control" or fact.state in ("Z", "X"):
+    fact = proc.read_process(ctx.proc, pid, proc.binaries_here(ctx))
+    if fact is None or not is_daemon(fact):
         return None, None, True
     try:
         tids = os.listdir(f"{ctx.proc}/{pid}/task")
@@ -122,6 +127,8 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
         uid, start = ident if ident else (None, None)
         fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
+            from . import clientinfo  # only where a server runs: not on an idle node's path
+
             info = clientinfo.read_client(ctx.proc, pid, start)
             fact = fact._replace(**info._asdict())
         out.append(fact)
@@ -138,35 +145,41 @@ def _answer(ctx: Context, inst: Instance, command: str, deadline: float,
     return answer.stdout
 
 
+def _parsed(ctx: Context, inst: Instance, command: str, deadline: float, errors: List[str],
+            parse: Callable[[str], T], empty: T, label: str = "") -> T:
+    """One detail query's answer through ``parse``; ``empty`` with a note in ``errors``
+    when the query failed or its answer did not parse (``label: why``, or just why)."""
+    from . import clientinfo
+
+    text = _answer(ctx, inst, command, deadline, errors)
+    if text is None:
+        return empty
+    try:
+        return parse(text)
+    except clientinfo.ParseError as e:
+        errors.append(f"{label}: {e}" if label else str(e))
+        return empty
+
+
 def read_details(ctx: Context, inst: Instance, server: ServerFact,
                  devices: Tuple[clientinfo.DeviceRow, ...], deadline: float) -> ServerFact:
     """The limits and devices of a running server: thread percentage, pinned memory
     limit and client contexts per device. A failed query leaves its field empty."""
+    from . import clientinfo
+
     errors: List[str] = []
-    pct: Optional[float] = None
-    text = _answer(ctx, inst, f"get_active_thread_percentage {server.pid}", deadline, errors)
-    if text is not None:
-        try:
-            pct = clientinfo.parse_percentage(text)
-        except clientinfo.ParseError as e:
-            errors.append(f"get_active_thread_percentage: {e}")
-    contexts: Dict[int, int] = {}
-    text = _answer(ctx, inst, f"get_device_client_list {server.pid}", deadline, errors)
-    if text is not None:
-        try:
-            contexts = clientinfo.parse_device_clients(text)
-        except clientinfo.ParseError as e:
-            errors.append(str(e))
+    pct: Optional[float] = _parsed(
+        ctx, inst, f"get_active_thread_percentage {server.pid}", deadline, errors,
+        clientinfo.parse_percentage, None, "get_active_thread_percentage")
+    contexts: Dict[int, int] = _parsed(
+        ctx, inst, f"get_device_client_list {server.pid}", deadline, errors,
+        clientinfo.parse_device_clients, {})
     facts = []
+    no_limit: Tuple[str, Optional[int]] = ("", None)
     for row in devices:
-        limit, limit_bytes = "", None
-        text = _answer(ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}",
-                       deadline, errors)
-        if text is not None:
-            try:
-                limit, limit_bytes = clientinfo.parse_mem_limit(text)
-            except clientinfo.ParseError as e:
-                errors.append(f"get_device_pinned_mem_limit: {e}")
+        limit, limit_bytes = _parsed(
+            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", deadline,
+            errors, clientinfo.parse_mem_limit, no_limit, "get_device_pinned_mem_limit")
         facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
                                 contexts.get(row.ordinal)))
     return server._replace(thread_percentage=pct, devices=tuple(facts),
@@ -176,22 +189,14 @@ def read_details(ctx: Context, inst: Instance, server: ServerFact,
 def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact]
                           ) -> Tuple[List[ServerFact], Tuple[Tuple[int, str], ...]]:
     """Per-server details, each client's GPUs from ``ps``, the default memory limits."""
+    from . import clientinfo
+
     errors: List[str] = []
     deadline = ctx.deadline
-    table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = {}
-    text = _answer(ctx, inst, "device_query", deadline, errors)
-    if text is not None:
-        try:
-            table = clientinfo.parse_device_query(text)
-        except clientinfo.ParseError as e:
-            errors.append(str(e))
-    rows: Tuple[clientinfo.PsRow, ...] = ()
-    text = _answer(ctx, inst, "ps", deadline, errors)
-    if text is not None:
-        try:
-            rows = clientinfo.parse_ps(text)
-        except clientinfo.ParseError as e:
-            errors.append(str(e))
+    table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = _parsed(
+        ctx, inst, "device_query", deadline, errors, clientinfo.parse_device_query, {})
+    rows: Tuple[clientinfo.PsRow, ...] = _parsed(
+        ctx, inst, "ps", deadline, errors, clientinfo.parse_ps, ())
     out = []
     for server in servers:
         if server.status in ("gone", "error"):
@@ -207,13 +212,12 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
                                    detail_errors=server.detail_errors + tuple(errors)))
     defaults = []
     for row in table.get("default", ()):
-        text = _answer(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
-                       deadline, errors)
-        if text is not None:
-            try:
-                defaults.append((row.ordinal, clientinfo.parse_mem_limit(text)[0]))
-            except clientinfo.ParseError:
-                pass
+        # A default limit that cannot be read or parsed is left out, without a note: the
+        # servers' notes are taken above.
+        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
+                        deadline, [], clientinfo.parse_mem_limit, None)
+        if limit is not None:
+            defaults.append((row.ordinal, limit[0]))
     return out, tuple(defaults)
 
 

@@ -24,7 +24,7 @@ flock 9; echo "start $$" >&9; flock -u 9
 sleep 0.3
 flock 9; echo "end $$" >&9; flock -u 9
 exec 9>&-
-exec {SYSTEM_PYTHON} {FAKE_CONTROL} "$@"
+exec {FAKE_CONTROL} "$@"
 """)
     script.chmod(0o755)
     return str(script), log

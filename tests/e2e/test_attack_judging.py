@@ -59,14 +59,16 @@ def test_a_strangers_link_in_the_pipe_dir_is_a_warning_naming_them(node) -> None
     assert entry["state"] == "WARNING" and f"belongs to {ATTACKER} " in entry["message"]
 
 
-def test_a_strangers_process_posing_as_the_daemon_is_a_stray_not_a_duplicate(
-        node, site: Site) -> None:
+def test_a_strangers_process_posing_as_the_daemon_is_no_daemon(node, site: Site) -> None:
+    """A copy of a program named like the control binary, started with -f (a daemon's
+    flag) on the instance's pipe dir: it runs another binary, so it is no daemon at all
+    (tests/e2e/test_attack_identity.py: the strays check names its owner)."""
     config, daemon = node
     ensure_user(ATTACKER)
     fake = site.root / "evil"
     fake.mkdir()
-    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")  # comm and argv0 as MPS's
-    proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "60"],
+    shutil.copy("/usr/bin/tail", fake / "nvidia-cuda-mps-control")  # comm and argv0 as MPS's
+    proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "-f", "/dev/null"],
                             env={"CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir)},
                             **as_user(ATTACKER))
     try:
@@ -74,10 +76,8 @@ def test_a_strangers_process_posing_as_the_daemon_is_a_stray_not_a_duplicate(
         rc, report = check_json(config)
         found = findings(report)
         assert ("node", "daemon-duplicate") not in found
-        stray = found[("node", "daemon-foreign")]
-        assert stray["state"] == "WARNING" and f"control process {proc.pid} of uid" in \
-            stray["message"]
-        assert rc == 1
+        assert ("node", "daemon-foreign") not in found
+        assert rc == 0, report
     finally:
         proc.kill()
         proc.wait()

@@ -41,11 +41,12 @@ def posing(public_dir: Path) -> Iterator[Path]:
     assert r.returncode == 0, r.stderr
     fake = public_dir / "evil"
     fake.mkdir()
-    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")
-    proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "60"],
+    shutil.copy("/usr/bin/tail", fake / "nvidia-cuda-mps-control")  # "-f": a daemon's flag
+    proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "-f", "/dev/null"],
                             env={"CUDA_MPS_PIPE_DIRECTORY": EVIL_DIR}, **as_user(ATTACKER))
     config = public_dir / "config.yaml"
     config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
+                      f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
     time.sleep(0.2)
     yield config
@@ -64,7 +65,7 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
     r = mps_health("check", "--config", str(posing), "-v", *only)
     assert r.returncode == 1, r.stdout + r.stderr
     _clean(r.stdout + r.stderr)
-    assert "serves /tmp/x\\x0aOK daemon[node]: all good\\x1b]0;pwned\\x07" in r.stdout
+    assert "on /tmp/x\\x0aOK daemon[node]: all good\\x1b]0;pwned\\x07" in r.stdout
     assert "x\\x0aOK daemon[node]: all good\\x1b[31m" in r.stdout
 
     r = mps_health("check", "--config", str(posing), "--format", "json", *only)

@@ -242,3 +242,19 @@ def test_no_room_for_connections_and_bad_limits_are_one_line_unknown(tmp_path: P
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == (f"mps-health: {bad}: key 'exporter.max_connections': must be a whole "
                         "number from 1 to 100000 (got 0)\n")
+
+
+def test_a_low_soft_limit_is_raised_toward_the_hard_one(tmp_path: Path, site) -> None:
+    """systemd's default soft limit (1024) or a shell's lower one costs no connections
+    while the hard limit has room: the soft one is raised to what the cap needs."""
+    site.dirs()
+    cfg = site.config("exporter:\n  max_connections: 500\n")
+    with served(tmp_path, cfg, wrap=("prlimit", "--nofile=300:4096")) as (url, _p, log, proc):
+        assert "at most" not in log.read_text()
+        body = get(url + "/metrics")[2]
+        assert metric_lines(body, "mps_health_exporter_max_connections") == [
+            "mps_health_exporter_max_connections 500.0"]
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        soft = [line.split()[3] for line in limits.splitlines()
+                if line.startswith("Max open files")]
+        assert 500 + 256 < int(soft[0]) <= 4096

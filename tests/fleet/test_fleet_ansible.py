@@ -151,7 +151,7 @@ def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
     client = subprocess.Popen(["sleep", "120"])
     try:
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
-        said = subprocess.run([sys.executable, FAKE_CONTROL], input=f"fake_client_connect "
+        said = subprocess.run([FAKE_CONTROL], input=f"fake_client_connect "
                               f"{client.pid}\n", env=env, capture_output=True, text=True,
                               timeout=10)
         assert said.stdout.strip().isdigit(), said

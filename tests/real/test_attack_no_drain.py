@@ -35,23 +35,31 @@ def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, site) -> No
     ensure_user(ATTACKER)
     pipe, log = site.pipe, site.log
     make_dirs(pipe, log)
-    cfg = site.config(remediating(site), "checks:\n  only: [daemon, control, directories]\n"
-                                    "healthcheck:\n  fail_runs: 1\n")
+    cfg = site.config(remediating(site),
+                      "checks:\n  only: [daemon, control, directories, strays]\n"
+                      "healthcheck:\n  fail_runs: 1\n")
     start_daemon(pipe, log)
     r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(pipe / "x\nOK daemon[node]: fine")])
     assert r.returncode == 0, r.stderr
     fake = site.root / "evil"
     fake.mkdir()
-    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-control")
-    poser = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "120"],
-                             env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, **as_user(ATTACKER))
+    fake.chmod(0o755)
+    # Copies named like MPS's daemon (started with -f) and server: argv0 and comm as theirs.
+    shutil.copy("/usr/bin/tail", fake / "nvidia-cuda-mps-control")
+    shutil.copy("/bin/sleep", fake / "nvidia-cuda-mps-server")
+    posers = [subprocess.Popen(argv, env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                               **as_user(ATTACKER))
+              for argv in ([str(fake / "nvidia-cuda-mps-control"), "-f", "/dev/null"],
+                           [str(fake / "nvidia-cuda-mps-server"), "120"])]
     try:
         runs = [hc(cluster, cfg) for _ in range(2)]
     finally:
-        poser.kill()
-        poser.wait()
+        for poser in posers:
+            poser.kill()
+            poser.wait()
     for run in runs:
         assert run.returncode == 1, run.stdout + run.stderr  # WARNINGs, nothing more
         assert "drained (" not in run.stdout
-    assert "pipe-entry-foreign" in runs[0].stdout and "daemon-foreign" in runs[0].stdout
+    assert "pipe-entry-foreign" in runs[0].stdout and "mps-impostor" in runs[0].stdout
+    assert "server-orphaned" not in runs[0].stdout
     assert not drained(cluster)

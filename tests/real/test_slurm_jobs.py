@@ -75,7 +75,7 @@ def test_mps_job_sees_its_own_pipe_dir(cluster: SlurmCluster, hooks: JobHooks) -
 
 def test_running_job_uses_a_daemon_of_its_user_and_scancel_leaves_nothing(
         cluster: SlurmCluster, hooks: JobHooks) -> None:
-    query = (f"echo get_default_active_thread_percentage | /usr/bin/python3 {FAKE_CONTROL}; "
+    query = (f"echo get_default_active_thread_percentage | {FAKE_CONTROL}; "
              "echo $CUDA_MPS_PIPE_DIRECTORY; sleep 300")
     job = cluster.start_job(["srun", "--gres=mps:50", "sh", "-c", query], user=hooks.user)
     try:

@@ -188,14 +188,14 @@ PROLOG = """#!/bin/bash
 [ -n "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" ] || exit 0
 d={top}/nvidia-mps_job$SLURM_JOB_ID; l={top}/nvidia-log_job$SLURM_JOB_ID
 mkdir -p "$d" "$l" && chmod 0777 "$d" "$l"
-CUDA_MPS_PIPE_DIRECTORY=$d CUDA_MPS_LOG_DIRECTORY=$l {python} {fake} -d
+CUDA_MPS_PIPE_DIRECTORY=$d CUDA_MPS_LOG_DIRECTORY=$l {fake} -d
 exit 0
 """
 EPILOG = """#!/bin/bash
 [ -e {top}/keep ] && exit 0   # a failed epilog: leave everything behind
 d={top}/nvidia-mps_job$SLURM_JOB_ID
 [ -d "$d" ] || exit 0
-echo quit | CUDA_MPS_PIPE_DIRECTORY=$d {python} {fake} >/dev/null
+echo quit | CUDA_MPS_PIPE_DIRECTORY=$d {fake} >/dev/null
 rm -rf "$d" {top}/nvidia-log_job$SLURM_JOB_ID
 exit 0
 """

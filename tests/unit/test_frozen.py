@@ -144,3 +144,4 @@ def test_super_works_in_a_method() -> None:
             return "counted " + super().__repr__()
 
     assert repr(Counted(2)) == "counted Counted(n=2)"
+

@@ -37,6 +37,8 @@ def test_parse_status_uid() -> None:
 
 def test_role_from_cmdline_not_comm() -> None:
     assert proc.role_of(("nvidia-cuda-mps-control", "-d")) == "control"
+    assert proc.role_of(("/usr/bin/nvidia-cuda-mps-control", "-f")) == "control"
+    assert proc.role_of(("nvidia-cuda-mps-control",)) == "client"  # echo CMD | ...
     assert proc.role_of(("/usr/bin/nvidia-cuda-mps-server",)) == "server"
     assert proc.role_of(()) == "unknown"  # a zombie's cmdline is empty
 
@@ -69,7 +71,7 @@ def test_live_proc_finds_the_daemon_and_no_other_process(site) -> None:
     daemon = found[d.pid]
     assert (daemon.role, daemon.pipe_dir, daemon.uid) == ("control", str(d.pipe_dir), 0)
     assert decoy.pid not in found and os.getpid() not in found
-    assert {p.role for p in found.values()} <= {"control", "server", "unknown"}
+    assert {p.role for p in found.values()} <= {"control", "client", "server", "unknown"}
 
 
 @pytest.mark.parametrize("captured,role", [("proc_h200-daemon", "control"),
@@ -87,9 +89,9 @@ def test_real_h200_processes(tmp_path: Path, captured: str, role: str) -> None:
 
 
 def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
-    """A control client this run started (its name, cmdline and environment are a
-    daemon's) is left out of the facts, so a query caught alive while /proc is read is
-    never judged a second daemon; the same process started by anyone else is seen."""
+    """A control client this run started (its name, comm and environment are a
+    daemon's) is left out of the facts; the same process started by anyone else is seen,
+    as a client (no -d/-f), never a daemon."""
     import os
     import subprocess
 
@@ -105,7 +107,7 @@ def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
             seen = [p for p in proc.read_processes("/proc") if p.pid == child.pid]
             if seen:
                 break
-        assert seen and seen[0].role == "control" and seen[0].pipe_dir == str(tmp_path)
+        assert seen and seen[0].role == "client" and seen[0].pipe_dir == str(tmp_path)
         facts = proc.gather_for(Context(from_mapping({}, None)), ())
         assert child.pid not in [p.pid for p in facts]
     finally:

@@ -21,6 +21,7 @@ from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from mps_health.slurm_settings import settings as slurm_settings
 from mpsdaemon import start_daemon
+from paths import fake_binaries
 from remhelp import alive, make_dirs, test_user  # noqa: F401
 
 TAG = "MPS-HC:"
@@ -245,7 +246,7 @@ def test_remove_tree_unlinks_symlinks_without_entering_them(site) -> None:
 def test_a_pid_reused_by_another_process_is_left_alone(site) -> None:
     site.dirs()
     pid = start_daemon(site.pipe, site.log)
-    fact = read_process("/proc", pid)
+    fact = read_process("/proc", pid, fake_binaries())
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
     assert procs.end("/proc", reused, 1.0).outcome == "replaced"
@@ -265,7 +266,7 @@ def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(site) -> No
     try:
         for s in started:
             assert s.stdout is not None and s.stdout.readline() == "ready\n"
-        facts = [read_process("/proc", s.pid) for s in started]
+        facts = [read_process("/proc", s.pid, fake_binaries()) for s in started]
         assert all(f is not None and f.role == "server" for f in facts)
         ended = procs.end_all("/proc", [f for f in facts if f is not None], 0.5)
         assert [e.outcome for e in ended] == ["killed"] * 3
@@ -303,7 +304,10 @@ def test_a_non_mps_process_is_never_signalled() -> None:
 
         fact = ProcessFact(sleeper.pid, 1, "S", 0, "control", ("nvidia-cuda-mps-control",),
                            0, "/tmp/nvidia-mps", True)
-        assert procs.end("/proc", fact, 0.5).outcome == "gone"
+        # Not proven to run the MPS binary: refused before /proc is even read again.
+        assert procs.end("/proc", fact, 0.5).outcome == "refused"
+        # Claimed proven: /proc shows no MPS process under that PID.
+        assert procs.end("/proc", fact._replace(genuine=True), 0.5).outcome == "gone"
         assert sleeper.poll() is None
     finally:
         sleeper.kill()
