@@ -156,10 +156,9 @@ class Site:
         top-level keys, merged last."""
         import yaml
 
-        more: Config = {}
-        for extra in extras:
-            more = merged(more, yaml.safe_load(extra) or {} if isinstance(extra, str) else extra)
-        data = self.config_dict(merged(more, sections), pipe=pipe, log=log)
+        data = self.config_dict(pipe=pipe, log=log)
+        for extra in (*extras, sections):
+            data = merged(data, yaml.safe_load(extra) or {} if isinstance(extra, str) else extra)
         return self.write(file, yaml.safe_dump(data, sort_keys=False))
 
     def write(self, name: str, text: str, mode: int = 0o644) -> str:

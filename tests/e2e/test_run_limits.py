@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import pytest
 from clirun import argv, check_mps, mps_health
+from nodesite import Site
 from roottree import add_dir, add_pipe_dir, add_process
 
 SITE_HANG = '''
@@ -46,11 +47,6 @@ registry.check("site-hang", "site_hang:check", ("site-fifo",))
 '''
 
 
-def write_config(path: Path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
-
-
 def _fifos_everywhere(tree: Path) -> None:
     """A --root tree whose files the probes read are FIFOs wherever one can be planted."""
     add_process(tree, 4242, pipe_dir="/tmp/nvidia-mps")
@@ -73,11 +69,10 @@ def _fifos_everywhere(tree: Path) -> None:
         os.mkfifo(logs / name)
 
 
-def test_fifos_where_the_probes_read_never_block_a_run(tmp_path: Path) -> None:
+def test_fifos_where_the_probes_read_never_block_a_run(tmp_path: Path, site: Site) -> None:
     tree = tmp_path / "tree"
     _fifos_everywhere(tree)
-    cfg = write_config(tmp_path / "c.yaml", f"state_dir: {tmp_path}/state\n"
-                                            f"run_dir: {tmp_path}/run\n")
+    cfg = site.config(mps=None)  # the default pipe dir, in the tree
     # Before, the tmpfiles read alone never returned (the run was killed by hand).
     r = mps_health("check", "--root", str(tree), "--config", cfg, "--budget", "3",
                    "--format", "json", timeout=60)
@@ -126,17 +121,14 @@ def test_gres_conf_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None
     assert conf.errors == (f"{tmp_path}/gres.conf: cannot read: not a regular file",)
 
 
-def _site(tmp_path: Path, extra: str = "") -> Dict[str, str]:
+def _site(tmp_path: Path, site: Site, extra: str = "") -> Dict[str, str]:
     """A config running only the hanging site check; the environment that finds it."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "site_hang.py").write_text(SITE_HANG)
+    modules = tmp_path / "site"
+    modules.mkdir()
+    (modules / "site_hang.py").write_text(SITE_HANG)
     os.mkfifo(tmp_path / "fifo")
-    write_config(tmp_path / "c.yaml", f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n"
-                                      f"mps:\n  pipe_dir: {tmp_path}/pipe\n  log_dir: "
-                                      f"{tmp_path}/log\nchecks:\n  modules: [site_hang]\n"
-                                      f"  only: [site-hang]\n{extra}")
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site),
+    site.config(extra, checks={"modules": ["site_hang"], "only": ["site-hang"]})
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(modules),
                                                       os.environ.get("PYTHONPATH")) if p),
             "SITE_FIFO": str(tmp_path / "fifo"), "SITE_CHILD": str(tmp_path / "child")}
 
@@ -149,9 +141,9 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def test_a_hung_source_ends_check_at_its_limit_and_kills_its_commands(tmp_path: Path) -> None:
-    env = _site(tmp_path)
-    r = mps_health("check", "--config", str(tmp_path / "c.yaml"), "--budget", "1", env=env,
+def test_a_hung_source_ends_check_at_its_limit_and_kills_its_commands(tmp_path: Path, site: Site) -> None:
+    env = _site(tmp_path, site)
+    r = mps_health("check", "--config", str(site.root / "config.yaml"), "--budget", "1", env=env,
                    timeout=60)
     assert (r.returncode, r.stdout) == (3, ""), r.stderr
     assert r.stderr == ("mps-health: the checks did not finish within 3s (still busy with: "
@@ -161,10 +153,10 @@ def test_a_hung_source_ends_check_at_its_limit_and_kills_its_commands(tmp_path: 
     assert _gone(int((tmp_path / "child").read_text()))
 
 
-def test_a_hung_source_gives_check_mps_its_documented_timeout_line(tmp_path: Path) -> None:
-    env = _site(tmp_path)
+def test_a_hung_source_gives_check_mps_its_documented_timeout_line(tmp_path: Path, site: Site) -> None:
+    env = _site(tmp_path, site)
     # Before, the plugin's SIGALRM was caught as the source's own failure: facts-unavailable.
-    r = check_mps("--config", str(tmp_path / "c.yaml"), "-t", "2", env=env, timeout=60)
+    r = check_mps("--config", str(site.root / "config.yaml"), "-t", "2", env=env, timeout=60)
     assert r.returncode == 3
     assert r.stdout == ("MPS UNKNOWN - check_mps timed out after 2s before the checks "
                         "finished (raise -t, or look for a hung process on the node; still "
@@ -172,10 +164,10 @@ def test_a_hung_source_gives_check_mps_its_documented_timeout_line(tmp_path: Pat
     assert _gone(int((tmp_path / "child").read_text()))
 
 
-def test_a_hung_source_is_a_healthcheck_timeout(tmp_path: Path) -> None:
-    env = _site(tmp_path, "budget_s: 1\n")
+def test_a_hung_source_is_a_healthcheck_timeout(tmp_path: Path, site: Site) -> None:
+    env = _site(tmp_path, site, "budget_s: 1\n")
     r = mps_health("healthcheck", "--foreground", "--dry-run", "--config",
-                   str(tmp_path / "c.yaml"), env=env, timeout=60)
+                   str(site.root / "config.yaml"), env=env, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout.startswith("MPS CRITICAL - healthcheck-timeout: the checks did not finish "
                                "within 3s"), r.stdout
@@ -248,15 +240,13 @@ def test_out_of_fds_is_unknown_never_client_missing_or_critical(site) -> None:
 
 # --- output no one reads: the exit code stands ------------------------------------------
 
-def _critical_config(tmp_path: Path) -> str:
-    return write_config(tmp_path / "c.yaml", f"state_dir: {tmp_path}/state\nrun_dir: "
-                                             f"{tmp_path}/run\nmps:\n  pipe_dir: {tmp_path}/no"
-                                             f"-pipe\n  log_dir: {tmp_path}/no-log\n")
+def _critical_config(site: Site) -> str:
+    return site.config(pipe=f"{site.root}/no-pipe", log=f"{site.root}/no-log")
 
 
 @pytest.mark.parametrize("command", ["mps-health", "check_mps"])
-def test_closed_or_broken_stdout_keeps_the_exit_code(tmp_path: Path, command: str) -> None:
-    cfg = _critical_config(tmp_path)
+def test_closed_or_broken_stdout_keeps_the_exit_code(site: Site, command: str) -> None:
+    cfg = _critical_config(site)
     args = ["check"] if command == "mps-health" else []
     cmd = argv(command, *args, "--config", cfg, "--only", "daemon")
     closed = subprocess.run(cmd, preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE,
