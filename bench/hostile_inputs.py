@@ -81,6 +81,8 @@ def measure(args: List[str], work: Path) -> Tuple[float, float, int, str]:
         p.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - t0
     first = (err.read_text(errors="replace").splitlines() or [""])[0]
+    if p.returncode not in (0, 1, 2) or not out.stat().st_size:
+        print(f"  (exit {p.returncode}, {out.stat().st_size} bytes out: {first[:200]})")
     return seconds, usage.ru_maxrss / 1024, out.stat().st_size, first[:120]
 
 
@@ -102,7 +104,7 @@ def main() -> int:
         path, n, cap, daemons = args.make
         Path(path).write_text(json.dumps(snapshot(int(n), int(cap), daemons == "1")))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="mpsh-hostile-"))
+    work = Path(tempfile.mkdtemp(prefix="mps-health-bench-"))
     try:
         run(args, work)
     finally:
@@ -121,7 +123,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
               f"{args.base} instances {files['base'].stat().st_size >> 10} KiB, "
               f"{args.large} instances {files['large'].stat().st_size >> 10} KiB")
         for fmt in formats:
-            got = {name: measure(["check", "--replay", str(path), "--format", fmt], work)
+            # The baseline is short: its best of three, so one slow start on a shared
+            # machine does not make the large run look better than it is.
+            # --budget 300: a replay is judged within the run's hard limit (its budget
+            # plus a grace), which 100000 instances pass on a loaded machine.
+            argv = ["check", "--budget", "300", "--format", fmt, "--replay"]
+            got = {name: min(measure([*argv, str(path)], work)
+                             for _ in range(3 if name == "base" else 1))
                    for name, path in files.items()}
             (bt, bm, bo, _), (lt, lm, lo, _) = got["base"], got["large"]
             print(f"  {fmt:5} {args.base:>6}: {bt:6.2f} s {bm:7.1f} MiB out "
@@ -141,7 +149,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     pt, pm, _, _ = measure(["check", "--config", str(plain)], work)
     bt, bm, _, line = measure(["check", "--config", str(bomb)], work)
     print(f"alias bomb ({bomb.stat().st_size} bytes, 9**9 values): {bt:.2f} s {bm:.1f} MiB "
-          f"against a plain bad config {pt:.2f} s {pm:.1f} MiB; it says: {line}")
+          f"against a plain config {pt:.2f} s {pm:.1f} MiB; it says: {line}")
 
 
 if __name__ == "__main__":

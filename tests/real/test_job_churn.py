@@ -12,9 +12,10 @@ wrapper that sets both, runs the printed program and logs each run's exit status
 Counted honestly from four places: the wrapper's log (every run and its status),
 slurmd's log (a run that fails is logged there; a failed Prolog or Epilog too), our
 audit log (every drain), and slurmctld's log (every node drain, and each job's exit
-status). The figures are printed: ``pytest -s -k churn tests/real/test_job_churn.py``.
+status). The servers source's memory shows that per-job instances were judged. The figures are printed: ``pytest -s -k churn tests/real/test_job_churn.py``.
 """
 
+import json
 import re
 import shutil
 import tempfile
@@ -58,10 +59,9 @@ def node_config(hooks: JobHooks, cluster: SlurmCluster) -> None:
     settings: the per-instance checks that need no GPU (not strays, which judges every
     MPS process of the machine: other test sessions' stand-ins are its findings here),
     a 1 s grace, our audit log."""
-    commands = {"squeue": cluster.client_commands().get("squeue", "squeue")}
-    if "scontrol" in cluster.client_commands():
-        commands["scontrol"] = cluster.client_commands()["scontrol"]
-    hooks.configure(commands=commands, jobs={"log_file": f"{hooks.base}/hooks.log"},
+    # Where slurmd runs the health check (here or in the Slurm root) Slurm's clients
+    # are on its PATH: the real squeue in place of the hooks' stand-in.
+    hooks.configure(commands={"squeue": "squeue"}, jobs={"log_file": f"{hooks.base}/hooks.log"},
                     checks={"only": ["control", "daemon", "directories", "servers", "orphans"]},
                     slurm={"job_grace_s": 1},
                     # The stand-in daemon is Python: on a loaded two-core machine it may
@@ -75,7 +75,9 @@ def rendered_lines(hooks: JobHooks) -> Dict[str, str]:
     """`mps-health slurm conf` for this node: the hooks and health check lines."""
     import subprocess
 
-    r = subprocess.run([*hooks.mps_health, "slurm", "conf", "--nvml-record", RECORD,
+    record = hooks.base / "nvml.json"  # under /tmp: a Slurm root's mps-health sees it too
+    shutil.copy(RECORD, record)
+    r = subprocess.run([*hooks.mps_health, "slurm", "conf", "--nvml-record", str(record),
                         "--node-name", NODE, "--config", str(hooks.config), "--prefix",
                         str(hooks.hooks), "--health-check-interval", str(INTERVAL)],
                        capture_output=True, text=True, timeout=120)
@@ -131,18 +133,23 @@ def runs(hooks: JobHooks) -> List[int]:
     return [int(line.rsplit("rc=", 1)[1]) for line in text.splitlines() if "rc=" in line]
 
 
-def wait_for(what: str, cond, timeout: float) -> None:
+def wait_for(what: str, cond, timeout: float, hooks: JobHooks, cluster: SlurmCluster
+             ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    failed = hooks.base / "failed-output.log"
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; runs "
+                         f"{runs(hooks)[-10:]}\n"
+                         + (failed.read_text()[-2000:] if failed.exists() else "")
+                         + cluster.logs())
 
 
 def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCluster,
                                                                 hooks: JobHooks) -> None:
-    wait_for("a first clean health check run", lambda: 0 in runs(hooks), 60)
+    wait_for("a first clean health check run", lambda: 0 in runs(hooks), 60, hooks, cluster)
     before = len(runs(hooks))
     slurmd_log = cluster.log_dir / "slurmd.log"
     log_start = slurmd_log.stat().st_size
@@ -153,12 +160,12 @@ def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCl
     r = cluster.run(["sbatch", f"--array=1-{JOBS}", "--gres=mps:10", "-o", "/dev/null",
                      "--wrap", "true"], user=hooks.user, timeout=60)
     assert r.returncode == 0, r.stderr
-    wait_for("every job to finish", lambda: not cluster.job_ids(), 900)
+    wait_for("every job to finish", lambda: not cluster.job_ids(), 900, hooks, cluster)
     cluster.wait_state(lambda s: s == "IDLE", 120)
     elapsed = time.monotonic() - t0
     # Two more runs after the last job: anything left behind is judged too.
     done = len(runs(hooks))
-    wait_for("two more health check runs", lambda: len(runs(hooks)) >= done + 2, 60)
+    wait_for("two more health check runs", lambda: len(runs(hooks)) >= done + 2, 60, hooks, cluster)
 
     during = runs(hooks)[before:]
     failed = [rc for rc in during if rc != 0]
@@ -170,13 +177,19 @@ def test_job_churn_fails_no_health_check_run_and_drains_nothing(cluster: SlurmCl
     slurmd = slurmd_log.read_text(errors="replace")[log_start:]
     hook_errors = [x for x in (hooks.base / "hooks.log").read_text().splitlines()
                    if "error" in x.lower() or "not recorded" in x] if (hooks.base / "hooks.log").exists() else []
+    # The servers source remembers each instance it looked at (state_dir/servers.json):
+    # per-job instances were judged during the churn, not merely skipped.
+    memory = json.loads((hooks.site.state_dir / "servers.json").read_text())
+    judged = sorted(name for name in memory if name.startswith("job"))
     print(f"\n{cluster.version}: {len(exits)} jobs ({JOBS} x true, {SLEEPERS} x sleep 4) "
           f"in {elapsed:.0f}s; {len(during)} health check runs, {len(failed)} failed; "
-          f"{len(drains)} drains (slurmctld), {len(audit_lines)} audit lines")
+          f"{len(drains)} drains (slurmctld), {len(audit_lines)} audit lines; "
+          f"{len(judged)} per-job instances judged")
     if failed:
         print((hooks.base / "failed-output.log").read_text()[-3000:])
     assert len(exits) == JOBS + SLEEPERS and set(exits) == {"0"}, exits[-20:]
     assert len(during) >= 10, f"only {len(during)} health check runs: the test saw no churn"
+    assert judged, "no per-job instance was ever judged: the test proves nothing"
     assert failed == [], (hooks.base / "failed-output.log").read_text()[-3000:]
     assert drains == [] and audit_lines == [], (drains, audit_lines)
     assert "health_check failed" not in slurmd and "prolog failed" not in slurmd.lower()

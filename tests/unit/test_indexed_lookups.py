@@ -7,13 +7,14 @@ from typing import List, Optional, Tuple
 from mps_health.checks.common import live_daemons
 from mps_health.facts import DirFact, Instance, ProcessFact
 from mps_health.instances import pipe_paths
+from mps_health.process_identity import is_daemon
 
 
 def scanned(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
             root: str) -> List[ProcessFact]:
     """The rule, written as the plain scan."""
     paths = pipe_paths(inst, root)
-    controls = [p for p in procs if p.role == "control" and p.state not in ("Z", "X")]
+    controls = [p for p in procs if is_daemon(p)]
     found = [p for p in controls if p.pipe_dir in paths]
     if not found and pipe is not None and pipe.pid_file and pipe.pid_file.isdigit():
         found = [p for p in controls if p.pid == int(pipe.pid_file) and not p.environ_readable]
