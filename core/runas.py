@@ -12,12 +12,17 @@ wants the output in files, not pipes, whatever the daemon does with them. ``subp
 imported here only: the plain check never loads it.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import time
-from typing import Mapping, Optional, Sequence
 
 from mps_health.runner import Completed, RunAs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the check reads SAFE_PATH: no typing at run time (fast path)
+    from typing import Mapping, Optional, Sequence
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

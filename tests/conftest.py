@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     real = False
     if control and shutil.which("nvidia-smi"):
         with open(control, "rb") as f:
-            real = f.read(4) == b"\x7fELF"  # our fake is a script
+            real = f.read(4) == b"\x7fELF"  # our fakes are not on PATH at collection
     if real:
         return
     skip = pytest.mark.skip(reason="needs a real NVIDIA GPU with the MPS binaries "
@@ -78,6 +78,11 @@ def fixture_text(name: str) -> str:
 def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
     """The fake MPS binaries (then tests/fakes' mps-canary) first on PATH, for this process
     and the commands it starts."""
+    from paths import FAKE_BIN_ERROR
+
+    if FAKE_BIN_ERROR:
+        pytest.fail(f"the fake MPS binaries could not be built: {FAKE_BIN_ERROR}",
+                    pytrace=False)
     path = os.pathsep.join((str(FAKE_BIN), str(FAKES), os.environ.get("PATH", "")))
     monkeypatch.setenv("PATH", path)
     return path

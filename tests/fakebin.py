@@ -5,8 +5,10 @@ must be executables at the configured path, like the real ones, not scripts run 
 interpreter. ``fake_bin()`` builds ``nvidia-cuda-mps-control`` and ``nvidia-cuda-mps-server``
 (each the launcher with its fake script compiled in) into one directory, world-readable
 so that job users can run them, and reuses it while the sources are unchanged. It embeds
-the system's Python 3 (``/usr/bin/python3-config``, from Debian's python3-dev), which
-every user of the node can run, whatever interpreter runs the tests.
+the system's Python 3 (``/usr/bin/python3-config``, from Debian's python3-dev) and carries
+it along (its library, found through the launcher's own directory, and the standard
+library the fakes need), so the fakes also run in another distribution's root that sees
+this directory (the Debian 13 root of the Slurm 24.11 tests shares /tmp).
 """
 
 import hashlib
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Tuple
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 SOURCE = FAKES / "launcher.c"
@@ -37,10 +40,18 @@ def _flags() -> list:
     return shlex.split(out)
 
 
-def _home() -> str:
-    return subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.base_prefix)"],
-                          capture_output=True, text=True, check=True, timeout=30
-                          ).stdout.strip()
+def _interpreter() -> Tuple[Path, Path]:
+    """(the system Python's shared library, its standard library dir)."""
+    code = ("import sysconfig as s; print(s.get_config_var('LIBDIR') + '/' + "
+            "s.get_config_var('INSTSONAME')); print(s.get_path('stdlib'))")
+    lib, stdlib = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout.split()
+    return Path(lib), Path(stdlib)
+
+
+# Parts of the standard library the fakes never import: not carried along.
+NOT_CARRIED = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
+               "pydoc_data", "__pycache__", "site-packages", "dist-packages", "config-3.*")
 
 
 def _ours(directory: Path) -> bool:
@@ -59,11 +70,12 @@ def fake_bin(fast_client: bool = False) -> Path:
     """The directory holding the built fakes (built now if missing or out of date); with
     ``fast_client`` the control binary's client is in C (for benchmarks)."""
     flags = _flags()
-    home = _home()
+    libpython, stdlib = _interpreter()
     variant = ["-DFAST_CLIENT"] if fast_client else []
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), str(FAKES), home, *flags, *variant]
-                                   ).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), str(FAKES), str(libpython), *flags,
+                                    *variant]).encode()).hexdigest()[:16]
     final = Path(tempfile.gettempdir()) / f"mps-health-fakebin-{key}"
+    home = str(final)  # the interpreter's prefix: final/lib/python3.X, as carried along
     if _ours(final):
         return final
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -71,11 +83,15 @@ def fake_bin(fast_client: bool = False) -> Path:
         raise FakeBinError("no C compiler (cc): install gcc to build the fake MPS binaries")
     work = Path(tempfile.mkdtemp(prefix="mps-health-fakebin-build-"))
     try:
+        shutil.copy2(libpython, work / libpython.name)
+        shutil.copytree(stdlib, work / "lib" / stdlib.name, symlinks=True,
+                        ignore=shutil.ignore_patterns(*NOT_CARRIED))
         for name in NAMES:
             script = FAKES / name
             fast = variant if name == NAMES[0] else []
             subprocess.run([cc, "-O1", "-o", str(work / name), str(SOURCE), *fast,
-                            f'-DFAKE="{script}"', f'-DPYHOME="{home}"', *flags],
+                            f'-DFAKE="{script}"', f'-DPYHOME="{home}"', *flags,
+                            "-Wl,-rpath,$ORIGIN"],
                            check=True, capture_output=True, text=True, timeout=120)
         work.chmod(0o755)
         try:

@@ -6,9 +6,9 @@ The root is a fresh dir under /tmp that other users may enter (0755; pytest's tm
 0700), so a daemon or hook run as a test user reaches it, and its paths stay short (a
 socket path holds 108 bytes). ``config()`` writes YAML made from a dict: the node-wide
 layout on this site's dirs, merged section by section with what the test gives. Daemons
-start and answer through tests/mpsdaemon.py. Closing
-ends, by PID, every process whose CUDA_MPS_PIPE_DIRECTORY lies in the root (daemons and
-servers, ours or a test user's), then removes the root.
+start and answer through tests/mpsdaemon.py. Closing ends, by PID, every process whose
+CUDA_MPS_PIPE_DIRECTORY lies in the root (daemons, servers and clients, ours or a test
+user's), then removes the root.
 """
 
 import contextlib

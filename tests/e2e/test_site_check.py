@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Dict
 
+from nodesite import Site
+
 SITE_CHECK = '''
 """A site check: the pipe dir's mode, judged against the site's own section."""
 
@@ -51,23 +53,18 @@ def site_tree(tmp_path: Path) -> Path:
     return tmp_path / "site"
 
 
-def run(tmp_path: Path, config: str, *args: str) -> subprocess.CompletedProcess:
-    path = tmp_path / "config.yaml"
-    pipe, log = tmp_path / "pipe", tmp_path / "log"
-    for d in (pipe, log):
-        d.mkdir(exist_ok=True)
-        d.chmod(0o777)
-    path.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n"
-                    f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n{config}")
+def run(site: Site, config: str, *args: str) -> subprocess.CompletedProcess:
+    site.dirs()
+    path = site.config(config)
     env: Dict[str, str] = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(site_tree(tmp_path)), os.environ.get("PYTHONPATH")) if p))
+        p for p in (str(site_tree(site.root)), os.environ.get("PYTHONPATH")) if p))
     return subprocess.run([sys.executable, "-m", "mps_health.cli", *args, "--config",
                            str(path)], capture_output=True, text=True, timeout=60, env=env)
 
 
-def test_site_check_runs_like_a_builtin(tmp_path: Path) -> None:
+def test_site_check_runs_like_a_builtin(site: Site) -> None:
     config = "checks:\n  modules: [site_pkg.mode_check]\n  only: [site-mode]\n"
-    r = run(tmp_path, config + "site_mode:\n  expected_mode: 448\n", "check",
+    r = run(site, config + "site_mode:\n  expected_mode: 448\n", "check",
             "--format", "json")
     assert r.returncode == 1, r.stderr
     report = json.loads(r.stdout)
@@ -75,23 +72,23 @@ def test_site_check_runs_like_a_builtin(tmp_path: Path) -> None:
     assert (problem["check"], problem["code"], problem["instance"]) == \
         ("site-mode", "site-mode-differs", "node")
     assert problem["message"] == "mode 777, the site wants 700"
-    ok = run(tmp_path, config, "check", "-v")
+    ok = run(site, config, "check", "-v")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "OK site-mode[node]: mode 777" in ok.stdout.splitlines()
     # its own section is validated with the rest of the file
-    bad = run(tmp_path, config + "site_mode:\n  expected: 1\n", "check")
+    bad = run(site, config + "site_mode:\n  expected: 1\n", "check")
     assert (bad.returncode, bad.stdout) == (3, "")
     assert "key 'site_mode.expected': unknown key (known here: expected_mode)" in bad.stderr
 
 
-def test_site_check_is_on_by_default_and_in_the_metrics(tmp_path: Path) -> None:
-    r = run(tmp_path, "checks:\n  modules: [site_pkg.mode_check]\n", "exporter",
+def test_site_check_is_on_by_default_and_in_the_metrics(tmp_path: Path, site: Site) -> None:
+    r = run(site, "checks:\n  modules: [site_pkg.mode_check]\n", "exporter",
             "--textfile", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert 'check="site-mode"' in (tmp_path / "mps_health.prom").read_text()
 
 
-def test_a_module_that_cannot_be_imported_is_one_line(tmp_path: Path) -> None:
+def test_a_module_that_cannot_be_imported_is_one_line(site: Site) -> None:
     for module, why in (
             ("site_pkg.nope", "cannot import 'site_pkg.nope': ModuleNotFoundError: No module "
                               "named 'site_pkg.nope'"),
@@ -99,7 +96,7 @@ def test_a_module_that_cannot_be_imported_is_one_line(tmp_path: Path) -> None:
                                 "module named 'no_such_package_here'"),
             ("site_pkg.silent", "'site_pkg.silent' declares no check"),
             ("site-pkg", "must be Python module names")):
-        r = run(tmp_path, f"checks:\n  modules: [{module}]\n", "check", "--only", "daemon")
+        r = run(site, f"checks:\n  modules: [{module}]\n", "check", "--only", "daemon")
         assert (r.returncode, r.stdout) == (3, ""), module
-        assert r.stderr.startswith(f"mps-health: {tmp_path}/config.yaml: key 'checks.modules':")
+        assert r.stderr.startswith(f"mps-health: {site.root}/config.yaml: key 'checks.modules':")
         assert why in r.stderr and r.stderr.count("\n") == 1, r.stderr

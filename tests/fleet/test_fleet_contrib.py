@@ -17,7 +17,6 @@ from conftest import FAKE_CONTROL, REPO
 from fleethelp import CONTRIB, dists, need  # noqa: F401
 from mpsdaemon import start_daemon
 from nodesite import Site
-from remhelp import make_dirs
 
 UNITS = ("nvidia-mps.service", "nvidia-mps@.service", "mps-health-exporter.service",
          "mps-health-textfile.service", "mps-health-textfile.timer")
@@ -97,8 +96,7 @@ def test_unit_helpers_on_fake_daemon(site, fake_path: str) -> None:
     pipe, log = site.root / "nvidia-mps_0", site.root / "nvidia-mps-log_0"
     os.symlink("/etc", pipe)  # planted in /tmp: moved aside, never followed
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    cfg = site.root / "unit.yaml"
-    cfg.write_text(f"state_dir: {site.root}/state\n")
+    cfg = site.write("unit.yaml", f"state_dir: {site.state_dir}\n")
     r = mps_health("unit", "prepare", "--config", str(cfg), env=env, timeout=30)
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and "aside" in r.stdout
@@ -112,7 +110,7 @@ def test_unit_helpers_on_fake_daemon(site, fake_path: str) -> None:
     # Both recorded as planned: the servers check does not call them daemon-restarted.
     from mps_health.planned import load
 
-    records, error = load(f"{site.root}/state")
+    records, error = load(str(site.state_dir))
     assert error == "" and [(p.pipe_dir, p.by) for p in records] == \
         [(str(pipe), "unit start"), (str(pipe), "unit stop")]
     assert not Path(f"/proc/{pid}").exists() or \
@@ -189,20 +187,9 @@ def _nhc(site: Site, config: str, *args: str) -> dict:
 
 
 def test_nhc_shim(site) -> None:
-    pipe, log = site.pipe, site.log
-    make_dirs(pipe, log)
-    config = site.root / "config.yaml"
-    config.write_text(f"""
-run_dir: {site.root}/run
-state_dir: {site.root}/state
-commands:
-  nvidia-cuda-mps-control: {FAKE_CONTROL}
-checks:
-  only: [daemon, control, directories]
-mps:
-  pipe_dir: {pipe}
-  log_dir: {log}
-""")
+    pipe, log = site.dirs()
+    config = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL},
+                         checks={"only": ["daemon", "control", "directories"]})
     pid = start_daemon(pipe, log)
     healthy = _nhc(site, str(config))
     assert healthy["rc"] == "0" and healthy["die"] == ""
@@ -212,8 +199,7 @@ mps:
     assert broken["msg"].startswith("check_mps_health:  CRITICAL daemon[node] daemon-stale: ")
     assert " -> " not in broken["msg"]  # the action goes to the log only
     assert "remediate reset" in broken["log"]
-    bad = site.root / "bad.yaml"
-    bad.write_text("mps:\n  layout: sideways\n")
+    bad = site.write("bad.yaml", "mps:\n  layout: sideways\n")
     unknown = _nhc(site, str(bad))
     assert unknown["rc"] == "0" and "layout" in unknown["log"]  # logged, not a failure
     unknown = _nhc(site, str(bad), "-u")

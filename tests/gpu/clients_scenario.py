@@ -40,7 +40,10 @@ FAKES = Path(__file__).resolve().parent.parent / "fakes"
 # --fake: the fake daemon and a client without CUDA (it joins through fake_client_connect),
 # to exercise this script on a machine without a GPU before the one real run.
 FAKE = "--fake" in sys.argv
-CONTROL = str(FAKES / "nvidia-cuda-mps-control") if FAKE else (
+if FAKE:  # the fake as an executable, as mps-health judges binaries (tests/fakebin.py)
+    sys.path.insert(0, str(FAKES.parent))
+    from fakebin import fake_bin
+CONTROL = str(fake_bin() / "nvidia-cuda-mps-control") if FAKE else (
     shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control")
 USERS = ("mpsh-alice", "mpsh-bob")
 WORK = Path("/tmp/mpsh-clients-work")
@@ -96,7 +99,7 @@ class Scenario:
 
     def ask(self, command: str) -> str:
         t0 = time.monotonic()
-        argv = [sys.executable, CONTROL] if FAKE else [CONTROL]
+        argv = [CONTROL]
         r = subprocess.run(argv, input=command + "\n", env=self.env, capture_output=True,
                            text=True, timeout=20)
         took = time.monotonic() - t0
@@ -105,7 +108,7 @@ class Scenario:
         return r.stdout
 
     def start_daemon(self) -> None:
-        argv = [sys.executable, CONTROL, "-d"] if FAKE else [CONTROL, "-d"]
+        argv = [CONTROL, "-d"]
         r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
         self.note(f"$ nvidia-cuda-mps-control -d   (rc {r.returncode}) {r.stdout}{r.stderr}")
         for _ in range(500):

@@ -21,7 +21,7 @@ import pytest
 from clirun import mps_health
 from mpsdaemon import launch, query, quit_daemon
 from nodesite import Site
-from paths import FAKES, REPO
+from paths import FAKE_BIN, FAKES, REPO
 
 USE_FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
 
@@ -90,7 +90,7 @@ class Mps:
         if gpu is not None:
             self.env["CUDA_VISIBLE_DEVICES"] = gpu
         if USE_FAKE:
-            self.env["PATH"] = f"{FAKES}{os.pathsep}{self.env['PATH']}"
+            self.env["PATH"] = os.pathsep.join((str(FAKE_BIN), str(FAKES), self.env["PATH"]))
 
     @property
     def binary(self) -> str:

@@ -28,7 +28,7 @@ from clirun import mps_health
 from mpsdaemon import query, quit_daemon, start_daemon
 from mpsgpu import pythonpath, real_control
 from nodesite import Site
-from paths import FAKES
+from paths import FAKE_CONTROL, FAKES
 
 pytestmark = pytest.mark.gpu
 
@@ -76,7 +76,7 @@ class Node:
         self.site = Site.create(prefix="mpsh-deep-")
         self.base = self.site.root
         self.pipe, self.log = self.site.dirs()
-        self.control = real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
+        self.control = real_control() if REAL else FAKE_CONTROL
         commands = {"nvidia-cuda-mps-control": self.control}
         if not REAL:
             commands["mps-health-canary"] = str(FAKES / "mps-canary")

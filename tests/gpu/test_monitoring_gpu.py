@@ -24,7 +24,7 @@ from clirun import argv, run
 from mpsdaemon import quit_daemon, start_daemon
 from mpsgpu import pythonpath, real_control
 from nodesite import Site
-from paths import FAKES
+from paths import FAKE_BIN, FAKE_CONTROL, FAKES
 
 pytestmark = pytest.mark.gpu
 
@@ -53,13 +53,13 @@ class Node:
         self.site = Site.create(prefix="mpsmon-")  # short: AF_UNIX
         self.base = self.site.root
         self.pipe, self.log = self.site.dirs()
-        self.control = real_control() if REAL else str(FAKES / "nvidia-cuda-mps-control")
+        self.control = real_control() if REAL else FAKE_CONTROL
         self.config = Path(self.site.config(commands={"nvidia-cuda-mps-control": self.control},
                                             control={"timeout_s": 2.0}))
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if FAKE:
-            self.env["PATH"] = f"{FAKES}{os.pathsep}{self.env['PATH']}"
+            self.env["PATH"] = os.pathsep.join((str(FAKE_BIN), str(FAKES), self.env["PATH"]))
         path = pythonpath()
         if path:
             self.env["PYTHONPATH"] = path
