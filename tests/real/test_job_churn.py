@@ -26,6 +26,7 @@ from typing import Dict, Iterator, List
 import pytest
 from conftest import FIXTURES
 from jobhooks import JobHooks, user_python
+from paths import FAKE_CONTROL
 from slurmcluster import SlurmCluster, SlurmClusterError
 from slurmroot import mps_health_argv
 
@@ -40,8 +41,21 @@ RENDERED = ("prolog", "taskprolog", "epilog", "healthcheckprogram", "healthcheck
             "healthchecknodestate")
 
 
+def fake_runs_in(root) -> str:
+    """'' when the fake control binary runs in the Slurm root, else what stops it (it
+    embeds this machine's libpython, which a Debian 13 root may lack)."""
+    import subprocess
+
+    r = subprocess.run(root.wrap([FAKE_CONTROL]), input="", capture_output=True, text=True,
+                       timeout=60)
+    return r.stderr.strip() if "error while loading shared libraries" in r.stderr else ""
+
+
 @pytest.fixture(scope="module")
 def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
+    why = fake_runs_in(slurm_where) if slurm_where is not None else ""
+    if why:
+        pytest.skip(f"the fake MPS control binary cannot run in the Slurm 24.11 root: {why}")
     base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
     base.chmod(0o755)
     python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
