@@ -184,11 +184,11 @@ def main() -> int:
     audit.write_text(HAND_AUDIT)
     audit.chmod(0o755)
     entry = shutil.which("mps-health", path=str(Path(args.python).parent))
-    base_cmd = [entry] if entry else [args.python, "-m", "mps_health.cli"]
+    base_cmd = [entry] if entry else [args.python, "-m", "mps_health.core.cli"]
     with_config = [*base_cmd, "check", "--config", str(config)]
     check = [*base_cmd, "check"] if use_defaults else with_config
     plugin_entry = shutil.which("check_mps", path=str(Path(args.python).parent))
-    plugin = [plugin_entry] if plugin_entry else [args.python, "-m", "mps_health.commands.check_mps"]
+    plugin = [plugin_entry] if plugin_entry else [args.python, "-m", "mps_health.core.commands.check_mps"]
     if not use_defaults:
         plugin += ["--config", str(config)]
 
@@ -209,7 +209,7 @@ def main() -> int:
         pkg_parent = str(Path(mps_health.__file__).resolve().parent.parent)
         bare_check = [args.python, "-S", "-E", "-c",
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
-                      "from mps_health.cli import main; rc = main(sys.argv[1:]); "
+                      "from mps_health.core.cli import main; rc = main(sys.argv[1:]); "
                       "sys.stdout.flush(); os._exit(rc)", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
         results: Dict[str, List[float]] = {"python": [], "isolated": [], "entry": [],

@@ -61,7 +61,7 @@ def main() -> int:
         time.sleep(1.0)
         for g in gpus:
             pids.append(int((work / f"pipe_{g}" / "nvidia-cuda-mps-control.pid").read_text()))
-        check = [sys.executable, "-m", "mps_health.cli", "check", "--config", str(config),
+        check = [sys.executable, "-m", "mps_health.core.cli", "check", "--config", str(config),
                  "--only", "control"]
         print(f"{n} instances, control timeout {args.timeout:g} s "
               f"({'real daemons' if args.real else 'fake daemons'})")

@@ -2,15 +2,15 @@
 
 The deepest check, off by default on the slurmd path (it starts a CUDA context):
 enable it with ``--only canary`` or ``checks.enable``; the exporter runs it. See
-``mps_health.probes.canary`` for how it runs and when it skips.
+``mps_health.core.probes.canary`` for how it runs and when it skips.
 """
 
 from typing import Iterator, Mapping
 
-from mps_health.config import Config
-from mps_health.facts import Facts
-from mps_health.facts_deep import CanaryFact
-from mps_health.results import CRITICAL, OK, UNKNOWN, Result
+from ..core.config import Config
+from ..core.facts import Facts
+from ..core.facts_deep import CanaryFact
+from ..core.results import CRITICAL, OK, UNKNOWN, Result
 
 NAME = "canary"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -20,15 +20,15 @@ contexts; each client's job id and CUDA_MPS_* environment from /proc) and one sq
 import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from mps_health.config import Config
-from mps_health.facts import Facts, Instance
-from mps_health.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
-from mps_health.printable import escape
-from mps_health.probes.clientinfo import SECTION, ClientsConfig
-from mps_health.probes.jobs import JobsFacts, gres_count
-from mps_health.probes.proc import DEFAULT_PIPE_DIR
-from mps_health.probes.slurm import SlurmJob
-from mps_health.results import UNKNOWN, WARNING, Result, ok
+from ..core.config import Config
+from ..core.facts import Facts, Instance
+from ..core.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
+from ..core.printable import escape
+from ..core.probes.clientinfo import SECTION, ClientsConfig
+from ..core.probes.jobs import JobsFacts, gres_count
+from ..core.probes.proc import DEFAULT_PIPE_DIR
+from ..core.probes.slurm import SlurmJob
+from ..core.results import UNKNOWN, WARNING, Result, ok
 
 NAME = "clients"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -176,7 +176,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from mps_health.slurm_settings import settings as slurm_settings
+    from ..core.slurm_settings import settings as slurm_settings
 
     cfg = settings(config)
     mps_per_gpu = slurm_settings(config).mps_per_gpu

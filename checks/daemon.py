@@ -8,11 +8,11 @@ the live control process the pid file names.
 
 from __future__ import annotations
 
-from mps_health.checks.common import live_daemons
-from mps_health.config import Config
-from mps_health.facts import DirFact, Facts, Instance, ProcessFact
-from mps_health.instances import expected_uid
-from mps_health.results import CRITICAL, OK, WARNING, Result, ok
+from ..core.config import Config
+from ..core.facts import DirFact, Facts, Instance, ProcessFact
+from ..core.instances import expected_uid
+from ..core.results import CRITICAL, OK, WARNING, Result, ok
+from .common import live_daemons
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

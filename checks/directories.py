@@ -13,10 +13,10 @@ entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 
 from __future__ import annotations
 
-from mps_health.config import Config
-from mps_health.facts import DirFact, Facts, Instance
-from mps_health.instances import expected_uid
-from mps_health.results import CRITICAL, WARNING, Result, ok
+from ..core.config import Config
+from ..core.facts import DirFact, Facts, Instance
+from ..core.instances import expected_uid
+from ..core.results import CRITICAL, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_loc
 def expected_owner(owner: str) -> Optional[int]:
     if owner in ("job", "any"):
         return None  # per-job dirs belong to the job's user: the daemon check compares
-    from mps_health.users import uid_of
+    from ..core.users import uid_of
 
     return uid_of(owner)
 

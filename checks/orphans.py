@@ -6,21 +6,21 @@ behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any s
 a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
 not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
 EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
-configured server binary (``mps_health.process_identity``; a process only named like one is no
+configured server binary (``mps_health.core.process_identity``; a process only named like one is no
 server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
 job id, owner and age.
 """
 
 from typing import Dict, Iterator, List, Tuple
 
-from mps_health.checks.common import slurm_unavailable
-from mps_health.config import Config
-from mps_health.facts import Facts, ProcessFact
-from mps_health.probes.jobdirs import JobDir
-from mps_health.probes.slurm import SlurmFacts
-from mps_health.process_identity import is_daemon, is_server
-from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING, Result
-from mps_health.slurm_settings import orphan_settings
+from ..core.config import Config
+from ..core.facts import Facts, ProcessFact
+from ..core.probes.jobdirs import JobDir
+from ..core.probes.slurm import SlurmFacts
+from ..core.process_identity import is_daemon, is_server
+from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from ..core.slurm_settings import orphan_settings
+from .common import slurm_unavailable
 
 NAME = "orphans"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -4,23 +4,23 @@ A daemon that answers does not prove MPS serves work: a server in FAULT refuses 
 clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until the affected clients exit, and one stuck
 INITIALIZING holds its clients forever. Both are named with the server's PID, user and
 clients. Restarts of the daemon and servers that vanished under live clients (churn,
-see ``mps_health.servertrack``) stay reported for ``servers.event_window_s``.
+see ``mps_health.core.servertrack``) stay reported for ``servers.event_window_s``.
 """
 
 from __future__ import annotations
 
-from mps_health.config import Config
-from mps_health.facts import Facts, Instance
-from mps_health.facts_deep import (
+from ..core.config import Config
+from ..core.facts import Facts, Instance
+from ..core.facts_deep import (
     InstanceServers,
     ServerEvent,
     ServerFact,
     ServerMemory,
     ServersFacts,
 )
-from mps_health.probes.servers import settings
-from mps_health.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from mps_health.servertrack import advance, status_since
+from ..core.probes.servers import settings
+from ..core.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from ..core.servertrack import advance, status_since
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ An ``nvidia-cuda-mps-server`` whose control daemon is gone holds GPU memory and 
 no new clients; a control daemon on a pipe dir the config does not know was started by
 hand or by an out-of-date script. Both are node-wide findings (instance "").
 
-What is a daemon or a server is decided by ``mps_health.process_identity`` (the configured
+What is a daemon or a server is decided by ``mps_health.core.process_identity`` (the configured
 binary, not the name anyone can give a process): a user's process named like a server is
 at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL. Where the binary
 cannot be checked (not run as root) a server without a daemon is only a WARNING.
@@ -12,11 +12,11 @@ cannot be checked (not run as root) a server without a daemon is only a WARNING.
 
 from __future__ import annotations
 
-from mps_health.config import Config
-from mps_health.facts import Facts, Instance, ProcessFact
-from mps_health.instances import pipe_paths
-from mps_health.process_identity import is_daemon, is_impostor, is_server
-from mps_health.results import CRITICAL, WARNING, Result, ok
+from ..core.config import Config
+from ..core.facts import Facts, Instance, ProcessFact
+from ..core.instances import pipe_paths
+from ..core.process_identity import is_daemon, is_impostor, is_server
+from ..core.results import CRITICAL, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

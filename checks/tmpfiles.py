@@ -9,9 +9,9 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 
 from __future__ import annotations
 
-from mps_health.config import Config
-from mps_health.facts import Facts, TmpfilesFacts, TmpfilesRule
-from mps_health.results import OK, WARNING, Result, ok
+from ..core.config import Config
+from ..core.facts import Facts, TmpfilesFacts, TmpfilesRule
+from ..core.results import OK, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

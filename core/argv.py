@@ -10,14 +10,14 @@ from .commands.common import UsageError
 
 # name -> (module defining register(parser) -> handler, one-line help). One line each.
 COMMANDS: Dict[str, Tuple[str, str]] = {
-    "check": ("mps_health.commands.check", "run the checks (NHC-style text, or --format json)"),
-    "snapshot": ("mps_health.commands.snapshot", "save the gathered facts as JSON"),
-    "exporter": ("mps_health.commands.exporter", "serve Prometheus metrics, or write a textfile"),
-    "healthcheck": ("mps_health.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
-    "remediate": ("mps_health.commands.remediate", "careful repair: reset, drain, resume, ..."),
-    "slurm": ("mps_health.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
-    "unit": ("mps_health.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
-    "clients": ("mps_health.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
+    "check": (".core.commands.check", "run the checks (NHC-style text, or --format json)"),
+    "snapshot": (".core.commands.snapshot", "save the gathered facts as JSON"),
+    "exporter": (".core.commands.exporter", "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": (".core.commands.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": (".core.commands.remediate", "careful repair: reset, drain, resume, ..."),
+    "slurm": (".core.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": (".core.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": (".core.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
 }
 
 
@@ -48,5 +48,5 @@ def build(argv: Sequence[str]) -> Parser:
             continue  # only the chosen subcommand is built: each costs start-up time
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            p.set_defaults(handler=importlib.import_module(module).register(p))
+            p.set_defaults(handler=importlib.import_module(module, "mps_health").register(p))
     return parser

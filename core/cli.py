@@ -4,7 +4,7 @@ Only the chosen subcommand's module is imported, and plain ``check`` runs skip a
 altogether, so the check slurmd starts every few minutes pays for nothing else. Every
 command runs inside the one error edge (``commands.common.edge``): a failure ends as
 one line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEBUG=1 to
-see one). The subcommands are listed in ``mps_health.argv.COMMANDS``.
+see one). The subcommands are listed in ``mps_health.core.argv.COMMANDS``.
 """
 
 from __future__ import annotations

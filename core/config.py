@@ -1,7 +1,7 @@
 """The site's configuration: YAML at /etc/mps-health/config.yaml, validated whole at load.
 
 Every top-level section is declared once, by the module that owns it (a ``Section`` of
-a ``Record``, see ``mps_health.schema``); ``SECTIONS`` below says which module that is.
+a ``Record``, see ``mps_health.core.schema``); ``SECTIONS`` below says which module that is.
 Loading a file validates every section in it, whichever command runs: a bad or unknown
 key anywhere raises ConfigError with one line naming the file and the key. With no file
 the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nvidia-mps,
@@ -52,17 +52,17 @@ LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 # file, every one is validated (absent ones as empty); without one, none is imported.
 # Order matters where one section's rules read another (healthcheck reads slurm).
 SECTIONS = {
-    "servers": "mps_health.probes.sections",
-    "logs": "mps_health.probes.sections",
-    "canary": "mps_health.probes.sections",
-    "gpu": "mps_health.slurm_settings",
-    "slurm": "mps_health.slurm_settings",
-    "orphans": "mps_health.slurm_settings",
-    "jobs": "mps_health.slurm.settings",
-    "healthcheck": "mps_health.remediation.settings",
-    "remediation": "mps_health.remediation.settings",
-    "exporter": "mps_health.commands.exporter",
-    "clients": "mps_health.probes.clientinfo",
+    "servers": ".core.probes.sections",
+    "logs": ".core.probes.sections",
+    "canary": ".core.probes.sections",
+    "gpu": ".core.slurm_settings",
+    "slurm": ".core.slurm_settings",
+    "orphans": ".core.slurm_settings",
+    "jobs": ".slurm.settings",
+    "healthcheck": ".remediation.settings",
+    "remediation": ".remediation.settings",
+    "exporter": ".core.commands.exporter",
+    "clients": ".core.probes.clientinfo",
 }
 
 # Keys that once had a twin: one key per concept now, the old name is refused with a hint.
@@ -78,7 +78,7 @@ DEFAULT_COMMANDS = {
     "squeue": "squeue",
 }
 # Commands that may be configured but are not looked up on PATH by default. The server
-# is the one beside the control binary unless configured (mps_health.processes).
+# is the one beside the control binary unless configured (mps_health.core.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
 
 if TYPE_CHECKING:
@@ -293,7 +293,7 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     The path is the admin's choice (the default file, --config, slurm.conf's lines), so a
     symlink is followed; anything but a regular file (a FIFO, a dir) is refused without
     blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
-    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.inputs``).
+    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.core.inputs``).
     """
     from .inputs import InputError, read_text
 
@@ -341,7 +341,8 @@ def _parse_yaml(text: str, path: str) -> Any:
 def _owner_sections(module: str) -> Dict[str, Section]:
     import importlib
 
-    return {s.name: s for s in getattr(importlib.import_module(module), "SECTIONS", ())}
+    owner = importlib.import_module(module, "mps_health")
+    return {s.name: s for s in getattr(owner, "SECTIONS", ())}
 
 
 def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:

@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Mapping, NamedTuple, Optional
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 
 class Context(NamedTuple):

@@ -26,7 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, NamedTuple, Optional
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 READY_QUERY = "get_default_active_thread_percentage"

@@ -97,7 +97,7 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     if not Background(target).join(limit_s - (time.monotonic() - started)):
         import sys
 
-        runner = sys.modules.get("mps_health.runner")  # not loaded: nothing was started
+        runner = sys.modules.get("mps_health.core.runner")  # not loaded: nothing was started
         if runner is not None:
             runner.kill_started_since(started)
         raise Overrun(limit_s, sorted(in_flight))

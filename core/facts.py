@@ -1,7 +1,7 @@
 """Acquisition stage: the plain, frozen facts one run gathers.
 
 Everything a check may look at is one of these records, gathered once per run by
-the probes in ``mps_health.probes`` and saved as-is in snapshots. NamedTuples
+the probes in ``mps_health.core.probes`` and saved as-is in snapshots. NamedTuples
 rather than dataclasses: they are frozen and typed, and importing them costs
 nothing, which matters for a program slurmd starts every few minutes.
 """
@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 
 class Instance(NamedTuple):
@@ -40,7 +40,7 @@ class ProcessFact(NamedTuple):
     pipe_dir: Optional[str]  # CUDA_MPS_PIPE_DIRECTORY from environ; None when unreadable
     environ_readable: bool
     # Does /proc/PID/exe show the configured binary of its role? None: cannot be told
-    # (not root, a --root tree). See mps_health.process_identity.
+    # (not root, a --root tree). See mps_health.core.process_identity.
     genuine: Optional[bool] = None
 
 

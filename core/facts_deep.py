@@ -1,6 +1,6 @@
 """Acquisition stage: the frozen facts of the deep checks (servers, logs, canary).
 
-Kept apart from ``mps_health.facts`` so the core stays small; same rules: NamedTuples,
+Kept apart from ``mps_health.core.facts`` so the core stays small; same rules: NamedTuples,
 typed, cheap to import, saved as-is in snapshots. The state the deep checks keep across
 runs (``previous`` below) is part of the facts, so a check stays a pure function of
 what was gathered and a snapshot replays exactly what the run judged.
@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 # --- servers -------------------------------------------------------------------------
 
@@ -24,7 +24,7 @@ class ClientFact(NamedTuple):
     uid: Optional[int]  # None when the process is gone or unreadable
     user: Optional[str]
     start_ticks: Optional[int]
-    # Read from /proc (mps_health.probes.clientinfo): all "" or None where unreadable.
+    # Read from /proc (mps_health.core.probes.clientinfo): all "" or None where unreadable.
     command: str = ""  # cmdline, NUL as spaces, cut: raw, escape before printing
     job_id: str = ""  # Slurm job id ("" when none was found)
     job_from: str = ""  # "environ" (SLURM_JOB_ID) | "cgroup" (job_N in its cgroup) | ""
@@ -115,7 +115,7 @@ class ServerMemory(NamedTuple):
 
 
 class PlannedRestart(NamedTuple):
-    """A change of a control daemon mps-health made itself (``mps_health.planned``)."""
+    """A change of a control daemon mps-health made itself (``mps_health.core.planned``)."""
 
     pipe_dir: str
     at: float  # Unix time of the record

@@ -9,7 +9,7 @@ import. ``typing`` costs milliseconds to import, and ``typing.NamedTuple`` and
     if TYPE_CHECKING:
         from typing import NamedTuple  # what mypy and readers see
     else:
-        from mps_health.frozen import NamedTuple
+        from mps_health.core.frozen import NamedTuple
 
 and declare records exactly as for typing (annotated fields, defaults, methods,
 properties, a docstring); annotations stay text (``from __future__ import

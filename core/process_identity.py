@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the checks import this module: no typing at run time (fast 
     from .config import Config
     from .facts import ProcessFact
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 GONE_STATES = ("Z", "X")
 CONTROL = "nvidia-cuda-mps-control"

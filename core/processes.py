@@ -5,7 +5,7 @@ Used by ``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up.
 Safety rules, all here:
 
 * A process is ours by what /proc says, never because a pid file names it: a control
-  daemon or server (``is_daemon``, ``is_server`` of ``mps_health.process_identity``: by
+  daemon or server (``is_daemon``, ``is_server`` of ``mps_health.core.process_identity``: by
   command line and the binary it runs) whose environment names the pipe dir, or a server
   whose parent is such a daemon (``of_pipe_dirs``). Only a process proven to run the
   configured MPS binary is ever signalled (``end_all``): never a user's process that

@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, NamedTuple, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 
 class Source(NamedTuple):
@@ -75,7 +75,7 @@ def load_site_module(module: str) -> None:
                       f"{shown(first)[1:-1]}", "modules") from None
     if not any(c.target.partition(":")[0] == module for c in CHECKS.values()):
         raise Invalid(f"{shown(module)} declares no check: call "
-                      "mps_health.registry.check(name, 'module:function', needs) at import",
+                      "mps_health.core.registry.check(name, 'module:function', needs) at import",
                       "modules")
     for section in getattr(mod, "SECTIONS", ()):
         SITE_SECTIONS[section.name] = module
@@ -83,6 +83,7 @@ def load_site_module(module: str) -> None:
 
 def load(target: str):  # -> the object named "module:attr"
     module, _, attr = target.partition(":")
+    module = "mps_health" + module if module[:1] == "." else module  # relative
     # importlib.import_module without importing importlib (and the warnings it imports):
     # the same for an absolute name.
     __import__(module)
@@ -90,51 +91,51 @@ def load(target: str):  # -> the object named "module:attr"
 
 
 # --- fact sources -----------------------------------------------------------------
-source("processes", "mps_health.probes.proc:gather_for", "mps_health.probes.proc:VALUE_TYPE")
-source("dirs", "mps_health.probes.dirs:gather", "mps_health.probes.dirs:VALUE_TYPE")
-source("control", "mps_health.probes.control:gather", "mps_health.probes.control:VALUE_TYPE",
+source("processes", ".core.probes.proc:gather_for", ".core.probes.proc:VALUE_TYPE")
+source("dirs", ".core.probes.dirs:gather", ".core.probes.dirs:VALUE_TYPE")
+source("control", ".core.probes.control:gather", ".core.probes.control:VALUE_TYPE",
        blocking=True)
-source("tmpfiles", "mps_health.probes.tmpfiles:gather_for",
-       "mps_health.probes.tmpfiles:VALUE_TYPE")
-source("servers", "mps_health.probes.servers:gather", "mps_health.probes.servers:VALUE_TYPE",
+source("tmpfiles", ".core.probes.tmpfiles:gather_for",
+       ".core.probes.tmpfiles:VALUE_TYPE")
+source("servers", ".core.probes.servers:gather", ".core.probes.servers:VALUE_TYPE",
        blocking=True)
-source("logs", "mps_health.probes.logs:gather", "mps_health.probes.logs:VALUE_TYPE")
-source("canary", "mps_health.probes.canary:gather", "mps_health.probes.canary:VALUE_TYPE",
+source("logs", ".core.probes.logs:gather", ".core.probes.logs:VALUE_TYPE")
+source("canary", ".core.probes.canary:gather", ".core.probes.canary:VALUE_TYPE",
        blocking=True)
-source("nvml", "mps_health.probes.nvml:gather", "mps_health.probes.nvml:VALUE_TYPE", blocking=True)
-source("slurm", "mps_health.probes.slurm:gather", "mps_health.probes.slurm:VALUE_TYPE",
+source("nvml", ".core.probes.nvml:gather", ".core.probes.nvml:VALUE_TYPE", blocking=True)
+source("slurm", ".core.probes.slurm:gather", ".core.probes.slurm:VALUE_TYPE",
        blocking=True)
-source("gres_conf", "mps_health.probes.gres_conf:gather", "mps_health.probes.gres_conf:VALUE_TYPE")
-source("jobs", "mps_health.probes.jobs:gather", "mps_health.probes.jobs:VALUE_TYPE", blocking=True)
-source("job_dirs", "mps_health.probes.jobdirs:gather", "mps_health.probes.jobdirs:VALUE_TYPE")
+source("gres_conf", ".core.probes.gres_conf:gather", ".core.probes.gres_conf:VALUE_TYPE")
+source("jobs", ".core.probes.jobs:gather", ".core.probes.jobs:VALUE_TYPE", blocking=True)
+source("job_dirs", ".core.probes.jobdirs:gather", ".core.probes.jobdirs:VALUE_TYPE")
 
 # --- checks -------------------------------------------------------------------------
-check("daemon", "mps_health.checks.daemon:check", ("processes", "dirs"),
+check("daemon", ".checks.daemon:check", ("processes", "dirs"),
       summary="a live control daemon serves each instance")
-check("strays", "mps_health.checks.strays:check", ("processes",),
+check("strays", ".checks.strays:check", ("processes",),
       summary="no MPS server or daemon outside the configured instances")
-check("control", "mps_health.checks.control:check", ("control",),
+check("control", ".checks.control:check", ("control",),
       summary="the control daemon answers in time")
-check("directories", "mps_health.checks.directories:check", ("dirs",),
+check("directories", ".checks.directories:check", ("dirs",),
       summary="pipe and log dirs are real dirs with the right mode and owner")
-check("tmpfiles", "mps_health.checks.tmpfiles:check", ("tmpfiles",),
+check("tmpfiles", ".checks.tmpfiles:check", ("tmpfiles",),
       summary="systemd-tmpfiles will not clean the pipe dirs")
-check("servers", "mps_health.checks.servers:check", ("servers",),
+check("servers", ".checks.servers:check", ("servers",),
       summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
-check("logs", "mps_health.checks.logs:check", ("logs",),
+check("logs", ".checks.logs:check", ("logs",),
       summary="no pending clients, failed servers or refused connections in the MPS logs")
-check("canary", "mps_health.checks.canary:check", ("canary",), default_on=False,
+check("canary", ".checks.canary:check", ("canary",), default_on=False,
       summary="a real CUDA client through each instance is served by MPS")
-check("compute-mode", "mps_health.checks.compute_mode:check", ("nvml",), default_on=False,
+check("compute-mode", ".checks.compute_mode:check", ("nvml",), default_on=False,
       when_configured=("gpu",),
       summary="each GPU's compute mode is the expected one; no MIG under MPS")
-check("gres-drift", "mps_health.checks.gres_drift:check",
+check("gres-drift", ".checks.gres_drift:check",
       ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
       when_configured=("slurm",),
       summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
-check("orphans", "mps_health.checks.orphans:check", ("slurm", "job_dirs", "processes"),
+check("orphans", ".checks.orphans:check", ("slurm", "job_dirs", "processes"),
       default_on=False, when_configured=("slurm", "orphans"),
       summary="no per-job MPS dirs or daemons outlive their job")
-check("clients", "mps_health.checks.clients:check", ("servers", "jobs"), default_on=False,
+check("clients", ".checks.clients:check", ("servers", "jobs"), default_on=False,
       when_configured=("clients", "slurm"),
       summary="MPS clients match their jobs: mps asked, thread limit, context cap, one GPU")

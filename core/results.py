@@ -11,7 +11,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}

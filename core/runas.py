@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from mps_health.runner import Completed, RunAs
+from .runner import Completed, RunAs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the check reads SAFE_PATH: no typing at run time (fast path)
@@ -29,14 +29,14 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
     """The job's user with the groups a login would have (only ``gid`` without an entry)."""
-    from mps_health.users import User, groups_of
+    from .users import User, groups_of
 
     return RunAs(uid, gid, groups_of(User(uid, gid, user)))
 
 
 def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     """A small clean environment for a command run as the job's user."""
-    from mps_health.users import by_uid
+    from .users import by_uid
 
     home = by_uid(as_user.uid).home
     env = {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C"}

@@ -31,7 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 # signal.SIGKILL, without importing signal (it builds three enums at import, about half
 # a millisecond on every run); 9 on every Linux architecture.

@@ -39,7 +39,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LINKS = 8

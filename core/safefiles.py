@@ -14,7 +14,7 @@ opens it ``O_NONBLOCK`` (a FIFO planted anywhere cannot block the run), takes re
 files only, and reads at most ``limit`` bytes. Links are refused (``O_NOFOLLOW``)
 except where an admin's or root's own file may be a link (``follow``: the config file,
 tmpfiles.d, gres.conf). The config and snapshots are read through it too
-(``mps_health.inputs``).
+(``mps_health.core.inputs``).
 """
 
 from __future__ import annotations

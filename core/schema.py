@@ -7,7 +7,7 @@ A module that owns a section declares it once::
 
     SECTIONS = (Section("logs", LogsConfig),)
 
-``mps_health.config`` validates the whole file against every declared section when it
+``mps_health.core.config`` validates the whole file against every declared section when it
 loads it; callers then read ``config.get(SECTION)``, an already valid record. A spec's
 ``parse`` turns one YAML value into the field's value or raises ``Invalid`` saying what
 is wrong; the loader adds the file and the key. No heavy import here: this runs on
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         TypeVar,
     )
 else:
-    from mps_health.frozen import Generic, TypeVar
+    from .frozen import Generic, TypeVar
 
 SHOWN_MAX = 60  # characters of a bad value quoted back in an error line
 

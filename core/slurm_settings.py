@@ -1,6 +1,6 @@
 """The ``slurm``, ``orphans`` and ``gpu`` config sections.
 
-They are validated with the whole file when it is loaded (``mps_health.config``);
+They are validated with the whole file when it is loaded (``mps_health.core.config``);
 readers get the records through ``config.get(...)`` or the helpers below.
 """
 

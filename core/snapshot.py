@@ -1,7 +1,7 @@
 """Snapshots: the gathered facts as JSON, to judge later (support bundles, replay).
 
 A snapshot may come from anyone, so reading one is bounded: ``read`` takes a regular
-file only, never through a symlink, of at most MAX_BYTES (``mps_health.inputs``); a
+file only, never through a symlink, of at most MAX_BYTES (``mps_health.core.inputs``); a
 document nested past ``inputs.MAX_DEPTH`` is refused; every error line quotes a cut
 value. Replay judges at most ``mps.max_instances`` instances, as a live run does.
 """
@@ -99,7 +99,7 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             if src is None:
                 continue  # a source this version does not know: ignore it
             module, _, attr = src.value_type.partition(":")
-            names = vars(importlib.import_module(module))
+            names = vars(importlib.import_module(module, "mps_health"))
             sources[name] = codec.decode(names[attr], value, f"sources.{name}", names)
         facts = Facts(
             node=codec.decode(str, data.get("node"), "node"),

@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from .frozen import NamedTuple
 
 
 class User(NamedTuple):

@@ -9,7 +9,7 @@ exists twice in memory (as dicts, then as one string). The text is what
 import json
 from typing import Any, Dict, Iterator, TextIO
 
-from mps_health.results import OK, STATE_NAMES, CheckRun, Report, Result
+from ..core.results import OK, STATE_NAMES, CheckRun, Report, Result
 
 INDENT = "  "
 _ENCODER = json.JSONEncoder(indent=len(INDENT))  # one, not one per item (json.dumps)

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import math
 
-from mps_health.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
-
+from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
 from .series import PREFIX, Sample, samples
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, NamedTuple, Optional, Sequence, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from ..core.frozen import NamedTuple
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of status text before " | ": the rest goes to the long output

@@ -10,12 +10,12 @@ import os
 import platform
 from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-from mps_health import __version__, registry
-from mps_health.results import STATE_NAMES, UNKNOWN, Report
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from ..core import __version__, registry
+from ..core.results import STATE_NAMES, UNKNOWN, Report
 from .series import PREFIX, Sample, labels_of, samples
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2.x parses
@@ -152,7 +152,7 @@ def exposition(record: Optional[RunRecord]) -> bytes:
 def write_textfile(directory: str, record: RunRecord) -> str:
     """Write DIR/mps_health.prom with ``safefiles.write_atomic``; returns the path.
     (prometheus_client's write_to_textfile opens a predictable temp name, following links.)"""
-    from mps_health.safefiles import write_atomic
+    from ..core.safefiles import write_atomic
 
     path = os.path.abspath(os.path.join(directory, TEXTFILE_NAME))
     write_atomic(path, exposition(record))
@@ -171,7 +171,7 @@ def parse_last_success(text: str) -> Optional[float]:
 
 
 def read_last_success(directory: str) -> Optional[float]:
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         raw = read_small(os.path.join(directory, TEXTFILE_NAME))

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 
-from mps_health.results import Report, worst
+from ..core.results import Report, worst
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from ..core.frozen import NamedTuple
 
 PREFIX = "mps_health_"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mps_health.results import OK, STATE_NAMES, Report, Result
+from ..core.results import OK, STATE_NAMES, Report, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs

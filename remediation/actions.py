@@ -7,15 +7,14 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 import os
 from typing import Callable, Optional, Tuple
 
-from mps_health import instances
-from mps_health.config import Config
-from mps_health.context import Context, node_name
-from mps_health.facts import Instance
-from mps_health.filelock import FileLock, LockBusy, node_lock
-from mps_health.probes.slurm import SlurmError, read_jobs
-from mps_health.results import STATE_NAMES
-from mps_health.users import UserError, resolve
-
+from ..core import instances
+from ..core.config import Config
+from ..core.context import Context, node_name
+from ..core.facts import Instance
+from ..core.filelock import FileLock, LockBusy, node_lock
+from ..core.probes.slurm import SlurmError, read_jobs
+from ..core.results import STATE_NAMES
+from ..core.users import UserError, resolve
 from . import reset as reset_mod
 from .audit import Audit
 from .dirs import DirTarget
@@ -52,7 +51,7 @@ def need_root(dry_run: bool, action: str) -> None:
 
 
 def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
-    from mps_health.probes.slurm import with_jobs
+    from ..core.probes.slurm import with_jobs
 
     found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
@@ -111,10 +110,10 @@ def _show_state(obs: reset_mod.Observed, say: Say) -> None:
 def control_binary(config: Config) -> str:
     """The control binary's absolute path; Failure (CANNOT) up front when there is none:
     a reset would make the dirs, then fail to start a daemon that cannot exist."""
-    from mps_health.exitcodes import ExitCode, Failure
-    from mps_health.printable import escape
-    from mps_health.runas import SAFE_PATH
-    from mps_health.runas import resolve as find_binary
+    from ..core.exitcodes import ExitCode, Failure
+    from ..core.printable import escape
+    from ..core.runas import SAFE_PATH
+    from ..core.runas import resolve as find_binary
 
     name = config.command("nvidia-cuda-mps-control")
     found = find_binary(name)

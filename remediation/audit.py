@@ -17,7 +17,7 @@ _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    from mps_health.users import name_of
+    from ..core.users import name_of
 
     return name_of(uid) or str(uid)
 
@@ -29,7 +29,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     acting = _user_name(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
@@ -42,7 +42,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    from mps_health.printable import printable
+    from ..core.printable import printable
 
     value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):

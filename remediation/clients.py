@@ -11,9 +11,9 @@ import contextlib
 import time
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from mps_health.context import Context
-from mps_health.facts import ControlAnswer, Instance, ProcessFact
-from mps_health.probes.control import NO_DAEMON, ask_all
+from ..core.context import Context
+from ..core.facts import ControlAnswer, Instance, ProcessFact
+from ..core.probes.control import NO_DAEMON, ask_all
 
 
 class Clients(NamedTuple):
@@ -112,7 +112,7 @@ def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_an
 
 def job_of(proc_dir: str, pid: int) -> str:
     """The Slurm job a process belongs to ('' if none): SLURM_JOB_ID, else its cgroup."""
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         for item in (read_small(f"{proc_dir}/{pid}/environ", 8 << 20) or b"").split(b"\0"):

@@ -23,7 +23,7 @@ class StoredResult(NamedTuple):
 
 
 def boot_id(proc: str = "/proc") -> str:
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         data = read_small(f"{proc}/sys/kernel/random/boot_id", 64)
@@ -48,7 +48,7 @@ def format_result(rc: int, boot: str, written_at: float, text: str) -> str:
 
 
 def read_result(path: str) -> Optional[StoredResult]:
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         data = read_small(path, 65536)
@@ -68,7 +68,7 @@ def current(result: Optional[StoredResult], boot: str, now: float, ttl_s: float
 
 
 def write_result(path: str, rc: int, boot: str, text: str) -> None:
-    from mps_health.safefiles import write_atomic
+    from ..core.safefiles import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     write_atomic(path, format_result(rc, boot, time.time(), text).encode(), 0o644)

@@ -1,13 +1,13 @@
 """Putting a pipe or log dir right: move aside what is not ours, clear stale entries,
 create with the configured mode and owner. Decided twice: once from the facts for
-the plan, and again when acting, by ``mps_health.safedirs`` (no link followed, a fresh
+the plan, and again when acting, by ``mps_health.core.safedirs`` (no link followed, a fresh
 dir swapped into place, what was there moved aside to a random name).
 """
 
 import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
-from mps_health import safedirs
+from ..core import safedirs
 
 # What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
 # control, control_lock and control_privileged remain; after a SIGKILL all five); nothing

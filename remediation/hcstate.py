@@ -10,7 +10,7 @@ import math
 import os
 from typing import NamedTuple, Optional, Tuple
 
-from mps_health.results import CRITICAL, OK, UNKNOWN, WARNING
+from ..core.results import CRITICAL, OK, UNKNOWN, WARNING
 
 STATE_FILE = "healthcheck.state"
 MAX_COUNT = 1_000_000  # runs in a row: a larger saved number is as good as this
@@ -89,7 +89,7 @@ def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
 def load(path: str) -> HcState:
     """The saved state; a missing or unreadable file starts afresh, not knowing whether
     the node is drained by us (never fatal)."""
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         data = read_small(path, 4096)
@@ -165,7 +165,7 @@ def dumps(state: HcState) -> str:
 
 
 def save(path: str, state: HcState) -> None:
-    from mps_health.safefiles import write_atomic
+    from ..core.safefiles import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     write_atomic(path, dumps(state).encode(), 0o644)

@@ -12,13 +12,12 @@ import os
 import time
 from typing import List, NamedTuple, Optional, Tuple
 
-from mps_health import engine
-from mps_health.config import Config
-from mps_health.context import node_name
-from mps_health.filelock import node_lock
-from mps_health.results import CRITICAL, UNKNOWN, WARNING, Report, Result
-from mps_health.slurm_settings import settings as slurm_settings
-
+from ..core import engine
+from ..core.config import Config
+from ..core.context import node_name
+from ..core.filelock import node_lock
+from ..core.results import CRITICAL, UNKNOWN, WARNING, Report, Result
+from ..core.slurm_settings import settings as slurm_settings
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
 from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
@@ -91,7 +90,7 @@ def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
         return CRITICAL, [f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
                           f"within {engine.limit_for(budget):.0f}s (a hung probe); abandoned, "
                           "not waited for"]
-    from mps_health.exporters import text
+    from ..exporters import text
 
     return report.state, text.render(report).splitlines()
 

@@ -9,10 +9,9 @@ read just before resuming; it also clears the health check's memory of its own d
 import contextlib
 import os
 
-from mps_health.config import Config
-from mps_health.context import Context, node_name
-from mps_health.slurm_settings import settings as slurm_settings
-
+from ..core.config import Config
+from ..core.context import Context, node_name
+from ..core.slurm_settings import settings as slurm_settings
 from . import hcstate, slurmnode
 from .actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
 from .settings import remediation

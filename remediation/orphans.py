@@ -16,19 +16,18 @@ import os
 import time
 from typing import Collection, List, Mapping, Sequence, Tuple
 
-from mps_health import processes as procs
-from mps_health import safedirs
-from mps_health.config import Config
-from mps_health.context import Context, node_name
-from mps_health.daemonctl import quit_daemon
-from mps_health.facts import Instance, ProcessFact
-from mps_health.instances import discover_jobs
-from mps_health.probes.proc import binaries_here, read_processes
-from mps_health.probes.slurm import SlurmError, read_jobs
-from mps_health.runner import RunAs
-from mps_health.slurm_settings import orphan_settings
-from mps_health.users import by_uid, groups_of
-
+from ..core import processes as procs
+from ..core import safedirs
+from ..core.config import Config
+from ..core.context import Context, node_name
+from ..core.daemonctl import quit_daemon
+from ..core.facts import Instance, ProcessFact
+from ..core.instances import discover_jobs
+from ..core.probes.proc import binaries_here, read_processes
+from ..core.probes.slurm import SlurmError, read_jobs
+from ..core.runner import RunAs
+from ..core.slurm_settings import orphan_settings
+from ..core.users import by_uid, groups_of
 from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
 from .settings import RemediationSettings, remediation
 

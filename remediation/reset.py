@@ -15,19 +15,18 @@ import os
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from mps_health import engine, registry
-from mps_health import processes as procs
-from mps_health.context import Context, node_name
-from mps_health.daemonctl import quit_daemon, start_daemon
-from mps_health.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
-from mps_health.probes import control as control_probe
-from mps_health.probes.dirs import read_dir
-from mps_health.probes.proc import binaries_here, read_processes
-from mps_health.results import CRITICAL, OK, UNKNOWN, Result
-from mps_health.runner import RunAs
-from mps_health.safedirs import UnsafePath
-from mps_health.users import ROOT, User, groups_of
-
+from ..core import engine, registry
+from ..core import processes as procs
+from ..core.context import Context, node_name
+from ..core.daemonctl import quit_daemon, start_daemon
+from ..core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from ..core.probes import control as control_probe
+from ..core.probes.dirs import read_dir
+from ..core.probes.proc import binaries_here, read_processes
+from ..core.results import CRITICAL, OK, UNKNOWN, Result
+from ..core.runner import RunAs
+from ..core.safedirs import UnsafePath
+from ..core.users import ROOT, User, groups_of
 from . import clients as clients_mod
 from . import dirs
 from .settings import RemediationSettings
@@ -101,7 +100,7 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
-    from mps_health.runas import SAFE_PATH
+    from ..core.runas import SAFE_PATH
 
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
@@ -231,7 +230,7 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
     if started.pid is None:
         return Outcome(False, f"{started.detail}; {daemon_logged(ctx.path(inst.log_dir))}",
                        stop=True)
-    from mps_health.planned import record
+    from ..core.planned import record
 
     # A planned restart: the servers check must not report it as daemon-restarted.
     unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
@@ -242,8 +241,8 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
 
 def daemon_logged(log_dir: str, lines: int = 3) -> str:
     """What the daemon last wrote in control.log, quoted and escaped, for a failure line."""
-    from mps_health.printable import escape
-    from mps_health.safefiles import read_tail
+    from ..core.printable import escape
+    from ..core.safefiles import read_tail
 
     path = os.path.join(log_dir, "control.log")
     try:

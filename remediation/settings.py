@@ -4,13 +4,13 @@
 and what extra environment a restarted daemon gets. ``healthcheck:`` sets the anti-flap
 counts and the time budget of the HealthCheckProgram run. The drain tag and the
 scontrol timeout they use are ``slurm.drain_tag`` and ``slurm.timeout_s``. Both are
-validated with the whole file when it is loaded (``mps_health.config``).
+validated with the whole file when it is loaded (``mps_health.core.config``).
 """
 
 from typing import Any, Mapping, Optional, Tuple
 
-from mps_health.config import Config
-from mps_health.schema import (
+from ..core.config import Config
+from ..core.schema import (
     Invalid,
     Record,
     Section,
@@ -22,7 +22,7 @@ from mps_health.schema import (
     text,
     whole,
 )
-from mps_health.slurm_settings import SlurmSettings
+from ..core.slurm_settings import SlurmSettings
 
 DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).

@@ -12,8 +12,8 @@ reported, never fatal.
 
 from typing import Callable, Optional, Sequence, Tuple
 
-from mps_health.config import Config
-from mps_health.probes.slurm import (
+from ..core.config import Config
+from ..core.probes.slurm import (
     SlurmError,
     SlurmNode,
     call,
@@ -69,7 +69,7 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
 
 def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
-    from mps_health.printable import printable
+    from ..core.printable import printable
 
     body = printable(" ".join(f"{code} {text}".split()))
     full = f"{tag} {body}"

@@ -16,11 +16,10 @@ left in place (the previous file is put back, or the new one removed).
 import os
 from typing import List, Optional
 
-from mps_health.config import Config, MpsConfig
-from mps_health.context import Context
-from mps_health.safefiles import read_small, write_atomic
-from mps_health.templates import expand, glob
-
+from ..core.config import Config, MpsConfig
+from ..core.context import Context
+from ..core.safefiles import read_small, write_atomic
+from ..core.templates import expand, glob
 from .actions import DONE, FAILED, REFUSED, Say, audit_for, lock_node, need_root
 from .settings import remediation
 
@@ -53,7 +52,7 @@ def render(mps: MpsConfig) -> str:
 
 def rendered_rules_ok(text: str, mps: MpsConfig) -> bool:
     """``text`` holds nothing but one ``x`` rule per guarded path, in order."""
-    from mps_health.probes.tmpfiles import parse_tmpfiles
+    from ..core.probes.tmpfiles import parse_tmpfiles
 
     rules, errors = parse_tmpfiles(text, GUARD_FILE)
     return not errors and [(r.type, r.path) for r in rules] == \
@@ -64,7 +63,7 @@ def _put_back(old: Optional[str], root: str) -> str:
     """Undo our write: the previous content again, or no file; what was done."""
     try:
         if old is None:
-            from mps_health.safedirs import open_dir, split
+            from ..core.safedirs import open_dir, split
 
             parent, name = split(GUARD_FILE)
             fd = open_dir(parent, root)
@@ -91,8 +90,8 @@ def diff(old: Optional[str], new: str) -> str:
 
 def verify(ctx: Context) -> List[str]:
     """Instances the merged tmpfiles.d configuration still does not guard."""
-    from mps_health.checks.tmpfiles import guarded
-    from mps_health.probes.tmpfiles import gather
+    from ..checks.tmpfiles import guarded
+    from ..core.probes.tmpfiles import gather
 
     facts = gather(ctx)
     mps = ctx.config.mps

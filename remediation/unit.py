@@ -13,7 +13,7 @@ do safely (``mps-health unit prepare|stop``).
 
 The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
 CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
-The command is ``mps-health unit`` (mps_health.commands.unit). Exit 0 done, 2 failed
+The command is ``mps-health unit`` (mps_health.core.commands.unit). Exit 0 done, 2 failed
 (systemd then marks the start or stop failed), 3 could not start: a failure raises
 ``Failure`` with that code.
 """
@@ -21,7 +21,7 @@ The command is ``mps-health unit`` (mps_health.commands.unit). Exit 0 done, 2 fa
 import os
 from typing import Callable
 
-from mps_health.exitcodes import ExitCode, Failure
+from ..core.exitcodes import ExitCode, Failure
 
 
 def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
@@ -44,7 +44,7 @@ def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
 
 def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None]) -> None:
     """Record the unit's start or stop as planned (never fails the unit)."""
-    from mps_health.planned import record
+    from ..core.planned import record
 
     unrecorded = record(state_dir, pipe_dir, by) if state_dir else ""
     if unrecorded:
@@ -53,9 +53,9 @@ def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None])
 
 def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None],
          state_dir: str) -> int:
-    from mps_health import runner
-    from mps_health.daemonctl import quit_daemon
-    from mps_health.processes import binaries_of, daemon_of, wait_gone
+    from ..core import runner
+    from ..core.daemonctl import quit_daemon
+    from ..core.processes import binaries_of, daemon_of, wait_gone
 
     daemon = daemon_of("/proc", pipe_dir, binaries_of(control, path_env=os.environ.get("PATH")))
     if daemon is None:

@@ -52,8 +52,7 @@ def main(hook: str, config_path: Optional[str] = None,
 
 
 def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> int:
-    from mps_health.config import ConfigError, load
-
+    from ..core.config import ConfigError, load
     from .jobenv import JobEnvError, parse_job_env, wants_daemon
     from .settings import jobs_settings
 

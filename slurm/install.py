@@ -32,7 +32,7 @@ def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
 
 def _ours(path: str) -> bool:
     """Nothing there, or a regular file we wrote (a link or anything else is not ours)."""
-    from mps_health.safefiles import read_small
+    from ..core.safefiles import read_small
 
     try:
         data = read_small(path)
@@ -55,7 +55,7 @@ FOR_JOB_USERS = ("the TaskProlog runs as the job's user: install mps-health wher
 def check_python(python: str) -> List[str]:
     """The interpreter must import the hooks as slurmd will run them (-I, no PATH);
     returns the package dirs it imports them from."""
-    from mps_health.runas import run_as
+    from ..core.runas import run_as
 
     r = run_as([python, "-I", "-c", PROBE], 60, None, env={})
     if r.exec_error or r.rc != 0:
@@ -91,7 +91,7 @@ def install(prefix: str, python: str, config: Optional[str], force: bool) -> Lis
         if not force and not _ours(w.path):
             raise InstallError(f"{w.path} exists and was not written by mps-health: move it, "
                                "or use --force")
-    from mps_health.safefiles import write_atomic
+    from ..core.safefiles import write_atomic
 
     for w in scripts:
         write_atomic(os.path.abspath(w.path), w.text.encode(), 0o755)

@@ -19,16 +19,15 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from mps_health import processes, safedirs
-from mps_health.config import SUN_PATH_MAX, Config, socket_path_bytes
-from mps_health.daemonctl import quit_daemon, start_daemon
-from mps_health.facts import ProcessFact
-from mps_health.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
-from mps_health.planned import record as record_planned
-from mps_health.probes.proc import read_processes
-from mps_health.runas import RunAs, for_user, resolve, user_env
-from mps_health.templates import expand, match
-
+from ..core import processes, safedirs
+from ..core.config import SUN_PATH_MAX, Config, socket_path_bytes
+from ..core.daemonctl import quit_daemon, start_daemon
+from ..core.facts import ProcessFact
+from ..core.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
+from ..core.planned import record as record_planned
+from ..core.probes.proc import read_processes
+from ..core.runas import RunAs, for_user, resolve, user_env
+from ..core.templates import expand, match
 from .hooklog import HookLog
 from .jobenv import JobEnv, parse_gpus, wants_daemon
 from .settings import JobsSettings
@@ -119,7 +118,7 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
                     f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
         # Recorded before the dirs exist: the health check judges no instance our
-        # Prolog is still setting up (mps_health.jobphase).
+        # Prolog is still setting up (mps_health.core.jobphase).
         _record(config, dirs.pipe_dir, SETUP_START, log)
         for path in (dirs.log_dir, dirs.pipe_dir):
             try:
@@ -141,7 +140,7 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
 
 def _record(config: Config, pipe_dir: str, step: str, log: HookLog,
             pid: Optional[int] = None, start: Optional[int] = None) -> None:
-    """Record a step of ours on the job's MPS (mps_health.planned): the daemon's change
+    """Record a step of ours on the job's MPS (mps_health.core.planned): the daemon's change
     is then no alarm, and the health check leaves the instance alone meanwhile."""
     unrecorded = record_planned(config.state_dir, pipe_dir, step, pid, start, RECORD_WAIT_S)
     if unrecorded:

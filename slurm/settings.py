@@ -3,13 +3,13 @@
 The Prolog, TaskProlog and Epilog read the same file as the checks: ``mps`` gives the
 layout and the pipe/log dir templates (their rules are checked with the ``mps``
 section), ``commands`` the control binary, and ``jobs`` how the hooks behave. It is
-validated with the whole file when it is loaded (``mps_health.config``).
+validated with the whole file when it is loaded (``mps_health.core.config``).
 """
 
 from typing import Optional
 
-from mps_health.config import Config
-from mps_health.schema import Record, Section, number, pathname, text
+from ..core.config import Config
+from ..core.schema import Record, Section, number, pathname, text
 
 START_FOR = ("mps", "gpu")
 ON_FAILURE = ("fail", "continue")

@@ -20,8 +20,6 @@ from clirun import argv
 from nodesite import Site
 from paths import FAKE_CONTROL, FIXTURES, REPO
 
-MAPPED = ("checks", "exporters", "remediation", "slurm")
-
 
 def fixture_env(name: str, **overrides: str) -> Dict[str, str]:
     """A captured hook environment (tests/fixtures/slurm_hook_env__NAME.txt) as a dict."""
@@ -46,10 +44,10 @@ def user_python(base: Path, user: str) -> Optional[str]:
     """An interpreter ``user`` can run that imports this checkout's mps_health.
 
     sys.executable when the user can run it (CI); else a venv of /usr/bin/python3 whose
-    .pth points at a symlinked mps_health tree (here the venv's Python lives under
+    .pth points at a link named mps_health to this checkout (here the venv's Python lives under
     /root, which other users cannot enter). None when neither works.
     """
-    probe = ["-I", "-c", "import mps_health.slurm.hooks, mps_health.config"]
+    probe = ["-I", "-c", "import mps_health.slurm.hooks, mps_health.core.config"]
     try:
         r = subprocess.run([sys.executable, *probe], capture_output=True, timeout=60,
                            **as_user_kwargs(user))
@@ -63,13 +61,9 @@ def user_python(base: Path, user: str) -> Optional[str]:
     venv = base / "py"
     subprocess.run([system, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
                    check=True, capture_output=True, timeout=120)
-    site = base / "site" / "mps_health"
+    site = base / "site"
     site.mkdir(parents=True)
-    for entry in (REPO / "core").iterdir():
-        if entry.name != "__pycache__":
-            (site / entry.name).symlink_to(entry)
-    for name in MAPPED:
-        (site / name).symlink_to(REPO / name)
+    (site / "mps_health").symlink_to(REPO)  # the checkout root is the package
     [packages] = venv.glob("lib/python3*/site-packages")
     (packages / "mps_health_checkout.pth").write_text(str(base / "site") + "\n")
     for path in (venv, base / "site"):

@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
     facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
     # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
-        from ..exporters import json as json_out
+        from ...exporters import json as json_out
 
         written(lambda out: json_out.write(report, out))
     else:
-        from ..exporters import text
+        from ...exporters import text
 
         written(lambda out: text.write(report, out, verbose=args.verbose))
     if replay is None:

@@ -39,7 +39,7 @@ MAX_SECONDS = 3600
 
 def check_range(text: str) -> str:
     """ValueError unless ``text`` is a monitoring-plugins range of seconds, 0..3600."""
-    from ..exporters.nagios import Range
+    from ...exporters.nagios import Range
 
     try:
         rng = Range.parse(text)
@@ -154,8 +154,8 @@ def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
+    from ...exporters import nagios
     from .. import engine
-    from ..exporters import nagios
 
     args: Any = fast_args(argv)
     if args is None:

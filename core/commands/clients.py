@@ -60,7 +60,7 @@ def gpu_memory(facts: "Facts") -> Dict[int, int]:
 def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
-    from ..checks.clients import ceiling
+    from ...checks.clients import ceiling
     from ..probes.jobs import gres_count
 
     servers: Any = facts.sources.get("servers")

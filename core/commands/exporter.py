@@ -114,7 +114,7 @@ class Refresher:
 
     def __init__(self, config: Config, args: "argparse.Namespace", interval_s: float,
                  budget_s: float) -> None:
-        from ..exporters import prometheus
+        from ...exporters import prometheus
 
         self.config, self.root, self.only, self.skip = config, args.root, args.only, args.skip
         self.interval_s, self.budget_s = interval_s, budget_s
@@ -122,8 +122,8 @@ class Refresher:
         self.page: bytes = prometheus.exposition(None)  # build info until the first run
 
     def run_once(self):  # -> prometheus.RunRecord
+        from ...exporters import prometheus
         from .. import engine
-        from ..exporters import prometheus
 
         previous = self.record.last_success_at if self.record is not None else None
         try:
@@ -148,7 +148,7 @@ class Refresher:
 
 
 def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
-    from ..exporters import prometheus
+    from ...exporters import prometheus
 
     if not os.path.isdir(directory):
         raise Failure(f"{directory}: no such directory (create it, or point --textfile at "
@@ -170,8 +170,8 @@ def write_once(config: Config, args: "argparse.Namespace", directory: str) -> in
 def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
     """The server's limits, with the connection cap the open-file limit allows, and a note
     for the start line when that is below exporter.max_connections."""
-    from ..exporters.fdbudget import RESERVE_FDS, connection_budget
-    from ..exporters.http import Limits
+    from ...exporters.fdbudget import RESERVE_FDS, connection_budget
+    from ...exporters.http import Limits
 
     budget = connection_budget(settings.max_connections)
     if budget.cap < 1:
@@ -189,8 +189,8 @@ def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
 
 
 def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
+    from ...exporters.http import serve as serve_http
     from .. import engine
-    from ..exporters.http import serve as serve_http
 
     try:
         address = parse_listen(listen)

@@ -32,7 +32,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..remediation.healthcheck import main_run
+    from ...remediation.healthcheck import main_run
 
     if not os.environ.get("PATH"):
         os.environ["PATH"] = SAFE_PATH

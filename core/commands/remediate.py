@@ -43,7 +43,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..remediation import actions
+    from ...remediation import actions
 
     config = load_config(args)
 
@@ -57,15 +57,15 @@ def run(args: argparse.Namespace) -> int:
             return actions.reset(config, args.root, args.instance, args.all, args.force,
                                  args.dry_run, say)
         if args.action in ("drain", "resume"):
-            from ..remediation import node_actions
+            from ...remediation import node_actions
 
             return node_actions.run(config, args.root, args.action,
                                     getattr(args, "reason", ""), args.dry_run, say)
         if args.action == "orphans":
-            from ..remediation import orphans
+            from ...remediation import orphans
 
             return orphans.run(config, args.root, args.dry_run, say)
-        from ..remediation import tmpfiles_guard
+        from ...remediation import tmpfiles_guard
 
         return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
     except actions.ActionError as e:

@@ -93,7 +93,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 # --- settings shared with the checks' config --------------------------------------------
 def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
-    from ..slurm.gpus import parse_choice
+    from ...slurm.gpus import parse_choice
     from ..slurm_settings import mps_gpu_ids
 
     if args.mps_gpus is not None:
@@ -102,7 +102,7 @@ def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[s
 
 
 def mps_count(args: "argparse.Namespace", config: "Config") -> int:
-    from mps_health.slurm_settings import settings
+    from ..slurm_settings import settings
 
     count = args.count if args.count is not None else settings(config).mps_per_gpu
     if count < 1:
@@ -111,7 +111,7 @@ def mps_count(args: "argparse.Namespace", config: "Config") -> int:
 
 
 def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
-    from ..slurm.gpus import gres_gpus, nvml_facts
+    from ...slurm.gpus import gres_gpus, nvml_facts
 
     facts = nvml_facts(args.nvml_record)
     return gres_gpus(facts, mps_choice(args, config)), facts.driver_version
@@ -136,7 +136,7 @@ def _read(path: str) -> str:
 
 
 def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
-    from ..slurm.gpus import GpusError
+    from ...slurm.gpus import GpusError
 
     config = load_config(args)
     try:
@@ -150,7 +150,7 @@ def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
 
 
 def gres_conf(args: "argparse.Namespace") -> int:
-    from ..slurm.render import diff_gres_conf, render_gres_conf
+    from ...slurm.render import diff_gres_conf, render_gres_conf
 
     config, gpus, driver, count = _prepare(args)
     node = _node(args, config)
@@ -183,8 +183,8 @@ def health_check_default() -> str:
 
 
 def conf(args: "argparse.Namespace") -> int:
-    from ..slurm.gpus import GpusError, NvmlUnavailable
-    from ..slurm.render import diff_slurm_conf, render_slurm_conf
+    from ...slurm.gpus import GpusError, NvmlUnavailable
+    from ...slurm.render import diff_slurm_conf, render_slurm_conf
 
     if not 1 <= args.health_check_interval <= 86400:
         raise Failure("--health-check-interval must be between 1 and 86400 seconds")
@@ -215,8 +215,8 @@ def conf(args: "argparse.Namespace") -> int:
 
 
 def install(args: "argparse.Namespace") -> int:
-    from ..slurm.install import InstallError, conf_lines, plan
-    from ..slurm.install import install as write
+    from ...slurm.install import InstallError, conf_lines, plan
+    from ...slurm.install import install as write
 
     config = os.path.abspath(args.config) if args.config else None
     load_config(args)  # the hooks would refuse a bad one at every job: say so now

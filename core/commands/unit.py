@@ -38,7 +38,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..remediation.unit import prepare, stop
+    from ...remediation.unit import prepare, stop
 
     if not args.pipe_dir or not os.path.isabs(args.pipe_dir):
         raise Failure(f"unit {args.step}: set CUDA_MPS_PIPE_DIRECTORY (an absolute path) in "

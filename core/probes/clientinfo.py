@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 else:
-    from mps_health.frozen import NamedTuple
+    from ..frozen import NamedTuple
 
 ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
 CMDLINE_CAP = 4096

@@ -3,7 +3,7 @@
 ``comm`` of both the control daemon and its servers is truncated by the kernel to
 ``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``, and whether the process
 runs the configured binary from ``/proc/PID/exe``: both by the one rule in
-``mps_health.process_identity``. A zombie has an empty cmdline; it keeps role "unknown" and
+``mps_health.core.process_identity``. A zombie has an empty cmdline; it keeps role "unknown" and
 state "Z".
 """
 

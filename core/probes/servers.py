@@ -4,7 +4,7 @@ Per instance: ``get_server_list``, then ``get_server_status PID`` and ``get_clie
 PID`` for each server; while a server runs, also its limits and devices
 (``get_active_thread_percentage``, ``device_query``, ``get_device_pinned_mem_limit``,
 ``get_device_client_list``, ``ps``) and who each client is
-(mps_health.probes.clientinfo): one client run each (the client's exit status says
+(mps_health.core.probes.clientinfo): one client run each (the client's exit status says
 nothing, so each answer is parsed), all while holding the pipe dir's lock that the control probe
 takes, so our queries to one daemon never overlap. Users come from /proc.
 

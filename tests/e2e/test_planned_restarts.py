@@ -4,9 +4,9 @@ while an unplanned restart still warns, once per instance and code however often
 from pathlib import Path
 
 from clirun import mps_health
-from mps_health import planned
-from mps_health.facts_deep import InstanceServers, PlannedRestart, ServerEvent, ServerMemory
-from mps_health.servertrack import MAX_EVENTS, advance
+from mps_health.core import planned
+from mps_health.core.facts_deep import InstanceServers, PlannedRestart, ServerEvent, ServerMemory
+from mps_health.core.servertrack import MAX_EVENTS, advance
 from mpsdaemon import start_daemon
 from remhelp import daemons_of, kill_and_wait, make_dirs, remediating  # noqa: F401
 

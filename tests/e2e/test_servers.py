@@ -10,13 +10,13 @@ from typing import Iterator, List
 import pytest
 from clirun import mps_health, results
 from conftest import fixture_text
-from mps_health.facts_deep import (
+from mps_health.core.facts_deep import (
     ClientFact,
     InstanceServers,
     ServerFact,
 )
-from mps_health.probes import servers as probe
-from mps_health.servertrack import advance
+from mps_health.core.probes import servers as probe
+from mps_health.core.servertrack import advance
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from clirun import mps_health
 from conftest import REPO
 from jobhooks import user_python
-from mps_health.config import ConfigError, from_mapping
+from mps_health.core.config import ConfigError, from_mapping
 from mps_health.slurm.settings import JobsSettings, jobs_settings
 
 NOBODY = "nobody"

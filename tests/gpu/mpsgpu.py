@@ -37,7 +37,7 @@ def real_control() -> Optional[str]:
 @functools.cache
 def pythonpath() -> str:
     """Where ``mps_health`` imports from in a clean environment (another user, cwd /): ""
-    when this Python finds it installed, else a tree of links to this checkout (removed at
+    when this Python finds it installed, else a link to this checkout (removed at
     exit) for PYTHONPATH."""
     probe = subprocess.run([sys.executable, "-c", "import mps_health.checks.canary"],
                            cwd="/", capture_output=True, timeout=60)
@@ -45,13 +45,7 @@ def pythonpath() -> str:
         return ""
     tree = Path(tempfile.mkdtemp(prefix="mpsh-import-"))
     atexit.register(shutil.rmtree, tree, True)
-    pkg = tree / "mps_health"
-    pkg.mkdir()
-    for item in (REPO / "core").iterdir():
-        (pkg / item.name).symlink_to(item)
-    for sub in ("checks", "exporters", "remediation", "slurm"):
-        if (REPO / sub).is_dir() and not (pkg / sub).exists():
-            (pkg / sub).symlink_to(REPO / sub)
+    (tree / "mps_health").symlink_to(REPO)  # the checkout root is the package
     os.chmod(tree, 0o755)
     return str(tree)
 

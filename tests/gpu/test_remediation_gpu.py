@@ -46,7 +46,7 @@ if CONTROL is None:
 if os.geteuid() != 0:
     pytest.skip("run as root: reset ends daemons and repairs dirs", allow_module_level=True)
 try:
-    from mps_health import remediation  # noqa: F401
+    from mps_health.core import remediation  # noqa: F401
 except ImportError:
     pytest.fail("mps_health is not installed: python3 -m pip install --no-deps "
                 "--no-build-isolation -e .", pytrace=False)
@@ -79,7 +79,7 @@ def control(inst: Inst, command: str, timeout: float = 10) -> str:
 
 def daemon_pid(inst: Inst) -> Optional[int]:
     """The live control daemon whose environ names this pipe dir (root reads environ)."""
-    from mps_health.probes.proc import read_processes
+    from mps_health.core.probes.proc import read_processes
 
     for p in read_processes("/proc"):
         if p.role == "control" and p.pipe_dir == str(inst.pipe) and p.state not in ("Z", "X"):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
 from clirun import installed
-from mps_health.probes.slurm import SlurmNode, parse_node_line
+from mps_health.core.probes.slurm import SlurmNode, parse_node_line
 from mps_health.remediation import hcstate
 from mpsdaemon import start_daemon
 from nodesite import Site

@@ -5,7 +5,7 @@ Each daemon runs from a private temp dir as its own unprivileged user (nagios), 
 monitoring server, and is asked for a forced check through its external command pipe;
 the state and output are read back from what the daemon itself wrote (Nagios'
 status.dat, Icinga's perfdata file). The plugin runs with the system Python (every user
-can run it) on a private symlinked copy of this checkout's packages, against a fake
+can run it) on a private link to this checkout (the package), against a fake
 daemon started as root.
 """
 
@@ -24,9 +24,6 @@ from nodesite import Site
 from remhelp import kill_and_wait
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one every user can run (this venv's is under /root)
-PACKAGES = {"mps_health": "core", "mps_health/checks": "checks",
-            "mps_health/exporters": "exporters", "mps_health/remediation": "remediation",
-            "mps_health/slurm": "slurm"}
 
 
 @pytest.fixture
@@ -39,18 +36,13 @@ def monitored(site: Site) -> Dict[str, Path]:
     if os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip("needs root and /usr/bin/python3")
     base = site.root
-    lib = base / "lib" / "mps_health"
-    lib.mkdir(parents=True)
-    for entry in (REPO / "core").iterdir():
-        (lib / entry.name).symlink_to(entry)
-    for name, folder in PACKAGES.items():
-        if name != "mps_health":
-            (base / "lib" / name).symlink_to(REPO / folder)
+    (base / "lib").mkdir()
+    (base / "lib" / "mps_health").symlink_to(REPO)  # the checkout root is the package
     daemon = site.start_daemon()
     cfg = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     plugin = base / "check_mps"
     plugin.write_text(f"#!/bin/sh\nPYTHONPATH={base}/lib exec {SYSTEM_PYTHON} -m "
-                      f"mps_health.commands.check_mps --config {cfg} "
+                      f"mps_health.core.commands.check_mps --config {cfg} "
                       "--only daemon,control,directories \"$@\"\n")
     plugin.chmod(0o755)
     work = base / "daemon"

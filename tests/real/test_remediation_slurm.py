@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 from clirun import mps_health
-from mps_health.probes.slurm import parse_node_line
+from mps_health.core.probes.slurm import parse_node_line
 from mpsdaemon import start_daemon
 from nodesite import Site
 from remhelp import (  # noqa: F401

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import TRIPWIRE_DIR
-from mps_health import config
+from mps_health.core import config
 
 
 def test_no_file_gives_the_defaults_without_yaml() -> None:
-    code = ("import sys; from mps_health import config; "
+    code = ("import sys; from mps_health.core import config; "
             "c = config.load(); print(c.mps.pipe_dir, c.mps.log_dir, oct(c.mps.dir_mode)); "
             "print('yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -113,7 +113,7 @@ def test_every_declared_section_loads_its_defaults() -> None:
     import importlib
 
     for name, module in config.SECTIONS.items():
-        declared = {s.name: s for s in importlib.import_module(module).SECTIONS}
+        declared = {s.name: s for s in importlib.import_module(module, "mps_health").SECTIONS}
         assert name in declared, f"{module} does not declare {name}"
     full = config.from_mapping({name: {} for name in config.SECTIONS}, "c.yaml")
     assert set(full.sections) == set(config.SECTIONS)
@@ -126,7 +126,7 @@ def test_a_typo_in_any_section_fails_every_command(tmp_path: Path) -> None:
     path.write_text("logs:\n  windw_s: 5\n")
     for argv in (["check", "--only", "daemon"], ["exporter", "--textfile", str(tmp_path)],
                  ["remediate", "reset", "node", "--dry-run"], ["slurm", "install", "--dry-run"]):
-        done = subprocess.run([sys.executable, "-m", "mps_health.cli", *argv, "--config",
+        done = subprocess.run([sys.executable, "-m", "mps_health.core.cli", *argv, "--config",
                                str(path)], capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stdout) == (3, ""), argv
         assert done.stderr == (f"mps-health: {path}: key 'logs.windw_s': unknown key (known "

@@ -1,10 +1,10 @@
-"""mps_health.daemonctl: the one way to start and quit a control daemon (fake daemon)."""
+"""mps_health.core.daemonctl: the one way to start and quit a control daemon (fake daemon)."""
 
 import os
 from pathlib import Path
 
-from mps_health import processes
-from mps_health.daemonctl import quit_daemon, start_daemon
+from mps_health.core import processes
+from mps_health.core.daemonctl import quit_daemon, start_daemon
 from paths import FAKE_CONTROL, fake_binaries
 
 

@@ -12,7 +12,7 @@ deep checks read their memory with.
 import subprocess
 import sys
 
-from mps_health import registry
+from mps_health.core import registry
 
 HEAVY = ("typing", "argparse", "re", "json", "secrets", "random", "hashlib", "yaml",
          "subprocess", "dataclasses", "prometheus_client", "nagiosplugin", "enum",
@@ -23,7 +23,8 @@ def modules_of_a_default_check():
     checks = [c for c in registry.CHECKS.values() if c.default_on]
     targets = [c.target for c in checks]
     targets += [registry.SOURCES[n].target for c in checks for n in c.needs]
-    return sorted({t.partition(":")[0] for t in targets})
+    names = {t.partition(":")[0] for t in targets}  # relative to the package
+    return sorted("mps_health" + n if n.startswith(".") else n for n in names)
 
 
 def heavy_imports(imports):
@@ -47,22 +48,22 @@ def heavy_imports(imports):
 
 
 def test_a_default_check_imports_nothing_heavy() -> None:
-    mods = ["mps_health.cli", "mps_health.commands.check", "mps_health.engine",
-            "mps_health.exporters.text", "mps_health.state", "mps_health.codec",
+    mods = ["mps_health.core.cli", "mps_health.core.commands.check", "mps_health.core.engine",
+            "mps_health.exporters.text", "mps_health.core.state", "mps_health.core.codec",
             *modules_of_a_default_check()]
-    assert "mps_health.probes.control" in mods and "mps_health.checks.daemon" in mods
+    assert "mps_health.core.probes.control" in mods and "mps_health.checks.daemon" in mods
     assert heavy_imports(mods) == "nothing"
 
 
 def test_check_mps_imports_nothing_heavy() -> None:
-    assert heavy_imports(["mps_health.commands.check_mps", "mps_health.exporters.nagios",
+    assert heavy_imports(["mps_health.core.commands.check_mps", "mps_health.exporters.nagios",
                           "mps_health.exporters.series"]) == "nothing"
 
 
 def test_a_heavy_import_is_caught() -> None:
-    assert heavy_imports(["mps_health.cli", "argparse"]) == "argparse FOR argparse"
-    assert heavy_imports(["mps_health.cli", "threading"]) == "threading FOR threading"
-    assert heavy_imports(["mps_health.snapshot"]).split()[0] in ("json", "importlib")
+    assert heavy_imports(["mps_health.core.cli", "argparse"]) == "argparse FOR argparse"
+    assert heavy_imports(["mps_health.core.cli", "threading"]) == "threading FOR threading"
+    assert heavy_imports(["mps_health.core.snapshot"]).split()[0] in ("json", "importlib")
 
 
 def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
@@ -72,7 +73,7 @@ def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
             "for name in ('typing', 'argparse', 'secrets', 'random', 'hashlib', 'threading',\n"
             "             'signal', 'importlib', 'contextlib'):\n"
             "    sys.modules[name] = None\n"
-            "from mps_health.cli import main\n"
+            "from mps_health.core.cli import main\n"
             f"sys.exit(main(['check', '-v', '--root', {str(tmp_path)!r}]))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={"PATH": "/usr/bin:/bin"})

@@ -4,8 +4,8 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
-from mps_health.config import ConfigError, from_mapping
-from mps_health.probes.slurm import SlurmNode, parse_node_lines
+from mps_health.core.config import ConfigError, from_mapping
+from mps_health.core.probes.slurm import SlurmNode, parse_node_lines
 from mps_health.remediation import healthcheck, slurmnode
 
 TAG = "MPS-HC:"

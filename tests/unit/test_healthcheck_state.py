@@ -3,9 +3,9 @@ or are clamped, and a run on a damaged file still counts and saves (never exit 3
 
 from pathlib import Path
 
-from mps_health.config import from_mapping
+from mps_health.core.config import from_mapping
+from mps_health.core.results import Report
 from mps_health.remediation import hcstate, healthcheck, slurmnode
-from mps_health.results import Report
 
 
 def test_nan_and_inf_verified_at_mean_never_verified() -> None:

@@ -5,9 +5,9 @@ import itertools
 from typing import List, Optional, Tuple
 
 from mps_health.checks.common import live_daemons
-from mps_health.facts import DirFact, Instance, ProcessFact
-from mps_health.instances import pipe_paths
-from mps_health.process_identity import is_daemon
+from mps_health.core.facts import DirFact, Instance, ProcessFact
+from mps_health.core.instances import pipe_paths
+from mps_health.core.process_identity import is_daemon
 
 
 def scanned(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],

@@ -12,10 +12,8 @@ from typing import Dict, List, Optional, Set, Tuple
 import pytest
 from conftest import REPO
 
-# Source folder -> the package it installs as (pyproject.toml's package-dir).
-FOLDERS = {"core": "mps_health", "checks": "mps_health.checks",
-           "exporters": "mps_health.exporters", "remediation": "mps_health.remediation",
-           "slurm": "mps_health.slurm"}
+# The package's folders: the checkout root is mps_health, so a module's name is its path.
+FOLDERS = ("core", "checks", "exporters", "remediation", "slurm")
 
 # Lowest first. A module may import modules of its own layer and of the layers it names.
 BASE = "base"
@@ -36,6 +34,8 @@ NO_SIBLINGS = {"checks"}
 def layer_of(module: str) -> str:
     """The layer a module belongs to, from its package (and, in core, its name)."""
     parts = module.split(".")
+    if parts[1:2] == ["core"]:
+        parts = parts[1:]  # core's modules are judged by their own names
     sub = parts[1] if len(parts) > 1 else ""
     if sub == "probes":
         return "probes"
@@ -56,13 +56,13 @@ def layer_of(module: str) -> str:
 
 
 def modules() -> Dict[str, Path]:
-    found = {}
-    for folder, package in FOLDERS.items():
+    found = {"mps_health": REPO / "__init__.py"}
+    for folder in FOLDERS:
         for path in sorted((REPO / folder).rglob("*.py")):
-            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            found[".".join([package, *parts])] = path
+            found[".".join(["mps_health", *parts])] = path
     return found
 
 
@@ -99,8 +99,8 @@ GRAPH = {m: imports_of(m, p, modules()) for m, p in modules().items()}
 def test_the_graph_is_read() -> None:
     """The reader sees the imports it must judge (a broken reader would pass anything)."""
     assert "mps_health.checks.common" in GRAPH["mps_health.checks.daemon"]
-    assert "mps_health.probes.control" in GRAPH["mps_health.probes.servers"]
-    assert "mps_health.commands.common" in GRAPH["mps_health.cli"]
+    assert "mps_health.core.probes.control" in GRAPH["mps_health.core.probes.servers"]
+    assert "mps_health.core.commands.common" in GRAPH["mps_health.core.cli"]
     assert len(GRAPH) > 80
 
 
@@ -152,35 +152,35 @@ def test_no_import_cycle() -> None:
 
 
 @pytest.mark.parametrize("graph, says", [
-    ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
-     "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
-    ({"mps_health.exporters.nagios": {"mps_health.engine"}, "mps_health.engine": set()},
-     "mps_health.exporters.nagios (exporters) imports mps_health.engine (run)"),
-    ({"mps_health.remediation.unit": {"mps_health.commands.common"},
-      "mps_health.commands.common": set()},
-     "mps_health.remediation.unit (actions) imports mps_health.commands.common (commands)"),
+    ({"mps_health.core.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
+     "mps_health.core.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
+    ({"mps_health.exporters.nagios": {"mps_health.core.engine"}, "mps_health.core.engine": set()},
+     "mps_health.exporters.nagios (exporters) imports mps_health.core.engine (run)"),
+    ({"mps_health.remediation.unit": {"mps_health.core.commands.common"},
+      "mps_health.core.commands.common": set()},
+     "mps_health.remediation.unit (actions) imports mps_health.core.commands.common (commands)"),
     ({"mps_health.checks.orphans": {"mps_health.checks.gres_drift"},
       "mps_health.checks.gres_drift": set()},
      "mps_health.checks.orphans (checks) imports mps_health.checks.gres_drift (checks)"),
-    ({"mps_health.config": {"mps_health.exporters.prometheus"},
+    ({"mps_health.core.config": {"mps_health.exporters.prometheus"},
       "mps_health.exporters.prometheus": set()},
-     "mps_health.config (base) imports mps_health.exporters.prometheus (exporters)"),
+     "mps_health.core.config (base) imports mps_health.exporters.prometheus (exporters)"),
 ])
 def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> None:
     assert upward(graph) == [says]
 
 
 def test_a_cycle_is_caught() -> None:
-    graph = {"mps_health.cli": {"mps_health.argv"}, "mps_health.argv": {"mps_health.cli"}}
-    assert cycle(graph) == ["mps_health.argv", "mps_health.cli", "mps_health.argv"]
-    assert cycle({"mps_health.cli": {"mps_health.argv"}, "mps_health.argv": set()}) is None
+    graph = {"mps_health.core.cli": {"mps_health.core.argv"}, "mps_health.core.argv": {"mps_health.core.cli"}}
+    assert cycle(graph) == ["mps_health.core.argv", "mps_health.core.cli", "mps_health.core.argv"]
+    assert cycle({"mps_health.core.cli": {"mps_health.core.argv"}, "mps_health.core.argv": set()}) is None
 
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     src = tmp_path / "canary.py"
     src.write_text("from ..context import Context\n\ndef f():\n    from . import control\n"
-                   "    from ..checks.daemon import expected_uid\n")
-    known = {m: tmp_path for m in ("mps_health.context", "mps_health.probes.control",
-                                   "mps_health.checks.daemon", "mps_health.probes.canary")}
-    assert imports_of("mps_health.probes.canary", src, known) == {
-        "mps_health.context", "mps_health.probes.control", "mps_health.checks.daemon"}
+                   "    from ...checks.daemon import expected_uid\n")
+    known = {m: tmp_path for m in ("mps_health.core.context", "mps_health.core.probes.control",
+                                   "mps_health.checks.daemon", "mps_health.core.probes.canary")}
+    assert imports_of("mps_health.core.probes.canary", src, known) == {
+        "mps_health.core.context", "mps_health.core.probes.control", "mps_health.checks.daemon"}

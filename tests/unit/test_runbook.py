@@ -11,7 +11,7 @@ import re
 from typing import Dict, Set
 
 from conftest import REPO
-from mps_health import engine, registry
+from mps_health.core import engine, registry
 from mps_health.remediation import healthcheck
 
 
@@ -19,7 +19,7 @@ def declared_by_check() -> Dict[str, Set[str]]:
     out: Dict[str, Set[str]] = {}
     for spec in registry.CHECKS.values():
         module = spec.target.partition(":")[0]
-        out[module] = set(importlib.import_module(module).CODES)
+        out[module] = set(importlib.import_module(module, "mps_health").CODES)
     return out
 
 

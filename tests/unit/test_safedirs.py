@@ -1,4 +1,4 @@
-"""mps_health.safedirs: dirs in a shared sticky parent; symlink, foreign-owner and race
+"""mps_health.core.safedirs: dirs in a shared sticky parent; symlink, foreign-owner and race
 attacks do not work. Through the Prolog's make_job_dir/remove_job_dir and directly.
 
 Runs as root (chown to another user), as the prolog does. The "attacker" is the test
@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from mps_health.safedirs import UnsafePath, ensure_dir, open_dir, owned_dir
+from mps_health.core.safedirs import UnsafePath, ensure_dir, open_dir, owned_dir
 from mps_health.slurm.lifecycle import make_job_dir as make_dir
 from mps_health.slurm.lifecycle import remove_job_dir as remove_dir
 from slurmcluster import ensure_user
@@ -236,7 +236,7 @@ def test_what_is_in_the_way_is_swapped_out_whole(parent: Path, user) -> None:
 
 def test_an_aside_name_taken_in_advance_is_neither_followed_nor_replaced(
         parent: Path, victim: Path, user, monkeypatch) -> None:
-    from mps_health import safedirs
+    from mps_health.core import safedirs
 
     names = iter(["nvidia-mps_job22.aside-taken"])
     real = safedirs.random_name
@@ -254,7 +254,7 @@ def test_an_aside_name_taken_in_advance_is_neither_followed_nor_replaced(
 
 
 def test_aside_names_cannot_be_guessed(parent: Path) -> None:
-    from mps_health.safedirs import random_name
+    from mps_health.core.safedirs import random_name
 
     a, b = random_name("x", "aside"), random_name("x", "aside")
     assert a != b and len(a.rsplit("-", 1)[1]) == 16
@@ -262,7 +262,7 @@ def test_aside_names_cannot_be_guessed(parent: Path) -> None:
 
 def test_without_renameat2_the_same_rules_hold(parent: Path, victim: Path, user,
                                                monkeypatch) -> None:
-    from mps_health import safedirs
+    from mps_health.core import safedirs
 
     def unsupported(*args) -> None:
         raise NotImplementedError("EINVAL")

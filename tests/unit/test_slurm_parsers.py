@@ -2,8 +2,8 @@
 
 import pytest
 from conftest import fixture_text
-from mps_health.probes.hostlist import ParseError
-from mps_health.probes.slurm import (
+from mps_health.core.probes.hostlist import ParseError
+from mps_health.core.probes.slurm import (
     GresItem,
     classify_failure,
     parse_elapsed,
@@ -13,7 +13,7 @@ from mps_health.probes.slurm import (
     parse_squeue,
     parse_version,
 )
-from mps_health.runner import Completed
+from mps_health.core.runner import Completed
 
 V22 = "scontrol_show_node_-d_-o__slurm-22.05_{}.txt"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clirun import mps_health
 from conftest import FIXTURES, fixture_text
-from mps_health.probes.nvml import read_nvml
+from mps_health.core.probes.nvml import read_nvml
 from mps_health.slurm.gpus import GpusError, gres_gpus, load_recording, parse_choice
 from mps_health.slurm.render import (
     diff_gres_conf,

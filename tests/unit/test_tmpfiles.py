@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 from mps_health.checks import tmpfiles as guard
-from mps_health.config import from_mapping
-from mps_health.context import Context
-from mps_health.facts import Facts, Instance
-from mps_health.probes import tmpfiles
-from mps_health.results import OK, WARNING
+from mps_health.core.config import from_mapping
+from mps_health.core.context import Context
+from mps_health.core.facts import Facts, Instance
+from mps_health.core.probes import tmpfiles
+from mps_health.core.results import OK, WARNING
 
 
 def rules_of(text: str):
