@@ -31,7 +31,7 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
     argparse with the ``re`` it imports costs about 10 ms, most of the check's budget
     beyond starting Python. Anything unusual (help, errors, rarer options) takes the
     argparse path, which stays the one definition of the interface
-    (mps_health/commands/check.py); tests compare both paths.
+    (mps_health/core/commands/check.py); tests compare both paths.
     """
     if not argv or argv[0] != "check":
         return None

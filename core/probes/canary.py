@@ -2,7 +2,7 @@
 
 Per instance: ask the servers for their clients first, and skip when another user's
 clients are connected (MPS serves one user per GPU at a time: the canary would queue
-behind that job, and could delay it). Otherwise start ``mps_health/canary_client.py``
+behind that job, and could delay it). Otherwise start ``mps_health/core/canary_client.py``
 (or the configured ``commands.mps-health-canary``) as the daemon's user, in its own
 process group, with a hard timeout. Once it holds a context it writes a ready file;
 the servers' client lists are read while it waits, and its PID found there means MPS
