@@ -46,7 +46,7 @@ if CONTROL is None:
 if os.geteuid() != 0:
     pytest.skip("run as root: reset ends daemons and repairs dirs", allow_module_level=True)
 try:
-    from mps_health.core import remediation  # noqa: F401
+    from mps_health import remediation  # noqa: F401
 except ImportError:
     pytest.fail("mps_health is not installed: python3 -m pip install --no-deps "
                 "--no-build-isolation -e .", pytrace=False)
