@@ -15,10 +15,9 @@ imported here only: the plain check never loads it.
 from __future__ import annotations
 
 import os
-import signal
 import time
 
-from .runner import Completed, RunAs
+from .runner import SIGKILL, Completed, RunAs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the check reads SAFE_PATH: no typing at run time (fast path)
@@ -83,7 +82,7 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
         except subprocess.TimeoutExpired:
             timed_out = True
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()

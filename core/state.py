@@ -67,9 +67,7 @@ class StateFile:
              ) -> Tuple[Any, str]:
         """The saved value decoded as ``value_type`` (annotation text, its names looked up
         in ``names``), or ``empty`` and why not."""
-        import json
-
-        from . import codec
+        from . import codec, jsontext
         from .safefiles import read_small
 
         try:
@@ -79,21 +77,19 @@ class StateFile:
         if raw is None:
             return empty, ""
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = jsontext.loads(raw.decode("utf-8"))
             return codec.decode(value_type, data, self.path, names), ""
-        except (ValueError, codec.DecodeError) as e:
+        except (ValueError, RecursionError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 
     def save(self, value: Any) -> str:
         """Write ``value`` atomically (``safefiles.write_atomic``); '' or why not."""
-        import json
-
-        from . import codec
+        from . import codec, jsontext
         from .safefiles import write_atomic
 
         try:
             write_atomic(os.path.abspath(self.path),
-                         json.dumps(codec.encode(value), sort_keys=True).encode())
+                         jsontext.dumps(codec.encode(value)).encode())
         except OSError as e:
             return f"cannot save {self.path}: {e.strerror}"
         return ""

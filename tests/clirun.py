@@ -3,7 +3,7 @@
 Each command runs as ``python -m MODULE`` of the interpreter running the tests, so a test
 runs this checkout's code whether or not the console scripts are on PATH; output is
 captured as text and every call has a timeout. The module each console script runs is
-named here once (pyproject.toml's ``[project.scripts]`` says the same).
+named here once (the scripts in bin/ say the same).
 """
 
 import json

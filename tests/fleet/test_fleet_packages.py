@@ -38,7 +38,7 @@ def test_pipx_install(dists, tmp_path: Path) -> None:
                PIPX_MAN_DIR=str(tmp_path / "man"))
     r = _run([pipx, "install", "--system-site-packages", str(dists.wheel)], env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    # pipx links the entry points onto PATH: mps-health, check_mps, mps-health-healthcheck.
+    # pipx links the commands onto PATH: mps-health, check_mps, mps-health-healthcheck.
     v = _run([str(tmp_path / "bin/mps-health"), "--version"])
     assert v.returncode == 0 and v.stdout.strip() == "mps-health 0.1.0", v
     assert (tmp_path / "bin/mps-health-healthcheck").exists()

@@ -23,9 +23,16 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
     for sub in ("checks", "exporters", "remediation", "slurm", "core", "core/probes",
                 "core/commands"):
         assert f"mps_health/{sub}/__init__.py" in names
-    entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names
-                        if n.endswith("entry_points.txt"))
-    assert "mps-health = mps_health.core.cli:console_main" in entry_points
+    # The commands are the scripts in bin/ (pyproject.toml says why), not entry points:
+    # pip rewrites their first line to its interpreter and they import only their main.
+    scripts = {n.rsplit("/", 1)[1]: zipfile.ZipFile(wheel).read(n).decode() for n in names
+               if "/scripts/" in n and n.split("/")[0].endswith(".data")}
+    assert set(scripts) == {"mps-health", "check_mps", "mps-health-healthcheck"}
+    for text in scripts.values():
+        code = [line for line in text.splitlines()[1:] if line and not line.startswith("#")]
+        assert text.startswith("#!python\n") and len(code) == 2, text
+        assert code[0].startswith("from mps_health.core.") and " import " in code[0], text
+    assert not any(n.endswith("entry_points.txt") for n in names)
 
 
 def test_ruff_clean() -> None:

@@ -1,5 +1,5 @@
 """What `mps-health check` and `check_mps` import on a node's every run: no typing (and no
-NamedTuple built by it), no argparse, re, json on the way in, no monitoring library, and
+NamedTuple built by it), no argparse, re, json anywhere, no monitoring library, and
 none of the standard modules that cost most of a millisecond each for little (enum,
 threading, signal, importlib, contextlib: plain ints, _thread, __import__ do the job).
 
@@ -71,7 +71,7 @@ def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
     nothing: a heavy import anywhere fails, and the engine would name it."""
     code = ("import sys\n"
             "for name in ('typing', 'argparse', 'secrets', 'random', 'hashlib', 'threading',\n"
-            "             'signal', 'importlib', 'contextlib'):\n"
+            "             'signal', 'importlib', 'contextlib', 're', 'json', 'enum'):\n"
             "    sys.modules[name] = None\n"
             "from mps_health.core.cli import main\n"
             f"sys.exit(main(['check', '-v', '--root', {str(tmp_path)!r}]))\n")
@@ -81,3 +81,26 @@ def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
     assert "gathered:" in out, out
     for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError"):
         assert failure not in out, out
+
+
+def test_the_state_files_are_read_and_written_without_json(tmp_path) -> None:
+    """The deep checks' memory (state.StateFile, codec) round-trips with re, json and enum
+    blocked: a node's every check reads and writes it."""
+    code = ("import sys\n"
+            "for name in ('re', 'json', 'enum', 'typing'):\n"
+            "    sys.modules[name] = None\n"
+            "from mps_health.core.state import StateFile\n"
+            "from mps_health.core import facts_deep\n"
+            "value = {'node': facts_deep.ServerMemory(daemon_pid=7, daemon_start=9,\n"
+            "         servers=(), events=(), taken_at=1.5)}\n"
+            "with_names = vars(facts_deep)\n"
+            f"state = StateFile({str(tmp_path)!r}, 'servers')\n"
+            "assert state.lock(float('inf')), state.error\n"
+            "assert state.save(value) == ''\n"
+            "state.unlock()\n"
+            "back, why = state.load('Dict[str, ServerMemory]', {}, with_names)\n"
+            "assert why == '' and back == value, (back, why)\n"
+            "print('OK')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "OK", r.stdout + r.stderr
+    assert (tmp_path / "servers.json").read_text().startswith('{"node": {"daemon_pid": 7')
