@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
-from .commands.common import edge, standard_fds
+from .commands.common import SimpleNamespace, edge, standard_fds
 from .exitcodes import ExitCode
 
 TYPE_CHECKING = False
@@ -82,6 +81,11 @@ def dispatch(argv: List[str]) -> int:
         from .commands import check
 
         return check.run(fast)  # type: ignore[arg-type]
+    # Every other command may run on (the exporter serves for weeks) or through large
+    # inputs (a replayed snapshot): the cycle collector the scripts switch off is back.
+    import gc
+
+    gc.enable()
     from .argv import build
 
     parser = build(argv)

@@ -83,7 +83,7 @@ def _binary(path: str) -> Optional[Binary]:
 def _candidates(command: str, path_env: Optional[str]) -> List[str]:
     """Every file ``command`` may name: itself if a path, else each match on the run's
     PATH and on the fixed PATH daemons are started with (both chosen by root)."""
-    from .runas import SAFE_PATH
+    from .runner import SAFE_PATH
 
     if "/" in command:
         return [command] if os.path.isabs(command) else []

@@ -17,13 +17,11 @@ from __future__ import annotations
 import os
 import time
 
-from .runner import SIGKILL, Completed, RunAs
+from .runner import SAFE_PATH, SIGKILL, Completed, RunAs
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # the check reads SAFE_PATH: no typing at run time (fast path)
+if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
-
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 else:
     from .frozen import NamedTuple
 
+# The PATH root's commands are found on and daemons and job commands are started with:
+# slurmd gives its programs and hooks an almost empty environment, and a user's PATH is
+# never trusted. Only root-owned system dirs.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 # signal.SIGKILL, without importing signal (it builds three enums at import, about half
 # a millisecond on every run); 9 on every Linux architecture.
 SIGKILL = 9

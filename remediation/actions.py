@@ -112,8 +112,8 @@ def control_binary(config: Config) -> str:
     a reset would make the dirs, then fail to start a daemon that cannot exist."""
     from ..core.exitcodes import ExitCode, Failure
     from ..core.printable import escape
-    from ..core.runas import SAFE_PATH
     from ..core.runas import resolve as find_binary
+    from ..core.runner import SAFE_PATH
 
     name = config.command("nvidia-cuda-mps-control")
     found = find_binary(name)

@@ -100,7 +100,7 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
-    from ..core.runas import SAFE_PATH
+    from ..core.runner import SAFE_PATH
 
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.

@@ -15,11 +15,10 @@ limit (``engine.bounded``) abandons it at ``-t`` and kills what it started.
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 from .. import __version__
 from ..exitcodes import ExitCode
-from .common import UsageError, edge, emit, load_config, names, standard_fds
+from .common import SimpleNamespace, UsageError, edge, emit, load_config, names, standard_fds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

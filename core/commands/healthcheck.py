@@ -14,9 +14,6 @@ from typing import Callable
 
 from .common import add_common, emit, load_config
 
-# slurmd gives the program an almost empty environment: find scontrol and the MPS client.
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
@@ -34,7 +31,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 def run(args: argparse.Namespace) -> int:
     from ...remediation.healthcheck import main_run
 
-    if not os.environ.get("PATH"):
+    if not os.environ.get("PATH"):  # slurmd's: find scontrol and the MPS client
+        from ..runner import SAFE_PATH
+
         os.environ["PATH"] = SAFE_PATH
     result = main_run(load_config(args), args.root, args.dry_run, args.mode)
     from ..printable import printable

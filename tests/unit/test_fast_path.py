@@ -104,3 +104,21 @@ def test_the_state_files_are_read_and_written_without_json(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "OK", r.stdout + r.stderr
     assert (tmp_path / "servers.json").read_text().startswith('{"node": {"daemon_pid": 7')
+
+
+def test_the_cycle_collector_stays_off_for_a_check_only(tmp_path) -> None:
+    """The installed scripts turn the collector off; a plain check leaves it off, any
+    other command (the exporter runs for weeks) turns it back on before it starts."""
+    code = ("import gc, sys\n"
+            "from mps_health.core.cli import dispatch\n"
+            "gc.disable()\n"
+            f"dispatch(['check', '--root', {str(tmp_path)!r}])\n"
+            "after_check = gc.isenabled()\n"
+            "try:\n"
+            "    dispatch(['exporter', '--no-such-option'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(after_check, gc.isenabled())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert r.stdout.split() == ["False", "True"], r.stdout + r.stderr

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mps_health.checks import tmpfiles as guard
 from mps_health.core.config import from_mapping
 from mps_health.core.context import Context
@@ -129,3 +131,12 @@ def test_glob_shortcut_matches_as_fnmatch_does(pattern: str) -> None:
         if not any(c in pattern for c in "*?["):
             want = pattern.rstrip("/") == path
         assert guard.path_match(pattern, path) == want, (pattern, path)
+
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" \t\x0b\x0c\x1c\x85\xa0\u2003ab/-%*\\!~0é")),
+               max_size=40))
+def test_a_line_without_quotes_splits_as_the_quote_aware_splitter_does(line) -> None:
+    """Lines without quotes take str.split: the same fields, for any whitespace."""
+    assert tmpfiles.split_line(line) == line.split() == tmpfiles._split_quoted(line)
