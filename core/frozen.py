@@ -38,10 +38,6 @@ except ImportError:  # another Python implementation
 
 _tuple_new = tuple.__new__
 
-# Class-body names that are typing's, not the record's.
-_SKIP = frozenset(("__slots__", "__orig_bases__"))
-
-
 def _bind(cls: type, args: tuple, kwargs: dict) -> tuple:
     """The field values of ``cls(*args, **kwargs)``, with namedtuple's TypeErrors."""
     fields = cls._fields  # type: ignore[attr-defined]
@@ -108,22 +104,35 @@ class _Record(tuple):
         return tuple(self)
 
 
+# The field accessors, shared: _tuplegetter(index, doc) holds nothing of its class, and a
+# record module builds some forty records at import.
+_GETTERS = [_tuplegetter(i, f"Alias for field number {i}") for i in range(16)]
+
+
 class _Maker(type):
     def __new__(mcls, name: str, bases: tuple, ns: dict):
-        if ns.get("_is_root"):
+        if "_is_root" in ns:
             return super().__new__(mcls, name, bases, ns)
-        annotations = dict(ns.get("__annotations__", {}))
+        annotations = ns.get("__annotations__", {})
         fields = tuple(annotations)
-        defaults = {f: ns[f] for f in fields if f in ns}
-        if any(f not in defaults for f in fields[len(fields) - len(defaults):]):
-            raise TypeError(f"{name}: a field without a default follows one with a default")
-        body = {k: v for k, v in ns.items() if k not in _SKIP}
-        body.setdefault("__doc__", f"{name}({', '.join(fields)})")
-        body.update(__slots__=(), _fields=fields, _field_defaults=defaults,
-                    __match_args__=fields, __annotations__=annotations)
+        defaults = {}
         for index, field in enumerate(fields):
-            body[field] = _tuplegetter(index, f"Alias for field number {index}")
-        return type(name, (_Record,), body)
+            if field in ns:
+                defaults[field] = ns[field]
+            elif defaults:
+                raise TypeError(f"{name}: a field without a default follows one with a "
+                                "default")
+            while index >= len(_GETTERS):
+                _GETTERS.append(_tuplegetter(len(_GETTERS),
+                                             f"Alias for field number {len(_GETTERS)}"))
+            ns[field] = _GETTERS[index]
+        ns.pop("__slots__", None)
+        ns.pop("__orig_bases__", None)
+        if "__doc__" not in ns:
+            ns["__doc__"] = f"{name}({', '.join(fields)})"
+        ns.update(__slots__=(), _fields=fields, _field_defaults=defaults,
+                  __match_args__=fields, __annotations__=dict(annotations))
+        return type(name, (_Record,), ns)
 
 
 class NamedTuple(metaclass=_Maker):

@@ -18,7 +18,6 @@ import os
 from .config import Config
 from .context import Context
 from .facts import DirFact, Instance
-from .templates import expand, match
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,6 +30,8 @@ def configured(config: Config) -> Tuple[Instance, ...]:
     if mps.layout == "node":
         return (Instance("node", "node", mps.pipe_dir, mps.log_dir),)
     if mps.layout == "per-gpu":
+        from .templates import expand  # the node layout has no template
+
         return tuple(
             Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g), expand(mps.log_dir, gpu=g),
                      gpu=g)
@@ -41,6 +42,8 @@ def configured(config: Config) -> Tuple[Instance, ...]:
 
 def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
     """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
+    from .templates import expand, match
+
     mps = ctx.config.mps
     parent = os.path.dirname(mps.pipe_dir)
     try:

@@ -73,8 +73,8 @@ def role_of(cmdline: Sequence[str]) -> str:
 
 def _binary(path: str) -> Optional[Binary]:
     try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
+        st = os.stat(path)  # the file exec would run; most PATH entries have none
+        real = os.path.realpath(path)  # (an lstat per part of the path: only for those)
     except OSError:
         return None
     return Binary(real, st.st_dev, st.st_ino)
