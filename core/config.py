@@ -61,7 +61,7 @@ SECTIONS = {
     "jobs": ".slurm.settings",
     "healthcheck": ".remediation.settings",
     "remediation": ".remediation.settings",
-    "exporter": ".core.commands.exporter",
+    "exporter": ".exporters.settings",
     "clients": ".core.probes.clientinfo",
 }
 
@@ -295,10 +295,18 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
     YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.core.inputs``).
     """
-    from .inputs import InputError, read_text
-
     explicit = path is not None
     path = path or DEFAULT_PATH
+    # The default file's parsed form is kept (configcache): no PyYAML on a node's checks.
+    seen = _stat(path) if text is None and os.path.abspath(path) == DEFAULT_PATH else None
+    if seen is not None:
+        from . import configcache
+
+        kept = configcache.lookup(DEFAULT_PATH, seen)
+        if kept is not None:
+            return from_mapping(kept, path)
+    from .inputs import InputError, read_text
+
     try:
         if text is None:
             text = read_text(path, MAX_BYTES, follow=True)
@@ -313,7 +321,21 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return from_mapping(data, path)
+    config = from_mapping(data, path)
+    if seen is not None:
+        from . import configcache
+
+        after = _stat(path)
+        if after is not None and configcache.identity(after) == configcache.identity(seen):
+            configcache.remember(DEFAULT_PATH, seen, data)  # the text read is the file seen
+    return config
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None  # reading it says what is wrong
 
 
 def _parse_yaml(text: str, path: str) -> Any:

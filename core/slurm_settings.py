@@ -4,10 +4,14 @@ They are validated with the whole file when it is loaded (``mps_health.core.conf
 readers get the records through ``config.get(...)`` or the helpers below.
 """
 
-from typing import Any, Optional, Tuple
+from __future__ import annotations
 
 from .config import Config
 from .schema import Invalid, Record, Section, custom, number, pathname, shown, text, whole
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
+    from typing import Any, Optional, Tuple
 
 OUTPUTS = ("auto", "text", "json")
 MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")

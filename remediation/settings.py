@@ -7,7 +7,7 @@ scontrol timeout they use are ``slurm.drain_tag`` and ``slurm.timeout_s``. Both 
 validated with the whole file when it is loaded (``mps_health.core.config``).
 """
 
-from typing import Any, Mapping, Optional, Tuple
+from __future__ import annotations
 
 from ..core.config import Config
 from ..core.schema import (
@@ -23,6 +23,10 @@ from ..core.schema import (
     whole,
 )
 from ..core.slurm_settings import SlurmSettings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
+    from typing import Any, Mapping, Optional, Tuple
 
 DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).

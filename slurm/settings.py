@@ -6,10 +6,14 @@ section), ``commands`` the control binary, and ``jobs`` how the hooks behave. It
 validated with the whole file when it is loaded (``mps_health.core.config``).
 """
 
-from typing import Optional
+from __future__ import annotations
 
 from ..core.config import Config
 from ..core.schema import Record, Section, number, pathname, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
+    from typing import Optional
 
 START_FOR = ("mps", "gpu")
 ON_FAILURE = ("fail", "continue")

@@ -6,8 +6,7 @@ Textfile: ``mps-health exporter --textfile DIR`` runs once and writes DIR/mps_he
 atomically, for node_exporter's textfile collector and a systemd timer; it exits 0 once
 the file is written (the node's health is in the metrics), 3 when it cannot be.
 
-Port 10102: the Prometheus wiki's default-port list has no room left in 9100-9999, and
-new exporters register above 10000; see docs/monitoring.md.
+Its config section and listen address parsing are in mps_health.exporters.settings.
 """
 
 import os
@@ -17,59 +16,19 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
+from ...exporters.settings import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_LISTEN,
+    ExporterConfig,
+    exporter_config,
+    parse_listen,
+)
 from ..config import Config
 from ..exitcodes import Failure
-from ..schema import Invalid, Record, Section, custom, number, shown, text, whole
 from .common import add_common, load_config, names, one_line
 
 if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
     import argparse
-
-DEFAULT_PORT = 10102
-DEFAULT_LISTEN = f":{DEFAULT_PORT}"
-DEFAULT_INTERVAL_S = 30.0
-
-
-def parse_listen(text: str) -> Tuple[str, int]:
-    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
-                         "127.0.0.1:10102, [::]:10102)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"listen address {shown(text)}: put an IPv6 address in brackets")
-    return host or "0.0.0.0", int(port)
-
-
-def _listen(value: Any) -> str:
-    listen = text(DEFAULT_LISTEN).parse(value)
-    try:
-        parse_listen(listen)
-    except ValueError as e:
-        raise Invalid(str(e)) from None
-    return str(listen)
-
-
-class ExporterConfig(Record):
-    listen: str = custom(DEFAULT_LISTEN, _listen)
-    interval_s: float = number(DEFAULT_INTERVAL_S, low=1.0, high=3600.0)
-    # What one client may hold (exporters/http.py; docs/monitoring.md).
-    max_connections: int = whole(64, low=1, high=100000)
-    header_timeout_s: float = number(10.0, low=0.1, high=300.0)
-    write_timeout_s: float = number(10.0, low=0.1, high=300.0)
-    idle_timeout_s: float = number(120.0, low=1.0, high=3600.0)
-    log_interval_s: float = number(60.0, low=1.0, high=3600.0)
-
-
-SECTION = Section("exporter", ExporterConfig)
-SECTIONS = (SECTION,)
-
-
-def exporter_config(config: Config) -> ExporterConfig:
-    return config.get(SECTION)
-
 
 def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
     add_common(p)

@@ -35,6 +35,7 @@ from ..facts_deep import (
 from ..pidfile import read_pid
 from ..process_identity import is_daemon
 from ..safefiles import read_small
+from ..users import name_of
 from . import control, proc
 from .sections import SERVERS, ServersConfig
 
@@ -52,11 +53,6 @@ STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 class ParseError(ValueError):
     pass
 
-
-def _user_name(uid: int) -> str:
-    from ..users import name_of  # only for servers and clients: an idle node has none
-
-    return name_of(uid)
 
 def settings(config: Config) -> ServersConfig:
     return config.get(SERVERS)
@@ -129,7 +125,7 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     for pid in pids:
         ident = proc.identity(ctx.proc, pid)
         uid, start = ident if ident else (None, None)
-        fact = ClientFact(pid, uid, _user_name(uid), start)
+        fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
             from . import clientinfo  # only where a server runs: not on an idle node's path
 
@@ -231,13 +227,13 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
         return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
-                          _user_name(uid), start, ())
+                          name_of(uid), start, ())
     try:
         status = parse_server_status(status_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, "error", f"get_server_status: {e}", uid, _user_name(uid), start, ())
+        return ServerFact(pid, "error", f"get_server_status: {e}", uid, name_of(uid), start, ())
     if status == "gone":
-        return ServerFact(pid, "gone", "exited since the server list", uid, _user_name(uid),
+        return ServerFact(pid, "gone", "exited since the server list", uid, name_of(uid),
                           start, ())
     clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
     try:
@@ -245,11 +241,11 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
             raise ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
             return ServerFact(pid, "gone", "exited since the server list", uid,
-                              _user_name(uid), start, ())
+                              name_of(uid), start, ())
         pids = parse_pid_list(clients_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, status, f"get_client_list: {e}", uid, _user_name(uid), start, ())
-    return ServerFact(pid, status, "", uid, _user_name(uid), start, read_clients(ctx, pids))
+        return ServerFact(pid, status, f"get_client_list: {e}", uid, name_of(uid), start, ())
+    return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
 
 
 def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
