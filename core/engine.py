@@ -53,16 +53,17 @@ class SelectionError(Failure, ValueError):
 class Overrun(Failure):
     """The run did not end within its hard limit and was abandoned (its commands killed):
     exit 3, one line. Something below Python hung: a read on a hung file system, a
-    process stuck in the kernel. ``waiting_on`` names what was still being done then."""
+    process stuck in the kernel. ``waiting_on`` names what was still being done then.
+    (A replay reads no file and starts nothing while it judges: its line says so.)"""
 
-    def __init__(self, limit_s: float, waiting_on: Sequence[str]) -> None:
+    def __init__(self, limit_s: float, waiting_on: Sequence[str], line: str = "") -> None:
         self.limit_s = limit_s
         self.waiting_on = tuple(waiting_on)
         where = f" (still busy with: {', '.join(self.waiting_on)})" if self.waiting_on else ""
-        super().__init__(f"the checks did not finish within {limit_s:g}s{where}: something "
-                         "below mps-health hung (a hung file system, a process stuck in the "
-                         "kernel); abandoned, the commands it started killed (runbook: "
-                         "run-overrun)")
+        super().__init__(line or f"the checks did not finish within {limit_s:g}s{where}: "
+                         "something below mps-health hung (a hung file system, a process "
+                         "stuck in the kernel); abandoned, the commands it started killed "
+                         "(runbook: run-overrun)")
 
 
 def limit_for(budget_s: float) -> float:
@@ -271,7 +272,15 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
     def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
         return _run(config, root, checks, budget, replay, t0, in_flight)
 
-    return bounded(limit, work, since=t0)
+    if replay is None:
+        return bounded(limit, work, since=t0)
+    try:
+        return bounded(limit, work, since=t0)
+    except Overrun as e:
+        raise Overrun(limit, e.waiting_on, f"judging the replayed snapshot "
+                      f"({len(replay.instances)} instances) did not finish within {limit:g}s: "
+                      "a snapshot this large needs more time: give --budget SECONDS (up to "
+                      "300) (runbook: run-overrun)") from None
 
 
 def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: float) -> Facts:

@@ -45,3 +45,19 @@ def test_shipped_examples_replay(name: str, state: int) -> None:
     r = mps_health("check", "--replay", str(EXAMPLES / name))
     assert r.returncode == state, r.stdout + r.stderr
     assert r.stdout.startswith("MPS " + ("OK" if state == 0 else "CRITICAL"))
+
+
+def test_a_replay_past_its_limit_says_so_and_blames_no_file_system() -> None:
+    """Judging a replay touches no file and starts nothing: a replay that outlasts the
+    hard limit is told to take more time, not sent looking for a hung file system."""
+    from mps_health.core import engine
+    from mps_health.core.config import Config
+    from mps_health.core.snapshot import read
+
+    facts, _ = read(str(EXAMPLES / "broken-node.json"))
+    with pytest.raises(engine.Overrun) as caught:
+        engine.run(Config(), replay=facts, limit_s=0.0)
+    line = str(caught.value)
+    assert line.startswith(f"judging the replayed snapshot ({len(facts.instances)} instances) "
+                           "did not finish within 0s: ") and "--budget" in line
+    assert "hung" not in line and "\n" not in line
