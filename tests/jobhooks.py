@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from clirun import argv
 from nodesite import Site
@@ -151,6 +151,29 @@ class JobHooks:
 
     def close(self) -> None:
         self.site.close()
+
+
+def hooks_for_slurm(slurm_user: str, slurm_where: Any) -> Iterator[JobHooks]:
+    """The hooks for a real Slurm's jobs (the host's, or the Debian 13 root's when
+    ``slurm_where`` is one), run with a Python ``slurm_user`` can run that imports this
+    checkout's mps_health: the body of the Slurm tests' module fixture. Skips without one."""
+    import tempfile
+
+    import pytest
+    from slurmroot import mps_health_argv
+
+    base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
+    base.chmod(0o755)
+    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
+    if python is None:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
+    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
+    try:
+        yield s
+    finally:
+        s.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def proc_uid(pid: int) -> int:

@@ -18,17 +18,15 @@ status). The servers source's memory shows that per-job instances were judged. T
 import json
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
 from conftest import FIXTURES
-from jobhooks import JobHooks, user_python
+from jobhooks import JobHooks, hooks_for_slurm
 from paths import FAKE_CONTROL
 from slurmcluster import SlurmCluster, SlurmClusterError
-from slurmroot import mps_health_argv
 
 pytestmark = pytest.mark.slurm
 
@@ -56,16 +54,7 @@ def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
     why = fake_runs_in(slurm_where) if slurm_where is not None else ""
     if why:
         pytest.skip(f"the fake MPS control binary cannot run in the Slurm 24.11 root: {why}")
-    base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
-    base.chmod(0o755)
-    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
-    if python is None:
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
-    yield s
-    s.close()
-    shutil.rmtree(base, ignore_errors=True)
+    yield from hooks_for_slurm(slurm_user, slurm_where)
 
 
 def node_config(hooks: JobHooks, cluster: SlurmCluster) -> None:

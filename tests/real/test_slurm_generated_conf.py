@@ -10,16 +10,13 @@ root's install; the lines are rendered by this checkout, which renders the same)
 """
 
 import shutil
-import tempfile
-from pathlib import Path
 from typing import Iterator, List, Optional
 
 import pytest
 from clirun import mps_health
 from conftest import FIXTURES
-from jobhooks import JobHooks, user_python
+from jobhooks import JobHooks, hooks_for_slurm
 from slurmcluster import SlurmCluster, SlurmClusterError
-from slurmroot import mps_health_argv
 
 pytestmark = pytest.mark.slurm
 RECORD = str(FIXTURES / "nvml__HANDWRITTEN_2gpu-test-node.json")
@@ -67,16 +64,7 @@ class GeneratedConfCluster(SlurmCluster):
 
 @pytest.fixture(scope="module")
 def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
-    base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
-    base.chmod(0o755)
-    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
-    if python is None:
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
-    yield s
-    s.close()
-    shutil.rmtree(base, ignore_errors=True)
+    yield from hooks_for_slurm(slurm_user, slurm_where)
 
 
 def start(hooks: JobHooks, mps_gpus: str, node: str, where) -> GeneratedConfCluster:

@@ -9,33 +9,21 @@ once the Epilog has run, and then no dir and no MPS process of the job may be le
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
-from jobhooks import FAKE_CONTROL, JobHooks, daemon_pid, proc_uid, user_python
+from jobhooks import FAKE_CONTROL, JobHooks, daemon_pid, hooks_for_slurm, proc_uid
 from slurmcluster import SlurmCluster, SlurmClusterError
-from slurmroot import mps_health_argv
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
 def hooks(slurm_user: str, slurm_where) -> Iterator[JobHooks]:
-    base = Path(tempfile.mkdtemp(prefix="mpsh-userpy-", dir="/tmp"))
-    base.chmod(0o755)
-    python = user_python(base, slurm_user) if slurm_where is None else slurm_where.python
-    if python is None:
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"no Python that {slurm_user} can run imports this checkout's mps_health")
-    s = JobHooks(slurm_user, python, mps_health=mps_health_argv(slurm_where))
-    yield s
-    s.close()
-    shutil.rmtree(base, ignore_errors=True)
+    yield from hooks_for_slurm(slurm_user, slurm_where)
 
 
 @pytest.fixture(scope="module")
