@@ -1,7 +1,8 @@
 """The ``mps-health`` command line.
 
-Only the chosen subcommand's module is imported, and plain ``check`` runs skip argparse
-altogether, so the check slurmd starts every few minutes pays for nothing else. Every
+Only the chosen subcommand's module is imported, and plain ``check`` and ``healthcheck``
+runs skip argparse altogether (``fast_args``), so what slurmd and monitoring start every
+few minutes pays for nothing else. Every
 command runs inside the one error edge (``commands.common.edge``): a failure ends as
 one line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEBUG=1 to
 see one). The subcommands are listed in ``mps_health.core.argv.COMMANDS``.
@@ -17,33 +18,52 @@ from .exitcodes import ExitCode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-FAST_VALUED = {"--config": "config", "--root": "root", "--format": "format", "--only": "only",
-               "--skip": "skip"}
+# The commands run every few minutes on every node, and what their hand parsers accept:
+# flags (option -> (key, value)), valued options (option -> key) and the defaults, which
+# are argparse's for the same command (tests/unit/test_fast_args.py compares the two).
+FAST: Dict[str, Tuple[Dict[str, Tuple[str, Any]], Dict[str, str], Dict[str, Any]]] = {
+    "check": ({"-v": ("verbose", True), "--verbose": ("verbose", True)},
+              {"--config": "config", "--root": "root", "--format": "format",
+               "--only": "only", "--skip": "skip"},
+              {"config": None, "root": "/", "format": "text", "verbose": False, "only": [],
+               "skip": [], "replay": None, "budget": None}),
+    # slurmd's HealthCheckProgram: mps-health-healthcheck, with no arguments.
+    "healthcheck": ({"--detached": ("mode", "detached"), "--foreground": ("mode", "foreground"),
+                     "-n": ("dry_run", True), "--dry-run": ("dry_run", True)},
+                    {"--config": "config", "--root": "root"},
+                    {"config": None, "root": "/", "mode": None, "dry_run": False}),
+}
 
 
-def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
-    """``check`` with plain options only, parsed by hand; None means "ask argparse".
+def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
+    """``check`` or ``healthcheck`` with plain options only, parsed by hand; None means
+    "ask argparse".
 
-    slurmd and cron run ``mps-health check`` every few minutes on every node, and
-    argparse with the ``re`` it imports costs about 10 ms, most of the check's budget
-    beyond starting Python. Anything unusual (help, errors, rarer options) takes the
-    argparse path, which stays the one definition of the interface
-    (mps_health/core/commands/check.py); tests compare both paths.
+    slurmd runs ``mps-health-healthcheck`` and cron or a monitoring agent ``mps-health
+    check`` every few minutes on every node, and argparse with the ``re``, ``typing`` and
+    ``gettext`` it imports costs more than the whole check beyond starting Python.
+    Anything unusual (help, errors, rarer options) takes the argparse path, which stays
+    the one definition of the interface (the commands' ``register``).
     """
-    if not argv or argv[0] != "check":
+    if not argv or argv[0] not in FAST:
         return None
-    ns: Dict[str, Any] = {"config": None, "root": "/", "format": "text", "verbose": False,
-                          "only": [], "skip": [], "replay": None, "budget": None}
+    flags, valued, defaults = FAST[argv[0]]
+    ns: Dict[str, Any] = dict(defaults)
+    given = set()
     rest = list(argv[1:])
     while rest:
         arg = rest.pop(0)
-        if arg in ("-v", "--verbose"):
-            ns["verbose"] = True
+        if arg in flags:
+            key, value = flags[arg]
+            if key in given and ns[key] != value:
+                return None  # --detached with --foreground: argparse says why not
+            ns[key] = value
+            given.add(key)
             continue
         key, eq, value = arg.partition("=")
-        if key not in FAST_VALUED or (not eq and not rest):
+        if key not in valued or (not eq and not rest):
             return None
         if not eq:
             value = rest.pop(0)
@@ -51,14 +71,14 @@ def fast_check_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
                 return None
         if not value:
             return None
-        ns[FAST_VALUED[key]] = value
-    if ns["format"] not in ("text", "json"):
+        ns[valued[key]] = value
+    if ns.get("format", "text") not in ("text", "json"):
         return None
     if ns["root"] != "/" and not (os.path.isabs(ns["root"]) and os.path.isdir(ns["root"])):
         return None  # argparse's --root type says what is wrong with it
 
     for key in ("only", "skip"):
-        value = ns[key]
+        value = ns.get(key)
         if isinstance(value, str):
             ns[key] = [n.strip() for n in value.split(",") if n.strip()]
     return SimpleNamespace(**ns)
@@ -76,13 +96,18 @@ def _say(line: str) -> None:
 
 
 def dispatch(argv: List[str]) -> int:
-    fast = fast_check_args(argv)
+    fast = fast_args(argv)
     if fast is not None:
-        from .commands import check
+        if argv[0] == "check":
+            from .commands import check
 
-        return check.run(fast)  # type: ignore[arg-type]
+            return check.run(fast)  # type: ignore[arg-type]
+        from .commands import healthcheck
+
+        return healthcheck.run(fast)  # type: ignore[arg-type]
     # Every other command may run on (the exporter serves for weeks) or through large
     # inputs (a replayed snapshot): the cycle collector the scripts switch off is back.
+    # (The health check's detached child is one bounded check run, as a check is.)
     import gc
 
     gc.enable()

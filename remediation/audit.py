@@ -8,10 +8,15 @@ that acted. A failure to write the audit trail is reported, never fatal: a repai
 must not be blocked because /var/log is full.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import time
-from typing import List, Mapping, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import List, Mapping, Optional
 
 _UNSET_LOGINUID = 4294967295
 

@@ -8,9 +8,16 @@ a terminal back) and lets go of slurmd's pipes at once: slurmd reads our output 
 and then kills our process group, so the child must hold neither.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Callable, NamedTuple, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Callable, NamedTuple, Optional
+else:
+    from ..core.frozen import NamedTuple
 
 RESULT_FILE = "healthcheck.result"
 

@@ -6,11 +6,18 @@ run's verdict and Slurm's own word where it gives one (``SLURM_NODE_IS_HEALTHY``
 says whether slurmctld must be asked anything at all. Most runs ask nothing.
 """
 
+from __future__ import annotations
+
 import math
 import os
-from typing import NamedTuple, Optional, Tuple
 
 from ..core.results import CRITICAL, OK, UNKNOWN, WARNING
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import NamedTuple, Optional, Tuple
+else:
+    from ..core.frozen import NamedTuple
 
 STATE_FILE = "healthcheck.state"
 MAX_COUNT = 1_000_000  # runs in a row: a larger saved number is as good as this
@@ -101,25 +108,25 @@ def load(path: str) -> HcState:
 def load_either(path: str, fallback: str) -> HcState:
     """The state from ``fallback`` (the run dir) while it exists: it is written only when
     ``path`` (the state dir) cannot be, and removed once it can; else from ``path``."""
-    import contextlib
-
-    with contextlib.suppress(OSError):
+    try:
         if os.path.lexists(fallback):
             return load(fallback)
+    except OSError:
+        pass
     return load(path)
 
 
 def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
     """Save to ``path``, else to ``fallback``: (where it went or "", the error or "")."""
-    import contextlib
-
     try:
         save(path, state)
     except OSError as e:
         problem = f"cannot save {path}: {e.strerror or e}"
     else:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(fallback)
+        except FileNotFoundError:
+            pass
         return path, ""
     try:
         save(fallback, state)

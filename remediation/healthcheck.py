@@ -7,10 +7,10 @@ at most two bounded scontrol calls); a hung check is abandoned, not waited for; 
 never overlap (a flock); and slurmctld is asked nothing unless something must change.
 """
 
-import contextlib
+from __future__ import annotations
+
 import os
 import time
-from typing import List, NamedTuple, Optional, Tuple
 
 from ..core import engine
 from ..core.config import Config
@@ -21,6 +21,12 @@ from ..core.slurm_settings import settings as slurm_settings
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
 from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import List, NamedTuple, Optional, Tuple
+else:
+    from ..core.frozen import NamedTuple
 
 LOCK_NAME = "healthcheck"
 # Its own code, besides the checks' (runbook entry in README.md): the checks hung.
@@ -227,9 +233,11 @@ def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> 
         result = run_once(config, root, dry_run)
         if write and not dry_run:
             # The stored answer is a convenience for detached mode: never fatal.
-            with contextlib.suppress(OSError):
+            try:
                 detach.write_result(os.path.join(run_dir, detach.RESULT_FILE), result.rc,
                                     detach.boot_id(), "\n".join(result.lines))
+            except OSError:
+                pass
         return result
     finally:
         lock.release()

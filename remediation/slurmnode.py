@@ -10,7 +10,7 @@ and not-responding nodes are left alone. Every scontrol call is bounded; a failu
 reported, never fatal.
 """
 
-from typing import Callable, Optional, Sequence, Tuple
+from __future__ import annotations
 
 from ..core.config import Config
 from ..core.probes.slurm import (
@@ -22,8 +22,13 @@ from ..core.probes.slurm import (
     scontrol_argv,
 )
 
-# Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or why not.
-Breaker = Callable[[Sequence[SlurmNode]], str]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Callable, Optional, Sequence, Tuple
+
+    # Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or
+    # why not.
+    Breaker = Callable[[Sequence[SlurmNode]], str]
 
 # States where Slurm, or a person, owns what happens to the node next. NOT_RESPONDING is
 # not one: it comes and goes with slurmctld's pings (NHC ignores it too), and a node

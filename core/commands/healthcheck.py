@@ -8,11 +8,16 @@ when that must change. Exit status is the checks' state (0 OK ... 3 UNKNOWN): sl
 logs the output of a run that fails.
 """
 
-import argparse
+from __future__ import annotations
+
 import os
-from typing import Callable
 
 from .common import add_common, emit, load_config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # slurmd's runs parse their arguments by hand (cli.fast_args)
+    import argparse
+    from typing import Callable
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

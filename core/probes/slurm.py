@@ -20,16 +20,22 @@ time, so both wait on one deadline. slurmctld down or scontrol hanging is an err
 line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..context import Context, node_name
 from ..runner import Completed, Pending, child_env, run, wait_all
 from .hostlist import ParseError, split_top
 
-if TYPE_CHECKING:
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
     from ..config import Config
+else:
+    from ..frozen import NamedTuple
 
 SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
 JSON_SINCE = (23, 2)
@@ -361,15 +367,15 @@ def call(argv: Sequence[str], timeout_s: float, what: str,
     return answer(run(argv, timeout_s, env=env), what, timeout_s)
 
 
-def scontrol_argv(config: "Config", *args: str) -> List[str]:
+def scontrol_argv(config: Config, *args: str) -> List[str]:
     return [config.command("scontrol"), *args]
 
 
-def squeue_argv(config: "Config", node: str) -> List[str]:
+def squeue_argv(config: Config, node: str) -> List[str]:
     return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
 
 
-def read_node(config: "Config", node: str, timeout_s: float) -> SlurmNode:
+def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
     """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
     what = f"scontrol show node {node}"
     text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
@@ -379,7 +385,7 @@ def read_node(config: "Config", node: str, timeout_s: float) -> SlurmNode:
         raise SlurmError("parse", f"{what}: {e}") from None
 
 
-def read_nodes(config: "Config", timeout_s: float) -> Tuple[SlurmNode, ...]:
+def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
     """Every node slurmctld knows, by one bounded call (the health check's circuit
     breaker asks it once, just before a drain); SlurmError."""
     what = "scontrol show node"
@@ -390,7 +396,7 @@ def read_nodes(config: "Config", timeout_s: float) -> Tuple[SlurmNode, ...]:
         raise SlurmError("parse", f"{what}: {e}") from None
 
 
-def read_jobs(config: "Config", node: str, timeout_s: float) -> Dict[str, SlurmJob]:
+def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
     """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
     text = call(squeue_argv(config, node), timeout_s, "squeue")
     try:

@@ -122,3 +122,23 @@ def test_the_cycle_collector_stays_off_for_a_check_only(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert r.stdout.splitlines()[-1:] == ["False True"], r.stdout + r.stderr
+
+
+def test_slurmds_health_check_asks_for_nothing_heavy(tmp_path) -> None:
+    """What slurmd runs every few minutes (mps-health-healthcheck) takes the hand parser
+    and the fast path as a check does: a whole dry run over an empty --root (no Slurm
+    client on PATH: the node cannot be read, which is a line, not a failure)."""
+    code = ("import sys\n"
+            "for name in ('typing', 'argparse', 're', 'json', 'enum', 'secrets', 'random',\n"
+            "             'hashlib', 'threading', 'signal', 'importlib', 'contextlib',\n"
+            "             'subprocess', 'gettext'):\n"
+            "    sys.modules[name] = None\n"
+            "from mps_health.core.cli import main\n"
+            "sys.exit(main(['healthcheck', '--foreground', '--dry-run', '--root',\n"
+            f"                {str(tmp_path)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/nonexistent"})
+    out = r.stdout + r.stderr
+    assert "MPS-HC:" in out, out
+    for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError", "Traceback"):
+        assert failure not in out, out
