@@ -10,6 +10,7 @@ on the machine's speed:
   plain scripts (bin/) that import only their main;
 * `mps-health check` on a healthy node (one daemon answering);
 * `check_mps`, the Nagios plugin, on the same node, against `mps-health check`;
+* with --instructions, also `mps-health-healthcheck`, slurmd's HealthCheckProgram;
 * the check with a config file: given with --config (YAML parsed on every run), and as
   the default file /etc/mps-health/config.yaml, whose parsed form root's runs keep
   (core/configcache.py; /etc is an overlay of the bench's own namespace then);
@@ -201,6 +202,11 @@ def main() -> int:
     plugin = [plugin_entry] if plugin_entry else [args.python, "-m", "mps_health.core.commands.check_mps"]
     if not use_defaults:
         plugin += ["--config", str(config)]
+    # slurmd's HealthCheckProgram, as slurmd starts it (no arguments). There is no Slurm
+    # here: its scontrol call fails at once ("the node cannot be read"), in a child
+    # process valgrind does not count; the count is the health check's own Python.
+    hc_entry = shutil.which("mps-health-healthcheck", path=str(Path(args.python).parent))
+    healthcheck = [hc_entry] if hc_entry else [*base_cmd, "healthcheck"]
 
     subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
     time.sleep(0.5)
@@ -274,7 +280,8 @@ def main() -> int:
             counted = {name: instructions(argv, env, work / "valgrind") for name, argv in (
                 ("python3 -c pass", [args.python, "-c", "pass"]),
                 ("python3 -c 'import re'", [args.python, "-c", "import re"]),
-                ("mps-health check", check), ("check_mps", plugin))}
+                ("mps-health check", check), ("check_mps", plugin),
+                ("mps-health-healthcheck", healthcheck))}
             one = counted["python3 -c pass"]
             print("\ninstructions in user space (valgrind), ratio to python3 -c pass:")
             for name, n in counted.items():
