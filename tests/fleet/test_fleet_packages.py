@@ -36,7 +36,11 @@ def test_pipx_install(dists, tmp_path: Path) -> None:
     pipx = need("pipx")
     env = dict(os.environ, PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),
                PIPX_MAN_DIR=str(tmp_path / "man"))
-    r = _run([pipx, "install", "--system-site-packages", str(dists.wheel)], env=env)
+    # A venv of its own, its dependencies from the package index, as an admin's pipx does.
+    # (Not --system-site-packages: pipx then judges the package by the copy it finds last
+    # on that path, the test runner's own install of mps-health, whose commands are not in
+    # pipx's venv, and finds "no apps".)
+    r = _run([pipx, "install", str(dists.wheel)], env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # pipx links the commands onto PATH: mps-health, check_mps, mps-health-healthcheck.
     v = _run([str(tmp_path / "bin/mps-health"), "--version"])
