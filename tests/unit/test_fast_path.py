@@ -66,18 +66,26 @@ def test_a_heavy_import_is_caught() -> None:
     assert heavy_imports(["mps_health.core.snapshot"]).split()[0] in ("json", "importlib")
 
 
+def whole_run(argv, blocked, path: str) -> str:
+    """The output of ``mps-health ARGV`` in a fresh interpreter where importing any of
+    ``blocked`` fails, with ``path`` as PATH."""
+    code = ("import sys\n"
+            f"for name in {tuple(blocked)!r}:\n"
+            "    sys.modules[name] = None\n"
+            "from mps_health.core.cli import main\n"
+            f"sys.exit(main({list(argv)!r}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={"PATH": path})
+    return r.stdout + r.stderr
+
+
 def test_a_whole_default_check_asks_for_nothing_heavy(tmp_path) -> None:
     """A whole run (every lazy import included) over an empty --root, which writes
     nothing: a heavy import anywhere fails, and the engine would name it."""
-    code = ("import sys\n"
-            "for name in ('typing', 'argparse', 'secrets', 'random', 'hashlib', 'threading',\n"
-            "             'signal', 'importlib', 'contextlib', 're', 'json', 'enum'):\n"
-            "    sys.modules[name] = None\n"
-            "from mps_health.core.cli import main\n"
-            f"sys.exit(main(['check', '-v', '--root', {str(tmp_path)!r}]))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, env={"PATH": "/usr/bin:/bin"})
-    out = r.stdout + r.stderr
+    out = whole_run(["check", "-v", "--root", str(tmp_path)],
+                    ("typing", "argparse", "secrets", "random", "hashlib", "threading",
+                     "signal", "importlib", "contextlib", "re", "json", "enum"),
+                    "/usr/bin:/bin")
     assert "gathered:" in out, out
     for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError"):
         assert failure not in out, out
@@ -128,17 +136,11 @@ def test_slurmds_health_check_asks_for_nothing_heavy(tmp_path) -> None:
     """What slurmd runs every few minutes (mps-health-healthcheck) takes the hand parser
     and the fast path as a check does: a whole dry run over an empty --root (no Slurm
     client on PATH: the node cannot be read, which is a line, not a failure)."""
-    code = ("import sys\n"
-            "for name in ('typing', 'argparse', 're', 'json', 'enum', 'secrets', 'random',\n"
-            "             'hashlib', 'threading', 'signal', 'importlib', 'contextlib',\n"
-            "             'subprocess', 'gettext'):\n"
-            "    sys.modules[name] = None\n"
-            "from mps_health.core.cli import main\n"
-            "sys.exit(main(['healthcheck', '--foreground', '--dry-run', '--root',\n"
-            f"                {str(tmp_path)!r}]))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, env={"PATH": "/nonexistent"})
-    out = r.stdout + r.stderr
+    out = whole_run(["healthcheck", "--foreground", "--dry-run", "--root", str(tmp_path)],
+                    ("typing", "argparse", "re", "json", "enum", "secrets", "random",
+                     "hashlib", "threading", "signal", "importlib", "contextlib",
+                     "subprocess", "gettext"),
+                    "/nonexistent")
     assert "MPS-HC:" in out, out
     for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError", "Traceback"):
         assert failure not in out, out
