@@ -9,6 +9,8 @@ on the machine's speed:
   point imports before any of our code runs, for comparison: why the commands are
   plain scripts (bin/) that import only their main;
 * `mps-health check` on a healthy node (one daemon answering);
+* the same check with PYTHONDONTWRITEBYTECODE, which turns the kept compiled code off
+  (core/codecache.py): what finding and loading each module through Python costs;
 * `check_mps`, the Nagios plugin, on the same node, against `mps-health check`;
 * with --instructions, also `mps-health-healthcheck`, slurmd's HealthCheckProgram;
 * the check with a config file: given with --config (YAML parsed on every run), and as
@@ -183,6 +185,9 @@ def main() -> int:
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o777)
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
+    # A node's environment: with PYTHONDONTWRITEBYTECODE (set on some build and CI
+    # machines) the commands keep no compiled code of their own (core/codecache.py).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not args.real:
         client = build_fast_client(bindir)
         if client is None:
@@ -220,18 +225,27 @@ def main() -> int:
         # The same check with no site-packages processing at all (python -S -E, the
         # package's folder put on sys.path by hand): on an interpreter whose .pth files
         # are slow (a torch venv spends ~100 ms there), this is the check's own cost.
-        import mps_health
-
-        pkg_parent = str(Path(mps_health.__file__).resolve().parent.parent)
+        # (Where PYTHON's mps_health lives: not this interpreter's, which may differ.)
+        pkg_parent = subprocess.run(
+            [args.python, "-c", "import os, mps_health; "
+             "print(os.path.dirname(os.path.dirname(mps_health.__file__)))"],
+            env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
         bare_check = [args.python, "-S", "-E", "-c",
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
-                      "from mps_health.core.cli import main; rc = main(sys.argv[1:]); "
-                      "sys.stdout.flush(); os._exit(rc)", *check[1:]]
+                      "import gc; gc.disable(); from mps_health.core.codecache import serve; "
+                      "serve('mps-health'); from mps_health.core.cli import console_main; "
+                      "console_main()", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
+        rb = subprocess.run(bare_check, env=env, capture_output=True, text=True, timeout=60)
+        print(f"check under python3 -S -E: exit {rb.returncode}: "
+              f"{(rb.stdout.splitlines() or [rb.stderr])[0][:100]}")
         results: Dict[str, List[float]] = {"python": [], "isolated": [], "entry": [],
                                            "check": [],
                                            "bare": [], "core": [], "config": [], "audit": [],
-                                           "plugin": []}
+                                           "plugin": [], "nocode": []}
+        # The check with its compiled code not kept: PYTHONDONTWRITEBYTECODE turns the
+        # file off (core/codecache.py), so every module is found and loaded by Python.
+        env_nocode = dict(env, PYTHONDONTWRITEBYTECODE="1")
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
             results["isolated"] += timed([args.python, "-S", "-E", "-c", "pass"], env, 1)
@@ -240,6 +254,7 @@ def main() -> int:
             results["core"] += timed(core_only, env, 1)
             results["check"] += timed(check, env, 1)
             results["plugin"] += timed(plugin, env, 1)
+            results["nocode"] += timed(check, env_nocode, 1)
             results["config"] += timed(with_config, env, 1)
             results["audit"] += timed(["sh", str(audit)], env, 1)
         base = med(results["python"])
@@ -261,6 +276,9 @@ def main() -> int:
               f"{med(CPU[' '.join(py)]) * 1000:.1f} ms; import re: "
               f"{cpu_ratio([args.python, '-c', 'import re'], py)}; check: "
               f"{cpu_ratio(check, py)}")
+        nc = med(results["nocode"])
+        print(f"  ... its code not kept    {nc * 1000:7.1f} ms  ratio {nc / base:.2f} "
+              "(PYTHONDONTWRITEBYTECODE: every module found and loaded by Python)")
         n = med(results["plugin"])
         print(f"  check_mps                {n * 1000:7.1f} ms  ratio {n / c:.2f} against "
               f"mps-health check (goal <= 1.1; {spread(results['plugin'], results['check'])})")
@@ -277,11 +295,12 @@ def main() -> int:
         print(f"  hand audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
 
         if args.instructions and shutil.which("valgrind"):
-            counted = {name: instructions(argv, env, work / "valgrind") for name, argv in (
-                ("python3 -c pass", [args.python, "-c", "pass"]),
-                ("python3 -c 'import re'", [args.python, "-c", "import re"]),
-                ("mps-health check", check), ("check_mps", plugin),
-                ("mps-health-healthcheck", healthcheck))}
+            counted = {name: instructions(argv, e, work / "valgrind") for name, argv, e in (
+                ("python3 -c pass", [args.python, "-c", "pass"], env),
+                ("python3 -c 'import re'", [args.python, "-c", "import re"], env),
+                ("mps-health check", check, env), ("check_mps", plugin, env),
+                ("mps-health-healthcheck", healthcheck, env),
+                ("check, code not kept", check, env_nocode))}
             one = counted["python3 -c pass"]
             print("\ninstructions in user space (valgrind), ratio to python3 -c pass:")
             for name, n in counted.items():
@@ -296,14 +315,14 @@ def main() -> int:
             DEFAULT_CONFIG.parent.mkdir()
             DEFAULT_CONFIG.write_text(config.read_text())
             subprocess.run(check, env=env, capture_output=True, timeout=60)  # keeps it
-            kept = {"python": [], "check": []}
+            kept: Dict[str, List[float]] = {"python": [], "check": []}
             for _ in range(args.runs):
                 kept["python"] += timed([args.python, "-c", "pass"], env, 1)
                 kept["check"] += timed(check, env, 1)
-            d = med(kept["check"])
+            dc = med(kept["check"])
             print(f"\nwith the default config file (its parsed form kept), median of "
-                  f"{args.runs} runs:\n  mps-health check         {d * 1000:7.1f} ms  ratio "
-                  f"{d / med(kept['python']):.2f} against python3 -c pass "
+                  f"{args.runs} runs:\n  mps-health check         {dc * 1000:7.1f} ms  ratio "
+                  f"{dc / med(kept['python']):.2f} against python3 -c pass "
                   f"({spread(kept['check'], kept['python'])})")
             if args.instructions and shutil.which("valgrind"):
                 n = instructions(check, env, work / "valgrind")

@@ -137,6 +137,9 @@ def exit_now(code: int) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+    codecache = sys.modules.get("mps_health.core.codecache")  # loaded by the bin/ scripts
+    if codecache is not None:
+        codecache.save()  # only when this run imported something the cache lacked
     os._exit(code)
 
 

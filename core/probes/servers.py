@@ -248,12 +248,12 @@ def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> Serv
     return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
 
 
-def read_instance(ctx: Context, inst: Instance) -> InstanceServers:
+def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Optional[int]]
+                  ) -> InstanceServers:
+    """The servers of an instance whose daemon (pid, start ticks: ``read_daemon``) may run
+    some: asked of the daemon, one query at a time."""
     t0 = time.monotonic()
-    daemon_pid, daemon_start, busy = read_daemon(ctx, inst)
-    if not busy:
-        return InstanceServers("idle", "the control daemon has no server process",
-                               daemon_pid, daemon_start, (), time.monotonic() - t0)
+    daemon_pid, daemon_start = daemon
     timeout = ctx.config.control.timeout_s
     lock = control.pipe_lock(ctx, inst)
     if not lock.acquire(min(time.monotonic() + timeout, ctx.deadline)):
@@ -317,10 +317,22 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
     now = time.time()
     results: Dict[str, InstanceServers] = {}
 
-    def one(inst: Instance) -> None:
-        results[inst.name] = read_instance(ctx, inst)
+    def one(inst: Instance, daemon: Tuple[Optional[int], Optional[int]]) -> None:
+        results[inst.name] = read_instance(ctx, inst, daemon)
 
-    threads = [Background(one, i) for i in instances]
+    # The cheap tier here; a thread each only for instances whose daemon has servers,
+    # whose queries may wait on it. An idle node starts none: a thread reading two /proc
+    # files beside this one would only trade the GIL with it.
+    threads = []
+    for inst in instances:
+        t0 = time.monotonic()
+        daemon_pid, daemon_start, busy = read_daemon(ctx, inst)
+        if busy:
+            threads.append(Background(one, inst, (daemon_pid, daemon_start)))
+        else:
+            results[inst.name] = InstanceServers(
+                "idle", "the control daemon has no server process", daemon_pid,
+                daemon_start, (), time.monotonic() - t0)
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \

@@ -99,14 +99,16 @@ def effective_files(listing: Dict[str, List[str]]) -> List[str]:
     return [chosen[name] for name in sorted(chosen)]
 
 
-def _target(ctx: Context, path: str) -> Optional[str]:
+def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
     """Where to read ``path`` (under --root: a link's absolute target read in the tree
     too); None when it is a link to /dev/null, which masks a file of that name."""
     real = ctx.path(path)
+    if not is_link:  # the listing's d_type said so: no readlink (and its error) per file
+        return real
     try:
         link = os.readlink(real)
     except OSError:
-        return real  # not a link (or gone: the read says so)
+        return real  # no longer a link (or gone: the read says so)
     if link == "/dev/null":
         return None
     return ctx.path(link) if os.path.isabs(link) else os.path.join(os.path.dirname(real), link)
@@ -114,23 +116,31 @@ def _target(ctx: Context, path: str) -> Optional[str]:
 
 def gather(ctx: Context) -> TmpfilesFacts:
     listing: Dict[str, List[str]] = {}
+    links = set()
     for directory in SEARCH_DIRS:
         real = ctx.path(directory)
         if directory == "/lib/tmpfiles.d" and os.path.realpath(real) == os.path.realpath(
                 ctx.path("/usr/lib/tmpfiles.d")):
             continue  # merged /usr: the same directory twice
         try:
-            listing[directory] = [n for n in os.listdir(real) if n.endswith(".conf")]
+            with os.scandir(real) as entries:
+                names = []
+                for entry in entries:
+                    if entry.name.endswith(".conf"):
+                        names.append(entry.name)
+                        if entry.is_symlink():
+                            links.add(f"{directory}/{entry.name}")
         except OSError as e:  # out of fds: our trouble, not a missing dir
             raise_if_starved(e, f"list {real}")
             continue
+        listing[directory] = names
     if not listing:
         return TmpfilesFacts(False, (), ())
     files = effective_files(listing)
     rules: List[TmpfilesRule] = []
     errors: List[str] = []
     for path in files:
-        target = _target(ctx, path)
+        target = _target(ctx, path, path in links)
         if target is None:
             continue  # a symlink to /dev/null masks a file: nothing to read
         try:

@@ -1,0 +1,240 @@
+"""The compiled code of the modules the commands import, kept in one file.
+
+Python finds and loads each module on its own: a walk of the package's path, a stat of
+the source, an open, read and check of its ``.pyc``, a spec and a loader built, about
+0.27 M instructions before the module's body runs, and four to six system calls. A
+plain check imports some fifty modules of ours, so that alone was a quarter of what the
+check adds to starting Python. The scripts in ``bin/`` call ``serve`` first: it reads
+one file holding the compiled code of the modules earlier runs imported, and puts a
+finder in front of Python's own that serves ``mps_health`` modules from it.
+
+Each entry is checked against its source, as Python checks a ``.pyc`` but closer: the
+source's mtime in ns, size and inode, as this machine saw them when the entry was
+written (an upgrade writes new files). A module whose entry is missing or stale, and
+every other module, goes to Python's import system as usual. At the end of such a run
+(``save``, from ``cli.exit_now``) the file is written anew with what this run imported
+and what it held, where and when Python would write a ``.pyc``: beside the package's
+own ones, in ``__pycache__``, by a user who may write there (root's runs; a monitoring
+user's runs are served what root's wrote). All commands share the file: what one
+command imports, the others mostly import too.
+
+The file is trusted as the ``.pyc`` files beside it are, and a little less: it must be
+a regular file, not a link, owned by this user or root, writable by no one else, and
+under 64 MiB; anything else is ignored (Python's import then serves every module).
+``PYTHONDONTWRITEBYTECODE`` (or ``python -B``) turns it off: no file read or written.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+from .safefiles import open_regular, read_upto
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec as Spec
+    from types import CodeType, ModuleType
+    from typing import Dict, Optional, Sequence, Tuple
+
+    # name -> (path under the package, is a package, the source's (mtime ns, size,
+    #          inode), offset of its code in the file, its length)
+    Entry = Tuple[str, bool, Tuple[int, int, int], int, int]
+
+PACKAGE = "mps_health"
+PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT = 64 << 20
+FORMAT = 1
+# The spec type of every module (importlib.machinery.ModuleSpec without importing
+# importlib.machinery).
+ModuleSpec = type(sys.__spec__)
+
+
+def cache_path() -> Optional[str]:
+    """Where the file lives; None where this Python keeps no bytecode."""
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return None
+    opt = f".opt-{sys.flags.optimize}" if sys.flags.optimize else ""
+    return f"{PKG_DIR}/__pycache__/{PACKAGE}.{tag}{opt}.codes"
+
+
+def _magic() -> bytes:
+    """The bytecode's version, what a .pyc's first four bytes say (importlib.util's
+    MAGIC_NUMBER, without importing importlib.util)."""
+    bootstrap = sys.modules.get("_frozen_importlib_external")
+    magic = getattr(bootstrap, "MAGIC_NUMBER", None)
+    return magic if isinstance(magic, bytes) else sys.version.encode()
+
+
+class CodeFinder:
+    """A meta path finder and loader for the modules the file holds, while fresh."""
+
+    def __init__(self, path: str, index: Dict[str, Entry], data: bytes) -> None:
+        self.path = path
+        self.index = index
+        self.data = memoryview(data)
+        self.missed = False  # a module of ours came from Python's import system
+
+    def find_spec(self, name: str, path: Optional[Sequence[str]] = None,
+                  target: Optional[ModuleType] = None) -> Optional[Spec]:
+        if not name.startswith(PACKAGE):
+            return None
+        entry = self.index.get(name)
+        if entry is None or not _fresh(entry):
+            self.missed = True
+            return None
+        origin = f"{PKG_DIR}/{entry[0]}"
+        # (A loader by protocol, not by importlib.abc's base class: importing that costs.)
+        spec = ModuleSpec(name, self, origin=origin,  # type: ignore[arg-type]
+                          is_package=entry[1])
+        spec.has_location = True  # sets __file__, as for a module read from its file
+        if entry[1]:
+            spec.submodule_search_locations = [os.path.dirname(origin)]
+        return spec
+
+    def create_module(self, spec: Spec) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        entry = self.index[module.__name__]
+        try:
+            code = marshal.loads(self.data[entry[3]:entry[3] + entry[4]])
+        except (ValueError, EOFError, TypeError):  # damaged: compile it, write anew
+            self.missed = True
+            code = _compiled(f"{PKG_DIR}/{entry[0]}")[1]
+        exec(code, module.__dict__)
+
+    def kept(self, name: str) -> Optional[Tuple[str, bool, Tuple[int, int, int], bytes]]:
+        """What the file holds for module ``name``, if still fresh."""
+        entry = self.index.get(name)
+        if entry is None or not _fresh(entry):
+            return None
+        return (*entry[:3], bytes(self.data[entry[3]:entry[3] + entry[4]]))
+
+
+def _key(st: os.stat_result) -> Tuple[int, int, int]:
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _fresh(entry: Entry) -> bool:
+    try:
+        return _key(os.stat(f"{PKG_DIR}/{entry[0]}")) == entry[2]
+    except OSError:
+        return False
+
+
+def _compiled(origin: str) -> Tuple[os.stat_result, CodeType]:
+    """Our own source file's stat and code, as Python's import would compile it."""
+    with open(origin, "rb") as f:
+        st = os.fstat(f.fileno())
+        source = f.read()
+    return st, compile(source, origin, "exec", dont_inherit=True)
+
+
+def _read(path: str) -> Optional[bytes]:
+    """The file's bytes, if it may be trusted (see the module's doc)."""
+    try:
+        fd, st = open_regular(path)
+    except Exception:  # missing, a link, not a file, no fd left: Python's import serves
+        return None
+    try:
+        if st.st_mode & 0o022 or st.st_uid not in (0, os.geteuid()) or st.st_size > LIMIT:
+            return None
+        return read_upto(fd, LIMIT, st.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _load(path: str) -> Optional[Tuple[Dict[str, Entry], bytes]]:
+    """The file's index (offsets made absolute) and bytes; None unless whole and ours."""
+    data = _read(path)
+    if data is None or len(data) < 4:
+        return None
+    head = int.from_bytes(data[:4], "little")
+    try:
+        form, magic, index = marshal.loads(data[4:4 + head])
+    except (ValueError, EOFError, TypeError):
+        return None  # damaged: rewritten at the end of this run
+    if form != FORMAT or magic != _magic() or not isinstance(index, dict):
+        return None
+    base = 4 + head
+    out: Dict[str, Entry] = {}
+    for name, (rel, is_pkg, key, offset, length) in index.items():
+        if offset < 0 or length < 0 or base + offset + length > len(data):
+            return None
+        out[name] = (rel, is_pkg, key, base + offset, length)
+    return out, data
+
+
+def serve() -> None:
+    """Serve this package's modules from the file, as far as it is fresh. Nothing with
+    PYTHONDONTWRITEBYTECODE (or -B): the file is neither read nor written then."""
+    path = cache_path()
+    if path is None or sys.dont_write_bytecode:
+        return
+    try:
+        loaded = _load(path)
+    except Exception:  # whatever is wrong with the file, Python's import serves
+        loaded = None
+    index, data = loaded if loaded is not None else ({}, b"")
+    finder = CodeFinder(path, index, data)
+    finder.missed = loaded is None
+    sys.meta_path.insert(0, finder)
+
+
+def _finder() -> Optional[CodeFinder]:
+    for f in sys.meta_path:
+        if isinstance(f, CodeFinder):
+            return f
+    return None
+
+
+def save() -> None:
+    """Write the file anew when this run imported a module of ours it did not hold, and
+    this user may write there. Never raises: the file is only ever a speed-up."""
+    finder = _finder()
+    if finder is None or not finder.missed or sys.dont_write_bytecode:
+        return
+    parent = os.path.dirname(finder.path)
+    if not os.access(parent if os.path.isdir(parent) else PKG_DIR, os.W_OK):
+        return  # a monitoring user's run: compiling it all for nothing would cost more
+    try:
+        _write(finder)
+    except (OSError, ValueError, SyntaxError, MemoryError):
+        pass
+
+
+def _write(finder: CodeFinder) -> None:
+    codes: Dict[str, Tuple[str, bool, Tuple[int, int, int], bytes]] = {}
+    for name, module in list(sys.modules.items()):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if (name.partition(".")[0] != PACKAGE or not isinstance(origin, str)
+                or not origin.startswith(PKG_DIR + "/") or not origin.endswith(".py")):
+            continue
+        kept = finder.kept(name)
+        if kept is None:
+            st, code = _compiled(origin)
+            kept = (origin[len(PKG_DIR) + 1:], origin.endswith("/__init__.py"), _key(st),
+                    marshal.dumps(code))
+        codes[name] = kept
+    for name in finder.index:  # what other runs imported, still fresh
+        if name not in codes:
+            kept = finder.kept(name)
+            if kept is not None:
+                codes[name] = kept
+    index: Dict[str, Entry] = {}
+    offset = 0
+    for name in sorted(codes):
+        rel, is_pkg, key, marshalled = codes[name]
+        index[name] = (rel, is_pkg, key, offset, len(marshalled))
+        offset += len(marshalled)
+    head = marshal.dumps((FORMAT, _magic(), index))
+    body = b"".join(codes[name][3] for name in sorted(codes))
+    from .safefiles import write_atomic
+
+    os.makedirs(os.path.dirname(finder.path), exist_ok=True)
+    write_atomic(finder.path, len(head).to_bytes(4, "little") + head + body)
