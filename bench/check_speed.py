@@ -222,6 +222,11 @@ def main() -> int:
         rp = subprocess.run(plugin, env=env, capture_output=True, text=True, timeout=60)
         print(f"check_mps on the healthy node: exit {rp.returncode}: "
               f"{(rp.stdout.splitlines() or [rp.stderr])[0][:100]}")
+        # Each command once before it is measured, as on a node after its first run: a
+        # first run writes the kept compiled code of what it imported (core/codecache.py).
+        rh = subprocess.run(healthcheck, env=env, capture_output=True, text=True, timeout=60)
+        print(f"mps-health-healthcheck (no Slurm here): exit {rh.returncode}: "
+              f"{(rh.stdout.splitlines() or [rh.stderr])[0][:100]}")
         # The same check with no site-packages processing at all (python -S -E, the
         # package's folder put on sys.path by hand): on an interpreter whose .pth files
         # are slow (a torch venv spends ~100 ms there), this is the check's own cost.
@@ -233,7 +238,7 @@ def main() -> int:
         bare_check = [args.python, "-S", "-E", "-c",
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
                       "import gc; gc.disable(); from mps_health.core.codecache import serve; "
-                      "serve('mps-health'); from mps_health.core.cli import console_main; "
+                      "serve(); from mps_health.core.cli import console_main; "
                       "console_main()", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
         rb = subprocess.run(bare_check, env=env, capture_output=True, text=True, timeout=60)

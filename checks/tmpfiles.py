@@ -26,9 +26,13 @@ AGING_TYPES = frozenset("dDevqQ")
 GLOB = "*?["
 
 
+def _literal(pattern: str) -> bool:
+    return "*" not in pattern and "?" not in pattern and "[" not in pattern
+
+
 def path_match(pattern: str, path: str) -> bool:
     """fnmatch with FNM_PATHNAME: '*' never crosses a '/'."""
-    if not any(c in pattern for c in GLOB):
+    if _literal(pattern):
         return pattern.rstrip("/") == path.rstrip("/")
     pat_parts = pattern.rstrip("/").split("/")
     path_parts = path.rstrip("/").split("/")
@@ -54,24 +58,36 @@ def _ancestors_and_self(path: str) -> Tuple[str, ...]:
     return tuple("/".join(parts[:i]) or "/" for i in range(2, len(parts) + 1))
 
 
+class _Paths:
+    """Paths one rule after another is matched against: a rule without a wildcard (most
+    of them) is one set lookup, not a match per path."""
+
+    def __init__(self, paths: Tuple[str, ...]) -> None:
+        self.paths = paths
+        self.plain = frozenset(p.rstrip("/") for p in paths)
+
+    def any_match(self, pattern: str) -> bool:
+        if _literal(pattern):
+            return pattern.rstrip("/") in self.plain
+        return any(path_match(pattern, p) for p in self.paths)
+
+
 def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
     """The rule that would age ``path`` (a rule with an age on one of its parents)."""
-    parents = _ancestors_and_self(path)[:-1] or ("/",)
+    parents = _Paths(_ancestors_and_self(path)[:-1] or ("/",))
     for rule in rules:
         if rule.type in AGING_TYPES and rule.age not in ("-", "", "0") \
-                and any(path_match(rule.path, p) for p in parents):
+                and parents.any_match(rule.path):
             return rule
     return None
 
 
 def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
     lower_x = [r.path for r in rules if r.type == "x"]
-    upper_x = [r.path for r in rules if r.type == "X"]
-    whole = any(path_match(p, a) for p in lower_x for a in _ancestors_and_self(path))
-    if whole:
-        return True
-    contents = any(path_match(p, path + "/control") for p in lower_x)
-    itself = any(path_match(p, path) for p in upper_x)
+    if any(map(_Paths(_ancestors_and_self(path)).any_match, lower_x)):
+        return True  # the dir or a parent, with everything under it
+    contents = any(map(_Paths((path + "/control",)).any_match, lower_x))
+    itself = any(map(_Paths((path,)).any_match, [r.path for r in rules if r.type == "X"]))
     return contents and itself
 
 

@@ -36,7 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec as Spec
     from types import CodeType, ModuleType
-    from typing import Dict, Optional, Sequence, Tuple
+    from typing import Dict, List, Optional, Sequence, Tuple
 
     # name -> (path under the package, is a package, the source's (mtime ns, size,
     #          inode), offset of its code in the file, its length)
@@ -68,6 +68,9 @@ def _magic() -> bytes:
     return magic if isinstance(magic, bytes) else sys.version.encode()
 
 
+_CODE = type(_magic.__code__)  # types.CodeType, without importing types
+
+
 class CodeFinder:
     """A meta path finder and loader for the modules the file holds, while fresh."""
 
@@ -79,7 +82,7 @@ class CodeFinder:
 
     def find_spec(self, name: str, path: Optional[Sequence[str]] = None,
                   target: Optional[ModuleType] = None) -> Optional[Spec]:
-        if not name.startswith(PACKAGE):
+        if name.partition(".")[0] != PACKAGE:
             return None
         entry = self.index.get(name)
         if entry is None or not _fresh(entry):
@@ -101,8 +104,11 @@ class CodeFinder:
         entry = self.index[module.__name__]
         try:
             code = marshal.loads(self.data[entry[3]:entry[3] + entry[4]])
+            if type(code) is not _CODE:
+                raise ValueError("not code")
         except (ValueError, EOFError, TypeError):  # damaged: compile it, write anew
             self.missed = True
+            del self.index[module.__name__]
             code = _compiled(f"{PKG_DIR}/{entry[0]}")[1]
         exec(code, module.__dict__)
 
@@ -199,6 +205,8 @@ def save() -> None:
     finder = _finder()
     if finder is None or not finder.missed or sys.dont_write_bytecode:
         return
+    if all(finder.kept(name) is not None for name, _ in _ours()):
+        return  # what was missed is no module of ours (an import that failed)
     parent = os.path.dirname(finder.path)
     if not os.access(parent if os.path.isdir(parent) else PKG_DIR, os.W_OK):
         return  # a monitoring user's run: compiling it all for nothing would cost more
@@ -208,13 +216,20 @@ def save() -> None:
         pass
 
 
-def _write(finder: CodeFinder) -> None:
-    codes: Dict[str, Tuple[str, bool, Tuple[int, int, int], bytes]] = {}
+def _ours() -> List[Tuple[str, str]]:
+    """(name, source file) of each module of this package the run imported."""
+    found = []
     for name, module in list(sys.modules.items()):
         origin = getattr(getattr(module, "__spec__", None), "origin", None)
-        if (name.partition(".")[0] != PACKAGE or not isinstance(origin, str)
-                or not origin.startswith(PKG_DIR + "/") or not origin.endswith(".py")):
-            continue
+        if (name.partition(".")[0] == PACKAGE and isinstance(origin, str)
+                and origin.startswith(PKG_DIR + "/") and origin.endswith(".py")):
+            found.append((name, origin))
+    return found
+
+
+def _write(finder: CodeFinder) -> None:
+    codes: Dict[str, Tuple[str, bool, Tuple[int, int, int], bytes]] = {}
+    for name, origin in _ours():
         kept = finder.kept(name)
         if kept is None:
             st, code = _compiled(origin)

@@ -361,9 +361,9 @@ def _parse_yaml(text: str, path: str) -> Any:
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:
-    import importlib
+    from .registry import module_named
 
-    owner = importlib.import_module(module, "mps_health")
+    owner = module_named(module)
     return {s.name: s for s in getattr(owner, "SECTIONS", ())}
 
 

@@ -1,4 +1,10 @@
-"""The default config file's parsed form, kept so that a check need not import PyYAML.
+"""Parsed forms of configuration files, kept so that a check need not parse them again.
+
+Two users: the default config file (below) and the systemd-tmpfiles.d files
+(``probes.tmpfiles``: eighteen files of some 300 lines on a Debian node, parsed on every
+check for rules that change when a package is installed). ``read_kept``/``keep`` hold
+the rules both follow; each caller says what its data was read from (its key) and when
+that still holds.
 
 ``import yaml`` compiles the regular expressions of PyYAML's resolver: about 100 M
 instructions, three times what starting the interpreter costs, on every check of a node
@@ -23,11 +29,11 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Optional
+    from typing import Any, Callable, List, Optional
 
 CACHE = "/run/mps-health/config.json"
 MAX_BYTES = 8 << 20  # a config of 1 MiB whose aliases expand a little still fits
-FORMAT = 1
+FORMAT = 2  # {"format", "key", "data"}
 
 
 def identity(st: os.stat_result) -> List[int]:
@@ -40,10 +46,17 @@ def _root_only(st: os.stat_result) -> bool:
 
 def lookup(path: str, st: os.stat_result) -> Optional[Any]:
     """The data kept for ``path`` as ``st`` describes it; None when there is none."""
+    key = [path, identity(st)]
+    return read_kept(CACHE, lambda kept: kept == key)
+
+
+def read_kept(cache: str, fresh: Callable[[Any], bool]) -> Optional[Any]:
+    """The data kept in ``cache`` when ``fresh`` says its key (what the data was read from,
+    as it was then) still holds; None when there is none, or it is not root's alone."""
     from . import jsontext
     from .safefiles import open_regular, read_upto
 
-    directory, name = os.path.split(CACHE)
+    directory, name = os.path.split(cache)
     try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -63,7 +76,7 @@ def lookup(path: str, st: os.stat_result) -> Optional[Any]:
     finally:
         os.close(dfd)
     if not isinstance(kept, dict) or kept.get("format") != FORMAT \
-            or kept.get("path") != path or kept.get("file") != identity(st):
+            or not fresh(kept.get("key")):
         return None
     return kept.get("data")
 
@@ -86,17 +99,21 @@ def _plain(value: Any) -> bool:
 
 def remember(path: str, st: os.stat_result, data: Any) -> None:
     """Keep ``data``, parsed from ``path`` as ``st`` describes it, if root and it can."""
+    keep(CACHE, [path, identity(st)], data)
+
+
+def keep(cache: str, key: Any, data: Any) -> None:
+    """Keep ``data`` in ``cache`` under ``key``, if root and JSON holds it as it is."""
     if os.geteuid() != 0 or not _plain(data):
         return
     from . import jsontext
     from .safefiles import write_atomic
 
     try:
-        text = jsontext.dumps({"format": FORMAT, "path": path, "file": identity(st),
-                               "data": data})
+        text = jsontext.dumps({"format": FORMAT, "key": key, "data": data})
         if len(text) > MAX_BYTES:
             return
-        os.makedirs(os.path.dirname(CACHE), mode=0o755, exist_ok=True)
-        write_atomic(CACHE, text.encode(), mode=0o644)
+        os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+        write_atomic(cache, text.encode(), mode=0o644)
     except (OSError, ValueError, TypeError, RecursionError):
-        pass  # no cache: the next run parses the file again
+        pass  # nothing kept: the next run reads the files again

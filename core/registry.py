@@ -63,12 +63,10 @@ SITE_SECTIONS: Dict[str, str] = {}  # config section -> the site module declarin
 
 def load_site_module(module: str) -> None:
     """Import a site check module named in ``checks.modules``; Invalid says what failed."""
-    import importlib
-
     from .schema import Invalid, shown
 
     try:
-        mod = importlib.import_module(module)
+        mod = module_named(module)
     except Exception as e:  # a site's bug or a missing package: one line, exit 3
         first = (str(e).strip().splitlines() or [""])[0]
         raise Invalid(f"cannot import {shown(module)}: {type(e).__name__}: "
@@ -81,13 +79,17 @@ def load_site_module(module: str) -> None:
         SITE_SECTIONS[section.name] = module
 
 
+def module_named(name: str):  # -> the module, imported if it was not
+    """importlib.import_module(name, "mps_health") without importing importlib (and the
+    warnings it imports, a millisecond of every run that reads a config file)."""
+    name = "mps_health" + name if name[:1] == "." else name  # relative to the package
+    __import__(name)
+    return sys.modules[name]
+
+
 def load(target: str):  # -> the object named "module:attr"
     module, _, attr = target.partition(":")
-    module = "mps_health" + module if module[:1] == "." else module  # relative
-    # importlib.import_module without importing importlib (and the warnings it imports):
-    # the same for an absolute name.
-    __import__(module)
-    return getattr(sys.modules[module], attr)
+    return getattr(module_named(module), attr)
 
 
 # --- fact sources -----------------------------------------------------------------

@@ -98,14 +98,15 @@ def test_an_edited_module_is_read_from_its_source_and_the_file_rewritten(site: P
     assert "VALUE 22 44" in again and len(served(again)) == 3
 
 
-def test_damaged_code_is_compiled_from_source(site: Path) -> None:
+@pytest.mark.parametrize("junk", [b"\xff", marshal.dumps(42)])  # not marshal; not code
+def test_damaged_code_is_compiled_from_source(site: Path, junk: bytes) -> None:
     run(site)
     data = bytearray(cache(site).read_bytes())
     head = int.from_bytes(data[:4], "little")
     _, _, index = marshal.loads(bytes(data[4:4 + head]))
     offset, length = index["mps_health.demo"][3:]
     start = 4 + head + offset
-    data[start:start + length] = b"\xff" * length  # not marshal data
+    data[start:start + length] = (junk * length)[:length]
     cache(site).write_bytes(bytes(data))
     out = run(site)
     assert "VALUE 1 2" in out and len(served(out)) == 3

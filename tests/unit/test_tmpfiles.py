@@ -1,5 +1,7 @@
 """tmpfiles: parsing as systemd does, /etc > /run > /usr/lib, and the guard verdict."""
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,73 @@ def test_glob_shortcut_matches_as_fnmatch_does(pattern: str) -> None:
 def test_a_line_without_quotes_splits_as_the_quote_aware_splitter_does(line) -> None:
     """Lines without quotes take str.split: the same fields, for any whitespace."""
     assert tmpfiles.split_line(line) == line.split() == tmpfiles._split_quoted(line)
+
+
+@pytest.mark.parametrize("paths", [("/",), ("/tmp",), ("/tmp", "/tmp/nvidia-mps"),
+                                   ("/tmp/nvidia-mps/control",), ("/x[y", "/tmp/")])
+def test_matching_against_a_set_of_paths_is_matching_each(paths) -> None:
+    patterns = ["/"] + ["/" + "/".join(p) + tail for tail in ("", "/")
+                        for p in [(a,) for a in PATTERN_PARTS]
+                        + [(a, b) for a in PATTERN_PARTS[:7] for b in PATTERN_PARTS]]
+    many = guard._Paths(paths)
+    for pattern in patterns:
+        assert many.any_match(pattern) == any(guard.path_match(pattern, p) for p in paths), \
+            (pattern, paths)
+
+
+@pytest.fixture
+def kept_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Search dirs and a run dir of the test's own; the kept form is root's."""
+    if os.geteuid() != 0:
+        pytest.skip("the kept form is root's (run as root)")
+    tmp_path.chmod(0o755)
+    etc, usr = tmp_path / "etc.d", tmp_path / "usr.d"
+    etc.mkdir()
+    usr.mkdir()
+    (usr / "tmp.conf").write_text(RHEL)
+    monkeypatch.setattr(tmpfiles, "SEARCH_DIRS", (str(etc), str(tmp_path / "none.d"), str(usr)))
+    ctx = Context(from_mapping({"run_dir": str(tmp_path / "run")}, None))
+    return ctx, etc, usr, tmp_path / "run" / tmpfiles.KEPT
+
+
+def gathered_without_reading(ctx, monkeypatch: pytest.MonkeyPatch):
+    """tmpfiles.gather with read_all failing: the kept form must answer."""
+    def no(*a, **k):
+        raise AssertionError("read the files again")
+
+    with monkeypatch.context() as m:
+        m.setattr(tmpfiles, "read_all", no)
+        return tmpfiles.gather(ctx)
+
+
+def test_the_parsed_rules_are_kept_until_a_file_or_a_dir_changes(kept_site, monkeypatch) -> None:
+    ctx, etc, usr, kept = kept_site
+    first = tmpfiles.gather(ctx)
+    assert kept.is_file() and kept.stat().st_mode & 0o777 == 0o644
+    assert first.rules and gathered_without_reading(ctx, monkeypatch) == first
+    # A file edited in place (same size): read again.
+    (usr / "tmp.conf").write_text(RHEL.replace("10d", "11d"))
+    edited = tmpfiles.gather(ctx)
+    assert edited != first and "11d" in [r.age for r in edited.rules]
+    assert gathered_without_reading(ctx, monkeypatch) == edited
+    # A file added to a search dir (the dir's entries change): read again.
+    (etc / "nvidia-mps.conf").write_text("x /tmp/nvidia-mps\n")
+    added = tmpfiles.gather(ctx)
+    assert "/tmp/nvidia-mps" in [r.path for r in added.rules]
+    assert gathered_without_reading(ctx, monkeypatch) == added
+    # A --root run neither uses nor writes it.
+    assert tmpfiles.gather(ctx._replace(root=str(etc))).files == ()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("rules", [["x", 1]]), ("rules", 5), ("rules", [["f", "1", "x", "/tmp", "-"]]),
+    ("available", 1), ("files", [3]), ("errors", None)])
+def test_a_damaged_kept_form_is_read_again(kept_site, field: str, value) -> None:
+    ctx, _, _, kept = kept_site
+    first = tmpfiles.gather(ctx)
+    whole = json.loads(kept.read_text())
+    good = json.dumps(whole["data"])
+    whole["data"][field] = value
+    kept.write_text(json.dumps(whole))
+    assert tmpfiles.gather(ctx) == first
+    assert json.dumps(json.loads(kept.read_text())["data"]) == good  # kept anew
