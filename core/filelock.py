@@ -35,7 +35,9 @@ class FileLock:
     def wait(self, deadline: float, what: str = "") -> bool:
         """Take the lock by ``deadline`` (monotonic); False if it is still held then.
         OSError if the lock file cannot be made. ``what`` is written for waiters to read."""
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):  # (makedirs raises and catches when it exists)
+            os.makedirs(parent, mode=0o755, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:

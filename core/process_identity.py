@@ -72,8 +72,10 @@ def role_of(cmdline: Sequence[str]) -> str:
 
 
 def _binary(path: str) -> Optional[Binary]:
+    if not os.access(path, os.F_OK):  # most PATH entries have none: no OSError to build
+        return None
     try:
-        st = os.stat(path)  # the file exec would run; most PATH entries have none
+        st = os.stat(path)  # the file exec would run
         real = os.path.realpath(path)  # (an lstat per part of the path: only for those)
     except OSError:
         return None
