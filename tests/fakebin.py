@@ -89,8 +89,12 @@ def fake_bin(fast_client: bool = False) -> Path:
         for name in NAMES:
             script = FAKES / name
             fast = variant if name == NAMES[0] else []
+            linked = flags
+            if fast:  # the C client: libpython opened for the daemon modes only
+                linked = [f for f in flags if not f.startswith("-lpython")]
+                fast = [*fast, f'-DLIBPYTHON="{libpython.name}"']
             subprocess.run([cc, "-O1", "-o", str(work / name), str(SOURCE), *fast,
-                            f'-DFAKE="{script}"', f'-DPYHOME="{home}"', *flags,
+                            f'-DFAKE="{script}"', f'-DPYHOME="{home}"', *linked,
                             "-Wl,-rpath,$ORIGIN"],
                            check=True, capture_output=True, text=True, timeout=120)
         work.chmod(0o755)

@@ -11,7 +11,8 @@
  * With -DFAST_CLIENT (benchmarks: tests/fakebin.py fake_bin(fast_client=True)), the
  * control binary is the client in C when started without -d, -f or -h, so a query costs
  * what the real (C) client costs, not a Python start-up; same protocol as the fake's
- * client: one command per connection, the answer until EOF.
+ * client: one command per connection, the answer until EOF. That build is not linked
+ * with libpython (-DLIBPYTHON names it; the daemon modes open it).
  *
  * Build (tests/fakebin.py does it): cc -o nvidia-cuda-mps-control launcher.c
  *   -DFAKE='"/path/to/tests/fakes/nvidia-cuda-mps-control"' -DPYHOME='"/usr"'
@@ -29,6 +30,49 @@
 
 #if !defined(FAKE) || !defined(PYHOME)
 #error "define FAKE (the fake script) and PYHOME (the interpreter's prefix)"
+#endif
+
+#ifdef FAST_CLIENT
+/* The client must cost what a plain C client costs (the real one is one): this build is
+ * not linked with libpython, which would be loaded and relocated on every query (about
+ * a millisecond and 350 page faults); the daemon modes open it (LIBPYTHON, beside this
+ * binary, as the linked build finds it through its rpath) and call it through these. */
+#include <dlfcn.h>
+#define PY_FUNCTIONS(X) X(PyConfig_InitPythonConfig) X(PyConfig_SetBytesString) \
+    X(PyConfig_SetBytesArgv) X(Py_InitializeFromConfig) X(PyConfig_Clear) X(Py_RunMain) \
+    X(PyStatus_Exception) X(PyStatus_IsExit) X(Py_ExitStatusException)
+#define DECLARE(f) static __typeof__(f) *p_##f;
+PY_FUNCTIONS(DECLARE)
+
+static int open_python(const char *self) {
+    char lib[PATH_MAX];
+    const char *slash = strrchr(self, '/');
+    if (!slash || snprintf(lib, sizeof lib, "%.*s/%s", (int)(slash - self), self,
+                           LIBPYTHON) >= (int)sizeof lib)
+        return -1;
+    /* RTLD_GLOBAL: the standard library's extension modules take their Py* symbols
+     * from the process, as from a binary linked with libpython. A copy elsewhere (the
+     * benchmark's bin dir) takes the system's, as the linked build's rpath would. */
+    void *python = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!python)
+        python = dlopen(LIBPYTHON, RTLD_NOW | RTLD_GLOBAL);
+    if (!python) {
+        fprintf(stderr, "%s\n", dlerror());
+        return -1;
+    }
+#define LOAD(f) if (!(p_##f = (__typeof__(f) *)dlsym(python, #f))) return -1;
+    PY_FUNCTIONS(LOAD)
+    return 0;
+}
+#define PyConfig_InitPythonConfig p_PyConfig_InitPythonConfig
+#define PyConfig_SetBytesString p_PyConfig_SetBytesString
+#define PyConfig_SetBytesArgv p_PyConfig_SetBytesArgv
+#define Py_InitializeFromConfig p_Py_InitializeFromConfig
+#define PyConfig_Clear p_PyConfig_Clear
+#define Py_RunMain p_Py_RunMain
+#define PyStatus_Exception p_PyStatus_Exception
+#define PyStatus_IsExit p_PyStatus_IsExit
+#define Py_ExitStatusException p_Py_ExitStatusException
 #endif
 
 static int fail(PyConfig *config, PyStatus status) {
@@ -82,6 +126,10 @@ int main(int argc, char **argv) {
     if (args == NULL || n <= 0)
         return 1;
     self[n] = '\0';
+#ifdef FAST_CLIENT
+    if (open_python(self) != 0)
+        return 1;
+#endif
     args[0] = argv[0];
     args[1] = FAKE;
     for (int i = 1; i < argc; i++)
