@@ -24,9 +24,10 @@ from ..core.config import Config
 from ..core.facts import Facts, Instance
 from ..core.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from ..core.printable import escape
-from ..core.probes.clientinfo import SECTION, ClientsConfig
 from ..core.probes.jobs import JobsFacts, gres_count
 from ..core.probes.proc import DEFAULT_PIPE_DIR
+from ..core.probes.sections import CLIENTS as SECTION
+from ..core.probes.sections import ClientsConfig
 from ..core.probes.slurm import SlurmJob
 from ..core.results import UNKNOWN, WARNING, Result, ok
 

@@ -62,7 +62,7 @@ SECTIONS = {
     "healthcheck": ".remediation.settings",
     "remediation": ".remediation.settings",
     "exporter": ".exporters.settings",
-    "clients": ".core.probes.clientinfo",
+    "clients": ".core.probes.sections",
 }
 
 # Keys that once had a twin: one key per concept now, the old name is refused with a hint.

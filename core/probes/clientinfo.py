@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import os
 
-from ..schema import Invalid, Record, Section, custom, number, shown, whole
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+    from typing import Dict, List, NamedTuple, Optional, Tuple
 else:
     from ..frozen import NamedTuple
 
@@ -37,26 +35,6 @@ UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 class ParseError(ValueError):
     pass
-
-
-def _optional_flag(value: Any) -> Optional[bool]:
-    if value is not None and not isinstance(value, bool):
-        raise Invalid(f"must be true, false or null (got {shown(value)})")
-    return value
-
-
-class ClientsConfig(Record):
-    """The ``clients`` section (checks/clients.py; docs/clients.md)."""
-
-    # The MPS limit of client contexts per GPU on Volta and newer (NVIDIA's MPS guide).
-    max_contexts_per_device: int = whole(48, low=1, high=1024)
-    contexts_warn_ratio: float = number(0.9, low=0.01, high=1.0)  # clients-near-cap from here
-    # server-spans-gpus: None = when mps.layout is per-gpu.
-    per_gpu_isolation: Optional[bool] = custom(None, _optional_flag)
-
-
-SECTION = Section("clients", ClientsConfig)
-SECTIONS = (SECTION,)
 
 
 class PsRow(NamedTuple):

@@ -1,4 +1,4 @@
-"""The config sections of the servers, logs and canary probes.
+"""The config sections of the servers, logs, canary and clients facts.
 
 Declared here, apart from the probes themselves, so that validating a config file (which
 checks every section, whatever command runs) imports none of the probes: the Slurm
@@ -9,6 +9,10 @@ probes and checks read them with ``config.get(SERVERS)`` and so on.
 from __future__ import annotations
 
 from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class ServersConfig(Record):
@@ -37,7 +41,24 @@ class CanaryConfig(Record):
     alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
 
 
+def _optional_flag(value: Any) -> Optional[bool]:
+    if value is not None and not isinstance(value, bool):
+        raise Invalid(f"must be true, false or null (got {shown(value)})")
+    return value
+
+
+class ClientsConfig(Record):
+    """The ``clients`` section (checks/clients.py; docs/clients.md)."""
+
+    # The MPS limit of client contexts per GPU on Volta and newer (NVIDIA's MPS guide).
+    max_contexts_per_device: int = whole(48, low=1, high=1024)
+    contexts_warn_ratio: float = number(0.9, low=0.01, high=1.0)  # clients-near-cap from here
+    # server-spans-gpus: None = when mps.layout is per-gpu.
+    per_gpu_isolation: Optional[bool] = custom(None, _optional_flag)
+
+
 SERVERS = Section("servers", ServersConfig)
 LOGS = Section("logs", LogsConfig)
 CANARY = Section("canary", CanaryConfig)
-SECTIONS = (SERVERS, LOGS, CANARY)
+CLIENTS = Section("clients", ClientsConfig)
+SECTIONS = (SERVERS, LOGS, CANARY, CLIENTS)
