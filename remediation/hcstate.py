@@ -8,7 +8,6 @@ says whether slurmctld must be asked anything at all. Most runs ask nothing.
 
 from __future__ import annotations
 
-import math
 import os
 
 from ..core.results import CRITICAL, OK, UNKNOWN, WARNING
@@ -154,7 +153,10 @@ def parse(text: str) -> HcState:
         return HcState(known=False)
     # NaN or inf would switch the recheck off for good (every comparison with it is
     # false): a time we cannot trust means "never verified", so the next run reads the node.
-    if not math.isfinite(state.verified_at) or state.verified_at < 0:
+    # (Not math.isfinite: math is a shared library to load on many builds; NaN is the
+    # one value unequal to itself.)
+    t = state.verified_at
+    if t != t or t in (float("inf"), float("-inf")) or t < 0:
         return state._replace(verified_at=0.0)
     return state
 

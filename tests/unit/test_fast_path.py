@@ -139,7 +139,7 @@ def test_slurmds_health_check_asks_for_nothing_heavy(tmp_path) -> None:
     out = whole_run(["healthcheck", "--foreground", "--dry-run", "--root", str(tmp_path)],
                     ("typing", "argparse", "re", "json", "enum", "secrets", "random",
                      "hashlib", "threading", "signal", "importlib", "contextlib",
-                     "subprocess", "gettext"),
+                     "subprocess", "gettext", "math"),
                     "/nonexistent")
     assert "MPS-HC:" in out, out
     for failure in ("ImportError", "ModuleNotFoundError", "halted", "NameError", "Traceback"):
