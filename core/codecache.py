@@ -84,10 +84,10 @@ class CodeFinder:
                   target: Optional[ModuleType] = None) -> Optional[Spec]:
         if name.partition(".")[0] != PACKAGE:
             return None
-        entry = self.index.get(name)
-        if entry is None or not _fresh(entry):
+        if not self.fresh(name):
             self.missed = True
             return None
+        entry = self.index[name]
         origin = f"{PKG_DIR}/{entry[0]}"
         # (A loader by protocol, not by importlib.abc's base class: importing that costs.)
         spec = ModuleSpec(name, self, origin=origin,  # type: ignore[arg-type]
@@ -112,11 +112,16 @@ class CodeFinder:
             code = _compiled(f"{PKG_DIR}/{entry[0]}")[1]
         exec(code, module.__dict__)
 
+    def fresh(self, name: str) -> bool:
+        """Does the file hold module ``name`` as its source is now?"""
+        entry = self.index.get(name)
+        return entry is not None and _fresh(entry)
+
     def kept(self, name: str) -> Optional[Tuple[str, bool, Tuple[int, int, int], bytes]]:
         """What the file holds for module ``name``, if still fresh."""
-        entry = self.index.get(name)
-        if entry is None or not _fresh(entry):
+        if not self.fresh(name):
             return None
+        entry = self.index[name]
         return (*entry[:3], bytes(self.data[entry[3]:entry[3] + entry[4]]))
 
 
@@ -203,13 +208,13 @@ def save() -> None:
     """Write the file anew when this run imported a module of ours it did not hold, and
     this user may write there. Never raises: the file is only ever a speed-up."""
     finder = _finder()
-    if finder is None or not finder.missed or sys.dont_write_bytecode:
+    if finder is None or not finder.missed:
         return
-    if all(finder.kept(name) is not None for name, _ in _ours()):
-        return  # what was missed is no module of ours (an import that failed)
     parent = os.path.dirname(finder.path)
     if not os.access(parent if os.path.isdir(parent) else PKG_DIR, os.W_OK):
         return  # a monitoring user's run: compiling it all for nothing would cost more
+    if all(finder.fresh(name) for name, _ in _ours()):
+        return  # what was missed is no module of ours (an import that failed)
     try:
         _write(finder)
     except (OSError, ValueError, SyntaxError, MemoryError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from ..configcache import identity, keep, read_kept
 from ..context import Context
 from ..facts import TmpfilesFacts, TmpfilesRule
 from ..resources import raise_if_starved
@@ -130,8 +131,6 @@ def gather(ctx: Context) -> TmpfilesFacts:
     a file read (its content) changed since, else read and parsed, and kept anew."""
     if ctx.read_only:  # a --root tree: read it, keep nothing
         return read_all(ctx)
-    from .. import configcache
-
     cache = os.path.join(ctx.config.run_dir, KEPT)
     dirs = [_identity(ctx, d) for d in SEARCH_DIRS]  # before reading: a change since is seen
 
@@ -143,13 +142,13 @@ def gather(ctx: Context) -> TmpfilesFacts:
         return all(isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
                    and _identity(ctx, f[0]) == f[1] for f in key[1])
 
-    kept = configcache.read_kept(cache, fresh)
-    facts = _facts(ctx, kept) if kept is not None else None
+    kept = read_kept(cache, fresh)
+    facts = _facts(kept) if kept is not None else None
     if facts is not None:
         return facts
     files_seen: Dict[str, Optional[List[int]]] = {}
     facts = read_all(ctx, files_seen)
-    configcache.keep(cache, [dirs, [[f, files_seen.get(f)] for f in facts.files]], {
+    keep(cache, [dirs, [[f, files_seen.get(f)] for f in facts.files]], {
         "available": facts.available, "files": list(facts.files),
         "rules": [list(r) for r in facts.rules], "errors": list(facts.errors)})
     return facts
@@ -158,14 +157,13 @@ def gather(ctx: Context) -> TmpfilesFacts:
 def _identity(ctx: Context, path: str) -> Optional[List[int]]:
     """What a change of ``path`` (followed) changes; None when it does not exist."""
     try:
-        st = os.stat(ctx.path(path))
+        return identity(os.stat(ctx.path(path)))
     except OSError:
         return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _facts(ctx: Context, kept: object) -> Optional[TmpfilesFacts]:
-    """The kept facts if whole and each file read then is as it was; else None."""
+def _facts(kept: object) -> Optional[TmpfilesFacts]:
+    """The kept facts if whole and of the right types; else None."""
     if not isinstance(kept, dict):
         return None
     try:
