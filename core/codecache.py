@@ -30,7 +30,7 @@ import marshal
 import os
 import sys
 
-from .safefiles import open_regular, read_upto
+from .safefiles import open_regular
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,10 +74,16 @@ _CODE = type(_magic.__code__)  # types.CodeType, without importing types
 class CodeFinder:
     """A meta path finder and loader for the modules the file holds, while fresh."""
 
-    def __init__(self, path: str, index: Dict[str, Entry], data: bytes) -> None:
+    def __init__(self, path: str, index: Dict[str, Entry], fd: int = -1,
+                 identity: Tuple[int, int] = (0, 0)) -> None:
         self.path = path
         self.index = index
-        self.data = memoryview(data)
+        # The file stays open, and each module's code is read when it is imported: the
+        # run reads only what it imports, into memory it then frees (reading the whole
+        # file cost a fresh page for every 4 KiB of it, most of a millisecond). A file
+        # written anew meanwhile is a new file: this one reads the one it checked.
+        self.fd = fd
+        self.identity = identity
         self.missed = False  # a module of ours came from Python's import system
 
     def find_spec(self, name: str, path: Optional[Sequence[str]] = None,
@@ -103,10 +109,10 @@ class CodeFinder:
     def exec_module(self, module: ModuleType) -> None:
         entry = self.index[module.__name__]
         try:
-            code = marshal.loads(self.data[entry[3]:entry[3] + entry[4]])
+            code = marshal.loads(self.blob(entry))
             if type(code) is not _CODE:
                 raise ValueError("not code")
-        except (ValueError, EOFError, TypeError):  # damaged: compile it, write anew
+        except (OSError, ValueError, EOFError, TypeError):  # damaged: compile it, write anew
             self.missed = True
             del self.index[module.__name__]
             code = _compiled(f"{PKG_DIR}/{entry[0]}")[1]
@@ -122,7 +128,21 @@ class CodeFinder:
         if not self.fresh(name):
             return None
         entry = self.index[name]
-        return (*entry[:3], bytes(self.data[entry[3]:entry[3] + entry[4]]))
+        try:
+            return (*entry[:3], self.blob(entry))
+        except (OSError, EOFError):
+            return None
+
+    def blob(self, entry: Entry) -> bytes:
+        """An entry's marshalled code, read from the file it was indexed in (OSError if
+        that fd no longer names it: something closed it, and the number was reused)."""
+        st = os.fstat(self.fd)
+        if (st.st_dev, st.st_ino) != self.identity:
+            raise OSError(9, "the kept code's file is no longer open", self.path)
+        data = os.pread(self.fd, entry[4], entry[3])
+        if len(data) != entry[4]:
+            raise EOFError("the kept code's file was cut short")
+        return data
 
 
 def _key(st: os.stat_result) -> Tuple[int, int, int]:
@@ -144,41 +164,41 @@ def _compiled(origin: str) -> Tuple[os.stat_result, CodeType]:
     return st, compile(source, origin, "exec", dont_inherit=True)
 
 
-def _read(path: str) -> Optional[bytes]:
-    """The file's bytes, if it may be trusted (see the module's doc)."""
+def _open(path: str) -> Optional[Tuple[int, os.stat_result]]:
+    """The file, open, if it may be trusted (see the module's doc)."""
     try:
         fd, st = open_regular(path)
     except Exception:  # missing, a link, not a file, no fd left: Python's import serves
         return None
-    try:
-        if st.st_mode & 0o022 or st.st_uid not in (0, os.geteuid()) or st.st_size > LIMIT:
-            return None
-        return read_upto(fd, LIMIT, st.st_size)
-    except OSError:
-        return None
-    finally:
+    if st.st_mode & 0o022 or st.st_uid not in (0, os.geteuid()) or st.st_size > LIMIT:
         os.close(fd)
-
-
-def _load(path: str) -> Optional[Tuple[Dict[str, Entry], bytes]]:
-    """The file's index (offsets made absolute) and bytes; None unless whole and ours."""
-    data = _read(path)
-    if data is None or len(data) < 4:
         return None
-    head = int.from_bytes(data[:4], "little")
+    return fd, st
+
+
+def _load(path: str) -> Optional[CodeFinder]:
+    """A finder for the file's fresh entries; None unless it is whole and ours."""
+    opened = _open(path)
+    if opened is None:
+        return None
+    fd, st = opened
     try:
-        form, magic, index = marshal.loads(data[4:4 + head])
-    except (ValueError, EOFError, TypeError):
-        return None  # damaged: rewritten at the end of this run
-    if form != FORMAT or magic != _magic() or not isinstance(index, dict):
+        head = int.from_bytes(os.pread(fd, 4, 0), "little")
+        if 4 + head > st.st_size:
+            raise ValueError("cut short")
+        form, magic, index = marshal.loads(os.pread(fd, head, 4))
+        if form != FORMAT or magic != _magic() or not isinstance(index, dict):
+            raise ValueError("another format or Python")
+        base = 4 + head
+        out: Dict[str, Entry] = {}
+        for name, (rel, is_pkg, key, offset, length) in index.items():
+            if offset < 0 or length < 0 or base + offset + length > st.st_size:
+                raise ValueError("an entry outside the file")
+            out[name] = (rel, is_pkg, key, base + offset, length)
+    except (OSError, ValueError, EOFError, TypeError):  # damaged: rewritten at the end
+        os.close(fd)
         return None
-    base = 4 + head
-    out: Dict[str, Entry] = {}
-    for name, (rel, is_pkg, key, offset, length) in index.items():
-        if offset < 0 or length < 0 or base + offset + length > len(data):
-            return None
-        out[name] = (rel, is_pkg, key, base + offset, length)
-    return out, data
+    return CodeFinder(path, out, fd, (st.st_dev, st.st_ino))
 
 
 def serve() -> None:
@@ -188,12 +208,12 @@ def serve() -> None:
     if path is None or sys.dont_write_bytecode:
         return
     try:
-        loaded = _load(path)
+        finder = _load(path)
     except Exception:  # whatever is wrong with the file, Python's import serves
-        loaded = None
-    index, data = loaded if loaded is not None else ({}, b"")
-    finder = CodeFinder(path, index, data)
-    finder.missed = loaded is None
+        finder = None
+    if finder is None:
+        finder = CodeFinder(path, {})
+        finder.missed = True
     sys.meta_path.insert(0, finder)
 
 

@@ -1,9 +1,12 @@
 """The run: gather the facts the chosen checks need, then judge them.
 
-Sources that wait on other programs (the control client, scontrol) run in threads of
-their own against the run's deadline; a source that misses it, or fails, leaves one
-line in ``Facts.errors`` and makes only the checks that need it UNKNOWN, so one wedged
-daemon never hides the other results.
+Sources that wait on other programs are not read in turn. The control query and the
+servers probe start their clients first and are collected after the sources read
+inline, so the clients run meanwhile and a healthy run starts no thread for them; the
+others (scontrol, NVML, the canary) run in threads of their own. All are bound by the
+run's deadline; a source that misses it, or fails, leaves one line in ``Facts.errors``
+and makes only the checks that need it UNKNOWN, so one wedged daemon never hides the
+other results.
 
 The whole run has a hard limit too (``bounded``): it runs in a thread the caller walks
 away from at the limit, whatever blocks it (a read stuck in a hung file system, a
@@ -155,7 +158,8 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     threaded sources finish (a run imports its checks then)."""
     started = time.time()
     doing: Set[str] = set() if in_flight is None else in_flight
-    wanted = [registry.SOURCES[n] for n in dict.fromkeys(needs) if n in registry.SOURCES]
+    needed = set(needs)
+    wanted = [src for name, src in registry.SOURCES.items() if name in needed]
     values: Dict[str, object] = {}
     errors: Dict[str, str] = {}
     durations: Dict[str, float] = {}
@@ -175,20 +179,29 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         errors["instances"] = _one_line(e)
     doing.discard("instances")
 
-    def collect(src: registry.Source) -> None:
+    def collect(src: registry.Source, step: Callable[[], object]) -> None:
         t0 = time.monotonic()
         doing.add(src.name)
         try:
-            values[src.name] = registry.load(src.target)(ctx, insts)
+            values[src.name] = step()
         except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
+            values.pop(src.name, None)
             errors[src.name] = _one_line(e)
-        durations[src.name] = time.monotonic() - t0
+        durations[src.name] = durations.get(src.name, 0.0) + time.monotonic() - t0
         doing.discard(src.name)
 
+    def call(src: registry.Source, target: str) -> Callable[[], object]:
+        return lambda: registry.load(target)(ctx, insts)
+
+    # A source with a start has its commands started first, so they run while the rest
+    # is read, and is collected last, in the registry's order (the control query's pipe
+    # dir locks are let go before the servers probe waits on them).
+    split = [src for src in wanted if src.start]
+    for src in split:
+        collect(src, call(src, src.start))
     # Each source gathered in a thread has its modules imported here, before its thread
     # starts: two threads importing at once only hand the GIL back and forth, at a
     # context switch each time (measured: a millisecond of a healthy check's wall time).
-    # In order: the control query, the longest wait, starts first.
     threads = []
     for src in wanted:
         if src.blocking:
@@ -196,12 +209,16 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
                 registry.load(src.target)
             except Exception:
                 pass  # its thread's collect() says what is wrong
-            threads.append((src, Background(collect, src)))
+            threads.append((src, Background(collect, src, call(src, src.target))))
     for src in wanted:
-        if not src.blocking:
-            collect(src)
-    if meanwhile is not None and threads:
+        if not (src.blocking or src.start):
+            collect(src, call(src, src.target))
+    if meanwhile is not None:
         meanwhile()
+    for src in split:
+        finish = values.get(src.name)
+        if callable(finish):
+            collect(src, finish)
     for src, t in threads:
         if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"

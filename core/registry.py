@@ -25,6 +25,10 @@ class Source(NamedTuple):
     target: str  # "module:function", called as function(ctx, instances)
     value_type: str  # "module:NAME" of the value's type, for snapshot replay
     blocking: bool = False  # waits on other programs: gathered in a thread of its own
+    # Or "module:function", called as function(ctx, instances) before the other sources
+    # are read: it starts the commands (and threads) the source waits on and returns the
+    # function that collects them, called after them. No thread of the engine's then.
+    start: str = ""
 
 
 class CheckSpec(NamedTuple):
@@ -42,8 +46,9 @@ SOURCES: Dict[str, Source] = {}
 CHECKS: Dict[str, CheckSpec] = {}
 
 
-def source(name: str, target: str, value_type: str, blocking: bool = False) -> None:
-    SOURCES[name] = Source(name, target, value_type, blocking)
+def source(name: str, target: str, value_type: str, blocking: bool = False,
+           start: str = "") -> None:
+    SOURCES[name] = Source(name, target, value_type, blocking, start)
 
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
@@ -96,11 +101,11 @@ def load(target: str):  # -> the object named "module:attr"
 source("processes", ".core.probes.proc:gather_for", ".core.probes.proc:VALUE_TYPE")
 source("dirs", ".core.probes.dirs:gather", ".core.probes.dirs:VALUE_TYPE")
 source("control", ".core.probes.control:gather", ".core.probes.control:VALUE_TYPE",
-       blocking=True)
+       start=".core.probes.control:start")
 source("tmpfiles", ".core.probes.tmpfiles:gather_for",
        ".core.probes.tmpfiles:VALUE_TYPE")
 source("servers", ".core.probes.servers:gather", ".core.probes.servers:VALUE_TYPE",
-       blocking=True)
+       start=".core.probes.servers:start")
 source("logs", ".core.probes.logs:gather", ".core.probes.logs:VALUE_TYPE")
 source("canary", ".core.probes.canary:gather", ".core.probes.canary:VALUE_TYPE",
        blocking=True)

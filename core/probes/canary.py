@@ -25,7 +25,7 @@ from ..users import by_uid, name_of, uid_of
 from . import control
 from .proc import identity
 from .sections import CANARY, CanaryConfig
-from .servers import parse_pid_list
+from .server_queries import parse_pid_list
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client

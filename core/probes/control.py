@@ -19,7 +19,7 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Tuple
+    from typing import Callable, Dict, List, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -86,43 +86,74 @@ def ask_all(ctx: Context, instances: Tuple[Instance, ...],
             command: str = QUERY) -> Dict[str, ControlAnswer]:
     """Ask every instance ``command``, at most ``control.max_clients`` clients at once
     (many instances must not mean as many processes); one deadline bounds them all."""
+    return start_asking(ctx, instances, command)()
+
+
+def start_asking(ctx: Context, instances: Tuple[Instance, ...], command: str = QUERY
+                 ) -> Callable[[], Dict[str, ControlAnswer]]:
+    """Start the first batch of clients now and return the function that collects every
+    answer (and asks the later batches): the clients run while the caller reads the rest
+    of the node. Until then the first batch holds its pipe dirs' locks."""
     cfg = ctx.config
     deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
-    answers: Dict[str, ControlAnswer] = {}
     step = cfg.control.max_clients
-    for first in range(0, len(instances), step):
-        batch = instances[first:first + step]
-        if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it all
-            answers.update({inst.name: ControlAnswer(
-                command, "skipped", None, "", "", 0.0, f"not asked: at most {step} control "
-                "clients run at once (control.max_clients) and the run's time was up")
-                for inst in batch})
-            continue
-        answers.update(_ask_batch(ctx, batch, command, deadline))
-    return answers
+    first = _Batch(ctx, instances[:step], command, deadline)
+
+    def collect() -> Dict[str, ControlAnswer]:
+        answers = first.collect()
+        for at in range(step, len(instances), step):
+            batch = instances[at:at + step]
+            if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it
+                answers.update({inst.name: ControlAnswer(
+                    command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
+                    "control clients run at once (control.max_clients) and the run's time "
+                    "was up") for inst in batch})
+                continue
+            answers.update(_Batch(ctx, batch, command, deadline).collect())
+        return answers
+
+    return collect
 
 
-def _ask_batch(ctx: Context, instances: Tuple[Instance, ...], command: str,
-               deadline: float) -> Dict[str, ControlAnswer]:
-    client = ctx.config.command("nvidia-cuda-mps-control")
-    started: List[Tuple[Instance, Pending, _Lock]] = []
-    answers: Dict[str, ControlAnswer] = {}
-    for inst in instances:
-        lock = _Lock(ctx, inst.pipe_dir)
-        if not lock.acquire(deadline):
-            answers[inst.name] = ControlAnswer(
-                command, "skipped", None, "", "", 0.0,
-                "another mps-health query to this pipe dir did not finish in time")
-            continue
-        started.append((inst, Pending([client], command + "\n", client_env(ctx, inst)), lock))
-    try:
-        done = wait_all([p for _, p, _ in started], deadline)
-    finally:
-        for _, _, lock in started:
-            lock.release()
-    for (inst, _, _), completed in zip(started, done):
-        answers[inst.name] = classify(command, completed)
-    return answers
+class _Batch:
+    """Clients started at once. One whose pipe dir's lock another query of ours holds
+    is started when the batch is collected, once that lock is free (or never, at the
+    deadline)."""
+
+    def __init__(self, ctx: Context, instances: Tuple[Instance, ...], command: str,
+                 deadline: float) -> None:
+        self.ctx, self.command, self.deadline = ctx, command, deadline
+        self.started: List[Tuple[Instance, Pending, _Lock]] = []
+        self.waiting: List[Tuple[Instance, _Lock]] = []
+        for inst in instances:
+            lock = _Lock(ctx, inst.pipe_dir)
+            if lock.acquire(0.0):  # free now (a deadline passed tries once)
+                self._start(inst, lock)
+            else:
+                self.waiting.append((inst, lock))
+
+    def _start(self, inst: Instance, lock: _Lock) -> None:
+        client = self.ctx.config.command("nvidia-cuda-mps-control")
+        self.started.append((inst, Pending([client], self.command + "\n",
+                                           client_env(self.ctx, inst)), lock))
+
+    def collect(self) -> Dict[str, ControlAnswer]:
+        answers: Dict[str, ControlAnswer] = {}
+        try:
+            for inst, lock in self.waiting:
+                if lock.acquire(self.deadline):
+                    self._start(inst, lock)
+                else:
+                    answers[inst.name] = ControlAnswer(
+                        self.command, "skipped", None, "", "", 0.0,
+                        "another mps-health query to this pipe dir did not finish in time")
+            done = wait_all([p for _, p, _ in self.started], self.deadline)
+        finally:
+            for _, _, lock in self.started:
+                lock.release()
+        for (inst, _, _), completed in zip(self.started, done):
+            answers[inst.name] = classify(self.command, completed)
+        return answers
 
 
 def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
@@ -152,6 +183,12 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:
     return ask_all(ctx, instances)
+
+
+def start(ctx: Context, instances: Tuple[Instance, ...]
+          ) -> Callable[[], Dict[str, ControlAnswer]]:
+    """The run's query, started at once; the engine collects it after the other sources."""
+    return start_asking(ctx, instances)
 
 
 VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

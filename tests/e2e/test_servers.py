@@ -15,7 +15,8 @@ from mps_health.core.facts_deep import (
     InstanceServers,
     ServerFact,
 )
-from mps_health.core.probes import servers as probe
+from mps_health.core.probes import server_queries as probe
+from mps_health.core.probes.servers import parse_children
 from mps_health.core.servertrack import advance
 
 
@@ -45,7 +46,7 @@ def test_parse_real_answers() -> None:
     assert probe.parse_pid_list(fixture_text(
         "nvidia-cuda-mps-control_get_server_list__h200-cuda13.0_idle.txt")) == ()
     assert probe.parse_pid_list("510\n4242\n") == (510, 4242)
-    assert probe.parse_children("31408 31410 ") == (31408, 31410)
+    assert parse_children("31408 31410 ") == (31408, 31410)
 
 
 def test_parse_rejects_what_is_not_an_answer() -> None:

@@ -114,6 +114,41 @@ def test_damaged_code_is_compiled_from_source(site: Path, junk: bytes) -> None:
     assert "VALUE 1 2" in run(site)
 
 
+SWAP = """
+import os, sys
+sys.path.insert(0, {site!r})
+from mps_health.core.codecache import _finder, serve
+serve()
+finder = _finder()
+{act}
+import mps_health.demo
+m = sys.modules["mps_health.demo"]
+kept = "mps_health.demo" in finder.index and not finder.missed
+print("VALUE", m.VALUE, "SERVED" if kept else "COMPILED")
+"""
+
+
+@pytest.mark.parametrize("act, expect", [
+    # Written anew (another run's save renames a new file in) after this run opened it:
+    # this run reads the file it checked, whole, and gets the code it indexed.
+    ("os.rename({junk!r}, finder.path)", "VALUE 1 SERVED"),
+    # Its fd closed behind its back and the number reused for another file: never read
+    # as code; the module is compiled from its source.
+    ("os.dup2(os.open({junk!r}, os.O_RDONLY), finder.fd)", "VALUE 1 COMPILED"),
+])
+def test_the_run_reads_the_file_it_checked(site: Path, tmp_path: Path, act: str,
+                                          expect: str) -> None:
+    run(site)
+    junk = tmp_path / "junk"
+    junk.write_bytes(os.urandom(cache(site).stat().st_size))
+    script = SWAP.format(site=str(site), act=act.format(junk=str(junk)))
+    r = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items()
+                                        if k != "PYTHONDONTWRITEBYTECODE"})
+    assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+    assert expect in r.stdout
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "group-writable", "symlink",
                                     "foreign-owner", "directory"])
 def test_a_file_that_is_not_whole_or_not_ours_is_ignored(site: Path, tmp_path: Path,

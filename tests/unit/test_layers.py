@@ -99,7 +99,7 @@ GRAPH = {m: imports_of(m, p, modules()) for m, p in modules().items()}
 def test_the_graph_is_read() -> None:
     """The reader sees the imports it must judge (a broken reader would pass anything)."""
     assert "mps_health.checks.common" in GRAPH["mps_health.checks.daemon"]
-    assert "mps_health.core.probes.control" in GRAPH["mps_health.core.probes.servers"]
+    assert "mps_health.core.probes.control" in GRAPH["mps_health.core.probes.server_queries"]
     assert "mps_health.core.commands.common" in GRAPH["mps_health.core.cli"]
     assert len(GRAPH) > 80
 

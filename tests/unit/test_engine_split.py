@@ -1,0 +1,63 @@
+"""A source split in two (registry ``start=``): started before the others are read,
+collected after them, with no thread of the engine's."""
+
+import sys
+import time
+import types
+from pathlib import Path
+from typing import List
+
+import pytest
+from mps_health.core import engine, registry
+from mps_health.core.config import from_mapping
+from mps_health.core.context import Context
+
+ORDER: List[str] = []
+
+
+def _module() -> types.ModuleType:
+    mod = types.ModuleType("split_probe")
+
+    def start(ctx, insts):
+        ORDER.append("start")
+        return lambda: ORDER.append("collected") or "answer"
+
+    def broken_start(ctx, insts):
+        raise OSError("cannot start it")
+
+    def inline(ctx, insts):
+        ORDER.append("inline")
+        return "read"
+
+    mod.start, mod.broken_start, mod.inline = start, broken_start, inline
+    mod.gather = lambda ctx, insts: "whole"
+    return mod
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> List[object]:
+    """The threads the engine would have started (none are)."""
+    monkeypatch.setitem(sys.modules, "split_probe", _module())
+    monkeypatch.setattr(registry, "SOURCES", {
+        "split": registry.Source("split", "split_probe:gather", "builtins:str",
+                                 start="split_probe:start"),
+        "inline": registry.Source("inline", "split_probe:inline", "builtins:str"),
+        "broken": registry.Source("broken", "split_probe:gather", "builtins:str",
+                                  start="split_probe:broken_start"),
+    })
+    started: List[object] = []
+    monkeypatch.setattr(engine, "Background", lambda *a: started.append(a))
+    ORDER.clear()
+    return started
+
+
+def test_started_first_collected_after_the_others_without_a_thread(
+        threads: List[object], tmp_path: Path) -> None:
+    ctx = Context(from_mapping({}, "test"), str(tmp_path), time.monotonic() + 5)
+    facts = engine.gather(ctx, ["inline", "split", "broken"],
+                          meanwhile=lambda: ORDER.append("meanwhile"))
+    assert ORDER == ["start", "inline", "meanwhile", "collected"]
+    assert facts.sources["split"] == "answer" and facts.sources["inline"] == "read"
+    assert facts.errors == {"broken": "OSError: cannot start it"}
+    assert set(facts.durations) == {"split", "inline", "broken"}
+    assert threads == []
