@@ -1,7 +1,8 @@
 """control.log and server.log, read incrementally: only the bytes written since last run.
 
 Where reading stopped is saved per file as (device, inode, offset) in
-state_dir/logs.json, so a line is read once and never reported twice. A file whose inode
+state_dir/logs.json, so a finding is never reported twice (ordinary lines may be read
+again: an offset alone is saved in steps, ``worth_saving``). A file whose inode
 changed was rotated: the rest of the old file is read from its new name (control.log.1,
 control.log-DATE, found by inode) before the new file from its start; a file shorter
 than the offset was truncated and is read from its start. At most ``max_read_bytes`` are
@@ -54,15 +55,24 @@ def parse_time(date: str, clock: str) -> Optional[float]:
         return None
 
 
-def parse_line(line: str) -> Optional[Tuple[Optional[float], str, str]]:
-    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (time, role, text)."""
+def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
+    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (date, clock, role, text)."""
     if not line.startswith("["):
         return None
     close = line.find("]")
     head = line[1:close].split() if close > 0 else []
     if len(head) != 4:
         return None
-    return parse_time(head[0], head[1]), head[2], line[close + 1:].strip()
+    return head[0], head[1], head[2], line[close + 1:].strip()
+
+
+def parse_line(line: str) -> Optional[Tuple[Optional[float], str, str]]:
+    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (time, role, text)."""
+    fields = split_line(line)
+    if fields is None:
+        return None
+    date, clock, role, text = fields
+    return parse_time(date, clock), role, text
 
 
 def _int_after(text: str, marker: str) -> Optional[int]:
@@ -110,13 +120,16 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
     """Findings in a chunk of whole lines; a line without a usable time gets ``read_at``."""
     found: List[LogFinding] = []
     for line in text.splitlines():
-        parsed = parse_line(line)
-        if parsed is None:
+        fields = split_line(line)
+        if fields is None:
             continue
-        at, _role, message = parsed
+        date, clock, _role, message = fields
         kind = classify(message)
         if kind is None:
             continue
+        # Dated only once it is a finding: mktime costs most of the time a line takes,
+        # and the daemon writes five ordinary lines for every query (ours included).
+        at = parse_time(date, clock)
         if at is None or at > read_at + 86400:
             at = read_at  # a clock or timezone we cannot trust: date it by reading
         code, pid, uid, status = kind
@@ -223,6 +236,27 @@ def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: i
 FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
 
 
+# The daemon logs every query, ours too, so the offsets move on at every run; writing
+# logs.json each time costs a file written, fsynced and renamed. Offsets alone are
+# saved only once some file moved on this far: the next run reads again what this one
+# read since, and lines that held no finding hold none the next time either (a line
+# that held one changed the findings, which are always saved).
+SAVE_AFTER_BYTES = 4096
+
+
+def worth_saving(memory: LogMemory, positions: Dict[str, LogPosition],
+                 kept: Tuple[LogFinding, ...]) -> bool:
+    """Must ``positions`` and ``kept`` be written over ``memory``?"""
+    if kept != memory.findings or positions.keys() != memory.positions.keys():
+        return True
+    for name, pos in positions.items():
+        old = memory.positions[name]
+        if pos._replace(offset=0) != old._replace(offset=0) \
+                or not 0 <= pos.offset - old.offset <= SAVE_AFTER_BYTES:
+            return True  # another file, a rotation, a truncation, or far enough
+    return False
+
+
 def _pid_alive(proc_dir: str, pid: int) -> bool:
     return pid > 0 and os.path.exists(f"{proc_dir}/{pid}")
 
@@ -283,7 +317,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     facts = LogsFacts(now, tuple(files), kept, alive, error or state.error)
     if locked:
         saved = state.save(LogMemory(positions, kept)) \
-            if (positions, kept) != (dict(memory.positions), memory.findings) else ""
+            if worth_saving(memory, positions, kept) else ""
         state.unlock()
         if saved:
             facts = facts._replace(state_error=saved)

@@ -165,6 +165,57 @@ def test_findings_are_reported_within_the_window_and_never_twice(site) -> None:
     assert cleared.returncode == 0, cleared.stdout
 
 
+def test_ordinary_lines_move_the_saved_offsets_on_in_steps(site) -> None:
+    """The daemon logs every query, so logs.json is not written anew for a few ordinary
+    lines: the next run reads them again, and they hold no finding then either."""
+    _, log = site.dirs()
+    cfg = site.config()
+    control = log / "control.log"
+    control.write_text(line("Server 510 exited with status 1", time.time()))
+    assert mps_health("check", "--config", cfg, "--only", "logs").returncode == 1
+    state = site.state_dir / "logs.json"
+    saved = state.read_bytes()
+
+    def offset() -> int:
+        return json.loads(state.read_text())["positions"][str(control)]["offset"]
+
+    def exits() -> str:
+        r = mps_health("check", "--config", cfg, "--only", "logs", "--format", "json")
+        return next(x for x in results(r, "logs") if x["code"] == "log-server-exit")["message"]
+
+    ordinary = "".join(line(t, time.time()) for t in (
+        "Accepting connection...", "NEW UI", "Cmd:get_default_active_thread_percentage",
+        "100.0", "UI closed"))
+    for _ in range(3):
+        with control.open("a") as f:
+            f.write(ordinary)
+        assert exits().startswith("1 in the last")
+    assert state.read_bytes() == saved  # only the offsets moved, and not far: not written
+    with control.open("a") as f:
+        f.write(ordinary * (probe.SAVE_AFTER_BYTES // len(ordinary) + 1))
+    assert exits().startswith("1 in the last")
+    assert offset() == control.stat().st_size  # far enough: written
+    with control.open("a") as f:
+        f.write(ordinary + line("Server 511 exited with status 1", time.time()))
+    assert exits().startswith("2 in the last")
+    assert offset() == control.stat().st_size  # a finding: written at once
+    assert exits().startswith("2 in the last")
+
+
+def test_worth_saving() -> None:
+    pos = {"/l/control.log": LogPosition(1, 2, 100, "[2026")}
+    memory = probe.LogMemory(pos, ())
+    assert not probe.worth_saving(memory, pos, ())
+    assert not probe.worth_saving(memory, {"/l/control.log": pos["/l/control.log"]._replace(
+        offset=100 + probe.SAVE_AFTER_BYTES)}, ())
+    for moved in ({"offset": 101 + probe.SAVE_AFTER_BYTES}, {"offset": 99}, {"inode": 3},
+                  {"head": "[2027"}):
+        assert probe.worth_saving(memory, {"/l/control.log": pos["/l/control.log"]._replace(
+            **moved)}, ()), moved
+    assert probe.worth_saving(memory, {}, ())
+    assert probe.worth_saving(memory, pos, (object(),))  # type: ignore[arg-type]
+
+
 def test_pending_client_is_reported_until_it_exits(site) -> None:
     _, log = site.dirs()
     cfg = site.config("logs:\n  pending_warn_s: 1\n")
