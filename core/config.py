@@ -48,9 +48,11 @@ LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the
 # indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
 LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
-# Sections owned by other modules: name -> the module whose SECTIONS declares it. With a
-# file, every one is validated (absent ones as empty); without one, none is imported.
-# Order matters where one section's rules read another (healthcheck reads slurm).
+# Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
+# has the owners of the sections it gives imported, and all their sections validated
+# (absent ones as empty); without a file, none is imported. An absent section's
+# defaults are what its record says, and hold, but where one section's rules read
+# another (READ_BY): giving slurm validates healthcheck too. Order matters there.
 SECTIONS = {
     "servers": ".core.probes.sections",
     "logs": ".core.probes.sections",
@@ -64,6 +66,8 @@ SECTIONS = {
     "exporter": ".exporters.settings",
     "clients": ".core.probes.sections",
 }
+
+READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
 
 # Keys that once had a twin: one key per concept now, the old name is refused with a hint.
 MOVED = {
@@ -380,13 +384,20 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         for section in CORE_SECTIONS:
             key = section.name
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
-        owners: Dict[str, Section] = {}
-        for module in dict.fromkeys((*SECTIONS.values(), *_site_modules())):
-            owners.update(_owner_sections(module))
+        from . import registry  # (its site sections are known once CHECKS is validated)
+
+        site = _site_modules()
         for key in data:
-            if key not in TOP_KEYS and key not in loaded and key not in owners:
-                raise Invalid("unknown section (known: "
-                              f"{', '.join(sorted((*TOP_KEYS, *loaded, *owners)))})")
+            if key not in TOP_KEYS and key not in loaded and key not in SECTIONS \
+                    and key not in registry.SITE_SECTIONS:
+                known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+                raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
+        wanted = set(data)
+        wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
+        owners: Dict[str, Section] = {}
+        for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
+                                     *site)):
+            owners.update(_owner_sections(module))
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
     except Invalid as e:
