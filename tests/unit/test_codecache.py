@@ -29,6 +29,8 @@ for name in ("mps_health.demo", "mps_health.demopkg", "mps_health.demopkg.leaf")
     m = sys.modules[name]
     served = isinstance(m.__spec__.loader, CodeFinder)
     print("SERVED" if served else "SOURCE", name, m.__file__)
+    print("ATTRS", name, m.__package__, m.__cached__, getattr(m, "__path__", None),
+          m.__loader__ is m.__spec__.loader, m.__spec__.cached == m.__cached__)
 print("PATH", mps_health.demopkg.__path__)
 save()
 """
@@ -76,7 +78,12 @@ def test_a_second_run_is_served_from_the_file_and_writes_nothing(site: Path) -> 
     assert f"mps_health.demo {pkg}/demo.py" in second
     assert f"mps_health.demopkg {pkg}/demopkg/__init__.py" in second
     assert f"PATH ['{pkg}/demopkg']" in second
-    assert second.replace("SERVED", "SOURCE") == first  # the same modules, the same values
+    # The same modules, the same values, and the attributes Python's import gives them.
+    assert second.replace("SERVED", "SOURCE") == first
+    assert f"ATTRS mps_health.demo mps_health {pkg}/__pycache__/demo.{TAG}.pyc None True " \
+           "True" in second
+    assert f"ATTRS mps_health.demopkg mps_health.demopkg {pkg}/demopkg/__pycache__/" \
+           f"__init__.{TAG}.pyc ['{pkg}/demopkg'] True True" in second
     after = cache(site).stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
