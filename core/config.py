@@ -302,7 +302,15 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     explicit = path is not None
     path = path or DEFAULT_PATH
     # The default file's parsed form is kept (configcache): no PyYAML on a node's checks.
-    seen = _stat(path) if text is None and os.path.abspath(path) == DEFAULT_PATH else None
+    seen = None
+    if text is None and os.path.abspath(path) == DEFAULT_PATH:
+        try:
+            seen = os.stat(path)
+        except FileNotFoundError:
+            if not explicit:
+                return Config()  # no file: the defaults, and nothing else imported
+        except OSError:
+            pass  # reading it says what is wrong
     if seen is not None:
         from . import configcache
 
