@@ -46,16 +46,23 @@ def name_of(uid: Optional[int]) -> Optional[str]:
     return _names[uid]
 
 
+_uids: Dict[str, int] = {}
+
+
 def uid_of(spec: str) -> Optional[int]:
-    """The uid a user name or number names; None if nobody."""
+    """The uid a user name or number names; None if nobody. A name found is kept for
+    the process (each check asks for the daemon's user, and every lookup reads the
+    passwd file anew); a name not found is asked again, as it may be added meanwhile."""
     if spec.isdigit():
         return int(spec)
-    import pwd
+    if spec not in _uids:
+        import pwd
 
-    try:
-        return pwd.getpwnam(spec).pw_uid
-    except KeyError:
-        return None
+        try:
+            _uids[spec] = pwd.getpwnam(spec).pw_uid
+        except KeyError:
+            return None
+    return _uids[spec]
 
 
 def by_uid(uid: int) -> User:
