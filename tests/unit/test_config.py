@@ -120,29 +120,25 @@ def test_every_declared_section_loads_its_defaults() -> None:
     assert full.given == tuple(config.SECTIONS)
 
 
-def test_a_file_imports_only_the_owners_of_the_sections_it_gives() -> None:
+def test_a_file_imports_only_the_owners_of_the_sections_it_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A node's file of core keys loads no other module (a millisecond of every check);
     a section's owner is loaded with it, and slurm brings healthcheck, whose rules read
     it."""
-    code = (
-        "import sys\n"
-        "from mps_health.core import config\n"
-        "def owners():\n"
-        "    return sorted({m for m in config.SECTIONS.values()\n"
-        "                   if 'mps_health' + m in sys.modules})\n"
-        "config.from_mapping({'run_dir': '/run/x', 'mps': {'layout': 'node'}}, 'c.yaml')\n"
-        "print(owners())\n"
-        "config.from_mapping({'logs': {}}, 'c.yaml')\n"
-        "print(owners())\n"
-        "c = config.from_mapping({'slurm': {}}, 'c.yaml')\n"
-        "print(owners(), sorted(c.sections))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [
-        "[]", "['.core.probes.sections']",
-        "['.core.probes.sections', '.core.slurm_settings', '.remediation.settings'] "
-        "['gpu', 'healthcheck', 'orphans', 'remediation', 'slurm']"]
+    asked: list = []
+    owners = config._owner_sections
+    monkeypatch.setattr(config, "_owner_sections", lambda m: asked.append(m) or owners(m))
+
+    def loads(data: dict) -> list:
+        asked.clear()
+        config.from_mapping(data, "c.yaml")
+        return sorted(asked)
+
+    assert loads({"run_dir": "/run/x", "mps": {"layout": "node"}}) == []
+    assert loads({"logs": {}}) == [".core.probes.sections"]
+    assert loads({"slurm": {}}) == [".core.slurm_settings", ".remediation.settings"]
+    c = config.from_mapping({"slurm": {}}, "c.yaml")
+    assert sorted(c.sections) == ["gpu", "healthcheck", "orphans", "remediation", "slurm"]
 
 
 def test_a_typo_in_any_section_fails_every_command(tmp_path: Path) -> None:
