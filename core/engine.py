@@ -154,8 +154,9 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
            meanwhile: Optional[Callable[[], None]] = None) -> Facts:
     """Gather every needed source once; never raises, never outlives ``ctx.deadline``
     unless a read blocks below Python (``bounded`` ends that). ``in_flight`` is kept
-    holding the names of the sources being gathered. ``meanwhile`` runs while the
-    threaded sources finish (a run imports its checks then)."""
+    holding the names of the sources being gathered. ``meanwhile`` runs once the inline
+    sources are read, while the started commands and threads finish (a run imports its
+    checks then)."""
     started = time.time()
     doing: Set[str] = set() if in_flight is None else in_flight
     needed = set(needs)
@@ -190,7 +191,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         durations[src.name] = durations.get(src.name, 0.0) + time.monotonic() - t0
         doing.discard(src.name)
 
-    def call(src: registry.Source, target: str) -> Callable[[], object]:
+    def call(target: str) -> Callable[[], object]:
         return lambda: registry.load(target)(ctx, insts)
 
     # A source with a start has its commands started first, so they run while the rest
@@ -198,7 +199,8 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     # dir locks are let go before the servers probe waits on them).
     split = [src for src in wanted if src.start]
     for src in split:
-        collect(src, call(src, src.start))
+        collect(src, call(src.start))
+    ending = {src.name: values.pop(src.name) for src in split if src.name in values}
     # Each source gathered in a thread has its modules imported here, before its thread
     # starts: two threads importing at once only hand the GIL back and forth, at a
     # context switch each time (measured: a millisecond of a healthy check's wall time).
@@ -209,16 +211,15 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
                 registry.load(src.target)
             except Exception:
                 pass  # its thread's collect() says what is wrong
-            threads.append((src, Background(collect, src, call(src, src.target))))
+            threads.append((src, Background(collect, src, call(src.target))))
     for src in wanted:
         if not (src.blocking or src.start):
-            collect(src, call(src, src.target))
+            collect(src, call(src.target))
     if meanwhile is not None:
         meanwhile()
     for src in split:
-        finish = values.get(src.name)
-        if callable(finish):
-            collect(src, finish)
+        if src.name in ending:  # (a start that failed said why in errors)
+            collect(src, ending[src.name])  # type: ignore[arg-type]
     for src, t in threads:
         if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"

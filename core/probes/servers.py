@@ -103,8 +103,6 @@ def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], Servers
     results: Dict[str, InstanceServers] = {}
 
     def one(inst: Instance, daemon: Tuple[Optional[int], Optional[int]]) -> None:
-        from .server_queries import read_instance  # loaded only where a server runs
-
         results[inst.name] = read_instance(ctx, inst, daemon)
 
     threads = []
@@ -112,6 +110,10 @@ def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], Servers
         t0 = time.monotonic()
         daemon_pid, daemon_start, busy = read_daemon(ctx, inst)
         if busy:
+            # Imported here, only where a server runs, and before the thread starts: two
+            # threads importing at once only hand the GIL back and forth.
+            from .server_queries import read_instance
+
             threads.append(Background(one, inst, (daemon_pid, daemon_start)))
         else:
             results[inst.name] = InstanceServers(
