@@ -10,7 +10,9 @@ must not be blocked because /var/log is full.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import time
 
@@ -87,9 +89,12 @@ class Audit:
     def _to_file(self, line: str) -> None:
         try:
             os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
+            # O_NONBLOCK: a fifo in the log's place must not hang the action.
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o640)
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
                 os.write(fd, (line + "\n").encode("utf-8", "replace"))
             finally:
                 os.close(fd)

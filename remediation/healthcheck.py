@@ -78,10 +78,20 @@ def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
 
 
 def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
-    """The report without the checks in ``checks.observe``: what the verdict is made of."""
-    if not observe:
-        return report
-    return report._replace(runs=tuple(r for r in report.runs if r.name not in observe))
+    """What the verdict is made of: the report without the checks in ``checks.observe``
+    and without the findings any local user can cause (``slurmnode.BY_ANY_USER``)."""
+    return report._replace(runs=tuple(
+        run._replace(results=tuple(r for r in run.results
+                                   if r.code not in slurmnode.BY_ANY_USER))
+        for run in report.runs if run.name not in observe))
+
+
+def _by_users(report: Optional[Report]) -> List[str]:
+    if report is None:
+        return []
+    seen = sorted({r.code for r in report.problems() if r.code in slurmnode.BY_ANY_USER})
+    return [f"MPS-HC: a local user can cause these, so they never drain: {', '.join(seen)}"] \
+        if seen else []
 
 
 def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
@@ -112,6 +122,7 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     report, budget = run_checks(config, root, hc)
     state_code, lines = _summary(report, budget)
     lines += _observed(report, config.checks.observe)
+    lines += _by_users(report)
     judged = None if report is None else drainable(report, config.checks.observe)
     verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")

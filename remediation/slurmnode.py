@@ -38,11 +38,34 @@ HANDS_OFF = frozenset({"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "
                        "FUTURE"})
 DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
+# Findings that any local user can cause with their own processes, with entries in the
+# public pipe and log dirs, or with their own job's clients. They are reported, and they
+# never drain, whatever ``healthcheck.drain_on`` says: a plain user must not be able to
+# take a node out of service.
+BY_ANY_USER = frozenset({
+    "mps-impostor", "server-unclaimed", "daemon-foreign", "daemon-unexpected",
+    "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
+    "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
+})
+# Drains the fleet circuit breaker does not count. Besides the above, an MPS entry of
+# the wrong owner or kind in the pipe dir does break MPS (clients may reach a user's
+# socket), so it drains, but a user can plant it on many nodes at once: counting those
+# drains would let that user hold back the drain of a node with a real fault.
+NOT_COUNTED = BY_ANY_USER | {"pipe-entry-owner", "pipe-entry-bad"}
+
 
 def ours(view: SlurmNode, tag: str) -> bool:
     """Is the reason ours? Its first word is our tag (NHC's rule, with our own tag)."""
     words = view.reason.split(None, 1)
     return bool(words) and words[0] == tag
+
+
+def reason_code(reason: str, tag: str) -> str:
+    """The finding code in a reason we wrote ('MPS-HC: control-wedged gpu0: ...'), or ""."""
+    words = reason.split(None, 2)
+    if len(words) < 2 or words[0] != tag:
+        return ""
+    return words[1].rstrip(":")
 
 
 def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
@@ -97,13 +120,14 @@ def resume(config: Config, node: str, timeout_s: float) -> None:
 def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int]) -> Breaker:
     """The circuit breaker: a drain waits when, in the partitions ``me`` is in, more than
     ``max_nodes`` nodes or more than ``max_share`` of the nodes already carry our tag
-    (NVSentinel's rule: a fault that many nodes share is the fleet's, not the node's)."""
+    (NVSentinel's rule: a fault that many nodes share is the fleet's, not the node's).
+    Drains for a cause in ``NOT_COUNTED`` are not counted."""
     def judge(nodes: Sequence[SlurmNode]) -> str:
         mine = next((n for n in nodes if n.name == me), None)
         parts = set(mine.partitions) if mine is not None else set()
         peers = [n for n in nodes if parts.intersection(n.partitions)] if parts else list(nodes)
         ours_now = [n for n in peers if n.name != me and DRAINED.intersection(n.flags)
-                    and ours(n, tag)]
+                    and ours(n, tag) and reason_code(n.reason, tag) not in NOT_COUNTED]
         size = max(1, len(peers))
         where = f"partition {','.join(sorted(parts))}" if parts else "the cluster"
         over = (max_nodes is not None and len(ours_now) > max_nodes) or \

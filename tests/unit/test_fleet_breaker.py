@@ -6,6 +6,7 @@ from typing import Sequence
 import pytest
 from mps_health.core.config import ConfigError, from_mapping
 from mps_health.core.probes.slurm import SlurmNode, parse_node_lines
+from mps_health.core.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
 from mps_health.remediation import healthcheck, slurmnode
 
 TAG = "MPS-HC:"
@@ -90,3 +91,58 @@ def test_a_held_drain_is_critical_fleet_wide_fault(tmp_path: Path) -> None:
     assert "node not drained by us; not drained: fleet-wide" in r.lines[-1]
     assert not (tmp_path / "updates").exists()  # no scontrol update was made
     assert "event=drain result=held" in (tmp_path / "audit.log").read_text()
+
+
+@pytest.mark.parametrize("reason, code", [
+    (f"{TAG} control-wedged gpu0: the daemon did not answer", "control-wedged"),
+    (f"{TAG} orphan-dir: job 7's dirs", "orphan-dir"),
+    (f"{TAG}", ""), ("disk swap", ""), ("", ""),
+])
+def test_reason_code_reads_our_reasons_only(reason: str, code: str) -> None:
+    assert slurmnode.reason_code(reason, TAG) == code
+
+
+def drained_for(code: str, *names: str) -> Sequence[SlurmNode]:
+    lines = ["NodeName=me State=IDLE Partitions=gpu"]
+    lines += [f"NodeName={n} State=IDLE+DRAIN Partitions=gpu Reason={TAG} {code} gpu0: x [root@t]"
+              for n in names]
+    return parse_node_lines("\n".join(lines))
+
+
+@pytest.mark.parametrize("code", sorted(slurmnode.NOT_COUNTED))
+def test_drains_a_user_can_cause_do_not_hold_a_real_one(code: str) -> None:
+    breaker = slurmnode.fleet_breaker("me", TAG, 0.25, None)
+    assert breaker(drained_for(code, "b", "c", "d")) == ""
+    assert breaker(drained_for("control-wedged", "b", "c", "d")).startswith("fleet-wide")
+
+
+def report_with(*found: Result) -> Report:
+    return Report("n1", 0.0, 0.0, (CheckRun("strays", tuple(found), 0.0),), {}, "test")
+
+
+def test_findings_a_user_can_cause_never_make_the_verdict() -> None:
+    user = Result("strays", WARNING, "server-unclaimed", "", "held by uid 1001", "look")
+    real = Result("strays", CRITICAL, "server-orphaned", "", "server with no daemon", "reset")
+    assert healthcheck.drainable(report_with(user), ()).state == OK
+    assert healthcheck.drainable(report_with(user, real), ()).state == CRITICAL
+    assert healthcheck.drainable(report_with(real), ("strays",)).runs == ()
+
+
+def test_a_user_caused_warning_never_drains_even_with_drain_on_warning(tmp_path: Path) -> None:
+    """A stray in the pipe dir (any user can make one) with drain_on: warning and a
+    one-run threshold: reported, the run passes, scontrol is never called."""
+    pipe = tmp_path / "pipe"
+    pipe.mkdir(mode=0o777)
+    pipe.chmod(0o777)
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log").chmod(0o777)
+    (pipe / "planted").write_text("x")
+    cfg = config(tmp_path, checks={"only": ["directories"]},
+                 healthcheck={"fail_runs": 1, "drain_on": "warning"},
+                 commands={"scontrol": str(tmp_path / "no-scontrol")})
+    r = healthcheck.run_once(cfg, "/", False, {})
+    text = "\n".join(r.lines)
+    assert r.rc == 1 and "pipe-entry-foreign" in text, text
+    assert "MPS-HC: a local user can cause these, so they never drain: pipe-entry-foreign" \
+        in r.lines, text
+    assert r.lines[-1].startswith("MPS-HC: pass;"), r.lines
