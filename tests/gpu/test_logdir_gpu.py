@@ -3,9 +3,11 @@ dir's mode (0755, root's) in docs/security.md.
 
 A root control daemon serves a CUDA client of an unprivileged user through a log dir
 that only root may write. The client must work, the server MPS starts for it runs as
-that user, and every file in the log dir must be root's (the daemon opens
-``control.log`` and ``server.log`` itself and writes the servers' lines there); the
-server holds nothing open in the log dir.
+that user, and every file in the log dir must be root's: the daemon opens
+``control.log`` and ``server.log`` itself, and the server writes only through the
+descriptors it inherits from the daemon, so it needs no right in the dir. The user
+cannot reopen those descriptors through /proc (the server changed its uid, so the
+kernel makes it non-dumpable).
 
 Run on the H200 as root: ``python3 -m pytest -m gpu tests/gpu/test_logdir_gpu.py -v -s``
 (or ``bash tests/gpu/run.sh``).
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import pytest
 from mpsgpu import Mps, have_gpu, have_torch_cuda, say
@@ -61,7 +63,8 @@ def servers_of(uid: int) -> List[int]:
     return found
 
 
-def open_in(pid: int, directory: Path) -> List[str]:
+def open_in(pid: int, directory: Path) -> List[Tuple[str, str]]:
+    """(fd, path) of what ``pid`` holds open inside ``directory``."""
     held = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -69,8 +72,17 @@ def open_in(pid: int, directory: Path) -> List[str]:
         except OSError:
             continue
         if target.startswith(str(directory) + "/"):
-            held.append(target)
-    return held
+            held.append((fd, target))
+    return sorted(held)
+
+
+def reopen_as_user(pid: int, fd: str) -> str:
+    """What the client's user gets when it opens the server's descriptor through /proc."""
+    code = (f"import os\ntry:\n    os.close(os.open('/proc/{pid}/fd/{fd}', os.O_WRONLY | "
+            "os.O_APPEND))\n    print('opened')\nexcept OSError as e:\n    print(e.strerror)\n")
+    r = subprocess.run(["runuser", "-u", USER, "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=30, cwd="/")
+    return (r.stdout + r.stderr).strip()
 
 
 def test_a_job_users_server_writes_nothing_in_the_root_log_dir(mps: Mps) -> None:
@@ -107,7 +119,10 @@ def test_a_job_users_server_writes_nothing_in_the_root_log_dir(mps: Mps) -> None
             f"server {server} runs as uid {os.stat(f'/proc/{server}').st_uid}; "
             f"files it holds open in the log dir: {held or 'none'}",
             f"log dir entries (name, uid, mode): {entries}")
-        assert held == []
+        reopened = {path: reopen_as_user(server, fd) for fd, path in held}
+        say(f"the user opening those through /proc/{server}/fd: {reopened}")
+        assert {os.path.basename(p) for _, p in held} <= {"control.log", "server.log"}
+        assert all(answer != "opened" for answer in reopened.values()), reopened
         assert {name for name, _, _ in entries} >= {"control.log", "server.log"}
         assert all(uid == 0 for _, uid, _ in entries), entries
         text = (mps.log / "server.log").read_text(errors="replace")
