@@ -261,7 +261,7 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
     job, in_slurm = parse_cgroup(cgroup, cgroup_truncated)
     job_from = "cgroup" if in_slurm else ""
     if not in_slurm:
-        claimed = environ.get("SLURM_JOB_ID", "").strip()
+        claimed = environ.get("SLURM_JOB_ID", "")  # as Slurm sets it: digits alone
         if _number(claimed) not in (None, "0"):
             job, job_from = claimed, "environ"
     pct: Optional[float] = None
