@@ -80,11 +80,12 @@ def mismatches(inst: Instance, wrong: Dict[int, List[Tuple[ClientFact, str]]]
         pids = ", ".join(str(c.pid) for c, _why in found[:MISMATCH_PIDS_SHOWN])
         more = (f" and {len(found) - MISMATCH_PIDS_SHOWN} more"
                 if len(found) > MISMATCH_PIDS_SHOWN else "")
+        many = len(found) != 1
         yield Result(NAME, WARNING, "client-job-mismatch", inst.name,
-                     f"uid {uid} ({user}): {len(found)} MPS client"
-                     f"{'s' if len(found) != 1 else ''} of instance {inst.name} belong to "
-                     f"no job of theirs (pid {pids}{more}; pid {found[0][0].pid} "
-                     f"{found[0][1]}): not charged to that job",
+                     f"uid {uid} ({user}): {len(found)} MPS client{'s' if many else ''} of "
+                     f"instance {inst.name} belong{'' if many else 's'} to no job of theirs "
+                     f"(pid {pids}{more}; pid {found[0][0].pid} {found[0][1]}): not charged "
+                     "to that job",
                      f"ask uid {uid} why their processes claim another user's job "
                      f"(ps -o pid,user,args -p {found[0][0].pid}; cat /proc/"
                      f"{found[0][0].pid}/cgroup); see the runbook")

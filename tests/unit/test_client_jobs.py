@@ -217,6 +217,8 @@ def test_a_cgroup_of_another_users_job_is_a_mismatch_too() -> None:
     results = run_check(client(2003, EVIL, "500", "cgroup"))
     assert problems(results) == [("client-job-mismatch", WARNING)]
     assert "runs in the Slurm cgroup of job 500 of uid 1002" in results[0].message
+    assert "1 MPS client of instance node belongs to no job of theirs (pid 2003;" in \
+        results[0].message
 
 
 def test_the_owners_own_clients_are_judged_as_before() -> None:
@@ -278,3 +280,25 @@ def test_the_view_shows_a_claimed_job_as_not_theirs() -> None:
     text = render_text(data)
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("2001"))
     assert "!500" in row and "not theirs" in row and "gres:mps:30" not in row
+
+
+def test_a_reset_refusal_names_the_cgroup_job_and_a_claim_as_a_claim(tmp_path) -> None:
+    """remediate reset asks no squeue: the job cgroup is named as the job, a SLURM_JOB_ID
+    outside one as what the process says, through the probe's bounded read and parse."""
+    from pathlib import Path
+
+    from mps_health.remediation.clients import describe
+
+    def fake_proc(pid: int, cgroup: str, job: str) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        for name in ("stat", "status"):  # a live process's, for its uid and start time
+            (d / name).write_bytes(Path(f"/proc/self/{name}").read_bytes())
+        (d / "cmdline").write_bytes(b"python3\0x.py\0")
+        (d / "cgroup").write_text(cgroup)
+        (d / "environ").write_bytes(f"SLURM_JOB_ID={job}\0".encode())
+
+    fake_proc(101, V2_TASK, "500")  # in job 4242's cgroup, claiming 500: job 4242
+    fake_proc(102, NOT_SLURM[0], "500")  # outside Slurm: only its word
+    fake_proc(103, NOT_SLURM[0], "1;rm")
+    assert describe(str(tmp_path), [101, 102, 103]) == "101 (job 4242), 102 (says job 500), 103"
