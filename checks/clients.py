@@ -11,6 +11,10 @@ contexts; each client's job id and CUDA_MPS_* environment from /proc) and one sq
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (as it was at exec: /proc/PID/environ) and its
   server's active thread percentage (a client can only lower its limit; seen on the
   H200, docs/clients.md). A program that changes its environment after exec is not seen.
+* ``client-job-mismatch``: a client's job is not its own: it runs in the Slurm cgroup
+  of a job squeue gives to another uid, or (in no Slurm cgroup) its ``SLURM_JOB_ID``
+  names another uid's job. Reported against the process's owner, one line per uid;
+  the job named is never judged by that client (``attribute``).
 * ``clients-near-cap``: a server's client contexts on one GPU near the MPS limit
   (48 per device on Volta and newer, NVIDIA's MPS guide: docs/clients.md).
 * ``server-spans-gpus``: one server uses several GPUs where each instance should serve
@@ -33,8 +37,9 @@ from ..core.results import UNKNOWN, WARNING, Result, ok
 
 NAME = "clients"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
-CODES = ("client-not-mps-job", "client-over-limit", "clients-near-cap", "server-spans-gpus",
-         "servers-not-asked", "slurm-jobs-unavailable")
+CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",
+         "server-spans-gpus", "servers-not-asked", "slurm-jobs-unavailable")
+MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest counted
 
 
 def settings(config: Config) -> ClientsConfig:
@@ -45,6 +50,45 @@ def who(c: ClientFact) -> str:
     user = escape(c.user) if c.user else (f"uid {c.uid}" if c.uid is not None else "gone")
     job = f", job {escape(c.job_id)}" if c.job_id else ""
     return f"client {c.pid} ({user}{job})"
+
+
+def attribute(c: ClientFact, by_id: Dict[str, SlurmJob]) -> Tuple[Optional[SlurmJob], str]:
+    """The Slurm job a client belongs to, and why the job it names is not its own ("" when
+    it is, or names none squeue lists) (pure; the one rule for the check and the view).
+
+    A job counts only when squeue gives it to the client's uid: SLURM_JOB_ID is anyone's
+    to set, so a user with no job (or a non-MPS job) could otherwise put another user's
+    job up for judging, or hide behind it."""
+    if not c.job_id:
+        return None, ""
+    job = by_id.get(c.job_id)
+    if job is None:
+        return None, ""  # ended, started after squeue, or never here: nothing to say
+    if c.uid is not None and job.uid == c.uid:
+        return job, ""
+    how = ("runs in the Slurm cgroup of" if c.job_from == "cgroup"
+           else "names in SLURM_JOB_ID")
+    return None, f"{how} job {escape(job.job_id)} of uid {job.uid}"
+
+
+def mismatches(inst: Instance, wrong: Dict[int, List[Tuple[ClientFact, str]]]
+               ) -> Iterator[Result]:
+    """One client-job-mismatch per uid whose clients name other users' jobs."""
+    for uid in sorted(wrong):
+        found = wrong[uid]
+        user = escape(found[0][0].user) if found[0][0].user else "?"
+        pids = ", ".join(str(c.pid) for c, _why in found[:MISMATCH_PIDS_SHOWN])
+        more = (f" and {len(found) - MISMATCH_PIDS_SHOWN} more"
+                if len(found) > MISMATCH_PIDS_SHOWN else "")
+        many = len(found) != 1
+        yield Result(NAME, WARNING, "client-job-mismatch", inst.name,
+                     f"uid {uid} ({user}): {len(found)} MPS client{'s' if many else ''} of "
+                     f"instance {inst.name} belong{'' if many else 's'} to no job of theirs "
+                     f"(pid {pids}{more}; pid {found[0][0].pid} {found[0][1]}): not charged "
+                     "to that job",
+                     f"ask uid {uid} why their processes claim another user's job "
+                     f"(ps -o pid,user,args -p {found[0][0].pid}; cat /proc/"
+                     f"{found[0][0].pid}/cgroup); see the runbook")
 
 
 def ceiling(c: ClientFact, server: ServerFact) -> Tuple[float, str]:
@@ -143,6 +187,9 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
     for server in live:
         problems += judge_server(inst, server, cfg, isolation)
     with_job = [(s, c) for s, c in clients if c.job_id]
+    # Until squeue says whose each job is, the jobs are those the clients name.
+    job_ids = {c.job_id for _s, c in with_job}
+    wrong: Dict[int, List[Tuple[ClientFact, str]]] = {}
     if jobs is not None and not jobs.asked:
         pass  # a server started after the jobs source looked: judged next run
     elif with_job and (jobs is None or jobs.jobs is None):
@@ -152,16 +199,23 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
                                f"list could not be read ({why})",
                                "scontrol ping; squeue -w NODE by hand"))
     else:
+        owned: List[str] = []
         for server, c in with_job:
-            job = by_id.get(c.job_id)
-            if job is not None:
+            job, why = attribute(c, by_id)
+            if why and c.uid is not None:
+                wrong.setdefault(c.uid, []).append((c, why))
+            elif job is not None:
+                owned.append(job.job_id)
                 problems += judge_client(inst, server, c, job, mps_per_gpu)
+        problems += mismatches(inst, wrong)
+        job_ids = set(owned)
     yield from problems
     codes = [r.code for r in problems]
     values = (("clients", float(len(clients))),
               ("clients_not_mps_job", float(codes.count("client-not-mps-job"))),
               ("clients_over_limit", float(codes.count("client-over-limit"))),
-              ("jobs", float(len({c.job_id for _s, c in with_job}))))
+              ("jobs", float(len(job_ids))),
+              ("clients_job_mismatch", float(sum(len(w) for w in wrong.values()))))
     if cur.query == "idle":
         text = "no server runs, so no client"
     elif not clients:

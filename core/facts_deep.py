@@ -27,7 +27,10 @@ class ClientFact(NamedTuple):
     # Read from /proc (mps_health.core.probes.clientinfo): all "" or None where unreadable.
     command: str = ""  # cmdline, NUL as spaces, cut: raw, escape before printing
     job_id: str = ""  # Slurm job id ("" when none was found)
-    job_from: str = ""  # "environ" (SLURM_JOB_ID) | "cgroup" (job_N in its cgroup) | ""
+    # "cgroup": it runs in that job's Slurm cgroup (a Slurm cgroup naming no single job
+    # gives job_id ""); "environ": no Slurm cgroup, and SLURM_JOB_ID names it: the
+    # user's claim, believed only where squeue says the job is this uid's; "": none.
+    job_from: str = ""
     # "read" | "truncated" (cut at the size cap) | "denied" (not root) | "gone" | "error"
     environ: str = ""
     thread_percentage: Optional[float] = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at exec

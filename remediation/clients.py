@@ -111,37 +111,22 @@ def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_an
 
 
 def job_of(proc_dir: str, pid: int) -> str:
-    """The Slurm job a process belongs to ('' if none): SLURM_JOB_ID, else its cgroup."""
-    from ..core.safefiles import read_small
+    """How to name a process's Slurm job in a refusal: "job N" for the job cgroup it runs
+    in, "says job N" for a SLURM_JOB_ID outside any (its user's word: no squeue is asked
+    here to hold it against), "" for none. The probe's bounded read and strict parse."""
+    from ..core.probes.clientinfo import read_client
 
-    try:
-        for item in (read_small(f"{proc_dir}/{pid}/environ", 8 << 20) or b"").split(b"\0"):
-            if item.startswith(b"SLURM_JOB_ID="):
-                return item.split(b"=", 1)[1].decode("ascii", "replace")
-    except OSError:
-        pass
-    try:
-        text = (read_small(f"{proc_dir}/{pid}/cgroup", 1 << 16) or b"").decode(
-            "utf-8", "replace")
-    except OSError:
+    info = read_client(proc_dir, pid, None)
+    if not info.job_id:
         return ""
-    marker = "/job_"
-    at = text.find(marker)
-    if at < 0:
-        return ""
-    digits = ""
-    for c in text[at + len(marker):]:
-        if not c.isdigit():
-            break
-        digits += c
-    return digits
+    return f"job {info.job_id}" if info.job_from == "cgroup" else f"says job {info.job_id}"
 
 
 def describe(proc_dir: str, pids: Sequence[int]) -> str:
     parts = []
     for pid in pids[:8]:
         job = job_of(proc_dir, pid)
-        parts.append(f"{pid}" + (f" (job {job})" if job else ""))
+        parts.append(f"{pid}" + (f" ({job})" if job else ""))
     more = f", +{len(pids) - 8} more" if len(pids) > 8 else ""
     return ", ".join(parts) + more
 

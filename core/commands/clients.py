@@ -60,7 +60,7 @@ def gpu_memory(facts: "Facts") -> Dict[int, int]:
 def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
-    from ...checks.clients import ceiling
+    from ...checks.clients import attribute, ceiling
     from ..probes.jobs import gres_count
 
     servers: Any = facts.sources.get("servers")
@@ -99,11 +99,16 @@ def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
                 "devices": [d._asdict() for d in s.devices],
                 "errors": list(s.detail_errors), "clients": []}
             for c in s.clients:
-                job = by_id.get(c.job_id) if c.job_id else None
+                # The job squeue gives to the client's uid; a job of another uid is only
+                # what the client claims (the check's client-job-mismatch).
+                job, mismatch = attribute(c, by_id)
                 known = c.environ in ("read", "truncated")
                 server["clients"].append({
                     "pid": c.pid, "user": c.user, "uid": c.uid, "command": c.command,
-                    "job_id": c.job_id or None, "job_from": c.job_from or None,
+                    "job_id": None if mismatch else (c.job_id or None),
+                    "job_from": c.job_from or None,
+                    "job_claimed": c.job_id if mismatch else None,
+                    "job_mismatch": mismatch or None,
                     "job_gres": job.gres if job else None,
                     "job_mps": gres_count(job, "mps") if job else None,
                     "environ": c.environ or None,
@@ -160,8 +165,11 @@ def render_text(data: Dict[str, Any]) -> str:
             lines.append(f"    {'PID':<8} {'USER':<12} {'JOB':<9} {'ASKED':<12} {'THREADS':<14}"
                          f" {'PINNED':<8} {'GPU MEM':<9} COMMAND")
             for c in s["clients"]:
-                job = e(c["job_id"] or "-", 9)
-                asked = e(c["job_gres"] or ("?" if c["job_id"] else "-"), 12)
+                if c["job_mismatch"]:  # "!" and the job it names: not its own
+                    job, asked = "!" + e(c["job_claimed"], 8), "not theirs"
+                else:
+                    job = e(c["job_id"] or "-", 9)
+                    asked = e(c["job_gres"] or ("?" if c["job_id"] else "-"), 12)
                 if c["environ"] in ("read", "truncated"):
                     env = c["env_thread_percentage"]
                     threads = _pct(c["thread_ceiling"]) + (f" (env {env:g})" if env is not None

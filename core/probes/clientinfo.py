@@ -7,7 +7,10 @@ bounded reads of a client's /proc files.
 A client's ``/proc/PID/environ`` is readable by root and its owner only, and may be
 large: at most ``ENVIRON_CAP`` bytes are read, through O_NOFOLLOW|O_NONBLOCK, and the
 process's start time is compared before and after, so a PID reused in between is never
-taken for the client. Only the few variables that matter are kept. Everything read here
+taken for the client. Only the few variables that matter are kept. A client's job is
+the Slurm job cgroup it runs in (``/proc/PID/cgroup``, read up to ``CGROUP_CAP`` and
+parsed strictly); its own ``SLURM_JOB_ID`` only where it is in no Slurm cgroup, and then
+as a claim the checks hold against squeue. Everything read here
 comes from users' processes: it is kept raw and escaped where it is printed
 (``mps_health.exporters.text.escape``).
 """
@@ -169,28 +172,98 @@ def parse_device_clients(text: str) -> Dict[int, int]:
     return counts
 
 
-def job_from_cgroup(text: str) -> str:
-    """The Slurm job id in ``/proc/PID/cgroup``: cgroup v1 ``.../slurm/uid_U/job_N/...``,
-    v2 ``.../slurmstepd.scope/job_N/step_S/...``; "" when none."""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        if "slurm" not in path:
+JOB_DIGITS = 10  # a Slurm job id (and a uid) is a uint32: at most 10 digits
+
+
+def _number(text: str) -> Optional[str]:
+    """``text`` if it is a number as Slurm's ``%u`` prints it (ASCII digits, no sign, no
+    leading zero, at most 10 digits), else None."""
+    if not 0 < len(text) <= JOB_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return text if text == "0" or text[0] != "0" else None
+
+
+def _stepd_scope(name: str) -> bool:
+    # slurmd's scope under system.slice; NODENAME_slurmstepd.scope with several slurmd
+    # per host. Only root can make a dir there: a user's own delegated cgroup tree
+    # (user.slice/.../user@UID.service) may hold any names, so the place is checked too.
+    return name == "slurmstepd.scope" or (name.endswith("_slurmstepd.scope")
+                                          and len(name) > len("_slurmstepd.scope"))
+
+
+def job_of_cgroup_path(path: str) -> Optional[str]:
+    """The Slurm job whose cgroup ``path`` (one line's third field) is, or None.
+
+    Only the places Slurm itself makes, from the hierarchy's root (slurm.schedmd.com
+    cgroup_v2.html and cgroups.html; the same in 22.05 and 24.11):
+    v2 ``/system.slice/slurmstepd.scope/job_N[/step_S/...]``;
+    v1 ``/slurm/uid_U/job_N[/step_S/...]`` (``/slurm_NODENAME/...`` with several slurmd).
+    """
+    parts = path.split("/")
+    if len(parts) < 4 or parts[0] != "":
+        return None
+    top, second, name = parts[1:4]
+    v2 = top == "system.slice" and _stepd_scope(second)
+    v1 = (top == "slurm" or (top.startswith("slurm_") and len(top) > 6)) \
+        and second.startswith("uid_") and _number(second[4:]) is not None
+    if not (v1 or v2):
+        return None
+    job = _number(name[4:]) if name.startswith("job_") else None
+    if job is None or job == "0":
+        return None
+    rest = parts[4:]
+    if rest and not rest[0].startswith("step_"):
+        return None  # below a job, Slurm makes step_* only
+    return job
+
+
+def parse_cgroup(text: str, truncated: bool = False) -> Tuple[str, bool]:
+    """(Slurm job id, whether any line is a Slurm job cgroup) of ``/proc/PID/cgroup``.
+
+    Each line is ``ID:CONTROLLERS:PATH`` (v2: ``0::PATH``; v1: one line a hierarchy).
+    The path names are made by whoever may create cgroups there, so a line that is not of
+    that form is skipped, a cut last line dropped, and lines naming different jobs give
+    no job at all (yet count as a Slurm cgroup: the environment is then not asked)."""
+    lines = text.split("\n")
+    if truncated:
+        lines = lines[:-1]
+    found: Optional[str] = None
+    slurm = False
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3 or _number(fields[0]) is None:
             continue
-        for part in path.split("/"):
-            if part.startswith("job_") and part[4:].isdigit():
-                return part[4:]
-    return ""
+        job = job_of_cgroup_path(fields[2])
+        if job is None:
+            continue
+        if found is not None and job != found:
+            return "", True
+        found, slurm = job, True
+    return found or "", slurm
 
 
-def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str) -> ClientProc:
-    """A ClientProc from the parts read (pure)."""
+def job_from_cgroup(text: str) -> str:
+    """The Slurm job id in ``/proc/PID/cgroup`` ("" when none): see ``parse_cgroup``."""
+    return parse_cgroup(text)[0]
+
+
+def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
+              cgroup_truncated: bool = False) -> ClientProc:
+    """A ClientProc from the parts read (pure).
+
+    The job is the Slurm job cgroup the process runs in: Slurm puts it there and its
+    user cannot move it into another user's job. ``SLURM_JOB_ID`` is only the user's
+    say-so (anyone can set it): taken only where no Slurm cgroup exists, marked
+    "environ", and believed by the checks only where squeue says that job is the
+    process's uid's (``mps_health.checks.clients.attribute``)."""
     args = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
     command = " ".join(args)[:COMMAND_KEEP]
-    job = environ.get("SLURM_JOB_ID", "").strip()
-    job_from = "environ" if job.isdigit() else ""
-    if not job_from:
-        job = job_from_cgroup(cgroup)
-        job_from = "cgroup" if job else ""
+    job, in_slurm = parse_cgroup(cgroup, cgroup_truncated)
+    job_from = "cgroup" if in_slurm else ""
+    if not in_slurm:
+        claimed = environ.get("SLURM_JOB_ID", "")  # as Slurm sets it: digits alone
+        if _number(claimed) not in (None, "0"):
+            job, job_from = claimed, "environ"
     pct: Optional[float] = None
     raw = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     if raw is not None:
@@ -200,7 +273,7 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str)
             pct = None
         if pct is not None and not 0.0 <= pct <= 100.0:
             pct = None
-    return ClientProc(command, job if job_from else "", job_from, status, pct,
+    return ClientProc(command, job, job_from if job else "", status, pct,
                       environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")[:100],
                       environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
@@ -254,10 +327,11 @@ def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientPr
 
     base = f"{proc_dir}/{pid}"
     cmdline, _ = _read_capped(f"{base}/cmdline", CMDLINE_CAP)
-    cgroup, _ = _read_capped(f"{base}/cgroup", CGROUP_CAP)
+    cgroup, cgroup_status = _read_capped(f"{base}/cgroup", CGROUP_CAP)
     raw, status = _read_capped(f"{base}/environ", ENVIRON_CAP)
     after = identity(proc_dir, pid)
     if after is None or (start_ticks is not None and after[1] != start_ticks):
         return ClientProc(environ="gone")  # exited (or the PID was reused) meanwhile
     env = parse_environ(raw, status == "truncated") if raw is not None else {}
-    return interpret(env, status, cmdline or b"", (cgroup or b"").decode("utf-8", "replace"))
+    return interpret(env, status, cmdline or b"", (cgroup or b"").decode("utf-8", "replace"),
+                     cgroup_status == "truncated")

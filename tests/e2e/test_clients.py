@@ -214,7 +214,8 @@ def test_the_h200_scenario_is_judged_as_the_run_saw_it() -> None:
     assert "CUDA_MPS_PIPE_DIRECTORY is unset" in not_mps.message
     summary = next(r for r in results if r.state == 0 and dict(r.values).get("clients"))
     assert dict(summary.values) == {"clients": 4.0, "clients_not_mps_job": 1.0,
-                                    "clients_over_limit": 1.0, "jobs": 4.0}
+                                    "clients_over_limit": 1.0, "jobs": 4.0,
+                                    "clients_job_mismatch": 0.0}
     device = next(r for r in results if r.labels)
     assert device.labels == (("UUID", UUID),)
     assert dict(device.values) == {"contexts_limit": 48.0, "contexts": 4.0,
