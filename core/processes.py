@@ -61,14 +61,15 @@ def candidates(proc_dir: str, binaries: Optional[Binaries]) -> Tuple[ProcessFact
     return tuple(p for p in read_processes(proc_dir, binaries) if is_daemon(p))
 
 
-def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str], uid: Optional[int],
-               named: Optional[int] = None) -> Tuple[ProcessFact, ...]:
-    """The control daemons of ``uid`` (None: of any uid, ``mps.daemon_user: any``) serving
-    one of ``paths``, by the pipe dir in their environ; where environ cannot be read, the
-    one the pid file names (``named``). Another uid's process is never one of them,
-    whatever the pid file says: anyone may write it."""
+def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
+               uids: Optional[Collection[int]], named: Optional[int] = None
+               ) -> Tuple[ProcessFact, ...]:
+    """The control daemons of one of ``uids`` (None: of any uid, ``mps.daemon_user: any``)
+    serving one of ``paths``, by the pipe dir in their environ; where environ cannot be
+    read, the one the pid file names (``named``). Another uid's process is never one of
+    them, whatever the pid file says: anyone may write it."""
     wanted = {os.path.normpath(p) for p in paths}
-    return tuple(p for p in procs if is_daemon(p) and (uid is None or p.uid == uid)
+    return tuple(p for p in procs if is_daemon(p) and (uids is None or p.uid in uids)
                  and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
 
 
@@ -76,7 +77,7 @@ def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: 
                ) -> Tuple[ProcessFact, ...]:
     """Every control daemon of ``uid`` serving ``pipe_dir``, found in /proc whatever the
     pid file says (deleted, or naming another process)."""
-    return daemons_in(candidates(proc_dir, binaries), (pipe_dir,), uid, read_pid(pipe_dir))
+    return daemons_in(candidates(proc_dir, binaries), (pipe_dir,), (uid,), read_pid(pipe_dir))
 
 
 def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
@@ -86,7 +87,7 @@ def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid
     so this says a starting daemon is ready (``daemonctl.start_daemon``)."""
     pid = read_pid(pipe_dir)
     p = read_process(proc_dir, pid, binaries) if pid is not None else None
-    return p if p is not None and daemons_in((p,), (pipe_dir,), uid, pid) else None
+    return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
 
 
 def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
@@ -101,25 +102,25 @@ def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: i
 
 
 def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
-                     uid: Optional[int]) -> str:
+                     uids: Optional[Collection[int]]) -> str:
     """One line when the pid file names a process that is none of ``daemons`` (the ones
-    found in /proc, of ``uid``); "" when it agrees or names none."""
+    found in /proc, of ``uids``); "" when it agrees or names none."""
     if named is None or named in {d.pid for d in daemons}:
         return ""
-    whose = "" if uid is None else f" of uid {uid}"
+    whose = "" if uids is None else " of uid " + " or ".join(map(str, sorted(set(uids))))
     return (f"the pid file names {named}, which is not a control daemon{whose} serving "
             "this pipe dir: ignored, that process is left alone")
 
 
 def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
-                 uid: Optional[int] = None
+                 uids: Optional[Collection[int]] = None
                  ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons of ``uid``, servers) serving ``paths``: by the pipe dir in their
+    """(control daemons of ``uids``, servers) serving ``paths``: by the pipe dir in their
     environ (``daemons_in``), and for servers also by parentage (a daemon's child is its
     server whatever its environ). Servers run as their clients' users: no uid rule."""
     procs = tuple(procs)
     wanted = {os.path.normpath(p) for p in paths}
-    daemons = daemons_in(procs, wanted, uid)
+    daemons = daemons_in(procs, wanted, uids)
     pids = {d.pid for d in daemons}
     servers = tuple(p for p in procs if is_server(p) and (
         p.pipe_dir in wanted or p.ppid in pids))
@@ -127,11 +128,11 @@ def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
 
 
 def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/",
-                uid: Optional[int] = None
+                uids: Optional[Collection[int]] = None
                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons of ``uid``, servers) of ``inst``; under ``--root`` a daemon's
+    """(control daemons of ``uids``, servers) of ``inst``; under ``--root`` a daemon's
     environ may name its pipe dir with or without the root."""
-    return of_pipe_dirs(procs, pipe_paths(inst, root), uid)
+    return of_pipe_dirs(procs, pipe_paths(inst, root), uids)
 
 
 def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:

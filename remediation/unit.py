@@ -73,8 +73,8 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     uid = os.geteuid()
     named = read_pid(pipe_dir)
     binaries = binaries_of(control, path_env=os.environ.get("PATH"))
-    daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), uid, named)
-    ignored = pid_file_ignored(named, daemons, uid)
+    daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), (uid,), named)
+    ignored = pid_file_ignored(named, daemons, (uid,))
     if ignored:
         say(f"{pipe_dir}: {ignored}")
     if not daemons:
@@ -90,7 +90,8 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     env = runner.child_env({"CUDA_MPS_PIPE_DIRECTORY": pipe_dir})
     problem = quit_daemon(control, None, env, grace, timeout_s)
     if wait_gone("/proc", daemons, 0 if problem else timeout_s):
-        say(f"control daemon {pids} for {pipe_dir} has quit")
+        say(f"control daemon {pids} for {pipe_dir} has quit" if len(daemons) == 1 else
+            f"control daemons {pids} for {pipe_dir} have quit")
         return ExitCode.DONE
     left = ", ".join(str(d.pid) for d in daemons if not gone("/proc", d))
     raise Failure(f"unit stop: control daemon {left or pids} for {pipe_dir} did not exit "

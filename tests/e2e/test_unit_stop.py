@@ -8,6 +8,7 @@ process of theirs (a ``sleep``, a copy of another program named like the daemon,
 own genuine daemon on another dir). The unit's daemon still gets a clean ``quit`` and
 exits; what the attacker named is never touched; another instance's daemon neither.
 """
+# ruff: noqa: F811  (the fixture test_user comes from remhelp)
 
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from hostile import ATTACKER, as_user, run_as
 from mpsdaemon import PID_FILE, query, start_daemon
 from nodesite import Daemon, Site
 from paths import FAKE_CONTROL
-from remhelp import alive, remediating
+from remhelp import alive, daemons_of, remediating, test_user, uid_of  # noqa: F401
 
 
 @pytest.fixture
@@ -151,3 +152,18 @@ def test_reset_never_ends_another_uids_daemon_the_pid_file_names(site: Site) -> 
     assert "ask control daemon" not in r.stdout and f"{evil}: " not in r.stdout, r.stdout
     assert alive(evil), r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_reset_replaces_roots_daemon_after_the_daemon_user_changed(site: Site,
+                                                                   test_user) -> None:
+    """Root's daemon is the instance's to replace (only root can have started it): with
+    ``mps.daemon_user`` now a user, a reset ends it and starts theirs."""
+    root_daemon = site.start_daemon()
+    assert root_daemon.pid is not None
+    cfg = site.config(remediating(site), mps={"daemon_user": test_user.pw_name,
+                                              "dir_owner": test_user.pw_name})
+    r = mps_health("remediate", "reset", "--config", cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert gone_within(root_daemon.pid), r.stdout
+    (pid,) = daemons_of(site.pipe)
+    assert uid_of(pid) == test_user.pw_uid

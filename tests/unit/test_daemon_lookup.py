@@ -98,11 +98,11 @@ def test_another_uids_daemon_is_never_the_one_even_when_named(node) -> None:
 def test_a_pid_file_that_disagrees_is_said_and_ignored(node) -> None:
     proc, pipe = node
     daemons = processes.daemons_of(proc, str(pipe), fake_binaries(), 0)
-    line = processes.pid_file_ignored(EVIL_POSER, daemons, 0)
+    line = processes.pid_file_ignored(EVIL_POSER, daemons, (0,))
     assert line.startswith(f"the pid file names {EVIL_POSER}, which is not a control "
                            "daemon of uid 0") and "left alone" in line
-    assert processes.pid_file_ignored(ROOT_DAEMON, daemons, 0) == ""
-    assert processes.pid_file_ignored(None, daemons, 0) == ""
+    assert processes.pid_file_ignored(ROOT_DAEMON, daemons, (0,)) == ""
+    assert processes.pid_file_ignored(None, daemons, (0,)) == ""
 
 
 def test_a_daemon_whose_environ_cannot_be_read_counts_only_when_the_pid_file_names_it(
@@ -148,7 +148,7 @@ def test_reset_lookup_keeps_the_uid_rule_and_servers_by_environ(node) -> None:
 
     proc, pipe = node
     found = read_processes(proc, fake_binaries())
-    daemons, _ = processes.of_pipe_dirs(found, (str(pipe),), 0)
+    daemons, _ = processes.of_pipe_dirs(found, (str(pipe),), {0})
     assert _pids(daemons) == [ROOT_DAEMON]
     daemons, _ = processes.of_pipe_dirs(found, (str(pipe),), None)
     assert _pids(daemons) == [ROOT_DAEMON, EVIL_DAEMON]
