@@ -5,8 +5,9 @@
 login, output in unlinked files because a daemon may keep inherited descriptors), with
 the environment the caller gives (never the caller's whole one); then, bounded, wait
 until the pid file names a live control daemon of that user on this pipe dir
-(``processes.daemon_of``: the pid file alone proves nothing) and its control socket
-exists, and ask one query to prove it answers.
+(``processes.named_daemon``: the pid file alone proves nothing, but a daemon writes it
+once its socket is bound, so it says when to ask) and its control socket exists, and
+ask one query to prove it answers.
 
 ``quit_daemon``: ``quit -t N`` through the control client as the daemon's user: the daemon
 ends servers still busy after N s itself; the client is bounded by ``timeout_s``. What
@@ -19,7 +20,7 @@ import os
 import stat
 import time
 
-from .processes import binaries_of, daemon_of
+from .processes import binaries_of, named_daemon
 from .runas import RunAs, run_as
 
 TYPE_CHECKING = False
@@ -59,7 +60,7 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
     pause = 0.005
     binaries = binaries_of(control, path_env=env.get("PATH"))
     while time.monotonic() < deadline:
-        daemon = daemon_of(proc_dir, pipe_dir, binaries, uid)
+        daemon = named_daemon(proc_dir, pipe_dir, binaries, uid)
         if daemon is not None and _has_socket(pipe_dir):
             break
         daemon = None

@@ -10,6 +10,12 @@ Safety rules, all here:
   whose parent is such a daemon (``of_pipe_dirs``). Only a process proven to run the
   configured MPS binary is ever signalled (``end_all``): never a user's process that
   only takes an MPS name.
+* A pipe dir's daemon is found in one place (``daemons_in``, over the processes
+  ``candidates`` reads): a control daemon of the daemon's uid whose environ names the pipe
+  dir. The pid file (anyone may rewrite or delete it in a 0777 dir) is a hint that must
+  agree: it picks a daemon only where /proc shows that same daemon (or one whose environ
+  we may not read), and a pid file naming anything else is reported and ignored
+  (``pid_file_ignored``), never acted on.
 * Just before a signal, /proc must still show the very process we planned on: the same
   start time (so not a reused PID), the same uid and MPS role, and not a zombie.
 * Where the kernel offers pidfds (``os.pidfd_open``, Linux 5.3+) one is opened *before*
@@ -29,7 +35,7 @@ from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 from .facts import Instance, ProcessFact
 from .instances import pipe_paths
 from .pidfile import read_pid
-from .probes.proc import read_process
+from .probes.proc import read_process, read_processes
 from .process_identity import (  # noqa: F401  (the identity rule, re-exported)
     GONE_STATES,
     Binaries,
@@ -49,39 +55,84 @@ class Ended(NamedTuple):
     detail: str = ""
 
 
-def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str]
-                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons, servers) serving ``paths``: by the pipe dir in their environ, and
-    for servers also by parentage (a daemon's child is its server whatever its environ)."""
+def candidates(proc_dir: str, binaries: Optional[Binaries]) -> Tuple[ProcessFact, ...]:
+    """Every live control daemon in ``proc_dir``: started with -d/-f and not shown to run
+    another binary than ``binaries`` (``is_daemon``), of any uid and pipe dir."""
+    return tuple(p for p in read_processes(proc_dir, binaries) if is_daemon(p))
+
+
+def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
+               uids: Optional[Collection[int]], named: Optional[int] = None
+               ) -> Tuple[ProcessFact, ...]:
+    """The control daemons of one of ``uids`` (None: of any uid, ``mps.daemon_user: any``)
+    serving one of ``paths``, by the pipe dir in their environ; where environ cannot be
+    read, the one the pid file names (``named``). Another uid's process is never one of
+    them, whatever the pid file says: anyone may write it."""
     wanted = {os.path.normpath(p) for p in paths}
-    daemons = tuple(p for p in procs if is_daemon(p) and p.pipe_dir in wanted)
+    return tuple(p for p in procs if is_daemon(p) and (uids is None or p.uid in uids)
+                 and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
+
+
+def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+               ) -> Tuple[ProcessFact, ...]:
+    """Every control daemon of ``uid`` serving ``pipe_dir``, found in /proc whatever the
+    pid file says (deleted, or naming another process)."""
+    return daemons_in(candidates(proc_dir, binaries), (pipe_dir,), (uid,), read_pid(pipe_dir))
+
+
+def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+                 ) -> Optional[ProcessFact]:
+    """The control daemon the pid file names, if /proc agrees that it is a daemon of
+    ``uid`` serving ``pipe_dir``. The daemon writes its pid file once its socket is bound,
+    so this says a starting daemon is ready (``daemonctl.start_daemon``)."""
+    pid = read_pid(pipe_dir)
+    p = read_process(proc_dir, pid, binaries) if pid is not None else None
+    return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
+
+
+def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+              ) -> Optional[ProcessFact]:
+    """The control daemon of ``uid`` serving ``pipe_dir``: the one the pid file names if
+    /proc agrees (one process read), else the first started found in /proc."""
+    named = named_daemon(proc_dir, pipe_dir, binaries, uid)
+    if named is not None:
+        return named
+    found = daemons_of(proc_dir, pipe_dir, binaries, uid)
+    return min(found, key=lambda p: (p.start_ticks, p.pid)) if found else None
+
+
+def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
+                     uids: Optional[Collection[int]]) -> str:
+    """One line when the pid file names a process that is none of ``daemons`` (the ones
+    found in /proc, of ``uids``); "" when it agrees or names none."""
+    if named is None or named in {d.pid for d in daemons}:
+        return ""
+    whose = "" if uids is None else " of uid " + " or ".join(map(str, sorted(set(uids))))
+    return (f"the pid file names {named}, which is not a control daemon{whose} serving "
+            "this pipe dir: ignored, that process is left alone")
+
+
+def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
+                 uids: Optional[Collection[int]] = None
+                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """(control daemons of ``uids``, servers) serving ``paths``: by the pipe dir in their
+    environ (``daemons_in``), and for servers also by parentage (a daemon's child is its
+    server whatever its environ). Servers run as their clients' users: no uid rule."""
+    procs = tuple(procs)
+    wanted = {os.path.normpath(p) for p in paths}
+    daemons = daemons_in(procs, wanted, uids)
     pids = {d.pid for d in daemons}
     servers = tuple(p for p in procs if is_server(p) and (
         p.pipe_dir in wanted or p.ppid in pids))
     return daemons, servers
 
 
-def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/"
+def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/",
+                uids: Optional[Collection[int]] = None
                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons, servers) of ``inst``; under ``--root`` a daemon's environ may name
-    its pipe dir with or without the root."""
-    return of_pipe_dirs(procs, pipe_paths(inst, root))
-
-
-def daemon_of(proc_dir: str, pipe_dir: str, binaries: Binaries, uid: Optional[int] = None
-              ) -> Optional[ProcessFact]:
-    """The control daemon the pid file names, if /proc shows a live control daemon (of
-    ``uid``, running the configured binary) whose environ names ``pipe_dir`` (or cannot
-    be read)."""
-    pid = read_pid(pipe_dir)
-    p = read_process(proc_dir, pid, binaries) if pid is not None else None
-    if p is None or not is_daemon(p):
-        return None
-    if uid is not None and p.uid != uid:
-        return None
-    if p.pipe_dir is not None and p.pipe_dir != os.path.normpath(pipe_dir):
-        return None
-    return p
+    """(control daemons of ``uids``, servers) of ``inst``; under ``--root`` a daemon's
+    environ may name its pipe dir with or without the root."""
+    return of_pipe_dirs(procs, pipe_paths(inst, root), uids)
 
 
 def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:

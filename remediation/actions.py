@@ -146,7 +146,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
                dry_run: bool, say: Say) -> int:
     target = target_for(ctx, inst, settings)
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
-    obs = reset_mod.observe(ctx, inst, settings)
+    obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
     plan = reset_mod.plan(ctx, obs, target, settings, force)
     for note in plan.notes:

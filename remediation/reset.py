@@ -1,7 +1,8 @@
 """reset: bring one MPS instance back the careful way, plan first.
 
-1. Observe: the instance's processes (by the pipe dir in their environ), its dirs by
-   lstat, the daemon's answer, the core checks' verdict, and the connected clients.
+1. Observe: the instance's processes (by the pipe dir in their environ; daemons only of
+   the configured daemon user or root, ``processes.daemons_in``), its dirs by lstat, the
+   daemon's answer, the core checks' verdict, and the connected clients.
 2. Plan: nothing for a healthy instance (unless forced); a refusal while clients are
    connected or cannot be ruled out (unless forced); otherwise the steps below.
 3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
@@ -13,7 +14,7 @@
 
 import os
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from ..core import engine, registry
 from ..core import processes as procs
@@ -81,10 +82,21 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
     return tuple(r for run_ in runs for r in run_.results if r.instance == inst.name)
 
 
+def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
+    """The uids whose control daemon on the pipe dir is this instance's to quit and end
+    (None: any, ``mps.daemon_user: any``): the daemon's user, and root, whose daemon only
+    root can have started (a reset replaces it after ``mps.daemon_user`` changes). A
+    control daemon of any other uid is a stray (``daemon-foreign``): never quit or
+    signalled by a reset, whatever the pid file names."""
+    if ctx.config.mps.daemon_user == "any":
+        return None
+    return frozenset({0, target.daemon_user.uid})
+
+
 def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
-            with_clients: bool = True) -> Observed:
+            with_clients: bool = True, uids: Optional[FrozenSet[int]] = None) -> Observed:
     found = read_processes(ctx.proc, binaries_here(ctx))
-    daemons, servers = procs.of_instance(inst, found, ctx.root)
+    daemons, servers = procs.of_instance(inst, found, ctx.root, uids)
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
     log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
     # Asked even when the daemon is stopped: the answer (a timeout) is bounded and honest.
@@ -128,10 +140,11 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     """The steps to take, or why none will be taken (pure over the observations)."""
     inst = obs.inst
     notes: List[str] = []
-    if obs.pipe.pid_file and obs.pipe.pid_file.isdigit() and \
-            int(obs.pipe.pid_file) not in {d.pid for d in obs.daemons}:
-        notes.append(f"the pid file names {obs.pipe.pid_file}, which is not a daemon of this "
-                     "instance: that process is left alone")
+    named = obs.pipe.pid_file
+    ignored = procs.pid_file_ignored(int(named) if named and named.isdigit() else None,
+                                     obs.daemons, daemon_uids(ctx, target))
+    if ignored:
+        notes.append(ignored)
     if not obs.problems and not force:
         return Plan(inst, (), nothing=f"{inst.name} is healthy: nothing to do "
                     "(--force restarts it anyway)", notes=tuple(notes))
@@ -200,9 +213,9 @@ def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Out
 
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
-            settings: RemediationSettings) -> Outcome:
+            settings: RemediationSettings, uids: Optional[FrozenSet[int]]) -> Outcome:
     daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
-                                        ctx.root)
+                                        ctx.root, uids)
     # What we planned on, plus any process of this instance started since (same pipe dir).
     todo = list(planned) + [p for p in (*daemons, *servers)
                             if (p.pid, p.start_ticks) not in {(q.pid, q.start_ticks)
@@ -255,8 +268,8 @@ def daemon_logged(log_dir: str, lines: int = 3) -> str:
     return f"{path} ends: " + " | ".join(escape(ln.strip())[:200] for ln in last)
 
 
-def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
-               ) -> Tuple[Outcome, Optional[Observed]]:
+def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings,
+               uids: Optional[FrozenSet[int]]) -> Tuple[Outcome, Optional[Observed]]:
     deadline = time.monotonic() + settings.verify_timeout_s
     answer = None
     while time.monotonic() < deadline:
@@ -265,7 +278,7 @@ def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings
         if answer.status == "ok":
             break
         time.sleep(0.1)
-    obs = observe(ctx, inst, settings, with_clients=False)
+    obs = observe(ctx, inst, settings, with_clients=False, uids=uids)
     bad = list(obs.problems)
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
@@ -291,14 +304,14 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             if step.kind == "quit":
                 out = _do_quit(ctx, inst, settings)
             elif step.kind == "end":
-                out = _do_end(ctx, inst, planned, settings)
+                out = _do_end(ctx, inst, planned, settings, daemon_uids(ctx, target))
             elif step.kind in ("pipe-dir", "log-dir"):
                 dt = target.pipe if step.kind == "pipe-dir" else target.log
                 out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt)))
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
-                out, _ = _do_verify(ctx, inst, settings)
+                out, _ = _do_verify(ctx, inst, settings, daemon_uids(ctx, target))
                 verified = out.ok
         except OSError as e:
             out = Outcome(False, os_error_text(e), stop=True)

@@ -7,9 +7,13 @@ do safely (``mps-health unit prepare|stop``).
   would follow a link planted in the world-writable /tmp. Stale daemon entries are left:
   ``nvidia-cuda-mps-control -d`` starts fine in a stale dir (seen on a real daemon).
 * ``stop`` (ExecStop) sends ``quit -t N`` through the control client with no shell
-  (``echo quit |`` would need one) and waits, bounded, for the daemon named by the pid
-  file to exit: systemd sends SIGTERM to what is left as soon as ExecStop returns, which
-  would cut the daemon's own clean shutdown of its servers short.
+  (``echo quit |`` would need one) and waits, bounded, for the unit's daemon to exit:
+  systemd sends SIGTERM to what is left as soon as ExecStop returns, which would cut the
+  daemon's own clean shutdown of its servers short. The daemon is found in /proc
+  (``processes.daemons_in``: the configured binary started with ``-d``, of the unit's
+  uid, its environ naming the pipe dir), not through the pid file, which any user may
+  delete or point at a process of theirs in the 0777 pipe dir: a pid file that names
+  another process is said and ignored, and only the daemons found are waited on.
 
 The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
 CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
@@ -55,21 +59,41 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
          state_dir: str) -> int:
     from ..core import runner
     from ..core.daemonctl import quit_daemon
-    from ..core.processes import binaries_of, daemon_of, wait_gone
+    from ..core.pidfile import read_pid
+    from ..core.processes import (
+        binaries_of,
+        candidates,
+        daemons_in,
+        gone,
+        pid_file_ignored,
+        wait_gone,
+    )
 
-    daemon = daemon_of("/proc", pipe_dir, binaries_of(control, path_env=os.environ.get("PATH")))
-    if daemon is None:
-        say(f"no live control daemon for {pipe_dir}: nothing to stop")
+    # systemd runs ExecStop as the unit's User=, as it ran ExecStart: the daemon's uid.
+    uid = os.geteuid()
+    named = read_pid(pipe_dir)
+    binaries = binaries_of(control, path_env=os.environ.get("PATH"))
+    daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), (uid,), named)
+    ignored = pid_file_ignored(named, daemons, (uid,))
+    if ignored:
+        say(f"{pipe_dir}: {ignored}")
+    if not daemons:
+        say(f"no live control daemon of uid {uid} for {pipe_dir}: nothing to stop")
         return ExitCode.DONE
     _planned(state_dir, pipe_dir, "unit stop", say)
-    pid = daemon.pid
+    pids = ", ".join(str(d.pid) for d in daemons)
+    if len(daemons) > 1:
+        say(f"{len(daemons)} control daemons of uid {uid} serve {pipe_dir} ({pids}): "
+            "waiting for all of them")
     # quit -t N: the daemon kills servers still busy after N s, so it exits within our wait.
     grace = max(1, int(timeout_s / 2))
     env = runner.child_env({"CUDA_MPS_PIPE_DIRECTORY": pipe_dir})
     problem = quit_daemon(control, None, env, grace, timeout_s)
-    if wait_gone("/proc", (daemon,), 0 if problem else timeout_s):
-        say(f"control daemon {pid} for {pipe_dir} has quit")
+    if wait_gone("/proc", daemons, 0 if problem else timeout_s):
+        say(f"control daemon {pids} for {pipe_dir} has quit" if len(daemons) == 1 else
+            f"control daemons {pids} for {pipe_dir} have quit")
         return ExitCode.DONE
-    raise Failure(f"unit stop: control daemon {pid} for {pipe_dir} did not exit "
+    left = ", ".join(str(d.pid) for d in daemons if not gone("/proc", d))
+    raise Failure(f"unit stop: control daemon {left or pids} for {pipe_dir} did not exit "
                   + (f"({problem})" if problem else f"within {timeout_s:g}s after quit")
                   + "; systemd ends it now", ExitCode.FAILED)
