@@ -26,7 +26,7 @@ from .facts_deep import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 
 # Events kept per instance (the newest): the finding counts them, the file stays small.
@@ -43,9 +43,13 @@ def _who(server: RememberedServer) -> str:
 
 def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
-            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "") -> ServerMemory:
+            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
+            servers_alive: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event."""
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event.
+    A remembered server the daemon no longer lists but that still lives
+    (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
+    without it, and it stays known as a real daemon's server (``remembered``)."""
     from .planned import excused
 
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
@@ -69,8 +73,13 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
+    living = set(servers_alive)
+    kept: List[RememberedServer] = []
     for old in (previous.servers if previous else ()):
         if (old.pid, old.start_ticks) in seen:
+            continue
+        if (old.pid, old.start_ticks) in living:
+            kept.append(old)  # not gone: no churn; strays judges it
             continue
         orphans = [pid for pid, start in old.clients if (pid, start) in still]
         if orphans:
@@ -78,7 +87,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             events.append(ServerEvent(now, "server-churn",
                                       f"{_who(old)} went away while its clients {shown} still "
                                       "run (no job ended)"))
-    remembered: List[RememberedServer] = []
+    remembered: List[RememberedServer] = kept
     before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
     for key, server in seen.items():
         was = before.get(key)
@@ -95,3 +104,12 @@ def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
         if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
             return s.status_since
     return None
+
+
+def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:
+    """(pid, start ticks) of every server a control daemon listed in an earlier run: MPS's
+    own servers, whatever became of their daemon. Only memories that named the daemon
+    count (one the pid file named and /proc showed to run the control binary); a listing
+    from whatever answered on the socket without one proves nothing."""
+    return {(s.pid, s.start_ticks) for m in previous.values() if m.daemon_pid is not None
+            for s in m.servers}

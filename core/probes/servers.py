@@ -82,6 +82,18 @@ def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tupl
     return tuple(sorted(set(alive)))
 
 
+def read_servers_alive(ctx: Context, previous: Mapping[str, ServerMemory]
+                       ) -> Tuple[Tuple[int, int], ...]:
+    """Which servers of the previous runs still live (same pid and start), daemon or not."""
+    alive = []
+    for memory in previous.values():
+        for server in memory.servers:
+            ident = proc.identity(ctx.proc, server.pid)
+            if ident is not None and ident[1] == server.start_ticks:
+                alive.append((server.pid, server.start_ticks))
+    return tuple(sorted(set(alive)))
+
+
 def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemory]) -> bool:
     """Worth a write? Not when only the time moved (an idle node writes nothing)."""
     def strip(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
@@ -134,24 +146,32 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
         if not ctx.read_only else ({}, "")
     alive = read_alive(ctx, previous)
+    servers_alive = read_servers_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
     for inst in instances:
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))
-    planned, planned_error = load_planned(ctx.config.state_dir)
+    planned, planned_error = load_planned(ctx.path(ctx.config.state_dir))
     facts = ServersFacts(now, dict(results), previous, alive,
                          error or state.error or planned_error, planned)
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
                                                  alive, now, cfg.event_window_s, planned,
-                                                 inst.pipe_dir)
+                                                 inst.pipe_dir, servers_alive)
                   for inst in instances}
-        # Keep the memory of instances not seen this run (a per-job dir between jobs)
-        # only for the window: their events still matter, their servers do not.
+        # Keep the memory of instances not seen this run (a per-job dir between jobs) for
+        # the window, their events still matter; and past it while one of its servers
+        # still lives, so that strays knows it for a real daemon's server.
+        living = set(servers_alive)
         for name, old in previous.items():
-            if name not in memory and now - old.taken_at <= cfg.event_window_s:
+            if name in memory:
+                continue
+            if now - old.taken_at <= cfg.event_window_s:
                 memory[name] = old
+            elif any((s.pid, s.start_ticks) in living for s in old.servers):
+                memory[name] = old._replace(servers=tuple(
+                    s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
         saved = state.save(memory) if _changed(previous, memory) else ""
         state.unlock()
         if saved:
