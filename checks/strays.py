@@ -80,13 +80,13 @@ def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
         dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
         on = f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else ""
         held = sum(1 for p in mine if proves_nothing(p))
-        how = f", {held} of them traced or stopped" if held else ""
-        if any(p.genuine is None for p in mine):
-            how += " (their binary could not be checked: not run as root, or a --root tree)"
+        how = f"; {held} of them traced or stopped" if held else ""
+        unread = " (their binary could not be checked: not run as root, or a --root " \
+            "tree)" if any(p.genuine is None for p in mine) else ""
         yield Result(NAME, WARNING, "server-unclaimed", "",
                      f"{len(mine)} nvidia-cuda-mps-server process(es) of uid {uid} run with "
-                     f"no control daemon that vouches for them (pids {pids}{more}){on}{how}: "
-                     "not counted as MPS's servers",
+                     f"no control daemon that vouches for them (pids {pids}{more}{how}){on}"
+                     f"{unread}: not counted as MPS's servers",
                      f"look at what they are ('ls -l /proc/{mine[0].pid}/exe', 'ps -o "
                      f"pid,user,lstart,stat,args -p {mine[0].pid}'); a user may run the "
                      "server binary; ask its owner, do not reset MPS for it")

@@ -96,7 +96,8 @@ def test_a_daemons_server_left_behind_is_still_critical(site: Site) -> None:
     config = site.config()
     server = int(daemon.query("fake_server_start").stdout)
     rc, report = check_json(config)  # the servers probe remembers the daemon's server
-    assert rc == 0, report
+    # (Other runs' fakes on this machine are another binary: mps-impostor at most.)
+    assert rc in (0, 1) and {p["code"] for p in report["problems"]} <= {"mps-impostor"}, report
     memory = (site.state_dir / "servers.json").read_text()
     assert str(server) in memory
     daemon.stop()
