@@ -44,12 +44,14 @@ def _who(server: RememberedServer) -> str:
 def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
             planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
-            servers_alive: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
+            servers_alive: Iterable[Tuple[int, int]] = (),
+            children: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
     A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event.
     A remembered server the daemon no longer lists but that still lives
     (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
-    without it, and it stays known as a real daemon's server (``remembered``)."""
+    without it, and it stays known as a real daemon's server (``remembered``). Listed
+    servers that /proc shows as the daemon's children (``children``) are marked so."""
     from .planned import excused
 
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
@@ -89,11 +91,14 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
                                       "run (no job ended)"))
     remembered: List[RememberedServer] = kept
     before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
+    child = set(children)
     for key, server in seen.items():
         was = before.get(key)
         since = was.status_since if was is not None and was.status == server.status else now
         remembered.append(RememberedServer(server.pid, key[1], server.status, since,
-                                           server.user or "", _clients(server)))
+                                           server.user or "", _clients(server),
+                                           key in child or (was is not None
+                                                            and was.daemon_child)))
     return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
                         tuple(events[-MAX_EVENTS:]))
 
@@ -107,9 +112,9 @@ def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
 
 
 def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:
-    """(pid, start ticks) of every server a control daemon listed in an earlier run: MPS's
-    own servers, whatever became of their daemon. Only memories that named the daemon
-    count (one the pid file named and /proc showed to run the control binary); a listing
-    from whatever answered on the socket without one proves nothing."""
+    """(pid, start ticks) of every server an earlier run saw as the child of its
+    instance's control daemon: MPS's own servers, whatever became of their daemon. The
+    listing alone proves nothing (whatever answers on the socket, a user's in a 0777 pipe
+    dir, may name any pid), nor does a memory that named no daemon."""
     return {(s.pid, s.start_ticks) for m in previous.values() if m.daemon_pid is not None
-            for s in m.servers}
+            for s in m.servers if s.daemon_child}

@@ -116,6 +116,16 @@ def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
     return None if state in ("Z", "X") else (uid, start)
 
 
+def parent(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(parent pid, start ticks) of any live process, or None when gone or unreadable."""
+    try:
+        _comm, state, ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (ppid, start)
+
+
 def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
                  ) -> Optional[ProcessFact]:
     """The MPS process ``pid``, or None if it is not one (or is gone); whether it runs

@@ -11,6 +11,7 @@ gathering: replay never writes.
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ..background import Background
@@ -57,7 +58,9 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
     if pid is None:
         return None, None, True
     fact = proc.read_process(ctx.proc, pid, proc.binaries_here(ctx))
-    if fact is None or not is_daemon(fact):
+    if fact is None or not is_daemon(fact) or not _expected_user(ctx, inst, fact.uid):
+        # Not the instance's daemon (anyone may write a pid in a 0777 pipe dir): no
+        # daemon is named, so nothing listed is remembered as its server.
         return None, None, True
     try:
         tids = os.listdir(f"{ctx.proc}/{pid}/task")
@@ -68,6 +71,37 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
         if children is None or parse_children(children):
             return pid, fact.start_ticks, True
     return pid, fact.start_ticks, False
+
+
+def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
+    """Does ``uid`` run the instance's daemon as ``mps.daemon_user`` says? ("job": the
+    pipe dir's owner, by lstat.)"""
+    from ..facts import DirFact
+    from ..instances import expected_uid
+
+    pipe: Optional[DirFact] = None
+    if ctx.config.mps.daemon_user == "job":
+        try:
+            st = os.lstat(ctx.path(inst.pipe_dir))
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        pipe = DirFact(inst.pipe_dir, "dir", uid=st.st_uid)
+    want = expected_uid(ctx.config.mps.daemon_user, pipe)
+    return want is None or want == uid
+
+
+def daemon_children(ctx: Context, found: InstanceServers) -> Tuple[Tuple[int, int], ...]:
+    """The listed servers that /proc shows as children of the instance's daemon."""
+    if found.daemon_pid is None:
+        return ()
+    out = []
+    for server in found.servers:
+        if server.start_ticks is not None \
+                and proc.parent(ctx.proc, server.pid) == (found.daemon_pid, server.start_ticks):
+            out.append((server.pid, server.start_ticks))
+    return tuple(out)
 
 
 def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tuple[int, int], ...]:
@@ -158,7 +192,8 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
                                                  alive, now, cfg.event_window_s, planned,
-                                                 inst.pipe_dir, servers_alive)
+                                                 inst.pipe_dir, servers_alive,
+                                                 daemon_children(ctx, results[inst.name]))
                   for inst in instances}
         # Keep the memory of instances not seen this run (a per-job dir between jobs) for
         # the window, their events still matter; and past it while one of its servers

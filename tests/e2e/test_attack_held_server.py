@@ -8,6 +8,7 @@ the WARNING ``server-unclaimed``, one line naming the uid. A real daemon's serve
 by one run and left behind when its daemon dies, still is CRITICAL.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -119,3 +120,35 @@ def test_a_daemons_server_left_behind_is_still_critical(site: Site) -> None:
     assert ("", "server-orphaned") not in problems(report)
     assert "1 of them traced or stopped" in problems(report)[("", "server-unclaimed")]["message"]
     os.kill(server, signal.SIGKILL)
+
+
+def test_a_users_own_daemon_on_the_shared_dir_vouches_for_nothing(site: Site) -> None:
+    """The node's daemon is down; a user starts the genuine control binary on the 0777
+    pipe dir (its pid file, its socket), lets it start a server and kills the daemon:
+    the server was a daemon's child, but not of the daemon the config expects (root),
+    so it is no server-orphaned."""
+    import mpsdaemon
+
+    pipe, _ = site.dirs()
+    log = site.root / "evil-log"
+    log.mkdir(mode=0o777)
+    log.chmod(0o777)
+    config = site.config()
+    uid = ensure_user(ATTACKER).pw_uid
+    theirs = mpsdaemon.start_daemon(pipe, log, env={"FAKE_MPS_SERVER_OUTLIVES": "1"},
+                                    cwd="/", **as_user(ATTACKER))
+    server = int(mpsdaemon.query(pipe, "fake_server_start").stdout)
+    try:
+        check_json(config)  # its server is listed, and its daemon's child
+        mpsdaemon.kill_daemon(theirs)
+        time.sleep(0.3)
+        assert Path(f"/proc/{server}").exists()
+        rc, report = check_json(config)
+        assert rc == 1, report
+        assert ("", "server-orphaned") not in problems(report)
+        unclaimed = problems(report)[("", "server-unclaimed")]
+        assert f"uid {uid}" in unclaimed["message"] and str(server) in unclaimed["message"]
+    finally:
+        mpsdaemon.kill_daemon(theirs)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)

@@ -36,9 +36,9 @@ def daemon(pid: int, pipe_dir: str = PIPE) -> ProcessFact:
                        pipe_dir, True, True)
 
 
-def memory(*pids: int, daemon_pid: Optional[int] = 100) -> ServerMemory:
+def memory(*pids: int, daemon_pid: Optional[int] = 100, child: bool = True) -> ServerMemory:
     return ServerMemory(1000.0, daemon_pid, 1000 if daemon_pid else None,
-                        tuple(RememberedServer(p, p * 10, "ACTIVE", 1000.0, "root", ())
+                        tuple(RememberedServer(p, p * 10, "ACTIVE", 1000.0, "root", (), child)
                               for p in pids))
 
 
@@ -150,9 +150,22 @@ def test_proves_nothing() -> None:
     assert not proves_nothing(server(1)) and not proves_nothing(server(1, state="D"))
 
 
-def test_remembered_are_the_servers_of_memories_that_named_a_daemon() -> None:
+def test_remembered_are_the_daemons_children_of_memories_that_named_a_daemon() -> None:
     assert remembered({"a": memory(1, 2), "b": memory(3, daemon_pid=None),
-                       "c": memory(4)}) == {(1, 10), (2, 20), (4, 40)}
+                       "c": memory(4), "d": memory(5, child=False)}) == {(1, 10), (2, 20), (4, 40)}
+
+
+def test_a_listed_server_that_was_no_child_of_the_daemon_vouches_for_nothing() -> None:
+    """Whatever answers on a 0777 pipe dir's socket may list a user's own process."""
+    found = run_strays([server(4242, uid=EVIL)], {"node": memory(4242, child=False)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+
+
+def test_advance_marks_the_daemons_children_and_keeps_the_mark() -> None:
+    first = advance(None, _listed(7, 8), (), 1000.0, 3600, children=((7, 70),))
+    assert {s.pid: s.daemon_child for s in first.servers} == {7: True, 8: False}
+    later = advance(first, _listed(7, 8), (), 1100.0, 3600)  # once seen, it stays so
+    assert {s.pid: s.daemon_child for s in later.servers} == {7: True, 8: False}
 
 
 def _listed(*pids: int, daemon_pid: int = 100) -> InstanceServers:
@@ -163,7 +176,7 @@ def _listed(*pids: int, daemon_pid: int = 100) -> InstanceServers:
 def test_a_living_server_the_new_daemon_does_not_list_stays_remembered() -> None:
     """The daemon was restarted without it: still a real daemon's server, and not
     gone, so no churn; once it ends it is forgotten."""
-    first = advance(None, _listed(7), (), 1000.0, 3600)
+    first = advance(None, _listed(7), (), 1000.0, 3600, children=((7, 70),))
     restarted = _listed(daemon_pid=101)
     kept = advance(first, restarted, (), 1100.0, 3600, servers_alive=((7, 70),))
     assert [(s.pid, s.start_ticks) for s in kept.servers] == [(7, 70)]
@@ -230,8 +243,8 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
         assert ident is not None
         start = ident[1]
         old = 1000.0  # far past the window
-        alive = RememberedServer(living.pid, start, "ACTIVE", old, "root", ())
-        dead = RememberedServer(living.pid, start + 1, "ACTIVE", old, "root", ())
+        alive = RememberedServer(living.pid, start, "ACTIVE", old, "root", (), True)
+        dead = RememberedServer(living.pid, start + 1, "ACTIVE", old, "root", (), True)
         state = StateFile(str(tmp_path / "state"), "servers")
         assert state.save({"job7": ServerMemory(old, 100, 1000, (alive, dead)),
                            "job8": ServerMemory(old, 101, 1000, (dead,))}) == ""
