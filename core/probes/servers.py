@@ -5,7 +5,10 @@ Cheap when idle: a server is a child of its control daemon, so when the daemon t
 file names has no child process at all, no server runs and nothing is asked (the fast
 tier pays two small /proc reads, not a client run). The previous run's memory
 (state_dir/servers.json) is read into the facts and the next one written here, after
-gathering: replay never writes.
+gathering: replay never writes. The memory is also what tells strays a real daemon's
+server from anyone's run of the server binary (``servertrack.remembered``): a server is
+marked only when it is the child of the daemon the pid file names, running as
+``mps.daemon_user``, and kept while it lives.
 """
 
 from __future__ import annotations
