@@ -17,8 +17,9 @@ from ..core.config import Config
 from ..core.facts import Facts, ProcessFact
 from ..core.probes.jobdirs import JobDir
 from ..core.probes.slurm import SlurmFacts
-from ..core.process_identity import is_daemon, is_server
+from ..core.process_identity import is_daemon, is_server, proves_nothing
 from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from ..core.servertrack import remembered
 from ..core.slurm_settings import orphan_settings
 from .common import slurm_unavailable
 
@@ -61,6 +62,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "check slurmctld ('scontrol ping'); this is not an MPS failure")
         return
     alive = {j.job_id for j in slurm.jobs}
+    daemons = {p.pid for p in procs if is_daemon(p)}
+    known = remembered(facts.sources["servers"].previous)  # type: ignore[attr-defined]
     by_job: Dict[str, List[JobDir]] = {}
     for d in dirs:
         by_job.setdefault(d.job_id, []).append(d)
@@ -82,14 +85,19 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                f"{age_text(age)} old"
         values = (("age_s", float(age)),)
         action = f"run 'mps-health remediate reset job{job_id}' (dry run first: --dry-run)"
-        if servers and servers[0].genuine:
+        # A genuine binary alone proves nothing (anyone may run it, held): CRITICAL only for
+        # a server a daemon was seen with (its child, or in the servers' memory).
+        held = [p for p in servers if p.genuine and not proves_nothing(p)
+                and (p.ppid in daemons or (p.pid, p.start_ticks) in known)]
+        if held:
             yield Result(NAME, CRITICAL, "orphan-server", f"job{job_id}",
-                         f"{head}; its MPS server {servers[0].pid} still holds the GPU",
+                         f"{head}; its MPS server {held[0].pid} still holds the GPU",
                          action, values)
-        elif servers:  # its binary could not be read: it may only be named like a server
+        elif servers:  # no daemon vouches for it, or its binary could not be read
             yield Result(NAME, WARNING, "orphan-server", f"job{job_id}",
                          f"{head}; a process named like its MPS server ({servers[0].pid}) "
-                         "still runs (its binary could not be checked)", action, values)
+                         "still runs (no daemon was seen with it, it is held, or its binary "
+                         "could not be checked)", action, values)
         elif controls:
             yield Result(NAME, WARNING, "orphan-daemon", f"job{job_id}",
                          f"{head}; its control daemon {controls[0].pid} still runs", action,

@@ -6,8 +6,16 @@ hand or by an out-of-date script. Both are node-wide findings (instance "").
 
 What is a daemon or a server is decided by ``mps_health.core.process_identity`` (the configured
 binary, not the name anyone can give a process): a user's process named like a server is
-at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL. Where the binary
-cannot be checked (not run as root) a server without a daemon is only a WARNING.
+at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL.
+
+The genuine server binary is world-executable, so a user can run it too: held at its exec
+under ptrace (none of its code runs) or paused by an LD_PRELOAD constructor, with the pipe
+dir of their choice. Its binary proves only what it is, not that MPS started it. So a
+daemon-less server is ``server-orphaned`` CRITICAL only when it was a real daemon's server
+(the servers probe's memory remembers it, ``servertrack.remembered``), runs the configured
+binary, and is neither traced nor stopped; any other (never seen with a daemon, held, or
+its binary unreadable: not root, a --root tree) is at most the WARNING
+``server-unclaimed``, one line per uid.
 """
 
 from __future__ import annotations
@@ -15,24 +23,29 @@ from __future__ import annotations
 from ..core.config import Config
 from ..core.facts import Facts, Instance, ProcessFact
 from ..core.instances import pipe_paths
-from ..core.process_identity import is_daemon, is_impostor, is_server
+from ..core.process_identity import is_daemon, is_impostor, is_server, proves_nothing
 from ..core.results import CRITICAL, WARNING, Result, ok
+from ..core.servertrack import remembered
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterator, List, Tuple
+    from typing import Dict, Iterator, List, Set, Tuple
+
+    from ..core.facts_deep import ServersFacts
 
 NAME = "strays"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
-CODES = ("daemon-unexpected", "server-orphaned", "mps-impostor")
+CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "mps-impostor")
 SHOWN_PIDS = 5
 SHOWN_DIRS = 3
 
 
-def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
+def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]]
+                      ) -> Iterator[Result]:
     live_controls = {p.pid: p for p in procs if is_daemon(p)}
     # Sets, not a scan of every control per server: many processes stay linear.
     control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
+    unclaimed: List[ProcessFact] = []
     for p in procs:
         if not is_server(p):
             continue
@@ -40,17 +53,43 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
         same_dir = p.pipe_dir in control_dirs
         if parent_alive or same_dir:
             continue
-        text = (f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}) runs with no control "
-                f"daemon{' for ' + p.pipe_dir if p.pipe_dir else ''}")
-        if p.genuine:
-            yield Result(NAME, CRITICAL, "server-orphaned", "", text,
-                         "run 'mps-health remediate reset' for its instance")
-        else:  # its binary could not be read: it may be a process only named like one
-            yield Result(NAME, WARNING, "server-orphaned", "",
-                         text + " (its binary could not be checked: not run as root, or a "
-                         "--root tree; it may be a process only named like a server)",
-                         "run the check as root on the node to tell; if it is a server, run "
-                         "'mps-health remediate reset' for its instance")
+        if p.genuine is not True or proves_nothing(p) or (p.pid, p.start_ticks) not in known:
+            # No daemon was seen with it, or it is held (a daemon's server held since
+            # proves nothing either), or its binary could not be read: anyone may have
+            # started it.
+            unclaimed.append(p)
+            continue
+        yield Result(NAME, CRITICAL, "server-orphaned", "",
+                     f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of a control "
+                     f"daemon seen by an earlier run, runs with no control daemon"
+                     f"{' for ' + p.pipe_dir if p.pipe_dir else ''}",
+                     "run 'mps-health remediate reset' for its instance")
+    yield from _unclaimed(unclaimed)
+
+
+def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
+    """Servers no daemon was seen with (or held: traced, stopped): one line per owner,
+    never CRITICAL and never a reset (a user may start thousands, and what they run
+    is theirs to end)."""
+    by_uid: Dict[int, List[ProcessFact]] = {}
+    for p in found:
+        by_uid.setdefault(p.uid, []).append(p)
+    for uid, mine in sorted(by_uid.items()):
+        pids = ", ".join(str(p.pid) for p in mine[:SHOWN_PIDS])
+        more = f" and {len(mine) - SHOWN_PIDS} more" if len(mine) > SHOWN_PIDS else ""
+        dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
+        on = f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else ""
+        held = sum(1 for p in mine if proves_nothing(p))
+        how = f"; {held} of them traced or stopped" if held else ""
+        unread = " (their binary could not be checked: not run as root, or a --root " \
+            "tree)" if any(p.genuine is None for p in mine) else ""
+        yield Result(NAME, WARNING, "server-unclaimed", "",
+                     f"{len(mine)} nvidia-cuda-mps-server process(es) of uid {uid} run with "
+                     f"no control daemon that vouches for them (pids {pids}{more}{how}){on}"
+                     f"{unread}: not counted as MPS's servers",
+                     f"look at what they are ('ls -l /proc/{mine[0].pid}/exe', 'ps -o "
+                     f"pid,user,lstart,stat,args -p {mine[0].pid}'); a user may run the "
+                     "server binary; ask its owner, do not reset MPS for it")
 
 
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
@@ -88,7 +127,8 @@ def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], roo
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     procs: Tuple[ProcessFact, ...] = facts.get("processes")
-    found = list(_orphaned_servers(procs))
+    servers: ServersFacts = facts.get("servers")
+    found = list(_orphaned_servers(procs, remembered(servers.previous)))
     found += _impostors(procs)
     found += _unexpected(procs, facts.instances, facts.root, config.mps.layout)
     yield from found

@@ -42,6 +42,9 @@ class ProcessFact(NamedTuple):
     # Does /proc/PID/exe show the configured binary of its role? None: cannot be told
     # (not root, a --root tree). See mps_health.core.process_identity.
     genuine: Optional[bool] = None
+    # TracerPid is not 0 in /proc/PID/status: someone holds it under ptrace (it may be
+    # held at its exec, none of its code run), so it proves nothing about MPS.
+    traced: bool = False
 
 
 class EntryFact(NamedTuple):

@@ -97,6 +97,10 @@ class RememberedServer(NamedTuple):
     status_since: float  # Unix time this status was first seen for this server
     user: str
     clients: Tuple[Tuple[int, int], ...]  # (pid, start ticks) of its clients
+    # /proc showed it a child of the instance's daemon (the pid file's, the configured
+    # binary of the expected user) when a run saw it listed: what makes it MPS's own
+    # (servertrack.remembered); a listing alone comes from whatever answers the socket.
+    daemon_child: bool = False
 
 
 class ServerEvent(NamedTuple):

@@ -24,6 +24,11 @@ argv0 and ``comm`` are anyone's to set, so they only pick candidates:
   PATH=/usr/bin:/bin, it ran ``/usr/local/nvidia/bin/nvidia-cuda-mps-server``), so that is
   the server binary unless ``commands.nvidia-cuda-mps-server`` names one.
 
+A genuine binary proves only what the process *is*, not who started it: the binaries are
+world-executable, so a user can run one held at its exec under ptrace (none of its code
+runs) or paused by an LD_PRELOAD constructor. ``proves_nothing`` names such processes; a
+server counts as MPS's only when tied to a daemon (``checks.strays``).
+
 A binary replaced on disk (a driver update) while its daemon runs no longer matches:
 ``exe`` then reads ``PATH (deleted)``; restart MPS after updating its binaries.
 """
@@ -42,6 +47,8 @@ else:
     from .frozen import NamedTuple
 
 GONE_STATES = ("Z", "X")
+# Stopped (SIGSTOP) and tracing stop: a process that may never have run its own code.
+STOPPED_STATES = ("T", "t")
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
 ROLES = {CONTROL: "control", SERVER: "server"}
@@ -153,6 +160,13 @@ def is_daemon(p: ProcessFact) -> bool:
 def is_server(p: ProcessFact) -> bool:
     """A live MPS server, not shown to run another binary."""
     return p.role == "server" and _live(p) and p.genuine is not False
+
+
+def proves_nothing(p: ProcessFact) -> bool:
+    """A process held under ptrace or stopped: anyone may run the genuine binary (it is
+    world-executable) and hold it at its exec, or pause it from an LD_PRELOAD
+    constructor, so its ``exe`` says nothing of what MPS started. Never CRITICAL alone."""
+    return p.traced or p.state in STOPPED_STATES
 
 
 def is_impostor(p: ProcessFact) -> bool:

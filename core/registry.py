@@ -119,7 +119,7 @@ source("job_dirs", ".core.probes.jobdirs:gather", ".core.probes.jobdirs:VALUE_TY
 # --- checks -------------------------------------------------------------------------
 check("daemon", ".checks.daemon:check", ("processes", "dirs"),
       summary="a live control daemon serves each instance")
-check("strays", ".checks.strays:check", ("processes",),
+check("strays", ".checks.strays:check", ("processes", "servers"),
       summary="no MPS server or daemon outside the configured instances")
 check("control", ".checks.control:check", ("control",),
       summary="the control daemon answers in time")
@@ -140,7 +140,7 @@ check("gres-drift", ".checks.gres_drift:check",
       ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
       when_configured=("slurm",),
       summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
-check("orphans", ".checks.orphans:check", ("slurm", "job_dirs", "processes"),
+check("orphans", ".checks.orphans:check", ("slurm", "job_dirs", "processes", "servers"),
       default_on=False, when_configured=("slurm", "orphans"),
       summary="no per-job MPS dirs or daemons outlive their job")
 check("clients", ".checks.clients:check", ("servers", "jobs"), default_on=False,

@@ -26,7 +26,7 @@ from .facts_deep import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 
 # Events kept per instance (the newest): the finding counts them, the file stays small.
@@ -43,9 +43,15 @@ def _who(server: RememberedServer) -> str:
 
 def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
-            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "") -> ServerMemory:
+            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
+            servers_alive: Iterable[Tuple[int, int]] = (),
+            children: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event."""
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event.
+    A remembered server the daemon no longer lists but that still lives
+    (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
+    without it, and it stays known as a real daemon's server (``remembered``). Listed
+    servers that /proc shows as the daemon's children (``children``) are marked so."""
     from .planned import excused
 
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
@@ -69,8 +75,13 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
+    living = set(servers_alive)
+    kept: List[RememberedServer] = []
     for old in (previous.servers if previous else ()):
         if (old.pid, old.start_ticks) in seen:
+            continue
+        if (old.pid, old.start_ticks) in living:
+            kept.append(old)  # not gone: no churn; strays judges it
             continue
         orphans = [pid for pid, start in old.clients if (pid, start) in still]
         if orphans:
@@ -78,13 +89,16 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             events.append(ServerEvent(now, "server-churn",
                                       f"{_who(old)} went away while its clients {shown} still "
                                       "run (no job ended)"))
-    remembered: List[RememberedServer] = []
+    remembered: List[RememberedServer] = kept
     before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
+    child = set(children)
     for key, server in seen.items():
         was = before.get(key)
         since = was.status_since if was is not None and was.status == server.status else now
         remembered.append(RememberedServer(server.pid, key[1], server.status, since,
-                                           server.user or "", _clients(server)))
+                                           server.user or "", _clients(server),
+                                           key in child or (was is not None
+                                                            and was.daemon_child)))
     return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
                         tuple(events[-MAX_EVENTS:]))
 
@@ -95,3 +109,12 @@ def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
         if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
             return s.status_since
     return None
+
+
+def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:
+    """(pid, start ticks) of every server an earlier run saw as the child of its
+    instance's control daemon: MPS's own servers, whatever became of their daemon. The
+    listing alone proves nothing (whatever answers on the socket, a user's in a 0777 pipe
+    dir, may name any pid), nor does a memory that named no daemon."""
+    return {(s.pid, s.start_ticks) for m in previous.values() if m.daemon_pid is not None
+            for s in m.servers if s.daemon_child}

@@ -80,3 +80,72 @@ def in_namespace(argv: Sequence[str]) -> List[str]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private namespace")
     return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", *argv]
+
+
+_HELD_BUILT: List[Path] = []  # the one build of this session
+
+
+def held_binary() -> Path:
+    """tests/fakes/held.c built once per session into a world-readable tmp dir (so the
+    test users can run it); skips without a C compiler."""
+    if _HELD_BUILT:
+        return _HELD_BUILT[0]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build tests/fakes/held.c")
+    import atexit
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="mpsh-held-"))
+    atexit.register(shutil.rmtree, out, True)
+    subprocess.run([cc, "-O1", "-o", str(out / "held"),
+                    str(Path(__file__).resolve().parent / "fakes" / "held.c")],
+                   check=True, capture_output=True, text=True, timeout=120)
+    out.chmod(0o755)
+    _HELD_BUILT.append(out / "held")
+    return out / "held"
+
+
+class Held:
+    """``argv`` run as ``user`` with exactly ``env``, held at its exec under ptrace by
+    tests/fakes/held.c (none of its code runs): ``pid`` is the held process, ``holder``
+    its tracer. Both are killed at exit, whatever happened."""
+
+    def __init__(self, user: str, argv: Sequence[str], env: Optional[dict] = None) -> None:
+        self.user, self.argv, self.env = user, list(argv), dict(env or {})
+        self.holder: Optional[subprocess.Popen] = None
+        self.pid = 0
+
+    def __enter__(self) -> "Held":
+        self.holder = subprocess.Popen([str(held_binary()), *self.argv], env=self.env,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True,
+                                       **as_user(self.user))
+        try:
+            assert self.holder.stdout is not None
+            line = self.holder.stdout.readline()  # printed once the child is held
+            if not line.strip().isdigit():
+                raise RuntimeError(f"held did not hold {self.argv[0]}: "
+                                   f"{line!r} {self.holder.stderr.read() if self.holder.stderr else ''}")
+            self.pid = int(line)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.holder is None:
+            return
+        if self.pid:
+            try:  # the tracer's death kills it too (PTRACE_O_EXITKILL): by its pid anyway
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.holder.kill()
+        self.holder.wait(timeout=10)
+        for stream in (self.holder.stdout, self.holder.stderr):
+            if stream is not None:
+                stream.close()
+        self.holder = None

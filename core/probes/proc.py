@@ -59,6 +59,15 @@ def parse_status_uid(text: str) -> int:
     raise ParseError("no Uid: line in status")
 
 
+def parse_status_traced(text: str) -> bool:
+    """Whether ``/proc/PID/status`` names a tracer (``TracerPid:`` not 0)."""
+    for line in text.splitlines():
+        if line.startswith("TracerPid:"):
+            value = line[len("TracerPid:"):].strip()
+            return value.isdigit() and int(value) != 0
+    return False
+
+
 def parse_cmdline(data: bytes) -> Tuple[str, ...]:
     return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0") if a)
 
@@ -107,6 +116,16 @@ def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
     return None if state in ("Z", "X") else (uid, start)
 
 
+def parent(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(parent pid, start ticks) of any live process, or None when gone or unreadable."""
+    try:
+        _comm, state, ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (ppid, start)
+
+
 def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
                  ) -> Optional[ProcessFact]:
     """The MPS process ``pid``, or None if it is not one (or is gone); whether it runs
@@ -117,7 +136,8 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
         if not comm.startswith(COMM_PREFIX):
             return None
         cmdline = parse_cmdline(_read(f"{base}/cmdline"))
-        uid = parse_status_uid(_read(f"{base}/status").decode("utf-8", "replace"))
+        status = _read(f"{base}/status").decode("utf-8", "replace")
+        uid = parse_status_uid(status)
     except (OSError, ParseError):
         return None  # exited while we looked, or not readable: not ours to judge
     pipe_dir: Optional[str] = None
@@ -131,7 +151,7 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
         pipe_dir, readable = None, False
     role = role_of(cmdline)
     return ProcessFact(pid, ppid, state, uid, role, cmdline, start, pipe_dir, readable,
-                       genuine(proc_dir, pid, role, binaries))
+                       genuine(proc_dir, pid, role, binaries), parse_status_traced(status))
 
 
 def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,

@@ -5,12 +5,16 @@ Cheap when idle: a server is a child of its control daemon, so when the daemon t
 file names has no child process at all, no server runs and nothing is asked (the fast
 tier pays two small /proc reads, not a client run). The previous run's memory
 (state_dir/servers.json) is read into the facts and the next one written here, after
-gathering: replay never writes.
+gathering: replay never writes. The memory is also what tells strays a real daemon's
+server from anyone's run of the server binary (``servertrack.remembered``): a server is
+marked only when it is the child of the daemon the pid file names, running as
+``mps.daemon_user``, and kept while it lives.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ..background import Background
@@ -57,7 +61,9 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
     if pid is None:
         return None, None, True
     fact = proc.read_process(ctx.proc, pid, proc.binaries_here(ctx))
-    if fact is None or not is_daemon(fact):
+    if fact is None or not is_daemon(fact) or not _expected_user(ctx, inst, fact.uid):
+        # Not the instance's daemon (anyone may write a pid in a 0777 pipe dir): no
+        # daemon is named, so nothing listed is remembered as its server.
         return None, None, True
     try:
         tids = os.listdir(f"{ctx.proc}/{pid}/task")
@@ -70,6 +76,37 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
     return pid, fact.start_ticks, False
 
 
+def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
+    """Does ``uid`` run the instance's daemon as ``mps.daemon_user`` says? ("job": the
+    pipe dir's owner, by lstat.)"""
+    from ..facts import DirFact
+    from ..instances import expected_uid
+
+    pipe: Optional[DirFact] = None
+    if ctx.config.mps.daemon_user == "job":
+        try:
+            st = os.lstat(ctx.path(inst.pipe_dir))
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        pipe = DirFact(inst.pipe_dir, "dir", uid=st.st_uid)
+    want = expected_uid(ctx.config.mps.daemon_user, pipe)
+    return want is None or want == uid
+
+
+def daemon_children(ctx: Context, found: InstanceServers) -> Tuple[Tuple[int, int], ...]:
+    """The listed servers that /proc shows as children of the instance's daemon."""
+    if found.daemon_pid is None:
+        return ()
+    out = []
+    for server in found.servers:
+        if server.start_ticks is not None \
+                and proc.parent(ctx.proc, server.pid) == (found.daemon_pid, server.start_ticks):
+            out.append((server.pid, server.start_ticks))
+    return tuple(out)
+
+
 def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tuple[int, int], ...]:
     """Which clients of the previous run's servers still live (same pid and start)."""
     alive = []
@@ -79,6 +116,18 @@ def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tupl
                 ident = proc.identity(ctx.proc, pid)
                 if ident is not None and ident[1] == start:
                     alive.append((pid, start))
+    return tuple(sorted(set(alive)))
+
+
+def read_servers_alive(ctx: Context, previous: Mapping[str, ServerMemory]
+                       ) -> Tuple[Tuple[int, int], ...]:
+    """Which servers of the previous runs still live (same pid and start), daemon or not."""
+    alive = []
+    for memory in previous.values():
+        for server in memory.servers:
+            ident = proc.identity(ctx.proc, server.pid)
+            if ident is not None and ident[1] == server.start_ticks:
+                alive.append((server.pid, server.start_ticks))
     return tuple(sorted(set(alive)))
 
 
@@ -134,24 +183,33 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
         if not ctx.read_only else ({}, "")
     alive = read_alive(ctx, previous)
+    servers_alive = read_servers_alive(ctx, previous)
     for t in threads:
         t.join(ctx.remaining())
     for inst in instances:
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))
-    planned, planned_error = load_planned(ctx.config.state_dir)
+    planned, planned_error = load_planned(ctx.path(ctx.config.state_dir))
     facts = ServersFacts(now, dict(results), previous, alive,
                          error or state.error or planned_error, planned)
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
                                                  alive, now, cfg.event_window_s, planned,
-                                                 inst.pipe_dir)
+                                                 inst.pipe_dir, servers_alive,
+                                                 daemon_children(ctx, results[inst.name]))
                   for inst in instances}
-        # Keep the memory of instances not seen this run (a per-job dir between jobs)
-        # only for the window: their events still matter, their servers do not.
+        # Keep the memory of instances not seen this run (a per-job dir between jobs) for
+        # the window, their events still matter; and past it while one of its servers
+        # still lives, so that strays knows it for a real daemon's server.
+        living = set(servers_alive)
         for name, old in previous.items():
-            if name not in memory and now - old.taken_at <= cfg.event_window_s:
+            if name in memory:
+                continue
+            if now - old.taken_at <= cfg.event_window_s:
                 memory[name] = old
+            elif any((s.pid, s.start_ticks) in living for s in old.servers):
+                memory[name] = old._replace(servers=tuple(
+                    s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
         saved = state.save(memory) if _changed(previous, memory) else ""
         state.unlock()
         if saved:

@@ -1,0 +1,286 @@
+"""strays and orphans on made facts: which daemon-less server is CRITICAL, which is only
+the WARNING ``server-unclaimed``; the servers' memory that tells them apart."""
+
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from mps_health.checks import orphans, strays
+from mps_health.core.config import from_mapping
+from mps_health.core.facts import Facts, ProcessFact
+from mps_health.core.facts_deep import (
+    InstanceServers,
+    RememberedServer,
+    ServerFact,
+    ServerMemory,
+    ServersFacts,
+)
+from mps_health.core.probes.jobdirs import JobDir
+from mps_health.core.probes.proc import parse_status_traced
+from mps_health.core.probes.slurm import SlurmFacts
+from mps_health.core.process_identity import proves_nothing
+from mps_health.core.results import CRITICAL, OK, WARNING, Result
+from mps_health.core.servertrack import advance, remembered
+
+PIPE = "/tmp/nvidia-mps"
+EVIL = 1001
+
+
+def server(pid: int, *, uid: int = 0, ppid: int = 1, state: str = "S", traced: bool = False,
+           genuine: Optional[bool] = True, pipe_dir: Optional[str] = PIPE,
+           start: Optional[int] = None) -> ProcessFact:
+    return ProcessFact(pid, ppid, state, uid, "server", ("nvidia-cuda-mps-server", ""),
+                       pid * 10 if start is None else start, pipe_dir, True, genuine, traced)
+
+
+def daemon(pid: int, pipe_dir: str = PIPE) -> ProcessFact:
+    return ProcessFact(pid, 1, "S", 0, "control", ("nvidia-cuda-mps-control", "-d"), pid * 10,
+                       pipe_dir, True, True)
+
+
+def memory(*pids: int, daemon_pid: Optional[int] = 100, child: bool = True) -> ServerMemory:
+    return ServerMemory(1000.0, daemon_pid, 1000 if daemon_pid else None,
+                        tuple(RememberedServer(p, p * 10, "ACTIVE", 1000.0, "root", (), child)
+                              for p in pids))
+
+
+def servers_facts(previous: Dict[str, ServerMemory]) -> ServersFacts:
+    return ServersFacts(2000.0, {}, previous, ())
+
+
+def run_strays(procs: Iterable[ProcessFact],
+               previous: Optional[Dict[str, ServerMemory]] = None) -> List[Result]:
+    facts = Facts("n1", 2000.0, "/", (), {"processes": tuple(procs),
+                                          "servers": servers_facts(previous or {})}, {}, {})
+    return list(strays.check(facts, from_mapping({}, "site.yaml")))
+
+
+def codes(results: List[Result]) -> List[Tuple[int, str]]:
+    return [(r.state, r.code) for r in results]
+
+
+# --- strays ---------------------------------------------------------------------------
+
+def test_a_remembered_genuine_server_without_its_daemon_is_critical() -> None:
+    found = run_strays([server(4242)], {"node": memory(4242)})
+    assert codes(found) == [(CRITICAL, "server-orphaned")]
+    assert "nvidia-cuda-mps-server 4242 (uid 0)" in found[0].message
+    assert "mps-health remediate reset" in found[0].action
+
+
+def test_a_server_no_daemon_was_seen_with_is_a_warning() -> None:
+    found = run_strays([server(4242, uid=EVIL)])
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+    assert "uid 1001" in found[0].message and "4242" in found[0].message
+    assert f"on {PIPE}" in found[0].message
+    assert "ls -l /proc/4242/exe" in found[0].action and "do not reset" in found[0].action
+
+
+def test_the_same_pid_started_again_is_not_remembered() -> None:
+    """A server is (pid, start ticks): a reused PID is another process."""
+    found = run_strays([server(4242, start=99)], {"node": memory(4242)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+
+
+def test_a_traced_server_proves_nothing_even_if_remembered() -> None:
+    found = run_strays([server(4242, traced=True)], {"node": memory(4242)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+    assert "1 of them traced or stopped" in found[0].message
+
+
+def test_a_stopped_server_proves_nothing_even_if_remembered() -> None:
+    for state in ("T", "t"):
+        found = run_strays([server(4242, state=state)], {"node": memory(4242)})
+        assert codes(found) == [(WARNING, "server-unclaimed")], state
+
+
+def test_an_unchecked_binary_is_a_warning_saying_so() -> None:
+    found = run_strays([server(4242, genuine=None)], {"node": memory(4242)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+    assert "could not be checked" in found[0].message
+
+
+def test_a_memory_that_named_no_daemon_vouches_for_nothing() -> None:
+    """Servers listed by whatever answered on the socket, with no daemon in /proc."""
+    found = run_strays([server(4242)], {"node": memory(4242, daemon_pid=None)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+
+
+def test_a_server_beside_its_live_daemon_is_no_stray() -> None:
+    def servers_found(procs: List[ProcessFact]) -> List[Result]:
+        # (no instance is configured here: the daemon itself is daemon-unexpected)
+        return [r for r in run_strays(procs) if r.code != "daemon-unexpected"]
+
+    assert servers_found([daemon(100), server(4242, ppid=100)]) == []
+    # Another dir, but the daemon's child; the daemon's dir, not its child.
+    assert servers_found([daemon(100), server(4242, ppid=100, pipe_dir="/x")]) == []
+    assert servers_found([daemon(100), server(4242, uid=EVIL)]) == []
+    assert codes(run_strays([])) == [(OK, "ok")]
+
+
+def test_thousands_of_a_users_servers_are_one_line_per_uid() -> None:
+    mine = [server(5000 + i, uid=EVIL, traced=True, pipe_dir=f"/tmp/e{i % 4}")
+            for i in range(2000)]
+    other = [server(9000, uid=1002)]
+    found = run_strays([*mine, *other], {"node": memory(4242)})
+    assert codes(found) == [(WARNING, "server-unclaimed")] * 2
+    first = found[0].message
+    assert first.startswith("2000 nvidia-cuda-mps-server process(es) of uid 1001")
+    assert "pids 5000, 5001, 5002, 5003, 5004 and 1995 more" in first
+    assert "on /tmp/e0, /tmp/e1, /tmp/e2:" in first  # at most three dirs named
+    assert "2000 of them traced or stopped" in first
+    assert "uid 1002" in found[1].message and "9000" in found[1].message
+
+
+def test_remembered_and_unclaimed_side_by_side() -> None:
+    found = run_strays([server(4242), server(5000, uid=EVIL, traced=True)],
+                       {"node": memory(4242)})
+    assert codes(found) == [(CRITICAL, "server-orphaned"), (WARNING, "server-unclaimed")]
+
+
+# --- the facts and the memory -----------------------------------------------------------
+
+def test_tracer_pid_is_read_from_status() -> None:
+    assert parse_status_traced("Name:\tx\nTracerPid:\t3990\nUid:\t0\t0\t0\t0\n")
+    assert not parse_status_traced("Name:\tx\nTracerPid:\t0\nUid:\t0\t0\t0\t0\n")
+    assert not parse_status_traced("Name:\tx\n")
+
+
+def test_proves_nothing() -> None:
+    assert proves_nothing(server(1, traced=True))
+    assert proves_nothing(server(1, state="T")) and proves_nothing(server(1, state="t"))
+    assert not proves_nothing(server(1)) and not proves_nothing(server(1, state="D"))
+
+
+def test_remembered_are_the_daemons_children_of_memories_that_named_a_daemon() -> None:
+    assert remembered({"a": memory(1, 2), "b": memory(3, daemon_pid=None),
+                       "c": memory(4), "d": memory(5, child=False)}) == {(1, 10), (2, 20), (4, 40)}
+
+
+def test_a_listed_server_that_was_no_child_of_the_daemon_vouches_for_nothing() -> None:
+    """Whatever answers on a 0777 pipe dir's socket may list a user's own process."""
+    found = run_strays([server(4242, uid=EVIL)], {"node": memory(4242, child=False)})
+    assert codes(found) == [(WARNING, "server-unclaimed")]
+
+
+def test_advance_marks_the_daemons_children_and_keeps_the_mark() -> None:
+    first = advance(None, _listed(7, 8), (), 1000.0, 3600, children=((7, 70),))
+    assert {s.pid: s.daemon_child for s in first.servers} == {7: True, 8: False}
+    later = advance(first, _listed(7, 8), (), 1100.0, 3600)  # once seen, it stays so
+    assert {s.pid: s.daemon_child for s in later.servers} == {7: True, 8: False}
+
+
+def _listed(*pids: int, daemon_pid: int = 100) -> InstanceServers:
+    return InstanceServers("ok", "", daemon_pid, 1000, tuple(
+        ServerFact(p, "ACTIVE", "", 0, "root", p * 10, ()) for p in pids), 0.01)
+
+
+def test_a_living_server_the_new_daemon_does_not_list_stays_remembered() -> None:
+    """The daemon was restarted without it: still a real daemon's server, and not
+    gone, so no churn; once it ends it is forgotten."""
+    first = advance(None, _listed(7), (), 1000.0, 3600, children=((7, 70),))
+    restarted = _listed(daemon_pid=101)
+    kept = advance(first, restarted, (), 1100.0, 3600, servers_alive=((7, 70),))
+    assert [(s.pid, s.start_ticks) for s in kept.servers] == [(7, 70)]
+    assert [e.code for e in kept.events] == ["daemon-restarted"]
+    again = advance(kept, restarted, (), 1200.0, 3600, servers_alive=((7, 70),))
+    assert [(s.pid, s.start_ticks) for s in again.servers] == [(7, 70)]
+    assert [e.code for e in again.events] == ["daemon-restarted"]  # no new event
+    gone = advance(again, restarted, (), 1300.0, 3600)
+    assert gone.servers == ()
+    # The idle daemon (no child, nothing asked) keeps it too.
+    idle = InstanceServers("idle", "", 101, 1000, (), 0.0)
+    assert advance(first, idle, (), 1100.0, 3600, servers_alive=((7, 70),)).servers \
+        == first.servers
+
+
+# --- orphans (per-job) --------------------------------------------------------------
+
+def run_orphans(procs: Iterable[ProcessFact],
+                previous: Optional[Dict[str, ServerMemory]] = None) -> List[Result]:
+    pipe = "/tmp/nvidia-mps_job42"
+    dirs = (JobDir("42", "pipe", pipe, "dir", 1002, "mpshvictim", 0.0),)
+    slurm = SlurmFacts("n1", jobs=())
+    facts = Facts("n1", 2000.0, "/", (), {
+        "processes": tuple(p._replace(pipe_dir=pipe) for p in procs), "slurm": slurm,
+        "job_dirs": dirs, "servers": servers_facts(previous or {})}, {}, {})
+    config = from_mapping({"mps": {"layout": "per-job",
+                                   "pipe_dir": "/tmp/nvidia-mps_job{job}",
+                                   "log_dir": "/tmp/nvidia-log_job{job}"}}, "site.yaml")
+    return list(orphans.check(facts, config))
+
+
+def test_orphan_server_is_critical_only_when_a_daemon_vouches_for_it() -> None:
+    assert codes(run_orphans([server(4242)], {"job42": memory(4242)})) == \
+        [(CRITICAL, "orphan-server")]
+    assert codes(run_orphans([daemon(100), server(4242, ppid=100)])) == \
+        [(CRITICAL, "orphan-server")]  # its daemon's child
+    for held in (server(4242, uid=EVIL), server(4242, traced=True),
+                 server(4242, state="t"), server(4242, genuine=None)):
+        remember = {} if held.uid == EVIL else {"job42": memory(4242)}
+        found = run_orphans([held], remember)
+        assert codes(found) == [(WARNING, "orphan-server")], held
+        assert "no daemon was seen with it, it is held" in found[0].message
+
+
+# --- the servers probe keeps what strays needs ------------------------------------------
+
+def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> None:
+    """A per-job instance gone (its job ended) long past the event window: its memory
+    is kept for as long as one of its servers lives, with only the living ones."""
+    import subprocess
+    import time
+
+    from mps_health.core.context import Context
+    from mps_health.core.probes import proc
+    from mps_health.core.probes.servers import _collect
+    from mps_health.core.state import StateFile
+
+    cfg = from_mapping({"state_dir": str(tmp_path / "state")}, "site.yaml")
+    (tmp_path / "state").mkdir()
+    ctx = Context(cfg, "/", time.monotonic() + 30)
+    living = subprocess.Popen(["sleep", "60"])
+    try:
+        ident = proc.identity("/proc", living.pid)
+        assert ident is not None
+        start = ident[1]
+        old = 1000.0  # far past the window
+        alive = RememberedServer(living.pid, start, "ACTIVE", old, "root", (), True)
+        dead = RememberedServer(living.pid, start + 1, "ACTIVE", old, "root", (), True)
+        state = StateFile(str(tmp_path / "state"), "servers")
+        assert state.save({"job7": ServerMemory(old, 100, 1000, (alive, dead)),
+                           "job8": ServerMemory(old, 101, 1000, (dead,))}) == ""
+        facts = _collect(ctx, (), time.time(), {}, [])
+        assert set(facts.previous) == {"job7", "job8"}
+        kept, error = state.load("Dict[str, ServerMemory]", {},
+                                 vars(__import__("mps_health.core.probes.servers",
+                                                 fromlist=["x"])))
+        assert error == "" and set(kept) == {"job7"}
+        assert kept["job7"].servers == (alive,)
+        assert remembered(kept) == {(living.pid, start)}
+    finally:
+        living.kill()
+        living.wait()
+    # Once it ends, the next run forgets it.
+    _collect(ctx, (), time.time(), {}, [])
+    after, _ = state.load("Dict[str, ServerMemory]", {},
+                          vars(__import__("mps_health.core.probes.servers", fromlist=["x"])))
+    assert after == {}
+
+
+def test_planned_restarts_are_read_from_the_tree_under_root(tmp_path) -> None:
+    """Under --root the servers probe reads the tree's planned.json, not the host's."""
+    import time
+
+    from mps_health.core.context import Context
+    from mps_health.core.facts_deep import PlannedRestart
+    from mps_health.core.probes.servers import _collect
+    from mps_health.core.state import StateFile
+
+    state_dir = "/var/lib/mps-health-test-tree-only"
+    inside = tmp_path / state_dir.lstrip("/")
+    inside.mkdir(parents=True)
+    record = PlannedRestart("/tmp/nvidia-mps", time.time(), 7, 70, "reset")
+    assert StateFile(str(inside), "planned").save((record,)) == ""
+    ctx = Context(from_mapping({"state_dir": state_dir}, "site.yaml"), str(tmp_path),
+                  time.monotonic() + 30)
+    facts = _collect(ctx, (), time.time(), {}, [])
+    assert facts.planned == (record,)
