@@ -74,10 +74,10 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
 
     try:
         dfd = open_dir(state_dir)
-    except FileNotFoundError:
-        return (), ""
     except UnsafePath as e:
-        return (), f"job records not read: {e}"
+        import errno
+
+        return (), "" if e.errno == errno.ENOENT else f"job records not read: {e}"
     except OSError as e:
         return (), f"job records not read: {state_dir}: {e.strerror}"
     path = os.path.join(state_dir, NAME + ".json")
