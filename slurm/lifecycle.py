@@ -222,6 +222,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     procs = sum(processes.of_pipe_dirs(
         read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
     if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
+        _forget(config, job.job_id, [], log)  # gone already: no name may stay ours
         return ""
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
         _record(config, pipe, by, log)
@@ -249,15 +250,22 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
                 log.warning(left)
                 if _exists(path):
                     kept.append(path)
-    # The record goes with the dirs; one left keeps it, for the orphans check and
-    # 'remediate orphans' to judge.
-    unrecorded = jobrecords.drop(config.state_dir, job.job_id, kept, RECORD_WAIT_S)
-    if unrecorded:
-        log.warning(unrecorded)
+    _forget(config, job.job_id, kept, log)
     if procs or all_dirs:
         log.info(f"cleaned up MPS for the job ({len(procs)} process(es), "
                  f"dirs {', '.join(sorted(pipes))})")
     return stuck
+
+
+def _forget(config: Config, job_id: str, kept: List[str], log: HookLog) -> None:
+    """Drop the job's record once its dirs are gone; a dir left keeps it, for the orphans
+    check and 'remediate orphans' to judge. No write when there is nothing to drop."""
+    records, _ = jobrecords.load(config.state_dir)
+    if not any(r.job_id == job_id for r in records):
+        return
+    unrecorded = jobrecords.drop(config.state_dir, job_id, kept, RECORD_WAIT_S)
+    if unrecorded:
+        log.warning(unrecorded)
 
 
 def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSettings,

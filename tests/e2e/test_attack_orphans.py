@@ -223,3 +223,25 @@ def test_a_tree_too_deep_is_named_once_with_the_command(hooks: JobHooks) -> None
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
     assert run_as(ATTACKER, ["touch", str(pipe / "more")]).returncode != 0
     subprocess.run(["rm", "-rf", "--one-file-system", "--", str(pipe)], check=True, timeout=60)
+
+
+def test_after_its_job_the_user_cannot_make_a_name_ours_again(hooks: JobHooks) -> None:
+    """The job's user removes their dirs themselves; the Epilog finds nothing but still
+    drops the record, so a dir they make there afterwards is no orphan of ours."""
+    assert hooks.run("prolog", hooks.env("prolog", "905")).returncode == 0
+    pipe, log = hooks.pipe_dir("905"), hooks.parent / "nvidia-log_job905"
+    pid = daemon_pid(pipe)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    as_attacker("rm", "-rf", str(pipe), str(log))
+    assert hooks.run("epilog", hooks.env("epilog", "905")).returncode == 0
+    assert jobrecords.load(str(hooks.site.state_dir))[0] == ()
+    as_attacker("mkdir", "-m", "0700", str(pipe))
+    back_date(pipe)
+    server = user_server(pipe)
+    try:
+        assert [(r["state"], r["code"]) for r in orphans(hooks)] == [
+            ("WARNING", "orphan-unrecorded")]
+    finally:
+        server.kill()
+        server.wait()
