@@ -349,16 +349,17 @@ def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable
         except FileNotFoundError:
             pass
         except OSError as e:
-            return [_left(shown, e.strerror or str(e))]
+            return [f"cannot remove {shown}: {e.strerror or e}"]
         return []
     fd = _open_as_seen(parent_fd, name, entry)
-    if fd is None:
-        return [_left(shown, "it was replaced while we looked")]
+    if fd is None:  # only its owner could swap it, before we made it root's: judge again
+        return [f"cannot remove {shown}: it was replaced while we looked; run again"]
     try:
         _seize(fd)
         # Only root can rename it now: the name must still be the dir we hold.
         if look(parent_fd, name).dev_ino != entry.dev_ino:
-            return [_left(shown, "it was moved away while we removed it")]
+            return [f"cannot remove {shown}: it was moved away while we removed it (now "
+                    "root's and 0700 under another name in the same dir); run again"]
         walk = _Walk(entry.dev_ino[0])
         _empty(fd, walk, 1, "")
         if walk.problem:

@@ -61,7 +61,8 @@ def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> L
     if daemons or servers:
         listed = ", ".join(procs.describe(p) for p in (*daemons, *servers))
         lines.append(f"end what is left of {listed} by verified PID")
-    lines.append(f"remove {inst.pipe_dir} and {inst.log_dir} (symlinks unlinked, never followed)")
+    lines.append(f"remove {inst.pipe_dir} and {inst.log_dir} with all they hold (made root's "
+                 "0700 first; symlinks unlinked, never followed)")
     return lines
 
 
