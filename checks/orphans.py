@@ -9,13 +9,21 @@ EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it ru
 configured server binary (``mps_health.core.process_identity``; a process only named like one is no
 server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
 job id, owner and age.
+
+A dir is an orphan of ours only when the Prolog recorded it for that job
+(``mps_health.core.jobrecords``) and it belongs to the recorded uid (or root): anyone can
+make a dir named like an ended job's in /tmp, back-date it and start a fake server in
+it. Such a dir is not judged (never CRITICAL, never removed by ``remediate orphans``);
+old enough, it is one WARNING per owner (``orphan-unrecorded``), so that an admin sees
+a stranger's squat, or a leftover from before job records existed, and removes it.
 """
 
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
+from ..core import jobrecords
 from ..core.config import Config
 from ..core.facts import Facts, ProcessFact
-from ..core.probes.jobdirs import JobDir
+from ..core.probes.jobdirs import JobDir, JobRecords
 from ..core.probes.slurm import SlurmFacts
 from ..core.process_identity import is_daemon, is_server, proves_nothing
 from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Result
@@ -25,7 +33,9 @@ from .common import slurm_unavailable
 
 NAME = "orphans"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
-CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "slurm-unavailable")
+CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",
+         "job-records-unreadable", "slurm-unavailable")
+SHOWN = 3  # paths named per owner of unrecorded dirs (the rest counted)
 
 
 def age_text(seconds: float) -> str:
@@ -64,9 +74,10 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     alive = {j.job_id for j in slurm.jobs}
     daemons = {p.pid for p in procs if is_daemon(p)}
     known = remembered(facts.sources["servers"].previous)  # type: ignore[attr-defined]
-    by_job: Dict[str, List[JobDir]] = {}
-    for d in dirs:
-        by_job.setdefault(d.job_id, []).append(d)
+    records: JobRecords = facts.sources["job_records"]  # type: ignore[assignment]
+    if records.error:
+        yield _unreadable(records)
+    by_job, strangers = split_ours(dirs, records, alive)
     found = 0
     for job_id, jds in sorted(by_job.items(), key=lambda kv: int(kv[0])):
         if job_id in alive:
@@ -104,7 +115,60 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          values)
         else:
             yield Result(NAME, WARNING, "orphan-dir", f"job{job_id}", head, action, values)
-    if not found:
+    for result in unrecorded(strangers, facts.taken_at, min_age):
+        found += 1
+        yield result
+    if not found and not records.error:
         yield Result(NAME, OK, "ok", "",
-                     f"no orphaned per-job MPS dirs ({len(by_job)} job dirs, "
+                     f"no orphaned per-job MPS dirs ({len({d.job_id for d in dirs})} job dirs, "
                      f"{len(alive)} jobs on {slurm.node_name})", "", (("orphans", 0.0),))
+
+
+def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
+               ) -> Tuple[Dict[str, List[JobDir]], List[JobDir]]:
+    """({job id: its dirs the Prolog recorded, of the recorded uid or root}, the other
+    dirs named like an ended job's). Dirs of jobs Slurm runs here are in neither."""
+    record_of = jobrecords.by_job(records.records)
+    ours: Dict[str, List[JobDir]] = {}
+    strangers: List[JobDir] = []
+    for d in dirs:
+        if d.job_id in alive:
+            continue
+        if jobrecords.ours(record_of.get(d.job_id), d.path, d.uid):
+            ours.setdefault(d.job_id, []).append(d)
+        else:
+            strangers.append(d)
+    return ours, strangers
+
+
+def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[Result]:
+    """One WARNING per owner of dirs named like ended jobs' that our Prolog did not make
+    for that job and user: theirs, not judged, never removed by root."""
+    by_owner: Dict[int, List[JobDir]] = {}
+    for d in strangers:
+        if now - d.mtime >= min_age:
+            by_owner.setdefault(d.uid, []).append(d)
+    for uid, jds in sorted(by_owner.items()):
+        owner = jds[0].owner or str(uid)
+        paths = sorted(d.path for d in jds)
+        more = f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else ""
+        yield Result(NAME, WARNING, "orphan-unrecorded", "",
+                     f"{len(paths)} entr{'y' if len(paths) == 1 else 'ies'} named like an "
+                     f"ended job's MPS dir but not made for that job by our Prolog, owned by "
+                     f"{owner} (uid {uid}): {', '.join(paths[:SHOWN])}{more}; not judged, "
+                     "never removed by mps-health",
+                     f"ask {owner} what they are; if unwanted, remove them by hand "
+                     f"('rm -rf --one-file-system -- {paths[0]}')",
+                     (("unrecorded", float(len(paths))),), (("uid", str(uid)),))
+
+
+def _unreadable(records: JobRecords) -> Result:
+    """The Prolog's records could not be read: no leftover can be told to be ours."""
+    if records.denied:  # an unprivileged run (check_mps as nagios): root's runs can tell
+        return Result(NAME, UNKNOWN, "job-records-unreadable", "",
+                      f"cannot tell which per-job dirs are ours: {records.error}",
+                      "run the check as root (the health check does)")
+    return Result(NAME, WARNING, "job-records-unreadable", "",
+                  f"cannot tell which per-job dirs are ours: {records.error}",
+                  "look at the file (who wrote it?), then move it aside; the next Prolog "
+                  "writes it afresh, and leftovers meanwhile show as orphan-unrecorded")

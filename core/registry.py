@@ -115,6 +115,8 @@ source("slurm", ".core.probes.slurm:gather", ".core.probes.slurm:VALUE_TYPE",
 source("gres_conf", ".core.probes.gres_conf:gather", ".core.probes.gres_conf:VALUE_TYPE")
 source("jobs", ".core.probes.jobs:gather", ".core.probes.jobs:VALUE_TYPE", blocking=True)
 source("job_dirs", ".core.probes.jobdirs:gather", ".core.probes.jobdirs:VALUE_TYPE")
+source("job_records", ".core.probes.jobdirs:gather_records",
+       ".core.probes.jobdirs:RECORDS_TYPE")
 
 # --- checks -------------------------------------------------------------------------
 check("daemon", ".checks.daemon:check", ("processes", "dirs"),
@@ -140,7 +142,8 @@ check("gres-drift", ".checks.gres_drift:check",
       ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
       when_configured=("slurm",),
       summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
-check("orphans", ".checks.orphans:check", ("slurm", "job_dirs", "processes", "servers"),
+check("orphans", ".checks.orphans:check",
+      ("slurm", "job_dirs", "job_records", "processes", "servers"),
       default_on=False, when_configured=("slurm", "orphans"),
       summary="no per-job MPS dirs or daemons outlive their job")
 check("clients", ".checks.clients:check", ("servers", "jobs"), default_on=False,

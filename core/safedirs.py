@@ -22,8 +22,12 @@ the atomic file writer. The rules, each written once here:
 * **Move aside to random, O_EXCL-checked names.** What was in the way goes to
   ``NAME.aside-<time>-<random>`` with ``RENAME_NOREPLACE``: it is never entered, never
   removed, never overwritten, and its name cannot be pre-empted.
-* **Remove without entering links:** symlinks are unlinked as entries, depth is bounded,
-  and only entries of the given owners are removed.
+* **Remove whatever is inside, entering no link** (``remove_tree``): each dir is first
+  made root's 0700 through its fd (its user can add nothing more), then emptied with
+  ``*at`` calls relative to it; symlinks, FIFOs and sockets are unlinked as entries;
+  depth (open dirs), entry count and the file system are bounded; only a top entry of
+  the given owners is removed; a tree that cannot go is one line with the command that
+  removes it.
 
 Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run with plain
 renames after a fresh look: still no link followed, only the race window is wider.
@@ -322,38 +326,146 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
     return True, aside
 
 
-def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable[int]] = None,
-                depth: int = 0) -> List[str]:
-    """Remove ``name`` and all it holds; a symlink anywhere is unlinked, never entered.
-    With ``owners``, the entry itself is removed only if one of them owns it. Returns the
-    problems, one line each (empty: all gone)."""
+def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable[int]] = None
+                ) -> List[str]:
+    """Remove ``name`` and whatever it holds, following no link. With ``owners``, only an
+    entry one of them owns is removed. Before anything inside is touched, each dir is made
+    root's (ours) and 0700 through its fd: its user can then neither add, rename nor swap
+    anything in it, even from a shell already inside. At most ``MAX_DEPTH`` dirs are open
+    at once and ``MAX_ENTRIES`` entries removed; the walk stays on the top dir's file
+    system. Returns the problems: none, or ONE line naming the first thing that stopped
+    it and a command an admin can run."""
     entry = look(parent_fd, name)
     if entry.kind == "missing":
         return []
-    if owners is not None and entry.uid not in set(owners):
-        return [f"{shown} is owned by uid {entry.uid}, not by uid "
-                f"{'/'.join(map(str, owners))}: left alone"]
-    try:
-        if entry.kind != "dir":
-            os.unlink(name, dir_fd=parent_fd)
-            return []
-        if depth >= MAX_DEPTH:
-            return [f"{shown}: nested more than {MAX_DEPTH} deep, left"]
-        fd = _open_as_seen(parent_fd, name, entry)
-        if fd is None:
-            return [f"{shown}: changed while we removed it, left"]
-        problems: List[str] = []
+    if owners is not None:
+        allowed = set(owners)
+        if entry.uid not in allowed:
+            return [f"{shown} is owned by uid {entry.uid}, not by uid "
+                    f"{'/'.join(map(str, sorted(allowed)))}: left alone"]
+    if entry.kind != "dir":
         try:
-            for child in list_names(fd):
-                problems += remove_tree(fd, child, f"{shown}/{child}", None, depth + 1)
-        finally:
-            os.close(fd)
-        os.rmdir(name, dir_fd=parent_fd)
-        return problems
-    except FileNotFoundError:
+            os.unlink(name, dir_fd=parent_fd)  # a link is unlinked, its target untouched
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            return [f"cannot remove {shown}: {e.strerror or e}"]
         return []
+    fd = _open_as_seen(parent_fd, name, entry)
+    if fd is None:  # only its owner could swap it, before we made it root's: judge again
+        return [f"cannot remove {shown}: it was replaced while we looked; run again"]
+    try:
+        _seize(fd)
+        # Only root can rename it now: the name must still be the dir we hold.
+        if look(parent_fd, name).dev_ino != entry.dev_ino:
+            return [f"cannot remove {shown}: it was moved away while we removed it (now "
+                    "root's and 0700 under another name in the same dir); run again"]
+        walk = _Walk(entry.dev_ino[0])
+        _empty(fd, walk, 1, "")
+        if walk.problem:
+            return [_left(shown, walk.problem)]
+        os.rmdir(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        pass
     except OSError as e:
-        return [f"cannot remove {shown}: {e.strerror}"]
+        return [_left(shown, e.strerror or str(e))]
+    finally:
+        os.close(fd)
+    return []
+
+
+MAX_ENTRIES = 100000  # a job's MPS dirs hold a handful; more is a user filling them
+
+
+class _Walk:
+    """One removal's budget and its first problem ("" while there is none)."""
+
+    def __init__(self, dev: int) -> None:
+        self.dev = dev
+        self.count = 0
+        self.problem = ""
+
+
+def _left(shown: str, why: str) -> str:
+    from .printable import escape
+
+    return (f"cannot remove {shown} whole ({escape(why, 200)}); left root's and 0700, so "
+            f"no user can add to it: remove it by hand with "
+            f"'rm -rf --one-file-system -- {shown}'")
+
+
+def _seize(fd: int) -> None:
+    """Make the dir root's and 0700 through its fd, so its user can no longer change what
+    is in it while we empty it (best effort: an unprivileged run removes what it may)."""
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o700)
+    except OSError:
+        pass
+
+
+def _listing(fd: int, room: int) -> List[Tuple[str, bool]]:
+    """(name, is a dir) of at most ``room`` entries of the dir (lstat-like: never follows)."""
+    dup = os.dup(fd)  # scandir(fd) rewinds the offset on close: use a copy
+    found: List[Tuple[str, bool]] = []
+    try:
+        with os.scandir(dup) as it:
+            for e in it:
+                found.append((e.name, e.is_dir(follow_symlinks=False)))
+                if len(found) >= room:
+                    break
+    finally:
+        os.close(dup)
+    return found
+
+
+def _empty(fd: int, walk: _Walk, depth: int, where: str) -> None:
+    """Remove everything in the dir at ``fd``; stops at the first problem (``walk.problem``)."""
+    for child, is_dir in _listing(fd, MAX_ENTRIES - walk.count + 1):
+        walk.count += 1
+        sub = f"{where}/{child}"
+        if walk.count > MAX_ENTRIES:
+            walk.problem = f"more than {MAX_ENTRIES} entries"
+            return
+        if not is_dir:
+            try:
+                os.unlink(child, dir_fd=fd)  # unlink never follows a link
+                continue
+            except FileNotFoundError:
+                continue
+            except IsADirectoryError:
+                pass  # a dir now (only root can change a seized dir): walk it below
+            except OSError as e:
+                walk.problem = f".{sub}: {e.strerror}"
+                return
+        if depth >= MAX_DEPTH:
+            walk.problem = f"nested more than {MAX_DEPTH} deep at .{sub}"
+            return
+        try:
+            cfd = os.open(child, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            walk.problem = f".{sub}: {e.strerror}"
+            return
+        try:
+            if os.fstat(cfd).st_dev != walk.dev:
+                walk.problem = f".{sub} is another file system mounted there: unmount it first"
+                return
+            _seize(cfd)
+            _empty(cfd, walk, depth + 1, sub)
+        finally:
+            os.close(cfd)
+        if walk.problem:
+            return
+        try:
+            os.rmdir(child, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            walk.problem = f".{sub}: {e.strerror}"
+            return
 
 
 def remove_entries(dir_fd: int, names: Iterable[str]) -> Tuple[List[str], List[str]]:

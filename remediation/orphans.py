@@ -7,17 +7,20 @@ if it fails, nothing is an orphan (an empty answer from a broken squeue must nev
 look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is skipped: its
 job's prolog may still be setting it up.
 
-Each orphan: ``quit -t N`` sent as the daemon's own user; what is left of its daemon
-and servers ended by verified PID; its pipe and log dirs removed without following any
-symlink (a symlink is unlinked, never entered).
+Only dirs our Prolog recorded for the job (``mps_health.core.jobrecords``), owned by the
+recorded uid or root, are orphans: a dir a user made under a job's name is theirs, left
+alone (a note says so). Each orphan: ``quit -t N`` sent as the daemon's own user; what
+is left of its daemon and servers ended by verified PID; its pipe and log dirs removed
+whatever they hold, without following any symlink (``safedirs.remove_tree``); then the
+job's record is dropped.
 """
 
 import os
 import time
-from typing import Collection, List, Mapping, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..core import jobrecords, safedirs
 from ..core import processes as procs
-from ..core import safedirs
 from ..core.config import Config
 from ..core.context import Context, node_name
 from ..core.daemonctl import quit_daemon
@@ -58,7 +61,8 @@ def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> L
     if daemons or servers:
         listed = ", ".join(procs.describe(p) for p in (*daemons, *servers))
         lines.append(f"end what is left of {listed} by verified PID")
-    lines.append(f"remove {inst.pipe_dir} and {inst.log_dir} (symlinks unlinked, never followed)")
+    lines.append(f"remove {inst.pipe_dir} and {inst.log_dir} with all they hold (made root's "
+                 "0700 first; symlinks unlinked, never followed)")
     return lines
 
 
@@ -73,7 +77,7 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
     return f"quit as {user.name}: {problem or 'accepted'}"
 
 
-def _remove(ctx: Context, path: str) -> str:
+def _remove(ctx: Context, path: str, owners: Tuple[int, ...]) -> str:
     parent, name = safedirs.split(path)
     try:
         pfd = safedirs.open_dir(parent, ctx.root)
@@ -83,7 +87,7 @@ def _remove(ctx: Context, path: str) -> str:
         kind = safedirs.look(pfd, name).kind
         if kind == "missing":
             return f"{path}: already gone"
-        problems = safedirs.remove_tree(pfd, name, path)
+        problems = safedirs.remove_tree(pfd, name, path, owners)
         if problems:
             raise OSError(0, "; ".join(problems))
         return f"removed {path}" + (" (a symlink: unlinked, target untouched)"
@@ -92,7 +96,23 @@ def _remove(ctx: Context, path: str) -> str:
         os.close(pfd)
 
 
-def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings) -> Tuple[bool, str]:
+def _records(ctx: Context) -> Dict[str, jobrecords.JobRecord]:
+    return jobrecords.by_job(jobrecords.load(ctx.path(ctx.config.state_dir))[0])
+
+
+def _owner(ctx: Context, path: str) -> int:
+    try:
+        return os.lstat(ctx.path(path)).st_uid
+    except OSError:
+        return -1
+
+
+def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
+              record: Optional[jobrecords.JobRecord] = None) -> Tuple[bool, str]:
+    record = record or _records(ctx).get(inst.job_id or "")
+    if record is None or not jobrecords.ours(record, inst.pipe_dir,
+                                             _owner(ctx, inst.pipe_dir)):
+        return False, f"{inst.pipe_dir} is no longer a dir our Prolog made for the job: left"
     done: List[str] = []
     daemons, servers = _processes(ctx, inst)
     for d in daemons:
@@ -103,11 +123,22 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings) -> Tu
     done.extend(f"{e.pid}: {e.detail}" for e in ended)
     if any(e.outcome == "alive" for e in ended):
         return False, "; ".join(done) + " - dirs kept while a process lives"
+    state_dir = ctx.path(ctx.config.state_dir)
     for path in dict.fromkeys((inst.pipe_dir, inst.log_dir)):
+        if path != inst.pipe_dir and not jobrecords.ours(record, path, _owner(ctx, path)):
+            if _owner(ctx, path) >= 0:
+                done.append(f"{path}: not made by our Prolog for the job: left alone")
+            continue
         try:
-            done.append(_remove(ctx, path))
+            done.append(_remove(ctx, path, (record.uid, 0)))
         except OSError as e:
+            jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
+                                                       if os.path.lexists(ctx.path(p))])
             return False, "; ".join(done) + f"; {path}: {e.strerror}"
+    unkept = jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
+                                                        if os.path.lexists(ctx.path(p))])
+    if unkept:
+        done.append(unkept)
     return True, "; ".join(done)
 
 
@@ -116,8 +147,9 @@ def clean(ctx: Context, orphans: Sequence[Instance], settings: RemediationSettin
     """Remove ``orphans``; 0 if all went, 2 if one failed (the caller holds the lock)."""
     audit = audit_for(ctx, settings, "orphans")
     code = DONE
+    records = _records(ctx)
     for inst in orphans:
-        ok, text = clean_one(ctx, inst, settings)
+        ok, text = clean_one(ctx, inst, settings, records.get(inst.job_id or ""))
         say(f"  {inst.name}: {'ok' if ok else 'FAILED'}: {text}")
         audit.record("remove", "ok" if ok else "failed", instance=inst.name,
                      job=inst.job_id or "", detail=text)
@@ -132,7 +164,16 @@ def find(ctx: Context, jobs: Mapping[str, object], now: float
     min_age_s = orphan_settings(ctx.config).min_age_s
     found = orphans_of(discover_jobs(ctx), set(jobs))
     old, notes = [], []
+    loaded, error = jobrecords.load(ctx.path(ctx.config.state_dir))
+    if error:
+        notes.append(f"{error}: no dir can be told to be ours")
+    records = jobrecords.by_job(loaded)
     for inst in found:
+        owner = _owner(ctx, inst.pipe_dir)
+        if not jobrecords.ours(records.get(inst.job_id or ""), inst.pipe_dir, owner):
+            notes.append(f"{inst.name}: {inst.pipe_dir} (owner uid {owner}) was not made by "
+                         "our Prolog for that job: not an orphan of ours, left alone")
+            continue
         age = _age(ctx, inst.pipe_dir, now)
         if age < min_age_s:
             notes.append(f"{inst.name}: its pipe dir is {age:.0f}s old (under "

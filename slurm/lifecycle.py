@@ -11,7 +11,9 @@ CUDA_MPS_PIPE_DIRECTORY=...`` (and the log dir) when the job's pipe dir exists, 
 real dir and belongs to this user.
 
 Epilog (root, after the job, also after scancel): ``quit -t N`` as the job's user, end
-what is left by verified PID, remove the dirs. It exits 0 for any problem it can log;
+what is left by verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``)
+and drop the job's record (``mps_health.core.jobrecords``: the Prolog records each job's
+uid and dirs, so that only those are ever judged orphans). It exits 0 for any problem it can log;
 only a process that survives SIGKILL (stuck in the driver) fails it, because that
 node needs a person.
 """
@@ -19,7 +21,7 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from ..core import processes, safedirs
+from ..core import jobrecords, processes, safedirs
 from ..core.config import SUN_PATH_MAX, Config, socket_path_bytes
 from ..core.daemonctl import quit_daemon, start_daemon
 from ..core.facts import ProcessFact
@@ -120,6 +122,12 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
         # Recorded before the dirs exist: the health check judges no instance our
         # Prolog is still setting up (mps_health.core.jobphase).
         _record(config, dirs.pipe_dir, SETUP_START, log)
+        # Whose dirs these are, before they exist (a Prolog killed after its mkdir leaves
+        # no dir that the orphans check could not tell from a stranger's).
+        unrecorded = jobrecords.add(config.state_dir, job.job_id, job.uid,
+                                    (dirs.log_dir, dirs.pipe_dir), RECORD_WAIT_S)
+        if unrecorded:
+            log.warning(unrecorded)
         for path in (dirs.log_dir, dirs.pipe_dir):
             try:
                 note = make_job_dir(path, job.uid, job.gid, config.mps.dir_mode)
@@ -214,6 +222,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     procs = sum(processes.of_pipe_dirs(
         read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
     if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
+        _forget(config, job.job_id, [], log)  # gone already: no name may stay ours
         return ""
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
         _record(config, pipe, by, log)
@@ -233,15 +242,30 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
             log.warning(f"daemon {daemon[0].pid} in {dirs.pipe_dir}: {problem}")
     processes.wait_gone(proc_dir, procs, 1.0)
     stuck = _end_leftovers(job, procs, settings, log, proc_dir)
+    kept: List[str] = []
     for dirs in all_dirs:
         for path in (dirs.pipe_dir, dirs.log_dir):
             left = remove_job_dir(path, (job.uid, 0))
             if left:
                 log.warning(left)
+                if _exists(path):
+                    kept.append(path)
+    _forget(config, job.job_id, kept, log)
     if procs or all_dirs:
         log.info(f"cleaned up MPS for the job ({len(procs)} process(es), "
                  f"dirs {', '.join(sorted(pipes))})")
     return stuck
+
+
+def _forget(config: Config, job_id: str, kept: List[str], log: HookLog) -> None:
+    """Drop the job's record once its dirs are gone; a dir left keeps it, for the orphans
+    check and 'remediate orphans' to judge. No write when there is nothing to drop."""
+    records, _ = jobrecords.load(config.state_dir)
+    if not any(r.job_id == job_id for r in records):
+        return
+    unrecorded = jobrecords.drop(config.state_dir, job_id, kept, RECORD_WAIT_S)
+    if unrecorded:
+        log.warning(unrecorded)
 
 
 def _end_leftovers(job: JobEnv, procs: Tuple[ProcessFact, ...], settings: JobsSettings,

@@ -2,12 +2,16 @@
 
 Both templates' parent dirs are listed (a job's log dir can outlive its pipe dir).
 Entries are lstat'ed, never followed: a symlink is reported as one, not as its target.
+With them, the Prolog's records of which job and uid each dir was made for
+(``job_records``): a name alone makes no dir ours.
 """
 
 import os
 from typing import List, NamedTuple, Optional, Tuple
 
 from ..context import Context
+from ..jobrecords import JobRecord
+from ..jobrecords import load as load_records
 from ..templates import match
 from .dirs import kind_of
 
@@ -54,6 +58,25 @@ def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
 
 
 VALUE_TYPE = Tuple[JobDir, ...]
+
+
+class JobRecords(NamedTuple):
+    """The jobs the Prolog recorded (``mps_health.core.jobrecords``): which dirs are ours."""
+
+    records: Tuple[JobRecord, ...]
+    error: str = ""  # why the records could not be read ("" when fine or none yet)
+    denied: bool = False  # an unprivileged run was refused them (root's runs can read)
+
+
+def gather_records(ctx: Context, instances: object) -> JobRecords:
+    if ctx.config.mps.layout != "per-job":
+        return JobRecords(())
+    records, error = load_records(ctx.path(ctx.config.state_dir))
+    return JobRecords(records, error, bool(error) and os.geteuid() != 0
+                      and "denied" in error)
+
+
+RECORDS_TYPE = JobRecords
 
 
 def _name_of(uid: int) -> Optional[str]:

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import pytest
 from clirun import mps_health
+from mps_health.core import jobrecords
 from mps_health.core.probes.slurm import parse_node_line
 from mpsdaemon import start_daemon
 from nodesite import Site
@@ -67,6 +68,12 @@ def test_orphans_of_ended_jobs_are_quit_as_their_user_and_removed(cluster: Slurm
         make_dirs(target)
         (target / "keep").write_text("k")
         (site.root / "nvidia-mps_job88888").symlink_to(target)  # an orphan entry that is a symlink
+        # Only what a Prolog recorded for its job is an orphan (core/jobrecords.py): these
+        # dirs stand for what ours made; an unrecorded job-named dir would be left alone.
+        for job_id in ("99999", "88888"):
+            assert jobrecords.add(str(site.state_dir), job_id, test_user.pw_uid,
+                                  [str(site.root / f"nvidia-mps_job{job_id}"),
+                                   str(site.root / f"nvidia-log_job{job_id}")]) == ""
         cfg = per_job_config(site)
         dry = run(cluster, cfg, "orphans", "--dry-run")
         assert dry.returncode == 0, dry.stdout + dry.stderr

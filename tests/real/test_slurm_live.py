@@ -259,6 +259,13 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
     (top / "keep").touch()  # the epilog now fails to clean up
     cluster.cancel_all()
     job.wait(30)
+    # Only dirs a Prolog recorded for their job are orphans (core/jobrecords.py); this
+    # plain bash Prolog records nothing, so the test records what it made, as ours does.
+    from mps_health.core import jobrecords
+
+    assert jobrecords.add(str(tmp_path / "state"), job_id, 0,
+                          [str(top / f"nvidia-mps_job{job_id}"),
+                           str(top / f"nvidia-log_job{job_id}")]) == ""
     facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
     assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-dir")]
     (run,) = engine.judge(facts, cfg, [CHECKS["orphans"]])

@@ -274,3 +274,118 @@ def test_without_renameat2_the_same_rules_hold(parent: Path, victim: Path, user,
                         notes) == "created"
     assert mode_owner(parent / "nvidia-mps_job23") == (0o700, user.pw_uid, stat.S_IFDIR)
     assert mode_owner(victim) == (0o700, 0, stat.S_IFDIR) and "was a symlink" in notes[0]
+
+
+# --- removing whatever is inside (remove_tree: Epilog and remediate orphans) -------------
+def nest(top: Path, depth: int, uid: int) -> Path:
+    """``depth`` dirs one inside the other under ``top``, all the user's; the deepest."""
+    p = top
+    for i in range(depth):
+        p = p / f"d{i}"
+    p.mkdir(parents=True)
+    for q in [top, *[top.joinpath(*[f"d{j}" for j in range(i + 1)]) for i in range(depth)]]:
+        os.chown(q, uid, uid)
+    return p
+
+
+def test_remove_takes_nested_dirs_of_the_user(parent: Path, user) -> None:
+    job = parent / "nvidia-mps_job30"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    deep = nest(job, 5, user.pw_uid)
+    (deep / "file").write_text("x")
+    (job / "d0" / "ro").mkdir(mode=0o500)  # a dir its user made unwritable
+    (job / "d0" / "ro2").mkdir()
+    (job / "d0" / "ro2" / "f").write_text("y")
+    (job / "d0" / "ro2").chmod(0)
+    assert remove_job_dir(str(job), (user.pw_uid, 0)) is None
+    assert not os.path.lexists(job)
+
+
+def test_remove_never_follows_links_inside_nested_dirs(parent: Path, victim: Path,
+                                                       user) -> None:
+    job = parent / "nvidia-mps_job31"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    deep = nest(job, 4, user.pw_uid)
+    (deep / "to-dir").symlink_to(victim)  # a link to a dir outside: unlinked, not entered
+    (deep / "to-file").symlink_to(victim / "secret")
+    (job / "top-link").symlink_to(victim)
+    (job / "hard").mkdir()
+    os.link(victim / "secret", job / "hard" / "secret-again")  # one more name, same file
+    assert remove_job_dir(str(job), (user.pw_uid, 0)) is None
+    assert not os.path.lexists(job)
+    assert (victim / "secret").read_text() == "root's"
+    assert mode_owner(victim) == (0o700, 0, stat.S_IFDIR)
+    assert os.stat(victim / "secret").st_nlink == 1
+
+
+def test_remove_takes_fifos_and_sockets(parent: Path, user) -> None:
+    import socket
+
+    job = parent / "nvidia-mps_job32"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    (job / "sub").mkdir()
+    os.mkfifo(job / "sub" / "fifo")  # opening it would block: it is only unlinked
+    os.mkfifo(job / "control")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(job / "sub" / "control"))
+        assert remove_job_dir(str(job), (user.pw_uid, 0)) is None
+    finally:
+        s.close()
+    assert not os.path.lexists(job)
+
+
+def test_too_deep_is_one_line_with_a_command_that_works(parent: Path, user) -> None:
+    import subprocess
+
+    from mps_health.core.safedirs import MAX_DEPTH
+
+    job = parent / "nvidia-mps_job33"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    nest(job, MAX_DEPTH + 5, user.pw_uid)
+    problem = remove_job_dir(str(job), (user.pw_uid, 0))
+    assert isinstance(problem, str) and "\n" not in problem and problem.count("cannot") == 1
+    assert f"nested more than {MAX_DEPTH} deep" in problem
+    command = f"rm -rf --one-file-system -- {job}"
+    assert f"'{command}'" in problem
+    # Left root's 0700: its user can add nothing more while it waits for the admin.
+    assert mode_owner(job) == (0o700, 0, stat.S_IFDIR)
+    subprocess.run(command.split(), check=True, timeout=60)
+    assert not os.path.lexists(job)
+
+
+def test_within_the_depth_bound_everything_goes(parent: Path, user) -> None:
+    from mps_health.core.safedirs import MAX_DEPTH
+
+    job = parent / "nvidia-mps_job34"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    nest(job, MAX_DEPTH - 1, user.pw_uid)  # the top and 31 below: 32 open dirs at most
+    assert remove_job_dir(str(job), (user.pw_uid, 0)) is None
+
+
+def test_too_many_entries_is_one_line(parent: Path, user, monkeypatch) -> None:
+    from mps_health.core import safedirs
+
+    monkeypatch.setattr(safedirs, "MAX_ENTRIES", 50)
+    job = parent / "nvidia-mps_job35"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    (job / "many").mkdir()
+    for i in range(60):
+        (job / "many" / f"f{i}").write_text("")
+    problem = remove_job_dir(str(job), (user.pw_uid, 0))
+    assert isinstance(problem, str) and "more than 50 entries" in problem
+    assert problem.count("rm -rf") == 1
+    assert len(os.listdir(job / "many")) == 60 - 49  # the budget was spent, not exceeded
+    monkeypatch.setattr(safedirs, "MAX_ENTRIES", 100000)
+    assert remove_job_dir(str(job), (user.pw_uid, 0)) is None
+
+
+def test_names_inside_are_escaped_in_the_line(parent: Path, user) -> None:
+    from mps_health.core.safedirs import MAX_DEPTH
+
+    job = parent / "nvidia-mps_job36"
+    make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
+    deep = nest(job, MAX_DEPTH - 1, user.pw_uid)
+    (deep / "x\nOK all good\x1b[2J").mkdir()
+    problem = remove_job_dir(str(job), (user.pw_uid, 0))
+    assert isinstance(problem, str) and "\n" not in problem and "\x1b" not in problem
