@@ -81,15 +81,14 @@ def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
     """What the verdict is made of: the report without the checks in ``checks.observe``
     and without the findings any local user can cause (``slurmnode.BY_ANY_USER``)."""
     return report._replace(runs=tuple(
-        run._replace(results=tuple(r for r in run.results
-                                   if r.code not in slurmnode.BY_ANY_USER))
+        run._replace(results=tuple(r for r in run.results if not slurmnode.by_any_user(r)))
         for run in report.runs if run.name not in observe))
 
 
 def _by_users(report: Optional[Report]) -> List[str]:
     if report is None:
         return []
-    seen = sorted({r.code for r in report.problems() if r.code in slurmnode.BY_ANY_USER})
+    seen = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
     return [f"MPS-HC: a local user can cause these, so they never drain: {', '.join(seen)}"] \
         if seen else []
 

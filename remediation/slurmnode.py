@@ -21,6 +21,7 @@ from ..core.probes.slurm import (
     read_nodes,
     scontrol_argv,
 )
+from ..core.results import CRITICAL, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
@@ -46,7 +47,11 @@ BY_ANY_USER = frozenset({
     "mps-impostor", "server-unclaimed", "daemon-foreign", "daemon-unexpected",
     "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
     "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
+    "orphan-daemon", "orphan-unrecorded",
 })
+# Codes that are a user's doing unless CRITICAL: a per-job server no daemon was seen
+# with (held, traced, its binary unread) is a WARNING of the same code.
+BY_ANY_USER_UNLESS_CRITICAL = frozenset({"orphan-server"})
 # Drains the fleet circuit breaker does not count. Besides the above, an MPS entry of
 # the wrong owner or kind in the pipe dir does break MPS (clients may reach a user's
 # socket), so it drains, but a user can plant it on many nodes at once: counting those
@@ -58,6 +63,12 @@ def ours(view: SlurmNode, tag: str) -> bool:
     """Is the reason ours? Its first word is our tag (NHC's rule, with our own tag)."""
     words = view.reason.split(None, 1)
     return bool(words) and words[0] == tag
+
+
+def by_any_user(result: Result) -> bool:
+    """Could any local user have caused this finding? (Then it never drains.)"""
+    return result.code in BY_ANY_USER or (
+        result.code in BY_ANY_USER_UNLESS_CRITICAL and result.state != CRITICAL)
 
 
 def reason_code(reason: str, tag: str) -> str:

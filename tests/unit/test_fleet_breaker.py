@@ -146,3 +146,10 @@ def test_a_user_caused_warning_never_drains_even_with_drain_on_warning(tmp_path:
     assert "MPS-HC: a local user can cause these, so they never drain: pipe-entry-foreign" \
         in r.lines, text
     assert r.lines[-1].startswith("MPS-HC: pass;"), r.lines
+
+
+def test_a_per_job_server_no_daemon_vouches_for_never_drains() -> None:
+    held = Result("orphans", WARNING, "orphan-server", "job7", "held by its user", "look")
+    real = held._replace(state=CRITICAL)
+    assert healthcheck.drainable(report_with(held), ()).state == OK
+    assert healthcheck.drainable(report_with(real), ()).state == CRITICAL

@@ -10,6 +10,7 @@ import pytest
 from mps_health.core import engine
 from mps_health.core.config import from_mapping
 from mps_health.core.facts import Facts, ProcessFact
+from mps_health.core.facts_deep import RememberedServer, ServerMemory, ServersFacts
 from mps_health.core.jobrecords import JobRecord
 from mps_health.core.probes.jobdirs import JobDir, JobRecords
 from mps_health.core.probes.slurm import SlurmFacts, SlurmJob, SlurmNode
@@ -47,11 +48,16 @@ def proc(pid: int, role: str, job: str, genuine: Optional[bool] = True,
 def judge(dirs: Sequence[JobDir], records: Sequence[JobRecord] = (),
           procs: Sequence[ProcessFact] = (), alive: Sequence[str] = (),
           slurm: Optional[SlurmFacts] = None, error: str = "", denied: bool = False,
-          config: Dict[str, Any] = CFG) -> List[Result]:
+          config: Dict[str, Any] = CFG,
+          remembered: Sequence[Tuple[int, int]] = ()) -> List[Result]:
     jobs = tuple(SlurmJob(j, "alice", USER, "RUNNING", 60.0, "gres:mps:50") for j in alive)
     sources = {"slurm": slurm or SlurmFacts("n1", NODE, jobs=jobs),
                "job_dirs": tuple(dirs), "processes": tuple(procs),
-               "job_records": JobRecords(tuple(records), error, denied)}
+               "job_records": JobRecords(tuple(records), error, denied),
+               "servers": ServersFacts(NOW, {}, {"job-old": ServerMemory(
+                   NOW - 60, 40, 400, tuple(RememberedServer(pid, ticks, "ACTIVE", NOW - 60,
+                                                             "alice", (), True)
+                                            for pid, ticks in remembered))}, ())}
     facts = Facts("n1", NOW, "/", (), sources, {}, {})
     (run,) = engine.judge(facts, from_mapping(config, "site.yaml"), [CHECKS["orphans"]])
     return list(run.results)
@@ -80,9 +86,15 @@ def test_recorded_dirs_made_root_s_are_still_ours() -> None:
 
 
 def test_a_genuine_server_in_a_recorded_dir_is_critical() -> None:
-    (r,) = judge([jd("12")], [rec("12")], [proc(50, "server", "12")])
+    """Critical when a daemon was seen with it: remembered as its daemon's child."""
+    (r,) = judge([jd("12")], [rec("12")], [proc(50, "server", "12")], remembered=[(50, 100)])
     assert (r.instance, r.state, r.code) == ("job12", CRITICAL, "orphan-server")
     assert "its MPS server 50 still holds the GPU" in r.message
+
+
+def test_a_server_no_daemon_was_seen_with_is_a_warning() -> None:
+    (r,) = judge([jd("12")], [rec("12")], [proc(50, "server", "12")])
+    assert (r.state, r.code) == (WARNING, "orphan-server")
 
 
 def test_a_server_whose_binary_is_unknown_is_a_warning() -> None:

@@ -13,7 +13,8 @@ from mps_health.core.facts_deep import (
     ServerMemory,
     ServersFacts,
 )
-from mps_health.core.probes.jobdirs import JobDir
+from mps_health.core.jobrecords import JobRecord
+from mps_health.core.probes.jobdirs import JobDir, JobRecords
 from mps_health.core.probes.proc import parse_status_traced
 from mps_health.core.probes.slurm import SlurmFacts
 from mps_health.core.process_identity import proves_nothing
@@ -201,7 +202,8 @@ def run_orphans(procs: Iterable[ProcessFact],
     slurm = SlurmFacts("n1", jobs=())
     facts = Facts("n1", 2000.0, "/", (), {
         "processes": tuple(p._replace(pipe_dir=pipe) for p in procs), "slurm": slurm,
-        "job_dirs": dirs, "servers": servers_facts(previous or {})}, {}, {})
+        "job_dirs": dirs, "servers": servers_facts(previous or {}),
+        "job_records": JobRecords((JobRecord("42", 1002, (pipe,), 0.0),), "", False)}, {}, {})
     config = from_mapping({"mps": {"layout": "per-job",
                                    "pipe_dir": "/tmp/nvidia-mps_job{job}",
                                    "log_dir": "/tmp/nvidia-log_job{job}"}}, "site.yaml")
