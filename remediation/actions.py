@@ -92,7 +92,7 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
     gid = None if keep else owner.gid
     return reset_mod.Target(
         DirTarget(inst.pipe_dir, mps.dir_mode, uid, gid, trusted, clear=True),
-        DirTarget(inst.log_dir, mps.dir_mode, uid, gid, trusted, clear=False),
+        DirTarget(inst.log_dir, mps.log_dir_mode, uid, gid, trusted, clear=False),
         owner, daemon_user)
 
 
