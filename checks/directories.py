@@ -39,6 +39,12 @@ OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_loc
                "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
 
 
+def log_dir_owner(config: Config) -> str:
+    """Who owns a log dir: the daemon's user, who alone writes there (its mode lets no one
+    else); ``mps.dir_owner`` when any user may run the daemon."""
+    return config.mps.dir_owner if config.mps.daemon_user == "any" else config.mps.daemon_user
+
+
 def expected_owner(owner: str) -> Optional[int]:
     if owner in ("job", "any"):
         return None  # per-job dirs belong to the job's user: the daemon check compares
@@ -84,12 +90,13 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if role == "log" and d.mode != config.mps.log_dir_mode:
         found = True
         yield log_mode_result(inst, d, config.mps.log_dir_mode)
-    want_uid = expected_owner(config.mps.dir_owner)
+    owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
+    want_uid = expected_owner(owner)
     if want_uid is not None and d.uid != want_uid:
         found = True
         yield Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                      f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                     f"{config.mps.dir_owner}", _reset(inst), (("dir_ok", 0.0),))
+                     f"{owner}", _reset(inst), (("dir_ok", 0.0),))
     if role == "pipe":
         for result in judge_entries(inst, d, config):
             found = True

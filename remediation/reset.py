@@ -166,7 +166,9 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_lines = _dir_lines(obs.log, target.log, target.dir_owner)
+    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
+        else target.dir_owner
+    log_lines = _dir_lines(obs.log, target.log, log_owner)
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
