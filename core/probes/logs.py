@@ -24,6 +24,7 @@ from ..config import Config
 from ..context import Context
 from ..facts import Instance
 from ..facts_deep import LOG_FILES, LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
+from ..resources import raise_if_starved
 from .sections import LOGS, LogsConfig
 
 TYPE_CHECKING = False
@@ -404,7 +405,11 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     for log_dir in log_dirs(instances):
         try:
             dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
+        except FileNotFoundError:  # the directories check reports a missing log dir
+            files.extend(LogFileFact(os.path.join(log_dir, n), "missing") for n in FILES)
+            continue
         except OSError as e:
+            raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
             # A per-job log dir belongs to a user: never read where a link points as root.
             why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
                 else e.strerror
@@ -416,6 +421,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
             entries, _ = scan(dir_fd)  # bounded: the first MAX_ENTRIES
         except OSError as e:
             os.close(dir_fd)
+            raise_if_starved(e, f"list {log_dir}")
             files.extend(LogFileFact(os.path.join(log_dir, n), "error",
                                      f"cannot read: {e.strerror}") for n in FILES)
             continue

@@ -152,3 +152,10 @@ def test_log_dir_mode_is_a_warning_whose_action_is_a_chmod() -> None:
     assert per_job.mps.log_dir_mode == 0o700 and per_job.mps.dir_mode == 0o777
     with pytest.raises(config_mod.ConfigError, match="log_dir_mode"):
         config_mod.from_mapping({"mps": {"log_dir_mode": "0555"}}, None)
+
+
+def test_a_missing_log_dir_is_no_unreadable_log(tmp_path: Path) -> None:
+    log = tmp_path / "gone"
+    lf = gathered(tmp_path, log)
+    assert [f.status for f in lf.files] == ["missing", "missing"]
+    assert "logs-unreadable" not in judged(lf, log)  # the directories check reports it
