@@ -4,6 +4,11 @@ A symlinked pipe dir lets whoever planted it redirect every client's socket, so 
 CRITICAL. A pipe path too long for AF_UNIX (108 bytes with the NUL, and the daemon
 adds '/control_privileged') makes the daemon fail to start.
 
+Pipe dirs have ``mps.dir_mode`` (0777: every user's clients connect). Log dirs have
+``mps.log_dir_mode`` (0755): only the daemon writes there, and a dir others can write
+lets them plant the control.log the root daemon appends to. A log dir of another mode
+is a WARNING fixed by a chmod, not a reset.
+
 Pipe dirs are world-writable, so entries are judged by name, kind and owner. MPS's own
 names (``OWN_ENTRIES``) of the wrong kind, or owned by anyone but the daemon's user,
 mean clients or root's queries may reach someone else: CRITICAL, naming the owner (a
@@ -32,6 +37,12 @@ LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.
 OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_lock": "file",
                "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
+
+
+def log_dir_owner(config: Config) -> str:
+    """Who owns a log dir: the daemon's user, who alone writes there (its mode lets no one
+    else); ``mps.dir_owner`` when any user may run the daemon."""
+    return config.mps.dir_owner if config.mps.daemon_user == "any" else config.mps.daemon_user
 
 
 def expected_owner(owner: str) -> Optional[int]:
@@ -70,20 +81,22 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
                      (("dir_ok", 0.0),))
         return
     found = False
-    want_mode = config.mps.dir_mode
-    if d.mode != want_mode:
+    if role == "pipe" and d.mode != config.mps.dir_mode:
         found = True
-        severity = CRITICAL if role == "pipe" else WARNING
-        yield Result(NAME, severity, f"{role}-dir-mode", inst.name,
-                     f"{role} dir {d.path} has mode {d.mode:04o}, expected {want_mode:04o}"
-                     + (": other users' clients cannot connect" if role == "pipe" else ""),
+        yield Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
+                     f"pipe dir {d.path} has mode {d.mode:04o}, expected "
+                     f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
                      _reset(inst), (("dir_ok", 0.0),))
-    want_uid = expected_owner(config.mps.dir_owner)
+    if role == "log" and d.mode != config.mps.log_dir_mode:
+        found = True
+        yield log_mode_result(inst, d, config.mps.log_dir_mode)
+    owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
+    want_uid = expected_owner(owner)
     if want_uid is not None and d.uid != want_uid:
         found = True
         yield Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                      f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                     f"{config.mps.dir_owner}", _reset(inst), (("dir_ok", 0.0),))
+                     f"{owner}", _reset(inst), (("dir_ok", 0.0),))
     if role == "pipe":
         for result in judge_entries(inst, d, config):
             found = True
@@ -91,6 +104,23 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if not found:
         yield ok(NAME, inst.name, f"{role} dir {d.path} is a directory, mode {d.mode:04o}, "
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
+
+
+def log_mode_result(inst: Instance, d: DirFact, want: int) -> Result:
+    """A log dir of another mode than ``mps.log_dir_mode``: a WARNING whose fix is a chmod
+    (the daemon need not stop). Only the daemon writes there: an entry anyone else can
+    make is a link the root daemon would append to, or a forged log line."""
+    if d.mode & 0o022 & ~want:
+        why = ": other users can create entries in it (a control.log link the daemon " \
+              "would append to, or forged log lines)"
+    elif want & ~d.mode & 0o700:
+        why = ": the daemon's user cannot write its logs there"
+    else:
+        why = ""
+    return Result(NAME, WARNING, "log-dir-mode", inst.name,
+                  f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
+                  f"(mps.log_dir_mode){why}", f"chmod {want:04o} {d.path}",
+                  (("dir_ok", 0.0),))
 
 
 def _owner_name(uid: int) -> str:

@@ -5,6 +5,12 @@ Findings come from ``mps_health.core.probes.logs`` with their own time and stay 
 pushed to the pending list is reported once it has waited ``logs.pending_warn_s``,
 until it exits or a server starts for its user (MPS serves one user per GPU at a time,
 so another user's job blocks it).
+
+Only the control daemon writes in its log dir (as its user). A control.log or server.log
+that is not that user's regular file (a link, a FIFO, a dir, another user's file: a
+forged log) is never read and is a WARNING naming its owner (``log-file-bad``), as is
+any other link or other user's entry there (``log-entry-foreign``): never CRITICAL, and
+what they say is never a finding.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ if TYPE_CHECKING:
 
 NAME = "logs"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
-CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-fatal", "log-server-exit",
-         "log-server-start-failed", "logs-unreadable")
+CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-entry-foreign",
+         "log-fatal", "log-file-bad", "log-server-exit", "log-server-start-failed",
+         "logs-unreadable")
+SHOWN_FOREIGN = 5  # entries named per log dir; the rest are counted
 
 # code -> (state, what it means, what to do)
 MEANING = {
@@ -102,6 +110,30 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
                      f"{cfg.window_s / 60:g} min", "", values)
 
 
+def planted(name: str, log_dir: str, files: List[LogFileFact],
+            foreign: List[LogFileFact]) -> Iterator[Result]:
+    """WARNINGs for log files that are not the daemon's, and others' entries in its dir."""
+    for f in files:
+        if f.status == "bad":
+            yield Result(NAME, WARNING, "log-file-bad", name,
+                         f"{f.path} is {f.detail}, not the daemon's own log: not read",
+                         f"ask uid {f.uid} why; run 'mps-health remediate reset {name}' (it "
+                         "moves it aside, or removes the link, before the daemon starts), "
+                         f"and make the log dir {log_dir} writable by no one else",
+                         (("log_files_bad", 1.0),))
+    if foreign:
+        shown = "; ".join(f"{f.path} ({f.detail})" for f in foreign[:SHOWN_FOREIGN])
+        more = len(foreign) - SHOWN_FOREIGN
+        owners = ", ".join(f"uid {u}" for u in sorted({f.uid for f in foreign}))
+        yield Result(NAME, WARNING, "log-entry-foreign", name,
+                     f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} in log dir "
+                     f"{log_dir} not the daemon's (links or other users', never read): "
+                     f"{shown}" + (f" and {more} more" if more > 0 else ""),
+                     f"ask {owners} why they are there and remove them; make the log dir "
+                     "writable by no one else (mps.log_dir_mode)",
+                     (("log_entries_foreign", float(len(foreign))),))
+
+
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
     done = set()
@@ -109,6 +141,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     files_in: Dict[str, List[LogFileFact]] = {}
     for lfile in lf.files:
         files_in.setdefault(os.path.dirname(lfile.path), []).append(lfile)
+    foreign_in: Dict[str, List[LogFileFact]] = {}
+    for entry in lf.foreign:
+        foreign_in.setdefault(os.path.dirname(entry.path), []).append(entry)
     findings_in: Dict[str, List[LogFinding]] = {}
     for finding in lf.findings:
         findings_in.setdefault(finding.log_dir, []).append(finding)
@@ -122,6 +157,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "; ".join(f"{f.path}: {f.detail}" for f in files),
                          "run the check as root")
             continue
+        yield from planted(inst.name, inst.log_dir, files,
+                           foreign_in.get(inst.log_dir.rstrip("/") or "/", []))
         mine = findings_in.get(inst.log_dir, [])
         yield from judge(inst.name, mine, lf, config)
     if lf.state_error:

@@ -120,7 +120,12 @@ class MpsConfig(Record):
     pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
     log_dir: str = pathname("/var/log/nvidia-mps")
     gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
-    dir_mode: int = custom(0o777, _mode)
+    dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
+    # Log dirs: only the control daemon writes there (it opens control.log and server.log
+    # itself; servers for other users' clients write nothing there), so no one else may:
+    # a user's entry there is a link the daemon would append to, or a forged log.
+    # Default 0755 (node, per-gpu), 0700 for per-job (the job's user's own dir).
+    log_dir_mode: int = custom(0o755, _mode)
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
@@ -175,7 +180,11 @@ def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Rec
         log_dir=m.log_dir if "log_dir" in given else log_default,
         dir_owner=m.dir_owner if "dir_owner" in given else ("job" if per_job else "root"),
         daemon_user=m.daemon_user if "daemon_user" in given else ("job" if per_job else "root"),
+        log_dir_mode=m.log_dir_mode if "log_dir_mode" in given else (0o700 if per_job else 0o755),
     )
+    if m.log_dir_mode & 0o700 != 0o700:
+        raise Invalid(f"must let the daemon's user read, write and enter the dir (0700 at "
+                      f"least; got {m.log_dir_mode:04o})", "log_dir_mode")
     _check_template("pipe_dir", m.pipe_dir, m.layout)
     _check_template("log_dir", m.log_dir, m.layout)
     if per_job and "{gpu}" in m.pipe_dir and "{gpu}" not in m.log_dir:

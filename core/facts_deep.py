@@ -144,6 +144,11 @@ class ServersFacts(NamedTuple):
 # --- logs ----------------------------------------------------------------------------
 
 
+# What the control daemon opens in its log dir itself (as its own user; servers for
+# other users' clients write nothing there: seen with the real binaries, driver 580).
+LOG_FILES = ("control.log", "server.log")
+
+
 class LogFinding(NamedTuple):
     """One notable log line (or group), kept with its own time for windowed reporting."""
 
@@ -175,9 +180,13 @@ class LogMemory(NamedTuple):
 
 class LogFileFact(NamedTuple):
     path: str  # as configured (log_dir/control.log)
-    status: str  # "read" | "missing" | "error"
-    detail: str = ""  # rotation, truncation, skipped bytes, or the error
+    # "read" | "missing" | "error"; "bad": a log file that is not the daemon's user's
+    # regular file (not read); "foreign": another entry in the log dir that is a link or
+    # another user's (in LogsFacts.foreign)
+    status: str
+    detail: str = ""  # rotation, truncation, skipped bytes, the error, or what it is
     bytes_read: int = 0
+    uid: int = -1  # the owner of a "bad" or "foreign" entry
 
 
 class LogsFacts(NamedTuple):
@@ -186,6 +195,7 @@ class LogsFacts(NamedTuple):
     findings: Tuple[LogFinding, ...]  # remembered (within the window) and new
     alive: Tuple[int, ...]  # PIDs of pending clients that still exist
     state_error: str = ""
+    foreign: Tuple[LogFileFact, ...] = ()  # links and other users' entries in log dirs
 
 
 # --- canary --------------------------------------------------------------------------

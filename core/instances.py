@@ -104,10 +104,15 @@ def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
 
 def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
     """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    return daemon_uid(user, pipe.uid if pipe is not None and pipe.kind == "dir" else None)
+
+
+def daemon_uid(user: str, dir_uid: Optional[int]) -> Optional[int]:
+    """``expected_uid`` from the owner of the instance's dir (None: unknown)."""
     if user == "any":
         return None
     if user == "job":
-        return pipe.uid if pipe is not None and pipe.kind == "dir" else None
+        return dir_uid
     from .users import uid_of  # lazy: the passwd lookup only where a name is configured
 
     return uid_of(user)

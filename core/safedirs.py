@@ -28,6 +28,8 @@ the atomic file writer. The rules, each written once here:
   depth (open dirs), entry count and the file system are bounded; only a top entry of
   the given owners is removed; a tree that cannot go is one line with the command that
   removes it.
+* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files it
+  opens in its log dir are regular files of its user or are put out of the way.
 
 Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run with plain
 renames after a fresh look: still no link followed, only the race window is wider.
@@ -191,11 +193,12 @@ def random_name(name: str, what: str) -> str:
     return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(8).hex()}"
 
 
-def move_aside(parent_fd: int, name: str, called: Optional[str] = None) -> str:
+def move_aside(parent_fd: int, name: str, called: Optional[str] = None,
+               what: str = "aside") -> str:
     """Rename ``name`` (never following it) to a fresh random name beside it, made from
-    ``called`` (default ``name``); returns the new name."""
+    ``called`` (default ``name``) and ``what``; returns the new name."""
     for _ in range(TRIES):
-        new = random_name(called or name, "aside")
+        new = random_name(called or name, what)
         try:
             rename2(parent_fd, name, new, RENAME_NOREPLACE)
             return new
@@ -483,6 +486,53 @@ def remove_entries(dir_fd: int, names: Iterable[str]) -> Tuple[List[str], List[s
         except OSError as e:
             left.append(f"{name} ({e.strerror})")
     return removed, left
+
+
+def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str = "/"
+               ) -> List[str]:
+    """Before a daemon that opens ``names`` in dir ``path`` (its log dir) starts: each
+    must be missing or a regular file of one of ``uids`` (the daemon's user) with one
+    link, or the daemon would append to whatever it leads to (a link to /etc/shadow, a
+    hard link, a FIFO that blocks it) or go on with a log another user forged. Anything
+    else is put out of the way, never followed: a symlink is unlinked (removing a link
+    touches nothing it points to), any other entry renamed within the dir to
+    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``), kept for the admin. The dir
+    is reached by the walk (its parents guarded) and is itself never followed. Returns
+    one line per entry moved or removed, naming what it was and its owner; OSError (or
+    UnsafePath) when the dir cannot be reached."""
+    wanted = set(uids)
+    parent, name = split(path)
+    pfd = open_dir(parent, root)
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    done: List[str] = []
+    try:
+        for file in names:
+            try:
+                st = os.stat(file, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            kind = kind_of(st.st_mode)
+            if kind == "file" and st.st_uid in wanted and st.st_nlink == 1:
+                continue
+            what = f"a {kind} owned by uid {st.st_uid}" + (
+                f" with {st.st_nlink} links" if kind == "file" and st.st_nlink > 1 else "")
+            try:
+                if kind == "symlink":
+                    os.unlink(file, dir_fd=fd)
+                    done.append(f"{path}/{file} was {what}, not the daemon's log: removed "
+                                "the link (its target untouched)")
+                else:
+                    new = move_aside(fd, file, f".{file}", "foreign")
+                    done.append(f"{path}/{file} was {what}, not the daemon's log: moved "
+                                f"aside to {path}/{new}")
+            except FileNotFoundError:
+                continue  # gone meanwhile: the daemon makes its own
+        return done
+    finally:
+        os.close(fd)
 
 
 def list_names(dir_fd: int) -> List[str]:

@@ -131,14 +131,18 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
     return data
 
 
-def read_tail(path: str, limit: int = 4096) -> Optional[bytes]:
+def read_tail(path: str, limit: int = 4096, owner: Optional[int] = None) -> Optional[bytes]:
     """The last ``limit`` bytes of regular file ``path`` (a log we quote from); None if it
-    does not exist. OSError if it is a link, not a regular file, or unreadable."""
+    does not exist. OSError if it is a link, not a regular file, unreadable, or (with
+    ``owner``) owned by another uid: a log another user wrote is not quoted as ours."""
     try:
         fd, st = open_regular(path)
     except FileNotFoundError:
         return None
     try:
+        if owner is not None and st.st_uid != owner:
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by the daemon's "
+                          f"user (uid {owner}): not read", path)
         os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
         return read_upto(fd, limit - 1)
     finally:

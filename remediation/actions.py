@@ -90,9 +90,13 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
     trusted = frozenset({0, owner.uid, daemon_user.uid})
     uid = None if keep else owner.uid
     gid = None if keep else owner.gid
+    # The log dir is the daemon's user's (only the daemon writes there: its mode lets no
+    # one else); as the pipe dir when any user may run the daemon.
+    log_uid, log_gid = (uid, gid) if mps.daemon_user == "any" else (daemon_user.uid,
+                                                                     daemon_user.gid)
     return reset_mod.Target(
         DirTarget(inst.pipe_dir, mps.dir_mode, uid, gid, trusted, clear=True),
-        DirTarget(inst.log_dir, mps.dir_mode, uid, gid, trusted, clear=False),
+        DirTarget(inst.log_dir, mps.log_dir_mode, log_uid, log_gid, trusted, clear=False),
         owner, daemon_user)
 
 

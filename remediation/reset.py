@@ -7,9 +7,12 @@
    connected or cannot be ruled out (unless forced); otherwise the steps below.
 3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
    this instance's daemon and servers by verified PID; move aside a symlinked or
-   foreign pipe/log dir, clear stale entries, give the dirs their mode and owner;
-   start the daemon as the configured user with the instance's environment; verify
-   with a control query and the core checks.
+   foreign pipe/log dir, clear stale entries, give the dirs their mode and owner
+   (the log dir ``mps.log_dir_mode``); make sure control.log and server.log are the
+   daemon's user's regular files (``safedirs.keep_files``: a planted link is removed,
+   anything else moved aside, so the daemon never appends where a user chose); start
+   the daemon as the configured user with the instance's environment; verify with a
+   control query and the core checks.
 """
 
 import os
@@ -176,12 +179,17 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_lines = _dir_lines(obs.log, target.log, target.dir_owner)
+    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
+        else target.dir_owner
+    log_lines = _dir_lines(obs.log, target.log, log_owner)
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
     shown = " ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_"))
-    steps.append(Step("start", f"start '{ctx.config.command('nvidia-cuda-mps-control')} -d' as "
+    steps.append(Step("start", f"make sure {inst.log_dir}'s control.log and server.log are "
+                      f"regular files of {target.daemon_user.name} (a link is removed, anything "
+                      f"else moved aside), then start "
+                      f"'{ctx.config.command('nvidia-cuda-mps-control')} -d' as "
                       f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
     steps.append(Step("verify", f"verify: the daemon answers within {settings.verify_timeout_s:g}s "
                       "and the daemon, control and directories checks pass"))
@@ -232,7 +240,12 @@ def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
 
 def _do_start(ctx: Context, inst: Instance, target: Target,
               settings: RemediationSettings) -> Outcome:
+    from ..core.facts_deep import LOG_FILES
+    from ..core.safedirs import keep_files
+
     user = target.daemon_user
+    kept = "".join(line + "; " for line in keep_files(inst.log_dir, (user.uid,), LOG_FILES,
+                                                      ctx.root))
     env = daemon_env(ctx, inst, user, settings)
     as_user = None
     if user.uid != os.geteuid():
@@ -241,25 +254,26 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
                            ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
-        return Outcome(False, f"{started.detail}; {daemon_logged(ctx.path(inst.log_dir))}",
-                       stop=True)
+        return Outcome(False, f"{kept}{started.detail}; "
+                       f"{daemon_logged(ctx.path(inst.log_dir), user.uid)}", stop=True)
     from ..core.planned import record
 
     # A planned restart: the servers check must not report it as daemon-restarted.
     unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
                         started.start_ticks)
-    return Outcome(True, f"started as {user.name}: daemon {started.pid} answers "
+    return Outcome(True, f"{kept}started as {user.name}: daemon {started.pid} answers "
                    f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
 
-def daemon_logged(log_dir: str, lines: int = 3) -> str:
-    """What the daemon last wrote in control.log, quoted and escaped, for a failure line."""
+def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
+    """What the daemon (of ``uid``) last wrote in control.log, quoted and escaped, for a
+    failure line; a file of another owner is not quoted."""
     from ..core.printable import escape
     from ..core.safefiles import read_tail
 
     path = os.path.join(log_dir, "control.log")
     try:
-        data = read_tail(path, 2048)
+        data = read_tail(path, 2048, uid)
     except OSError as e:
         return f"{path}: {e.strerror or e}"
     if not data:
@@ -268,7 +282,7 @@ def daemon_logged(log_dir: str, lines: int = 3) -> str:
     return f"{path} ends: " + " | ".join(escape(ln.strip())[:200] for ln in last)
 
 
-def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings,
+def _do_verify(ctx: Context, inst: Instance, target: Target, settings: RemediationSettings,
                uids: Optional[FrozenSet[int]]) -> Tuple[Outcome, Optional[Observed]]:
     deadline = time.monotonic() + settings.verify_timeout_s
     answer = None
@@ -284,7 +298,7 @@ def _do_verify(ctx: Context, inst: Instance, settings: RemediationSettings,
         why = answer.detail if answer is not None else "not asked"
         return Outcome(False, f"the daemon did not answer within "
                        f"{settings.verify_timeout_s:g}s ({why}); "
-                       + daemon_logged(ctx.path(inst.log_dir))), obs
+                       + daemon_logged(ctx.path(inst.log_dir), target.daemon_user.uid)), obs
     worst = [r for r in bad if r.state in (CRITICAL, UNKNOWN)]
     if worst:
         return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst)), obs
@@ -311,7 +325,7 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
-                out, _ = _do_verify(ctx, inst, settings, daemon_uids(ctx, target))
+                out, _ = _do_verify(ctx, inst, target, settings, daemon_uids(ctx, target))
                 verified = out.ok
         except OSError as e:
             out = Outcome(False, os_error_text(e), stop=True)

@@ -2,9 +2,13 @@
 do safely (``mps-health unit prepare|stop``).
 
 * ``prepare`` (ExecStartPre) makes the unit's pipe and log dirs real directories of
-  root, mode 0777, without following a symlink: a link, a file or a foreign-owned dir
-  in their place is moved aside (as ``remediate reset`` does). ``install -d -m 0777``
-  would follow a link planted in the world-writable /tmp. Stale daemon entries are left:
+  root (pipe dir mode 0777, ``--mode``; log dir 0755, ``--log-mode``: only the daemon
+  writes there) without following a symlink: a link, a file or a foreign-owned dir in
+  their place is moved aside (as ``remediate reset`` does). ``install -d -m 0777``
+  would follow a link planted in the world-writable /tmp. Then control.log and
+  server.log in the log dir must be root's regular files (``safedirs.keep_files``): a
+  link is removed, anything else moved aside, so the root daemon the unit starts next
+  never appends to a file a user chose. Stale daemon entries are left:
   ``nvidia-cuda-mps-control -d`` starts fine in a stale dir (seen on a real daemon).
 * ``stop`` (ExecStop) sends ``quit -t N`` through the control client with no shell
   (``echo quit |`` would need one) and waits, bounded, for the unit's daemon to exit:
@@ -29,16 +33,22 @@ from ..core.exitcodes import ExitCode, Failure
 
 
 def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
-            state_dir: str) -> int:
+            state_dir: str, log_mode: int = 0o755) -> int:
+    from ..core.facts_deep import LOG_FILES
+    from ..core.safedirs import keep_files
     from .dirs import DirTarget, repair
 
     if os.geteuid() != 0:
         raise Failure("unit prepare must run as root (it is the unit's ExecStartPre)",
                       ExitCode.CANNOT)
     try:
-        for path in (pipe_dir, log_dir):
-            for line in repair("/", DirTarget(path, mode, 0, 0, frozenset({0}), clear=False)):
+        for path, path_mode in ((pipe_dir, mode), (log_dir, log_mode)):
+            for line in repair("/", DirTarget(path, path_mode, 0, 0, frozenset({0}),
+                                              clear=False)):
                 say(line)
+        # The unit's daemon runs as root (the unit sets no User=).
+        for line in keep_files(log_dir, (0,), LOG_FILES):
+            say(line)
     except OSError as e:
         raise Failure(f"unit prepare: {e.filename or pipe_dir}: {e.strerror or e}; "
                       "see 'mps-health remediate reset --dry-run'", ExitCode.FAILED) from None

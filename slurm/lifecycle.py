@@ -1,7 +1,9 @@
 """The per-job MPS life cycle: what the Prolog, TaskProlog and Epilog do.
 
 Prolog (root, before the job): for a job that gets MPS, make its log and pipe dirs
-(safedirs: no symlink followed, nothing planted accepted), owned by the job's user;
+(safedirs: no symlink followed, nothing planted accepted), owned by the job's user
+(the log dir ``mps.log_dir_mode``, 0700: only the job's daemon writes there), its
+control.log and server.log the user's regular files or out of the way (``keep_files``);
 start ``nvidia-cuda-mps-control -d`` as that user with the job's GPUs; wait until it
 answers. On failure, undo what was made, then fail (Slurm drains the node and requeues
 the job) or carry on without MPS, as ``jobs.on_start_failure`` says.
@@ -25,6 +27,7 @@ from ..core import jobrecords, processes, safedirs
 from ..core.config import SUN_PATH_MAX, Config, socket_path_bytes
 from ..core.daemonctl import quit_daemon, start_daemon
 from ..core.facts import ProcessFact
+from ..core.facts_deep import LOG_FILES
 from ..core.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
 from ..core.planned import record as record_planned
 from ..core.probes.proc import read_processes
@@ -128,13 +131,22 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
                                     (dirs.log_dir, dirs.pipe_dir), RECORD_WAIT_S)
         if unrecorded:
             log.warning(unrecorded)
-        for path in (dirs.log_dir, dirs.pipe_dir):
+        for path, mode in ((dirs.log_dir, config.mps.log_dir_mode),
+                           (dirs.pipe_dir, config.mps.dir_mode)):
             try:
-                note = make_job_dir(path, job.uid, job.gid, config.mps.dir_mode)
+                note = make_job_dir(path, job.uid, job.gid, mode)
             except OSError as e:
                 return f"cannot make {path}: {e.strerror or e}"
             if note:
                 log.warning(note)
+        # The daemon appends to these as the job's user, so nothing planted there leads
+        # where that user could not write anyway: a dir we cannot check (the user swapped
+        # their own) is a warning, never a failed prolog (which would drain the node).
+        try:
+            for note in safedirs.keep_files(dirs.log_dir, (job.uid,), LOG_FILES):
+                log.warning(note)
+        except OSError as e:
+            log.warning(f"cannot check the logs in {dirs.log_dir}: {e.strerror or e}")
         started = start_daemon(control, dirs.pipe_dir, as_user,
                                daemon_env(job, dirs, as_user), settings.start_timeout_s,
                                proc_dir)

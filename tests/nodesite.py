@@ -102,12 +102,14 @@ class Site:
     def log(self) -> Path:
         return self.root / "mps-log"
 
-    def dirs(self, name: str = "mps", mode: int = 0o777) -> Tuple[Path, Path]:
-        """The pipe and log dir of instance ``name`` (made with ``mode`` if missing)."""
+    def dirs(self, name: str = "mps", mode: int = 0o777, log_mode: int = 0o755
+             ) -> Tuple[Path, Path]:
+        """The pipe and log dir of instance ``name``: the pipe dir ``mode`` (mps.dir_mode's
+        default), the log dir ``log_mode`` (mps.log_dir_mode's)."""
         pipe, log = self.root / f"{name}-pipe", self.root / f"{name}-log"
-        for d in (pipe, log):
+        for d, m in ((pipe, mode), (log, log_mode)):
             d.mkdir(parents=True, exist_ok=True)
-            d.chmod(mode)
+            d.chmod(m)
         return pipe, log
 
     def start_daemon(self, name: str = "mps", **env: str) -> Daemon:

@@ -68,7 +68,8 @@ def add_pipe_dir(root: Path, path: str, pid: Optional[int] = None, mode: int = 0
     return d
 
 
-def add_dir(root: Path, path: str, mode: int = 0o777) -> Path:
+def add_dir(root: Path, path: str, mode: int = 0o755) -> Path:
+    """A dir in the tree; by default as a log dir is (mps.log_dir_mode's default)."""
     d = root / path.lstrip("/")
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, mode)

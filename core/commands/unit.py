@@ -27,7 +27,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         if name == "prepare":
             a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
                            help="default: $CUDA_MPS_LOG_DIRECTORY")
-            a.add_argument("--mode", default="0777", help="mode of both dirs (octal)")
+            a.add_argument("--mode", default="0777", help="mode of the pipe dir (octal)")
+            a.add_argument("--log-mode", default="0755",
+                           help="mode of the log dir (octal; only the daemon writes there)")
         else:
             a.add_argument("--control", default="nvidia-cuda-mps-control",
                            help="the control client (the unit names its absolute path)")
@@ -47,12 +49,23 @@ def run(args: argparse.Namespace) -> int:
         if not args.log_dir or not os.path.isabs(args.log_dir):
             raise Failure("unit prepare: set CUDA_MPS_LOG_DIRECTORY (an absolute path) in the "
                           "unit's Environment=, or give --log-dir")
-        try:
-            mode = int(args.mode, 8)
-        except ValueError:
-            raise Failure(f"unit prepare: --mode {args.mode!r} is not an octal mode") from None
-        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args))
+        mode = _mode("--mode", args.mode)
+        log_mode = _mode("--log-mode", args.log_mode)
+        if log_mode & 0o700 != 0o700:
+            raise Failure(f"unit prepare: --log-mode {args.log_mode!r} must let the daemon "
+                          "(root) read, write and enter the log dir (0700 at least)")
+        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args), log_mode)
     return stop(args.pipe_dir, args.control, args.timeout, say, _state_dir(args))
+
+
+def _mode(option: str, value: str) -> int:
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        raise Failure(f"unit prepare: {option} {value!r} is not an octal mode")
+    return mode
 
 
 def _state_dir(args: argparse.Namespace) -> str:

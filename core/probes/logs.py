@@ -17,19 +17,21 @@ then cleared.
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ..config import Config
 from ..context import Context
 from ..facts import Instance
-from ..facts_deep import LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
+from ..facts_deep import LOG_FILES, LogFileFact, LogFinding, LogMemory, LogPosition, LogsFacts
+from ..resources import raise_if_starved
 from .sections import LOGS, LogsConfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
-FILES = ("control.log", "server.log")
+FILES = LOG_FILES
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
@@ -139,10 +141,65 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-def _open(path: str) -> Tuple[int, os.stat_result]:
+# A log dir holds the daemon's two logs and their rotations: entries past this many are
+# not looked at (a dir a user filled must not cost a run without bound).
+MAX_ENTRIES = 1024
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotTheDaemons(OSError):
+    """A log file that is not the daemon's user's regular file: never read."""
+
+    def __init__(self, what: str, uid: int) -> None:
+        super().__init__(what)
+        self.what, self.uid = what, uid
+
+
+def _what(st: os.stat_result) -> str:
+    kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+            else "directory" if stat.S_ISDIR(st.st_mode) else "fifo"
+            if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
+            else "device or other")
+    links = f" with {st.st_nlink} links" if kind == "file" and st.st_nlink > 1 else ""
+    return f"a {kind} owned by uid {st.st_uid}{links}"
+
+
+def ours(st: os.stat_result, owners: Optional[AbstractSet[int]]) -> bool:
+    """Is this lstat/fstat the daemon's own log: a regular file of one of ``owners``
+    (its user) with one link? (A hard link to another file of that user would make us
+    read, and the daemon append to, that file.)"""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (
+        owners is None or st.st_uid in owners)
+
+
+def _open(name: str, dir_fd: int, owners: Optional[AbstractSet[int]]
+          ) -> Tuple[int, os.stat_result]:
     from ..safefiles import open_regular
 
-    return open_regular(path)
+    fd, st = open_regular(name, dir_fd)  # O_NOFOLLOW, O_NONBLOCK, regular files only
+    if not ours(st, owners):
+        os.close(fd)
+        raise NotTheDaemons(_what(st), st.st_uid)
+    return fd, st
+
+
+def scan(dir_fd: int) -> Tuple[List[Tuple[str, os.stat_result]], bool]:
+    """The first ``MAX_ENTRIES`` entries of a log dir with their lstat, and whether
+    there were more."""
+    found: List[Tuple[str, os.stat_result]] = []
+    dup = os.dup(dir_fd)  # scandir(fd) rewinds but closes nothing: use a copy
+    try:
+        with os.scandir(dup) as it:
+            for entry in it:
+                if len(found) >= MAX_ENTRIES:
+                    return found, True
+                try:
+                    found.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError:
+                    continue  # gone meanwhile
+    finally:
+        os.close(dup)
+    return found, False
 
 
 def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:
@@ -162,20 +219,16 @@ def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int
     return data[:last + 1].decode("utf-8", "replace"), start + last + 1, note
 
 
-def _rotated(directory: str, name: str, pos: LogPosition) -> Optional[str]:
+def _rotated(dir_fd: int, name: str, pos: LogPosition) -> Optional[str]:
     """The old file's new name (same device and inode), if it is still there."""
     try:
-        names = os.listdir(directory)
+        entries, _ = scan(dir_fd)
     except OSError:
         return None
-    for other in sorted(names):
-        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")):
-            try:
-                st = os.lstat(os.path.join(directory, other))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
-                return other
+    for other, st in sorted(entries):
+        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")) \
+                and (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
+            return other
     return None
 
 
@@ -183,14 +236,28 @@ def _head(fd: int, size: int) -> str:
     return os.pread(fd, min(size, HEAD_BYTES), 0).decode("latin-1")
 
 
-def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int
+def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int,
+              owners: Optional[AbstractSet[int]] = None
               ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
     """New text of ``real_dir/name``: ([(file name, text), ...], next position, note).
+    The dir and the file are never followed through a link; with ``owners``, only a
+    regular file of one of them is read (the daemon's user: a file anyone else put there
+    would forge findings).
 
-    Raises OSError when the file cannot be read (FileNotFoundError when missing).
+    Raises OSError when the file cannot be read (FileNotFoundError when missing),
+    NotTheDaemons when it is not the daemon's.
     """
-    path = os.path.join(real_dir, name)
-    fd, st = _open(path)
+    dir_fd = os.open(real_dir, DIR_FLAGS)
+    try:
+        return _read_in(dir_fd, name, pos, max_bytes, owners)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
+             owners: Optional[AbstractSet[int]]
+             ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+    fd, st = _open(name, dir_fd, owners)
     chunks: List[Tuple[str, str]] = []
     notes: List[str] = []
     try:
@@ -203,10 +270,10 @@ def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: i
             # Same inode, new beginning: replaced (inode reused) or truncated and refilled.
             notes.append("replaced or truncated and rewritten")
         elif (pos.dev, pos.inode) != (st.st_dev, st.st_ino):
-            old = _rotated(real_dir, name, pos)
+            old = _rotated(dir_fd, name, pos)
             if old is not None:
                 try:
-                    ofd, ost = _open(os.path.join(real_dir, old))
+                    ofd, ost = _open(old, dir_fd, owners)
                     try:
                         text, _next, note = _read_range(ofd, pos.offset, ost.st_size, max_bytes)
                     finally:
@@ -265,6 +332,63 @@ def log_dirs(instances: Sequence[Instance]) -> List[str]:
     return list(dict.fromkeys(i.log_dir for i in instances))
 
 
+def log_owners(config: Config, dir_uid: int) -> Optional[AbstractSet[int]]:
+    """Who may own the daemon's logs in a log dir owned by ``dir_uid``: the daemon's
+    user (``mps.daemon_user``; "job": the dir's owner, the job's user). With "any", or a
+    user name not known here, root or the dir's owner."""
+    from ..instances import daemon_uid
+
+    uid = daemon_uid(config.mps.daemon_user, dir_uid)
+    return {uid} if uid is not None else {0, dir_uid}
+
+
+def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
+                    owners: Optional[AbstractSet[int]]) -> List[LogFileFact]:
+    """The entries of a log dir that are links or not of the daemon's user (the two log
+    files apart: they are judged as files). Only the daemon writes there: anything else
+    is someone's plant, reported and never read."""
+    out = []
+    for name, st in entries:
+        if name in FILES:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners):
+            out.append(LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0,
+                                   st.st_uid))
+    return out
+
+
+def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
+              memory: LogMemory, cfg: LogsConfig, now: float, files: List[LogFileFact],
+              positions: Dict[str, LogPosition], new: List[LogFinding]) -> None:
+    """Read the daemon's two logs in one log dir (only its user's regular files)."""
+    for name in FILES:
+        shown = os.path.join(log_dir, name)
+        try:
+            seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
+                files.append(LogFileFact(shown, "bad", _what(seen), 0, seen.st_uid))
+                continue
+            chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
+                                         int(cfg.max_read_bytes), owners)
+        except FileNotFoundError:
+            files.append(LogFileFact(shown, "missing"))
+            continue
+        except NotTheDaemons as e:  # replaced between our look and our open
+            files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
+            continue
+        except OSError as e:
+            files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
+            continue
+        if pos is not None:
+            positions[shown] = pos
+        size = 0
+        for file_name, text in chunks:
+            size += len(text)
+            new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                      now))
+        files.append(LogFileFact(shown, "read", note, size))
+
+
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     from ..state import StateFile
 
@@ -277,32 +401,35 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     positions: Dict[str, LogPosition] = {}
     files: List[LogFileFact] = []
     new: List[LogFinding] = []
+    foreign: List[LogFileFact] = []
     for log_dir in log_dirs(instances):
-        if os.path.islink(ctx.path(log_dir)):
-            # A per-job log dir belongs to a user: never read where a link points as root.
-            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
-                                     "cannot read: the log dir is a symlink") for n in FILES)
+        try:
+            dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
+        except FileNotFoundError:  # the directories check reports a missing log dir
+            files.extend(LogFileFact(os.path.join(log_dir, n), "missing") for n in FILES)
             continue
-        for name in FILES:
-            shown = os.path.join(log_dir, name)
-            try:
-                chunks, pos, note = read_file(ctx.path(log_dir), name,
-                                              memory.positions.get(shown),
-                                              int(cfg.max_read_bytes))
-            except FileNotFoundError:
-                files.append(LogFileFact(shown, "missing"))
-                continue
-            except OSError as e:
-                files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
-                continue
-            if pos is not None:
-                positions[shown] = pos
-            size = 0
-            for file_name, text in chunks:
-                size += len(text)
-                new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
-                                          now))
-            files.append(LogFileFact(shown, "read", note, size))
+        except OSError as e:
+            raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
+            # A per-job log dir belongs to a user: never read where a link points as root.
+            why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
+                else e.strerror
+            files.extend(LogFileFact(os.path.join(log_dir, n), "error", f"cannot read: {why}")
+                         for n in FILES)
+            continue
+        try:
+            owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
+            entries, _ = scan(dir_fd)  # bounded: the first MAX_ENTRIES
+        except OSError as e:
+            os.close(dir_fd)
+            raise_if_starved(e, f"list {log_dir}")
+            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
+                                     f"cannot read: {e.strerror}") for n in FILES)
+            continue
+        try:
+            foreign.extend(foreign_entries(log_dir, entries, owners))
+            _read_dir(dir_fd, log_dir, owners, memory, cfg, now, files, positions, new)
+        finally:
+            os.close(dir_fd)
     # A finding dated in the future (the clock stepped back, or a damaged logs.json with
     # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite
     # (nan and the infinities fail the range comparison).
@@ -314,7 +441,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
                  if now - f.at <= cfg.window_s
                  or (f.code == "log-pending-client" and f.pid in alive
                      and now - f.at <= PENDING_KEEP_S))
-    facts = LogsFacts(now, tuple(files), kept, alive, error or state.error)
+    facts = LogsFacts(now, tuple(files), kept, alive, error or state.error, tuple(foreign))
     if locked:
         saved = state.save(LogMemory(positions, kept)) \
             if worth_saving(memory, positions, kept) else ""

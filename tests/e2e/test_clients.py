@@ -369,8 +369,11 @@ def test_the_h200_alice_snapshot_is_judged_as_there() -> None:
     r = mps_health("check", "--replay", str(snap), "--format", "json")
     found = sorted((p["code"], p["message"].split(")")[0])
                    for p in json.loads(r.stdout)["problems"])
+    # Recorded when the unit made log dirs 0777: now a log-dir-mode WARNING too.
     assert found == [("client-not-mps-job", "client 533 (mpsh-alice, job 103"),
-                     ("client-over-limit", "client 532 (mpsh-alice, job 102")]
+                     ("client-over-limit", "client 532 (mpsh-alice, job 102"),
+                     ("log-dir-mode", "log dir /tmp/mpsh-clients-work/log has mode 0777, "
+                      "expected 0755 (mps.log_dir_mode")]
     assert r.returncode == 1
 
 

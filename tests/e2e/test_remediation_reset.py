@@ -313,6 +313,23 @@ def test_daemon_runs_as_the_configured_user_with_dirs_owned_by_them(site,
     assert instance_problems(cfg) == []
 
 
+def test_the_log_dir_is_the_daemons_users_when_root_owns_the_pipe_dir(site,
+                                                                      test_user) -> None:
+    """Only the daemon writes its logs, and its log dir is 0755: a daemon of another user
+    than mps.dir_owner gets a log dir of its own, or it could not log at all."""
+    site.dirs()
+    cfg = site.config(remediating(site), mps={"daemon_user": test_user.pw_name})
+    r = reset(cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (pid,) = daemons_of(site.pipe)
+    assert uid_of(pid) == test_user.pw_uid
+    assert (os.lstat(site.pipe).st_uid, stat.S_IMODE(os.lstat(site.pipe).st_mode)) == (0, 0o777)
+    log = os.lstat(site.log)
+    assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (test_user.pw_uid, 0o755)
+    assert (site.log / "control.log").lstat().st_uid == test_user.pw_uid  # it could log
+    assert instance_problems(cfg) == []
+
+
 def test_audit_names_the_person_behind_sudo(site) -> None:
     site.dirs()
     r = reset(site.config(remediating(site)), env={"SUDO_USER": "alice"})

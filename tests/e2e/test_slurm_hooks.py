@@ -291,3 +291,26 @@ def test_a_broken_config_fails_the_prolog_of_an_mps_job_only(make_hooks) -> None
     assert len(r.stderr.splitlines()) == 1
     assert hooks.run("prolog", hooks.env("prolog", "52", label="gpu-1")).returncode == 0
     assert hooks.run("epilog", hooks.env("epilog", "52")).returncode == 0
+
+
+def test_the_prolog_keeps_the_daemons_logs_its_own(make_hooks) -> None:
+    """A link the job's user left as control.log in their reused log dir is removed (its
+    target untouched) before their daemon starts, and the dir is made 0700 again."""
+    hooks = make_hooks()
+    log = hooks.parent / "nvidia-log_job44"
+    target = hooks.base / "root-file"
+    target.write_text("root's\n")
+    for argv in (["mkdir", "-m", "0777", str(log)],
+                 ["ln", "-s", str(target), str(log / "control.log")]):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                           **as_user_kwargs(hooks.user))
+        assert r.returncode == 0, r.stderr
+    r = hooks.run("prolog", hooks.env("prolog", "44"))
+    assert r.returncode == 0, r.stderr
+    assert f"{log}/control.log was a symlink owned by uid {hooks.pw.pw_uid}" in r.stderr
+    assert "removed the link (its target untouched)" in r.stderr
+    st = os.lstat(log)
+    assert (st.st_uid, st.st_mode & 0o7777) == (hooks.pw.pw_uid, 0o700)
+    assert target.read_text() == "root's\n"
+    assert not (log / "control.log").is_symlink()
+    assert hooks.run("epilog", hooks.env("epilog", "44")).returncode == 0

@@ -363,8 +363,8 @@ def prepare() -> None:
     WORK.mkdir(mode=0o755)
     os.chmod(WORK, 0o777)  # torch writes caches under HOME
     (WORK / "client.py").write_text(CLIENT)
-    os.makedirs(LOG_DIR, mode=0o777)
-    os.chmod(LOG_DIR, 0o777)  # as the site's unit makes it
+    os.makedirs(LOG_DIR, mode=0o755)
+    os.chmod(LOG_DIR, 0o755)  # as the site's unit makes it (only the root daemon writes)
     squeue = WORK / "squeue"
     squeue.write_text("#!/bin/sh\n# squeue -h -w NODE -o '%A|%u|%U|%T|%M|%b' as Slurm prints it\n"
                       + "".join(f"echo '{job}|{user}|{pwd.getpwnam(user).pw_uid}|RUNNING|0:42|"

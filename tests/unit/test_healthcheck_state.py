@@ -61,9 +61,9 @@ def fake_scontrol(tmp_path: Path, state: str, reason: str = "") -> Path:
 
 
 def hc_config(tmp_path: Path, state_dir: Path, run_dir: Path, scontrol: Path):
-    for d in ("pipe", "log"):
+    for d, mode in (("pipe", 0o777), ("log", 0o755)):  # mps.dir_mode, mps.log_dir_mode
         (tmp_path / d).mkdir(exist_ok=True)
-        (tmp_path / d).chmod(0o777)
+        (tmp_path / d).chmod(mode)
     return from_mapping({"state_dir": str(state_dir), "run_dir": str(run_dir),
                          "node_name": "n1",
                          "mps": {"pipe_dir": str(tmp_path / "pipe"),

@@ -389,3 +389,78 @@ def test_names_inside_are_escaped_in_the_line(parent: Path, user) -> None:
     (deep / "x\nOK all good\x1b[2J").mkdir()
     problem = remove_job_dir(str(job), (user.pw_uid, 0))
     assert isinstance(problem, str) and "\n" not in problem and "\x1b" not in problem
+# --- keep_files: a daemon's logs are its own ---------------------------------------------
+
+LOGS = ("control.log", "server.log")
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "log"
+    d.mkdir()
+    d.chmod(0o755)
+    return d
+
+
+def test_keep_files_leaves_the_daemons_own_logs_and_missing_ones(log_dir: Path) -> None:
+    from mps_health.core.safedirs import keep_files
+
+    (log_dir / "control.log").write_text("[x] ours\n")
+    assert keep_files(str(log_dir), (0,), LOGS) == []
+    assert (log_dir / "control.log").read_text() == "[x] ours\n"
+    assert sorted(p.name for p in log_dir.iterdir()) == ["control.log"]
+
+
+def test_keep_files_unlinks_a_link_and_never_touches_its_target(log_dir: Path,
+                                                                victim: Path, user) -> None:
+    from mps_health.core.safedirs import keep_files
+
+    (log_dir / "control.log").symlink_to(victim / "secret")
+    os.lchown(log_dir / "control.log", user.pw_uid, user.pw_gid)
+    (log_dir / "server.log").symlink_to(victim)  # a link owned by root is no log either
+    done = keep_files(str(log_dir), (0,), LOGS)
+    assert done == [f"{log_dir}/control.log was a symlink owned by uid {user.pw_uid}, not the "
+                    "daemon's log: removed the link (its target untouched)",
+                    f"{log_dir}/server.log was a symlink owned by uid 0, not the daemon's "
+                    "log: removed the link (its target untouched)"]
+    assert list(log_dir.iterdir()) == []
+    assert (victim / "secret").read_text() == "root's" and victim.is_dir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "foreign file", "hard link"])
+def test_keep_files_moves_anything_else_aside_unopened(log_dir: Path, victim: Path, user,
+                                                       kind: str) -> None:
+    from mps_health.core.safedirs import keep_files
+
+    path = log_dir / "control.log"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it would block the daemon (and us)
+    elif kind == "dir":
+        path.mkdir()
+        (path / "inside").write_text("kept")
+    elif kind == "foreign file":
+        path.write_text("[x] fatal: forged\n")
+        os.chown(path, user.pw_uid, user.pw_gid)
+    else:
+        os.link(victim / "secret", path)  # root's file: the daemon would append to it
+    before = os.lstat(path)
+    done = keep_files(str(log_dir), (0,), LOGS)
+    assert len(done) == 1 and done[0].startswith(f"{log_dir}/control.log was a ")
+    assert "moved aside to" in done[0]
+    assert not path.exists()
+    (aside,) = log_dir.iterdir()
+    assert aside.name.startswith(".control.log.foreign-") and done[0].endswith(str(aside))
+    st = os.lstat(aside)
+    assert (st.st_ino, st.st_uid, stat.S_IFMT(st.st_mode)) == (
+        before.st_ino, before.st_uid, stat.S_IFMT(before.st_mode))
+    assert (victim / "secret").read_text() == "root's"
+
+
+def test_keep_files_never_follows_a_linked_log_dir(tmp_path: Path, victim: Path) -> None:
+    from mps_health.core.safedirs import keep_files
+
+    (victim / "control.log").symlink_to(victim / "secret")
+    (tmp_path / "log").symlink_to(victim)
+    with pytest.raises(OSError):
+        keep_files(str(tmp_path / "log"), (0,), LOGS)
+    assert (victim / "control.log").is_symlink()
