@@ -135,7 +135,7 @@ def test_a_user_caused_warning_never_drains_even_with_drain_on_warning(tmp_path:
     pipe.mkdir(mode=0o777)
     pipe.chmod(0o777)
     (tmp_path / "log").mkdir()
-    (tmp_path / "log").chmod(0o777)
+    (tmp_path / "log").chmod(0o755)
     (pipe / "planted").write_text("x")
     cfg = config(tmp_path, checks={"only": ["directories"]},
                  healthcheck={"fail_runs": 1, "drain_on": "warning"},
