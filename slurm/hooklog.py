@@ -51,8 +51,9 @@ class HookLog:
 
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         try:
+            # O_NONBLOCK: a FIFO in the log's place must not hang a Prolog.
             fd = os.open(self.log_file or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+                         | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
         except OSError:
             return  # e.g. the TaskProlog, as the user, cannot write root's log: syslog has it
         try:
