@@ -8,6 +8,7 @@ dirs (deep dirs, FIFOs, links to root's files, files added while the Epilog work
 removed whole by the Epilog and by ``remediate orphans``, and no link is followed.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -116,20 +117,25 @@ def test_a_back_dated_job_named_dir_is_no_orphan_and_is_not_removed(hooks: JobHo
 
 
 def test_a_recorded_job_s_server_is_still_critical(hooks: JobHooks) -> None:
-    """The other side: the Prolog's own dirs of an ended job, its server still running."""
+    """The other side: the Prolog's own dirs of an ended job whose Epilog never ran, its
+    daemon and the server it started still running (the server is the daemon's child)."""
+    import mpsdaemon
+
     assert hooks.run("prolog", hooks.env("prolog", "901")).returncode == 0
     pipe = hooks.pipe_dir("901")
     pid = daemon_pid(pipe)
     assert pid is not None
-    os.kill(pid, signal.SIGKILL)  # the node "rebooted": no Epilog ran
-    server = user_server(pipe)
+    started = mpsdaemon.query(pipe, "fake_server_start")
+    assert started.returncode == 0 and started.stdout.strip().isdigit(), started
+    server = int(started.stdout)
     try:
         back_date(pipe, hooks.parent / "nvidia-log_job901")
         assert [(r["instance"], r["state"], r["code"]) for r in orphans(hooks)] == [
             ("job901", "CRITICAL", "orphan-server")]
     finally:
-        server.kill()
-        server.wait()
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
 
 
 def nest_as_attacker(top: Path, depth: int, secret: Path) -> Path:

@@ -178,7 +178,8 @@ def test_runs_as_the_daemons_user(site) -> None:
     for p in (pipe, log):
         os.chown(p, NOBODY, NOBODY)
     start_daemon(pipe, log, python=python, user=NOBODY, group=NOBODY)  # ended at close
-    cfg = site.config(fake_canary())
+    # The daemon counts as the instance's only when it runs as mps.daemon_user.
+    cfg = site.config(fake_canary(), {"mps": {"daemon_user": "nobody"}})
     r = mps_health("check", "--config", cfg, "--only", "canary")
     assert r.returncode == 0, r.stdout + r.stderr
     r = mps_health("check", "--config", cfg, "--only", "canary", "-v")

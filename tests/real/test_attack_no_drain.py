@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from clirun import installed
-from hostile import ATTACKER, as_user, ensure_user, run_as
+from hostile import ATTACKER, Held, as_user, ensure_user, run_as
 from mpsdaemon import start_daemon
 from remhelp import make_dirs, remediating
 from slurmcluster import SlurmCluster
@@ -62,4 +62,74 @@ def test_a_strangers_link_and_fake_daemon_never_drain(slurm_cluster, site) -> No
         assert "drained (" not in run.stdout
     assert "pipe-entry-foreign" in runs[0].stdout and "mps-impostor" in runs[0].stdout
     assert "server-orphaned" not in runs[0].stdout
+    assert not drained(cluster)
+
+
+def drain_on_warning(site, extra: str = "") -> str:
+    """A config that drains on any WARNING after one failed run: the harshest setting."""
+    return site.config(remediating(site),
+                       "checks:\n  only: [daemon, control, directories, strays, logs, orphans]\n"
+                       "healthcheck:\n  fail_runs: 1\n  drain_on: warning\n" + extra)
+
+
+def test_a_held_genuine_server_and_a_log_link_never_drain(slurm_cluster, site) -> None:
+    """The configured server binary run by a user and held at its exec (none of its code
+    runs), on a pipe dir of theirs and on the instance's own; a link planted as
+    ``control.log`` if the log dir were open: no CRITICAL, no drain, even with
+    ``drain_on: warning``."""
+    from paths import FAKE_SERVER
+
+    cluster = slurm_cluster
+    assert not drained(cluster)
+    ensure_user(ATTACKER)
+    pipe, log = site.pipe, site.log
+    make_dirs(pipe)
+    make_dirs(log, mode=0o755)
+    start_daemon(pipe, log)
+    cfg = drain_on_warning(site)
+    theirs = site.root / "evil-pipe"
+    make_dirs(theirs)
+    with Held(ATTACKER, [FAKE_SERVER, ""], {"CUDA_MPS_PIPE_DIRECTORY": str(theirs)}), \
+            Held(ATTACKER, [FAKE_SERVER, ""], {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}):
+        r = run_as(ATTACKER, ["ln", "-s", "/etc/shadow", str(log / "control.log")])
+        assert r.returncode != 0  # the log dir is the daemon user's: no entry of theirs
+        runs = [hc(cluster, cfg) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 1, run.stdout + run.stderr  # WARNINGs, nothing more
+        assert "drained (" not in run.stdout
+        assert "CRITICAL" not in run.stdout
+    assert "server-unclaimed" in runs[0].stdout
+    assert "a local user can cause these, so they never drain: " in runs[0].stdout
+    assert not drained(cluster)
+
+
+def test_a_back_dated_job_named_dir_with_a_held_server_never_drains(slurm_cluster,
+                                                                    site) -> None:
+    """Per-job layout: a user makes a dir named like an ended job's, back-dates it by a
+    day and holds the configured server binary in it. No job record says it is that
+    job's, so it is no orphan of ours: no CRITICAL, no drain, nothing removed."""
+    from paths import FAKE_SERVER
+
+    cluster = slurm_cluster
+    assert not drained(cluster)
+    ensure_user(ATTACKER)
+    top = site.root / "tmp"
+    make_dirs(top, mode=0o1777)
+    per_job = {"mps": {"layout": "per-job", "pipe_dir": f"{top}/nvidia-mps_job{{job}}",
+                       "log_dir": f"{top}/nvidia-log_job{{job}}", "dir_owner": "job"},
+               "orphans": {"min_age_s": 60}}
+    cfg = site.config(remediating(site), per_job,
+                      "checks:\n  only: [orphans, strays]\n"
+                      "healthcheck:\n  fail_runs: 1\n  drain_on: warning\n")
+    squat = top / "nvidia-mps_job4242"
+    r = run_as(ATTACKER, ["mkdir", "-m", "0777", str(squat)])
+    assert r.returncode == 0, r.stderr
+    assert run_as(ATTACKER, ["touch", "-d", "1 day ago", str(squat)]).returncode == 0
+    with Held(ATTACKER, [FAKE_SERVER, ""], {"CUDA_MPS_PIPE_DIRECTORY": str(squat)}):
+        runs = [hc(cluster, cfg) for _ in range(2)]
+    for run in runs:
+        assert run.returncode in (0, 1), run.stdout + run.stderr
+        assert "CRITICAL" not in run.stdout and "drained (" not in run.stdout
+    assert "orphan-unrecorded" in runs[0].stdout, runs[0].stdout
+    assert squat.is_dir()  # root removed nothing of theirs
     assert not drained(cluster)
