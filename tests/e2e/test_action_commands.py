@@ -107,3 +107,14 @@ def test_a_replay_carries_only_a_config_given_to_it(site, tmp_path) -> None:
     assert resets() == [["mps-health", "remediate", "reset", "node"]]
     assert resets("--config", cfg) == [["mps-health", "remediate", "reset", "node",
                                         "--config", cfg]]
+
+
+def test_the_health_checks_lines_carry_the_config(site) -> None:
+    site.dirs()
+    cfg = site.config(remediating(site))
+    r = mps_health("healthcheck", "--foreground", "--dry-run", "--config", cfg)
+    assert r.returncode == 2, r.stdout + r.stderr
+    absent = [line for line in r.stdout.splitlines() if " daemon-absent: " in line]
+    assert absent and resets_in([absent[0]]) == [
+        ["mps-health", "remediate", "reset", "node", "--config", cfg]], r.stdout
+    assert absent[0].endswith("(runbook: mps-health explain daemon-absent)")
