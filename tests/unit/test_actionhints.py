@@ -83,8 +83,10 @@ def test_a_control_character_in_a_file_name_is_escaped() -> None:
 def test_the_table_matches_what_each_subcommand_accepts() -> None:
     """TAKES says which run options each subcommand (and each of its actions) parses:
     argparse must accept exactly those."""
-    subs = {"remediate": ["reset", "drain", "resume", "orphans", "tmpfiles-guard"],
-            "unit": ["prepare", "stop"], "config": ["example"], "slurm": ["gres-conf"]}
+    from mps_health.core.commands.remediate import ACTIONS
+
+    subs = {"remediate": list(ACTIONS), "unit": ["prepare", "stop"], "config": ["example"],
+            "slurm": ["gres-conf"]}
     for name in argv.COMMANDS:
         for action in subs.get(name, [""]):
             words = [name, *([action] if action else [])]
