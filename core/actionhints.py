@@ -38,8 +38,6 @@ TAKES = {
     "remediate": ("--config", "--root"),
     "unit": ("--config",),
 }
-# Codes whose runbook entry is in README.md whatever check reports them (the engine's).
-ANY_CHECK = ("facts-unavailable", "check-failed")
 
 
 def run_options(config_path: Optional[str], root: str = "/") -> Options:
@@ -109,16 +107,18 @@ def documented(check: str) -> bool:
     return spec is not None and spec.target.startswith(".")
 
 
-def applied(runs: Iterable[CheckRun], options: Options) -> Tuple[CheckRun, ...]:
+def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ...] = ()
+            ) -> Tuple[CheckRun, ...]:
     """The runs with every action given the run's options, and every problem's action
-    its runbook entry."""
+    its runbook entry (``any_check``: codes documented whatever check reports them, the
+    engine's)."""
     out = []
     for run in runs:
         ours = documented(run.name)
         results = []
         for r in run.results:
             action = with_options(r.action, options) if r.action else r.action
-            if r.state != OK and (ours or r.code in ANY_CHECK):
+            if r.state != OK and (ours or r.code in any_check):
                 action = read_more(action, r.code)
             results.append(r if action == r.action else r._replace(action=action))
         changed = any(a is not b for a, b in zip(results, run.results))

@@ -355,7 +355,7 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
     in_flight.discard("judging")
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
-    runs = actionhints.applied(runs, options)
+    runs = actionhints.applied(runs, options, CODES)
     report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
                     dict(facts.durations), __version__,
                     {i.name: i.gpu for i in facts.instances if i.gpu}, options)

@@ -6,7 +6,7 @@ import shlex
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from mps_health.core import actionhints, argv
+from mps_health.core import actionhints, argv, engine
 from mps_health.core.actionhints import commands, quote, run_options, with_options
 from mps_health.core.commands.common import UsageError
 from mps_health.core.config import DEFAULT_PATH
@@ -131,7 +131,7 @@ def test_a_site_checks_codes_get_no_runbook_entry_but_the_engines_do() -> None:
         site = actionhints.applied(_report(
             Result("site-probe", WARNING, "gpu-hot", "", "hot", "cool it"),
             Result("site-probe", CRITICAL, "check-failed", "", "bug", "report it"),
-            check="site-probe").runs, ())
+            check="site-probe").runs, (), engine.CODES)
     finally:
         del registry.CHECKS["site-probe"]
     hot, failed = site[0].results
