@@ -18,6 +18,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "slurm": (".core.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
     "unit": (".core.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
     "clients": (".core.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
+    "explain": (".core.commands.explain", "a code's runbook entry (no code: list them)"),
+    "config": (".core.commands.configfile", "config example: print the example config"),
 }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from . import __version__, instances, registry
+from . import __version__, actionhints, instances, registry
 from .background import Background
 from .config import Config
 from .context import Context, node_name
@@ -353,7 +353,10 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
     in_flight.add("judging")
     runs = judge(facts, config, checks)
     in_flight.discard("judging")
+    # Every command an action quotes acts on what this run judged (its --config, --root).
+    options = actionhints.run_options(config.path, root)
+    runs = actionhints.applied(runs, options, CODES)
     report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
                     dict(facts.durations), __version__,
-                    {i.name: i.gpu for i in facts.instances if i.gpu})
+                    {i.name: i.gpu for i in facts.instances if i.gpu}, options)
     return facts, report

@@ -63,6 +63,9 @@ class Report(NamedTuple):
     version: str
     # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
     instance_gpus: Mapping[str, str] = {}
+    # The run's options that change what a command acts on (--config, --root), as
+    # (option, value): the actions quote them (core/actionhints.py), so may an output.
+    options: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def state(self) -> int:

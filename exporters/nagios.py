@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from ..core.actionhints import with_options
 from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
 from .series import PREFIX, Sample, samples
 
@@ -236,7 +237,8 @@ def long_output(report: Report, found: Sequence[Finding], verbose: int) -> List[
     return lines
 
 
-def fit(status: str, perfdata: Sequence[str], long_lines: Sequence[str]) -> str:
+def fit(status: str, perfdata: Sequence[str], long_lines: Sequence[str],
+        options: Tuple[Tuple[str, str], ...] = ()) -> str:
     """The plugin's output, cut to Nagios' limit without breaking a perfdata item."""
     status = _clean(status)
     if len(status.encode()) > MAX_STATUS:
@@ -252,7 +254,8 @@ def fit(status: str, perfdata: Sequence[str], long_lines: Sequence[str]) -> str:
     for n, line in enumerate(long_lines):
         size = len(line.encode()) + 1
         left = len(long_lines) - n
-        marker = f"... {left} more lines cut to stay under 8 KiB (run 'mps-health check -v')"
+        marker = with_options(f"... {left} more lines cut to stay under 8 KiB (run "
+                              "'mps-health check -v')", options)
         if used + size + len(marker) + 1 > MAX_OUTPUT:
             out.append(marker)
             break
@@ -270,7 +273,7 @@ def render(report: Report, limits: Thresholds, verbose: int = 0) -> Tuple[str, i
     state = worst([report.state, *(f.state for f in over)])
     status = f"{SERVICE} {STATE_NAMES[state]} - {summary(report, found)}"
     lines = long_output(report, found, verbose) if verbose else []
-    return fit(status, perfdata, lines), state
+    return fit(status, perfdata, lines, report.options), state
 
 
 def unknown(text: str) -> str:

@@ -13,6 +13,7 @@ import os
 import time
 
 from ..core import engine
+from ..core.actionhints import read_more
 from ..core.config import Config
 from ..core.context import node_name
 from ..core.filelock import node_lock
@@ -102,9 +103,9 @@ def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
 
 def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
     if report is None:
-        return CRITICAL, [f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
-                          f"within {engine.limit_for(budget):.0f}s (a hung probe); abandoned, "
-                          "not waited for"]
+        return CRITICAL, [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not "
+                                    f"finish within {engine.limit_for(budget):.0f}s (a hung "
+                                    "probe); abandoned, not waited for", "healthcheck-timeout")]
     from ..exporters import text
 
     return report.state, text.render(report).splitlines()
@@ -157,9 +158,9 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                                                      slurm.timeout_s, breaker)
         if outcome == "held":
             state_code = CRITICAL
-            lines.append(f"MPS CRITICAL - fleet-wide-fault: {why}: find the common cause "
-                         "(driver rollout, shared filesystem, a check's bug) before draining "
-                         "by hand")
+            lines.append(read_more(f"MPS CRITICAL - fleet-wide-fault: {why}: find the common "
+                                   "cause (driver rollout, shared filesystem, a check's bug) "
+                                   "before draining by hand", "fleet-wide-fault"))
         if outcome in ("drained", "already"):
             state = state._replace(drained=True, verified_at=now, known=True)
         elif outcome in ("left", "held"):

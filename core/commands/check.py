@@ -40,7 +40,8 @@ def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     if args.config:
         config = load_config(args)
     else:
-        config = from_mapping(saved_config, f"{args.replay} (its config)")
+        # Its node's config, not a file here: the actions' commands name no --config.
+        config = from_mapping(saved_config, f"{args.replay} (its config)")._replace(path=None)
     # Whoever wrote the snapshot, it is judged within the bounds of a live run.
     return capped(facts, config.mps.max_instances), config
 

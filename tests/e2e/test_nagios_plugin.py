@@ -84,7 +84,8 @@ def test_stopped_daemon_is_critical_inside_the_timeout(site) -> None:
     long_text = "\n".join(out.long_lines)
     assert "CRITICAL control-wedged node: the control daemon did not answer within 1.1s" \
         in long_text
-    assert "-> run 'mps-health remediate reset node'" in long_text
+    # the command pasted acts on the instance judged: the run's --config goes with it
+    assert f"-> run 'mps-health remediate reset node --config {cfg}'" in long_text
     assert out.perf("node_daemon_up").value == "1"
 
 

@@ -174,6 +174,7 @@ def test_a_hung_source_is_a_healthcheck_timeout(tmp_path: Path, site: Site) -> N
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout.startswith("MPS CRITICAL - healthcheck-timeout: the checks did not finish "
                                "within 3s"), r.stdout
+    assert r.stdout.splitlines()[0].endswith("(runbook: mps-health explain healthcheck-timeout)")
 
 
 def test_an_abandoned_run_kills_what_it_started(tmp_path: Path) -> None:

@@ -61,3 +61,39 @@ def test_check_modules_declare_every_code_they_report() -> None:
         assert undeclared == [], f"{module} reports codes missing from its CODES: {undeclared}"
     engine_text = (REPO / "core" / "engine.py").read_text()
     assert literal_codes(engine_text) <= set(engine.CODES)
+
+
+def test_every_code_has_an_entry_that_explain_prints(capsys) -> None:
+    """``mps-health explain CODE`` prints each code's entry from the README the package
+    carries: the one text, read as the installed package reads it."""
+    from mps_health.core import runbook
+    from mps_health.core.cli import main
+    from mps_health.core.commands import explain
+
+    assert set(explain.declared()) == declared()
+    entries = runbook.entries()
+    missing = sorted(c for c in declared() if c not in entries)
+    assert missing == [], f"codes without an entry mps-health explain prints: {missing}"
+    for code in sorted(declared()):
+        assert main(["explain", code]) == 0
+        out = capsys.readouterr().out
+        assert code in out.split("\n", 1)[0], out  # its heading or row names it
+        assert len(out.strip().splitlines()) >= 2 and "<a id" not in out, out
+        assert entries[code].summary and "\n" not in entries[code].summary
+
+
+def test_the_runbook_is_read_from_the_packages_own_readme() -> None:
+    from mps_health.core import runbook
+
+    assert runbook.data_path("README.md") == str(REPO / "README.md")
+    assert runbook.parse("# x\n\nno runbook here\n") == {}
+    text = ("## Runbook: every code\n\n#### a-code\nFirst. Second.\n\n#### t\n\n"
+            "| code | state | meaning | what to do |\n|---|---|---|---|\n"
+            "| <a id=\"b-code\"></a>`b-code` | WARNING | it is \\| odd | [fix](#a-code) |\n"
+            "\n## Security\n#### not-a-code\n")
+    found = runbook.parse(text)
+    assert set(found) == {"a-code", "b-code", "t"}
+    assert found["a-code"].text == "a-code\n\nFirst. Second."
+    assert found["b-code"].text == ("b-code (t check): WARNING\n\nit is | odd\n\n"
+                                    "What to do: fix (mps-health explain a-code)")
+    assert found["t"].group and not found["a-code"].group

@@ -1,0 +1,130 @@
+"""The runbook on the node: each code's entry, read from the README the package carries.
+
+README.md's "Runbook: every code" section is the one text (package data, so an
+installed node has it: ``mps-health explain CODE``). An entry is either a ``####``
+heading (its anchor: the heading as GitHub makes it, plus any ``<a id>`` in its
+first lines, for ``pipe-dir-mode / log-dir-mode``) and the text up to the next heading,
+or a table row whose first cell holds ``<a id="CODE">`` (state, meaning, what to do).
+Also the package's other data files: the docs the README points to and the example
+config (``mps-health config example``).
+"""
+
+import os
+import re
+from typing import Dict, List, NamedTuple
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTION = "## Runbook: every code"
+EXAMPLE_CONFIG = "contrib/config.example.yaml"
+
+_ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
+_LINK = re.compile(r"\[([^\]]+)\]\(#([^)]+)\)")
+_CELL = re.compile(r"(?<!\\)\|")
+
+
+class Entry(NamedTuple):
+    code: str
+    text: str  # what ``explain`` prints
+    summary: str  # one line: the state and the first sentence
+    group: bool = False  # a heading over a table of codes (a check's), not a code
+
+
+def data_path(name: str) -> str:
+    """A file the package carries (README.md, docs/NAME.md, contrib/config.example.yaml)."""
+    return os.path.join(PACKAGE, name)
+
+
+def read_data(name: str) -> str:
+    """A package data file's text. A package installed without it (a wheel built by hand
+    from a tree that lacks it) is an OSError naming the path: the edge says it in one
+    line."""
+    with open(data_path(name), encoding="utf-8") as f:
+        return f.read()
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading ("check_mps timed out" -> check_mps-timed-out)."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _plain(text: str) -> str:
+    """Markdown made for a terminal: anchors dropped, a link to another entry named as
+    the command that shows it."""
+    text = _ANCHOR.sub("", text)
+    return _LINK.sub(lambda m: f"{m.group(1)} (mps-health explain {m.group(2)})", text)
+
+
+def _first_sentence(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    end = -1
+    while True:
+        end = flat.find(". ", end + 1)
+        # "e.g. " ends no sentence, and "CRITICAL." alone says too little
+        if end < 0 or (flat[max(0, end - 3):end] not in ("e.g", "i.e") and end >= 20):
+            break
+    first = flat if end < 0 else flat[:end + 1]
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+def _row(line: str, group: str) -> List[Entry]:
+    cells = [c.strip() for c in _CELL.split(line.strip().strip("|"))]
+    codes = _ANCHOR.findall(cells[0]) if cells else []
+    if not codes or len(cells) < 4:
+        return []
+    state, meaning, todo = (_plain(c).replace("\\|", "|") for c in cells[1:4])
+    out = []
+    for code in codes:
+        text = f"{code} ({group} check): {state}\n\n{meaning}\n\nWhat to do: {todo}"
+        out.append(Entry(code, text, f"{state}: {_first_sentence(meaning)}"))
+    return out
+
+
+def _block(heading: str, body: List[str], rows: List[str]) -> List[Entry]:
+    # "pipe-dir-mode / log-dir-mode" names its codes by anchors; else the heading is one
+    codes = [c for line in body[:3] for c in _ANCHOR.findall(line)] or [slug(heading)]
+    # A table's rows are entries of their own: the heading's entry names them.
+    lines = [_plain(line) for line in body if not line.startswith("|")]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    summary = _first_sentence(" ".join(lines)) if lines else f"codes: {', '.join(rows)}"
+    if rows:
+        lines += ["", f"Codes (mps-health explain CODE): {', '.join(rows)}"]
+    text = "\n".join(lines).strip("\n")
+    return [Entry(code, f"{heading}\n\n{text}", summary, bool(rows)) for code in codes]
+
+
+def parse(readme: str) -> Dict[str, Entry]:
+    """Every entry of the README's runbook section, by code (or heading anchor)."""
+    readme = "\n" + readme
+    start = readme.find("\n" + SECTION + "\n")
+    if start < 0:
+        return {}
+    found: Dict[str, Entry] = {}
+    heading, group = "", ""
+    body: List[str] = []
+    rows: List[str] = []
+    for line in [*readme[start + 1:].splitlines()[1:], "## end"]:
+        if line.startswith("#"):
+            if heading:
+                for e in _block(heading, body, rows):
+                    found.setdefault(e.code, e)
+            if line.startswith("## "):
+                break
+            heading = line.lstrip("#").strip() if line.startswith("#### ") else ""
+            group = (heading or line.lstrip("#").strip()).split()[0]
+            body, rows = [], []
+            continue
+        if line.startswith("| <a id="):
+            for e in _row(line, group):
+                found.setdefault(e.code, e)
+                rows.append(e.code)
+            continue
+        body.append(line)
+    return found
+
+
+def entries() -> Dict[str, Entry]:
+    """The runbook of the installed package."""
+    return parse(read_data("README.md"))
