@@ -41,7 +41,7 @@ from .actions import (
     target_for,
 )
 from .audit import Audit
-from .reset import Target, os_error_text
+from .reset import Target, log_owner, os_error_text
 from .settings import RemediationSettings, remediation
 
 
@@ -56,10 +56,8 @@ def plan(ctx: Context, inst: Instance, target: Target, busy: str
          ) -> Tuple[dirs.DirFix, dirs.DirFix]:
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False)
     log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
-    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
     return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, inst.name),
-            dirs.plan_fix("log", log, target.log, log_owner.name, busy, inst.name))
+            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, inst.name))
 
 
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:

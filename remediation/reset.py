@@ -66,6 +66,13 @@ class Target(NamedTuple):
     daemon_user: User
 
 
+def log_owner(target: Target) -> User:
+    """Who the log dir is made for: the daemon's user, or the dirs' owner when any user
+    may run the daemon."""
+    return target.daemon_user if target.log.uid == target.daemon_user.uid \
+        else target.dir_owner
+
+
 class Step(NamedTuple):
     # "quit" | "end" | "pipe-dir" | "log-dir" | "start" | "verify"; "pipe-dir-fix" and
     # "log-dir-fix" for a repair in place around a running daemon (no restart)
@@ -194,9 +201,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
-    log_lines = _dir_lines(obs.log, target.log, log_owner)
+    log_lines = _dir_lines(obs.log, target.log, log_owner(target))
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
@@ -229,11 +234,9 @@ def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]
     if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
                                for r in obs.problems):
         return None
-    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
     fixes = (dirs.plan_fix("pipe", obs.pipe, target.pipe, target.dir_owner.name,
                            "its daemon", obs.inst.name),
-             dirs.plan_fix("log", obs.log, target.log, log_owner.name, "its daemon",
+             dirs.plan_fix("log", obs.log, target.log, log_owner(target).name, "its daemon",
                            obs.inst.name))
     return None if any(f.refused for f in fixes) else fixes
 
