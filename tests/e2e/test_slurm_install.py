@@ -29,14 +29,17 @@ def public() -> Iterator[Path]:
 
 
 @pytest.fixture
-def per_job(tmp_path_factory) -> str:
+def per_job() -> Iterator[str]:
     """A per-job config every user may read: the only layout Slurm runs our hooks for."""
-    etc = tmp_path_factory.mktemp("etc")
+    etc = Path(tempfile.mkdtemp(prefix="mpsh-etc-", dir="/tmp"))
     etc.chmod(0o755)
     config = etc / "per-job.yaml"
     config.write_text("mps:\n  layout: per-job\n")
     config.chmod(0o644)
-    return str(config)
+    try:
+        yield str(config)
+    finally:
+        shutil.rmtree(etc, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +108,14 @@ def test_install_writes_three_scripts_and_the_conf_lines(public: Path, python: s
     assert r.stdout.splitlines()[-3:] == [f"Prolog={hooks}/mps-health-prolog",
                                           f"TaskProlog={hooks}/mps-health-task-prolog",
                                           f"Epilog={hooks}/mps-health-epilog"]
+    # Without --config (and no default file here: the node layout) nothing is written;
+    # a hook made for no config file (as the packages make them) reads the default one.
     again = mps_health("slurm", "install", "--prefix", str(hooks), "--python", python)
-    assert again.returncode == 0 and "main('prolog', None)" in (
-        hooks / "mps-health-prolog").read_text()
+    assert again.returncode == 0 and "wrote nothing" in again.stdout
+    assert (hooks / "mps-health-prolog").read_text() == prolog
+    from mps_health.slurm.install import plan
+
+    assert "main('prolog', None)" in plan(str(hooks), python, None)[0].text
     # The hooks really run as a job user: a job without GPUs returns at once.
     pw = __import__("pwd").getpwnam(NOBODY)
     for name in names:
