@@ -66,7 +66,9 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     c.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
     c.add_argument("--health-check-program", metavar="PATH",
-                   help="default: mps-health-healthcheck beside this Python's scripts")
+                   help="default: /usr/local/sbin/mps-health-healthcheck (or /usr/sbin's), "
+                   "where the README links it, when it is this installation's; else the one "
+                   "beside this Python's scripts")
     c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
     diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
     c.set_defaults(slurm_handler=conf)
