@@ -7,7 +7,12 @@ adds '/control_privileged') makes the daemon fail to start.
 Pipe dirs have ``mps.dir_mode`` (0777: every user's clients connect). Log dirs have
 ``mps.log_dir_mode`` (0755): only the daemon writes there, and a dir others can write
 lets them plant the control.log the root daemon appends to. A log dir of another mode
-is a WARNING fixed by a chmod, not a reset.
+is a WARNING.
+
+Each fault names the repair that changes only what is wrong (``repair_of``): ``remediate
+dirs`` where the daemon and its clients can keep running (a mode or owner set through
+the dir's fd, a missing log dir made), ``remediate reset`` where the daemon itself is
+broken.
 
 Pipe dirs are world-writable, so entries are judged by name, kind and owner. MPS's own
 names (``OWN_ENTRIES``) of the wrong kind, or owned by anyone but the daemon's user,
@@ -25,7 +30,7 @@ from ..core.results import CRITICAL, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator, Mapping, Optional
+    from typing import FrozenSet, Iterator, Mapping, Optional
 
 NAME = "directories"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -57,13 +62,52 @@ def _reset(inst: Instance) -> str:
     return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
 
 
+def _dirs(inst: Instance) -> str:
+    return (f"run 'mps-health remediate dirs {inst.name}' (dry run first: --dry-run); the "
+            "daemon and its clients keep running")
+
+
+def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
+    """Which repair puts a dir fault right: the one rule for this check's actions,
+    ``remediate dirs`` and ``remediate reset``'s plan. "dirs" where the daemon can keep
+    running: a dir of a trusted owner (root, ``mps.dir_owner``, the daemon's user) gets
+    its mode and owner through its fd, and a missing log dir is made (a running daemon
+    keeps its open logs). "reset" where the daemon itself is broken: its pipe dir is
+    missing, a link, not a dir, or another user's (its sockets are gone or in that
+    user's hands: the dir is moved aside, never adopted), or its log dir, which it
+    opened its logs through, is a link, not a dir, or another user's (only a restart
+    makes it open them anew)."""
+    if kind == "dir" and trusted_owner:
+        return "dirs"
+    if role == "log" and kind == "missing":
+        return "dirs"
+    return "reset"
+
+
+def trusted_uids(config: Config) -> FrozenSet[int]:
+    """Owners whose dir is repaired in place (as ``remediate`` trusts them): root, and
+    ``mps.dir_owner`` and ``mps.daemon_user`` where they name one user."""
+    found = {0}
+    for owner in (config.mps.dir_owner, config.mps.daemon_user):
+        uid = expected_owner(owner)
+        if uid is not None:
+            found.add(uid)
+    return frozenset(found)
+
+
+def _fix(inst: Instance, role: str, d: DirFact, config: Config) -> str:
+    trusted = expected_owner(config.mps.dir_owner if role == "pipe" else log_dir_owner(config)) \
+        is None or d.uid in trusted_uids(config)
+    return _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else _reset(inst)
+
+
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
     """Findings for one dir; ``role`` is "pipe" or "log"."""
     if d is None or d.kind == "missing":
         severity = CRITICAL if role == "pipe" else WARNING
         yield Result(NAME, severity, f"{role}-dir-missing", inst.name,
-                     f"{role} dir {d.path if d else '?'} does not exist", _reset(inst),
-                     (("dir_ok", 0.0),))
+                     f"{role} dir {d.path if d else '?'} does not exist",
+                     _reset(inst) if role == "pipe" else _dirs(inst), (("dir_ok", 0.0),))
         return
     if d.kind == "error":
         yield Result(NAME, WARNING, f"{role}-dir-unreadable", inst.name,
@@ -86,17 +130,17 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
         yield Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
                      f"pipe dir {d.path} has mode {d.mode:04o}, expected "
                      f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
-                     _reset(inst), (("dir_ok", 0.0),))
+                     _fix(inst, role, d, config), (("dir_ok", 0.0),))
     if role == "log" and d.mode != config.mps.log_dir_mode:
         found = True
-        yield log_mode_result(inst, d, config.mps.log_dir_mode)
+        yield log_mode_result(inst, d, config.mps.log_dir_mode, _fix(inst, role, d, config))
     owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
     want_uid = expected_owner(owner)
     if want_uid is not None and d.uid != want_uid:
         found = True
         yield Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                      f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                     f"{owner}", _reset(inst), (("dir_ok", 0.0),))
+                     f"{owner}", _fix(inst, role, d, config), (("dir_ok", 0.0),))
     if role == "pipe":
         for result in judge_entries(inst, d, config):
             found = True
@@ -106,10 +150,11 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
 
 
-def log_mode_result(inst: Instance, d: DirFact, want: int) -> Result:
+def log_mode_result(inst: Instance, d: DirFact, want: int, action: str = "") -> Result:
     """A log dir of another mode than ``mps.log_dir_mode``: a WARNING whose fix is a chmod
-    (the daemon need not stop). Only the daemon writes there: an entry anyone else can
-    make is a link the root daemon would append to, or a forged log line."""
+    through the dir's fd (``remediate dirs``: the daemon need not stop). Only the daemon
+    writes there: an entry anyone else can make is a link the root daemon would append
+    to, or a forged log line."""
     if d.mode & 0o022 & ~want:
         why = ": other users can create entries in it (a control.log link the daemon " \
               "would append to, or forged log lines)"
@@ -119,8 +164,7 @@ def log_mode_result(inst: Instance, d: DirFact, want: int) -> Result:
         why = ""
     return Result(NAME, WARNING, "log-dir-mode", inst.name,
                   f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
-                  f"(mps.log_dir_mode){why}", f"chmod {want:04o} {d.path}",
-                  (("dir_ok", 0.0),))
+                  f"(mps.log_dir_mode){why}", action or _dirs(inst), (("dir_ok", 0.0),))
 
 
 def _owner_name(uid: int) -> str:

@@ -266,10 +266,13 @@ class Made(NamedTuple):
 
 
 def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
-               acceptable: Callable[[Entry], bool]) -> Made:
+               acceptable: Callable[[Entry], bool], replace: bool = True) -> Made:
     """Make ``name`` a real dir with ``mode`` and ``uid``:``gid``. A dir that is
     ``acceptable`` is kept (owner and mode set through its fd); anything else there is
-    swapped out for a fresh dir in one step and left beside it under a random name."""
+    swapped out for a fresh dir in one step and left beside it under a random name.
+    With ``replace`` False nothing is swapped out: a missing name is still made, but
+    anything else than an acceptable dir is left as it is (UnsafePath naming it), for a
+    caller that must not pull a dir from under a daemon that runs in it."""
     if "/" in name or name in ("", ".", ".."):
         raise UnsafePath(errno.EINVAL, f"{name!r} is not a plain directory name")
     for _ in range(TRIES):
@@ -279,6 +282,10 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
             if fd is None:
                 continue  # replaced between look and open: judge again
             return Made(fd, False, None, tuple(set_owner_mode(fd, mode, uid, gid)))
+        if not replace and entry.kind != "missing":
+            what = f"a dir owned by uid {entry.uid}" if entry.kind == "dir" else \
+                f"a {entry.kind}"
+            raise UnsafePath(errno.EEXIST, f"{name} is now {what}: left as it is")
         fd, tmp = _fresh(parent_fd, name, mode, uid, gid)
         placed = False
         try:

@@ -5,7 +5,7 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 """
 
 import os
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from ..core import instances
 from ..core.config import Config
@@ -65,6 +65,23 @@ def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ..
             raise ActionError("no MPS instance on this node to reset")
         return found
     raise ActionError(f"name the instance to reset ({names}), or give --all")
+
+
+def choose_named(ctx: Context, names: Sequence[str]) -> Tuple[Instance, ...]:
+    """The named instances, in the order given; every instance of the node without names."""
+    from ..core.probes.slurm import with_jobs
+
+    found = instances.gather(with_jobs(ctx))
+    if not names:
+        if not found:
+            raise ActionError("no MPS instance on this node")
+        return found
+    known = {i.name: i for i in found}
+    for name in names:
+        if name not in known:
+            raise ActionError(f"no MPS instance named '{name}' on this node (known: "
+                              f"{', '.join(known) or 'none'})")
+    return tuple(known[n] for n in dict.fromkeys(names))
 
 
 def target_for(ctx: Context, inst: Instance, settings: RemediationSettings

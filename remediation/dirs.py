@@ -8,6 +8,7 @@ import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
 from ..core import safedirs
+from ..core.facts import DirFact
 
 # What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
 # control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
@@ -64,8 +65,51 @@ def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTar
     return lines
 
 
-def repair(root: str, target: DirTarget) -> List[str]:
-    """Act on the dir as it is now; returns what was done, one line each."""
+class DirFix(NamedTuple):
+    """``remediate dirs``' plan for one dir (and ``remediate reset``'s for a dir fault the
+    daemon can keep running through)."""
+
+    role: str  # "pipe" | "log"
+    target: DirTarget  # never ``clear``: the daemon's entries are its own
+    lines: Tuple[str, ...]  # what will be done; () when the dir is right
+    refused: str = ""  # why it is left to a reset ("" when it can be done here)
+    replace: bool = False  # may move what is there aside (no daemon or server uses it)
+
+
+def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: str,
+             instance: str) -> DirFix:
+    """What ``remediate dirs`` does to one dir (pure). ``busy`` names the daemon and
+    servers that use the instance ("" when none run): while one does, only what
+    ``directories.repair_of`` leaves to ``dirs`` is done (a mode or owner through the
+    dir's fd, a missing log dir made); anything that would swap the dir from under them
+    is refused, with the reset that fixes it. With none running, the dir is made or
+    what is there moved aside as a reset would, and no daemon is started."""
+    from ..checks.directories import repair_of
+
+    target = target._replace(clear=False)
+    if d.kind == "error":
+        return DirFix(role, target, (), f"cannot lstat {d.path}: {d.error}; run it as root")
+    acts = actions(d.kind, d.mode, d.uid, target)
+    if not acts:
+        return DirFix(role, target, ())
+    lines = tuple(describe(d.kind, d.mode, d.uid, d.link_target, target, owner_name))
+    if repair_of(role, d.kind, d.uid in target.trusted) == "dirs":
+        return DirFix(role, target, lines)
+    if not busy:
+        return DirFix(role, target, lines, replace=True)
+    what = {"symlink": f"a symlink to {d.link_target}", "missing": "missing",
+            "dir": f"a dir owned by uid {d.uid}"}.get(d.kind, f"a {d.kind}")
+    why = ("its daemon's sockets are gone or in another's hands" if role == "pipe" else
+           "its daemon keeps writing the logs it opened through it until it restarts")
+    return DirFix(role, target, lines, f"{role} dir {d.path} is {what} while {busy} "
+                  f"uses it: {why}; run 'mps-health remediate reset {instance}'")
+
+
+def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
+    """Act on the dir as it is now; returns what was done, one line each. With
+    ``replace`` False only a dir of a trusted owner is repaired (through its fd) or a
+    missing one made: anything else found now raises UnsafePath, left as it is. The one
+    operation of ``unit prepare``, ``remediate dirs`` and ``remediate reset``."""
     parent, name = safedirs.split(target.path)
     pfd = safedirs.open_dir(parent, root)
     try:
@@ -80,7 +124,13 @@ def repair(root: str, target: DirTarget) -> List[str]:
             seen = safedirs.look(pfd, name)
             if seen.kind == "dir" and acceptable(seen):
                 uid, gid = seen.uid, seen.gid
-        made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid, acceptable)
+        try:
+            made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid, acceptable,
+                                       replace)
+        except safedirs.UnsafePath as e:
+            if replace:
+                raise
+            raise safedirs.UnsafePath(e.errno, f"{parent.rstrip('/')}/{e}") from None
     finally:
         os.close(pfd)
     done: List[str] = []

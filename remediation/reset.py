@@ -3,7 +3,10 @@
 1. Observe: the instance's processes (by the pipe dir in their environ; daemons only of
    the configured daemon user or root, ``processes.daemons_in``), its dirs by lstat, the
    daemon's answer, the core checks' verdict, and the connected clients.
-2. Plan: nothing for a healthy instance (unless forced); a refusal while clients are
+2. Plan: nothing for a healthy instance (unless forced); for an instance whose only
+   faults are dir faults the daemon keeps running through (``in_place``: a mode, an
+   owner, a missing log dir), those dirs put right in place and verified, with no
+   restart, so connected clients are no reason to refuse; a refusal while clients are
    connected or cannot be ruled out (unless forced); otherwise the steps below.
 3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
    this instance's daemon and servers by verified PID; move aside a symlinked or
@@ -19,6 +22,7 @@ import os
 import time
 from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
+from ..checks import directories
 from ..core import engine, registry
 from ..core import processes as procs
 from ..core.context import Context, node_name
@@ -62,8 +66,17 @@ class Target(NamedTuple):
     daemon_user: User
 
 
+def log_owner(target: Target) -> User:
+    """Who the log dir is made for: the daemon's user, or the dirs' owner when any user
+    may run the daemon."""
+    return target.daemon_user if target.log.uid == target.daemon_user.uid \
+        else target.dir_owner
+
+
 class Step(NamedTuple):
-    kind: str  # "quit" | "end" | "pipe-dir" | "log-dir" | "start" | "verify"
+    # "quit" | "end" | "pipe-dir" | "log-dir" | "start" | "verify"; "pipe-dir-fix" and
+    # "log-dir-fix" for a repair in place around a running daemon (no restart)
+    kind: str
     text: str
 
 
@@ -151,6 +164,15 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     if not obs.problems and not force:
         return Plan(inst, (), nothing=f"{inst.name} is healthy: nothing to do "
                     "(--force restarts it anyway)", notes=tuple(notes))
+    fixes = None if force else in_place(obs, target)
+    if fixes is not None:
+        # Nothing a restart would mend: the dirs are put right around the running daemon,
+        # as 'remediate dirs' does, so its clients are neither refused for nor cut off.
+        notes.append(f"only dir faults the daemon keeps running through: fixed in place, "
+                     f"as 'mps-health remediate dirs {inst.name}' does, no restart "
+                     "(--force restarts it too)")
+        fixed = [Step(f"{f.role}-dir-fix", "; then ".join(f.lines)) for f in fixes if f.lines]
+        return Plan(inst, (*fixed, _verify_step(settings)), notes=tuple(notes))
     who = obs.clients
     if who is not None and not force:
         if not who.known:
@@ -179,9 +201,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_owner = target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
-    log_lines = _dir_lines(obs.log, target.log, log_owner)
+    log_lines = _dir_lines(obs.log, target.log, log_owner(target))
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
@@ -191,9 +211,34 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
                       f"else moved aside), then start "
                       f"'{ctx.config.command('nvidia-cuda-mps-control')} -d' as "
                       f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
-    steps.append(Step("verify", f"verify: the daemon answers within {settings.verify_timeout_s:g}s "
-                      "and the daemon, control and directories checks pass"))
+    steps.append(_verify_step(settings))
     return Plan(inst, tuple(steps), notes=tuple(notes))
+
+
+def _verify_step(settings: RemediationSettings) -> Step:
+    return Step("verify", f"verify: the daemon answers within {settings.verify_timeout_s:g}s "
+                "and the daemon, control and directories checks pass")
+
+
+# The directories check's faults of a dir itself (not of its entries, not an lstat the
+# check could not make): the ones 'remediate dirs' may put right without a restart.
+DIR_CODES = frozenset(c for c in directories.CODES if "-dir-" in c and
+                      not c.endswith("-unreadable"))
+
+
+def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]:
+    """The dir repairs that are all this instance needs (pure): every problem is a fault
+    of its pipe or log dir that ``directories.repair_of`` fixes with the daemon running.
+    None when anything else is wrong, or a dir would have to be swapped: then the
+    daemon is restarted."""
+    if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
+                               for r in obs.problems):
+        return None
+    fixes = (dirs.plan_fix("pipe", obs.pipe, target.pipe, target.dir_owner.name,
+                           "its daemon", obs.inst.name),
+             dirs.plan_fix("log", obs.log, target.log, log_owner(target).name, "its daemon",
+                           obs.inst.name))
+    return None if any(f.refused for f in fixes) else fixes
 
 
 def os_error_text(e: OSError) -> str:
@@ -322,6 +367,11 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             elif step.kind in ("pipe-dir", "log-dir"):
                 dt = target.pipe if step.kind == "pipe-dir" else target.log
                 out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt)))
+            elif step.kind in ("pipe-dir-fix", "log-dir-fix"):
+                # In place only: the daemon's entries kept, nothing swapped from under it.
+                dt = target.pipe if step.kind == "pipe-dir-fix" else target.log
+                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt._replace(clear=False),
+                                                          replace=False)))
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
@@ -331,6 +381,6 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             out = Outcome(False, os_error_text(e), stop=True)
         say(f"  {number}. {'ok' if out.ok else 'FAILED'}: {out.text}")
         record(f"step-{step.kind}", "ok" if out.ok else "failed", out.text)
-        if not out.ok and (out.stop or step.kind in ("pipe-dir", "log-dir")):
+        if not out.ok and (out.stop or step.kind.startswith(("pipe-dir", "log-dir"))):
             return False
     return verified

@@ -1,4 +1,6 @@
-"""``mps-health slurm install``: write the three hook scripts slurm.conf points at.
+"""``mps-health slurm install``: write the three hook scripts slurm.conf points at, for the
+per-job layout only: the node and per-GPU layouts' daemons are the node's (systemd
+units), so Slurm runs no hook of ours for them and none is written.
 
 Each is a four-line Python script (templates/hook.j2) with the interpreter and the
 config file written into it: slurmd starts hooks with no PATH and no arguments, and a
@@ -50,6 +52,27 @@ PROBE = ("import os, mps_health, mps_health.slurm.hooks as h\n"
 DEFAULT_CONFIG = "/etc/mps-health/config.yaml"
 FOR_JOB_USERS = ("the TaskProlog runs as the job's user: install mps-health where every user "
                  "can read it (a venv in /opt/mps-health, see the README's Install on a node)")
+
+
+def hooks_for(layout: str) -> bool:
+    """Whether ``mps.layout`` needs the Prolog, TaskProlog and Epilog: per-job only (a
+    hook of another layout would start nothing on every GPU job)."""
+    return layout == "per-job"
+
+
+def written_before(prefix: str) -> List[str]:
+    """Hooks an earlier ``slurm install`` left under ``prefix`` (our regular files)."""
+    from ..core.safefiles import read_small
+
+    found = []
+    for path in hook_paths(prefix).values():
+        try:
+            data = read_small(path)
+        except OSError:
+            continue
+        if data is not None and MARKER in data[:512].decode("utf-8", "replace"):
+            found.append(path)
+    return found
 
 
 def check_python(python: str) -> List[str]:

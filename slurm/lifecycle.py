@@ -91,7 +91,8 @@ def prolog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
         return 0
     if config.mps.layout != "per-job":
         log.warning(f"mps.layout is {config.mps.layout} in {config.path}: the per-job "
-                    "prolog starts nothing (set mps.layout: per-job)")
+                    "prolog starts nothing (set mps.layout: per-job, or take the hooks out "
+                    "of slurm.conf: `mps-health slurm install` writes none for this layout)")
         return 0
     failure = _start_all(job, config, settings, log, proc_dir)
     if failure is None:

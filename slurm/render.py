@@ -52,16 +52,18 @@ def hook_paths(prefix: str) -> Dict[str, str]:
 
 def render_slurm_conf(gpus: Sequence[GresGpu], node: str, count: int, layout: str,
                       hooks_prefix: str, health_check_program: str,
-                      health_check_interval: int, no_gpus: str = "") -> str:
+                      health_check_interval: int, no_gpus: str = "",
+                      health_check_note: str = "") -> str:
     """The lines; without GPUs (``no_gpus`` says why: no NVML here) all but the node's
-    Gres=, which needs them."""
+    Gres=, which needs them. ``health_check_note``: a comment above HealthCheckProgram=
+    (why it is not the README's path)."""
     paths = hook_paths(hooks_prefix)
     return template("slurm.conf.j2").render(
         gpus=gpus, node=node, mps_count=sum(1 for g in gpus if g.mps), layout=layout,
         per_job=layout == "per-job", prolog=paths["prolog"],
         task_prolog=paths["task-prolog"], epilog=paths["epilog"],
         health_check_program=health_check_program,
-        health_check_interval=health_check_interval,
+        health_check_interval=health_check_interval, health_check_note=health_check_note,
         gres=gres_value(gpus, count) if gpus else "", no_gpus=no_gpus)
 
 

@@ -1,8 +1,9 @@
 """``mps-health remediate ACTION``: careful repair, each action planned before it acts.
 
-reset [INSTANCE], drain, resume, orphans, tmpfiles-guard. Every action prints its plan
-and stops there with --dry-run. Exit 0 done or nothing to do, 1 refused (nothing
-changed), 2 acted but failed, 3 could not start.
+reset [INSTANCE], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
+action prints its plan and stops there with --dry-run. Exit 0 done or nothing to do, 1
+refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3 could
+not start.
 """
 
 import argparse
@@ -13,6 +14,7 @@ from .common import add_common, load_config
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
+    "dirs": "fix pipe/log dir mode, owner or existence in place; the daemon keeps running",
     "drain": "drain this node in Slurm with our tag (never over someone else's drain)",
     "resume": "resume this node only if our tag is still its drain reason",
     "orphans": "stop and remove per-job MPS instances whose job is no longer on the node",
@@ -34,6 +36,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
             a.add_argument("--force", action="store_true",
                            help="act even on a healthy instance or with clients connected "
                            "(they lose their MPS server)")
+        elif name == "dirs":
+            a.add_argument("instance", nargs="*", metavar="INSTANCE",
+                           help="instance names (default: every instance of this node)")
         elif name == "drain":
             a.add_argument("--reason", default="manual", help="text after our tag")
         elif name == "tmpfiles-guard":
@@ -56,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "reset":
             return actions.reset(config, args.root, args.instance, args.all, args.force,
                                  args.dry_run, say)
+        if args.action == "dirs":
+            from ...remediation import dirs_repair
+
+            return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
         if args.action in ("drain", "resume"):
             from ...remediation import node_actions
 

@@ -3,6 +3,7 @@
   mps-health slurm gres-conf [--mps-gpus all|none|0,1] [--diff]   gres.conf lines
   mps-health slurm conf [--prefix /etc/slurm] [--diff]            slurm.conf lines
   mps-health slurm install [--prefix /etc/slurm]                  write the hook scripts
+                                                                  (per-job layout only)
 
 ``--diff`` compares with the installed file: exit 0 when it says the same, 1 with a
 unified diff when not, 3 when it cannot tell (as every other failure here).
@@ -65,12 +66,15 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     c.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
     c.add_argument("--health-check-program", metavar="PATH",
-                   help="default: mps-health-healthcheck beside this Python's scripts")
+                   help="default: /usr/local/sbin/mps-health-healthcheck (or /usr/sbin's), "
+                   "where the README links it, when it is this installation's; else the one "
+                   "beside this Python's scripts")
     c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
     diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
     c.set_defaults(slurm_handler=conf)
 
-    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts")
+    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
+                       "(the per-job layout's; none for the node and per-gpu layouts)")
     common(i)
     i.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="directory for mps-health-{prolog,task-prolog,epilog} (default "
@@ -176,10 +180,28 @@ def _report_diff(diff: str, differs: str, same: str) -> int:
     return ExitCode.OK
 
 
-def health_check_default() -> str:
+HEALTH_CHECK = "mps-health-healthcheck"
+# Where the README's "Install on a node" links the health check (the first), and where
+# the RPM and the Debian package put it: slurm.conf names it there, as the README does.
+LINK_DIRS = ("/usr/local/sbin", "/usr/sbin")
+
+
+def health_check_default(link_dirs: Tuple[str, ...] = LINK_DIRS) -> Tuple[str, str]:
+    """(HealthCheckProgram's path, a note when it is not the README's): the link to this
+    installation's ``mps-health-healthcheck`` in the first of ``link_dirs`` that has one,
+    else the script itself, beside this Python."""
     import sysconfig
 
-    return os.path.join(sysconfig.get_path("scripts"), "mps-health-healthcheck")
+    own = os.path.join(sysconfig.get_path("scripts"), HEALTH_CHECK)
+    for where in link_dirs:
+        linked = os.path.join(where, HEALTH_CHECK)
+        try:
+            if os.path.samefile(linked, own):
+                return linked, ""
+        except OSError:
+            continue
+    return own, (f"{HEALTH_CHECK} of this installation is not linked into "
+                 f"{' or '.join(link_dirs)} (README, Install on a node): its own path")
 
 
 def conf(args: "argparse.Namespace") -> int:
@@ -202,9 +224,10 @@ def conf(args: "argparse.Namespace") -> int:
     if no_gpus:
         print(f"mps-health: note: {no_gpus}: the node's Gres= is left out", file=sys.stderr)
     node = _node(args, config)
-    text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix,
-                             args.health_check_program or health_check_default(),
-                             args.health_check_interval, no_gpus)
+    program, note = (args.health_check_program, "") if args.health_check_program \
+        else health_check_default()
+    text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
+                             args.health_check_interval, no_gpus, note)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
@@ -215,11 +238,15 @@ def conf(args: "argparse.Namespace") -> int:
 
 
 def install(args: "argparse.Namespace") -> int:
-    from ...slurm.install import InstallError, conf_lines, plan
+    from ...slurm.install import InstallError, conf_lines, hooks_for, plan
     from ...slurm.install import install as write
 
     config = os.path.abspath(args.config) if args.config else None
-    load_config(args)  # the hooks would refuse a bad one at every job: say so now
+    # The hooks would refuse a bad one at every job: say so now. Its layout says
+    # whether Slurm needs our hooks at all.
+    layout = load_config(args).mps.layout
+    if not hooks_for(layout):
+        return _no_hooks(args.prefix, layout)
     if args.dry_run:
         for w in plan(args.prefix, args.python, config):
             print(f"==> {w.path} (mode 0755)\n{w.text}")
@@ -232,4 +259,20 @@ def install(args: "argparse.Namespace") -> int:
         print(f"wrote {w.path}")
     print("slurm.conf (every node and the controller), then `scontrol reconfigure`:")
     sys.stdout.write(conf_lines(scripts))
+    return ExitCode.OK
+
+
+def _no_hooks(prefix: str, layout: str) -> int:
+    """``slurm install`` for a layout whose daemons are the node's: nothing to write."""
+    from ...slurm.install import written_before
+
+    print(f"mps.layout is {layout}: its MPS daemons are the node's (systemd units), not the "
+          "jobs', so Slurm needs no Prolog, TaskProlog or Epilog of mps-health: wrote nothing")
+    for path in written_before(prefix):
+        print(f"note: {path} is from an earlier `mps-health slurm install`: take its line out "
+              "of slurm.conf (`scontrol reconfigure`), then remove it")
+    program, note = health_check_default()
+    print("slurm.conf (every node and the controller), then `scontrol reconfigure`: the "
+          "lines of `mps-health slurm conf`, no hooks" + (f" ({note})" if note else ""))
+    print(f"HealthCheckProgram={program}")
     return ExitCode.OK

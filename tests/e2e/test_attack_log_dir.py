@@ -83,8 +83,9 @@ def test_a_linked_control_log_is_reported_naming_the_user_never_followed(
     assert "symlink" in bad["message"]
     assert "log-fatal" not in found  # the link's target was not read
     assert found["log-dir-mode"]["state"] == "WARNING"
-    assert found["log-dir-mode"]["action"] == (f"chmod 0755 {log} "
-                                               "(runbook: mps-health explain log-dir-mode)")
+    action = found["log-dir-mode"]["action"]
+    assert action.startswith("run 'mps-health remediate dirs node"), action
+    assert action.endswith("(runbook: mps-health explain log-dir-mode)"), action
     assert all(p["state"] != "CRITICAL" for p in report["problems"])
     assert target.read_bytes() == before
 

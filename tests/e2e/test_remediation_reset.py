@@ -195,13 +195,17 @@ def test_connected_clients_make_reset_refuse_until_forced(site) -> None:
         # The fake answers every query with FAKE_MPS_REPLY: one server and one client, both
         # the PID of our stand-in client process.
         pid = start_daemon(site.pipe, site.log, env={"FAKE_MPS_REPLY": str(client.pid)})
-        site.pipe.chmod(0o700)  # something to repair
+        # Something only a restart repairs (a dir mode alone is fixed in place, with no
+        # refusal: test_remediation_dirs.py): the daemon's 'log' FIFO made a file.
+        (site.pipe / "log").unlink()
+        (site.pipe / "log").write_text("")
         cfg = site.config(remediating(site))
         r = reset(cfg)
         assert r.returncode == 1, r.stdout + r.stderr
+        assert "pipe-entry-bad" in r.stdout
         # Its SLURM_JOB_ID is its own word (no Slurm cgroup here): said as such.
         assert f"refused: 1 client(s) connected: {client.pid} (says job 4242)" in r.stdout
-        assert stat.S_IMODE(os.lstat(site.pipe).st_mode) == 0o700  # nothing changed
+        assert stat.S_ISREG(os.lstat(site.pipe / "log").st_mode)  # nothing changed
         assert daemons_of(site.pipe) == [pid]
         forced = reset(cfg, "--force")
         assert forced.returncode == 0, forced.stdout + forced.stderr

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 from clirun import mps_health
-from conftest import REPO
+from conftest import FIXTURES, REPO
 from jobhooks import user_python
 from mps_health.core.config import ConfigError, from_mapping
 from mps_health.slurm.settings import JobsSettings, jobs_settings
@@ -26,6 +26,20 @@ def public() -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def per_job() -> Iterator[str]:
+    """A per-job config every user may read: the only layout Slurm runs our hooks for."""
+    etc = Path(tempfile.mkdtemp(prefix="mpsh-etc-", dir="/tmp"))
+    etc.chmod(0o755)
+    config = etc / "per-job.yaml"
+    config.write_text("mps:\n  layout: per-job\n")
+    config.chmod(0o644)
+    try:
+        yield str(config)
+    finally:
+        shutil.rmtree(etc, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +108,14 @@ def test_install_writes_three_scripts_and_the_conf_lines(public: Path, python: s
     assert r.stdout.splitlines()[-3:] == [f"Prolog={hooks}/mps-health-prolog",
                                           f"TaskProlog={hooks}/mps-health-task-prolog",
                                           f"Epilog={hooks}/mps-health-epilog"]
+    # Without --config (and no default file here: the node layout) nothing is written;
+    # a hook made for no config file (as the packages make them) reads the default one.
     again = mps_health("slurm", "install", "--prefix", str(hooks), "--python", python)
-    assert again.returncode == 0 and "main('prolog', None)" in (
-        hooks / "mps-health-prolog").read_text()
+    assert again.returncode == 0 and "wrote nothing" in again.stdout
+    assert (hooks / "mps-health-prolog").read_text() == prolog
+    from mps_health.slurm.install import plan
+
+    assert "main('prolog', None)" in plan(str(hooks), python, None)[0].text
     # The hooks really run as a job user: a job without GPUs returns at once.
     pw = __import__("pwd").getpwnam(NOBODY)
     for name in names:
@@ -105,10 +124,12 @@ def test_install_writes_three_scripts_and_the_conf_lines(public: Path, python: s
         assert ran.returncode == 0, (name, ran.stderr)
 
 
-def test_install_never_replaces_a_file_it_did_not_write(public: Path, python: str) -> None:
+def test_install_never_replaces_a_file_it_did_not_write(public: Path, python: str,
+                                                        per_job: str) -> None:
     theirs = public / "mps-health-epilog"
     theirs.write_text("#!/bin/sh\n# the site's own epilog\n")
-    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python)
+    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python,
+                   "--config", per_job)
     assert r.returncode == 3
     assert r.stderr.strip() == (f"mps-health: install: {theirs} exists and was not written by "
                                 "mps-health: move it, or use --force")
@@ -117,19 +138,22 @@ def test_install_never_replaces_a_file_it_did_not_write(public: Path, python: st
     link = public / "mps-health-prolog"
     link.symlink_to(public / "elsewhere")
     theirs.unlink()
-    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python)
+    r = mps_health("slurm", "install", "--prefix", str(public), "--python", python,
+                   "--config", per_job)
     assert r.returncode == 3 and f"{link} exists and was not written" in r.stderr
     forced = mps_health("slurm", "install", "--prefix", str(public), "--force",
-                        "--python", python)
+                        "--python", python, "--config", per_job)
     assert forced.returncode == 0, forced.stderr
     assert not link.is_symlink() and not (public / "elsewhere").exists()
 
 
-def test_install_checks_the_interpreter_and_the_prefix(tmp_path: Path) -> None:
-    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--python", "/usr/bin/false")
+def test_install_checks_the_interpreter_and_the_prefix(tmp_path: Path, per_job: str) -> None:
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--python", "/usr/bin/false",
+                   "--config", per_job)
     assert r.returncode == 3
     assert "/usr/bin/false cannot import mps_health.slurm.hooks" in r.stderr
-    r = mps_health("slurm", "install", "--prefix", str(tmp_path / "missing"))
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path / "missing"), "--config",
+                   per_job)
     assert r.returncode == 3 and "not an existing directory" in r.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -142,7 +166,8 @@ def _refused(r: subprocess.CompletedProcess, what: str, why: str) -> None:
                                "where every user can read it"), r.stderr
 
 
-def test_install_refuses_what_job_users_cannot_use(public: Path, python: str) -> None:
+def test_install_refuses_what_job_users_cannot_use(public: Path, python: str,
+                                                   per_job: str) -> None:
     """A private dir above the interpreter, the hooks or the config; a config only root
     may read: one line saying which path and why, and nothing written."""
     hooks = public / "hooks"
@@ -152,14 +177,16 @@ def test_install_refuses_what_job_users_cannot_use(public: Path, python: str) ->
     # The interpreter's whole venv seen through a private dir: a venv under /root.
     os.symlink(Path(python).parent.parent, private / "venv")
     hidden_python = private / "venv" / "bin" / Path(python).name
-    r = mps_health("slurm", "install", "--prefix", str(hooks), "--python", str(hidden_python))
+    r = mps_health("slurm", "install", "--prefix", str(hooks), "--python", str(hidden_python),
+                   "--config", per_job)
     _refused(r, f"the interpreter {hidden_python}", f"{private} is mode 0700")
     hidden = private / "hooks"
     hidden.mkdir()
-    r = mps_health("slurm", "install", "--prefix", str(hidden), "--python", python)
+    r = mps_health("slurm", "install", "--prefix", str(hidden), "--python", python,
+                   "--config", per_job)
     _refused(r, f"the hook directory {hidden}", f"{private} is mode 0700")
     config = public / "config.yaml"
-    config.write_text("mps:\n  layout: node\n")
+    config.write_text("mps:\n  layout: per-job\n")
     config.chmod(0o600)
     r = mps_health("slurm", "install", "--prefix", str(hooks), "--python", python,
                    "--config", str(config))
@@ -168,7 +195,7 @@ def test_install_refuses_what_job_users_cannot_use(public: Path, python: str) ->
     assert list(hooks.iterdir()) == [] and list(hidden.iterdir()) == []
 
 
-def test_install_refuses_a_package_job_users_cannot_read(public: Path) -> None:
+def test_install_refuses_a_package_job_users_cannot_read(public: Path, per_job: str) -> None:
     """An interpreter others may run whose mps_health others cannot read (a root umask
     of 077 at install time)."""
     if os.geteuid() != 0:
@@ -190,16 +217,67 @@ def test_install_refuses_a_package_job_users_cannot_read(public: Path) -> None:
     hooks = public / "hooks"
     hooks.mkdir()
     r = mps_health("slurm", "install", "--prefix", str(hooks), "--python",
-                   str(venv / "bin" / "python"))
+                   str(venv / "bin" / "python"), "--config", per_job)
     _refused(r, "the mps_health package",
              f"{pkg}/slurm/hooks.py is mode 0600 (not readable by others)")
     assert list(hooks.iterdir()) == []
 
 
-def test_dry_run_writes_nothing(tmp_path: Path) -> None:
-    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--dry-run")
+def test_dry_run_writes_nothing(tmp_path: Path, per_job: str) -> None:
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--dry-run", "--config",
+                   per_job)
     assert r.returncode == 0 and r.stdout.count("==> ") == 3
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("layout", ["node", "per-gpu"])
+def test_install_for_a_node_layout_writes_no_hook(tmp_path: Path, tmp_path_factory,
+                                                  layout: str) -> None:
+    """The node's own daemons need no Prolog, TaskProlog or Epilog (each GPU job would log
+    that the per-job prolog starts nothing): none is written, and the one slurm.conf line
+    said is the health check's, as `slurm conf` gives it."""
+    config = tmp_path_factory.mktemp("etc") / "node.yaml"
+    config.write_text(f"mps:\n  layout: {layout}\n")
+    for extra in ((), ("--dry-run",)):
+        r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--config", str(config),
+                       *extra)
+        assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == (f"mps.layout is {layout}: its MPS daemons are the node's (systemd "
+                            "units), not the jobs', so Slurm needs no Prolog, TaskProlog or "
+                            "Epilog of mps-health: wrote nothing")
+        assert "wrote " + str(tmp_path) not in r.stdout and "==> " not in r.stdout
+        assert not any(line.startswith(("Prolog=", "TaskProlog=", "Epilog="))
+                       for line in lines)
+        assert list(tmp_path.iterdir()) == []
+        conf = mps_health("slurm", "conf", "--config", str(config), "--nvml-record",
+                          str(FIXTURES / "nvml__cpu-vm_no-driver.json"))
+        assert conf.returncode == 0, conf.stderr
+        [program] = [x for x in conf.stdout.splitlines() if x.startswith("HealthCheckProgram=")]
+        assert lines[-1] == program
+        assert "Prolog=" not in conf.stdout.replace("# No Prolog/", "")
+
+
+def test_install_for_the_node_layout_names_hooks_left_from_before(tmp_path: Path,
+                                                                   tmp_path_factory) -> None:
+    """Hooks an earlier install wrote stay (slurm.conf may still name them: removing them
+    would fail every job's Prolog) and are named with what to do; a site's own file at
+    such a name is not ours to mention."""
+    from mps_health.slurm.install import plan
+
+    for w in plan(str(tmp_path), "/usr/bin/python3", None)[:2]:
+        Path(w.path).write_text(w.text)
+    (tmp_path / "mps-health-epilog").write_text("#!/bin/sh\n# the site's own\n")
+    config = tmp_path_factory.mktemp("etc") / "node.yaml"
+    config.write_text("mps:\n  layout: node\n")
+    before = sorted((p.name, p.read_text()) for p in tmp_path.iterdir())
+    r = mps_health("slurm", "install", "--prefix", str(tmp_path), "--config", str(config))
+    assert r.returncode == 0, r.stderr
+    notes = [x for x in r.stdout.splitlines() if x.startswith("note: ")]
+    assert notes == [f"note: {tmp_path}/{name} is from an earlier `mps-health slurm install`: "
+                     "take its line out of slurm.conf (`scontrol reconfigure`), then remove it"
+                     for name in ("mps-health-prolog", "mps-health-task-prolog")]
+    assert sorted((p.name, p.read_text()) for p in tmp_path.iterdir()) == before
 
 
 def test_slurm_without_subcommand_is_usage() -> None:

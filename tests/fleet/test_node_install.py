@@ -124,7 +124,14 @@ def test_a_venv_under_root_is_refused_by_slurm_install(node: Node) -> None:
 
 def test_upgrade_keeps_state_and_rewrites_hooks(node: Node, source, tmp_path: Path) -> None:
     install(node)
-    node.ok(f"mkdir -p {HOOKS}\nmps-health slurm install --prefix {HOOKS}\nmps-health check || :")
+    # The hooks are the per-job layout's (`slurm install` writes none for the node's own
+    # daemons); the state comes from a check of the default, node layout.
+    node.ok(f"mkdir -p {HOOKS} /etc/mps-health")
+    (node.root / "etc/mps-health/config.yaml").write_text(PER_JOB)
+    (node.root / "etc/mps-health/config.yaml").chmod(0o644)
+    (node.root / "root/node.yaml").write_text("mps:\n  layout: node\n")
+    node.ok(f"mps-health slurm install --prefix {HOOKS}\n"
+            "mps-health check --config /root/node.yaml || :")
     state = node.root / "var/lib/mps-health"
     before = {p.relative_to(state): p.read_bytes() for p in state.rglob("*") if p.is_file()}
     assert before, "mps-health check kept no state"
@@ -149,7 +156,7 @@ def test_upgrade_keeps_state_and_rewrites_hooks(node: Node, source, tmp_path: Pa
     assert hook.read_text().startswith("#!/opt/mps-health/bin/python3 -I\n")
     r = node.sh(f"{HOOKS}/mps-health-task-prolog", user="alice",
                 env={"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0"})
-    assert r.returncode == 0 and r.stdout == ""  # node layout: nothing to export
+    assert r.returncode == 0 and r.stdout == ""  # job 8 has no dir: nothing to export
 
 
 def test_uninstall_leaves_only_config_and_state(node: Node) -> None:

@@ -216,12 +216,25 @@ def test_a_torch_client_makes_reset_refuse_and_force_loses_only_it(inst: Inst) -
         clients = [c for s in servers for c in control(inst, f"get_client_list {s}").split()]
         print(f"servers {servers}, clients {clients}, torch pid {client.pid}")
         assert str(client.pid) in clients, "the torch client is not an MPS client"
-        inst.pipe.chmod(0o700)  # something to repair while the client is connected
+        old_daemon = daemon_pid(inst)
+        # A dir fault alone is put right around the running daemon: the client keeps
+        # its server, the daemon stays, and a reset plans the same, no restart.
+        inst.pipe.chmod(0o700)
+        fixed = mps_health("remediate", "dirs", "--config", inst.cfg, timeout=120, show=True)
+        assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+        assert stat.S_IMODE(os.lstat(inst.pipe).st_mode) == 0o777
+        assert client.poll() is None and daemon_pid(inst) == old_daemon
+        assert str(client.pid) in [c for s in control(inst, "get_server_list").split()
+                                   for c in control(inst, f"get_client_list {s}").split()]
+        # Something only a restart repairs: the daemon's pid file made a FIFO
+        # (pipe-entry-bad); the client makes a reset refuse.
+        os.unlink(inst.pipe / "nvidia-cuda-mps-control.pid")
+        os.mkfifo(inst.pipe / "nvidia-cuda-mps-control.pid")
         refused = mps_health("remediate", "reset", "--config", inst.cfg, timeout=120, show=True)
         assert refused.returncode == 1
         assert f"client(s) connected: {client.pid}" in refused.stdout
         assert client.poll() is None, "a refused reset must not touch the client"
-        old_daemon = daemon_pid(inst)
+        assert daemon_pid(inst) == old_daemon
         t0 = time.monotonic()
         forced = mps_health("remediate", "reset", "--config", inst.cfg, "--force", timeout=120,
                             show=True)

@@ -1,6 +1,6 @@
 """The logs probe's owner rule: only the daemon's user's regular files are read; links and
 other users' entries in a log dir are WARNINGs naming the uid, never read, never CRITICAL.
-And the directories check's log-dir-mode: a WARNING fixed by a chmod.
+And the directories check's log-dir-mode: a WARNING fixed in place by `remediate dirs`.
 
 Runs as root (chown to another user), as the health check does.
 """
@@ -133,7 +133,7 @@ def test_a_huge_log_dir_costs_a_bounded_scan(tmp_path: Path, user) -> None:
     assert message.startswith(f"{probe.MAX_ENTRIES} entries") and "and " in message
 
 
-def test_log_dir_mode_is_a_warning_whose_action_is_a_chmod() -> None:
+def test_log_dir_mode_is_a_warning_whose_action_is_a_dirs_repair() -> None:
     cfg = config_mod.from_mapping({}, None)
     inst = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
 
@@ -142,8 +142,10 @@ def test_log_dir_mode_is_a_warning_whose_action_is_a_chmod() -> None:
         return [r for r in directories.judge_dir(inst, "log", d, cfg)]
 
     (r,) = result(0o777)
-    assert (r.state, r.code, r.action) == (WARNING, "log-dir-mode", "chmod 0755 "
-                                           "/var/log/nvidia-mps")
+    # A chmod through the dir's fd, the daemon left running: 'remediate dirs'.
+    assert (r.state, r.code, r.action) == (WARNING, "log-dir-mode", "run 'mps-health "
+                                           "remediate dirs node' (dry run first: --dry-run); "
+                                           "the daemon and its clients keep running")
     assert "other users can create entries" in r.message
     (r,) = result(0o555)
     assert r.code == "log-dir-mode" and "cannot write its logs" in r.message

@@ -227,3 +227,40 @@ def test_cli_conf_without_nvml_writes_every_line_but_the_gres() -> None:
     # a recording that cannot be read is still an error
     bad = mps_health("slurm", "conf", "--nvml-record", "/nonexistent.json")
     assert bad.returncode == 3 and "cannot read" in bad.stderr
+
+
+def test_health_check_program_is_the_readmes_where_the_readme_linked_it(tmp_path: Path) -> None:
+    """`slurm conf` names the health check where the README's install links it; the README
+    and the runbooks name that one path."""
+    import os
+    import re
+    import sysconfig
+
+    from conftest import REPO
+    from mps_health.core.commands.slurm import HEALTH_CHECK, LINK_DIRS, health_check_default
+    from nodeinstall import readme_block
+
+    # The README links it into LINK_DIRS[0]; every HealthCheckProgram= in the docs is there.
+    linked = readme_block("node-install")
+    assert re.search(rf"ln -sf [^\n]*/{HEALTH_CHECK} [^\n]*{LINK_DIRS[0]}/\n", linked), linked
+    said = {m for f in (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+            for m in re.findall(r"HealthCheckProgram=(/\S+?)[`\s]", f.read_text())}
+    assert said == {f"{LINK_DIRS[0]}/{HEALTH_CHECK}"}
+    # Linked so: `slurm conf` says that path, with no note.
+    own = os.path.join(sysconfig.get_path("scripts"), HEALTH_CHECK)
+    local, sbin = tmp_path / "local-sbin", tmp_path / "sbin"
+    local.mkdir()
+    sbin.mkdir()
+    (sbin / HEALTH_CHECK).symlink_to(own)
+    (local / HEALTH_CHECK).symlink_to(own)
+    assert health_check_default((str(local), str(sbin))) == (f"{local}/{HEALTH_CHECK}", "")
+    (local / HEALTH_CHECK).unlink()
+    (local / HEALTH_CHECK).symlink_to("/bin/true")  # someone else's: not ours to name
+    assert health_check_default((str(local), str(sbin))) == (f"{sbin}/{HEALTH_CHECK}", "")
+    program, note = health_check_default((str(local),))
+    assert program == own and note.startswith(f"{HEALTH_CHECK} of this installation is not "
+                                              f"linked into {local}")
+    rendered = render_slurm_conf((), "n1", 100, "node", "/etc/slurm", program, 300,
+                                 "no NVML", note)
+    assert f"# {note}\nHealthCheckProgram={own}\n" in rendered
+    assert "Prolog=" not in rendered.replace("# No Prolog/", "")

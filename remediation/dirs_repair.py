@@ -1,0 +1,154 @@
+"""``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
+nothing else: no daemon quit, started or signalled, no client cut off.
+
+1. Observe: each dir by lstat, and which control daemons and servers use the instance
+   (``processes.of_instance``, any uid: a user's own daemon on the dir counts too).
+2. Plan (``dirs.plan_fix``, by ``directories.repair_of``, the rule the check's actions
+   follow): a wrong mode or owner of a trusted owner's dir is set through an fd opened
+   ``O_NOFOLLOW|O_DIRECTORY``, a missing log dir made. While a daemon or server uses the
+   instance, a dir that would have to be swapped (a missing, linked, foreign or non-dir
+   pipe dir; a linked, foreign or non-dir log dir) is refused with the reset that fixes
+   it: the daemon itself is broken there. With none running, it is made or moved aside
+   as a reset would (``safedirs``), and no daemon is started.
+3. Act under the node lock, each dir judged again by ``dirs.repair`` (the operation
+   ``unit prepare`` and reset use); a swap is done only if still no daemon or server
+   uses the instance. Verify with the directories check; every step in the audit log.
+
+Exit 0 done or nothing to do, 1 a dir left to a reset (what could be done here was
+done), 2 a step failed, 3 could not start.
+"""
+
+import time
+from typing import List, Optional, Sequence, Tuple
+
+from ..core import processes as procs
+from ..core.config import Config
+from ..core.context import Context
+from ..core.facts import Instance
+from ..core.probes.dirs import read_dir
+from ..core.probes.proc import binaries_here, read_processes
+from ..core.results import OK, STATE_NAMES
+from . import dirs
+from .actions import (
+    DONE,
+    FAILED,
+    REFUSED,
+    Say,
+    audit_for,
+    choose_named,
+    lock_node,
+    need_root,
+    target_for,
+)
+from .audit import Audit
+from .reset import Target, log_owner, os_error_text
+from .settings import RemediationSettings, remediation
+
+
+def in_use(ctx: Context, inst: Instance) -> str:
+    """The control daemons and servers on the instance's pipe dir, named ("" if none)."""
+    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
+                                         ctx.root)
+    return ", ".join(procs.describe(p) for p in (*daemons, *servers))
+
+
+def plan(ctx: Context, inst: Instance, target: Target, busy: str
+         ) -> Tuple[dirs.DirFix, dirs.DirFix]:
+    pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False)
+    log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
+    return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, inst.name),
+            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, inst.name))
+
+
+def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:
+    """What the directories check still finds wrong with these dirs (their entries are
+    not this repair's business)."""
+    from ..checks.directories import judge_dir
+
+    left: List[str] = []
+    for role in roles:
+        path = inst.pipe_dir if role == "pipe" else inst.log_dir
+        fact = read_dir(ctx.path(path), path, False)
+        left += [f"{STATE_NAMES[r.state]} {r.code}: {r.message}"
+                 for r in judge_dir(inst, role, fact, ctx.config) if r.state != OK]
+    return left
+
+
+def run(config: Config, root: str, names: Sequence[str], dry_run: bool, say: Say) -> int:
+    settings = remediation(config)
+    ctx = Context(config, root)
+    need_root(dry_run, "dirs")
+    chosen = choose_named(ctx, names)
+    lock = None if dry_run else lock_node(ctx, settings, "dirs " + ",".join(
+        i.name for i in chosen))
+    try:
+        audit = None if dry_run else audit_for(ctx, settings, "dirs")
+        return max(_one(ctx, inst, settings, audit, say) for inst in chosen)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Optional[Audit],
+         say: Say) -> int:
+    target = target_for(ctx, inst, settings)
+    say(f"dirs {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
+    busy = in_use(ctx, inst)
+    say(f"  in use by: {busy or 'no daemon or server'}")
+    fixes = plan(ctx, inst, target, busy)
+    todo = [f for f in fixes if f.lines and not f.refused]
+    refused = [f for f in fixes if f.refused]
+    if not todo and not refused:
+        say(f"  {inst.name}'s pipe and log dirs are right: nothing to do")
+        if audit:
+            audit.record("checked", "healthy", instance=inst.name)
+        return DONE
+    for f in refused:
+        say(f"  refused: {f.refused}")
+        if audit:
+            audit.record("refused", "refused", instance=inst.name, dir=f.target.path,
+                         why=f.refused)
+    if todo:
+        say("  plan:")
+        for number, f in enumerate(todo, 1):
+            say(f"  {number}. {'; then '.join(f.lines)}")
+    if audit is None:
+        say("  dry run: nothing was changed")
+        return REFUSED if refused else DONE
+    if not todo:
+        return REFUSED
+    started = time.monotonic()
+    audit.record("begin", instance=inst.name, busy=busy or "none",
+                 plan=" | ".join("; ".join(f.lines) for f in todo))
+    say("  acting:")
+    failed = False
+    for number, f in enumerate(todo, 1):
+        ok, text = _act(ctx, inst, f)
+        failed = failed or not ok
+        say(f"  {number}. {'ok' if ok else 'FAILED'}: {text}")
+        audit.record(f"step-{f.role}-dir", "ok" if ok else "failed", instance=inst.name,
+                     detail=text)
+    left = verify(ctx, inst, [f.role for f in todo])
+    spent = time.monotonic() - started
+    if left:
+        failed = True
+        say(f"  result: still wrong after {spent:.1f}s: {'; '.join(left)}")
+    elif not failed:
+        say(f"  result: {', '.join(f'{f.role} dir' for f in todo)} of {inst.name} right "
+            f"after {spent:.1f}s; the daemon was not touched")
+    audit.record("finish", "failed" if failed else "ok", instance=inst.name,
+                 seconds=f"{spent:.2f}", left="; ".join(left))
+    return FAILED if failed else (REFUSED if refused else DONE)
+
+
+def _act(ctx: Context, inst: Instance, f: dirs.DirFix) -> Tuple[bool, str]:
+    if f.replace:
+        # Judged free under no lock a daemon start takes: look again just before the swap.
+        busy = in_use(ctx, inst)
+        if busy:
+            return False, (f"{f.target.path}: now in use by {busy}: left as it is; run "
+                           f"'mps-health remediate reset {inst.name}'")
+    try:
+        return True, "; ".join(dirs.repair(ctx.root, f.target, f.replace))
+    except OSError as e:
+        return False, os_error_text(e)
