@@ -30,7 +30,6 @@ MAX_PERFDATA = 4096
 SERVICE = "MPS"
 SLOW = "control-slow"  # the code of a control latency over -w/-c (the control check's)
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
-_INF = float("inf")
 # mps-health's states are the plugin API's exit codes, as nagiosplugin's are.
 STATES = {OK: nagiosplugin.Ok, WARNING: nagiosplugin.Warn, CRITICAL: nagiosplugin.Critical,
           UNKNOWN: nagiosplugin.Unknown}
@@ -69,11 +68,10 @@ def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
                ) -> Tuple[Range, Range]:
     """The -w/-c ranges; without -w 0..``default_s`` (written plainly: "%g" writes 1e-05
     or inf, which a range does not take), without -c 0..twice the warning's end."""
-    warn = Range(warning if warning is not None else plain(default_s) if default_s != _INF
-                 else "")
+    warn = Range(plain(default_s) if warning is None and math.isfinite(default_s) else warning)
     if critical is not None:
         return warn, Range(critical)
-    return warn, Range(plain(2 * warn.end) if warn.end != _INF else "")
+    return warn, Range(plain(2 * warn.end) if math.isfinite(warn.end) else "")
 
 
 # The plugin's headline number keeps the short label admins graph (node_latency).
@@ -114,11 +112,10 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
 
 
 def metrics(report: Report) -> Iterator[Any]:
-    """One metric per result (context ``judged``), one per number (``latency`` for
-    control latency, ``measured`` for the rest: perfdata only)."""
+    """Per result a ``judged`` metric; per number a ``latency`` or ``measured`` one."""
     for run in report.runs:
         for r in run.results:
-            yield nagiosplugin.Metric(_label(r), r, context="judged")
+            yield nagiosplugin.Metric(r.code, r, context="judged")
     for label, s in perf_labels(samples(report)):
         value = Number(s.value)
         value.sample = s
@@ -130,10 +127,9 @@ def metrics(report: Report) -> Iterator[Any]:
 
 
 class Probe(nagiosplugin.Resource):
-    """The Resource: ``report()`` makes the Report (check_mps: the engine run), whose
-    metrics it gives; the Report is kept for the summary."""
+    """The Resource: the metrics of the Report ``report()`` makes, kept for the summary."""
 
-    judged: Optional[Report] = None  # once report() has made it
+    judged: Report
 
     def __init__(self, report: Callable[[], Report]) -> None:
         self.report = report
@@ -143,24 +139,20 @@ class Probe(nagiosplugin.Resource):
         return list(metrics(self.judged))
 
 
-class Judged(nagiosplugin.Context):
-    """A check's result: the state its check gave it."""
+class Reported(nagiosplugin.Context):
+    """``judged``: a result, in the state its check gave it. ``measured``: a number shown,
+    not judged (its result was; nagiosplugin's default context reads -1 as CRITICAL)."""
 
     def evaluate(self, metric: Any, resource: Any) -> Any:
-        return nagiosplugin.Result(STATES[metric.value.state], metric.value.message, metric)
-
-
-class Measured(nagiosplugin.Context):
-    """A number shown, not judged (its result was): nagiosplugin's default context would
-    read a negative one as outside 0..inf, CRITICAL."""
+        if self.name == "judged":
+            return nagiosplugin.Result(STATES[metric.value.state], metric.value.message, metric)
+        return nagiosplugin.Result(nagiosplugin.Ok, metric=metric)
 
     def performance(self, metric: Any, resource: Any) -> Any:
-        return nagiosplugin.Performance(metric.name, metric.value, metric.uom,
-                                        min=metric.min, max=metric.max)
-
-
-def _label(r: Result) -> str:
-    return r.code + (f" {r.instance}" if r.instance else "")
+        if self.name == "measured":
+            return nagiosplugin.Performance(metric.name, metric.value, metric.uom,
+                                            min=metric.min, max=metric.max)
+        return None
 
 
 def _clean(text: str) -> str:
@@ -172,7 +164,8 @@ def said(result: Any) -> Tuple[str, str, str]:
     """(label, message, action) of a nagiosplugin result: a code, never a perfdata label."""
     metric = result.metric
     if metric is not None and metric.context == "judged":
-        return _label(metric.value), metric.value.message, metric.value.action
+        r: Result = metric.value
+        return f"{r.code} {r.instance}".strip(), r.message, r.action
     if metric is not None and metric.context == "latency":
         return (f"{SLOW} {metric.value.sample.instance}".strip(),
                 f"latency {metric.valueunit} {result.hint}", "")
@@ -186,15 +179,13 @@ def findings(results: Any) -> List[Any]:
 
 
 class Headline(nagiosplugin.Summary):
-    """The status line (codes, worst first) and the long output (every finding with its
-    action, every OK result; -vv the gathering times)."""
+    """The status line (codes, worst first); long output: findings, actions, OK results."""
 
     def __init__(self, probe: Probe, verbose: int) -> None:
         self.probe, self.level = probe, verbose
 
     def ok(self, results: Any) -> str:
         report = self.probe.judged
-        assert report is not None  # its results are what is OK
         return f"{len(report.runs)} checks passed on {report.node} in {report.duration_s:.2f}s"
 
     def problem(self, results: Any) -> str:
@@ -217,12 +208,12 @@ class Headline(nagiosplugin.Summary):
             lines.append(_clean(f"{str(r.state).upper()} {label + ': ' if label else ''}"
                                 f"{message}" + (f" -> {action}" if action else "")))
         report = self.probe.judged
-        for run in report.runs if report else ():
+        for run in report.runs:
             for res in run.results:
                 if res.state == OK:
                     where = f"[{res.instance}]" if res.instance else ""
                     lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
-        if self.level >= 2 and report:
+        if self.level >= 2:
             spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
             lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
         return lines
@@ -250,8 +241,7 @@ class Check(nagiosplugin.Check):
 
 
 def fit(text: str) -> str:
-    """nagiosplugin's output within Nagios' limit: long output lines are cut, the status
-    line and the perfdata (the last line, '| ...', with -v) stay whole."""
+    """Within Nagios' limit: long output is cut; the status and perfdata lines stay whole."""
     head, *body = text.rstrip("\n").split("\n")
     tail = [body.pop()] if body and body[-1].startswith("| ") else []
     used = sum(len(line.encode()) + 1 for line in [head, *tail])
@@ -266,10 +256,9 @@ def fit(text: str) -> str:
 
 
 def render(probe: Probe, warning: Range, critical: Range, verbose: int = 0) -> Tuple[str, int]:
-    """(the plugin's output, its exit code). nagiosplugin's own log lines (a resource
-    without metrics) go in the output, as its Runtime puts them, not on stderr."""
+    """(output, exit code); nagiosplugin's log lines go in the output, as its Runtime does."""
     latency = nagiosplugin.ScalarContext("latency", warning, critical)
-    check = Check(probe, Judged("judged"), Measured("measured"), latency,
+    check = Check(probe, Reported("judged"), Reported("measured"), latency,
                   Headline(probe, verbose), name=SERVICE)
     log = logging.StreamHandler(io.StringIO())
     logging.getLogger("nagiosplugin").addHandler(log)

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-    from ..results import Report
-
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
 
@@ -176,13 +174,10 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
-
-    def judged() -> Report:  # the Resource's run: Overrun once -t has passed
-        return engine.run(config, args.root, args.only, args.skip, budget,
-                          limit_s=args.timeout)[1]
-
+    probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
+                                            limit_s=args.timeout)[1])  # Overrun past -t
     try:
-        return nagios.render(nagios.Probe(judged), warning, critical, args.verbose)
+        return nagios.render(probe, warning, critical, args.verbose)
     except engine.Overrun as e:
         busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
         return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
