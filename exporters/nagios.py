@@ -1,7 +1,7 @@
 """check_mps' output: one Report as a nagiosplugin Check, in the Nagios plugin format.
 
 nagiosplugin does the plugin API: contexts, ranges, perfdata, the layout (``-v`` puts the
-perfdata last). Ours: results keep their checks' states (``Judged``); states combine as
+perfdata last). Ours: results keep their checks' states (``Reported``); states combine as
 ``results.worst`` (``Check``: nagiosplugin puts UNKNOWN above CRITICAL); the status line
 names codes, latency over -w/-c is ``control-slow`` (``Headline``); plain decimals
 (``Number``); 8 KiB at most (``fit``). Not nagiosplugin's Runtime (one per process,
