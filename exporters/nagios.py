@@ -1,117 +1,78 @@
-"""check_mps' output: one Report in the Nagios/Icinga plugin format.
+"""check_mps' output: one Report as a nagiosplugin Check, in the Nagios plugin format.
 
-``MPS <STATE> - summary | perfdata`` on the first line, long output after it (``-v``),
-under 8 KiB in all (Nagios 4 keeps no more). Every result keeps the state its check
-gave it. The one number judged here is the one the plugin conventions give to the
-plugin itself: control latency against the ``-w``/``-c`` ranges, which also appear in
-its perfdata. States combine as everywhere in mps-health: CRITICAL > WARNING > UNKNOWN
-> OK (``results.worst``), so a node with a dead daemon and one unreadable fact is
-broken, not unknown.
-
-Pure and cheap: it only reads the Report (no engine run, no nagiosplugin, no ``re``).
+nagiosplugin does the plugin API: contexts, ranges, perfdata, the layout (``-v`` puts the
+perfdata last). Ours: results keep their checks' states (``Reported``); states combine as
+``results.worst`` (``Check``: nagiosplugin puts UNKNOWN above CRITICAL); the status line
+names codes, latency over -w/-c is ``control-slow`` (``Headline``); plain decimals
+(``Number``); 8 KiB at most (``fit``). Not nagiosplugin's Runtime (one per process,
+SIGALRM, tracebacks) nor the engine (the command gives the ``Probe`` its run).
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import math
 
+import nagiosplugin
+from nagiosplugin.output import Output
+
 from ..core.actionhints import with_options
-from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
+from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Report, Result, worst
 from .series import PREFIX, Sample, samples
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, NamedTuple, Optional, Sequence, Tuple
-else:
-    from ..core.frozen import NamedTuple
+    from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
-MAX_STATUS = 600  # bytes of status text before " | ": the rest goes to the long output
+MAX_STATUS = 600  # bytes of the summary: the rest of the findings are in the long output
 MAX_PERFDATA = 4096
 SERVICE = "MPS"
+SLOW = "control-slow"  # the code of a control latency over -w/-c (the control check's)
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
-_INF = float("inf")
-_RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}  # as results.worst ranks them
+# mps-health's states are the plugin API's exit codes, as nagiosplugin's are.
+STATES = {OK: nagiosplugin.Ok, WARNING: nagiosplugin.Warn, CRITICAL: nagiosplugin.Critical,
+          UNKNOWN: nagiosplugin.Unknown}
 
 
-class Range(NamedTuple):
-    """A monitoring-plugins threshold range: ``[@][start:][end]``, ``~`` for -infinity.
-
-    ``10`` alerts outside 0..10, ``10:`` below 10, ``~:10`` above 10, ``10:20`` outside
-    10..20, ``@10:20`` inside it. Numbers with a '.' are floats, others integers, so a
-    range prints back as it was given.
-    """
-
-    invert: bool
-    start: float
-    end: float
-
-    @classmethod
-    def parse(cls, text: str) -> Range:
-        """ValueError for anything that is not a range."""
-        spec, invert = (text[1:], True) if text.startswith("@") else (text, False)
-        start_text, sep, end_text = spec.rpartition(":") if ":" in spec else ("", "", spec)
-        if sep and ":" in start_text:
-            raise ValueError(f"invalid range {text!r}")
-        start = -_INF if start_text == "~" else _atom(start_text, 0)
-        end = _atom(end_text, _INF)
-        if start > end:
-            raise ValueError(f"start {start} must not be greater than end {end}")
-        return cls(invert, start, end)
-
-    @classmethod
-    def up_to(cls, end: float) -> Range:
-        """0..``end`` (``end`` a number, not text: a config value, twice -w), a whole
-        number printed as one."""
-        return cls(False, 0, int(end) if math.isfinite(end) and float(end).is_integer()
-                   else end)
-
-    def holds(self, value: float) -> bool:
-        """True when ``value`` raises no alert."""
-        return (self.start <= value <= self.end) != self.invert
-
-    def text(self, zero_start: bool = False) -> str:
-        out = "@" if self.invert else ""
-        if self.start == -_INF:
-            out += "~:"
-        elif zero_start or self.start != 0:
-            out += f"{_as_given(self.start)}:"
-        return out + (_as_given(self.end) if self.end != _INF else "")
+def plain(v: float) -> str:
+    """``v`` as a plain decimal, never in exponent notation: 1e-05 is 0.00001, 2.0 is 2."""
+    text = repr(float(v))
+    if "e" in text:  # below 0.0001, or from 1e16
+        text = f"{v:.20f}".rstrip("0")
+    return text[:-2] if text.endswith(".0") else text.rstrip(".")
 
 
-def _as_given(v: float) -> str:
-    """``v`` as it was typed (10, 0.5), never in exponent notation (perfdata's [-0-9.])."""
-    text = f"{v}"
-    return _number(v) if "e" in text else text
+class Number(float):
+    """A number nagiosplugin prints plainly; ``sample``: where in the Report it is from."""
+
+    sample: Optional[Sample] = None
+
+    def __str__(self) -> str:
+        return plain(self)
 
 
-def _atom(text: str, default: float) -> float:
-    if text == "":
-        return default
-    value = float(text) if "." in text else int(text)
-    try:
-        finite = math.isfinite(value)  # 1.0e400 would read as "no limit", nan as "never"
-    except OverflowError:  # an integer too large for a float
-        finite = False
-    if not finite:
-        raise ValueError(f"not a finite number: {text!r}")
-    return value
+class Range(nagiosplugin.Range):
+    """nagiosplugin's range, its numbers printed back plain (0.00001 stays 0.00001), a
+    number beyond a float refused (nagiosplugin reads 1.0e400 as no limit)."""
+
+    @staticmethod
+    def _parse_atom(atom: str, default: float) -> float:
+        value = nagiosplugin.Range._parse_atom(atom, default)
+        if atom and not math.isfinite(float(atom)):
+            raise ValueError(f"not a finite number: {atom!r}")
+        return Number(value) if isinstance(value, float) else value
 
 
-class Thresholds(NamedTuple):
-    """The -w/-c ranges for control latency, as given (or from the config)."""
-
-    warning: Range
-    critical: Optional[Range]
-
-
-class Finding(NamedTuple):
-    """One line of the plugin's findings: a check's result, or a latency over -w/-c."""
-
-    state: int
-    label: str  # "code instance", or the perfdata label of a number over its range
-    message: str
-    action: str = ""
+def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
+               ) -> Tuple[Range, Range]:
+    """The -w/-c ranges; without -w 0..``default_s`` (written plainly: "%g" writes 1e-05
+    or inf, which a range does not take), without -c 0..twice the warning's end."""
+    warn = Range(plain(default_s) if warning is None and math.isfinite(default_s) else warning)
+    if critical is not None:
+        return warn, Range(critical)
+    return warn, Range(plain(2 * warn.end) if math.isfinite(warn.end) else "")
 
 
 # The plugin's headline number keeps the short label admins graph (node_latency).
@@ -151,45 +112,48 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
     return out
 
 
-def _number(v: float) -> str:
-    """A perfdata number: plain decimal, never exponent notation (the guidelines' [-0-9.])."""
-    if float(v).is_integer():
-        return str(int(v))
-    return (f"{v:.6f}".rstrip("0").rstrip(".")) or "0"
-
-
-def _perf_item(label: str, value: str, uom: str, *rest: str) -> str:
-    """``'label'=value[uom];warn;crit;min;max``, trailing empty fields dropped."""
-    quoted = label if all(c.isalnum() or c == "_" for c in label) else f"'{label}'"
-    fields = [f"{quoted}={value}{uom}", *rest]
-    while fields[-1] == "":
-        fields.pop()
-    return ";".join(fields)
-
-
-def numbers(report: Report, limits: Thresholds) -> Tuple[List[str], List[Finding]]:
-    """(perfdata items, sorted as plugins print them; findings of latencies over -w/-c)."""
-    perfdata: List[str] = []
-    over: List[Finding] = []
+def metrics(report: Report) -> Iterator[Any]:
+    """Per result a ``judged`` metric; per number a ``latency`` or ``measured`` one."""
+    for run in report.runs:
+        for r in run.results:
+            yield nagiosplugin.Metric(r.code, r, context="judged")
     for label, s in perf_labels(samples(report)):
-        uom = _UOM.get(s.unit, "")
-        low = "0"
-        if s.unit in ("", "percent") and s.value < 0:
-            low = ""  # a signed number: no known minimum
-        if s.check == "control" and s.key == "latency_s":
-            crit = limits.critical
-            perfdata.append(_perf_item(label, _number(s.value), uom, limits.warning.text(),
-                                       crit.text() if crit else "", low))
-            broken = (CRITICAL, crit) if crit is not None and not crit.holds(s.value) else \
-                (WARNING, limits.warning) if not limits.warning.holds(s.value) else None
-            if broken is not None:
-                state, rng = broken
-                over.append(Finding(state, label, f"{s.value:.4g}{uom} outside range "
-                                                  f"{rng.text(zero_start=True)}"))
-            continue
-        high = {"flag": "1", "percent": "100"}.get(s.unit, "")
-        perfdata.append(_perf_item(label, _number(s.value), uom, "", "", low, high))
-    return sorted(perfdata), over
+        value = Number(s.value)
+        value.sample = s
+        low = None if s.unit in ("", "percent") and s.value < 0 else 0  # signed: no minimum
+        high = {"flag": 1, "percent": 100}.get(s.unit)
+        latency = (s.check, s.key) == ("control", "latency_s")
+        yield nagiosplugin.Metric(label, value, _UOM.get(s.unit, ""), low, high,
+                                  context="latency" if latency else "measured")
+
+
+class Probe(nagiosplugin.Resource):
+    """The Resource: the metrics of the Report ``report()`` makes, kept for the summary."""
+
+    judged: Report
+
+    def __init__(self, report: Callable[[], Report]) -> None:
+        self.report = report
+
+    def probe(self) -> List[Any]:
+        self.judged = self.report()
+        return list(metrics(self.judged))
+
+
+class Reported(nagiosplugin.Context):
+    """``judged``: a result, in the state its check gave it. ``measured``: a number shown,
+    not judged (its result was; nagiosplugin's default context reads -1 as CRITICAL)."""
+
+    def evaluate(self, metric: Any, resource: Any) -> Any:
+        if self.name == "judged":
+            return nagiosplugin.Result(STATES[metric.value.state], metric.value.message, metric)
+        return nagiosplugin.Result(nagiosplugin.Ok, metric=metric)
+
+    def performance(self, metric: Any, resource: Any) -> Any:
+        if self.name == "measured":
+            return nagiosplugin.Performance(metric.name, metric.value, metric.uom,
+                                            min=metric.min, max=metric.max)
+        return None
 
 
 def _clean(text: str) -> str:
@@ -197,83 +161,117 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("|", "/").split())
 
 
-def _label(r: Result) -> str:
-    return r.code + (f" {r.instance}" if r.instance else "")
+def said(result: Any) -> Tuple[str, str, str]:
+    """(label, message, action) of a nagiosplugin result: a code, never a perfdata label."""
+    metric = result.metric
+    if metric is not None and metric.context == "judged":
+        r: Result = metric.value
+        return f"{r.code} {r.instance}".strip(), r.message, r.action
+    if metric is not None and metric.context == "latency":
+        return (f"{SLOW} {metric.value.sample.instance}".strip(),
+                f"latency {metric.valueunit} {result.hint}", "")
+    return "", str(result), ""  # nagiosplugin's own (a CheckError in a resource)
 
 
-def findings(report: Report, over: Sequence[Finding]) -> List[Finding]:
-    """Every non-OK result, then every number over its range; worst first (stable)."""
-    found = [Finding(r.state, _label(r), r.message, r.action)
-             for run in report.runs for r in run.results if r.state != OK]
-    found += over
-    found.sort(key=lambda f: -_RANK[f.state])
-    return found
+def findings(results: Any) -> List[Any]:
+    """The results that are not OK, worst first in results.worst's order (stable)."""
+    return sorted((r for r in results.results if r.state != nagiosplugin.Ok), reverse=True,
+                  key=lambda r: sum(worst([int(r.state), s]) == int(r.state) for s in STATES))
 
 
-def summary(report: Report, found: Sequence[Finding]) -> str:
-    if not found:
-        return (f"{len(report.runs)} checks passed on {report.node} "
-                f"in {report.duration_s:.2f}s")
-    first = found[0]
-    text = f"{first.label}: {first.message}"
-    others = list(dict.fromkeys(f.label for f in found[1:] if f.label != first.label))
-    if others:
-        text += "; also " + ", ".join(others[:5]) + (f", +{len(others) - 5} more"
-                                                     if len(others) > 5 else "")
-    return _clean(text)
+class Headline(nagiosplugin.Summary):
+    """The status line (codes, worst first); long output: findings, actions, OK results."""
+
+    def __init__(self, probe: Probe, verbose: int) -> None:
+        self.probe, self.level = probe, verbose
+
+    def ok(self, results: Any) -> str:
+        report = self.probe.judged
+        return f"{len(report.runs)} checks passed on {report.node} in {report.duration_s:.2f}s"
+
+    def problem(self, results: Any) -> str:
+        found = [said(r) for r in findings(results)]
+        first = found[0][0]
+        text = f"{first}: {found[0][1]}" if first else found[0][1]
+        others = list(dict.fromkeys(f[0] for f in found[1:] if f[0] not in ("", first)))
+        if others:
+            text += "; also " + ", ".join(others[:5]) + (f", +{len(others) - 5} more"
+                                                         if len(others) > 5 else "")
+        text = _clean(text)
+        if len(text.encode()) > MAX_STATUS:
+            text = text.encode()[:MAX_STATUS - 3].decode("utf-8", "ignore") + "..."
+        return text
+
+    def verbose(self, results: Any) -> List[str]:
+        lines = []
+        for r in findings(results):
+            label, message, action = said(r)
+            lines.append(_clean(f"{str(r.state).upper()} {label + ': ' if label else ''}"
+                                f"{message}" + (f" -> {action}" if action else "")))
+        report = self.probe.judged
+        for run in report.runs:
+            for res in run.results:
+                if res.state == OK:
+                    where = f"[{res.instance}]" if res.instance else ""
+                    lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+        if self.level >= 2:
+            spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
+            lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
+        return lines
 
 
-def long_output(report: Report, found: Sequence[Finding], verbose: int) -> List[str]:
-    lines = [_clean(f"{STATE_NAMES[f.state]} {f.label}: {f.message}"
-                    + (f" -> {f.action}" if f.action else "")) for f in found]
-    for run in report.runs:
-        for res in run.results:
-            if res.state == OK:
-                where = f"[{res.instance}]" if res.instance else ""
-                lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
-    if verbose >= 2:
-        spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-        lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
-    return lines
+class Check(nagiosplugin.Check):
+    """nagiosplugin's Check: mps-health's state order, perfdata whole within MAX_PERFDATA."""
+
+    perfdata: List[str]  # set by nagiosplugin's Check: sorted items, as printed
+
+    @property
+    def state(self) -> Any:
+        if not self.results:
+            return nagiosplugin.Unknown
+        return STATES[worst([int(r.state) for r in self.results])]
+
+    @property
+    def exitcode(self) -> int:
+        return int(self.state)
+
+    def __call__(self) -> None:
+        super().__call__()
+        while len(" ".join(self.perfdata).encode()) > MAX_PERFDATA:
+            self.perfdata.pop()
 
 
-def fit(status: str, perfdata: Sequence[str], long_lines: Sequence[str],
-        options: Tuple[Tuple[str, str], ...] = ()) -> str:
-    """The plugin's output, cut to Nagios' limit without breaking a perfdata item."""
-    status = _clean(status)
-    if len(status.encode()) > MAX_STATUS:
-        status = status.encode()[:MAX_STATUS - 3].decode("utf-8", "ignore") + "..."
-    perf = ""
-    for item in perfdata:
-        if len((perf + " " + item).encode()) > MAX_PERFDATA:
+def fit(text: str, options: Tuple[Tuple[str, str], ...] = ()) -> str:
+    """Within Nagios' limit: long output is cut; the status and perfdata lines stay whole.
+    The last line names the command that shows it all, with the run's ``options``."""
+    head, *body = text.rstrip("\n").split("\n")
+    tail = [body.pop()] if body and body[-1].startswith("| ") else []
+    used = sum(len(line.encode()) + 1 for line in [head, *tail])
+    for n, line in enumerate(body):
+        used += len(line.encode()) + 1
+        marker = with_options(f"... {len(body) - n} more lines cut to stay under 8 KiB "
+                              "(run 'mps-health check -v')", options)
+        if used + len(marker) + 1 > MAX_OUTPUT:
+            body[n:] = [marker]
             break
-        perf = f"{perf} {item}" if perf else item
-    first = f"{status} | {perf}" if perf else status
-    out = [first]
-    used = len(first.encode()) + 1
-    for n, line in enumerate(long_lines):
-        size = len(line.encode()) + 1
-        left = len(long_lines) - n
-        marker = with_options(f"... {left} more lines cut to stay under 8 KiB (run "
-                              "'mps-health check -v')", options)
-        if used + size + len(marker) + 1 > MAX_OUTPUT:
-            out.append(marker)
-            break
-        out.append(line)
-        used += size
-    return "\n".join(out) + "\n"
+    return "\n".join([head, *body, *tail]) + "\n"
 
 
-def render(report: Report, limits: Thresholds, verbose: int = 0) -> Tuple[str, int]:
-    """(the plugin's output, its exit code) for one run's Report."""
-    if not any(run.results for run in report.runs):
-        return unknown("no check results"), UNKNOWN
-    perfdata, over = numbers(report, limits)
-    found = findings(report, over)
-    state = worst([report.state, *(f.state for f in over)])
-    status = f"{SERVICE} {STATE_NAMES[state]} - {summary(report, found)}"
-    lines = long_output(report, found, verbose) if verbose else []
-    return fit(status, perfdata, lines, report.options), state
+def render(probe: Probe, warning: Range, critical: Range, verbose: int = 0) -> Tuple[str, int]:
+    """(output, exit code); nagiosplugin's log lines go in the output, as its Runtime does."""
+    latency = nagiosplugin.ScalarContext("latency", warning, critical)
+    check = Check(probe, Reported("judged"), Reported("measured"), latency,
+                  Headline(probe, verbose), name=SERVICE)
+    log = logging.StreamHandler(io.StringIO())
+    logging.getLogger("nagiosplugin").addHandler(log)
+    try:
+        check()
+    finally:
+        logging.getLogger("nagiosplugin").removeHandler(log)
+    output = Output(log, verbose)
+    output.add(check)
+    judged = getattr(probe, "judged", None)
+    return fit(str(output), judged.options if judged is not None else ()), check.exitcode
 
 
 def unknown(text: str) -> str:

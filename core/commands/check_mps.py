@@ -1,15 +1,15 @@
 """``check_mps``: the Nagios/Icinga plugin, in monitoring-plugins' conventions.
 
-One engine run within the plugin's own time limit, rendered by ``exporters.nagios``:
-``MPS <STATE> - summary | perfdata``, long output with ``-v``; exit 0 OK, 1 WARNING,
-2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit 3 as monitoring-plugins'
-do (argparse's own 2 would read as CRITICAL), and every failure is one UNKNOWN line on
-stdout, where Nagios reads it.
+A nagiosplugin check (``exporters.nagios``) whose Resource makes the engine run
+``mps-health check`` makes: ``MPS <STATE> - summary | perfdata``, long output with
+``-v``; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V``
+exit 3 as monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one
+UNKNOWN line on stdout, never a traceback.
 
-Time: the engine's budget is set below ``-t`` (``engine.budget_within``), so a wedged
-daemon is reported CRITICAL (control-wedged) inside the plugin's time; only the run
-overrunning ``-t`` itself (a probe stuck in the kernel) is UNKNOWN: the engine's hard
-limit (``engine.bounded``) abandons it at ``-t`` and kills what it started.
+Time: the run's budget is below ``-t`` (``engine.budget_within``), so a wedged daemon
+is CRITICAL (control-wedged) inside it; only a run overrunning ``-t`` (a probe stuck in
+the kernel) is UNKNOWN: the engine's hard limit (``engine.bounded``, no SIGALRM)
+abandons it at ``-t`` and kills what it started.
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ from __future__ import annotations
 import sys
 
 from .. import __version__
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, Failure
 from .common import SimpleNamespace, UsageError, edge, emit, load_config, names, standard_fds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
-
-if TYPE_CHECKING:
     import argparse
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
@@ -41,7 +39,7 @@ def check_range(text: str) -> str:
     from ...exporters.nagios import Range
 
     try:
-        rng = Range.parse(text)
+        rng = Range(text)
     except ValueError:
         raise ValueError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, 10:20, "
                          "@10:20)") from None
@@ -153,8 +151,13 @@ def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
 
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
-    from ...exporters import nagios
     from .. import engine
+
+    try:
+        from ...exporters import nagios
+    except ImportError as e:  # installed without its dependencies
+        raise Failure(f"check_mps needs the nagiosplugin library ({e}): pip install "
+                      "nagiosplugin into mps-health's virtualenv") from None
 
     args: Any = fast_args(argv)
     if args is None:
@@ -166,28 +169,20 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
     config = load_config(args)
     engine.select_checks(config, args.only, args.skip)
-    # The defaults are built, not parsed: "%g" of a config value writes 1e-05 or inf,
-    # which a range does not take.
-    warning = nagios.Range.parse(args.warning) if args.warning is not None else \
-        nagios.Range.up_to(config.control.warn_latency_s)
-    if args.critical is not None:
-        critical: Optional[nagios.Range] = nagios.Range.parse(args.critical)
-    elif warning.end != float("inf"):
-        critical = nagios.Range.up_to(2 * warning.end)
-    else:
-        critical = None
+    warning, critical = nagios.thresholds(args.warning, args.critical,
+                                          config.control.warn_latency_s)
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
+    probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
+                                            limit_s=args.timeout)[1])  # Overrun past -t
     try:
-        _, report = engine.run(config, args.root, args.only, args.skip, budget,
-                               limit_s=args.timeout)
+        return nagios.render(probe, warning, critical, args.verbose)
     except engine.Overrun as e:
         busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
         return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
                               f"finished (raise -t, or look for a hung process on the "
                               f"node{busy})"), ExitCode.UNKNOWN
-    return nagios.render(report, nagios.Thresholds(warning, critical), args.verbose)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -57,7 +57,8 @@ def test_slow_answer_is_warning_by_the_w_range(site) -> None:
     assert r.returncode == 1, r.stdout
     out = parse(r.stdout, r.returncode)
     print(r.stdout)
-    assert out.text.startswith("node_latency: ") and "outside range 0:0.8" in out.text
+    # The status line names the code, not the perfdata label (node_latency).
+    assert out.text.startswith("control-slow node: latency ") and "outside range 0:0.8" in out.text
     assert out.perf("node_latency")[3:5] == ("0.8", "30")
 
 
@@ -194,7 +195,9 @@ def test_output_stays_under_8k_with_many_instances(site) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     out = parse(r.stdout, 2)  # under 8 KiB, every perfdata item whole
     assert out.text.startswith("daemon-absent gpu0: no nvidia-cuda-mps-control serves")
-    assert out.long_lines[-1].startswith("... ") and "more lines cut" in out.long_lines[-1]
+    # nagiosplugin's layout with -v: the perfdata is the last line, after the long output.
+    assert r.stdout.splitlines()[-1].startswith("| ")
+    assert out.long_lines[-2].startswith("... ") and "more lines cut" in out.long_lines[-2]
     assert out.perf("gpu0_daemon_up").value == "0"
     assert len(r.stdout.encode()) > 6000  # it did fill the space it had
 

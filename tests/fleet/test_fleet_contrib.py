@@ -239,7 +239,7 @@ def _spec_wheels(dest: Path) -> None:
     spec = (CONTRIB / "rpm/mps-health.spec").read_text()
     pins = [f"{m[0]}=={m[1]}" for m in re.findall(r"^Source\d+:\s+(\w+)-([\w.]+)-py3-none-any\.whl$",
                                                    spec, re.M)]
-    assert len(pins) == 2, pins
+    assert len(pins) == 3, pins
     r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                         "--dest", str(dest), *pins], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -284,7 +284,7 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
     assert expected <= set(files), expected - set(files)
     assert "/etc/mps-health/config.yaml" not in files  # no live config: the defaults apply
     for bundled in ("/mps_health/remediation/unit.py", "/mps_health/slurm/templates/hook.j2",
-                    "/prometheus_client/__init__.py", "/pynvml.py"):
+                    "/prometheus_client/__init__.py", "/pynvml.py", "/nagiosplugin/__init__.py"):
         assert any(f.startswith("/opt/mps-health/lib/") and f.endswith(bundled)
                    for f in files), bundled
     conf = subprocess.run(["rpm", "-qp", "--configfiles", str(rpms[0])], capture_output=True,
@@ -310,7 +310,7 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
     # this test's environment: every import is met by the bundle or the Requires.
     python = str(root / "opt/mps-health/bin/python3")
     r = subprocess.run([python, "-I", "-c", "import mps_health.core.commands.check_mps, "
-                        "prometheus_client, pynvml, yaml, jinja2; print(pynvml.__file__)"],
+                        "prometheus_client, pynvml, yaml, jinja2, nagiosplugin; print(pynvml.__file__)"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r
     r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",

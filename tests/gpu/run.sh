@@ -7,6 +7,11 @@ set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/captures"
 export OUT PYTHONUNBUFFERED=1
+# The GPU machine has no network: dependencies it lacks (nagiosplugin, for check_mps)
+# are carried as wheels in tests/gpu/wheels/ and installed from there first.
+for w in tests/gpu/wheels/*.whl; do
+  [ -f "$w" ] && { python3 -m pip install -q --no-deps --no-index "$w" || exit 1; }
+done
 python3 -m pip install -q --no-deps --no-build-isolation . || exit 1
 {
   date -u; uname -r

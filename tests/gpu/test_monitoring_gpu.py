@@ -95,8 +95,9 @@ def node() -> Iterator[Node]:
 
 
 def perf(output: str, label: str) -> str:
-    """The value of perfdata item ``label`` on the first line."""
-    items = output.splitlines()[0].split(" | ", 1)[1].split()
+    """The value of perfdata item ``label``: after the output's last '|' (the first line's
+    end, or the last line with -v: nagiosplugin's layout)."""
+    items = output.rsplit("|", 1)[1].split()
     return next(i.split("=", 1)[1].split(";")[0] for i in items if i.startswith(label + "="))
 
 
@@ -120,7 +121,8 @@ def cuda_client(env: dict) -> Optional[subprocess.Popen]:
 def test_check_mps_on_a_real_daemon(node: Node) -> None:
     r = node.check_mps("--only", "daemon,control,directories", "-v")
     # OK, or WARNING only for other tests' daemons still running beside ours.
-    problems = [line for line in r.stdout.splitlines()[1:] if not line.startswith("OK ")]
+    problems = [line for line in r.stdout.splitlines()[1:]
+                if not line.startswith(("OK ", "| "))]  # -v: the perfdata is the last line
     assert all(p.startswith("WARNING daemon-unexpected:") for p in problems), r.stdout
     assert r.returncode == (1 if problems else 0), r.stdout
     assert perf(r.stdout, "node_daemon_up") == "1"

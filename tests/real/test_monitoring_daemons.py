@@ -12,6 +12,7 @@ daemon started as root.
 import contextlib
 import os
 import pwd
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -38,6 +39,11 @@ def monitored(site: Site) -> Dict[str, Path]:
     base = site.root
     (base / "lib").mkdir()
     (base / "lib" / "mps_health").symlink_to(REPO)  # the checkout root is the package
+    # check_mps is a nagiosplugin check: the system Python may lack it, and nagios cannot
+    # read this venv's (under /root), so a copy goes beside the package.
+    import nagiosplugin
+
+    shutil.copytree(Path(nagiosplugin.__file__).parent, base / "lib" / "nagiosplugin")
     daemon = site.start_daemon()
     cfg = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     plugin = base / "check_mps"
