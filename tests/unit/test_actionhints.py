@@ -141,6 +141,7 @@ def test_a_site_checks_codes_get_no_runbook_entry_but_the_engines_do() -> None:
 
 def test_check_mps_says_the_cut_with_the_runs_options() -> None:
     lines = [f"CRITICAL daemon-stale gpu{i}: " + "x" * 200 for i in range(60)]
-    out = nagios.fit("MPS CRITICAL - 60 problems", [], lines, (("--config", "/etc/s.yaml"),))
+    out = nagios.fit("\n".join(["MPS CRITICAL - 60 problems", *lines]),
+                     (("--config", "/etc/s.yaml"),))
     assert len(out.encode()) <= nagios.MAX_OUTPUT + 1
     assert out.rstrip("\n").endswith("(run 'mps-health check -v --config /etc/s.yaml')")
