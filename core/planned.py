@@ -12,6 +12,14 @@ the pipe dir and, where the caller knows it, the daemon it started (pid, start t
 then only that daemon's appearance is excused; without one (unit stop, a quit) any
 change of the daemon between the run before the record and the run after it is.
 Recording is best effort: a failure is one line for the caller to show, never fatal.
+
+Servers are the daemon's: an action that ends the daemon (``ENDS_SERVERS``: a reset's
+quit and end, a unit stop, the Epilog's or an undone Prolog's tear-down) ends every
+server it runs, so a server lost between the run before such a record and the run after
+it is no ``server-churn``, whatever clients it leaves. And a reset is the repair the
+servers check's events ask for: once it started a daemon that answers, what was reported
+of the instance before it (restarts, churn) is answered (``repaired_at``), and only what
+happens after it is reported.
 """
 
 from __future__ import annotations
@@ -26,6 +34,11 @@ if TYPE_CHECKING:
     from typing import Optional, Sequence, Tuple
 
 NAME = "planned"
+# The records of actions that end the instance's daemon and so all of its servers (the
+# Slurm hooks' names are jobphase.TEARDOWN; tests/e2e/test_planned_restarts.py ties them).
+ENDS_SERVERS = ("reset", "unit stop", "epilog", "prolog undo")
+# The record of a repair: made once the daemon it started answers.
+REPAIR = "reset"
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
 
@@ -80,3 +93,20 @@ def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now:
                                                                       daemon_start):
             return True
     return False
+
+
+def servers_ended(records: Sequence[PlannedRestart], pipe_dir: str, since: float,
+                  now: float) -> bool:
+    """Did an action of ours end the instance's daemon, and so its servers, between the
+    run at ``since`` and this one?"""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return any(r.pipe_dir == pipe_dir and r.by in ENDS_SERVERS and since <= r.at <= now
+               for r in records)
+
+
+def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) -> float:
+    """When the instance was last repaired by a reset (up to ``now``); -inf if never."""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return max((r.at for r in records
+                if r.pipe_dir == pipe_dir and r.by == REPAIR and r.at <= now),
+               default=float("-inf"))

@@ -9,6 +9,11 @@ runs, two things are worth an event:
   (``server-churn``): a server that ends with its job leaves no client behind, so this
   one died (or was killed) under running work, "without a job ending".
 
+Neither is an event when mps-health did it itself (``core/planned.py``): a restart it
+recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
+A reset also answers the events reported before it: they are dropped, and the check
+reports only what happened after the repair.
+
 The probe calls :func:`advance` to save the next memory; the check calls it on the same
 facts to know the events, so both agree and the check stays pure.
 """
@@ -47,15 +52,20 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             servers_alive: Iterable[Tuple[int, int]] = (),
             children: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event.
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
+    a server lost while an action of ours ended the daemon; a reset drops the events
+    before it (``core/planned.py`` says why).
     A remembered server the daemon no longer lists but that still lives
     (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
     without it, and it stays known as a real daemon's server (``remembered``). Listed
     servers that /proc shows as the daemon's children (``children``) are marked so."""
-    from .planned import excused
+    from .planned import excused, repaired_at, servers_ended
 
+    # A reset since an event answered it (planned.repaired_at): only what came after
+    # the repair is still worth an operator's time.
+    repaired = repaired_at(planned, pipe_dir, now)
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
-                                 if now - e.at <= window_s]
+                                 if now - e.at <= window_s and e.at > repaired]
     if current.query not in ("ok", "idle"):
         # Nothing reliable seen this run: keep what we knew, do not invent events.
         if previous is None:
@@ -75,6 +85,9 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
+    # Our own action ended the daemon, and with it every server it ran, in between: a
+    # server lost then is the action's consequence, no churn.
+    ours = previous is not None and servers_ended(planned, pipe_dir, previous.taken_at, now)
     living = set(servers_alive)
     kept: List[RememberedServer] = []
     for old in (previous.servers if previous else ()):
@@ -84,7 +97,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             kept.append(old)  # not gone: no churn; strays judges it
             continue
         orphans = [pid for pid, start in old.clients if (pid, start) in still]
-        if orphans:
+        if orphans and not ours:
             shown = ", ".join(str(p) for p in orphans[:8])
             events.append(ServerEvent(now, "server-churn",
                                       f"{_who(old)} went away while its clients {shown} still "

@@ -1,13 +1,25 @@
 """Restarts mps-health makes itself are planned: no daemon-restarted warning for them,
-while an unplanned restart still warns, once per instance and code however often."""
+while an unplanned restart still warns, once per instance and code however often. Servers
+our own action ended are no server-churn, and a reset answers the events before it."""
 
+import subprocess
 from pathlib import Path
+from typing import Iterator, List
 
+import pytest
 from clirun import mps_health
 from mps_health.core import planned
-from mps_health.core.facts_deep import InstanceServers, PlannedRestart, ServerEvent, ServerMemory
+from mps_health.core.facts_deep import (
+    ClientFact,
+    InstanceServers,
+    PlannedRestart,
+    ServerEvent,
+    ServerFact,
+    ServerMemory,
+)
+from mps_health.core.jobphase import TEARDOWN
 from mps_health.core.servertrack import MAX_EVENTS, advance
-from mpsdaemon import start_daemon
+from mpsdaemon import query, start_daemon
 from remhelp import daemons_of, kill_and_wait, make_dirs, remediating  # noqa: F401
 
 
@@ -76,3 +88,97 @@ def test_reset_then_check_is_ok_but_an_unplanned_restart_warns_once(site) -> Non
     assert len(lines) == 2, out  # the summary and one finding
     assert "daemon-restarted: 3 times, first " in out and "the last: the control daemon " \
         "changed since the last run" in out, out
+
+
+# --- servers our own action ended; events a reset answered ------------------------------
+
+def _with_server(pid: int, clients: tuple = (), daemon: int = 100) -> InstanceServers:
+    server = ServerFact(pid, "ACTIVE", "", 0, "root", pid * 10,
+                        tuple(ClientFact(c, 0, "root", c * 10) for c in clients))
+    return InstanceServers("ok", "", daemon, 5, (server,), 0.01)
+
+
+def test_servers_lost_while_our_action_ended_their_daemon_are_no_churn() -> None:
+    m1 = advance(None, _with_server(7, (40,)), (), 1000.0, 3600, (), "/p")
+    client_alive = ((40, 400),)
+    after = servers(101)._replace(query="ok")
+    for by in ("reset", "unit stop", *TEARDOWN):
+        ours = (PlannedRestart("/p", 1050.0, 101, 5, by),)
+        assert advance(m1, after, client_alive, 1100.0, 3600, ours, "/p").events == (), by
+    # starting a daemon ends no server; nor does an action on another dir, or one before
+    # the run that saw the server
+    for record in (PlannedRestart("/p", 1050.0, 101, 5, "unit start"),
+                   PlannedRestart("/q", 1050.0, 101, 5, "reset"),
+                   PlannedRestart("/p", 900.0, 101, 5, "reset")):
+        codes = [e.code for e in advance(m1, after, client_alive, 1100.0, 3600, (record,),
+                                         "/p").events]
+        assert "server-churn" in codes, record
+
+
+def test_a_reset_answers_the_events_before_it_and_not_those_after() -> None:
+    before = ServerEvent(1000.0, "server-churn", "server 7 went away")
+    m = ServerMemory(1000.0, 100, 5, (), (before,))
+    reset = (PlannedRestart("/p", 1050.0, 101, 5, "reset"),)
+    assert advance(m, servers(101), (), 1100.0, 3600, reset, "/p").events == ()
+    # an event after the reset stays for the window; another dir's reset answers nothing
+    later = ServerEvent(1060.0, "server-churn", "server 8 went away")
+    m2 = m._replace(taken_at=1060.0, daemon_pid=101, events=(before, later))
+    assert advance(m2, servers(101), (), 1100.0, 3600, reset, "/p").events == (later,)
+    assert advance(m, servers(100), (), 1100.0, 3600, reset, "/q").events == (before,)
+    # a unit stop or a Slurm hook is no repair: the events stay
+    stop = (PlannedRestart("/p", 1050.0, None, None, "unit stop"),)
+    assert advance(m, servers(100), (), 1100.0, 3600, stop, "/p").events == (before,)
+
+
+def test_the_records_that_end_servers_name_the_hooks_tear_down() -> None:
+    assert set(TEARDOWN) <= set(planned.ENDS_SERVERS) and planned.REPAIR in planned.ENDS_SERVERS
+
+
+@pytest.fixture
+def sleepers() -> Iterator[List[subprocess.Popen]]:
+    """Stand-ins for CUDA clients: real processes, killed by PID afterwards."""
+    started: List[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def _sleeper(started: List[subprocess.Popen]) -> int:
+    p = subprocess.Popen(["sleep", "300"])
+    started.append(p)
+    return p.pid
+
+
+@pytest.mark.parametrize("outlives", [False, True], ids=["server-dies", "server-outlives"])
+def test_a_reset_after_a_fault_leaves_no_churn_but_a_new_churn_warns(site, sleepers,
+                                                                     outlives) -> None:
+    """The fault: the daemon killed under a server with a client. Its server dies with it
+    (the reset finds none) or outlives it (the reset ends it by PID, --force: clients
+    cannot be ruled out). Either way what was lost is the fault's and the reset's: after a
+    successful reset the servers check is OK; a server lost after it still warns."""
+    d = site.start_daemon(**({"FAKE_MPS_SERVER_OUTLIVES": "1"} if outlives else {}))
+    cfg = site.config(remediating(site))
+
+    def check(code: int = 0) -> str:
+        r = mps_health("check", "--config", cfg, "--only", "servers")
+        assert r.returncode == code, r.stdout + r.stderr
+        return r.stdout
+
+    client = _sleeper(sleepers)
+    lost = int(d.query(f"fake_client_connect {client}").stdout)
+    check()  # remembers the server and its client
+    d.stop()  # the fault
+    r = mps_health("remediate", "reset", "--config", cfg, *(["--force"] if outlives else []))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = check()
+    assert "server-churn" not in out and "daemon-restarted" not in out, out
+    assert str(lost) not in out
+    # a new server lost under its live client after the repair is reported
+    other = _sleeper(sleepers)
+    server = int(query(site.pipe, f"fake_client_connect {other}").stdout)
+    check()
+    query(site.pipe, f"fake_server_stop {server} 1")
+    out = check(1)
+    assert (f"server-churn: server {server} (root) went away while its clients {other} "
+            "still run (no job ended)") in out, out
