@@ -128,7 +128,7 @@ class PlannedRestart(NamedTuple):
     at: float  # Unix time of the record
     daemon_pid: Optional[int] = None  # the daemon we started, where known
     daemon_start: Optional[int] = None  # its start time (clock ticks), with the pid
-    by: str = ""  # "reset", "unit start", "unit stop", "prolog"
+    by: str = ""  # "reset begin", "reset", "unit start", "unit stop", the Slurm hooks
 
 
 class ServersFacts(NamedTuple):

@@ -1,6 +1,7 @@
 """Restarts mps-health makes itself: recorded so that only unplanned ones warn.
 
-``remediate reset`` (quit, end, start), ``unit prepare``/``unit stop`` (the systemd unit
+``remediate reset`` (quit, end, start; recorded before it acts and once it started a
+daemon), ``unit prepare``/``unit stop`` (the systemd unit
 starting or stopping its daemon) and the Slurm Prolog starting a job's daemon all change
 an instance's control daemon on purpose. Each records it here; the servers check then
 does not report that change as ``daemon-restarted`` ("its clients lost MPS"), which
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
 NAME = "planned"
 # The records of actions that end the instance's daemon and so all of its servers (the
 # Slurm hooks' names are jobphase.TEARDOWN; tests/e2e/test_planned_restarts.py ties them).
-ENDS_SERVERS = ("reset", "unit stop", "epilog", "prolog undo")
-# The record of a repair: made once the daemon it started answers.
+ENDS_SERVERS = ("reset begin", "reset", "unit stop", "epilog", "prolog undo")
+# A reset records itself before its first quit (a run while it acts sees ours in what
+# goes), and again as REPAIR once the daemon it started answers.
+RESET_BEGIN = "reset begin"
 REPAIR = "reset"
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0

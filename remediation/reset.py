@@ -312,9 +312,18 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             settings: RemediationSettings, say: Say,
             record: Callable[[str, str, str], None]) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
+    from ..core.planned import RESET_BEGIN
+    from ..core.planned import record as record_planned
+
     inst = p.inst
     planned = tuple(obs.daemons) + tuple(obs.servers)
     verified = False
+    if p.steps:
+        # Before the first quit, so a run while we act takes what goes for ours: the
+        # daemon's change, the servers it ends (core/planned.py).
+        unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, RESET_BEGIN)
+        if unrecorded:
+            say(f"  {unrecorded}")
     for number, step in enumerate(p.steps, 1):
         try:
             if step.kind == "quit":

@@ -102,7 +102,7 @@ def test_servers_lost_while_our_action_ended_their_daemon_are_no_churn() -> None
     m1 = advance(None, _with_server(7, (40,)), (), 1000.0, 3600, (), "/p")
     client_alive = ((40, 400),)
     after = servers(101)._replace(query="ok")
-    for by in ("reset", "unit stop", *TEARDOWN):
+    for by in ("reset begin", "reset", "unit stop", *TEARDOWN):
         ours = (PlannedRestart("/p", 1050.0, 101, 5, by),)
         assert advance(m1, after, client_alive, 1100.0, 3600, ours, "/p").events == (), by
     # starting a daemon ends no server; nor does an action on another dir, or one before
