@@ -10,6 +10,7 @@ from clirun import mps_health, results
 from mps_health.core import engine
 from mps_health.core.config import load
 from mps_health.core.probes import proc
+from remhelp import kill_and_wait
 
 # Restarts of the stress test: bounded, and enough for checks to land in the gaps.
 RESTARTS = 25
@@ -24,7 +25,8 @@ def test_a_daemon_started_after_the_scan_is_not_stale(site, monkeypatch) -> None
     (res,) = [r for run in report.runs for r in run.results]
     assert (res.code, res.message) == ("ok", f"control daemon {d.pid} serves {site.pipe}"), res
     # A pid file naming a process that is not there is still stale.
-    d.stop()
+    assert d.pid is not None
+    kill_and_wait(d.pid)
     _facts, report = engine.run(config, only=["daemon"])
     (res,) = [r for run in report.runs for r in run.results]
     assert res.code == "daemon-stale" and "which is not a live daemon" in res.message, res
