@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 from clirun import mps_health, results
 from mps_health.core import engine
 from mps_health.core.config import load
+from mps_health.core.probes import dirs as dirs_probe
 from mps_health.core.probes import proc
 from remhelp import kill_and_wait
 
@@ -32,9 +33,14 @@ def test_a_daemon_started_after_the_scan_is_not_stale(site, monkeypatch) -> None
     assert res.code == "daemon-stale" and "which is not a live daemon" in res.message, res
 
 
-def test_restarts_while_checks_run_never_call_a_live_daemon_stale(site) -> None:
+def test_restarts_while_checks_run_never_call_a_live_daemon_stale(site, monkeypatch) -> None:
+    """The fake daemon killed and started again in a loop while checks run beside it; every
+    other restart lands, in a run of our own, exactly between the scan and the pid file's
+    read (what a loaded machine did by chance). No check calls a daemon stale that lived
+    through its whole run."""
     d = site.start_daemon()
     cfg = site.config()
+    config = load(cfg)
     # pid -> (monotonic time it was known alive from, time it was killed; inf while alive)
     lives: Dict[int, Tuple[float, float]] = {}
     assert d.pid is not None
@@ -54,19 +60,36 @@ def test_restarts_while_checks_run_never_call_a_live_daemon_stale(site) -> None:
             for res in results(r, "daemon"):
                 seen.append((t0, t1, res["code"], res["message"]))
 
+    def start() -> None:
+        d.start()
+        assert d.pid is not None
+        lives[d.pid] = (time.monotonic(), float("inf"))
+
+    read_dirs = dirs_probe.gather
+
+    def restart_then_read(ctx, instances):  # the scan is done: restart, then read
+        start()
+        return read_dirs(ctx, instances)
+
     worker = threading.Thread(target=checks)
     worker.start()
     try:
-        for _ in range(RESTARTS):
+        for i in range(RESTARTS):
             assert d.pid is not None
             old = d.pid
             # Dated before the kill and after the start: the lives noted are never longer
             # than the real ones.
             lives[old] = (lives[old][0], time.monotonic())
-            d.stop()
-            d.start()
-            assert d.pid is not None
-            lives[d.pid] = (time.monotonic(), float("inf"))
+            kill_and_wait(old)
+            if i % 2:
+                start()
+                continue
+            with monkeypatch.context() as m:
+                m.setattr(dirs_probe, "gather", restart_then_read)
+                _facts, report = engine.run(config, only=["daemon"])
+            (res,) = [r for run in report.runs for r in run.results]
+            assert (res.code, res.message) == ("ok", f"control daemon {d.pid} serves "
+                                                      f"{site.pipe}"), res
     finally:
         done.set()
         worker.join(120)
