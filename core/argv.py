@@ -18,6 +18,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "slurm": (".core.commands.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
     "unit": (".core.commands.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
     "clients": (".core.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
+    "ack": (".core.commands.ack", "acknowledge a daemon-restarted or server-churn event"),
 }
 
 

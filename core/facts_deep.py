@@ -131,6 +131,14 @@ class PlannedRestart(NamedTuple):
     by: str = ""  # "reset begin", "reset", "unit start", "unit stop", the Slurm hooks
 
 
+class Ack(NamedTuple):
+    """An operator's ``mps-health ack CODE [INSTANCE]`` (``mps_health.core.planned``)."""
+
+    code: str  # an event code (servertrack.EVENT_CODES)
+    instance: str  # "" for every instance
+    at: float  # Unix time: the events of ``code`` up to then are acknowledged
+
+
 class ServersFacts(NamedTuple):
     taken_at: float  # Unix time of this gathering: "now" for the check
     instances: Dict[str, InstanceServers]
@@ -139,6 +147,8 @@ class ServersFacts(NamedTuple):
     state_error: str = ""  # why the state could not be read or saved ("" when fine)
     # Daemon changes mps-health made itself (core/planned.py): not daemon-restarted.
     planned: Tuple[PlannedRestart, ...] = ()
+    # Events an operator acknowledged (core/planned.py): not reported again.
+    acks: Tuple[Ack, ...] = ()
 
 
 # --- logs ----------------------------------------------------------------------------

@@ -21,6 +21,13 @@ it is no ``server-churn``, whatever clients it leaves. And a reset is the repair
 servers check's events ask for: once it started a daemon that answers, what was reported
 of the instance before it (restarts, churn) is answered (``repaired_at``), and only what
 happens after it is reported.
+
+An event that no action of ours explains and that needs no repair (a person restarted
+the daemon by hand, on purpose) is acknowledged by an operator, ``mps-health ack CODE
+[INSTANCE]``: the events of that code (on that instance, or on every one) up to the ack
+are no longer reported, and the next one is. ``state_dir/acks.json`` holds the newest
+``MAX_ACKS`` acks of the last ``KEEP_S`` seconds, kept as the records are. Both live here,
+in the one module the servers probe loads for them (a module more costs every check).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import os
 import time
 
-from .facts_deep import PlannedRestart
+from .facts_deep import Ack, PlannedRestart
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,4 +119,47 @@ def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) ->
     pipe_dir = os.path.normpath(pipe_dir)
     return max((r.at for r in records
                 if r.pipe_dir == pipe_dir and r.by == REPAIR and r.at <= now),
+               default=float("-inf"))
+
+
+# --- an operator's acks ---------------------------------------------------------------
+
+ACKS = "acks"
+MAX_ACKS = 64
+
+
+def keep_acks(records: Sequence[Ack], now: float) -> Tuple[Ack, ...]:
+    """The acks worth keeping: valid times, not too old (KEEP_S), the newest MAX_ACKS."""
+    # nan and the infinities fail the range comparison.
+    fresh = [a for a in records if isinstance(a.at, float) and now - KEEP_S <= a.at <= now + 60.0]
+    return tuple(sorted(fresh, key=lambda a: a.at)[-MAX_ACKS:])
+
+
+def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5.0) -> str:
+    """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
+    from .state import StateFile
+
+    now = time.time()
+    state = StateFile(state_dir, ACKS)
+    if not state.lock(time.monotonic() + wait_s):
+        return f"not acknowledged: {state.error}"
+    try:
+        old, _ = state.load("Tuple[Ack, ...]", (), globals())
+        problem = state.save(keep_acks((*old, Ack(code, instance, now)), now))
+    finally:
+        state.unlock()
+    return f"not acknowledged: {problem}" if problem else ""
+
+
+def load_acks(state_dir: str) -> Tuple[Tuple[Ack, ...], str]:
+    """The acks (read only, no lock: the file is replaced atomically), and any error."""
+    from .state import StateFile
+
+    records, error = StateFile(state_dir, ACKS).load("Tuple[Ack, ...]", (), globals())
+    return keep_acks(records, time.time()), error
+
+
+def acked_until(acks: Sequence[Ack], instance: str, code: str) -> float:
+    """Up to when ``instance``'s events of ``code`` are acknowledged; -inf if never."""
+    return max((a.at for a in acks if a.code == code and a.instance in ("", instance)),
                default=float("-inf"))

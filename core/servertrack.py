@@ -21,6 +21,7 @@ facts to know the events, so both agree and the check stays pure.
 from __future__ import annotations
 
 from .facts_deep import (
+    Ack,
     InstanceServers,
     PlannedRestart,
     RememberedServer,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 # Events kept per instance (the newest): the finding counts them, the file stays small.
 MAX_EVENTS = 100
+# The codes of events: what ``mps-health ack`` acknowledges (core/planned.py).
+EVENT_CODES = ("daemon-restarted", "server-churn")
 
 
 def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
@@ -50,7 +53,8 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
             planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
             servers_alive: Iterable[Tuple[int, int]] = (),
-            children: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
+            children: Iterable[Tuple[int, int]] = (), acks: Sequence[Ack] = (),
+            instance: str = "") -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
     A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
     a server lost while an action of ours ended the daemon; a reset drops the events
@@ -58,14 +62,17 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
     A remembered server the daemon no longer lists but that still lives
     (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
     without it, and it stays known as a real daemon's server (``remembered``). Listed
-    servers that /proc shows as the daemon's children (``children``) are marked so."""
-    from .planned import excused, repaired_at, servers_ended
+    servers that /proc shows as the daemon's children (``children``) are marked so.
+    Events an operator acknowledged for ``instance`` (``acks``) are dropped."""
+    from .planned import acked_until, excused, repaired_at, servers_ended
 
-    # A reset since an event answered it (planned.repaired_at): only what came after
-    # the repair is still worth an operator's time.
+    # A reset since an event answered it (planned.repaired_at), an ack since it
+    # acknowledged it: only what came after is still worth an operator's time.
     repaired = repaired_at(planned, pipe_dir, now)
+    until = {code: max(repaired, acked_until(acks, instance, code)) for code in EVENT_CODES}
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
-                                 if now - e.at <= window_s and e.at > repaired]
+                                 if now - e.at <= window_s
+                                 and e.at > until.get(e.code, repaired)]
     if current.query not in ("ok", "idle"):
         # Nothing reliable seen this run: keep what we knew, do not invent events.
         if previous is None:

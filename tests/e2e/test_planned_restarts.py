@@ -10,6 +10,7 @@ import pytest
 from clirun import mps_health
 from mps_health.core import planned
 from mps_health.core.facts_deep import (
+    Ack,
     ClientFact,
     InstanceServers,
     PlannedRestart,
@@ -182,3 +183,71 @@ def test_a_reset_after_a_fault_leaves_no_churn_but_a_new_churn_warns(site, sleep
     out = check(1)
     assert (f"server-churn: server {server} (root) went away while its clients {other} "
             "still run (no job ended)") in out, out
+
+
+# --- an operator's ack ------------------------------------------------------------------
+
+def test_an_ack_drops_the_events_of_its_code_up_to_it() -> None:
+    churn = ServerEvent(1000.0, "server-churn", "server 7 went away")
+    restart = ServerEvent(1000.0, "daemon-restarted", "the control daemon changed")
+    m = ServerMemory(1000.0, 100, 5, (), (churn, restart))
+    ack = (Ack("server-churn", "gpu0", 1050.0),)
+    kept = advance(m, servers(100), (), 1100.0, 3600, (), "/p", acks=ack, instance="gpu0")
+    assert kept.events == (restart,)  # only the code acknowledged
+    # another instance's ack acknowledges nothing here; an ack for every instance does
+    assert advance(m, servers(100), (), 1100.0, 3600, (), "/p", acks=ack,
+                   instance="gpu1").events == (churn, restart)
+    every = (Ack("daemon-restarted", "", 1050.0),)
+    assert advance(m, servers(100), (), 1100.0, 3600, (), "/p", acks=every,
+                   instance="gpu1").events == (churn,)
+    # an event after the ack is reported
+    later = ServerEvent(1060.0, "server-churn", "server 8 went away")
+    m2 = m._replace(events=(churn, later))
+    assert advance(m2, servers(100), (), 1100.0, 3600, (), "/p", acks=ack,
+                   instance="gpu0").events == (later,)
+
+
+def test_acks_are_bounded_and_dated(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    for _ in range(planned.MAX_ACKS + 5):
+        assert planned.acknowledge(str(state), "server-churn", "node") == ""
+    acks, error = planned.load_acks(str(state))
+    assert error == "" and len(acks) == planned.MAX_ACKS
+    assert planned.keep_acks([Ack("server-churn", "", float("nan")),
+                              Ack("server-churn", "", 1e308)], 1000.0) == ()
+    (tmp_path / "file").write_text("")
+    why = planned.acknowledge(str(tmp_path / "file" / "state"), "server-churn")
+    assert why.startswith("not acknowledged: ") and "\n" not in why, why
+
+
+def test_ack_clears_a_churn_until_a_new_one(site, sleepers) -> None:
+    d = site.start_daemon()
+    cfg = site.config()
+
+    def check(code: int) -> str:
+        r = mps_health("check", "--config", cfg, "--only", "servers")
+        assert r.returncode == code, r.stdout + r.stderr
+        return r.stdout
+
+    def churn() -> int:
+        client = _sleeper(sleepers)
+        server = int(d.query(f"fake_client_connect {client}").stdout)
+        check(0)
+        d.query(f"fake_server_stop {server} 1")
+        return server
+
+    first = churn()
+    assert f"server-churn: server {first} " in check(1)
+    r = mps_health("ack", "server-churn", "node", "--config", cfg)
+    assert r.returncode == 0 and r.stdout == (
+        "server-churn on node acknowledged: events up to now are no longer reported; the "
+        "next one is\n"), r.stdout + r.stderr
+    assert "server-churn" not in check(0)
+    second = churn()
+    out = check(1)
+    assert f"server-churn: server {second} " in out and str(first) not in out, out
+    # only the event codes, and one clear line
+    bad = mps_health("ack", "daemon-stale", "--config", cfg)
+    assert bad.returncode == 3 and "invalid choice" in bad.stderr and \
+        "Traceback" not in bad.stderr, bad.stderr
