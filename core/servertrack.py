@@ -12,7 +12,8 @@ runs, two things are worth an event:
 Neither is an event when mps-health did it itself (``core/planned.py``): a restart it
 recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
 A reset also answers the events reported before it: they are dropped, and the check
-reports only what happened after the repair.
+reports only what happened after the repair; so does an operator's ``mps-health ack``
+for the events of its code.
 
 The probe calls :func:`advance` to save the next memory; the check calls it on the same
 facts to know the events, so both agree and the check stays pure.
