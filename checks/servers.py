@@ -120,7 +120,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "no server query was made for this instance", "")
             continue
         memory = advance(sf.previous.get(inst.name), cur, sf.alive, sf.taken_at,
-                         settings(config).event_window_s, sf.planned, inst.pipe_dir)
+                         settings(config).event_window_s, sf.planned, inst.pipe_dir,
+                         acks=sf.acks, instance=inst.name)
         if cur.query not in ("ok", "idle"):
             yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
                          f"cannot list the servers ({cur.query}: {cur.detail})",

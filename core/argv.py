@@ -20,6 +20,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "clients": (".core.commands.clients", "who MPS serves: servers, clients, jobs, limits"),
     "explain": (".core.commands.explain", "a code's runbook entry (no code: list them)"),
     "config": (".core.commands.configfile", "config example: print the example config"),
+    "ack": (".core.commands.ack", "acknowledge a daemon-restarted or server-churn event"),
 }
 
 

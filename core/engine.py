@@ -223,6 +223,18 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     for src, t in threads:
         if not t.join(ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
+    if "processes" in values and "dirs" in values:
+        # The pid files were read after /proc was scanned: a daemon started in between
+        # must not be judged stale (probes.proc.with_named).
+        from .probes.proc import with_named
+
+        t0 = time.monotonic()
+        try:
+            values["processes"] = with_named(ctx, values["processes"],  # type: ignore[arg-type]
+                                             values["dirs"])  # type: ignore[arg-type]
+        except Exception:  # the scan stands: at worst a stale verdict, as before
+            pass
+        durations["processes"] = durations.get("processes", 0.0) + time.monotonic() - t0
     # Once more with every fact in: a hook that changed an instance meanwhile recorded it
     # before acting, so what the facts saw of that change is never judged.
     try:

@@ -128,7 +128,15 @@ class PlannedRestart(NamedTuple):
     at: float  # Unix time of the record
     daemon_pid: Optional[int] = None  # the daemon we started, where known
     daemon_start: Optional[int] = None  # its start time (clock ticks), with the pid
-    by: str = ""  # "reset", "unit start", "unit stop", "prolog"
+    by: str = ""  # "reset begin", "reset", "unit start", "unit stop", the Slurm hooks
+
+
+class Ack(NamedTuple):
+    """An operator's ``mps-health ack CODE [INSTANCE]`` (``mps_health.core.planned``)."""
+
+    code: str  # an event code (servertrack.EVENT_CODES)
+    instance: str  # "" for every instance
+    at: float  # Unix time: the events of ``code`` up to then are acknowledged
 
 
 class ServersFacts(NamedTuple):
@@ -139,6 +147,8 @@ class ServersFacts(NamedTuple):
     state_error: str = ""  # why the state could not be read or saved ("" when fine)
     # Daemon changes mps-health made itself (core/planned.py): not daemon-restarted.
     planned: Tuple[PlannedRestart, ...] = ()
+    # Events an operator acknowledged (core/planned.py): not reported again.
+    acks: Tuple[Ack, ...] = ()
 
 
 # --- logs ----------------------------------------------------------------------------

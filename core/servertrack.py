@@ -9,6 +9,12 @@ runs, two things are worth an event:
   (``server-churn``): a server that ends with its job leaves no client behind, so this
   one died (or was killed) under running work, "without a job ending".
 
+Neither is an event when mps-health did it itself (``core/planned.py``): a restart it
+recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
+A reset also answers the events reported before it: they are dropped, and the check
+reports only what happened after the repair; so does an operator's ``mps-health ack``
+for the events of its code.
+
 The probe calls :func:`advance` to save the next memory; the check calls it on the same
 facts to know the events, so both agree and the check stays pure.
 """
@@ -16,6 +22,7 @@ facts to know the events, so both agree and the check stays pure.
 from __future__ import annotations
 
 from .facts_deep import (
+    Ack,
     InstanceServers,
     PlannedRestart,
     RememberedServer,
@@ -31,6 +38,8 @@ if TYPE_CHECKING:
 
 # Events kept per instance (the newest): the finding counts them, the file stays small.
 MAX_EVENTS = 100
+# The codes of events: what ``mps-health ack`` acknowledges (core/planned.py).
+EVENT_CODES = ("daemon-restarted", "server-churn")
 
 
 def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
@@ -45,17 +54,26 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
             planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
             servers_alive: Iterable[Tuple[int, int]] = (),
-            children: Iterable[Tuple[int, int]] = ()) -> ServerMemory:
+            children: Iterable[Tuple[int, int]] = (), acks: Sequence[Ack] = (),
+            instance: str = "") -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event.
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
+    a server lost while an action of ours ended the daemon; a reset drops the events
+    before it (``core/planned.py`` says why).
     A remembered server the daemon no longer lists but that still lives
     (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
     without it, and it stays known as a real daemon's server (``remembered``). Listed
-    servers that /proc shows as the daemon's children (``children``) are marked so."""
-    from .planned import excused
+    servers that /proc shows as the daemon's children (``children``) are marked so.
+    Events an operator acknowledged for ``instance`` (``acks``) are dropped."""
+    from .planned import acked_until, excused, repaired_at, servers_ended
 
+    # A reset since an event answered it (planned.repaired_at), an ack since it
+    # acknowledged it: only what came after is still worth an operator's time.
+    repaired = repaired_at(planned, pipe_dir, now)
+    until = {code: max(repaired, acked_until(acks, instance, code)) for code in EVENT_CODES}
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
-                                 if now - e.at <= window_s]
+                                 if now - e.at <= window_s
+                                 and e.at > until.get(e.code, repaired)]
     if current.query not in ("ok", "idle"):
         # Nothing reliable seen this run: keep what we knew, do not invent events.
         if previous is None:
@@ -75,6 +93,9 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
+    # Our own action ended the daemon, and with it every server it ran, in between: a
+    # server lost then is the action's consequence, no churn.
+    ours = previous is not None and servers_ended(planned, pipe_dir, previous.taken_at, now)
     living = set(servers_alive)
     kept: List[RememberedServer] = []
     for old in (previous.servers if previous else ()):
@@ -84,7 +105,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             kept.append(old)  # not gone: no churn; strays judges it
             continue
         orphans = [pid for pid, start in old.clients if (pid, start) in still]
-        if orphans:
+        if orphans and not ours:
             shown = ", ".join(str(p) for p in orphans[:8])
             events.append(ServerEvent(now, "server-churn",
                                       f"{_who(old)} went away while its clients {shown} still "

@@ -30,7 +30,7 @@ from ..core.daemonctl import quit_daemon, start_daemon
 from ..core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from ..core.probes import control as control_probe
 from ..core.probes.dirs import read_dir
-from ..core.probes.proc import binaries_here, read_processes
+from ..core.probes.proc import binaries_here, read_processes, with_named
 from ..core.results import CRITICAL, OK, UNKNOWN, Result
 from ..core.runner import RunAs
 from ..core.safedirs import UnsafePath
@@ -112,8 +112,10 @@ def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
 def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
             with_clients: bool = True, uids: Optional[FrozenSet[int]] = None) -> Observed:
     found = read_processes(ctx.proc, binaries_here(ctx))
-    daemons, servers = procs.of_instance(inst, found, ctx.root, uids)
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
+    # A daemon started between the scan and the pid file's read is no stale one.
+    found = with_named(ctx, found, {inst.pipe_dir: pipe})
+    daemons, servers = procs.of_instance(inst, found, ctx.root, uids)
     log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
     # Asked even when the daemon is stopped: the answer (a timeout) is bounded and honest.
     answer = clients_mod.ask(ctx, inst, control_probe.QUERY, ctx.config.control.timeout_s)
@@ -355,9 +357,18 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             settings: RemediationSettings, say: Say,
             record: Callable[[str, str, str], None]) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
+    from ..core.planned import RESET_BEGIN
+    from ..core.planned import record as record_planned
+
     inst = p.inst
     planned = tuple(obs.daemons) + tuple(obs.servers)
     verified = False
+    if p.steps:
+        # Before the first quit, so a run while we act takes what goes for ours: the
+        # daemon's change, the servers it ends (core/planned.py).
+        unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, RESET_BEGIN)
+        if unrecorded:
+            say(f"  {unrecorded}")
     for number, step in enumerate(p.steps, 1):
         try:
             if step.kind == "quit":

@@ -19,8 +19,9 @@ from ..safefiles import open_regular, read_small
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, List, Mapping, Optional, Tuple
 
+    from ..facts import DirFact
     from ..process_identity import Binaries
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
@@ -192,3 +193,30 @@ def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
     told from a daemon by its missing -d/-f anyway)."""
     own = os.getpid() if ctx.root in ("", "/") else None
     return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
+
+
+def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact]
+               ) -> Tuple[ProcessFact, ...]:
+    """``procs`` plus the live MPS process each pipe dir's pid file names, where the scan
+    missed it.
+
+    /proc is scanned before the pipe dirs are read: a daemon started in between (a
+    restart) is named by the pid file it just wrote but was not in the scan, and would be
+    judged ``daemon-stale`` while it serves. Each named pid missing from the scan is read
+    once more, by the same reader, so the same identity rules judge it (the binary, -d,
+    its uid, its environ naming the dir); one still not there is not a live daemon. A
+    healthy node reads nothing more: its daemon is in the scan."""
+    have = {p.pid for p in procs}
+    own = os.getpid() if ctx.root in ("", "/") else None
+    added: List[ProcessFact] = []
+    for d in dirs.values():
+        named = d.pid_file
+        if not named or not named.isdigit() or len(named) > 10 or int(named) in have:
+            continue
+        fact = read_process(ctx.proc, int(named), binaries_here(ctx))
+        if fact is not None and fact.ppid != own:
+            added.append(fact)
+            have.add(fact.pid)
+    if not added:
+        return procs
+    return tuple(sorted((*procs, *added), key=lambda p: p.pid))

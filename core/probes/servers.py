@@ -175,6 +175,7 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
              results: Dict[str, InstanceServers], threads: List[Background]) -> ServersFacts:
     from .. import servertrack
     from ..planned import load as load_planned
+    from ..planned import load_acks
     from ..state import StateFile
 
     cfg = settings(ctx.config)
@@ -190,13 +191,15 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))
     planned, planned_error = load_planned(ctx.path(ctx.config.state_dir))
+    acks, acks_error = load_acks(ctx.path(ctx.config.state_dir))
     facts = ServersFacts(now, dict(results), previous, alive,
-                         error or state.error or planned_error, planned)
+                         error or state.error or planned_error or acks_error, planned, acks)
     if locked:
         memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
                                                  alive, now, cfg.event_window_s, planned,
                                                  inst.pipe_dir, servers_alive,
-                                                 daemon_children(ctx, results[inst.name]))
+                                                 daemon_children(ctx, results[inst.name]),
+                                                 acks, inst.name)
                   for inst in instances}
         # Keep the memory of instances not seen this run (a per-job dir between jobs) for
         # the window, their events still matter; and past it while one of its servers
