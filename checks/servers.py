@@ -101,7 +101,8 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
     for code, group in _by_code(memory.events):
         found = True
         yield Result(NAME, WARNING, code, inst.name, _repeated(group, now),
-                     "read the instance's control.log around that time; see the logs check",
+                     "read the instance's control.log around that time (see the logs "
+                     f"check); once explained, run 'mps-health ack {code} {inst.name}'",
                      (*values, ("events", float(len(group)))))
     if not found:
         live = [s for s in cur.servers if s.status != "gone"]

@@ -37,6 +37,7 @@ TAKES = {
     "healthcheck": ("--config", "--root"),
     "remediate": ("--config", "--root"),
     "unit": ("--config",),
+    "ack": ("--config",),
 }
 
 

@@ -86,7 +86,7 @@ def test_the_table_matches_what_each_subcommand_accepts() -> None:
     from mps_health.core.commands.remediate import ACTIONS
 
     subs = {"remediate": list(ACTIONS), "unit": ["prepare", "stop"], "config": ["example"],
-            "slurm": ["gres-conf"]}
+            "slurm": ["gres-conf"], "ack": ["server-churn"]}
     for name in argv.COMMANDS:
         for action in subs.get(name, [""]):
             words = [name, *([action] if action else [])]
