@@ -215,7 +215,13 @@ def summary(report: Report, found: Sequence[Finding]) -> str:
                 f"in {report.duration_s:.2f}s")
     first = found[0]
     text = f"{first.label}: {first.message}"
-    others = list(dict.fromkeys(f.label for f in found[1:] if f.label != first.label))
+    # The others by their codes only. A number over its -w/-c range is named by a
+    # perfdata label (node_latency), not a code: it is in the perfdata and the long
+    # output, and the finding behind it (control-wedged, control-slow) is named here.
+    # It leads the line only when it is the worst finding.
+    codes = {_label(r) for run in report.runs for r in run.results}
+    others = list(dict.fromkeys(f.label for f in found[1:]
+                                if f.label != first.label and f.label in codes))
     if others:
         text += "; also " + ", ".join(others[:5]) + (f", +{len(others) - 5} more"
                                                      if len(others) > 5 else "")
