@@ -120,3 +120,11 @@ def test_a_terminal_is_told_what_the_run_waits_for(site) -> None:
     assert re.search(r"mps-health: waiting for the control daemon of node \(up to (3|2\.9)s\)"
                      r"\.\.\.\r?\n", said), said
     assert said.count("waiting for") == 1
+
+
+def test_healthcheck_does_not_ask_a_stopped_daemon_for_its_servers(site) -> None:
+    d, cfg = _with_server(site)
+    r = _stopped(d, lambda: mps_health("healthcheck", "--foreground", "--dry-run",
+                                       "--config", cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"servers-not-asked: cannot list the servers (skipped: {NOT_ASKED}" in r.stdout
