@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Several wedged instances cost one timeout, not one per instance.
+"""Several wedged instances cost one timeout, not one per instance nor one per query.
 
 Eight per-GPU instances (fake daemons on a machine without a GPU; the real binaries
 with --real, where each daemon gets CUDA_VISIBLE_DEVICES of its index modulo the GPU
 count) are checked with 0, 1, 4 and 8 of their daemons SIGSTOPped. A check that asked
 them one after another would take N x the control timeout; ours should take about one.
+With the fakes each daemon also runs a server (``fake_server_start``), so the servers
+probe has a daemon to ask: the whole check and ``mps-health clients`` are timed too,
+and should take one timeout as well, not two (the control query, then the server list).
+Each line gives the wall time and its ratio to one control timeout.
 
 Usage: python3 bench/wedged_instances.py [--real] [--instances 8] [--timeout 1.0]
 """
@@ -61,24 +65,36 @@ def main() -> int:
         time.sleep(1.0)
         for g in gpus:
             pids.append(int((work / f"pipe_{g}" / "nvidia-cuda-mps-control.pid").read_text()))
-        check = [sys.executable, "-m", "mps_health.core.cli", "check", "--config", str(config),
-                 "--only", "control"]
+            if not args.real:  # a server under each daemon: the servers probe asks it
+                subprocess.run(["nvidia-cuda-mps-control"], input="fake_server_start\n",
+                               env=dict(env, CUDA_MPS_PIPE_DIRECTORY=str(work / f"pipe_{g}")),
+                               text=True, capture_output=True, timeout=30, check=True)
+        cli = [sys.executable, "-m", "mps_health.core.cli"]
+        commands = [("check --only control", [*cli, "check", "--config", str(config),
+                                              "--only", "control"])]
+        if not args.real:
+            commands += [("check", [*cli, "check", "--config", str(config)]),
+                         ("clients", [*cli, "clients", "--config", str(config)])]
         print(f"{n} instances, control timeout {args.timeout:g} s "
-              f"({'real daemons' if args.real else 'fake daemons'})")
+              f"({'real daemons' if args.real else 'fake daemons, one server each'})")
         for wedged in sorted({0, 1, n // 2, n}):
-            for pid in pids[:wedged]:
-                os.kill(pid, signal.SIGSTOP)
-            t0 = time.perf_counter()
-            r = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
-            took = time.perf_counter() - t0
-            for pid in pids[:wedged]:
-                os.kill(pid, signal.SIGCONT)
-            reported = sum(1 for line in r.stdout.splitlines()
-                           if line.startswith("CRITICAL control[") and "control-wedged" in line)
-            serial = wedged * args.timeout
-            print(f"  {wedged} wedged: {took:5.2f} s, exit {r.returncode}, {reported} reported "
-                  f"wedged; one at a time would take >= {serial:4.1f} s"
-                  + (f" (ratio {took / serial:.2f})" if serial else ""))
+            for name, command in commands:
+                for pid in pids[:wedged]:
+                    os.kill(pid, signal.SIGSTOP)
+                t0 = time.perf_counter()
+                r = subprocess.run(command, env=env, capture_output=True, text=True,
+                                   timeout=120)
+                took = time.perf_counter() - t0
+                for pid in pids[:wedged]:
+                    os.kill(pid, signal.SIGCONT)
+                reported = sum(1 for line in r.stdout.splitlines()
+                               if line.startswith("CRITICAL control[")
+                               and "control-wedged" in line)
+                serial = wedged * args.timeout
+                print(f"  {wedged} wedged, {name:<20}: {took:5.2f} s "
+                      f"(ratio to one timeout {took / args.timeout:.2f}), exit {r.returncode}"
+                      + (f", {reported} reported wedged" if name.startswith("check") else "")
+                      + (f"; one at a time would take >= {serial:4.1f} s" if serial else ""))
     finally:
         for g, pid in enumerate(pids):
             try:

@@ -4,6 +4,11 @@ Neither the control socket nor the pid file proves a daemon is alive (both survi
 SIGKILL), so liveness comes from the process table: a control process whose
 CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreadable,
 the live control process the pid file names.
+
+``daemon_up`` (perfdata, the exporter, the fleet alert's ``count(daemon_up == 0)``) is 1
+only for a daemon that can serve: 0 when none runs, when it is stopped (SIGSTOP: every
+client hangs), and when this run's control query got no answer from it (wedged; the
+control check reports ``control-wedged``), so a fleet-wide wedge counts as daemons down.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def _foreign(inst: Instance, strangers: List[ProcessFact], want: int) -> Iterato
 
 
 def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],
-                    config: Config, root: str, missing: str = "") -> Iterator[Result]:
+                    config: Config, root: str, missing: str = "", wedged: bool = False
+                    ) -> Iterator[Result]:
     want = expected_uid(config.mps.daemon_user, pipe)
     claimants = live_daemons(inst, procs, pipe, root)
     live = [p for p in claimants if want is None or p.uid == want]
@@ -78,14 +84,16 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
         pids = ", ".join(str(p.pid) for p in live)
         yield Result(NAME, CRITICAL, "daemon-duplicate", inst.name,
                      f"{len(live)} control daemons share {inst.pipe_dir} (pids {pids})",
-                     _reset(inst), (("daemon_up", 1.0),))
+                     _reset(inst), (("daemon_up", 0.0 if wedged else 1.0),))
         return
     daemon = live[0]
-    values = (("daemon_up", 1.0), ("daemon_pid", float(daemon.pid)))
+    values = (("daemon_up", 0.0 if wedged else 1.0), ("daemon_pid", float(daemon.pid)))
     if daemon.state in ("T", "t"):
+        # Not up: it runs, but serves no one until it is continued (SIGCONT) or reset.
         yield Result(NAME, CRITICAL, "daemon-stopped", inst.name,
                      f"control daemon {daemon.pid} is stopped (state {daemon.state}): "
-                     "every client and query hangs", _reset(inst), values)
+                     "every client and query hangs", _reset(inst),
+                     (("daemon_up", 0.0), ("daemon_pid", float(daemon.pid))))
         return
     if daemon.state == "D":
         yield Result(NAME, WARNING, "daemon-uninterruptible", inst.name,
@@ -97,6 +105,11 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
         yield Result(NAME, CRITICAL, "daemon-root", inst.name,
                      f"control daemon {daemon.pid} runs as root where per-user daemons are "
                      "required: any user can send it privileged commands", _reset(inst), values)
+        return
+    if wedged:  # the control check's control-wedged is the finding; here only the number
+        yield ok(NAME, inst.name, f"control daemon {daemon.pid} runs for {inst.pipe_dir} but "
+                 "did not answer this run's query (see the control check)",
+                 daemon_up=0.0, daemon_pid=float(daemon.pid))
         return
     yield ok(NAME, inst.name, f"control daemon {daemon.pid} serves {inst.pipe_dir}",
              daemon_up=1.0, daemon_pid=float(daemon.pid))
@@ -111,13 +124,20 @@ def _binary_missing(answers: object, name: str) -> str:
     return ""
 
 
+def _unanswered(answers: object, name: str) -> bool:
+    """Did this run's control query get no answer from the instance's daemon in time?"""
+    answer = answers.get(name) if isinstance(answers, dict) else None
+    return getattr(answer, "status", "") == "timeout"
+
+
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     procs: Tuple[ProcessFact, ...] = facts.get("processes")
     dirs: Mapping[str, DirFact] = facts.get("dirs")
     answers = facts.sources.get("control")  # there when the control check runs too
     for inst in facts.instances:
         yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root,
-                                   _binary_missing(answers, inst.name))
+                                   _binary_missing(answers, inst.name),
+                                   _unanswered(answers, inst.name))
     if facts.instances_over_cap:
         yield Result(NAME, WARNING, "instances-capped", "",
                      f"{facts.instances_over_cap} more per-job instances than mps.max_instances "

@@ -26,6 +26,10 @@ class Context(NamedTuple):
     # Per-job layout: Slurm's jobs on this node (probes.slurm.JobList), asked once per run
     # before the instances are known; the slurm source reuses it.
     jobs: Any = None
+    # Within a run (the engine's gather): the run's control queries, shared by every probe
+    # that asks a daemon (probes.control.Queries), so a daemon that did not answer one is
+    # asked nothing more and costs one timeout. None elsewhere: each query on its own.
+    queries: Any = None
 
     def path(self, absolute: str) -> str:
         """``absolute`` as seen under the configured root."""

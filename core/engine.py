@@ -179,6 +179,11 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         found, insts, unjudged = (), (), {}
         errors["instances"] = _one_line(e)
     doing.discard("instances")
+    if "control" in needed or "servers" in needed:
+        # Shared by the probes that ask the daemons: one timeout per wedged daemon.
+        from .probes.control import Queries
+
+        ctx = ctx._replace(queries=Queries())
 
     def collect(src: registry.Source, step: Callable[[], object]) -> None:
         t0 = time.monotonic()

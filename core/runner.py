@@ -29,7 +29,18 @@ from .resources import STARVED, OutOfResources, starved_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+    from typing import (
+        Any,
+        Callable,
+        Dict,
+        List,
+        Mapping,
+        NamedTuple,
+        Optional,
+        Sequence,
+        Set,
+        Tuple,
+    )
 else:
     from .frozen import NamedTuple
 
@@ -229,18 +240,25 @@ class Pending:
         return Completed(self.argv, None if timed_out else self.rc, out, err,
                          end - self.started, timed_out)
 
-    def wait(self, deadline: float) -> Completed:
-        return wait_all([self], deadline)[0]
+    def wait(self, deadline: float,
+             waiting: Optional[Callable[[List[Pending]], None]] = None) -> Completed:
+        return wait_all([self], deadline, waiting)[0]
 
 
 LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
+# A person at a terminal is told what a run waits for once a command has run this long
+# (the ``waiting`` callback of wait_all); a healthy daemon answers in milliseconds.
+WAITING_AFTER_S = 1.0
 
 
-def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
+def wait_all(pending: Sequence[Pending], deadline: float,
+             waiting: Optional[Callable[[List[Pending]], None]] = None) -> List[Completed]:
     """Collect several commands with one poll loop, killing what is left at ``deadline``.
 
     A command that exited while something it started (``nvidia-cuda-mps-control -d``'s
     daemon) still holds its stdout is collected shortly after its exit, not at EOF.
+    ``waiting``, if given, is called once with the commands still running when the first
+    of them has run ``WAITING_AFTER_S`` (and the deadline is not yet there).
     """
     poller = select.poll()
     owner: Dict[int, Pending] = {}
@@ -253,6 +271,12 @@ def wait_all(pending: Sequence[Pending], deadline: float) -> List[Completed]:
     exited: Dict[Pending, float] = {}
     while open_fds:
         now = time.monotonic()
+        if waiting is not None and now < deadline \
+                and now - min(p.started for p in open_fds) >= WAITING_AFTER_S:
+            still = [p for p in pending if p in open_fds and p not in exited]
+            if still:
+                waiting(still)
+            waiting = None
         for p in list(open_fds):  # finished, but its pipes were handed on: stop reading
             if p not in exited and p.finished():
                 exited[p] = now

@@ -118,7 +118,13 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
 
 def clients(ctx: Context, inst: Instance, deadline: float
             ) -> Tuple[str, str, List[Tuple[int, int, Optional[int]]]]:
-    """(control status, detail, [(server, client pid, client uid)]) under the pipe lock."""
+    """(control status, detail, [(server, client pid, client uid)]) under the pipe lock;
+    "unanswered" (and why) for a daemon that gave the run's query no answer: not asked
+    again, and still tried by the canary (it shows whether CUDA clients hang)."""
+    if ctx.queries is not None:
+        why = ctx.queries.unanswered(inst.pipe_dir, deadline)
+        if why:
+            return "unanswered", why, []
     lock = control.pipe_lock(ctx, inst)
     if not lock.acquire(min(deadline, time.monotonic() + ctx.config.control.timeout_s)):
         return "skipped", "another mps-health query to this pipe dir did not finish", []
@@ -226,6 +232,8 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     if status == "timeout":
         fact = fact._replace(detail=fact.detail + "; the control daemon did not answer "
                              "get_server_list either")
+    elif status == "unanswered":
+        fact = fact._replace(detail=f"{fact.detail}; {detail}")
     return fact
 
 

@@ -6,10 +6,17 @@ daemon; every other error exits 0 and must be read from stdout. A stopped daemon
 the client hang forever, so every query has a deadline and is killed with its process
 group. All instances are asked at once against one deadline, and a lock file makes our
 own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
+
+Within a run, ``Queries`` (the engine's, in ``ctx.queries``) is shared by every probe
+that asks a daemon: a daemon that gave one query no answer is asked nothing more that
+run, and the servers probe asks an instance only once the run's query of it is in, so a
+wedged daemon costs one timeout, whatever the command (check, check_mps, the health
+check, clients, the exporter).
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import time
 
@@ -19,7 +26,9 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Tuple
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..runner import Pending as PendingType
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -82,6 +91,85 @@ class _Lock:
         self.lock.release()
 
 
+class Queries:
+    """One run's control queries, shared by the probes that ask a daemon.
+
+    ``expect`` marks an instance's query as out, ``record`` takes its answer (or any
+    later query's); ``unanswered`` waits for the query that is out and says why the
+    daemon is not to be asked again: it gave a query of this run no answer in time
+    (wedged, or our lock on it never came free). Asking it again would only wait out
+    another timeout. On a terminal, ``waiting`` gives wait_all the one stderr line that
+    says what a wait longer than a second is for; never elsewhere (slurmd, Nagios, a
+    pipe read nothing but our documented output).
+    """
+
+    def __init__(self) -> None:
+        self.tell = _on_terminal()
+        self._out: Dict[str, _thread.LockType] = {}  # pipe dir -> held until it is answered
+        self._unanswered: Dict[str, str] = {}  # pipe dir -> why
+
+    def expect(self, pipe_dir: str) -> None:
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        self._out.setdefault(pipe_dir, lock)
+
+    def record(self, pipe_dir: str, answer: ControlAnswer) -> None:
+        if answer.status in ("timeout", "skipped") and pipe_dir not in self._unanswered:
+            self._unanswered[pipe_dir] = (f"the control daemon gave no answer to "
+                                          f"{answer.command} this run ({answer.detail})")
+        self.settle([pipe_dir])
+
+    def settle(self, pipe_dirs: Sequence[str]) -> None:
+        """These are in (or no answer will come: the query failed): their waiters go on."""
+        for pipe_dir in pipe_dirs:
+            lock = self._out.pop(pipe_dir, None)
+            if lock is not None:
+                lock.release()
+
+    def unanswered(self, pipe_dir: str, deadline: float) -> str:
+        """Why the daemon of ``pipe_dir`` is asked nothing more this run ("": ask it),
+        once the run's query of it that is out is in (or at ``deadline``)."""
+        lock = self._out.get(pipe_dir)
+        if lock is not None:
+            wait = min(max(0.0, deadline - time.monotonic()), _thread.TIMEOUT_MAX)
+            if lock.acquire(timeout=wait):
+                lock.release()
+        return self._unanswered.get(pipe_dir, "")
+
+    def waiting(self, names: Dict[PendingType, str], command: str, deadline: float
+                ) -> Optional[Callable[[List[PendingType]], None]]:
+        """wait_all's ``waiting`` for the clients in ``names`` (each one's instance)."""
+        if not self.tell:
+            return None
+
+        def say(still: Sequence[PendingType]) -> None:
+            from ..printable import printable
+
+            shown = [printable(names[p]) for p in still if p in names]
+            if not shown:
+                return
+            whose = (f"the control daemon of {shown[0]}" if len(shown) == 1 else
+                     f"the control daemons of {', '.join(shown[:5])}"
+                     + (f" and {len(shown) - 5} more" if len(shown) > 5 else ""))
+            what = "" if command == QUERY else f" to answer {printable(command)}"
+            up_to = f"{max(0.0, deadline - min(p.started for p in still)):.1f}"
+            line = (f"mps-health: waiting for {whose}{what} "
+                    f"(up to {up_to.rstrip('0').rstrip('.')}s)...\n")
+            try:
+                os.write(2, line.encode("utf-8", "replace"))
+            except OSError:
+                pass
+
+        return say
+
+
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(2)
+    except OSError:
+        return False
+
+
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],
             command: str = QUERY) -> Dict[str, ControlAnswer]:
     """Ask every instance ``command``, at most ``control.max_clients`` clients at once
@@ -97,17 +185,34 @@ def start_asking(ctx: Context, instances: Tuple[Instance, ...], command: str = Q
     cfg = ctx.config
     deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
     step = cfg.control.max_clients
-    first = _Batch(ctx, instances[:step], command, deadline)
+    if ctx.queries is not None:
+        for inst in instances:
+            ctx.queries.expect(inst.pipe_dir)
+    try:
+        first = _Batch(ctx, instances[:step], command, deadline)
+    except BaseException:
+        if ctx.queries is not None:
+            ctx.queries.settle([inst.pipe_dir for inst in instances])
+        raise
 
     def collect() -> Dict[str, ControlAnswer]:
+        try:
+            return collect_all()
+        finally:
+            if ctx.queries is not None:
+                ctx.queries.settle([inst.pipe_dir for inst in instances])
+
+    def collect_all() -> Dict[str, ControlAnswer]:
         answers = first.collect()
         for at in range(step, len(instances), step):
             batch = instances[at:at + step]
             if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it
-                answers.update({inst.name: ControlAnswer(
+                skipped = {inst.name: ControlAnswer(
                     command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
                     "control clients run at once (control.max_clients) and the run's time "
-                    "was up") for inst in batch})
+                    "was up") for inst in batch}
+                answers.update(skipped)
+                _record(ctx, batch, skipped)
                 continue
             answers.update(_Batch(ctx, batch, command, deadline).collect())
         return answers
@@ -147,13 +252,29 @@ class _Batch:
                     answers[inst.name] = ControlAnswer(
                         self.command, "skipped", None, "", "", 0.0,
                         "another mps-health query to this pipe dir did not finish in time")
-            done = wait_all([p for _, p, _ in self.started], self.deadline)
+            waiting = self.ctx.queries.waiting({p: inst.name for inst, p, _ in self.started},
+                                               self.command, self.deadline) \
+                if self.ctx.queries is not None else None
+            done = wait_all([p for _, p, _ in self.started], self.deadline, waiting)
         finally:
             for _, _, lock in self.started:
                 lock.release()
         for (inst, _, _), completed in zip(self.started, done):
             answers[inst.name] = classify(self.command, completed)
+        _record(self.ctx, [inst for inst, _, _ in self.started]
+                + [inst for inst, _ in self.waiting], answers)
         return answers
+
+
+def _record(ctx: Context, instances: Sequence[Instance], answers: Dict[str, ControlAnswer]
+            ) -> None:
+    """Hand this run's answers to the probes that ask the same daemons after us."""
+    if ctx.queries is None:
+        return
+    for inst in instances:
+        answer = answers.get(inst.name)
+        if answer is not None:
+            ctx.queries.record(inst.pipe_dir, answer)
 
 
 def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
@@ -174,11 +295,23 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
     """One query to ``inst``, bounded by the control timeout and ``deadline``.
 
     For a series of queries (the server check): the caller holds :func:`pipe_lock`.
+    Within a run, a daemon that gave an earlier query no answer is not asked ("skipped",
+    at once).
     """
+    queries = ctx.queries
+    if queries is not None:
+        why = queries.unanswered(inst.pipe_dir, deadline)
+        if why:
+            return ControlAnswer(command, "skipped", None, "", "", 0.0, "not asked: " + why)
     deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
     client = ctx.config.command("nvidia-cuda-mps-control")
-    done = Pending([client], command + "\n", client_env(ctx, inst)).wait(deadline)
-    return classify(command, done)
+    pending = Pending([client], command + "\n", client_env(ctx, inst))
+    waiting = queries.waiting({pending: inst.name}, command, deadline) \
+        if queries is not None else None
+    answer = classify(command, pending.wait(deadline, waiting))
+    if queries is not None:
+        queries.record(inst.pipe_dir, answer)
+    return answer
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:

@@ -9,7 +9,9 @@ nothing, so each answer is parsed), all while holding the pipe dir's lock that t
 control probe takes, so our queries to one daemon never overlap. Users come from /proc.
 
 Only an instance whose daemon has a child process is asked (core/probes/servers.py), so
-an idle node never loads this module.
+an idle node never loads this module. Within a run an instance is asked once the run's
+control query of it is in, and not at all when that query went unanswered
+(``control.Queries``): a wedged daemon costs the run one timeout, not two.
 """
 
 from __future__ import annotations
@@ -189,6 +191,13 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
     t0 = time.monotonic()
     daemon_pid, daemon_start = daemon
     timeout = ctx.config.control.timeout_s
+    if ctx.queries is not None:
+        # The run's control query of this daemon first: once it went unanswered, asking
+        # for the servers would only wait out a second timeout (servers-not-asked says why).
+        why = ctx.queries.unanswered(inst.pipe_dir, ctx.deadline)
+        if why:
+            return InstanceServers("skipped", "not asked: " + why, daemon_pid, daemon_start,
+                                   (), time.monotonic() - t0)
     lock = control.pipe_lock(ctx, inst)
     if not lock.acquire(min(time.monotonic() + timeout, ctx.deadline)):
         return InstanceServers("skipped", "another mps-health query to this pipe dir did not "

@@ -193,3 +193,20 @@ def test_bad_canary_section_is_one_line(site) -> None:
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == f"mps-health: {cfg}: key 'canary.timeout_s': must be a number between " \
            "0.5 and 120 (got 0)\n"
+
+
+def test_stopped_daemon_fails_the_canary_in_a_whole_check(site) -> None:
+    """With the control check in the run too: the canary still runs (and times out) on a
+    daemon whose control query went unanswered; the run asks that daemon nothing more."""
+    d = site.start_daemon()
+    cfg = site.config(fake_canary("canary:\n  timeout_s: 2\ncontrol:\n  timeout_s: 0.5\n"))
+    d.signal(signal.SIGSTOP)
+    try:
+        r = mps_health("check", "--config", cfg, "--only", "control,canary")
+    finally:
+        d.signal(signal.SIGCONT)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "control-wedged" in r.stdout
+    assert ("canary-timeout: the canary got no result within 2s (no CUDA context: clients of "
+            "this pipe dir hang); the control daemon gave no answer to "
+            "get_default_active_thread_percentage this run (no answer within ") in r.stdout

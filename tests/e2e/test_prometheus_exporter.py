@@ -62,7 +62,10 @@ def test_textfile_keeps_the_last_success_of_a_blind_run(tmp_path: Path, site) ->
 def test_served_metrics_are_valid_with_process_series(tmp_path: Path, site) -> None:
     site.start_daemon()
     cfg = site.config()
-    with exporter(tmp_path, cfg, "--interval", "1") as (proc, url):
+    # An interval of 2 s fits the control query into 1.1 s: the fake daemon's Python
+    # client, on a loaded machine, can take more than the 0.3 s an interval of 1 s leaves,
+    # and a daemon that does not answer in time is not up (daemon_up 0).
+    with exporter(tmp_path, cfg, "--interval", "2") as (proc, url):
         assert get(url + "/")[0] == 200 and get(url + "/nope")[0] == 404
         body = wait_for("a first run", lambda: (
             lambda b: b if "mps_health_last_run_timestamp_seconds" in b else None)(

@@ -56,14 +56,17 @@ def test_zombie_launcher_is_not_a_daemon(tmp_path: Path) -> None:
     assert ("node", "daemon-stale") in found
 
 
-@pytest.mark.parametrize("state,code,severity", [
-    ("T", "daemon-stopped", CRITICAL), ("D", "daemon-uninterruptible", WARNING)])
-def test_stopped_and_stuck(tmp_path: Path, state: str, code: str, severity: int) -> None:
+@pytest.mark.parametrize("state,code,severity,up", [
+    ("T", "daemon-stopped", CRITICAL, 0.0), ("D", "daemon-uninterruptible", WARNING, 1.0)])
+def test_stopped_and_stuck(tmp_path: Path, state: str, code: str, severity: int,
+                           up: float) -> None:
     add_process(tmp_path, 4242, state=state, pipe_dir="/tmp/nvidia-mps")
     add_pipe_dir(tmp_path, "/tmp/nvidia-mps", 4242)
     add_dir(tmp_path, "/var/log/nvidia-mps")
     _, found = judge(tmp_path, {})
     assert found[("node", code)].state == severity
+    # A stopped daemon serves no one: the fleet alert's count(daemon_up == 0) counts it.
+    assert dict(found[("node", code)].values)["daemon_up"] == up
 
 
 def test_two_daemons_one_dir_and_orphan_server(tmp_path: Path) -> None:

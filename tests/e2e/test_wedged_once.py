@@ -1,0 +1,130 @@
+"""A stopped control daemon with a server costs every command one timeout: the servers
+are not asked once the run's control query got no answer (and say why), the daemon is
+not "up", and a terminal is told what the run waits for. No timings here: what was
+waited for is asserted; bench/wedged_instances.py measures the time."""
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+from pathlib import Path
+from typing import Tuple
+
+from clirun import argv, check_mps, mps_health, results
+from monitoring_tools import metric_lines
+from plugin_output import parse
+
+NOT_ASKED = ("not asked: the control daemon gave no answer to "
+             "get_default_active_thread_percentage this run (no answer within ")
+
+
+def _with_server(site, timeout: float = 1.0) -> Tuple[object, str]:
+    d = site.start_daemon()
+    cfg = site.config(f"control:\n  timeout_s: {timeout}\n")
+    started = d.query("fake_server_start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    return d, cfg
+
+
+def _stopped(d, run):  # type: ignore[no-untyped-def]
+    d.signal(signal.SIGSTOP)
+    try:
+        return run()
+    finally:
+        d.signal(signal.SIGCONT)
+
+
+def test_check_does_not_ask_a_stopped_daemon_for_its_servers(site) -> None:
+    d, cfg = _with_server(site)
+    r = _stopped(d, lambda: mps_health("check", "--config", cfg, "--format", "json"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert [x["code"] for x in results(r, "control")] == ["control-wedged"]
+    (servers,) = results(r, "servers")
+    assert servers["code"] == "servers-not-asked"
+    assert servers["message"].startswith(f"cannot list the servers (skipped: {NOT_ASKED}")
+    (stopped,) = [x for x in results(r, "daemon") if x["instance"] == "node"]
+    assert stopped["code"] == "daemon-stopped" and stopped["values"]["daemon_up"] == 0
+    assert "waiting" not in r.stderr  # not a terminal: nothing but the documented output
+
+
+def test_clients_does_not_ask_a_stopped_daemon_for_its_servers(site) -> None:
+    d, cfg = _with_server(site)
+    r = _stopped(d, lambda: mps_health("clients", "--config", cfg, "--format", "json"))
+    assert r.returncode == 3, r.stdout + r.stderr
+    (inst,) = json.loads(r.stdout)["instances"]
+    assert inst["query"] == "skipped" and inst["detail"].startswith(NOT_ASKED)
+
+
+def test_check_mps_names_codes_and_gives_daemon_up_0(site) -> None:
+    d, cfg = _with_server(site)
+    r = _stopped(d, lambda: check_mps("--config", cfg, "-t", "5", "-c", "0.5", "-v"))
+    out = parse(r.stdout, r.returncode)
+    print(r.stdout)
+    assert (r.returncode, out.state) == (2, "CRITICAL")
+    assert "servers-not-asked node" in out.text and "node_latency" not in out.text
+    assert any(line.startswith("CRITICAL node_latency: ") for line in out.long_lines)
+    assert out.perf("node_daemon_up").value == "0"
+    assert any(line.startswith("UNKNOWN servers-not-asked node: cannot list the servers "
+                               f"(skipped: {NOT_ASKED}") for line in out.long_lines)
+
+
+def test_exporter_counts_a_stopped_daemon_as_down(tmp_path: Path, site) -> None:
+    d, cfg = _with_server(site)
+    out = tmp_path / "textfile"
+    out.mkdir()
+    r = _stopped(d, lambda: mps_health("exporter", "--config", cfg, "--textfile", str(out)))
+    assert r.returncode == 0, r.stderr
+    text = (out / "mps_health.prom").read_text()
+    assert metric_lines(text, "mps_health_daemon_up") == [
+        'mps_health_daemon_up{mps_instance="node"} 0.0']
+    assert ('mps_health_problems{check="servers",code="servers-not-asked",'
+            'mps_instance="node",state="unknown"} 1.0') in text
+
+
+def _run_on_a_terminal(*args: str) -> Tuple[int, str]:
+    """``mps-health ARGS`` with stderr on a pty: (exit status, what the terminal got)."""
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen(argv("mps-health", *args), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=slave)
+    finally:
+        os.close(slave)
+    said = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(master)
+        rc = p.wait(timeout=60)
+    return rc, said.decode("utf-8", "replace")
+
+
+def test_a_terminal_is_told_what_the_run_waits_for(site) -> None:
+    d = site.start_daemon()
+    cfg = site.config("control:\n  timeout_s: 3.0\n")  # room past the second, under load
+    rc, said = _stopped(d, lambda: _run_on_a_terminal("check", "--config", cfg, "--only",
+                                                       "control"))
+    assert rc == 2, said
+    assert re.search(r"mps-health: waiting for the control daemon of node \(up to (3|2\.9)s\)"
+                     r"\.\.\.\r?\n", said), said
+    assert said.count("waiting for") == 1
+
+
+def test_healthcheck_does_not_ask_a_stopped_daemon_for_its_servers(site) -> None:
+    d, cfg = _with_server(site)
+    r = _stopped(d, lambda: mps_health("healthcheck", "--foreground", "--dry-run",
+                                       "--config", cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"servers-not-asked: cannot list the servers (skipped: {NOT_ASKED}" in r.stdout
