@@ -42,7 +42,7 @@ def test_real_canary_without_libcuda_is_a_clear_unknown(site) -> None:
     assert r.stdout.splitlines()[1] == (
         "UNKNOWN canary[node] canary-no-libcuda: libcuda.so.1 not found: no NVIDIA driver "
         "here, so the canary cannot run -> install the NVIDIA driver, or do not enable the "
-        "canary on this node")
+        "canary on this node (runbook: mps-health explain canary-no-libcuda)")
 
 
 # --- verdicts (pure) ------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def test_fault_server_fails_the_canary(site) -> None:
     assert r.returncode == 2
     assert ("CRITICAL canary[node] canary-failed: the canary's cuCtxCreate failed: "
             "CUDA_ERROR_MPS_SERVER_NOT_READY (807) through MPS -> run 'mps-health remediate "
-            "reset node'") in r.stdout
+            f"reset node --config {cfg}'") in r.stdout
     assert "server-fault" in r.stdout
 
 

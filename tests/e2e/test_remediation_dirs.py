@@ -74,7 +74,7 @@ def test_a_0700_pipe_dir_is_fixed_in_place_daemon_and_client_untouched(site: Sit
     d, server, client, cfg = served
     site.pipe.chmod(0o700)
     found = findings(cfg)["pipe-dir-mode"]
-    assert found["action"].startswith("run 'mps-health remediate dirs node' (dry run first")
+    assert found["action"].startswith("run 'mps-health remediate dirs node --config ")
     assert "remediate reset" not in found["action"]
     r = dirs(cfg, "node")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -118,7 +118,7 @@ def test_log_dir_mode_alone_is_a_dirs_repair_and_reset_plans_no_restart(site: Si
     d, server, client, cfg = served
     site.log.chmod(0o777)
     found = findings(cfg)["log-dir-mode"]
-    assert found["action"].startswith("run 'mps-health remediate dirs node'")
+    assert found["action"].startswith("run 'mps-health remediate dirs node --config ")
     plan = mps_health("remediate", "reset", "--config", cfg, "--dry-run")
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert "fixed in place, as 'mps-health remediate dirs node' does, no restart" in plan.stdout
@@ -134,7 +134,7 @@ def test_a_missing_log_dir_is_made_while_the_daemon_runs(site: Site, served) -> 
     d, server, client, cfg = served
     shutil.rmtree(site.log)
     assert findings(cfg)["log-dir-missing"]["action"].startswith(
-        "run 'mps-health remediate dirs node'")
+        "run 'mps-health remediate dirs node --config ")
     r = dirs(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
     st = os.lstat(site.log)

@@ -65,7 +65,8 @@ def test_check_mps_names_codes_and_gives_daemon_up_0(site) -> None:
     print(r.stdout)
     assert (r.returncode, out.state) == (2, "CRITICAL")
     assert "servers-not-asked node" in out.text and "node_latency" not in out.text
-    assert any(line.startswith("CRITICAL node_latency: ") for line in out.long_lines)
+    assert any(line.startswith("CRITICAL control-slow node: latency ")
+               for line in out.long_lines), out.long_lines
     assert out.perf("node_daemon_up").value == "0"
     assert any(line.startswith("UNKNOWN servers-not-asked node: cannot list the servers "
                                f"(skipped: {NOT_ASKED}") for line in out.long_lines)
