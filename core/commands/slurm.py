@@ -66,7 +66,8 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                    help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
     c.add_argument("--health-check-program", metavar="PATH",
                    help="default: mps-health-healthcheck beside this Python's scripts")
-    c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
+    c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS",
+                   help="HealthCheckInterval: how often slurmd runs it (default 300)")
     diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
     c.set_defaults(slurm_handler=conf)
 
