@@ -138,18 +138,20 @@ def test_deb_installs_runs_and_leaves_only_config_and_state(deb: Path, tmp_path:
     assert (node.root / "opt").stat().st_mode & 0o7777 == 0o755
 
 
-def test_postrm_leaves_the_systems_empty_opt(tmp_path: Path) -> None:
-    """The package's postrm, in a package of one file under /opt (no build needed): dpkg
-    -r and -P take an empty /opt with the last package listing it; the postrm puts the
-    system's back, 0755 root."""
+def test_remove_and_purge_leave_the_systems_empty_opt(tmp_path: Path) -> None:
+    """The package's prerm and postrm, in a package of one file under /opt (no build
+    needed), with a file Python would compile there at run time: dpkg takes an empty /opt
+    with the last package listing it, at the remove or, left then, at the purge; the
+    system's stays, 0755 root, whichever way the package goes."""
     tree = tmp_path / "pkg"
     (tree / "DEBIAN").mkdir(parents=True)
     (tree / "DEBIAN/control").write_text(
         "Package: mps-health\nVersion: 0.1.0\nArchitecture: all\n"
-        "Maintainer: test <test@example.org>\nDescription: the postrm alone\n")
-    postrm = (CONTRIB / "debian/mps-health.postrm").read_text()
-    (tree / "DEBIAN/postrm").write_text(postrm.replace("#DEBHELPER#\n", ""))
-    (tree / "DEBIAN/postrm").chmod(0o755)
+        "Maintainer: test <test@example.org>\nDescription: the maintainer scripts alone\n")
+    for script in ("prerm", "postrm"):
+        text = (CONTRIB / f"debian/mps-health.{script}").read_text()
+        (tree / "DEBIAN" / script).write_text(text.replace("#DEBHELPER#\n", ""))
+        (tree / "DEBIAN" / script).chmod(0o755)
     (tree / "opt/mps-health").mkdir(parents=True)
     (tree / "opt/mps-health/file").write_text("x\n")
     r = run(["dpkg-deb", "--root-owner-group", "-b", str(tree), str(tmp_path / "m.deb")])
@@ -157,11 +159,14 @@ def test_postrm_leaves_the_systems_empty_opt(tmp_path: Path) -> None:
     node = Node(fresh_root(tmp_path / "root", NODE_PACKAGES))
     assert sorted(p.name for p in (node.root / "opt").iterdir()) == []
     shutil.copy(tmp_path / "m.deb", node.root / "root")
-    for remove in ("dpkg -r", "dpkg -P"):
-        node.ok(f"dpkg -i /root/m.deb\n{remove} mps-health")
-        opt = (node.root / "opt").lstat()
-        assert stat.S_ISDIR(opt.st_mode) and stat.S_IMODE(opt.st_mode) == 0o755, remove
-        assert (opt.st_uid, opt.st_gid) == (0, 0) and not any((node.root / "opt").iterdir())
+    compiled = "mkdir /opt/mps-health/__pycache__ && : > /opt/mps-health/__pycache__/m.pyc"
+    for steps in (["dpkg -r", "dpkg -P"], ["dpkg -P"]):
+        node.ok(f"dpkg -i /root/m.deb\n{compiled}")
+        for step in steps:
+            node.ok(f"{step} mps-health")
+            opt = (node.root / "opt").lstat()
+            assert stat.S_ISDIR(opt.st_mode) and stat.S_IMODE(opt.st_mode) == 0o755, step
+            assert (opt.st_uid, opt.st_gid) == (0, 0) and not any((node.root / "opt").iterdir())
 
 
 def test_deb_rules_are_the_files_the_test_builds() -> None:
