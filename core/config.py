@@ -362,7 +362,7 @@ def _stat(path: str) -> Optional[os.stat_result]:
 def _parse_yaml(text: str, path: str) -> Any:
     import yaml  # only when there is a file: PyYAML costs milliseconds
 
-    from .inputs import tree_size, yaml_nesting
+    from .inputs import tree_size, yaml_nesting, yaml_too_deep
     from .printable import escape
 
     # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
@@ -371,6 +371,7 @@ def _parse_yaml(text: str, path: str) -> Any:
     try:
         data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
+        yaml_too_deep(e)  # a short text (no event pass) deeper than libyaml takes
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]

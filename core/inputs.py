@@ -12,7 +12,10 @@ the node's memory:
 - ``yaml_nesting``: libyaml's composer recurses in C, so a document nested some
   ten thousand levels deep crashes the interpreter (SIGSEGV) before Python can raise
   RecursionError. Its event parser keeps its own stack, so the depth is measured on the
-  events first and a deep file is refused before the composer sees it.
+  events first and a deep file is refused before the composer sees it. libyaml 0.2.6
+  (in PyYAML 6.0.4's wheels) refuses past 1000 levels itself, in its scanner, which
+  reads ahead of the events: ``yaml_too_deep`` words that refusal as ours, so a deep
+  file gets the same line whichever libyaml parsed it.
 - ``tree_size``: a YAML alias repeats a whole subtree by reference (a few hundred
   bytes can stand for a billion values, or for a cycle); walking, quoting or saving
   such a value costs the expanded size. Parsed data is walked once with a budget of
@@ -91,8 +94,24 @@ def yaml_nesting(text: str, loader: Any) -> None:
                     raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep")
             elif isinstance(event, closes):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        yaml_too_deep(e)
         return
+
+
+# libyaml's own words (0.2.6 on) when a document passes its nesting limit.
+LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
+
+
+def yaml_too_deep(error: Any) -> None:
+    """InputError if the YAML error ``error`` is libyaml's own nesting limit: its limit
+    (1000 levels by default) is above MAX_DEPTH, so the file nests deeper than we take,
+    said as ``yaml_nesting`` says it. Any other error is left to the caller."""
+    if getattr(error, "problem", None) != LIBYAML_TOO_DEEP:
+        return
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep")
 
 
 def tree_size(data: Any, limit: int = MAX_VALUES) -> int:

@@ -49,9 +49,13 @@ class StateFile:
         except OSError as e:
             import errno
 
-            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                # Not root (check_mps as nagios): root's runs keep the memory; this run
-                # reads it and is judged against it, and only its own view is lost.
+            if e.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
+                # Not root (check_mps as nagios, a user's -v): root's runs keep the
+                # memory; this run reads it and is judged against it, and only its own
+                # view is lost. What to do, not the errno: run as root.
+                self.error = (f"read from {self.dir}, not saved: uid {os.geteuid()} may "
+                              "not write there (run as root to save it)")
+            elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 self.error = (f"{self.dir} is read-only for uid {os.geteuid()} "
                               f"({e.strerror}): read what root's runs keep there, "
                               "this run's own view is not saved")

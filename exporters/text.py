@@ -1,26 +1,51 @@
-"""NHC-style text: a summary line, then one line per problem with what to do."""
+"""NHC-style text: a summary line, then one line per problem with what to do.
+
+Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem
+is one short line cut to the width, its action and the rest with ``-v``; ``colour``
+paints each state's name.
+"""
 
 from __future__ import annotations
 
-from ..core.results import OK, STATE_NAMES, Report, Result
+from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
     from typing import Iterator, TextIO
 
+# SGR colours of each state's name: green, yellow, bold red, magenta.
+COLOURS = {OK: "32", WARNING: "33", CRITICAL: "1;31", UNKNOWN: "35"}
+MORE = "-v: each problem in full, with what to do"
+NARROWEST = 20  # a width below this (a broken COLUMNS) is taken as this
+
 
 def problem_line(r: Result) -> str:
+    return short_line(r) + (f" -> {r.action}" if r.action else "")
+
+
+def short_line(r: Result) -> str:
+    """What is wrong, without what to do: a terminal's line, cut to its width."""
     where = f"[{r.instance}]" if r.instance else ""
-    line = f"{STATE_NAMES[r.state]} {r.check}{where} {r.code}: {r.message}"
-    return line + (f" -> {r.action}" if r.action else "")
+    return f"{STATE_NAMES[r.state]} {r.check}{where} {r.code}: {r.message}"
+
+
+def ok_line(r: Result) -> str:
+    where = f"[{r.instance}]" if r.instance else ""
+    return f"OK {r.check}{where}: {r.message}"
+
+
+def passed(report: Report) -> int:
+    """How many OK lines ``-v`` lists: one per result, so a check of many instances (or
+    with a note) counts each, as the list shows it."""
+    return sum(1 for run in report.runs for r in run.results if r.state == OK)
 
 
 def summary_line(report: Report) -> str:
     state = STATE_NAMES[report.state]
     problems = report.problems()
-    checks = len(report.runs)
     if not problems:
-        return (f"MPS {state} - {checks} checks passed on {report.node} "
+        n = passed(report)
+        return (f"MPS {state} - {n} check{'s' if n != 1 else ''} passed on {report.node} "
                 f"in {report.duration_s:.2f}s")
     # Distinct labels in order of first appearance: a dict, so many problems stay linear.
     codes = list(dict.fromkeys(r.code + (f" {r.instance}" if r.instance else "")
@@ -29,24 +54,49 @@ def summary_line(report: Report) -> str:
     return f"MPS {state} - {len(problems)} problem{'s' if len(problems) != 1 else ''}: {shown}"
 
 
-def lines(report: Report, verbose: bool = False) -> Iterator[str]:
+def fit(line: str, width: int) -> str:
+    """``line`` cut to ``width`` characters ("..." says it was); 0: as it is."""
+    if width <= 0 or len(line) <= width:
+        return line
+    width = max(width, NARROWEST)
+    return line[:width - 3] + "..."
+
+
+def paint(line: str, state: int, at: int, colour: bool) -> str:
+    """``line`` with the state's name at ``at`` in its colour (if still whole there)."""
+    name = STATE_NAMES[state]
+    if not colour or line[at:at + len(name)] != name:
+        return line
+    return f"{line[:at]}\x1b[{COLOURS[state]}m{name}\x1b[0m{line[at + len(name):]}"
+
+
+def lines(report: Report, verbose: bool = False, width: int = 0,
+          colour: bool = False) -> Iterator[str]:
     """The output, line by line (``write`` prints them as they come: a report of many
-    thousand instances is never held as one string)."""
-    yield summary_line(report)
+    thousand instances is never held as one string). ``width`` > 0: a terminal's width
+    (short problem lines unless ``verbose``); ``colour``: paint the states' names.
+    Colour codes are added after the text from the system was escaped and cut."""
+    short = width > 0 and not verbose
+    yield paint(fit(summary_line(report), width), report.state, 4, colour)
+    cut = False
     for run in report.runs:
         for r in run.results:
             if r.state != OK:
-                yield problem_line(r)
+                line = fit(short_line(r), width) if short else problem_line(r)
+                cut = cut or short
+                yield paint(line, r.state, 0, colour)
             elif verbose:
-                where = f"[{r.instance}]" if r.instance else ""
-                yield f"OK {r.check}{where}: {r.message}"
+                yield paint(ok_line(r), OK, 0, colour)
+    if cut:
+        yield fit(MORE, width)
     if verbose:
         spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
         yield f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
 
 
-def write(report: Report, out: TextIO, verbose: bool = False) -> None:
-    for line in lines(report, verbose):
+def write(report: Report, out: TextIO, verbose: bool = False, width: int = 0,
+          colour: bool = False) -> None:
+    for line in lines(report, verbose, width, colour):
         out.write(line + "\n")
 
 

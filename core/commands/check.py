@@ -18,8 +18,14 @@ if TYPE_CHECKING:
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("-v", "--verbose", action="store_true", help="also list what is OK, and timings")
+    p.epilog = ("Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (also a bad argument "
+                "or config file). On a terminal each problem is one short line, in colour "
+                "unless NO_COLOR is set; -v gives each in full with what to do.")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: a summary line, then one line per problem (default); json: "
+                        "the whole report")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="each problem in full with what to do, what is OK, and timings")
     p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
     p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
     p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot instead of this node")
@@ -65,10 +71,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         from ...exporters import text
 
-        written(lambda out: text.write(report, out, verbose=args.verbose))
+        written(lambda out: text.write(report, out, args.verbose, *terminal(out)))
     if replay is None:
         say_state_faults(facts)
     return report.state
+
+
+def terminal(out: object) -> tuple[int, bool]:
+    """(width, colour) where ``out`` is a terminal: its width (``COLUMNS`` first, as the
+    help does) and colour unless ``NO_COLOR`` is set (https://no-color.org) or ``TERM``
+    is dumb. (0, False) elsewhere: slurmd, pipes and files get the lines as they are."""
+    import os
+
+    try:
+        fd = out.fileno()  # type: ignore[attr-defined]
+        if not os.isatty(fd):
+            return 0, False
+        width = os.get_terminal_size(fd).columns
+    except (AttributeError, OSError, ValueError):
+        return 0, False
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        width = int(columns)
+    colour = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    return width or 80, colour
 
 
 def say_state_faults(facts: Facts) -> None:

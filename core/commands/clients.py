@@ -25,7 +25,8 @@ SOURCES = ("servers", "jobs", "nvml", "control")
 
 def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
     add_common(p)
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: a table per server (default); json: the same data")
     p.add_argument("--replay", metavar="FILE", help="read a saved snapshot instead of this node")
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="time allowed for gathering (default: the config's budget_s)")

@@ -69,7 +69,8 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                    help="default: /usr/local/sbin/mps-health-healthcheck (or /usr/sbin's), "
                    "where the README links it, when it is this installation's; else the one "
                    "beside this Python's scripts")
-    c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS")
+    c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS",
+                   help="HealthCheckInterval: how often slurmd runs it (default 300)")
     diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
     c.set_defaults(slurm_handler=conf)
 

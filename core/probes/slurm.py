@@ -337,6 +337,10 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
                            "unreachable or overloaded")
     err = (done.stderr.strip() or done.stdout.strip()).splitlines()
     first = err[0] if err else f"exit status {done.rc}"
+    # Slurm's commands name themselves ("squeue: error: ..."): said once, as ``what``.
+    program = what.split(" ", 1)[0] + ": "
+    if first.startswith(program):
+        first = first[len(program):]
     if "Unable to contact slurm controller" in first:
         return "unreachable", f"{what}: {first}"
     if "not found" in first or "Invalid node name" in first:

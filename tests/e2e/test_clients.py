@@ -398,3 +398,24 @@ def test_servers_not_listed_is_unknown(site) -> None:
     assert r.returncode == 3, r.stdout + r.stderr
     assert "servers not listed: exec-failed: /nonexistent" in r.stdout
     assert "squeue" not in r.stdout  # no live daemon: no client, no job list asked
+
+
+def test_a_failing_squeue_is_named_once(tmp_path: Path, site) -> None:
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller "
+                      "(connect failure)' >&2\nexit 1\n")
+    squeue.chmod(0o755)
+    d = site.start_daemon()
+    cfg = site.config(f"commands:\n  squeue: {squeue}\nclients: {{}}\n")
+    sleeper = subprocess.Popen(["sleep", "120"], env=dict(os.environ, SLURM_JOB_ID="101"))
+    try:
+        d.query(f"fake_client_connect {sleeper.pid} 0")
+        r = mps_health("clients", "--config", cfg)
+        check = mps_health("check", "--config", cfg, "--only", "clients", "-v")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "note: jobs: squeue: error: Unable to contact slurm controller" in r.stdout, r.stdout
+    # The check says it too (slurm-jobs-unavailable) once it has seen the server.
+    assert "squeue: squeue" not in r.stdout + check.stdout, r.stdout + check.stdout

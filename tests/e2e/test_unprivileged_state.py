@@ -38,11 +38,12 @@ def test_a_user_reads_roots_history_and_says_it_saves_nothing(public_dir: Path) 
                        capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, HOME="/"))
     assert r.returncode in (0, 1, 3), r.stdout + r.stderr
-    assert "Traceback" not in r.stderr and "Permission denied" in r.stdout
+    # What to do (run as root), not the errno behind it.
+    assert "Traceback" not in r.stderr and "Permission denied" not in r.stdout, r.stdout
     uid = int(subprocess.run([*setpriv(VICTIM), "id", "-u"], capture_output=True, text=True,
                              timeout=10).stdout)
-    assert f"server history: {state} is read-only for uid {uid} (Permission denied): read " \
-        "what root's runs keep there, this run's own view is not saved" in r.stdout, r.stdout
-    assert "log offsets: " in r.stdout
+    saved = f"read from {state}, not saved: uid {uid} may not write there (run as root to save it)"
+    assert f"OK servers: server history: {saved}" in r.stdout, r.stdout
+    assert f"OK logs: log offsets: {saved}" in r.stdout, r.stdout
     assert (state / "servers.json").read_bytes() == before
     assert sorted(p.name for p in state.iterdir()) == ["servers.json"]  # no lock, no file

@@ -4,6 +4,7 @@ and nagios; dpkg -r leaves only the admin's config and the state, dpkg -P only t
 # ruff: noqa: F811  (dists comes from fleethelp)
 
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -120,10 +121,11 @@ def test_deb_installs_runs_and_leaves_only_config_and_state(deb: Path, tmp_path:
     kept = ("/etc/mps-health", "/var/lib/mps-health", "/var/log/mps-health",
             "/var/lib/systemd/deb-systemd-helper-", *BOOKKEEPING)
     assert sorted(p for p in set(after) - set(before) if not p.startswith(kept)) == []
-    # No Debian package owns /opt (base-files makes it), so dpkg removes it, empty, with the
-    # last package that shipped files there: dpkg's doing, and nothing of ours.
+    # No Debian package lists /opt (base-files makes it), so dpkg removes it, empty, with
+    # the last package that shipped files there: the postrm puts the system's /opt back.
     gone = sorted(p for p in set(before) - set(after) if not p.startswith(BOOKKEEPING))
-    assert gone in ([], ["/opt"]), gone
+    assert gone == [], gone
+    assert (node.root / "opt").is_dir() and not any((node.root / "opt").iterdir())
     assert "/etc/mps-health/config.yaml" in after
     assert any(p.startswith("/var/lib/mps-health/") for p in after)  # the state is kept
 
@@ -131,6 +133,40 @@ def test_deb_installs_runs_and_leaves_only_config_and_state(deb: Path, tmp_path:
     purged = node.files()
     left = sorted(p for p in set(purged) - set(before) if not p.startswith(BOOKKEEPING))
     assert left == ["/etc/mps-health", "/etc/mps-health/config.yaml"]  # the admin's own file
+    gone = sorted(p for p in set(before) - set(purged) if not p.startswith(BOOKKEEPING))
+    assert gone == [], gone  # /opt, empty, stays
+    assert (node.root / "opt").stat().st_mode & 0o7777 == 0o755
+
+
+def test_remove_and_purge_leave_the_systems_empty_opt(tmp_path: Path) -> None:
+    """The package's prerm and postrm, in a package of one file under /opt (no build
+    needed), with a file Python would compile there at run time: dpkg takes an empty /opt
+    with the last package listing it, at the remove or, left then, at the purge; the
+    system's stays, 0755 root, whichever way the package goes."""
+    tree = tmp_path / "pkg"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        "Package: mps-health\nVersion: 0.1.0\nArchitecture: all\n"
+        "Maintainer: test <test@example.org>\nDescription: the maintainer scripts alone\n")
+    for script in ("prerm", "postrm"):
+        text = (CONTRIB / f"debian/mps-health.{script}").read_text()
+        (tree / "DEBIAN" / script).write_text(text.replace("#DEBHELPER#\n", ""))
+        (tree / "DEBIAN" / script).chmod(0o755)
+    (tree / "opt/mps-health").mkdir(parents=True)
+    (tree / "opt/mps-health/file").write_text("x\n")
+    r = run(["dpkg-deb", "--root-owner-group", "-b", str(tree), str(tmp_path / "m.deb")])
+    assert r.returncode == 0, r.stderr
+    node = Node(fresh_root(tmp_path / "root", NODE_PACKAGES))
+    assert sorted(p.name for p in (node.root / "opt").iterdir()) == []
+    shutil.copy(tmp_path / "m.deb", node.root / "root")
+    compiled = "mkdir /opt/mps-health/__pycache__ && : > /opt/mps-health/__pycache__/m.pyc"
+    for steps in (["dpkg -r", "dpkg -P"], ["dpkg -P"]):
+        node.ok(f"dpkg -i /root/m.deb\n{compiled}")
+        for step in steps:
+            node.ok(f"{step} mps-health")
+            opt = (node.root / "opt").lstat()
+            assert stat.S_ISDIR(opt.st_mode) and stat.S_IMODE(opt.st_mode) == 0o755, step
+            assert (opt.st_uid, opt.st_gid) == (0, 0) and not any((node.root / "opt").iterdir())
 
 
 def test_deb_rules_are_the_files_the_test_builds() -> None:

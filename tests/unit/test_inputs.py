@@ -52,6 +52,24 @@ def test_yaml_nesting_refuses_deep_documents_before_composing() -> None:
     inputs.yaml_nesting("x: [1, 2" + " " * 3000, loader)  # broken: the real load words it
 
 
+def test_libyaml_refusing_depth_itself_is_worded_as_ours() -> None:
+    # libyaml 0.2.6 (PyYAML 6.0.4's wheels) stops past 1000 levels in its scanner, which
+    # reads ahead of the events the depth is counted on: the same line either way.
+    mark = yaml.Mark("<unicode string>", 1002, 2, 1002, None, None)
+    refused = yaml.scanner.ScannerError("while increasing flow level", mark,
+                                        "exceeded maximum nesting depth", mark)
+    with pytest.raises(inputs.InputError, match=r"^line 3: nested more than 64 levels deep$"):
+        inputs.yaml_too_deep(refused)
+    other = yaml.scanner.ScannerError("while scanning", mark, "found a tab", mark)
+    assert inputs.yaml_too_deep(other) is None  # not ours to word: the load says it
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    # A flow sequence opened at once is what libyaml's look-ahead refuses before the
+    # 65th level's event: whichever libyaml this is, the line is ours.
+    for body in ("x: " + "[" * 3000 + "]" * 3000, "x:\n  - " + "[" * 1500 + "]" * 1500):
+        with pytest.raises(inputs.InputError, match="nested more than 64 levels deep"):
+            inputs.yaml_nesting(body, loader)
+
+
 def test_read_text_names_the_problem(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"ok\n\xff\n")

@@ -144,7 +144,12 @@ def test_failures_are_classified_from_real_output() -> None:
     assert classify_failure(missing, "scontrol show node", 5) == (
         "node-unknown", "scontrol show node: Node nosuchnode not found")
     sq = _failed(stderr=fixture_text("squeue_-h_-w_-o__slurm-22.05_not-found.stderr.txt"))
-    assert classify_failure(sq, "squeue", 5)[0] == "node-unknown"
+    # squeue names itself in its errors: the line says "squeue:" once.
+    assert classify_failure(sq, "squeue", 5) == (
+        "node-unknown", "squeue: error: Invalid node name nosuchnode")
+    other = _failed(stderr="scontrol: error: Invalid user id\n")
+    assert classify_failure(other, "scontrol show node n1", 5) == (
+        "error", "scontrol show node n1: error: Invalid user id")
     code, line = classify_failure(_failed(timed_out=True), "scontrol show node", 2.5)
     assert code == "timeout" and "within 2.5s" in line
 
@@ -248,4 +253,6 @@ def test_24_11_version_and_failures() -> None:
         "scontrol_show_node_-d_-o__slurm-24.11_not-found.stdout.txt"))
     assert classify_failure(missing, "scontrol show node", 5)[0] == "node-unknown"
     sq = _failed(stderr=fixture_text("squeue_-h_-w_-o__slurm-24.11_not-found.stderr.txt"))
-    assert classify_failure(sq, "squeue", 5)[0] == "node-unknown"
+    # squeue names itself in its errors: the line says "squeue:" once.
+    assert classify_failure(sq, "squeue", 5) == (
+        "node-unknown", "squeue: error: Invalid node name nosuchnode")
