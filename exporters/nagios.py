@@ -15,7 +15,17 @@ from __future__ import annotations
 
 import math
 
-from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, worst
+from ..core.results import (
+    CRITICAL,
+    OK,
+    STATE_NAMES,
+    UNKNOWN,
+    WARNING,
+    Report,
+    Result,
+    is_problem,
+    worst,
+)
 from .series import PREFIX, Sample, samples
 
 TYPE_CHECKING = False
@@ -203,7 +213,7 @@ def _label(r: Result) -> str:
 def findings(report: Report, over: Sequence[Finding]) -> List[Finding]:
     """Every non-OK result, then every number over its range; worst first (stable)."""
     found = [Finding(r.state, _label(r), r.message, r.action)
-             for run in report.runs for r in run.results if r.state != OK]
+             for run in report.runs for r in run.results if is_problem(r)]
     found += over
     found.sort(key=lambda f: -_RANK[f.state])
     return found
@@ -227,9 +237,12 @@ def long_output(report: Report, found: Sequence[Finding], verbose: int) -> List[
                     + (f" -> {f.action}" if f.action else "")) for f in found]
     for run in report.runs:
         for res in run.results:
+            where = f"[{res.instance}]" if res.instance else ""
             if res.state == OK:
-                where = f"[{res.instance}]" if res.instance else ""
                 lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+            elif res.cause:  # folded under its cause: said, not counted, no action
+                lines.append(_clean(f"FOLDED {res.check}{where} {res.code}: {res.message} "
+                                    f"(follows from {res.cause})"))
     if verbose >= 2:
         spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
         lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.results import OK, STATE_NAMES, Report, Result
+from ..core.results import OK, STATE_NAMES, Report, Result, is_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
@@ -13,6 +13,12 @@ def problem_line(r: Result) -> str:
     where = f"[{r.instance}]" if r.instance else ""
     line = f"{STATE_NAMES[r.state]} {r.check}{where} {r.code}: {r.message}"
     return line + (f" -> {r.action}" if r.action else "")
+
+
+def folded_line(r: Result) -> str:
+    """A finding folded under its cause (-v): said, never advised on, not counted."""
+    where = f"[{r.instance}]" if r.instance else ""
+    return f"FOLDED {r.check}{where} {r.code}: {r.message} (follows from {r.cause})"
 
 
 def summary_line(report: Report) -> str:
@@ -35,8 +41,11 @@ def lines(report: Report, verbose: bool = False) -> Iterator[str]:
     yield summary_line(report)
     for run in report.runs:
         for r in run.results:
-            if r.state != OK:
+            if is_problem(r):
                 yield problem_line(r)
+            elif r.state != OK:
+                if verbose:
+                    yield folded_line(r)
             elif verbose:
                 where = f"[{r.instance}]" if r.instance else ""
                 yield f"OK {r.check}{where}: {r.message}"

@@ -19,7 +19,7 @@ from ..runner import Completed, Pending, child_env, wait_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Tuple
+    from typing import Callable, Dict, List, Optional, Tuple
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -125,7 +125,9 @@ class _Batch:
         self.ctx, self.command, self.deadline = ctx, command, deadline
         self.started: List[Tuple[Instance, Pending, _Lock]] = []
         self.waiting: List[Tuple[Instance, _Lock]] = []
-        for inst in instances:
+        self.client = control_client(ctx)
+        self.missing = instances if self.client is None else ()
+        for inst in () if self.client is None else instances:
             lock = _Lock(ctx, inst.pipe_dir)
             if lock.acquire(0.0):  # free now (a deadline passed tries once)
                 self._start(inst, lock)
@@ -133,12 +135,11 @@ class _Batch:
                 self.waiting.append((inst, lock))
 
     def _start(self, inst: Instance, lock: _Lock) -> None:
-        client = self.ctx.config.command("nvidia-cuda-mps-control")
-        self.started.append((inst, Pending([client], self.command + "\n",
+        self.started.append((inst, Pending([str(self.client)], self.command + "\n",
                                            client_env(self.ctx, inst)), lock))
 
     def collect(self) -> Dict[str, ControlAnswer]:
-        answers: Dict[str, ControlAnswer] = {}
+        answers = {inst.name: missing(self.ctx, self.command) for inst in self.missing}
         try:
             for inst, lock in self.waiting:
                 if lock.acquire(self.deadline):
@@ -154,6 +155,20 @@ class _Batch:
         for (inst, _, _), completed in zip(self.started, done):
             answers[inst.name] = classify(self.command, completed)
         return answers
+
+
+def control_client(ctx: Context) -> Optional[str]:
+    """The control client's path, found as every command finds it (never on PATH)."""
+    from ..process_identity import locate
+
+    return locate(ctx.config)
+
+
+def missing(ctx: Context, command: str) -> ControlAnswer:
+    """The answer when there is no control client to ask: MPS is not installed."""
+    from ..process_identity import not_found
+
+    return ControlAnswer(command, "exec-failed", None, "", "", 0.0, not_found(ctx.config))
 
 
 def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
@@ -176,7 +191,9 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
     For a series of queries (the server check): the caller holds :func:`pipe_lock`.
     """
     deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
-    client = ctx.config.command("nvidia-cuda-mps-control")
+    client = control_client(ctx)
+    if client is None:
+        return missing(ctx, command)
     done = Pending([client], command + "\n", client_env(ctx, inst)).wait(deadline)
     return classify(command, done)
 

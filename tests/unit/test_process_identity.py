@@ -127,12 +127,13 @@ def test_no_binary_found_means_unknown_not_impostor(tmp_path: Path, started) -> 
     assert runs_binary("/proc", pid, missing.server) is None
 
 
-def test_a_configured_server_and_names_found_on_path(bindir: Path, tmp_path: Path) -> None:
+def test_a_configured_server_and_names_found_in_the_binary_dirs(bindir: Path,
+                                                                tmp_path: Path) -> None:
     other = tmp_path / "srv"
     other.mkdir()
     shutil.copy("/usr/bin/sleep", other / "nvidia-cuda-mps-server")
     b = binaries_of("nvidia-cuda-mps-control", str(other / "nvidia-cuda-mps-server"),
-                    path_env=str(bindir))
+                    [str(bindir)])
     assert [x.path for x in b.control] == [str(bindir / "nvidia-cuda-mps-control")]
     assert [x.path for x in b.server] == [str(other / "nvidia-cuda-mps-server")]
     assert binaries_of("relative/nvidia-cuda-mps-control").control == ()
