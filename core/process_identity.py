@@ -85,7 +85,9 @@ def role_of(cmdline: Sequence[str]) -> str:
 
 
 def _binary(path: str) -> Optional[Binary]:
-    if not os.access(path, os.F_OK):  # most PATH entries have none: no OSError to build
+    # Most binary dirs have none: no OSError to build. Only what exec could run (as
+    # ``locate`` finds it): a file that cannot run is no process's binary.
+    if not os.access(path, os.X_OK):
         return None
     try:
         st = os.stat(path)  # the file exec would run
