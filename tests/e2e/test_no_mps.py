@@ -55,6 +55,16 @@ def test_a_node_without_the_binaries_has_one_problem_and_no_reset_advice(site) -
     assert "; also " not in n.stdout.splitlines()[0], n.stdout
 
 
+def test_the_health_check_in_slurmd_s_environment_names_the_one_cause(site) -> None:
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": f"{site.root}/none"},
+                      checks={"disable": ["tmpfiles", "strays"]})
+    r = mps_health("healthcheck", "--foreground", "--dry-run", "--config", cfg,
+                   env={}, inherit=False)  # slurmd gives no PATH
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.startswith("MPS CRITICAL - 1 problem: mps-not-installed node\n"), r.stdout
+    assert "remediate reset" not in r.stdout
+
+
 def test_a_name_not_in_the_binary_dirs_is_not_installed_whatever_the_path(site) -> None:
     # The fakes are on this PATH (the site fixture), but not where binaries are looked for.
     cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": None},
