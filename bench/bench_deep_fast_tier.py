@@ -49,7 +49,8 @@ def main() -> int:
                 "command: get_default_active_thread_percentage\n" for i in range(2000)))
     cfg = work / "config.yaml"
     cfg.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
-                   f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
+                   f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
+                   f"  binary_dirs: [{FAKE.parent}]\n")  # never PATH: where the fakes are
     env = dict(os.environ, PATH=f"{FAKE.parent}{os.pathsep}{os.environ['PATH']}",
                CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     subprocess.run([sys.executable, str(FAKE), "-d"], env=env, check=True)

@@ -194,8 +194,10 @@ def main() -> int:
             raise SystemExit("cannot build the fake MPS binaries: install gcc and python3-dev")
         env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     config = work / "config.yaml"
+    # mps-health finds the MPS binaries in mps.binary_dirs, never on PATH: the fakes' dir.
+    dirs = "" if args.real else f"  binary_dirs: [{bindir}]\n"
     config.write_text(f"run_dir: {work}/run\nmps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
-                      f"control:\n  timeout_s: {args.control_timeout}\n")
+                      f"{dirs}control:\n  timeout_s: {args.control_timeout}\n")
     audit = work / "hand_audit.sh"
     audit.write_text(HAND_AUDIT)
     audit.chmod(0o755)

@@ -143,7 +143,8 @@ def main() -> int:
         d.chmod(0o777)
     cfg = work / "config.yaml"
     cfg.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
-                   f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
+                   f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
+                   f"  binary_dirs: [{bindir}]\n")  # never PATH: where the fakes are
     daemon_env = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     subprocess.run([str(control), "-d"], check=True, timeout=10, env=daemon_env)
     time.sleep(0.3)

@@ -94,9 +94,10 @@ def main() -> int:
             time.sleep(0.05)  # the daemon writes it after it forks
         daemon = int(pid_file.read_text())
         base = f"run_dir: {work}/run\nstate_dir: {work}/state\n"
-        node = f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n"
+        fakes = f"  binary_dirs: [{fake.parent}]\n"  # never PATH: where the fakes are
+        node = f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n{fakes}"
         per_job = (f"mps:\n  layout: per-job\n  pipe_dir: {work}/mps_job{{job}}\n"
-                   f"  log_dir: {work}/log_job{{job}}\n")
+                   f"  log_dir: {work}/log_job{{job}}\n{fakes}")
         setups = {
             "no Slurm section (core checks only)": base + node,
             "slurm: node layout (+gres-drift, orphans)": base + node + "slurm: {}\n",

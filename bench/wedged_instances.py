@@ -51,7 +51,9 @@ def main() -> int:
     config = work / "config.yaml"
     config.write_text(f"run_dir: {work}/run\nmps:\n  layout: per-gpu\n"
                       f"  pipe_dir: {work}/pipe_{{gpu}}\n  log_dir: {work}/log_{{gpu}}\n"
-                      f"  gpus: {gpus}\ncontrol:\n  timeout_s: {args.timeout}\n")
+                      f"  gpus: {gpus}\n"
+                      + ("" if args.real else f"  binary_dirs: [{work / 'bin'}]\n")  # never PATH
+                      + f"control:\n  timeout_s: {args.timeout}\n")
     pids: List[int] = []
     try:
         for g in gpus:

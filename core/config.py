@@ -16,6 +16,7 @@ from .schema import (
     Invalid,
     Record,
     Section,
+    abspath,
     command,
     custom,
     flag,
@@ -81,6 +82,18 @@ DEFAULT_COMMANDS = {
     "scontrol": "scontrol",
     "squeue": "squeue",
 }
+# Where the MPS binaries are looked for when ``commands`` gives a name, not a path: the
+# one list every command uses (check, health check, remediate, unit, the Slurm hooks),
+# never the caller's PATH, so a check and the reset it advises find the same binary, and
+# slurmd's empty environment finds it too. The system dirs root's commands are found on
+# (runner.SAFE_PATH, in its order: /usr/bin is where Ubuntu's and Debian's driver
+# packages put the control binary, /usr/sbin where Debian's nvidia-cuda-mps puts the
+# server), then where Kubernetes GPU nodes and NVIDIA's container tooling mount the
+# driver's binaries (/usr/local/nvidia/bin) and the CUDA toolkit's dir
+# (/usr/local/cuda/bin). README.md, "Where mps-health finds the MPS binaries", says
+# where each comes from.
+MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
+                   "/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin")
 # Commands that may be configured but are not looked up on PATH by default. The server
 # is the one beside the control binary unless configured (mps_health.core.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
@@ -115,6 +128,14 @@ def _mode(value: Any) -> int:
     return mode
 
 
+def _dirs(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"must be a list of absolute dirs, e.g. [/usr/bin] (got {shown(value)})")
+    return tuple(dict.fromkeys(abspath(v) for v in value))
+
+
 class MpsConfig(Record):
     layout: str = text("node", choices=LAYOUTS)
     pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
@@ -129,6 +150,9 @@ class MpsConfig(Record):
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
+    # Where the MPS binaries are found unless ``commands`` names their path (root's dirs
+    # only: whatever is found there runs as root).
+    binary_dirs: Tuple[str, ...] = custom(MPS_BINARY_DIRS, _dirs)
     # Per-job: at most this many instances are judged per run (each costs a control
     # client and a few reads); the rest are named as not judged, never guessed about.
     max_instances: int = whole(256, low=1, high=100000)
@@ -285,7 +309,8 @@ class Config(Record):
     raw: Mapping[str, Any] = internal({})  # as parsed (snapshots)
 
     def command(self, name: str) -> str:
-        """The configured path of an external command (default: its name, found on PATH)."""
+        """The configured path or name of an external command (default: its name; the MPS
+        binaries' names are found in ``mps.binary_dirs``: process_identity.locate)."""
         return self.commands.get(name, name)
 
     def get(self, section: Section[R]) -> R:

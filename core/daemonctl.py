@@ -58,7 +58,7 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
         return Started(None, launch.exec_error, time.monotonic() - t0)
     daemon = None
     pause = 0.005
-    binaries = binaries_of(control, path_env=env.get("PATH"))
+    binaries = binaries_of(control)  # callers give its path (process_identity.locate)
     while time.monotonic() < deadline:
         daemon = named_daemon(proc_dir, pipe_dir, binaries, uid)
         if daemon is not None and _has_socket(pipe_dir):

@@ -27,7 +27,7 @@ from .exitcodes import Failure
 from .facts import Facts, Instance
 from .printable import printable
 from .resources import OutOfResources
-from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result
+from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -304,7 +304,7 @@ def judge(facts: Facts, config: Config,
                             f"the check itself failed: {_one_line(e)}",
                             "report this as a bug with 'mps-health snapshot'")
             runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0, _one_line(e)))
-    return tuple(runs)
+    return fold(runs)  # a cause is one problem: what follows from it is folded under it
 
 
 def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),

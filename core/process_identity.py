@@ -22,7 +22,11 @@ argv0 and ``comm`` are anyone's to set, so they only pick candidates:
   decides whether it counts, and the checks soften verdicts that would need the binary.
 * The daemon starts the server beside its own binary (seen: started by its full path with
   PATH=/usr/bin:/bin, it ran ``/usr/local/nvidia/bin/nvidia-cuda-mps-server``), so that is
-  the server binary unless ``commands.nvidia-cuda-mps-server`` names one.
+  the server binary unless ``commands.nvidia-cuda-mps-server`` names one (the one in
+  ``mps.binary_dirs`` counts too: Debian puts the server in /usr/sbin).
+* Where the binaries are is one rule too (``locate``, ``binaries_for``):
+  ``commands.NAME`` if a path, else NAME in ``mps.binary_dirs``, never the caller's PATH,
+  so the check, the health check, a reset, ``unit`` and the Slurm hooks agree.
 
 A genuine binary proves only what the process *is*, not who started it: the binaries are
 world-executable, so a user can run one held at its exec under ptrace (none of its code
@@ -36,6 +40,8 @@ A binary replaced on disk (a driver update) while its daemon runs no longer matc
 from __future__ import annotations
 
 import os
+
+from .config import MPS_BINARY_DIRS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the checks import this module: no typing at run time (fast path)
@@ -79,7 +85,9 @@ def role_of(cmdline: Sequence[str]) -> str:
 
 
 def _binary(path: str) -> Optional[Binary]:
-    if not os.access(path, os.F_OK):  # most PATH entries have none: no OSError to build
+    # Most binary dirs have none: no OSError to build. Only what exec could run (as
+    # ``locate`` finds it): a file that cannot run is no process's binary.
+    if not os.access(path, os.X_OK):
         return None
     try:
         st = os.stat(path)  # the file exec would run
@@ -89,34 +97,59 @@ def _binary(path: str) -> Optional[Binary]:
     return Binary(real, st.st_dev, st.st_ino)
 
 
-def _candidates(command: str, path_env: Optional[str]) -> List[str]:
-    """Every file ``command`` may name: itself if a path, else each match on the run's
-    PATH and on the fixed PATH daemons are started with (both chosen by root)."""
-    from .runner import SAFE_PATH
-
+def _candidates(command: str, dirs: Sequence[str]) -> List[str]:
+    """Every file ``command`` may name: itself if an absolute path, else its name in each
+    of ``dirs`` (root's: ``mps.binary_dirs``), never in the caller's PATH."""
     if "/" in command:
         return [command] if os.path.isabs(command) else []
-    dirs = f"{path_env or ''}{os.pathsep}{SAFE_PATH}".split(os.pathsep)
     return [os.path.join(d, command) for d in dict.fromkeys(dirs) if d.startswith("/")]
 
 
 def binaries_of(control: str, server: Optional[str] = None,
-                path_env: Optional[str] = None) -> Binaries:
-    """The configured binaries: ``control`` as configured (a name: found on PATH), and
-    ``server`` if configured, else the ``nvidia-cuda-mps-server`` beside each control."""
-    controls = [b for b in map(_binary, _candidates(control, path_env)) if b is not None]
+                dirs: Sequence[str] = MPS_BINARY_DIRS) -> Binaries:
+    """The configured binaries: ``control`` as configured (a name: found in ``dirs``), and
+    ``server`` if configured, else the ``nvidia-cuda-mps-server`` beside each control and
+    in ``dirs`` (Debian's package puts the control in /usr/bin, the server in /usr/sbin)."""
+    controls = [b for b in map(_binary, _candidates(control, dirs)) if b is not None]
     if server:
-        servers = [_binary(p) for p in _candidates(server, path_env)]
+        servers = [_binary(p) for p in _candidates(server, dirs)]
     else:
         servers = [_binary(os.path.join(os.path.dirname(b.path), SERVER)) for b in controls]
+        if controls:
+            servers += [_binary(p) for p in _candidates(SERVER, dirs)]
     return Binaries(tuple(dict.fromkeys(controls)),
                     tuple(dict.fromkeys(b for b in servers if b is not None)))
 
 
 def binaries_for(config: Config) -> Binaries:
-    """The binaries the config names (``commands``), found on this run's PATH."""
+    """The binaries the config names (``commands``), found in ``mps.binary_dirs``."""
     return binaries_of(config.command(CONTROL), config.commands.get(SERVER),
-                       os.environ.get("PATH"))
+                       config.mps.binary_dirs)
+
+
+def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
+    """The file ``command`` runs: itself if an absolute path, else the first executable
+    ``command`` in ``dirs``; None when there is none."""
+    for path in _candidates(command, dirs):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def locate(config: Config, name: str = CONTROL) -> Optional[str]:
+    """The file to run for MPS binary ``name``: ``commands.NAME`` if a path, else the first
+    executable ``NAME`` in ``mps.binary_dirs``; None when there is none. The one rule: the
+    check, the health check, every remediation, ``unit`` and the Slurm hooks run what this
+    finds, so a check never advises a reset that would find no binary."""
+    return find(config.command(name), config.mps.binary_dirs)
+
+
+def not_found(config: Config, name: str = CONTROL) -> str:
+    """Why ``locate`` found nothing, in the runner's words, with where it looked."""
+    command = config.command(name)
+    if "/" in command:
+        return f"{command}: command not found"
+    return f"{command}: command not found in {', '.join(config.mps.binary_dirs)}"
 
 
 def runs_binary(proc_dir: str, pid: int, wanted: Sequence[Binary]) -> Optional[bool]:

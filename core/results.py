@@ -3,13 +3,22 @@
 States use the Nagios exit codes. When states combine, CRITICAL outranks WARNING,
 which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``):
 a node with one broken daemon and one unreadable fact is broken, not unknown.
+
+A cause is one problem: a finding that only follows from another one (no MPS binaries:
+no daemon made its dirs, no client could ask it anything) is folded under that cause
+(``fold``, after every check ran): it keeps its check, code, state and message, names
+its cause in ``cause`` and loses its action (the cause's action is the one to take). A
+folded finding is not a problem of its own: the report's state, its problems and every
+check's state count only the rest, so the summary, the exit code, Nagios, the metrics
+and the health check agree; text shows folded findings with ``-v``, JSON in each
+check's results with their ``cause``.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+    from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
 else:
     from .frozen import NamedTuple
 
@@ -37,6 +46,27 @@ class Result(NamedTuple):
     # Extra identity of what the values describe, e.g. (("gpu", "0"), ("UUID", "GPU-...")):
     # Prometheus labels and Nagios perfdata label parts (see docs/metrics.md).
     labels: Tuple[Tuple[str, str], ...] = ()
+    # The code of the finding this one follows from (see ``fold``); "" for one that counts.
+    cause: str = ""
+
+
+def is_problem(r: Result) -> bool:
+    """A finding that counts: not OK, and not folded under its cause."""
+    return r.state != OK and not r.cause
+
+
+# What a cause makes pointless: cause code -> the codes that follow from it on the same
+# instance (and the node's own findings, instance ""). Only consequences belong here,
+# never a finding a user could cause (a link, a foreign entry, an impostor): folding
+# hides nothing an attack shows.
+FOLDS: Mapping[str, FrozenSet[str]] = {
+    # No control binary: no daemon ran, so none made the dirs or answers a query, and
+    # nothing could be asked of servers or clients; "run reset" would refuse.
+    "mps-not-installed": frozenset((
+        "control-client-missing", "pipe-dir-missing", "log-dir-missing",
+        "servers-not-asked", "canary-not-served", "canary-not-run",
+        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
+}
 
 
 class CheckRun(NamedTuple):
@@ -49,7 +79,24 @@ class CheckRun(NamedTuple):
 
     @property
     def state(self) -> int:
-        return worst([r.state for r in self.results])
+        return worst([r.state for r in self.results if not r.cause])
+
+
+def fold(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
+    """``runs`` with every finding that follows from another (``FOLDS``) folded under it:
+    an instance's under its own cause, the node's own (instance "") under any instance's."""
+    causes: Dict[Tuple[str, str], str] = {}  # (instance, folded code) -> its cause's code
+    for run in runs:
+        for r in run.results:
+            for code in FOLDS.get(r.code, ()) if is_problem(r) else ():
+                causes.setdefault((r.instance, code), r.code)
+                causes.setdefault(("", code), r.code)
+    if not causes:
+        return tuple(runs)
+    return tuple(run._replace(results=tuple(
+        r._replace(cause=causes[r.instance, r.code], action="")
+        if is_problem(r) and (r.instance, r.code) in causes else r for r in run.results))
+        for run in runs)
 
 
 class Report(NamedTuple):
@@ -72,7 +119,8 @@ class Report(NamedTuple):
         return worst([r.state for r in self.runs])
 
     def problems(self) -> Tuple[Result, ...]:
-        return tuple(r for run in self.runs for r in run.results if r.state != OK)
+        """The findings that count (folded ones are not: see ``fold``)."""
+        return tuple(r for run in self.runs for r in run.results if is_problem(r))
 
 
 def ok(check: str, instance: str, message: str, **values: float) -> Result:

@@ -41,15 +41,6 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     return env
 
 
-def resolve(command: str) -> Optional[str]:
-    """An absolute path for ``command`` (slurmd gives hooks no PATH): as is, or on SAFE_PATH."""
-    if "/" in command:
-        return command if os.path.isabs(command) else None
-    import shutil
-
-    return shutil.which(command, path=SAFE_PATH)
-
-
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
            stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Completed:
     """Run ``argv`` as ``as_user`` (None: as we are) to completion or ``timeout_s``."""

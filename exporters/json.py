@@ -9,15 +9,18 @@ exists twice in memory (as dicts, then as one string). The text is what
 import json
 from typing import Any, Dict, Iterator, TextIO
 
-from ..core.results import OK, STATE_NAMES, CheckRun, Report, Result
+from ..core.results import STATE_NAMES, CheckRun, Report, Result, is_problem
 
 INDENT = "  "
 _ENCODER = json.JSONEncoder(indent=len(INDENT))  # one, not one per item (json.dumps)
 
 
 def _result(r: Result) -> Dict[str, Any]:
-    return {"instance": r.instance, "state": STATE_NAMES[r.state], "code": r.code,
-            "message": r.message, "action": r.action, "values": dict(r.values)}
+    found = {"instance": r.instance, "state": STATE_NAMES[r.state], "code": r.code,
+             "message": r.message, "action": r.action, "values": dict(r.values)}
+    if r.cause:  # folded under its cause: not among the problems, not counted
+        found["cause"] = r.cause
+    return found
 
 
 def _problem(r: Result) -> Dict[str, Any]:
@@ -41,7 +44,7 @@ def document(report: Report) -> Dict[str, Any]:
         "started_at": report.started_at,
         "duration_s": round(report.duration_s, 6),
         "gather_s": {k: round(v, 6) for k, v in report.gather_s.items()},
-        "problems": (_problem(r) for run in report.runs for r in run.results if r.state != OK),
+        "problems": (_problem(r) for run in report.runs for r in run.results if is_problem(r)),
         "checks": (_run(run) for run in report.runs),
     }
 

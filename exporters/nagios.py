@@ -18,7 +18,7 @@ import nagiosplugin
 from nagiosplugin.output import Output
 
 from ..core.actionhints import with_options
-from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Report, Result, worst
+from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Report, Result, is_problem, worst
 from .series import PREFIX, Sample, samples
 
 TYPE_CHECKING = False
@@ -116,7 +116,8 @@ def metrics(report: Report) -> Iterator[Any]:
     """Per result a ``judged`` metric; per number a ``latency`` or ``measured`` one."""
     for run in report.runs:
         for r in run.results:
-            yield nagiosplugin.Metric(r.code, r, context="judged")
+            if r.state == OK or is_problem(r):  # one folded under its cause is not judged
+                yield nagiosplugin.Metric(r.code, r, context="judged")
     for label, s in perf_labels(samples(report)):
         value = Number(s.value)
         value.sample = s
@@ -211,9 +212,12 @@ class Headline(nagiosplugin.Summary):
         report = self.probe.judged
         for run in report.runs:
             for res in run.results:
+                where = f"[{res.instance}]" if res.instance else ""
                 if res.state == OK:
-                    where = f"[{res.instance}]" if res.instance else ""
                     lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+                elif res.cause:  # folded under its cause: said, not counted, no action
+                    lines.append(_clean(f"FOLDED {res.check}{where} {res.code}: "
+                                        f"{res.message} (follows from {res.cause})"))
         if self.level >= 2:
             spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
             lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")

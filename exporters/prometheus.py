@@ -35,7 +35,7 @@ class RunRecord(NamedTuple):
 
 def run_success(report: Report) -> bool:
     """Did every check judge? An UNKNOWN result means the monitor itself is blind there."""
-    return all(r.state != UNKNOWN for run in report.runs for r in run.results)
+    return all(r.state != UNKNOWN or r.cause for run in report.runs for r in run.results)
 
 
 def _gauge(name: str, doc: str, value: Optional[float] = None,
@@ -96,7 +96,7 @@ def _report_families(report: Report) -> Iterator[Metric]:
     for run in sorted(report.runs, key=lambda r: r.name):
         labels = {"check": run.name}
         status.add_sample(status.name, labels, float(run.state))
-        judged = run.error is None and all(r.state != UNKNOWN for r in run.results)
+        judged = run.error is None and all(r.state != UNKNOWN or r.cause for r in run.results)
         success.add_sample(success.name, labels, 1.0 if judged else 0.0)
         duration.add_sample(duration.name, labels, run.duration_s)
     yield from (status, success, duration)

@@ -7,7 +7,7 @@ paints each state's name.
 
 from __future__ import annotations
 
-from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result
+from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, is_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
@@ -38,6 +38,12 @@ def passed(report: Report) -> int:
     """How many OK lines ``-v`` lists: one per result, so a check of many instances (or
     with a note) counts each, as the list shows it."""
     return sum(1 for run in report.runs for r in run.results if r.state == OK)
+
+
+def folded_line(r: Result) -> str:
+    """A finding folded under its cause (-v): said, never advised on, not counted."""
+    where = f"[{r.instance}]" if r.instance else ""
+    return f"FOLDED {r.check}{where} {r.code}: {r.message} (follows from {r.cause})"
 
 
 def summary_line(report: Report) -> str:
@@ -81,10 +87,13 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
     cut = False
     for run in report.runs:
         for r in run.results:
-            if r.state != OK:
+            if is_problem(r):
                 line = fit(short_line(r), width) if short else problem_line(r)
                 cut = cut or short
                 yield paint(line, r.state, 0, colour)
+            elif r.state != OK:
+                if verbose:
+                    yield folded_line(r)
             elif verbose:
                 yield paint(ok_line(r), OK, 0, colour)
     if cut:

@@ -129,20 +129,18 @@ def _show_state(obs: reset_mod.Observed, say: Say) -> None:
 
 
 def control_binary(config: Config) -> str:
-    """The control binary's absolute path; Failure (CANNOT) up front when there is none:
-    a reset would make the dirs, then fail to start a daemon that cannot exist."""
+    """The control binary's absolute path (``process_identity.locate``, as the check finds
+    it); Failure (CANNOT) up front when there is none: a reset would make the dirs, then
+    fail to start a daemon that cannot exist."""
     from ..core.exitcodes import ExitCode, Failure
     from ..core.printable import escape
-    from ..core.runas import resolve as find_binary
-    from ..core.runner import SAFE_PATH
+    from ..core.process_identity import locate, not_found
 
-    name = config.command("nvidia-cuda-mps-control")
-    found = find_binary(name)
-    if found is None or not os.access(found, os.X_OK):
-        raise Failure(f"cannot reset: {escape(name)} is not installed (looked on {SAFE_PATH}): "
-                      "MPS is not installed on this node; install the NVIDIA driver's MPS "
-                      "binaries, or set commands.nvidia-cuda-mps-control to the binary's path",
-                      ExitCode.CANNOT)
+    found = locate(config)
+    if found is None:
+        raise Failure(f"cannot reset: {escape(not_found(config))}: MPS is not installed on "
+                      "this node; install the NVIDIA driver's MPS binaries, or set "
+                      "commands.nvidia-cuda-mps-control to the binary's path", ExitCode.CANNOT)
     return found
 
 

@@ -28,6 +28,7 @@ from ..core.facts import Instance, ProcessFact
 from ..core.instances import discover_jobs
 from ..core.probes.proc import binaries_here, read_processes
 from ..core.probes.slurm import SlurmError, read_jobs
+from ..core.process_identity import CONTROL, locate
 from ..core.runner import RunAs
 from ..core.slurm_settings import orphan_settings
 from ..core.users import by_uid, groups_of
@@ -72,8 +73,8 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
            "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
            "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
-    problem = quit_daemon(ctx.config.command("nvidia-cuda-mps-control"), as_user, env,
-                          timeout_s, timeout_s + 5.0)
+    control = locate(ctx.config) or ctx.config.command(CONTROL)  # the check's binary
+    problem = quit_daemon(control, as_user, env, timeout_s, timeout_s + 5.0)
     return f"quit as {user.name}: {problem or 'accepted'}"
 
 

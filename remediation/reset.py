@@ -31,7 +31,7 @@ from ..core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from ..core.probes import control as control_probe
 from ..core.probes.dirs import read_dir
 from ..core.probes.proc import binaries_here, read_processes, with_named
-from ..core.results import CRITICAL, OK, UNKNOWN, Result
+from ..core.results import CRITICAL, OK, UNKNOWN, Result, is_problem
 from ..core.runner import RunAs
 from ..core.safedirs import UnsafePath
 from ..core.users import ROOT, User, groups_of
@@ -54,7 +54,7 @@ class Observed(NamedTuple):
 
     @property
     def problems(self) -> Tuple[Result, ...]:
-        return tuple(r for r in self.results if r.state != OK)
+        return tuple(r for r in self.results if is_problem(r))
 
 
 class Target(NamedTuple):
@@ -211,7 +211,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     steps.append(Step("start", f"make sure {inst.log_dir}'s control.log and server.log are "
                       f"regular files of {target.daemon_user.name} (a link is removed, anything "
                       f"else moved aside), then start "
-                      f"'{ctx.config.command('nvidia-cuda-mps-control')} -d' as "
+                      f"'{_control(ctx)} -d' as "
                       f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
     steps.append(_verify_step(settings))
     return Plan(inst, tuple(steps), notes=tuple(notes))
@@ -258,10 +258,18 @@ class Outcome(NamedTuple):
 Say = Callable[[str], None]
 
 
+def _control(ctx: Context) -> str:
+    """The control binary the check judged by (process_identity.locate); the reset refused
+    up front where there is none (actions.control_binary), so the name is only a fallback."""
+    from ..core.process_identity import CONTROL, locate
+
+    return locate(ctx.config) or ctx.config.command(CONTROL)
+
+
 def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
     n = settings.quit_timeout_s
     env = daemon_env(ctx, inst, ROOT, settings)
-    problem = quit_daemon(ctx.config.command("nvidia-cuda-mps-control"), None, env, n, n + 5.0)
+    problem = quit_daemon(_control(ctx), None, env, n, n + 5.0)
     if problem:
         return Outcome(True, f"{problem}: ending it by PID instead")
     return Outcome(True, "the daemon accepted 'quit'")
@@ -297,8 +305,7 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
     as_user = None
     if user.uid != os.geteuid():
         as_user = RunAs(user.uid, user.gid, groups_of(user), "/")
-    started = start_daemon(ctx.config.command("nvidia-cuda-mps-control"),
-                           ctx.path(inst.pipe_dir), as_user, env,
+    started = start_daemon(_control(ctx), ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, f"{kept}{started.detail}; "

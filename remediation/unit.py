@@ -70,6 +70,7 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     from ..core import runner
     from ..core.daemonctl import quit_daemon
     from ..core.pidfile import read_pid
+    from ..core.process_identity import find
     from ..core.processes import (
         binaries_of,
         candidates,
@@ -82,7 +83,10 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     # systemd runs ExecStop as the unit's User=, as it ran ExecStart: the daemon's uid.
     uid = os.geteuid()
     named = read_pid(pipe_dir)
-    binaries = binaries_of(control, path_env=os.environ.get("PATH"))
+    # The unit names the binary's path; a name is found where every command finds it
+    # (process_identity), never on the caller's PATH.
+    control = find(control) or control
+    binaries = binaries_of(control)
     daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), (uid,), named)
     ignored = pid_file_ignored(named, daemons, (uid,))
     if ignored:

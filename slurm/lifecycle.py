@@ -31,7 +31,8 @@ from ..core.facts_deep import LOG_FILES
 from ..core.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
 from ..core.planned import record as record_planned
 from ..core.probes.proc import read_processes
-from ..core.runas import RunAs, for_user, resolve, user_env
+from ..core.process_identity import locate, not_found
+from ..core.runas import RunAs, for_user, user_env
 from ..core.templates import expand, match
 from .hooklog import HookLog
 from .jobenv import JobEnv, parse_gpus, wants_daemon
@@ -114,10 +115,10 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
     """Make the dirs and start each daemon; None, or the one line saying what failed."""
     if job.uid == 0 and config.mps.forbid_root_daemon:
         return "the job runs as root and mps.forbid_root_daemon is set: no daemon started"
-    control = resolve(config.command(CONTROL))
+    control = locate(config)  # as the check finds it: never slurmd's (empty) PATH
     if control is None:
-        return (f"{config.command(CONTROL)} not found (slurmd gives the prolog no PATH: set "
-                f"commands.{CONTROL} to its absolute path)")
+        return (f"{not_found(config)}: install the NVIDIA driver's MPS binaries, or set "
+                f"commands.{CONTROL} to its absolute path")
     as_user = for_user(job.uid, job.gid, job.user)
     for dirs in job_dirs(config, job.job_id, job.gpus):
         if socket_path_bytes(dirs.pipe_dir) > SUN_PATH_MAX:
@@ -240,7 +241,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
         _record(config, pipe, by, log)
     as_user = for_user(job.uid, job.gid, job.user)
-    control = resolve(config.command(CONTROL))
+    control = locate(config)
     for dirs in all_dirs:
         daemon = [p for p in procs if processes.is_daemon(p) and p.pipe_dir == dirs.pipe_dir]
         if not daemon or control is None:

@@ -90,8 +90,9 @@ def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture
 def site(fake_path: str) -> Iterator[Site]:
-    """A node's site under a fresh root (tests/nodesite.py), tests/fakes first on PATH;
-    its daemons and processes ended and its root removed afterwards."""
-    s = Site.create()
+    """A node's site under a fresh root (tests/nodesite.py), tests/fakes first on PATH
+    and, where mps-health looks, in its config's mps.binary_dirs; its daemons and
+    processes ended and its root removed afterwards."""
+    s = Site.create(binary_dirs=(str(FAKE_BIN),))
     yield s
     s.close()

@@ -78,6 +78,10 @@ class Site:
     root: Path
     control: str = FAKE_CONTROL
     daemons: List[Daemon] = field(default_factory=list)
+    # Dirs put before the system's in the config's mps.binary_dirs (mps-health never
+    # looks on PATH): conftest's ``site`` gives the fakes' dir; a GPU site none, so the
+    # real binaries are found where the system has them.
+    binary_dirs: Tuple[str, ...] = ()
 
     @classmethod
     def create(cls, prefix: str = "mpsh-site-", **kwargs: Any) -> "Site":
@@ -144,10 +148,15 @@ class Site:
     def config_dict(self, extra: Mapping[str, Any] = {}, *, pipe: Union[Path, str, None] = None,
                     log: Union[Path, str, None] = None) -> Config:
         """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
-        this site's run and state dirs, and ``extra`` merged over it."""
+        this site's run and state dirs, its ``binary_dirs`` first in ``mps.binary_dirs``,
+        and ``extra`` merged over it."""
+        from mps_health.core.config import MPS_BINARY_DIRS
+
         base: Config = {
             "run_dir": str(self.run_dir), "state_dir": str(self.state_dir),
             "mps": {"pipe_dir": str(pipe or self.pipe), "log_dir": str(log or self.log)}}
+        if self.binary_dirs:
+            base["mps"]["binary_dirs"] = [*self.binary_dirs, *MPS_BINARY_DIRS]
         return merged(base, extra)
 
     def config(self, *extras: Union[str, Mapping[str, Any]], file: str = "config.yaml",

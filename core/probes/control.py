@@ -230,7 +230,9 @@ class _Batch:
         self.ctx, self.command, self.deadline = ctx, command, deadline
         self.started: List[Tuple[Instance, Pending, _Lock]] = []
         self.waiting: List[Tuple[Instance, _Lock]] = []
-        for inst in instances:
+        self.client = control_client(ctx)
+        self.missing = instances if self.client is None else ()
+        for inst in () if self.client is None else instances:
             lock = _Lock(ctx, inst.pipe_dir)
             if lock.acquire(0.0):  # free now (a deadline passed tries once)
                 self._start(inst, lock)
@@ -238,12 +240,11 @@ class _Batch:
                 self.waiting.append((inst, lock))
 
     def _start(self, inst: Instance, lock: _Lock) -> None:
-        client = self.ctx.config.command("nvidia-cuda-mps-control")
-        self.started.append((inst, Pending([client], self.command + "\n",
+        self.started.append((inst, Pending([str(self.client)], self.command + "\n",
                                            client_env(self.ctx, inst)), lock))
 
     def collect(self) -> Dict[str, ControlAnswer]:
-        answers: Dict[str, ControlAnswer] = {}
+        answers = {inst.name: missing(self.ctx, self.command) for inst in self.missing}
         try:
             for inst, lock in self.waiting:
                 if lock.acquire(self.deadline):
@@ -277,6 +278,20 @@ def _record(ctx: Context, instances: Sequence[Instance], answers: Dict[str, Cont
             ctx.queries.record(inst.pipe_dir, answer)
 
 
+def control_client(ctx: Context) -> Optional[str]:
+    """The control client's path, found as every command finds it (never on PATH)."""
+    from ..process_identity import locate
+
+    return locate(ctx.config)
+
+
+def missing(ctx: Context, command: str) -> ControlAnswer:
+    """The answer when there is no control client to ask: MPS is not installed."""
+    from ..process_identity import not_found
+
+    return ControlAnswer(command, "exec-failed", None, "", "", 0.0, not_found(ctx.config))
+
+
 def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
     """The environment that points the control client (or a CUDA client) at ``inst``."""
     env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
@@ -304,7 +319,9 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
         if why:
             return ControlAnswer(command, "skipped", None, "", "", 0.0, "not asked: " + why)
     deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
-    client = ctx.config.command("nvidia-cuda-mps-control")
+    client = control_client(ctx)
+    if client is None:
+        return missing(ctx, command)
     pending = Pending([client], command + "\n", client_env(ctx, inst))
     waiting = queries.waiting({pending: inst.name}, command, deadline) \
         if queries is not None else None

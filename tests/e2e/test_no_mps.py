@@ -1,10 +1,16 @@
-"""A node without MPS: the cause first, in one line; a reset refuses and changes nothing."""
+"""A node without MPS: the cause first, in one line; a reset refuses and changes nothing.
+Where the binaries are found: ``commands``, else ``mps.binary_dirs``, never PATH, so the
+check and the reset it advises always agree."""
 
 from pathlib import Path
 
-from clirun import mps_health
+from clirun import check_mps, mps_health, problem_codes, report
 from nodesite import Site
+from paths import FAKE_BIN
 from remhelp import remediating
+
+# strays judges the whole node, where other tests' daemons run; tmpfiles the host's rules.
+SKIP = ("--skip", "tmpfiles,strays")
 
 
 def no_mps_config(site: Site) -> str:
@@ -17,9 +23,72 @@ def test_check_leads_with_the_missing_binary(site) -> None:
     r = mps_health("check", "--config", cfg, "--only", "daemon,control")
     assert r.returncode == 2, r.stdout + r.stderr
     first = r.stdout.splitlines()[0]
-    assert first.startswith("MPS CRITICAL - 2 problems: mps-not-installed node"), first
+    assert first.startswith("MPS CRITICAL - 1 problem: mps-not-installed node"), first
     assert "daemon-absent" not in r.stdout and "remediate reset" not in r.stdout
     assert f"MPS is not installed on this node ({site.root}/none: command not found)" in r.stdout
+
+
+def test_a_node_without_the_binaries_has_one_problem_and_no_reset_advice(site) -> None:
+    cfg = no_mps_config(site)
+    r = mps_health("check", "--config", cfg, *SKIP)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("MPS CRITICAL - 1 problem: mps-not-installed node"), r.stdout
+    assert len(lines) == 2 and "reset" not in lines[1].replace("a reset cannot help", ""), \
+        r.stdout
+    verbose = mps_health("check", "--config", cfg, "-v", *SKIP)
+    assert verbose.returncode == 2
+    assert "FOLDED control[node] control-client-missing: " in verbose.stdout, verbose.stdout
+    assert "FOLDED directories[node] pipe-dir-missing: " in verbose.stdout, verbose.stdout
+    assert "remediate reset" not in verbose.stdout
+
+    j = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert j.returncode == 2 and problem_codes(j) == ["mps-not-installed"], j.stdout
+    folded = {x["code"]: x for c in report(j)["checks"] for x in c["results"] if "cause" in x}
+    assert {"control-client-missing", "pipe-dir-missing", "log-dir-missing"} <= set(folded)
+    assert all(x["cause"] == "mps-not-installed" and not x["action"]
+               for x in folded.values())
+
+    n = check_mps("--config", cfg, *SKIP)
+    assert n.returncode == 2, n.stdout
+    assert n.stdout.startswith("MPS CRITICAL - mps-not-installed node: "), n.stdout
+    assert "; also " not in n.stdout.splitlines()[0], n.stdout
+
+
+def test_the_health_check_in_slurmd_s_environment_names_the_one_cause(site) -> None:
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": f"{site.root}/none"},
+                      checks={"disable": ["tmpfiles", "strays"]})
+    r = mps_health("healthcheck", "--foreground", "--dry-run", "--config", cfg,
+                   env={}, inherit=False)  # slurmd gives no PATH
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.startswith("MPS CRITICAL - 1 problem: mps-not-installed node\n"), r.stdout
+    assert "remediate reset" not in r.stdout
+
+
+def test_a_name_not_in_the_binary_dirs_is_not_installed_whatever_the_path(site) -> None:
+    # The fakes are on this PATH (the site fixture), but not where binaries are looked for.
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": None},
+                      mps={"binary_dirs": [str(site.root / "empty")]})
+    r = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert r.returncode == 2 and problem_codes(r) == ["mps-not-installed"], r.stdout
+    assert f"nvidia-cuda-mps-control: command not found in {site.root}/empty" in r.stdout
+    z = mps_health("remediate", "reset", "--config", cfg, "--dry-run")
+    assert z.returncode == 3 and "is not installed" in z.stderr, z.stdout + z.stderr
+
+
+def test_binaries_only_in_a_binary_dir_check_and_reset_agree(site) -> None:
+    # As on a node whose driver put them in /usr/local/nvidia/bin, off the caller's PATH
+    # and off slurmd's (none): the fakes' dir stands for that fixed location.
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": None},
+                      mps={"binary_dirs": ["/usr/bin", str(FAKE_BIN)]})
+    bare = {"PATH": "/usr/bin:/bin"}
+    r = mps_health("check", "--config", cfg, "--format", "json", *SKIP, env=bare)
+    assert r.returncode == 2 and "daemon-absent" in problem_codes(r), r.stdout + r.stderr
+    assert "mps-not-installed" not in r.stdout
+    fix = mps_health("remediate", "reset", "--config", cfg, env=bare)
+    assert fix.returncode == 0, fix.stdout + fix.stderr
+    slurmd = mps_health("check", "--config", cfg, *SKIP, env={}, inherit=False)
+    assert slurmd.returncode == 0, slurmd.stdout + slurmd.stderr
 
 
 def test_reset_refuses_up_front_and_makes_nothing(site) -> None:

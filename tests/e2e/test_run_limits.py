@@ -19,6 +19,7 @@ from typing import Dict, List
 import pytest
 from clirun import argv, check_mps, mps_health
 from nodesite import Site
+from paths import FAKE_CONTROL
 from roottree import add_dir, add_pipe_dir, add_process
 
 SITE_HANG = '''
@@ -238,7 +239,8 @@ def test_out_of_fds_is_unknown_never_client_missing_or_critical(site) -> None:
     assert codes == {"facts-unavailable"}, report["problems"]
     assert all(p["state"] == "UNKNOWN" for p in report["problems"])
     control = next(p for p in report["problems"] if p["check"] == "control")
-    assert "cannot start nvidia-cuda-mps-control: Too many open files (this mps-health " \
+    # The client is named by the path it was found at (mps.binary_dirs: the fakes' dir).
+    assert f"cannot start {FAKE_CONTROL}: Too many open files (this mps-health " \
            "process's own limit, not the node's MPS: it may open 64 files" in control["message"]
 
 

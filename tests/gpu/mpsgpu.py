@@ -151,8 +151,10 @@ def env_info() -> Dict[str, str]:
 
 @pytest.fixture
 def mps_site() -> Iterator[Site]:
-    """A site for real daemons (not conftest's site: that puts the fakes first on PATH)."""
-    s = Site.create(prefix="mpsh-")
+    """A site for real daemons (not conftest's site: that puts the fakes first on PATH);
+    with MPS_HEALTH_GPU_FAKE=1 the fakes' dir comes first in its mps.binary_dirs (where
+    mps-health looks: never on PATH)."""
+    s = Site.create(prefix="mpsh-", binary_dirs=(str(FAKE_BIN),) if USE_FAKE else ())
     yield s
     s.close()
 

@@ -81,6 +81,8 @@ def test_explicit_missing_file(tmp_path: Path) -> None:
     ("- just\n- a list", "the top level must be a mapping"),
     ("mps: {layout: node", "not valid YAML"),
     ("tmpfiles:\n  require_guard: maybe", "key 'tmpfiles.require_guard': must be true or false"),
+    ("mps:\n  binary_dirs: [bin]", "key 'mps.binary_dirs': must be an absolute path"),
+    ("mps:\n  binary_dirs: []", "key 'mps.binary_dirs': must be a list of absolute dirs"),
 ])
 def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yaml"

@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from mps_health.core import processes
+from mps_health.core import config, processes
 from mps_health.core.probes.proc import read_process
 from mps_health.core.process_identity import (
+    binaries_for,
     binaries_of,
     is_daemon,
     is_impostor,
     is_server,
+    locate,
+    not_found,
     role_of,
     runs_binary,
 )
@@ -127,12 +130,48 @@ def test_no_binary_found_means_unknown_not_impostor(tmp_path: Path, started) -> 
     assert runs_binary("/proc", pid, missing.server) is None
 
 
-def test_a_configured_server_and_names_found_on_path(bindir: Path, tmp_path: Path) -> None:
+def test_a_configured_server_and_names_found_in_the_binary_dirs(bindir: Path,
+                                                                tmp_path: Path) -> None:
     other = tmp_path / "srv"
     other.mkdir()
     shutil.copy("/usr/bin/sleep", other / "nvidia-cuda-mps-server")
     b = binaries_of("nvidia-cuda-mps-control", str(other / "nvidia-cuda-mps-server"),
-                    path_env=str(bindir))
+                    [str(bindir)])
     assert [x.path for x in b.control] == [str(bindir / "nvidia-cuda-mps-control")]
     assert [x.path for x in b.server] == [str(other / "nvidia-cuda-mps-server")]
     assert binaries_of("relative/nvidia-cuda-mps-control").control == ()
+
+
+def test_the_binaries_are_found_in_the_binary_dirs_never_on_path(
+        bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty, unrunnable = tmp_path / "empty", tmp_path / "unrunnable"
+    empty.mkdir()
+    unrunnable.mkdir()
+    (unrunnable / "nvidia-cuda-mps-control").write_text("#!/bin/sh\n")  # not executable
+    monkeypatch.setenv("PATH", str(bindir))  # the caller's PATH: never looked at
+    cfg = config.from_mapping({"mps": {"binary_dirs": [str(empty), str(unrunnable)]}}, "c")
+    assert locate(cfg) is None
+    assert not_found(cfg) == (f"nvidia-cuda-mps-control: command not found in {empty}, "
+                              f"{unrunnable}")
+    cfg = config.from_mapping({"mps": {"binary_dirs": [str(unrunnable), str(bindir)]}}, "c")
+    assert locate(cfg) == str(bindir / "nvidia-cuda-mps-control")  # the first that runs
+    assert [b.path for b in binaries_for(cfg).control] == [str(bindir / "nvidia-cuda-mps-control")]
+    # commands names a path: that file alone, wherever the dirs are
+    named = config.from_mapping({"commands": {"nvidia-cuda-mps-control": str(
+        unrunnable / "nvidia-cuda-mps-control")}, "mps": {"binary_dirs": [str(bindir)]}}, "c")
+    assert locate(named) is None
+    assert not_found(named) == f"{unrunnable}/nvidia-cuda-mps-control: command not found"
+    assert config.Config().mps.binary_dirs[:6] == tuple(
+        ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+    assert {"/usr/local/nvidia/bin", "/usr/local/cuda/bin"} <= set(config.Config().mps.binary_dirs)
+
+
+def test_a_server_in_the_binary_dirs_counts_as_debian_puts_it(bindir: Path,
+                                                              tmp_path: Path) -> None:
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    shutil.copy("/usr/bin/sleep", sbin / "nvidia-cuda-mps-server")
+    (bindir / "nvidia-cuda-mps-server").unlink()  # Debian: control in /usr/bin only
+    b = binaries_of("nvidia-cuda-mps-control", None, [str(bindir), str(sbin)])
+    assert [x.path for x in b.server] == [str(sbin / "nvidia-cuda-mps-server")]
+    assert binaries_of("nvidia-cuda-mps-control", None, [str(sbin)]).server == ()  # no control
