@@ -31,7 +31,7 @@ from ..core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from ..core.probes import control as control_probe
 from ..core.probes.dirs import read_dir
 from ..core.probes.proc import binaries_here, read_processes, with_named
-from ..core.results import CRITICAL, OK, UNKNOWN, Result, is_problem
+from ..core.results import CRITICAL, UNKNOWN, Result, is_problem
 from ..core.runner import RunAs
 from ..core.safedirs import UnsafePath
 from ..core.users import ROOT, User, groups_of
