@@ -131,7 +131,8 @@ def test_every_output_agrees() -> None:
                                          "log-dir-missing"}
     assert all(r["cause"] == "mps-not-installed" and r["action"] == "" for r in kept)
 
-    plugin, code = nagios.render(report, nagios.Thresholds(nagios.Range.up_to(1.0), None), 1)
+    warning, critical = nagios.thresholds(None, None, 1.0)
+    plugin, code = nagios.render(nagios.Probe(lambda: report), warning, critical, 1)
     assert code == 2
     assert plugin.startswith("MPS CRITICAL - mps-not-installed mps: "), plugin
     assert "also" not in plugin.splitlines()[0] and "remediate reset" not in plugin
