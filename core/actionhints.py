@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from . import registry
-from .results import OK, CheckRun
+from .results import CheckRun, is_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
         results = []
         for r in run.results:
             action = with_options(r.action, options) if r.action else r.action
-            if r.state != OK and (ours or r.code in any_check):
+            if is_problem(r) and (ours or r.code in any_check):  # folded: no action
                 action = read_more(action, r.code)
             results.append(r if action == r.action else r._replace(action=action))
         changed = any(a is not b for a, b in zip(results, run.results))

@@ -110,7 +110,10 @@ def test_a_venv_under_root_is_refused_by_slurm_install(node: Node) -> None:
     nagios cannot, and `slurm install` says so in one line and writes nothing."""
     node.ok(f"python3 -m venv /root/venv\n"
             f"/root/venv/bin/pip install -q --no-index --find-links {WHEELS} mps-health\n"
-            f"mkdir -p {HOOKS}")
+            f"mkdir -p {HOOKS} /etc/mps-health")
+    # The per-job layout's hooks (the node layout's own daemons need none).
+    (node.root / "etc/mps-health/config.yaml").write_text(PER_JOB)
+    (node.root / "etc/mps-health/config.yaml").chmod(0o644)
     r = node.sh(f"/root/venv/bin/mps-health slurm install --prefix {HOOKS}")
     assert r.returncode == 3 and r.stderr.count("\n") == 1, r
     assert r.stderr.startswith("mps-health: install: job users cannot use the interpreter "
