@@ -181,9 +181,9 @@ def main() -> int:
     use_defaults = not pipe.exists() and not log.exists()
     if not use_defaults:
         pipe, log = work / "pipe", work / "log"
-    for d in (pipe, log, bindir):
+    for d, mode in ((pipe, 0o777), (log, 0o755), (bindir, 0o777)):  # as the unit makes them
         d.mkdir(parents=True, exist_ok=True)
-        d.chmod(0o777)
+        d.chmod(mode)
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     # A node's environment: with PYTHONDONTWRITEBYTECODE (set on some build and CI
     # machines) the commands keep no compiled code of their own (core/codecache.py).
