@@ -29,13 +29,13 @@ from ..core.config import Config
 from ..core.facts import ControlAnswer, Facts, Instance
 from ..core.facts_deep import InstanceServers, LogFinding, LogsFacts, ServerFact, ServersFacts
 from ..core.printable import escape
-from ..core.probes.clientinfo import mem_bytes
-from ..core.probes.jobs import JobsFacts, gres_count
 from ..core.results import WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterator, List, Optional, Tuple
+
+    from ..core.probes.jobs import JobsFacts
 
 NAME = "limits"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -73,6 +73,8 @@ def job_share(inst: Instance, jobs: Optional[JobsFacts], mps_per_gpu: int
     """A per-job instance's ``--gres=mps:N`` as a percentage, and how to say it."""
     if inst.job_id is None or jobs is None or not jobs.jobs:
         return None
+    from ..core.probes.jobs import gres_count  # only for a per-job instance
+
     for job in jobs.jobs:
         if job.job_id == inst.job_id:
             asked = gres_count(job, "mps")
@@ -224,6 +226,10 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
                ) -> Iterator[Result]:
     """Per GPU (label UUID): the default pinned limit and the applied one (the server's
     that differs from the default, else the default's), in bytes; none set: no sample."""
+    if not live and not defaults:
+        return
+    from ..core.probes.clientinfo import mem_bytes  # only where a server runs
+
     applied: Dict[str, str] = {}
     for server in live:
         for d in server.devices:
