@@ -54,7 +54,7 @@ def test_a_default_changed_under_a_running_server(site, sleepers) -> None:
     first = d.query(f"fake_client_connect {client(sleepers)} 0").stdout.strip()
     assert problems(check(cfg)) == []
     d.query("set_default_active_thread_percentage 50")
-    d.query(f"set_default_device_pinned_mem_limit {UUID} 2G")
+    d.query("set_default_device_pinned_mem_limit 0 2G")
     data = check(cfg)
     found = problems(data)
     assert [c for c, _m in found] == ["limits-not-in-force", "limits-not-in-force"]
@@ -62,8 +62,7 @@ def test_a_default_changed_under_a_running_server(site, sleepers) -> None:
     assert "applies 100% active threads, the default is 50% (set after it started)" \
         in found[0][1]
     assert f"applies a pinned memory limit of 4G on GPU {UUID}, the default is 2G" in found[1][1]
-    # The UUID and the index name one GPU: only one way of setting, nothing ambiguous.
-    assert d.query("get_default_device_pinned_mem_limit 0").stdout == "2G\n"
+    assert d.query(f"get_default_device_pinned_mem_limit {UUID}").stdout == "2G\n"
     # The server's clients end, it ends; the next client's new server has the defaults.
     sleepers[0].kill()
     sleepers[0].wait()
@@ -80,8 +79,15 @@ def test_metrics_carry_both_values(site, sleepers) -> None:
     d.query(f"fake_client_connect {client(sleepers)} 0")
     d.query("set_default_active_thread_percentage 40")
     d.query("set_default_device_pinned_mem_limit 0 1G")
+    log = d.log_dir / "control.log"
+    before = log.read_text()
     r = mps_health("check", "--config", cfg, "--only", "limits", "-v")
     assert r.returncode == 1 and "limits-not-in-force" in r.stdout, r.stdout + r.stderr
+    # Nothing asked twice: the run's one control query gives the default percentage, the
+    # servers' one device_query the device table.
+    asked = log.read_text()[len(before):]
+    assert asked.count("Cmd:get_default_active_thread_percentage\n") == 1
+    assert asked.count("Cmd:device_query\n") == 1
     seen = values(check(cfg))
     assert seen["default_thread_percentage"] == 40.0
     assert seen["applied_thread_percentage"] == 100.0
