@@ -135,15 +135,17 @@ def settings_in_log(inst: Instance, logs: Optional[LogsFacts]) -> List[Tuple[str
     control.log, oldest first."""
     if logs is None:
         return []
-    out = []
-    found: List[LogFinding] = sorted(logs.findings, key=lambda f: f.at)
+    out: List[Tuple[str, str, float]] = []
+    found: List[LogFinding] = sorted(
+        (f for f in logs.findings if f.log_dir == inst.log_dir and f.file == "control.log"),
+        key=lambda f: f.at)
     for f in found:
-        if f.code != "log-pinned-limit-set" or f.log_dir != inst.log_dir \
-                or f.file != "control.log" or not f.text.startswith(SET_PINNED):
-            continue
-        words = f.text[len(SET_PINNED):].split()
-        if len(words) == 2:
-            out.append((words[0], words[1], f.at))
+        if f.code == "log-daemon-start":
+            out = []  # a new daemon starts with no default limit: the earlier ones are gone
+        elif f.code == "log-pinned-limit-set" and f.text.startswith(SET_PINNED):
+            words = f.text[len(SET_PINNED):].split()
+            if len(words) == 2:
+                out.append((words[0], words[1], f.at))
     return out
 
 

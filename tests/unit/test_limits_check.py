@@ -177,6 +177,20 @@ def test_a_limit_set_on_an_id_that_names_no_gpu() -> None:
     assert f"0 / {UUID0}" in message
 
 
+def test_settings_of_an_earlier_daemon_do_not_count() -> None:
+    logs = log_sets(("0", "4G"), (UUID0, "2G"))
+    start = LogFinding(150.0, "log-daemon-start", INST.log_dir, "control.log",
+                       "Starting control daemon using socket /tmp/nvidia-mps/control")
+    later = LogFinding(160.0, "log-pinned-limit-set", INST.log_dir, "control.log",
+                       "Cmd:set_default_device_pinned_mem_limit 0 4G")
+    cur = instance_servers(server(limits=("4G", "")), defaults=("4G", ""))
+    assert problems(run(cur, logs=logs._replace(findings=(*logs.findings, start, later)))) \
+        == []
+    assert [f.code for f in parse_findings(
+        "[2026-12-02 13:00:33.310 Control  1066] Starting control daemon using socket "
+        "/tmp/p/control\n", INST.log_dir, "control.log", 0.0)] == ["log-daemon-start"]
+
+
 def test_ids_are_not_judged_without_the_device_table() -> None:
     cur = InstanceServers("ok", "", 1, 1, (server(),), 0.0)
     assert problems(run(cur, logs=log_sets(("7", "4G")))) == []
