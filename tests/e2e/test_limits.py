@@ -109,3 +109,36 @@ def test_pinned_limits_by_index_and_uuid_and_on_no_gpu(site, sleepers) -> None:
     assert [c for c, _m in found] == ["pinned-limit-ambiguous", "pinned-limit-unknown-device"]
     assert f"by index (0 4G) and by UUID ({UUID} 2G)" in found[0][1]
     assert "GPU-00000000-0000-0000-0000-000000000000 8G" in found[1][1]
+
+
+def test_a_user_who_makes_the_daemon_log_settings_gets_a_warning_at_most(site, sleepers
+                                                                         ) -> None:
+    """Any local user may send the daemon commands through the 0666 control socket, and
+    the daemon logs each one, taken or not: what they make it log is at most a WARNING
+    (never a drain, hostile text escaped)."""
+    from hostile import ATTACKER, as_user
+    from mpsdaemon import control_argv, mps_env
+
+    d = site.start_daemon()
+    cfg = site.config()
+    d.query(f"fake_client_connect {client(sleepers)} 0")
+    for command in ("set_default_device_pinned_mem_limit \x1b[2Jevil 1G",
+                    "set_default_device_pinned_mem_limit 0 1G",
+                    f"set_default_device_pinned_mem_limit {UUID} 2G"):
+        r = subprocess.run(control_argv(site.control), input=command + "\n",
+                           env=mps_env(d.pipe_dir), capture_output=True, text=True,
+                           timeout=10, **as_user(ATTACKER))
+        assert r.returncode == 0, r.stderr
+    r = mps_health("check", "--config", cfg, "--only", "limits", "--format", "json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 1 and {p["state"] for p in data["problems"]} == {"WARNING"}
+    # The fake takes any user's setting (whether the real daemon does is not known), so
+    # the running server no longer has the default either.
+    assert sorted(p["code"] for p in data["problems"]) == \
+        ["limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device"]
+    assert "\x1b" not in r.stdout and "\\\\x1b[2Jevil" in r.stdout
+    from mps_health.core.results import WARNING, Result
+    from mps_health.remediation.slurmnode import by_any_user
+
+    assert all(by_any_user(Result("limits", WARNING, p["code"], "mps", p["message"]))
+               for p in data["problems"])
