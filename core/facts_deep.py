@@ -88,6 +88,9 @@ class InstanceServers(NamedTuple):
     # get_default_device_pinned_mem_limit per device ordinal ("" where none is set),
     # asked with the servers' details, only while a server runs.
     default_pinned_mem_limits: Tuple[Tuple[int, str], ...] = ()
+    # The daemon's device table (device_query's "Default" section): (ordinal, UUID), asked
+    # with the servers' details: what a limit's device ID is judged by (checks/limits.py).
+    default_devices: Tuple[Tuple[int, str], ...] = ()
 
 
 class RememberedServer(NamedTuple):

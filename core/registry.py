@@ -131,6 +131,9 @@ check("tmpfiles", ".checks.tmpfiles:check", ("tmpfiles",),
       summary="systemd-tmpfiles will not clean the pipe dirs")
 check("servers", ".checks.servers:check", ("servers",),
       summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
+check("limits", ".checks.limits:check", ("servers", "control", "logs"),
+      summary="each running server applies the daemon's default limits; pinned limits "
+              "set on one ID per GPU")
 check("logs", ".checks.logs:check", ("logs",),
       summary="no pending clients, failed servers or refused connections in the MPS logs")
 check("canary", ".checks.canary:check", ("canary",), default_on=False,

@@ -62,6 +62,7 @@ def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
     from ...checks.clients import attribute, ceiling
+    from ...checks.limits import default_percentage
     from ..probes.jobs import gres_count
 
     servers: Any = facts.sources.get("servers")
@@ -79,12 +80,7 @@ def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
     for inst in facts.instances:
         cur = servers.instances.get(inst.name) if servers is not None else None
         answer = control.get(inst.name) if isinstance(control, dict) else None
-        default_pct: Optional[float] = None
-        if answer is not None and answer.status == "ok":
-            try:
-                default_pct = float(answer.stdout.split()[0])
-            except (ValueError, IndexError):
-                default_pct = None
+        default_pct = default_percentage(answer)  # read as the limits check reads it
         entry: Dict[str, Any] = {
             "name": inst.name, "pipe_dir": inst.pipe_dir, "gpu": inst.gpu,
             "query": cur.query if cur else "not-gathered", "detail": cur.detail if cur else "",

@@ -110,6 +110,13 @@ def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
     if "Failed to start server using uid" in text:
         uid = _int_after(text, "using uid ")
         return "log-server-start-failed", 0, -1 if uid is None else uid, 0
+    if text.startswith("Cmd:set_default_device_pinned_mem_limit "):
+        # Kept, not reported: checks/limits.py judges the device IDs the defaults were
+        # set on (the daemon's answers give only the value that won) ...
+        return "log-pinned-limit-set", 0, -1, 0
+    if text.startswith("Starting control daemon "):
+        # ... and only those of the daemon that runs now: a new daemon starts without.
+        return "log-daemon-start", 0, -1, 0
     if "Unable to accept connection" in text:
         return "log-accept-failed", 0, -1, 0
     lowered = text.lower()

@@ -125,8 +125,10 @@ def read_details(ctx: Context, inst: Instance, server: ServerFact,
 
 
 def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact]
-                          ) -> Tuple[List[ServerFact], Tuple[Tuple[int, str], ...]]:
-    """Per-server details, each client's GPUs from ``ps``, the default memory limits."""
+                          ) -> Tuple[List[ServerFact], Tuple[Tuple[int, str], ...],
+                              Tuple[Tuple[int, str], ...]]:
+    """Per-server details, each client's GPUs from ``ps``, the default memory limits and
+    the daemon's device table ((ordinal, UUID) of device_query's Default section)."""
     errors: List[str] = []
     deadline = ctx.deadline
     table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = _parsed(
@@ -154,7 +156,8 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
                         deadline, [], clientinfo.parse_mem_limit, None)
         if limit is not None:
             defaults.append((row.ordinal, limit[0]))
-    return out, tuple(defaults)
+    devices = tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
+    return out, tuple(defaults), devices
 
 
 def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
@@ -223,9 +226,10 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
                 wedged = True
                 break  # wedged since the list: the next query would hang as well
         defaults: Tuple[Tuple[int, str], ...] = ()
+        devices: Tuple[Tuple[int, str], ...] = ()
         if servers and not wedged:
-            servers, defaults = read_instance_details(ctx, inst, servers)
+            servers, defaults, devices = read_instance_details(ctx, inst, servers)
         return InstanceServers("ok", "", daemon_pid, daemon_start, tuple(servers),
-                               time.monotonic() - t0, defaults)
+                               time.monotonic() - t0, defaults, devices)
     finally:
         lock.release()

@@ -34,6 +34,13 @@ from mps_health.exporters.series import label_name, metric_name, samples
     ("clients", "server_pinned_mem_limit_bytes",
      "mps_health_clients_server_pinned_mem_limit_bytes"),
     ("clients", "server_thread_percentage", "mps_health_clients_server_thread_percentage"),
+    ("limits", "limits_not_in_force", "mps_health_limits_not_in_force"),
+    ("limits", "default_thread_percentage", "mps_health_limits_default_thread_percentage"),
+    ("limits", "applied_thread_percentage", "mps_health_limits_applied_thread_percentage"),
+    ("limits", "default_pinned_mem_limit_bytes",
+     "mps_health_limits_default_pinned_mem_limit_bytes"),
+    ("limits", "applied_pinned_mem_limit_bytes",
+     "mps_health_limits_applied_pinned_mem_limit_bytes"),
     # A value may never shadow the exporter's own series.
     ("check", "success", "mps_health_value_check_success"),
 ])

@@ -1,0 +1,274 @@
+"""limits: the limits each running MPS server applies are the ones the operator set.
+
+NVIDIA's MPS guide: ``set_default_active_thread_percentage`` and
+``set_default_device_pinned_mem_limit`` only shape the NEXT server the daemon starts. A
+default changed while a server runs is silently not in force for that server's
+clients (seen on the H200: docs/gpu-validation.md). Facts, all gathered once per run:
+the servers probe (each server's ``get_active_thread_percentage`` and
+``get_device_pinned_mem_limit`` per GPU, the daemon's default pinned limits and its
+device table), the control probe's ``get_default_active_thread_percentage`` (the run's
+one control query: nothing is asked twice) and, in the per-job layout, the job's
+``--gres=mps:N`` share (the Prolog makes it the job daemon's default).
+
+* ``limits-not-in-force``: a server applies another thread percentage or pinned memory
+  limit than the daemon's default (or, per job, than the job's share).
+* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: the control.log lines
+  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` (the daemon logs every command
+  it is given) set one GPU's default both by UUID and by index (the last one wins), or
+  name an ID that is no GPU of the daemon (the daemon ignores it without a word). The
+  daemon's answers cannot show either: per GPU they give only the value that won. The
+  log is the daemon's own (the logs probe reads only its user's regular file), but a
+  local user can make it log a command it then refuses, so both are WARNINGs a user
+  could cause (never a drain), judged only against the device table of a daemon with a
+  running server (asked only then).
+"""
+
+from __future__ import annotations
+
+from ..core.config import Config
+from ..core.facts import ControlAnswer, Facts, Instance
+from ..core.facts_deep import InstanceServers, LogFinding, LogsFacts, ServerFact, ServersFacts
+from ..core.printable import escape
+from ..core.results import WARNING, Result, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Iterator, List, Optional, Tuple
+
+    from ..core.probes.jobs import JobsFacts
+
+NAME = "limits"
+# Every code this check reports besides ok (each has a runbook entry in README.md).
+CODES = ("limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device")
+SET_PINNED = "Cmd:set_default_device_pinned_mem_limit "
+TOLERANCE = 0.05  # the daemon prints one decimal
+
+
+def _pct(value: float) -> str:
+    return f"{value:g}%"
+
+
+def _limit(text: str) -> str:
+    return escape(text) if text else "no limit"
+
+
+def _who(server: ServerFact) -> str:
+    user = escape(server.user) if server.user else (
+        f"uid {server.uid}" if server.uid is not None else "user unknown")
+    return f"server {server.pid} ({user})"
+
+
+def default_percentage(answer: Optional[ControlAnswer]) -> Optional[float]:
+    """The daemon's default active thread percentage from the run's control query."""
+    if answer is None or answer.status != "ok":
+        return None
+    try:
+        return float(answer.stdout.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def job_share(inst: Instance, jobs: Optional[JobsFacts], mps_per_gpu: int
+              ) -> Optional[Tuple[float, str]]:
+    """A per-job instance's ``--gres=mps:N`` as a percentage, and how to say it."""
+    if inst.job_id is None or jobs is None or not jobs.jobs:
+        return None
+    from ..core.probes.jobs import gres_count  # only for a per-job instance
+
+    for job in jobs.jobs:
+        if job.job_id == inst.job_id:
+            asked = gres_count(job, "mps")
+            if asked is None or mps_per_gpu <= 0:
+                return None
+            return (min(100.0, asked * 100.0 / mps_per_gpu),
+                    f"job {escape(job.job_id)}'s --gres=mps:{asked}")
+    return None
+
+
+def _restart(inst: Instance, server: ServerFact) -> str:
+    return (f"it takes effect for the next server: let {_who(server)}'s clients end so that "
+            "a new server starts with it, or set it on the running server "
+            f"(set_active_thread_percentage / set_device_pinned_mem_limit {server.pid} ...) "
+            f"through instance {inst.name}'s pipe dir; see the runbook")
+
+
+def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
+                  share: Optional[Tuple[float, str]]) -> Iterator[Result]:
+    applied = server.thread_percentage
+    if applied is None:
+        return
+    if default is not None and abs(applied - default) > TOLERANCE:
+        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
+                     f"{_who(server)} applies {_pct(applied)} active threads, the default is "
+                     f"{_pct(default)} (set after it started)", _restart(inst, server),
+                     (("applied_thread_percentage", applied),
+                      ("default_thread_percentage", default)))
+    elif share is not None and applied > share[0] + 0.5:
+        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
+                     f"{_who(server)} applies {_pct(applied)} active threads, {share[1]} is "
+                     f"{_pct(share[0])}", _restart(inst, server),
+                     (("applied_thread_percentage", applied),))
+
+
+def judge_pinned(inst: Instance, server: ServerFact, defaults: Dict[str, str]
+                 ) -> Iterator[Result]:
+    for d in server.devices:
+        if d.uuid not in defaults:
+            continue
+        default = defaults[d.uuid]
+        if d.pinned_mem_limit != default:
+            yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
+                         f"{_who(server)} applies a pinned memory limit of "
+                         f"{_limit(d.pinned_mem_limit)} on GPU {escape(d.uuid)}, the default "
+                         f"is {_limit(default)} (set after it started)",
+                         _restart(inst, server), (), (("UUID", d.uuid),))
+
+
+def default_limits(cur: InstanceServers) -> Dict[str, str]:
+    """The daemon's default pinned limit per GPU UUID ("" none), where both are known."""
+    by_ordinal = dict(cur.default_pinned_mem_limits)
+    return {uuid: by_ordinal[o] for o, uuid in cur.default_devices if o in by_ordinal}
+
+
+def settings_in_log(inst: Instance, logs: Optional[LogsFacts]) -> List[Tuple[str, str, float]]:
+    """(device ID, value, time) of each default pinned limit set in the instance's
+    control.log, oldest first."""
+    if logs is None:
+        return []
+    out: List[Tuple[str, str, float]] = []
+    found: List[LogFinding] = sorted(
+        (f for f in logs.findings if f.log_dir == inst.log_dir and f.file == "control.log"),
+        key=lambda f: f.at)
+    for f in found:
+        if f.code == "log-daemon-start":
+            out = []  # a new daemon starts with no default limit: the earlier ones are gone
+        elif f.code == "log-pinned-limit-set" and f.text.startswith(SET_PINNED):
+            words = f.text[len(SET_PINNED):].split()
+            if len(words) == 2:
+                out.append((words[0], words[1], f.at))
+    return out
+
+
+def judge_identifiers(inst: Instance, cur: InstanceServers,
+                      settings: List[Tuple[str, str, float]]) -> Iterator[Result]:
+    if not cur.default_devices or not settings:
+        return  # no device table to judge the IDs by (asked only while a server runs)
+    by_index = {str(o): (o, uuid) for o, uuid in cur.default_devices}
+    by_uuid = {uuid.lower(): (o, uuid) for o, uuid in cur.default_devices}
+    seen: Dict[int, Dict[str, Tuple[str, str]]] = {}  # ordinal -> form -> (ID, value)
+    unknown: List[Tuple[str, str]] = []
+    for dev, value, _at in settings:
+        if dev in by_index:
+            ordinal, _uuid = by_index[dev]
+            seen.setdefault(ordinal, {})["index"] = (dev, value)
+        elif dev.lower() in by_uuid:
+            ordinal, _uuid = by_uuid[dev.lower()]
+            seen.setdefault(ordinal, {})["uuid"] = (dev, value)
+        else:
+            unknown.append((dev, value))
+    for ordinal in sorted(seen):
+        forms = seen[ordinal]
+        if "index" in forms and "uuid" in forms:
+            (i, iv), (u, uv) = forms["index"], forms["uuid"]
+            yield Result(NAME, WARNING, "pinned-limit-ambiguous", inst.name,
+                         f"the default pinned memory limit of GPU {ordinal} was set both by "
+                         f"index ({escape(i)} {escape(iv)}) and by UUID ({escape(u)} "
+                         f"{escape(uv)}) in control.log: the last one set wins",
+                         "set each GPU's default by one ID only (its UUID) with "
+                         "set_default_device_pinned_mem_limit; see the runbook")
+    if unknown:
+        shown = ", ".join(f"{escape(dev)} {escape(value)}" for dev, value in unknown[:4])
+        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+        known = ", ".join(f"{o} / {escape(uuid)}" for o, uuid in cur.default_devices[:4])
+        yield Result(NAME, WARNING, "pinned-limit-unknown-device", inst.name,
+                     f"default pinned memory limits were set in control.log on IDs that name "
+                     f"no GPU of the daemon ({shown}{more}): the daemon ignores them; its "
+                     f"GPUs are {known}",
+                     "set the limit again by the GPU's index or UUID "
+                     "(set_default_device_pinned_mem_limit; device_query lists them); "
+                     "see the runbook")
+
+
+def _applied(servers: List[ServerFact], default: Optional[float]) -> Optional[float]:
+    """The applied percentage shown for the instance: the one farthest from the default."""
+    known = [s.thread_percentage for s in servers if s.thread_percentage is not None]
+    if not known:
+        return None
+    if default is None:
+        return known[0]
+    return max(known, key=lambda p: abs(p - default))
+
+
+def judge_instance(inst: Instance, cur: InstanceServers, default: Optional[float],
+                   share: Optional[Tuple[float, str]],
+                   settings: List[Tuple[str, str, float]]) -> Iterator[Result]:
+    live = [s for s in cur.servers if s.status not in ("gone", "error")]
+    defaults = default_limits(cur)
+    problems: List[Result] = []
+    for server in live:
+        problems += judge_threads(inst, server, default, share)
+        problems += judge_pinned(inst, server, defaults)
+    problems += judge_identifiers(inst, cur, settings)
+    yield from problems
+    values: List[Tuple[str, float]] = [
+        ("limits_not_in_force",
+         float(sum(r.code == "limits-not-in-force" for r in problems)))]
+    applied = _applied(live, default)
+    if default is not None:
+        values.append(("default_thread_percentage", default))
+    if applied is not None:
+        values.append(("applied_thread_percentage", applied))
+    text = (f"{len(live)} server{'s' if len(live) != 1 else ''} apply the daemon's defaults"
+            if live else "no server runs")
+    yield Result(NAME, 0, "ok", inst.name, text, "", tuple(values))
+    yield from gpu_values(inst, live, defaults)
+
+
+def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
+               ) -> Iterator[Result]:
+    """Per GPU (label UUID): the default pinned limit and the applied one (the server's
+    that differs from the default, else the default's), in bytes; none set: no sample."""
+    if not live and not defaults:
+        return
+    from ..core.probes.clientinfo import mem_bytes  # only where a server runs
+
+    applied: Dict[str, str] = {}
+    for server in live:
+        for d in server.devices:
+            if d.uuid not in applied or d.pinned_mem_limit != defaults.get(d.uuid):
+                applied[d.uuid] = d.pinned_mem_limit
+    for uuid in sorted(set(applied) | set(defaults)):
+        values: List[Tuple[str, float]] = []
+        for key, text in (("default_pinned_mem_limit_bytes", defaults.get(uuid)),
+                          ("applied_pinned_mem_limit_bytes", applied.get(uuid))):
+            size = mem_bytes(text) if text else None
+            if size is not None:
+                values.append((key, float(size)))
+        if values:
+            yield Result(NAME, 0, "ok", inst.name,
+                         f"GPU {escape(uuid)}: default pinned memory "
+                         f"{_limit(defaults.get(uuid, ''))}, applied "
+                         f"{_limit(applied.get(uuid, ''))}", "", tuple(values),
+                         (("UUID", uuid),))
+
+
+def check(facts: Facts, config: Config) -> Iterator[Result]:
+    from ..core.slurm_settings import settings as slurm_settings
+
+    sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
+    control = facts.sources.get("control")
+    logs: Optional[LogsFacts] = facts.sources.get("logs")  # type: ignore[assignment]
+    jobs: Optional[JobsFacts] = facts.sources.get("jobs")  # type: ignore[assignment]
+    mps_per_gpu = slurm_settings(config).mps_per_gpu
+    for inst in facts.instances:
+        cur = sf.instances.get(inst.name)
+        if cur is None or cur.query not in ("ok", "idle"):
+            # The servers check says why (servers-not-asked): not a second time here.
+            yield ok(NAME, inst.name, "the servers were not asked: see the servers check")
+            continue
+        answer = control.get(inst.name) if isinstance(control, dict) else None
+        yield from judge_instance(inst, cur, default_percentage(answer),
+                                  job_share(inst, jobs, mps_per_gpu),
+                                  settings_in_log(inst, logs))
+    if not facts.instances:
+        yield ok(NAME, "", "no MPS instance on this node")
