@@ -254,7 +254,8 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
         first = errors[0]
         text_ = first.get("description") or first.get("error") if isinstance(first, dict) \
             else first
-        raise ParseError(f"scontrol --json reported: {text_}")
+        # One line, whatever Slurm put in it (the error is printed and may be a reason).
+        raise ParseError(f"scontrol --json reported: {' '.join(str(text_).split())}")
     nodes = data.get("nodes")
     if not isinstance(nodes, list):
         raise ParseError("scontrol --json: no 'nodes' list")
