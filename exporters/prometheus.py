@@ -31,6 +31,8 @@ class RunRecord(NamedTuple):
     success: bool  # every check could judge (no UNKNOWN): see run_success()
     last_success_at: Optional[float]  # this run's end if success, else the previous one's
     error: str = ""  # one line, when report is None
+    # How long the last health check run took (its state file), where one has run here.
+    healthcheck_s: Optional[float] = None
 
 
 def run_success(report: Report) -> bool:
@@ -123,6 +125,10 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
     out.append(_gauge(PREFIX + "run_success", "1 when every check of the last run could "
                       "judge, 0 when one was UNKNOWN or the run failed.",
                       1.0 if record.success else 0.0))
+    if record.healthcheck_s is not None:
+        out.append(_gauge(PREFIX + "healthcheck_duration_seconds", "Time the last run of "
+                          "mps-health-healthcheck (slurmd's HealthCheckProgram) took; slurmd "
+                          "kills it at 60 s.", record.healthcheck_s))
     if record.report is not None:
         out.extend(_report_families(record.report))
     return out

@@ -95,6 +95,7 @@ class Refresher:
             now = time.time()
             ok = prometheus.run_success(report)
             record = prometheus.RunRecord(report, now, ok, now if ok else previous)
+        record = record._replace(healthcheck_s=healthcheck_duration(self.config, self.root))
         page = prometheus.exposition(record)
         self.record, self.page = record, page  # one reference each: a scrape sees either
         return record
@@ -104,6 +105,16 @@ class Refresher:
             started = time.monotonic()
             self.run_once()
             stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+def healthcheck_duration(config: Config, root: str) -> Optional[float]:
+    """The last health check run's duration from its state file; None where none ran."""
+    from ...remediation import hcstate
+
+    base = config.state_dir if root in ("", "/") else \
+        os.path.join(root, config.state_dir.lstrip("/"))
+    state = hcstate.load(os.path.join(base, hcstate.STATE_FILE))
+    return state.duration_s if state.known and state.duration_s > 0 else None
 
 
 def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
