@@ -75,6 +75,9 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
 # no state and drains nothing, and it is shown as starting (INITIALIZING). A wrong
 # owner, mode, link or stranger is never here: booting explains none of those.
 STARTING = "starting"
+# healthcheck.boot_grace_s's default (here, so that a check without a config file knows
+# it without importing the health check's settings).
+BOOT_GRACE_S = 300.0
 STARTING_CODES: FrozenSet[str] = frozenset((
     "daemon-absent", "daemon-stale", "pipe-dir-missing",
     "log-dir-missing", "control-absent", "servers-not-asked", "mps-gpu-no-daemon",

@@ -24,7 +24,6 @@ from ..core.results import (
     WARNING,
     Report,
     Result,
-    starting,
     worst,
 )
 from ..core.slurm_settings import settings as slurm_settings
@@ -70,7 +69,8 @@ def run_checks(config: Config, root: str, hc: HealthcheckSettings
     walks away from a hung run (``engine.bounded``) and kills what it started."""
     budget = budget_for(config, hc)
     try:
-        return engine.run(config, root, budget_s=budget)[1], budget
+        return engine.run(config, root, budget_s=budget,
+                          boot_grace_s=hc.boot_grace_s)[1], budget
     except engine.Overrun:
         return None, budget
 
@@ -120,34 +120,18 @@ def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
     return [f"MPS-HC: observe only, never drains: {', '.join(seen)}"] if seen else []
 
 
-def uptime_s(root: str) -> Optional[float]:
-    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None when
-    it cannot be read (then there is no boot grace: findings count as always)."""
-    from ..core.safefiles import read_small
-
-    try:
-        data = read_small(_path(root, "/proc/uptime"), 256)
-        return float(data.split()[0]) if data else None
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def in_boot_grace(report: Optional[Report], root: str, grace_s: float
-                  ) -> Tuple[Optional[Report], List[str]]:
-    """(the report with what a booting node is still starting marked as starting, the
-    INITIALIZING line): within ``grace_s`` of boot only (``results.STARTING_CODES``)."""
-    if report is None or grace_s <= 0:
-        return report, []
-    up = uptime_s(root)
-    if up is None or up >= grace_s:
-        return report, []
-    marked = report._replace(runs=starting(report.runs))
+def booting_line(report: Optional[Report], root: str, grace_s: float) -> List[str]:
+    """The INITIALIZING line naming what the engine marked starting (the node is within
+    ``healthcheck.boot_grace_s`` of its boot: ``results.STARTING_CODES``)."""
+    if report is None:
+        return []
     seen = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
-                   for run in marked.runs for r in run.results if r.cause == STARTING})
+                   for run in report.runs for r in run.results if r.cause == STARTING})
     if not seen:
-        return report, []
-    return marked, [f"MPS-HC: INITIALIZING - booted {up:.0f}s ago (healthcheck.boot_grace_s "
-                    f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
+        return []
+    up = engine.uptime_s(root)
+    return [f"MPS-HC: INITIALIZING - booted {up or 0:.0f}s ago (healthcheck.boot_grace_s "
+            f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
 
 
 def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
@@ -185,7 +169,7 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     slurm = slurm_settings(config)
     node = node_name(config, environ)
     report, budget = run_checks(config, root, hc)
-    report, booting = in_boot_grace(report, root, hc.boot_grace_s)
+    booting = booting_line(report, root, hc.boot_grace_s)
     state_code, lines = _summary(report, budget)
     lines += booting
     lines += _observed(report, config.checks.observe)

@@ -10,6 +10,7 @@ validated with the whole file when it is loaded (``mps_health.core.config``).
 from __future__ import annotations
 
 from ..core.config import Config
+from ..core.results import BOOT_GRACE_S
 from ..core.schema import (
     Invalid,
     Record,
@@ -72,7 +73,7 @@ class HealthcheckSettings(Record):
     fleet_max_nodes: Optional[int] = whole(None, 0, 1_000_000, optional=True)  # null: none
     # For this long after boot a unit that has not come up yet (results.STARTING_CODES)
     # is reported as starting, not as a fault: a booting node is not drained. 0: off.
-    boot_grace_s: float = number(300.0, 0.0, 86400.0)
+    boot_grace_s: float = number(BOOT_GRACE_S, 0.0, 86400.0)
 
 
 def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],

@@ -25,7 +25,7 @@ from ...exporters.settings import (
 )
 from ..config import Config
 from ..exitcodes import Failure
-from .common import add_common, load_config, names, one_line
+from .common import add_common, boot_grace, load_config, names, one_line
 
 if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
     import argparse
@@ -86,7 +86,8 @@ class Refresher:
 
         previous = self.record.last_success_at if self.record is not None else None
         try:
-            _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s)
+            _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s,
+                                   boot_grace_s=boot_grace(self.config))
         except Exception as e:  # the engine never raises for a bad node; say so and go on
             print(f"mps-health exporter: run failed: {one_line(e)}", file=sys.stderr)
             record = prometheus.RunRecord(None, time.time(), False, previous,

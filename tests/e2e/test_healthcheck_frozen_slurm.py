@@ -128,3 +128,40 @@ def test_a_booting_node_is_initializing_not_drained(tmp_path: Path) -> None:
     r, _ = healthcheck(str(cfg), "--root", str(tree))
     assert r.returncode == 2 and "INITIALIZING" not in r.stdout, r.stdout
     assert "drained (" in r.stdout.splitlines()[-1], r.stdout
+
+
+def test_check_nagios_and_metrics_say_starting_while_booting(tmp_path: Path) -> None:
+    """The same grace in every output: check (text and JSON), check_mps, the exporter."""
+    import json
+
+    from clirun import check_mps
+
+    tree = tmp_path / "tree"
+    (tree / "proc").mkdir(parents=True)
+    (tree / "proc" / "uptime").write_text("30.00 2.00\n")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("state_dir: /state\nrun_dir: /run\nmps:\n  pipe_dir: /pipe\n"
+                   "  log_dir: /log\nchecks:\n  only: [directories]\n")
+    args = ("--root", str(tree), "--config", str(cfg))
+    r = mps_health("check", *args, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["problems"] == [], r.stdout
+    assert sorted(x["code"] for x in doc["starting"]) == ["log-dir-missing", "pipe-dir-missing"]
+    assert {x["state"] for x in doc["starting"]} == {"starting"}
+    text = mps_health("check", *args)
+    assert text.returncode == 0 and "INITIALIZING directories[node] pipe-dir-missing: " \
+        in text.stdout, text.stdout
+    nagios = check_mps(*args, "-v")
+    assert nagios.returncode == 0 and "INITIALIZING directories[node] pipe-dir-missing" \
+        in nagios.stdout, nagios.stdout
+    out = tmp_path / "textfile"
+    out.mkdir()
+    r = mps_health("exporter", "--textfile", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    prom = (out / "mps_health.prom").read_text()
+    assert 'mps_health_starting{check="directories",code="pipe-dir-missing"' in prom, prom
+    assert "mps_health_problems{" not in prom
+
+    (tree / "proc" / "uptime").write_text("301.00 2.00\n")  # past the default grace
+    late = mps_health("check", *args, "--format", "json")
+    assert late.returncode == 2 and "starting" not in json.loads(late.stdout), late.stdout
