@@ -27,7 +27,7 @@ from .exitcodes import Failure
 from .facts import Facts, Instance
 from .printable import printable
 from .resources import OutOfResources
-from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold
+from .results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold, starting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -309,17 +309,18 @@ def judge(facts: Facts, config: Config,
 
 def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
         budget_s: Optional[float] = None, replay: Optional[Facts] = None,
-        limit_s: Optional[float] = None) -> Tuple[Facts, Report]:
+        limit_s: Optional[float] = None, boot_grace_s: float = 0.0) -> Tuple[Facts, Report]:
     """Gather (or replay) and judge, all over within ``limit_s`` (default: the budget plus
-    OVERRUN_GRACE_S). Raises SelectionError for unknown check names, Overrun when the
-    limit passes first."""
+    OVERRUN_GRACE_S). Within ``boot_grace_s`` of the node's boot (``uptime_s``; never for a
+    replay) what only says a unit is not up yet is marked starting (``results.starting``).
+    Raises SelectionError for unknown check names, Overrun when the limit passes first."""
     t0 = time.monotonic()
     checks = select_checks(config, only, skip)
     budget = budget_s if budget_s is not None else config.budget_s
     limit = limit_s if limit_s is not None else limit_for(budget)
 
     def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
-        return _run(config, root, checks, budget, replay, t0, in_flight)
+        return _run(config, root, checks, budget, replay, t0, in_flight, boot_grace_s)
 
     if replay is None:
         return bounded(limit, work, since=t0)
@@ -330,6 +331,19 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                       f"({len(replay.instances)} instances) did not finish within {limit:g}s: "
                       "a snapshot this large needs more time: give --budget SECONDS (up to "
                       "300) (runbook: run-overrun)") from None
+
+
+def uptime_s(root: str) -> Optional[float]:
+    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None when
+    it cannot be read (then there is no boot grace: findings count as always)."""
+    from .safefiles import read_small
+
+    where = "/proc/uptime" if root in ("", "/") else f"{root.rstrip('/')}/proc/uptime"
+    try:
+        data = read_small(where, 256)
+        return float(data.split()[0]) if data else None
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: float) -> Facts:
@@ -355,7 +369,8 @@ def _import_checks(checks: Sequence[registry.CheckSpec]) -> None:
 
 
 def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,
-         replay: Optional[Facts], t0: float, in_flight: Set[str]) -> Tuple[Facts, Report]:
+         replay: Optional[Facts], t0: float, in_flight: Set[str], boot_grace_s: float = 0.0
+         ) -> Tuple[Facts, Report]:
     if replay is None:
         config = fit_control(config, budget)
         ctx = Context(config, root, t0 + budget)
@@ -370,6 +385,10 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
     in_flight.add("judging")
     runs = judge(facts, config, checks)
     in_flight.discard("judging")
+    if boot_grace_s > 0 and replay is None:
+        up = uptime_s(root)
+        if up is not None and up < boot_grace_s:
+            runs = starting(runs)
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
     runs = actionhints.applied(runs, options, CODES)

@@ -69,6 +69,29 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
 }
 
 
+# While the node is booting (``healthcheck.boot_grace_s`` after boot), what only says that
+# a unit has not come up yet: no daemon, no pipe or log dir yet, nothing answering. Such
+# a finding is marked ``cause=STARTING`` (``starting``): like a folded one it counts for
+# no state and drains nothing, and it is shown as starting (INITIALIZING). A wrong
+# owner, mode, link or stranger is never here: booting explains none of those.
+STARTING = "starting"
+# healthcheck.boot_grace_s's default (here, so that a check without a config file knows
+# it without importing the health check's settings).
+BOOT_GRACE_S = 300.0
+STARTING_CODES: FrozenSet[str] = frozenset((
+    "daemon-absent", "daemon-stale", "pipe-dir-missing",
+    "log-dir-missing", "control-absent", "servers-not-asked", "mps-gpu-no-daemon",
+    "mps-gpu-unserved", "canary-not-served", "canary-not-run"))
+
+
+def starting(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
+    """``runs`` with every finding of ``STARTING_CODES`` that still counts marked as
+    starting (the node is within its boot grace); any other finding is left as it is."""
+    return tuple(run._replace(results=tuple(
+        r._replace(cause=STARTING, action="") if is_problem(r) and r.code in STARTING_CODES
+        else r for r in run.results)) for run in runs)
+
+
 class CheckRun(NamedTuple):
     """One check's run: its results, whether it could run, and what it cost."""
 

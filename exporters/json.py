@@ -9,7 +9,7 @@ exists twice in memory (as dicts, then as one string). The text is what
 import json
 from typing import Any, Dict, Iterator, TextIO
 
-from ..core.results import STATE_NAMES, CheckRun, Report, Result, is_problem
+from ..core.results import STARTING, STATE_NAMES, CheckRun, Report, Result, is_problem
 
 INDENT = "  "
 _ENCODER = json.JSONEncoder(indent=len(INDENT))  # one, not one per item (json.dumps)
@@ -35,7 +35,12 @@ def _run(run: CheckRun) -> Dict[str, Any]:
 
 
 def document(report: Report) -> Dict[str, Any]:
-    """The report as JSON-able data, its long lists as generators (``encode`` takes them)."""
+    """The report as JSON-able data, its long lists as generators (``encode`` takes them).
+    Within the boot grace, what is still starting is listed under ``starting`` (only
+    then: the key is absent otherwise), not among the problems."""
+    booting = [{"check": r.check, "instance": r.instance, "state": STARTING, "code": r.code,
+                "message": r.message} for run in report.runs for r in run.results
+               if r.cause == STARTING]
     return {
         "node": report.node,
         "state": STATE_NAMES[report.state],
@@ -45,6 +50,7 @@ def document(report: Report) -> Dict[str, Any]:
         "duration_s": round(report.duration_s, 6),
         "gather_s": {k: round(v, 6) for k, v in report.gather_s.items()},
         "problems": (_problem(r) for run in report.runs for r in run.results if is_problem(r)),
+        **({"starting": booting} if booting else {}),
         "checks": (_run(run) for run in report.runs),
     }
 

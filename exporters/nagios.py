@@ -18,7 +18,17 @@ import nagiosplugin
 from nagiosplugin.output import Output
 
 from ..core.actionhints import with_options
-from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Report, Result, is_problem, worst
+from ..core.results import (
+    CRITICAL,
+    OK,
+    STARTING,
+    UNKNOWN,
+    WARNING,
+    Report,
+    Result,
+    is_problem,
+    worst,
+)
 from .series import PREFIX, Sample, samples
 
 TYPE_CHECKING = False
@@ -215,6 +225,9 @@ class Headline(nagiosplugin.Summary):
                 where = f"[{res.instance}]" if res.instance else ""
                 if res.state == OK:
                     lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+                elif res.cause == STARTING:  # the node is booting: said, not counted
+                    lines.append(_clean(f"INITIALIZING {res.check}{where} {res.code}: "
+                                        f"{res.message} (still starting after boot)"))
                 elif res.cause:  # folded under its cause: said, not counted, no action
                     lines.append(_clean(f"FOLDED {res.check}{where} {res.code}: "
                                         f"{res.message} (follows from {res.cause})"))

@@ -15,7 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from ..core import __version__, registry
-from ..core.results import STATE_NAMES, UNKNOWN, Report
+from ..core.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from .series import PREFIX, Sample, labels_of, samples
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2.x parses
@@ -31,6 +31,8 @@ class RunRecord(NamedTuple):
     success: bool  # every check could judge (no UNKNOWN): see run_success()
     last_success_at: Optional[float]  # this run's end if success, else the previous one's
     error: str = ""  # one line, when report is None
+    # How long the last health check run took (its state file), where one has run here.
+    healthcheck_s: Optional[float] = None
 
 
 def run_success(report: Report) -> bool:
@@ -82,6 +84,22 @@ def _problem_family(report: Report) -> Metric:
     return m
 
 
+def _starting_family(report: Report) -> Metric:
+    name = PREFIX + "starting"
+    counts: Dict[Tuple[Tuple[str, str], ...], int] = {}
+    for run in report.runs:
+        for r in run.results:
+            if r.cause == STARTING:
+                labels = (("check", r.check), ("code", r.code),
+                          *labels_of(r.instance, r.labels, report.instance_gpus))
+                counts[labels] = counts.get(labels, 0) + 1
+    m = Metric(name, "Findings of units still starting within healthcheck.boot_grace_s of "
+               "boot (not counted in problems or status; absent otherwise).", "gauge")
+    for labels in sorted(counts):
+        m.add_sample(name, dict(labels), float(counts[labels]))
+    return m
+
+
 def _report_families(report: Report) -> Iterator[Metric]:
     yield _gauge(PREFIX + "status", "Worst state of the last run: 0 OK, 1 WARNING, "
                  "2 CRITICAL, 3 UNKNOWN (Nagios codes).", report.state)
@@ -106,6 +124,7 @@ def _report_families(report: Report) -> Iterator[Metric]:
         sources.add_sample(sources.name, {"source": name}, report.gather_s[name])
     yield sources
     yield _problem_family(report)
+    yield _starting_family(report)
     yield from _value_families(report)
 
 
@@ -123,6 +142,10 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
     out.append(_gauge(PREFIX + "run_success", "1 when every check of the last run could "
                       "judge, 0 when one was UNKNOWN or the run failed.",
                       1.0 if record.success else 0.0))
+    if record.healthcheck_s is not None:
+        out.append(_gauge(PREFIX + "healthcheck_duration_seconds", "Time the last run of "
+                          "mps-health-healthcheck (slurmd's HealthCheckProgram) took; slurmd "
+                          "kills it at 60 s.", record.healthcheck_s))
     if record.report is not None:
         out.extend(_report_families(record.report))
     return out

@@ -7,7 +7,17 @@ paints each state's name.
 
 from __future__ import annotations
 
-from ..core.results import CRITICAL, OK, STATE_NAMES, UNKNOWN, WARNING, Report, Result, is_problem
+from ..core.results import (
+    CRITICAL,
+    OK,
+    STARTING,
+    STATE_NAMES,
+    UNKNOWN,
+    WARNING,
+    Report,
+    Result,
+    is_problem,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
@@ -41,8 +51,12 @@ def passed(report: Report) -> int:
 
 
 def folded_line(r: Result) -> str:
-    """A finding folded under its cause (-v): said, never advised on, not counted."""
+    """A finding folded under its cause (-v): said, never advised on, not counted. One
+    still starting after boot (``results.starting``) reads INITIALIZING, always shown."""
     where = f"[{r.instance}]" if r.instance else ""
+    if r.cause == STARTING:
+        return f"INITIALIZING {r.check}{where} {r.code}: {r.message} (the node is booting: " \
+            "not counted until healthcheck.boot_grace_s has passed)"
     return f"FOLDED {r.check}{where} {r.code}: {r.message} (follows from {r.cause})"
 
 
@@ -92,7 +106,7 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
                 cut = cut or short
                 yield paint(line, r.state, 0, colour)
             elif r.state != OK:
-                if verbose:
+                if verbose or r.cause == STARTING:
                     yield folded_line(r)
             elif verbose:
                 yield paint(ok_line(r), OK, 0, colour)

@@ -31,6 +31,8 @@ class HcState(NamedTuple):
     # False when the memory was lost (no file, or a damaged one): whether the node carries
     # our drain is then unknown, and the next clean run reads the node once to learn it.
     known: bool = True
+    # How long the last run took (seconds, monotonic): slurmd kills a run at 60 s.
+    duration_s: float = 0.0
 
 
 class Need(NamedTuple):
@@ -39,7 +41,8 @@ class Need(NamedTuple):
 
 
 def verdict_of(state: int, drain_on: str) -> str:
-    """A run's verdict: "fail", "pass" or "unknown" (the tool could not judge)."""
+    """A run's verdict: "fail", "pass" or "unknown" (the tool could not judge). The health
+    check makes a pass "starting" within the boot grace while units are still starting."""
     if state == CRITICAL or (state == WARNING and drain_on == "warning"):
         return "fail"
     if state in (OK, WARNING):
@@ -52,7 +55,7 @@ def count(state: HcState, verdict: str, code: str = "") -> HcState:
         return state._replace(fails=state.fails + 1, passes=0, last_code=code)
     if verdict == "pass":
         return state._replace(passes=state.passes + 1, fails=0)
-    return state  # UNKNOWN is our own trouble: it neither drains nor resumes
+    return state  # UNKNOWN is our own trouble, "starting" a boot: neither drains nor resumes
 
 
 def decide(state: HcState, verdict: str, fail_runs: int, pass_runs: int, recheck_s: float,
@@ -79,6 +82,8 @@ def decide(state: HcState, verdict: str, fail_runs: int, pass_runs: int, recheck
         if state.passes < pass_runs:
             return Need("none", f"clean run {state.passes} of {pass_runs} before resuming")
         return Need("resume", f"{state.passes} clean runs in a row")
+    if verdict == "starting":
+        return Need("none", "the node is booting and MPS is still starting: no change")
     return Need("none", "could not judge MPS this run: no change")
 
 
@@ -148,7 +153,8 @@ def parse(text: str) -> HcState:
                         drained=values.get("drained") == "yes",
                         last_code=_code(values.get("last_code", "")),
                         verified_at=float(values.get("verified_at", 0.0)),
-                        known=values.get("known", "yes") != "no")
+                        known=values.get("known", "yes") != "no",
+                        duration_s=_duration(float(values.get("duration_s", 0.0))))
     except ValueError:
         return HcState(known=False)
     # NaN or inf would switch the recheck off for good (every comparison with it is
@@ -161,6 +167,11 @@ def parse(text: str) -> HcState:
     return state
 
 
+def _duration(value: float) -> float:
+    """A run's saved duration: NaN, negative or absurd values read as 0 (not known)."""
+    return value if 0.0 <= value <= 1e6 else 0.0  # NaN fails every comparison
+
+
 def _code(text: str) -> str:
     """A failure code as we write them (kebab-case, short); anything else is dropped."""
     ok = len(text) <= 64 and all(c.isalnum() or c == "-" for c in text) and text.isascii()
@@ -170,7 +181,8 @@ def _code(text: str) -> str:
 def dumps(state: HcState) -> str:
     return (f"fails={state.fails}\npasses={state.passes}\n"
             f"drained={'yes' if state.drained else 'no'}\nlast_code={state.last_code}\n"
-            f"verified_at={int(state.verified_at)}\n" + ("" if state.known else "known=no\n"))
+            f"verified_at={int(state.verified_at)}\nduration_s={state.duration_s:.3f}\n"
+            + ("" if state.known else "known=no\n"))
 
 
 def save(path: str, state: HcState) -> None:

@@ -17,11 +17,26 @@ from ..core.actionhints import read_more
 from ..core.config import Config
 from ..core.context import node_name
 from ..core.filelock import node_lock
-from ..core.results import CRITICAL, UNKNOWN, WARNING, Report, Result
+from ..core.results import (
+    CRITICAL,
+    STARTING,
+    UNKNOWN,
+    WARNING,
+    Report,
+    Result,
+    worst,
+)
 from ..core.slurm_settings import settings as slurm_settings
 from . import detach, hcstate, slurmnode
 from .audit import Audit, who
-from .settings import SLURM_CALLS, HealthcheckSettings, healthcheck, remediation
+from .settings import (
+    SLOW_RUN_S,
+    SLURM_CALLS,
+    SLURMD_KILL_S,
+    HealthcheckSettings,
+    healthcheck,
+    remediation,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
@@ -30,8 +45,11 @@ else:
     from ..core.frozen import NamedTuple
 
 LOCK_NAME = "healthcheck"
-# Its own code, besides the checks' (runbook entry in README.md): the checks hung.
-CODES = ("healthcheck-timeout", "fleet-wide-fault")
+# Its own codes, besides the checks' (runbook entries in README.md): the checks hung; the
+# fleet breaker held a drain; a drain or resume call failed (slurmctld slow or down);
+# the run took more than a quarter of slurmd's kill.
+CODES = ("healthcheck-timeout", "fleet-wide-fault", "healthcheck-slurm-failed",
+         "healthcheck-slow")
 
 
 class RunResult(NamedTuple):
@@ -51,7 +69,8 @@ def run_checks(config: Config, root: str, hc: HealthcheckSettings
     walks away from a hung run (``engine.bounded``) and kills what it started."""
     budget = budget_for(config, hc)
     try:
-        return engine.run(config, root, budget_s=budget)[1], budget
+        return engine.run(config, root, budget_s=budget,
+                          boot_grace_s=hc.boot_grace_s)[1], budget
     except engine.Overrun:
         return None, budget
 
@@ -101,6 +120,35 @@ def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
     return [f"MPS-HC: observe only, never drains: {', '.join(seen)}"] if seen else []
 
 
+def booting_line(report: Optional[Report], root: str, grace_s: float) -> List[str]:
+    """The INITIALIZING line naming what the engine marked starting (the node is within
+    ``healthcheck.boot_grace_s`` of its boot: ``results.STARTING_CODES``)."""
+    if report is None:
+        return []
+    seen = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
+                   for run in report.runs for r in run.results if r.cause == STARTING})
+    if not seen:
+        return []
+    up = engine.uptime_s(root)
+    return [f"MPS-HC: INITIALIZING - booted {up or 0:.0f}s ago (healthcheck.boot_grace_s "
+            f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
+
+
+def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
+    """The WARNING line of a run that took over ``SLOW_RUN_S``, naming its slowest part."""
+    if took <= SLOW_RUN_S:
+        return []
+    parts = dict(report.gather_s) if report is not None else {}
+    if slurm_s > 0:
+        parts["slurmctld calls"] = slurm_s
+    slowest = max(parts.items(), key=lambda kv: kv[1], default=None)
+    from ..core.printable import printable  # only on the rare slow run
+    where = f"; slowest: {printable(slowest[0])} {slowest[1]:.1f}s" if slowest else ""
+    return [read_more(f"MPS WARNING - healthcheck-slow: this run took {took:.1f}s, over "
+                      f"{SLOW_RUN_S:g}s (a quarter of slurmd's {SLURMD_KILL_S:g}s kill){where}",
+                      "healthcheck-slow")]
+
+
 def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
     if report is None:
         return CRITICAL, [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not "
@@ -114,17 +162,22 @@ def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
 def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] = None
              ) -> RunResult:
     """One complete health check run (the caller holds the health check lock)."""
+    started = time.monotonic()
     environ = dict(os.environ) if environ is None else environ
     hc = healthcheck(config)
     rem = remediation(config)
     slurm = slurm_settings(config)
     node = node_name(config, environ)
     report, budget = run_checks(config, root, hc)
+    booting = booting_line(report, root, hc.boot_grace_s)
     state_code, lines = _summary(report, budget)
+    lines += booting
     lines += _observed(report, config.checks.observe)
     lines += _by_users(report)
     judged = None if report is None else drainable(report, config.checks.observe)
     verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
+    if booting and verdict == "pass":
+        verdict = "starting"  # not clean either: a drain of ours is not resumed on it
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
     state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
     # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
@@ -144,6 +197,7 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                 "; no count can be kept: a failed run drains at once"))
         if not saved_to:
             fail_runs = 1
+    slurm_started = time.monotonic()  # what slurmctld costs this run, for healthcheck-slow
     if not state.known and verdict == "pass" and not dry_run:
         state, note = _relearn(config, node, slurm.drain_tag, slurm.timeout_s, state, healthy)
         lines.append(note)
@@ -172,16 +226,32 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
             state = state._replace(drained=False)
     elif need.action == "forget":
         state = state._replace(drained=False)
+    slurm_s = time.monotonic() - slurm_started
+    if outcome == "error":
+        # slurmctld slow or down: our own trouble, not the node's. Nothing was changed, the
+        # state still says what is owed (a drain, or the resume of our drain), and the
+        # next run asks again.
+        state_code = worst([state_code, UNKNOWN])
+        lines.append(read_more(f"MPS UNKNOWN - healthcheck-slurm-failed: the {need.action} "
+                               f"was not done ({why}); the next run tries again",
+                               "healthcheck-slurm-failed"))
     if outcome in ("drained", "resumed", "error", "held"):
         audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
                       f"{who(environ)} via healthcheck")
         audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
                      reason=reason if need.action == "drain" else "", detail=why)
+    took = time.monotonic() - started
+    slow = _slow(report, took, slurm_s)
+    if slow:
+        state_code = worst([state_code, WARNING])
+        lines += slow
+    state = state._replace(duration_s=took)
     if not dry_run:
         hcstate.save_either(state_path, fallback, state)  # its trouble is said above
     ours = "drained by us" if state.drained else "not drained by us"
     lines.append(f"MPS-HC: {verdict}; failed {state.fails}/{hc.fail_runs}, clean "
-                 f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}")
+                 f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}; "
+                 f"took {took:.1f}s")
     return RunResult(state_code, tuple(lines))
 
 

@@ -10,6 +10,7 @@ validated with the whole file when it is loaded (``mps_health.core.config``).
 from __future__ import annotations
 
 from ..core.config import Config
+from ..core.results import BOOT_GRACE_S
 from ..core.schema import (
     Invalid,
     Record,
@@ -31,6 +32,8 @@ if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
 DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).
 SLURMD_KILL_S = 60.0
+# A run slower than this is a WARNING (healthcheck-slow): it is on its way to the kill.
+SLOW_RUN_S = SLURMD_KILL_S / 4
 # A run that drains reads the node, reads every node (the circuit breaker), then drains.
 SLURM_CALLS = 3
 
@@ -68,6 +71,9 @@ class HealthcheckSettings(Record):
     # nodes of this node's partitions already carry our drain tag (a fleet-wide cause).
     fleet_max_share: float = number(0.5, 0.0, 1.0)  # 1.0: no limit by share
     fleet_max_nodes: Optional[int] = whole(None, 0, 1_000_000, optional=True)  # null: none
+    # For this long after boot a unit that has not come up yet (results.STARTING_CODES)
+    # is reported as starting, not as a fault: a booting node is not drained. 0: off.
+    boot_grace_s: float = number(BOOT_GRACE_S, 0.0, 86400.0)
 
 
 def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..exitcodes import Failure
-from .common import add_common, load_config, names, written
+from .common import add_common, boot_grace, load_config, names, written
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args)
     if args.budget is not None and not 0.1 <= args.budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
-    facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay)
+    facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay,
+                               boot_grace_s=boot_grace(config))
     # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
         from ...exporters import json as json_out

@@ -18,7 +18,16 @@ import sys
 
 from .. import __version__
 from ..exitcodes import ExitCode, Failure
-from .common import SimpleNamespace, UsageError, edge, emit, load_config, names, standard_fds
+from .common import (
+    SimpleNamespace,
+    UsageError,
+    boot_grace,
+    edge,
+    emit,
+    load_config,
+    names,
+    standard_fds,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -174,8 +183,10 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
+    grace = boot_grace(config)
     probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
-                                            limit_s=args.timeout)[1])  # Overrun past -t
+                                            limit_s=args.timeout,
+                                            boot_grace_s=grace)[1])  # Overrun past -t
     try:
         return nagios.render(probe, warning, critical, args.verbose)
     except engine.Overrun as e:

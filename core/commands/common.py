@@ -136,6 +136,18 @@ def _discard(out: object) -> None:
         pass
 
 
+def boot_grace(config: Config) -> float:
+    """``healthcheck.boot_grace_s``, for the runs of check, check_mps and the exporter;
+    without that section its default, the health check's settings not imported."""
+    if "healthcheck" not in config.given:
+        from ..results import BOOT_GRACE_S
+
+        return BOOT_GRACE_S
+    from ...remediation.settings import healthcheck
+
+    return healthcheck(config).boot_grace_s
+
+
 def load_config(args: argparse.Namespace) -> Config:
     """The config named by --config (else the default file, else the defaults).
     A bad file raises ConfigError: the edge prints it in one line, exit 3."""

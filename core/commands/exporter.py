@@ -25,7 +25,7 @@ from ...exporters.settings import (
 )
 from ..config import Config
 from ..exitcodes import Failure
-from .common import add_common, load_config, names, one_line
+from .common import add_common, boot_grace, load_config, names, one_line
 
 if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
     import argparse
@@ -86,7 +86,8 @@ class Refresher:
 
         previous = self.record.last_success_at if self.record is not None else None
         try:
-            _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s)
+            _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s,
+                                   boot_grace_s=boot_grace(self.config))
         except Exception as e:  # the engine never raises for a bad node; say so and go on
             print(f"mps-health exporter: run failed: {one_line(e)}", file=sys.stderr)
             record = prometheus.RunRecord(None, time.time(), False, previous,
@@ -95,6 +96,7 @@ class Refresher:
             now = time.time()
             ok = prometheus.run_success(report)
             record = prometheus.RunRecord(report, now, ok, now if ok else previous)
+        record = record._replace(healthcheck_s=healthcheck_duration(self.config, self.root))
         page = prometheus.exposition(record)
         self.record, self.page = record, page  # one reference each: a scrape sees either
         return record
@@ -104,6 +106,16 @@ class Refresher:
             started = time.monotonic()
             self.run_once()
             stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+def healthcheck_duration(config: Config, root: str) -> Optional[float]:
+    """The last health check run's duration from its state file; None where none ran."""
+    from ...remediation import hcstate
+
+    base = config.state_dir if root in ("", "/") else \
+        os.path.join(root, config.state_dir.lstrip("/"))
+    state = hcstate.load(os.path.join(base, hcstate.STATE_FILE))
+    return state.duration_s if state.known and state.duration_s > 0 else None
 
 
 def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:

@@ -39,7 +39,8 @@ class Setup(NamedTuple):
 
 def configure(site: Site, control_timeout: float = 1.0, hc: str = "",
               scontrol_timeout: float = 5.0, **sections: Any) -> str:
-    return site.config(remediating(site), f"healthcheck:\n{hc}\n",
+    # boot_grace_s 0: a machine booted minutes ago must not excuse the faults made here.
+    return site.config(remediating(site), f"healthcheck:\n  boot_grace_s: 0\n{hc}\n",
                        control={"timeout_s": control_timeout},
                        checks={"only": ["control", "directories"]},
                        slurm={"timeout_s": scontrol_timeout}, **sections)
@@ -275,3 +276,64 @@ def test_a_down_node_is_left_alone(setup: Setup) -> None:
     finally:
         reset(s)
         s.cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+
+
+def test_a_frozen_slurmctld_never_drains_nor_holds_a_run_and_the_resume_comes(
+        setup: Setup) -> None:
+    """slurmctld SIGSTOPped (it accepts connections, never answers) while slurmd runs us:
+    each drain or resume call gives up after slurm.timeout_s (2 s), the run ends well
+    inside its bound, says UNKNOWN healthcheck-slurm-failed and changes nothing; once
+    slurmctld is back, the owed drain and then the owed resume happen."""
+    s = setup
+    configure(s.site, hc="  timeout_s: 18", scontrol_timeout=2)
+    resume_if_drained(s)
+    wait_for("the node in service", lambda: "DRAIN" not in node(s).flags, 20)
+    wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
+    ctld = s.cluster.procs["slurmctld"]
+    log_before = (s.cluster.log_dir / "slurmd.log").read_text()
+
+    def spans_since(first: int) -> List[float]:
+        starts = {r[1]: r[2] for r in runs(s)[first:] if r[0] == "start"}
+        return [r[2] - starts[r[1]] for r in runs(s)[first:] if r[0] == "end"
+                and r[1] in starts]
+
+    # 1. A fault while slurmctld is frozen: the drain is tried, times out, is not done.
+    daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
+    first = len(runs(s))
+    os.kill(ctld.pid, signal.SIGSTOP)
+    try:
+        os.kill(daemon, signal.SIGKILL)
+        wait_for("failed runs past fail_runs", lambda: state(s).fails >= 3, 60, s)
+        output = (s.site.root / "last-output.txt").read_text()
+        assert "MPS UNKNOWN - healthcheck-slurm-failed: the drain was not done" in output, output
+        assert not state(s).drained
+        spans = spans_since(first)
+        print("runs with slurmctld frozen and a fault:", [f"{x:.1f}s" for x in spans])
+        assert spans and max(spans) < 18
+    finally:
+        os.kill(ctld.pid, signal.SIGCONT)
+    # Back: the owed drain happens.
+    wait_for("the drain once slurmctld is back", lambda: "DRAIN" in node(s).flags, 40, s)
+    assert node(s).reason.startswith("MPS-HC: ")
+    wait_for("our state to record the drain", lambda: state(s).drained, 20)
+
+    # 2. Fixed while slurmctld is frozen: the resume is tried, times out, stays owed.
+    r = reset(s)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = len(runs(s))
+    os.kill(ctld.pid, signal.SIGSTOP)
+    try:
+        wait_for("clean runs past pass_runs", lambda: state(s).passes >= 3, 60, s)
+        output = (s.site.root / "last-output.txt").read_text()
+        assert "MPS UNKNOWN - healthcheck-slurm-failed: the resume was not done" in output, \
+            output
+        assert state(s).drained  # owed, not lost
+        spans = spans_since(first)
+        print("runs with slurmctld frozen, resume owed:", [f"{x:.1f}s" for x in spans])
+        assert spans and max(spans) < 18
+    finally:
+        os.kill(ctld.pid, signal.SIGCONT)
+    wait_for("the resume once slurmctld is back", lambda: "DRAIN" not in node(s).flags, 40, s)
+    wait_for("our state to record the resume", lambda: not state(s).drained, 20)
+    log = (s.cluster.log_dir / "slurmd.log").read_text()[len(log_before):]
+    assert "health_check poll timeout" not in log and "killed by signal" not in log, log

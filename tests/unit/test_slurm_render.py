@@ -133,7 +133,7 @@ def test_slurm_conf_lines_for_per_job() -> None:
         "Epilog=/etc/slurm/mps-health-epilog",
         "HealthCheckProgram=/usr/local/bin/mps-health-healthcheck",
         "HealthCheckInterval=300",
-        "HealthCheckNodeState=ANY",
+        "HealthCheckNodeState=ANY,CYCLE",
     ]
     assert "#   Gres=gpu:8,mps:400" in text
 
