@@ -149,12 +149,15 @@ class Site:
                     log: Union[Path, str, None] = None) -> Config:
         """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
         this site's run and state dirs, its ``binary_dirs`` first in ``mps.binary_dirs``,
-        and ``extra`` merged over it."""
+        no boot grace, and ``extra`` merged over it."""
         from mps_health.core.config import MPS_BINARY_DIRS
 
         base: Config = {
             "run_dir": str(self.run_dir), "state_dir": str(self.state_dir),
-            "mps": {"pipe_dir": str(pipe or self.pipe), "log_dir": str(log or self.log)}}
+            "mps": {"pipe_dir": str(pipe or self.pipe), "log_dir": str(log or self.log)},
+            # A machine booted minutes ago (a fresh GPU node, a CI machine) must not excuse
+            # the faults tests make: the boot grace is tested where a test asks for it.
+            "healthcheck": {"boot_grace_s": 0}}
         if self.binary_dirs:
             base["mps"]["binary_dirs"] = [*self.binary_dirs, *MPS_BINARY_DIRS]
         return merged(base, extra)

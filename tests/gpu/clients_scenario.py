@@ -375,6 +375,7 @@ def prepare() -> None:
         f"mps:\n  layout: node\n  log_dir: {LOG_DIR}\n"
         f"commands:\n  nvidia-cuda-mps-control: {CONTROL}\n  squeue: {squeue}\n"
         "control:\n  timeout_s: 5.0\n"
+        "healthcheck:\n  boot_grace_s: 0\n"  # the GPU machine was booted minutes ago
         "checks:\n  disable: [strays]\n"  # other daemons of the machine are not ours
         + ("clients: {}\n" if have_clients_check() else ""))
 
