@@ -50,6 +50,8 @@ def test_idle_node_runs_the_canary(site) -> None:
     res = canary(config(site, scontrol(site)))
     assert res["code"] == "ok", res
     assert "got a context in" in res["message"]
+    # Drained and idle (a repair being checked): no job to delay, it runs.
+    assert canary(config(site, scontrol(site, "IDLE+DRAIN")))["code"] == "ok"
 
 
 def test_allocated_or_mixed_node_skips_it_without_starting_it(site) -> None:
