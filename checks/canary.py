@@ -1,7 +1,9 @@
 """canary: a real CUDA client through each instance is served by MPS, quickly.
 
 The deepest check, off by default on the slurmd path (it starts a CUDA context):
-enable it with ``--only canary`` or ``checks.enable``; the exporter runs it. See
+enable it with ``--only canary`` or ``checks.enable``; the exporter runs it.
+``canary.when`` (default ``idle``) lets it run only where Slurm says the node is IDLE
+and no MPS client is connected, and kills it when a job step starts meanwhile. See
 ``mps_health.core.probes.canary`` for how it runs and when it skips.
 """
 

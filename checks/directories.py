@@ -36,6 +36,7 @@ NAME = "directories"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
            for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
+         "pipe-dir-parent", "log-dir-parent",
          "pipe-entry-bad", "pipe-entry-foreign", "pipe-entry-owner", "pipe-path-too-long")
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"
@@ -101,8 +102,29 @@ def _fix(inst: Instance, role: str, d: DirFact, config: Config) -> str:
     return _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else _reset(inst)
 
 
+def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
+    """A parent others cannot traverse (``DirFact.blocked``): every client of another user
+    fails to reach the pipe dir however right the dir itself is (CRITICAL, as a wrong
+    pipe dir mode); for a log dir, a WARNING as ``log-dir-mode``. mps-health never makes
+    these parents, so it never changes them: the action is the chmod, by hand."""
+    for parent in d.blocked:
+        if role == "pipe":
+            state, why = CRITICAL, "every client of another user than its owner fails"
+        else:
+            state, why = WARNING, "users other than its owner cannot reach the daemon's logs"
+        yield Result(NAME, state, f"{role}-dir-parent", inst.name,
+                     f"{role} dir {d.path}: its parent {parent.path} has mode "
+                     f"{parent.mode:04o} (owner {_owner_name(parent.uid)}), not traversable "
+                     f"by other users: {why}",
+                     f"run 'chmod o+x {parent.path}' (and find what made it so: a package or "
+                     "a tmpfiles.d rule may make it again); mps-health did not make it and "
+                     "leaves it alone", (("dir_ok", 0.0),))
+
+
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
     """Findings for one dir; ``role`` is "pipe" or "log"."""
+    if d is not None and d.blocked:
+        yield from judge_parents(inst, role, d)
     if d is None or d.kind == "missing":
         severity = CRITICAL if role == "pipe" else WARNING
         yield Result(NAME, severity, f"{role}-dir-missing", inst.name,
@@ -145,7 +167,7 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
         for result in judge_entries(inst, d, config):
             found = True
             yield result
-    if not found:
+    if not found and not d.blocked:
         yield ok(NAME, inst.name, f"{role} dir {d.path} is a directory, mode {d.mode:04o}, "
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
 

@@ -56,6 +56,14 @@ class EntryFact(NamedTuple):
     uid: int
 
 
+class ParentFact(NamedTuple):
+    """A parent of a pipe or log dir that other users cannot traverse (no o+x), by lstat."""
+
+    path: str  # as configured (not under --root)
+    mode: int
+    uid: int
+
+
 class DirFact(NamedTuple):
     """A pipe or log directory, by lstat (never followed)."""
 
@@ -69,6 +77,8 @@ class DirFact(NamedTuple):
     error: Optional[str] = None
     entries: Tuple[EntryFact, ...] = ()
     pid_file: Optional[str] = None  # content of nvidia-cuda-mps-control.pid, if any
+    # Parents others cannot traverse (probes.dirs.blocked_parents; the dirs probe only)
+    blocked: Tuple[ParentFact, ...] = ()
 
 
 class ControlAnswer(NamedTuple):

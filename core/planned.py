@@ -39,7 +39,7 @@ from .facts_deep import Ack, PlannedRestart
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Sequence, Tuple
+    from typing import List, Optional, Sequence, Tuple
 
 NAME = "planned"
 # The records of actions that end the instance's daemon and so all of its servers (the
@@ -51,13 +51,26 @@ RESET_BEGIN = "reset begin"
 REPAIR = "reset"
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
+MAX_KEPT_RESETS = 64  # instances whose last reset is kept beyond MAX_RECORDS
 
 
 def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
     """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
     # nan and the infinities fail the range comparison.
-    fresh = [r for r in records if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0]
-    return tuple(sorted(fresh, key=lambda r: r.at)[-MAX_RECORDS:])
+    fresh = sorted((r for r in records
+                    if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0),
+                   key=lambda r: r.at)
+    kept = fresh[-MAX_RECORDS:]
+    # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
+    # cooldown (last_reset) reads it. Bounded, newest first.
+    have = {r.pipe_dir for r in kept if r.by in (RESET_BEGIN, REPAIR)}
+    extra: List[PlannedRestart] = []
+    for r in reversed(fresh[:-MAX_RECORDS]):
+        if len(extra) < MAX_KEPT_RESETS and r.by in (RESET_BEGIN, REPAIR) \
+                and r.pipe_dir not in have:
+            have.add(r.pipe_dir)
+            extra.append(r)
+    return tuple(sorted((*extra, *kept), key=lambda r: r.at))
 
 
 def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = None,
@@ -119,6 +132,15 @@ def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) ->
     pipe_dir = os.path.normpath(pipe_dir)
     return max((r.at for r in records
                 if r.pipe_dir == pipe_dir and r.by == REPAIR and r.at <= now),
+               default=float("-inf"))
+
+
+def last_reset(records: Sequence[PlannedRestart], pipe_dir: str) -> float:
+    """When a reset last acted on the instance (its begin record: one that failed counts
+    too, so a cure that does not work is not retried in a loop); -inf if never."""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return max((r.at for r in records
+                if r.pipe_dir == pipe_dir and r.by in (RESET_BEGIN, REPAIR)),
                default=float("-inf"))
 
 

@@ -145,7 +145,7 @@ def control_binary(config: Config) -> str:
 
 
 def reset(config: Config, root: str, name: Optional[str], every: bool, force: bool,
-          dry_run: bool, say: Say) -> int:
+          dry_run: bool, say: Say, automatic: bool = False) -> int:
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "reset")
@@ -154,20 +154,33 @@ def reset(config: Config, root: str, name: Optional[str], every: bool, force: bo
     lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
         i.name for i in chosen))
     try:
-        codes = [_reset_one(ctx, inst, settings, force, dry_run, say) for inst in chosen]
+        codes = [_reset_one(ctx, inst, settings, force, dry_run, say, automatic)
+                 for inst in chosen]
     finally:
         if lock is not None:
             lock.release()
     return max(codes)
 
 
+def last_reset(ctx: Context, inst: Instance, say: Say) -> float:
+    """When a reset last acted on the instance (core/planned.py's records, which every
+    reset writes before it acts); -inf if never or unreadable (said)."""
+    from ..core import planned
+
+    records, error = planned.load(ctx.config.state_dir)  # where the reset records it
+    if error:
+        say(f"  note: the last reset's time is unknown ({error}): no cooldown applies")
+    return planned.last_reset(records, inst.pipe_dir)
+
+
 def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, force: bool,
-               dry_run: bool, say: Say) -> int:
+               dry_run: bool, say: Say, automatic: bool = False) -> int:
     target = target_for(ctx, inst, settings)
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
     obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
-    plan = reset_mod.plan(ctx, obs, target, settings, force)
+    plan = reset_mod.plan(ctx, obs, target, settings, force, last_reset(ctx, inst, say),
+                          automatic)
     for note in plan.notes:
         say(f"  note: {note}")
     audit = None if dry_run else audit_for(ctx, settings, "reset")
@@ -180,8 +193,9 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     if plan.refused:
         say(f"  refused: {plan.refused}")
         if audit:
-            audit.record("refused", "refused", instance=inst.name, problems=problems,
-                         why=plan.refused)
+            audit.record("refused", "cooldown" if plan.cooling else "refused",
+                         instance=inst.name, problems=problems, why=plan.refused,
+                         automatic=str(automatic).lower())
         return REFUSED
     say("  plan:")
     for number, step in enumerate(plan.steps, 1):
@@ -193,6 +207,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
 
     started = time.monotonic()
     audit.record("begin", instance=inst.name, problems=problems, force=str(force).lower(),
+                 automatic=str(automatic).lower(),
                  plan=" | ".join(s.text for s in plan.steps))
     say("  acting:")
 

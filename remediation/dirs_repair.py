@@ -98,6 +98,15 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
     fixes = plan(ctx, inst, target, busy)
     todo = [f for f in fixes if f.lines and not f.refused]
     refused = [f for f in fixes if f.refused]
+    parents = parents_left(ctx, inst)
+    for path, why in parents:
+        say(f"  refused: {why}")
+        if audit:
+            audit.record("refused", "parent", instance=inst.name, dir=path, why=why)
+    if parents and not todo and not refused:
+        if audit is None:
+            say("  dry run: nothing was changed")
+        return REFUSED
     if not todo and not refused:
         say(f"  {inst.name}'s pipe and log dirs are right: nothing to do")
         if audit:
@@ -138,7 +147,25 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
             f"after {spent:.1f}s; the daemon was not touched")
     audit.record("finish", "failed" if failed else "ok", instance=inst.name,
                  seconds=f"{spent:.2f}", left="; ".join(left))
-    return FAILED if failed else (REFUSED if refused else DONE)
+    return FAILED if failed else (REFUSED if refused or parents else DONE)
+
+
+def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
+    """(parent, why) for each parent of the instance's dirs others cannot traverse.
+    mps-health makes the pipe and log dirs, never their parents (``safedirs.open_dir``
+    only walks them; a package, a tmpfiles.d rule or a person made them), so it has no
+    record that one is its own and changes none: a chmod of a dir it did not make could
+    open what its owner meant to keep closed. The line says which chmod to run."""
+    from ..core.probes.dirs import blocked_parents
+
+    out: List[Tuple[str, str]] = []
+    for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir)):
+        for p in blocked_parents(ctx, path):
+            out.append((p.path, f"{role} dir {path}: its parent {p.path} (mode {p.mode:04o}, "
+                        f"uid {p.uid}) is not traversable by other users; mps-health did not "
+                        f"make it and leaves it alone: run 'chmod o+x {p.path}' if nothing "
+                        "needs it closed"))
+    return out
 
 
 def _act(ctx: Context, inst: Instance, f: dirs.DirFix) -> Tuple[bool, str]:

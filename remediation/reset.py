@@ -80,12 +80,17 @@ class Step(NamedTuple):
     text: str
 
 
+# The steps of a restart (a plan of only "-fix" steps and "verify" keeps the daemon).
+RESTART_STEPS = frozenset({"quit", "end", "pipe-dir", "log-dir", "start"})
+
+
 class Plan(NamedTuple):
     inst: Instance
     steps: Tuple[Step, ...]
     refused: str = ""  # why nothing will be done without --force ("" if not refused)
     nothing: str = ""  # why nothing needs doing ("" if something does)
     notes: Tuple[str, ...] = ()
+    cooling: bool = False  # refused by the cooldown (remediation.cooldown_s)
 
 
 def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
@@ -153,9 +158,30 @@ def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
     return dirs.describe(d.kind, d.mode, d.uid, d.link_target, target, owner.name)
 
 
+def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
+             automatic: bool) -> Tuple[str, str]:
+    """(refusal, note) of the reset cooldown (pure): a restart within
+    ``remediation.cooldown_s`` of the last reset that acted on the instance is refused; a
+    manual one goes with --force, an automatic one never does."""
+    if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
+        return "", ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
+    ago = max(0.0, now - last)
+    said = (f"cooldown: the last reset of this instance was at {when} ({ago:.0f}s ago, "
+            f"remediation.cooldown_s is {settings.cooldown_s:g})")
+    if automatic:
+        return f"{said}; an automatic reset never restarts it again within that time", ""
+    if force:
+        return "", f"{said}: restarting anyway (--force)"
+    return f"{said}; a restart that did not cure it will not now: look at the daemon's " \
+        "control.log and the audit log, or use --force", ""
+
+
 def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSettings,
-         force: bool) -> Plan:
-    """The steps to take, or why none will be taken (pure over the observations)."""
+         force: bool, last: float = float("-inf"), automatic: bool = False,
+         now: Optional[float] = None) -> Plan:
+    """The steps to take, or why none will be taken (pure over the observations, the time
+    of the instance's last reset ``last`` and ``now``)."""
     inst = obs.inst
     notes: List[str] = []
     named = obs.pipe.pid_file
@@ -175,6 +201,12 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
                      "(--force restarts it too)")
         fixed = [Step(f"{f.role}-dir-fix", "; then ".join(f.lines)) for f in fixes if f.lines]
         return Plan(inst, (*fixed, _verify_step(settings)), notes=tuple(notes))
+    refused, note = cooldown(last, time.time() if now is None else now, settings, force,
+                             automatic)
+    if refused:
+        return Plan(inst, (), refused=refused, notes=tuple(notes), cooling=True)
+    if note:
+        notes.append(note)
     who = obs.clients
     if who is not None and not force:
         if not who.known:
@@ -225,7 +257,7 @@ def _verify_step(settings: RemediationSettings) -> Step:
 # The directories check's faults of a dir itself (not of its entries, not an lstat the
 # check could not make): the ones 'remediate dirs' may put right without a restart.
 DIR_CODES = frozenset(c for c in directories.CODES if "-dir-" in c and
-                      not c.endswith("-unreadable"))
+                      not c.endswith(("-unreadable", "-parent")))
 
 
 def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]:
@@ -370,9 +402,10 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
     inst = p.inst
     planned = tuple(obs.daemons) + tuple(obs.servers)
     verified = False
-    if p.steps:
+    if any(s.kind in RESTART_STEPS for s in p.steps):
         # Before the first quit, so a run while we act takes what goes for ours: the
-        # daemon's change, the servers it ends (core/planned.py).
+        # daemon's change, the servers it ends (core/planned.py); and the reset cooldown
+        # counts from it. A repair in place ends nothing and restarts nothing: no record.
         unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, RESET_BEGIN)
         if unrecorded:
             say(f"  {unrecorded}")

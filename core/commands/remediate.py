@@ -35,7 +35,11 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
             a.add_argument("--all", action="store_true", help="every instance of this node")
             a.add_argument("--force", action="store_true",
                            help="act even on a healthy instance or with clients connected "
-                           "(they lose their MPS server)")
+                           "(they lose their MPS server), or within "
+                           "remediation.cooldown_s of the last reset")
+            a.add_argument("--automatic", action="store_true",
+                           help="for scripts and fleet tools: the cooldown "
+                           "(remediation.cooldown_s) holds even with --force")
         elif name == "dirs":
             a.add_argument("instance", nargs="*", metavar="INSTANCE",
                            help="instance names (default: every instance of this node)")
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "reset":
             return actions.reset(config, args.root, args.instance, args.all, args.force,
-                                 args.dry_run, say)
+                                 args.dry_run, say, args.automatic)
         if args.action == "dirs":
             from ...remediation import dirs_repair
 

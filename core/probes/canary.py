@@ -8,6 +8,11 @@ process group, with a hard timeout. Once it holds a context it writes a ready fi
 the servers' client lists are read while it waits, and its PID found there means MPS
 served it. Removing the ready file lets it free and exit. A context with no server
 listing it means CUDA clients on this pipe dir silently run without MPS.
+
+``canary.when: idle`` (the default) first asks Slurm once per run (``node_busy``): not
+run unless the node is IDLE, nor on a node Slurm does not manage; then, per instance,
+not run while any MPS client is connected; while it runs, a new root ``slurmstepd``
+(``Watch``: a job step arriving) kills it at once (docs/runbook-deep.md).
 """
 
 import contextlib
@@ -179,14 +184,92 @@ def _remove(directory: str) -> None:
         os.rmdir(directory)
 
 
+# --- the idle gate (canary.when: idle) ------------------------------------------------
+
+STEPD = "slurmstepd"
+
+
+def node_busy(ctx: Context) -> str:
+    """Why the node is not idle for the canary ('' when Slurm says it is IDLE): one bounded
+    ``scontrol show node`` (slurm.timeout_s). A node Slurm does not know, or no scontrol,
+    is no Slurm node: the canary is not run there (canary.when: always runs it)."""
+    from ..context import node_name
+    from ..slurm_settings import settings as slurm_settings
+    from .slurm import SlurmError, read_node
+
+    name = node_name(ctx.config, ctx.env)
+    timeout_s = max(0.1, min(slurm_settings(ctx.config).timeout_s, ctx.remaining()))
+    try:
+        node = read_node(ctx.config, name, timeout_s)
+    except SlurmError as e:
+        if e.code in ("exec-failed", "node-unknown"):
+            return (f"this node is not managed by Slurm ({e}); canary.when: always runs "
+                    "it anyway")
+        return f"Slurm cannot say whether this node is idle ({e})"
+    flags = set(node.flags)
+    if node.flags[:1] != ("IDLE",) or flags & {"COMPLETING", "POWERING_UP", "POWERED_DOWN"}:
+        return f"Slurm says node {name} is {node.state}, not IDLE (canary.when: idle)"
+    return ""
+
+
+def job_steps(proc: str) -> frozenset:
+    """The PIDs of root's ``slurmstepd`` processes: slurmd starts one for every job's
+    extern, batch and srun step, so a new one is a job arriving. By /proc/PID's owner and
+    comm: a user's process named so is not root's and counts for nothing. One scan of
+    the process table (a few ms)."""
+    found = set()
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return frozenset()
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"{proc}/{name}").st_uid != 0:
+                continue
+            comm = read_small(f"{proc}/{name}/comm", 64) or b""
+        except OSError:
+            continue
+        if comm.strip() == STEPD.encode():
+            found.add(int(name))
+    return frozenset(found)
+
+
+class Watch:
+    """canary.when: idle, while the canary runs: every ``poll_s`` the process table is
+    scanned for a root ``slurmstepd`` that was not there when it started (a job step
+    starting on this node). Cheaper and sooner than asking slurmctld again, and it costs
+    no query of the control daemon, which a job's client may be waiting on."""
+
+    def __init__(self, proc: str, poll_s: float) -> None:
+        self.proc, self.poll_s = proc, poll_s
+        self.before = job_steps(proc)
+        self.next = time.monotonic() + poll_s
+        self.arrived: frozenset = frozenset()
+
+    def job_arrived(self) -> bool:
+        if time.monotonic() < self.next:
+            return False
+        self.next = time.monotonic() + self.poll_s
+        self.arrived = job_steps(self.proc) - self.before
+        return bool(self.arrived)
+
+
 def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     uid = canary_user(ctx, inst, cfg)
     if uid is None:
         return CanaryFact("error", f"user {cfg.user!r} does not exist (canary.user)", -1)
     deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
+    watch = Watch(ctx.proc, cfg.poll_s) if cfg.when == "idle" else None
     status, detail, before = clients(ctx, inst, deadline)
     if status == "skipped":
         return CanaryFact("not-run", detail, uid)
+    if watch is not None and before:
+        server, pid, who = before[0]
+        return CanaryFact("skipped", f"{len(before)} MPS client(s) connected (e.g. {pid}, "
+                          f"uid {who if who is not None else '?'}, on server {server}): the "
+                          "node is not idle (canary.when: idle)", uid)
     # A daemon that does not answer is tried anyway: the canary then shows, within its
     # own timeout, that CUDA clients hang (or not) on this instance.
     others = [(s, p, u) for s, p, u in before if u is not None and u != uid]
@@ -209,6 +292,12 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
         pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
         ready: Optional[Tuple[int, float]] = None
         while pending.pid is not None and time.monotonic() < deadline:
+            if watch is not None and watch.job_arrived():
+                pending.kill()
+                pending.wait(deadline)
+                return CanaryFact("skipped", "stopped: a job step started on this node while "
+                                  f"it ran (slurmstepd {min(watch.arrived)}); the canary was "
+                                  "killed so the job's clients do not wait behind it", uid)
             if os.path.exists(ready_path):
                 try:  # the canary runs as the user: what it leaves is read as hostile
                     ready = parse_ready(
@@ -242,6 +331,12 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFac
 
     cfg = settings(ctx.config)
     facts: Dict[str, CanaryFact] = {}
+    if not instances:
+        return facts
+    why = "canary.when is never" if cfg.when == "never" else \
+        node_busy(ctx) if cfg.when == "idle" else ""
+    if why:
+        return {i.name: CanaryFact("skipped", why, -1) for i in instances}
 
     def one(inst: Instance) -> None:
         try:

@@ -6,7 +6,7 @@ import os
 import stat
 
 from ..context import Context
-from ..facts import DirFact, EntryFact, Instance
+from ..facts import DirFact, EntryFact, Instance, ParentFact
 from ..pidfile import PID_FILE, read_text
 from ..resources import raise_if_starved
 
@@ -73,14 +73,48 @@ def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
     return tuple(found), pid_file
 
 
+# Path components walked above a dir at most: a configured path is short, and the walk
+# must stay bounded whatever it is.
+MAX_PARENTS = 64
+
+
+def blocked_parents(ctx: Context, path: str) -> Tuple[ParentFact, ...]:
+    """The parents of ``path`` (as configured; "/" and, under --root, the tree's own
+    parents excluded) that users other than their owner and group cannot traverse: no
+    execute bit for others. A 0700 /run/nvidia above a 0777 pipe dir fails every non-root
+    client while the pipe dir itself looks right. Each by lstat (never followed), in order
+    from the top; the walk stops at a parent that is missing or cannot be looked at (a
+    run as a non-root user stops below the first blocked one: that one is named)."""
+    found: List[ParentFact] = []
+    parts = [p for p in path.split("/") if p not in ("", ".")][:-1][:MAX_PARENTS]
+    walked = ""
+    for name in parts:
+        walked += "/" + name
+        try:
+            st = os.lstat(ctx.path(walked))
+            if stat.S_ISLNK(st.st_mode) and st.st_uid == 0 and not ctx.read_only:
+                # Root's link (/var/run -> /run): clients go through it, so what it leads
+                # to is judged (a stat, nothing done there). A user's link, or any link
+                # in a --root tree, is not followed: it names nothing of this node's.
+                st = os.stat(ctx.path(walked))
+        except OSError:
+            break
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            found.append(ParentFact(walked, stat.S_IMODE(st.st_mode), st.st_uid))
+    return tuple(found)
+
+
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
-    """Every instance's pipe dir (with its entries) and log dir, keyed by path."""
+    """Every instance's pipe dir (with its entries) and log dir, keyed by path, each with
+    the parents others cannot traverse."""
     out: Dict[str, DirFact] = {}
     for inst in instances:
-        if inst.pipe_dir not in out:
-            out[inst.pipe_dir] = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
-        if inst.log_dir not in out:
-            out[inst.log_dir] = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
+        for path, entries in ((inst.pipe_dir, True), (inst.log_dir, False)):
+            if path not in out:
+                d = read_dir(ctx.path(path), path, entries)
+                # An lstat refused ("error") may be a blocked parent's doing: look there too.
+                out[path] = d._replace(blocked=blocked_parents(ctx, path)) \
+                    if d.kind in ("dir", "error") else d
     return out
 
 

@@ -8,7 +8,7 @@ probes and checks read them with ``config.get(SERVERS)`` and so on.
 
 from __future__ import annotations
 
-from ..schema import Invalid, Record, Section, custom, has_control, number, shown, whole
+from ..schema import Invalid, Record, Section, custom, has_control, number, shown, text, whole
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,6 +39,12 @@ class CanaryConfig(Record):
     user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
     device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
     alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
+    # idle: only where Slurm says this node is IDLE and no MPS client is connected, and
+    # killed as soon as a job step starts here while it runs (core/probes/canary.py);
+    # not run on a node Slurm does not know. always: whenever the check runs (it still
+    # skips another user's clients). never: not run.
+    when: str = text("idle", choices=("idle", "always", "never"))
+    poll_s: float = number(0.1, low=0.01, high=5.0)  # how often the idle watch looks
 
 
 def _optional_flag(value: Any) -> Optional[bool]:

@@ -24,7 +24,13 @@ from mpsdaemon import start_daemon
 NOBODY = 65534
 
 
-def fake_canary(extra: str = "") -> str:
+def fake_canary(extra: str = "", when: str = "always") -> str:
+    """The fake canary; ``canary.when`` always unless given (the idle gate, its default,
+    has its own tests below: this machine is no Slurm node)."""
+    if "canary:\n" in extra:
+        extra = extra.replace("canary:\n", f"canary:\n  when: {when}\n", 1)
+    else:
+        extra += f"canary:\n  when: {when}\n"
     return f"commands:\n  mps-health-canary: {FAKES / 'mps-canary'}\n{extra}"
 
 
@@ -36,7 +42,7 @@ def test_real_canary_without_libcuda_is_a_clear_unknown(site) -> None:
     assert out.returncode == 3
     assert out.stdout.startswith("mps-health-canary no-libcuda libcuda.so.1 not found: ")
     site.start_daemon()
-    cfg = site.config()
+    cfg = site.config("canary:\n  when: always\n")
     r = mps_health("check", "--config", cfg, "--only", "canary")
     assert r.returncode == 3
     assert r.stdout.splitlines()[1] == (

@@ -46,10 +46,16 @@ def test_a_recorded_restart_is_no_event_and_another_daemon_is() -> None:
 def test_records_are_bounded_and_dated(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
     for i in range(planned.MAX_RECORDS + 10):
-        assert planned.record(state, f"/p{i}", "reset", i, i) == ""
+        assert planned.record(state, f"/p{i}", "unit stop", i, i) == ""
     records, error = planned.load(state)
     assert error == "" and len(records) == planned.MAX_RECORDS
     assert records[-1].pipe_dir == f"/p{planned.MAX_RECORDS + 9}"
+    # Each instance's newest reset outlives the rest (the reset cooldown reads it), at
+    # most MAX_KEPT_RESETS of them beyond MAX_RECORDS.
+    for i in range(planned.MAX_RECORDS + planned.MAX_KEPT_RESETS + 10):
+        assert planned.record(state, f"/r{i}", "reset", i, i) == ""
+    records, error = planned.load(state)
+    assert error == "" and len(records) == planned.MAX_RECORDS + planned.MAX_KEPT_RESETS
     assert planned.keep([PlannedRestart("/x", float("nan")),
                          PlannedRestart("/x", 1e308)], 1000.0) == ()
 

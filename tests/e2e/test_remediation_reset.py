@@ -175,7 +175,8 @@ def test_pid_file_naming_an_unrelated_process_does_not_get_it_killed(site) -> No
             pid = start_daemon(site.pipe, site.log)
             kill_and_wait(pid)  # nothing writes the pid file after this
             (site.pipe / "nvidia-cuda-mps-control.pid").write_text(str(victim))
-            r = reset(site.config(remediating(site)))
+            # Two restarts in a row on purpose: no cooldown between them.
+            r = reset(site.config(remediating(site), remediation={"cooldown_s": 0}))
             assert r.returncode == 0, r.stdout + r.stderr
             assert f"the pid file names {victim}" in r.stdout
             assert alive(victim), f"{victim} was killed"

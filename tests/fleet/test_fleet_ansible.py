@@ -3,8 +3,9 @@ local): the role builds mps-health's wheel from an unpacked sdist into a wheel f
 holds its dependencies' wheels, installs from that folder only (--no-index) into a
 virtualenv with links to the commands, and configures a node whose MPS is broken (fake
 daemon killed: stale pipe dir, mode 0700); the audit reports it, the reset repairs it, a
-second reset changes nothing; a reset refuses while a client is connected and -e
-force=true overrides it."""
+second reset changes nothing; within remediation.cooldown_s of that repair the role
+resets nothing, even with -e force=true; a reset refuses while a client is connected and
+-e force=true overrides it."""
 # ruff: noqa: F811  (the fixtures dists and wheelhouse come from fleethelp)
 
 import json
@@ -61,6 +62,17 @@ def wheel_folder(base: Path, wheelhouse: Path) -> Path:
     return wheels
 
 
+def age_resets(state_dir: Path) -> None:
+    """Move every recorded reset two hours back: past the cooldown."""
+    from mps_health.core import planned
+    from mps_health.core.state import StateFile
+
+    records, error = planned.load(str(state_dir))
+    assert not error and records
+    aged = tuple(r._replace(at=r.at - 7200.0) for r in records)
+    assert StateFile(str(state_dir), planned.NAME).save(aged) == ""
+
+
 def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
     base = site.root
     wheels = wheel_folder(base, wheelhouse)
@@ -82,7 +94,8 @@ def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
         "checks": {"only": ["daemon", "control", "directories"]},
         "mps": {"layout": "node", "pipe_dir": str(pipe), "log_dir": str(log)},
         "remediation": {"audit_log": f"{base}/audit.log", "syslog": False,
-                        "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10},
+                        "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10,
+                        "cooldown_s": 3600},
     }
     group_vars = {
         "mps_health_wheels": str(wheels),
@@ -160,6 +173,14 @@ def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
         (pipe / "log").unlink()
         (pipe / "log").write_text("")
         daemon_before = (pipe / "nvidia-cuda-mps-control.pid").read_text()
+        # Reset an hour ago at most (remediation.cooldown_s): the role (--automatic)
+        # leaves it alone, even with -e force=true.
+        r = playbook(base, "reset.yml", "-e", "force=true")
+        assert r.returncode == 0 and recap(r.stdout)["changed"] == 0, r.stdout[-3000:]
+        assert re.search(r"localhost\s+skipped: reset lately \(cooldown\) on node", r.stdout)
+        assert (pipe / "nvidia-cuda-mps-control.pid").read_text() == daemon_before
+        assert "event=refused result=cooldown" in (base / "audit.log").read_text()
+        age_resets(base / "state")
         r = playbook(base, "reset.yml")
         assert r.returncode == 0 and recap(r.stdout)["changed"] == 0, r.stdout[-3000:]
         assert re.search(r"localhost\s+skipped: clients connected on node", r.stdout)

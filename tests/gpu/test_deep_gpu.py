@@ -121,7 +121,7 @@ class Node:
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    n = Node("canary:\n  timeout_s: 20\n")
+    n = Node("canary:\n  timeout_s: 20\n  when: always\n")  # no Slurm here
     yield n.start()
     n.quit()
     n.site.close()
@@ -203,7 +203,7 @@ def test_canary_fails_with_the_daemon_gone(node: Node) -> None:
 
 
 def test_canary_times_out_on_a_stopped_daemon() -> None:
-    n = Node("canary:\n  timeout_s: 5\ncontrol:\n  timeout_s: 1\n").start()
+    n = Node("canary:\n  timeout_s: 5\n  when: always\ncontrol:\n  timeout_s: 1\n").start()
     try:
         assert n.daemon is not None
         os.kill(n.daemon, signal.SIGSTOP)

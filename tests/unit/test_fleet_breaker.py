@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
+from hostile import public_dir  # noqa: F401
 from mps_health.core.config import ConfigError, from_mapping
 from mps_health.core.probes.slurm import SlurmNode, parse_node_lines
 from mps_health.core.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
@@ -128,9 +129,13 @@ def test_findings_a_user_can_cause_never_make_the_verdict() -> None:
     assert healthcheck.drainable(report_with(real), ("strays",)).runs == ()
 
 
-def test_a_user_caused_warning_never_drains_even_with_drain_on_warning(tmp_path: Path) -> None:
+def test_a_user_caused_warning_never_drains_even_with_drain_on_warning(
+        public_dir: Path) -> None:  # noqa: F811
     """A stray in the pipe dir (any user can make one) with drain_on: warning and a
-    one-run threshold: reported, the run passes, scontrol is never called."""
+    one-run threshold: reported, the run passes, scontrol is never called. In a 0755 dir:
+    pytest's tmp_path base is 0700, which the directories check reports
+    (pipe-dir-parent)."""
+    tmp_path = public_dir
     pipe = tmp_path / "pipe"
     pipe.mkdir(mode=0o777)
     pipe.chmod(0o777)

@@ -3,6 +3,8 @@ or are clamped, and a run on a damaged file still counts and saves (never exit 3
 
 from pathlib import Path
 
+import pytest
+from hostile import public_dir  # noqa: F401
 from mps_health.core.config import from_mapping
 from mps_health.core.results import Report
 from mps_health.remediation import hcstate, healthcheck, slurmnode
@@ -58,6 +60,14 @@ def fake_scontrol(tmp_path: Path, state: str, reason: str = "") -> Path:
                       f"echo \"$*\" >> {tmp_path}/updates\n")
     script.chmod(0o755)
     return script
+
+
+@pytest.fixture
+def tmp_path(public_dir: Path) -> Path:  # noqa: F811
+    """A 0755 root-owned dir (hostile.public_dir) in place of pytest's, whose base is
+    0700: the directories check reports a parent of the pipe dir that other users
+    cannot traverse (pipe-dir-parent)."""
+    return public_dir
 
 
 def hc_config(tmp_path: Path, state_dir: Path, run_dir: Path, scontrol: Path):

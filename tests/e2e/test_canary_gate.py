@@ -1,0 +1,145 @@
+"""canary.when: idle (the default): the canary runs only where Slurm says the node is
+IDLE and no MPS client is connected, and is killed when a job step starts while it runs.
+Fake daemon, fake canary, and a fake scontrol printing a captured IDLE node line (its
+State changed for the other cases)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from clirun import mps_health, results
+from conftest import FAKES
+
+IDLE = (Path(__file__).resolve().parent.parent / "fixtures"
+        / "scontrol_show_node_-d_-o__slurm-22.05_idle.txt").read_text()
+
+
+def scontrol(site, state: str = "IDLE") -> str:
+    """A scontrol stand-in answering 'show node NAME -o' with this node in ``state``."""
+    out = site.root / f"node-{state}.txt"
+    out.write_text(IDLE.replace("State=IDLE", f"State={state}"))
+    script = site.root / f"scontrol-{state}"
+    script.write_text(f"#!/bin/sh\nexec cat {out}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def config(site, scontrol_path: str, extra: str = "") -> str:
+    return site.config(f"node_name: mpsnode\ncommands:\n  mps-health-canary: "
+                       f"{FAKES / 'mps-canary'}\n  scontrol: {scontrol_path}\n{extra}")
+
+
+def canary(cfg: str) -> dict:
+    r = mps_health("check", "--config", cfg, "--only", "canary", "--format", "json")
+    assert r.returncode in (0, 2, 3), r.stdout + r.stderr
+    (res,) = results(r, "canary")
+    return res
+
+
+def connects(site) -> int:
+    log = site.log / "control.log"
+    return log.read_text().count("fake_client_connect") if log.exists() else 0
+
+
+def test_idle_node_runs_the_canary(site) -> None:
+    site.start_daemon()
+    res = canary(config(site, scontrol(site)))
+    assert res["code"] == "ok", res
+    assert "got a context in" in res["message"]
+    # Drained and idle (a repair being checked): no job to delay, it runs.
+    assert canary(config(site, scontrol(site, "IDLE+DRAIN")))["code"] == "ok"
+
+
+def test_allocated_or_mixed_node_skips_it_without_starting_it(site) -> None:
+    site.start_daemon()
+    for state in ("ALLOCATED", "MIXED", "IDLE+COMPLETING"):
+        res = canary(config(site, scontrol(site, state)))
+        assert res["code"] == "canary-skipped", res
+        assert f"Slurm says node mpsnode is {state}, not IDLE" in res["message"]
+    assert connects(site) == 0  # never ran
+
+
+def test_a_node_slurm_does_not_manage_skips_it_and_always_runs_it(site) -> None:
+    site.start_daemon()
+    missing = str(site.root / "no-such-scontrol")
+    res = canary(config(site, missing))
+    assert res["code"] == "canary-skipped"
+    assert "this node is not managed by Slurm" in res["message"]
+    assert "canary.when: always runs it anyway" in res["message"]
+    res = canary(config(site, missing, "canary:\n  when: always\n"))
+    assert res["code"] == "ok", res
+    never = canary(config(site, scontrol(site), "canary:\n  when: never\n"))
+    assert never["code"] == "canary-skipped" and "canary.when is never" in never["message"]
+
+
+def test_an_idle_node_with_an_mps_client_skips_it(site) -> None:
+    d = site.start_daemon()
+    client = subprocess.Popen(["sleep", "120"])  # our own uid: 'always' would run beside it
+    try:
+        server = d.query(f"fake_client_connect {client.pid} {os.getuid()}").stdout.strip()
+        res = canary(config(site, scontrol(site)))
+        assert res["code"] == "canary-skipped", res
+        assert f"1 MPS client(s) connected (e.g. {client.pid}, uid {os.getuid()}, on " \
+               f"server {server}): the node is not idle" in res["message"]
+        assert connects(site) == 1  # only the client's
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_job_step_starting_while_it_runs_kills_it_at_once(site) -> None:
+    d = site.start_daemon()
+    cfg = config(site, scontrol(site),
+                 "canary:\n  timeout_s: 20\n  poll_s: 0.05\ncontrol:\n  timeout_s: 0.5\n")
+    stepd = site.root / "slurmstepd"  # comm "slurmstepd", root's: a job step's process
+    shutil.copy("/bin/sleep", stepd)
+    d.signal(signal.SIGSTOP)  # the canary hangs in its connect, as behind a busy server
+    started = []
+
+    def job_arrives() -> None:
+        # Once the canary runs (hung in its connect): a job step arriving before it
+        # started is one the idle gate would have seen, not this case.
+        deadline = time.monotonic() + 15
+        while not _canaries(str(site.pipe)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        started.append(subprocess.Popen([str(stepd), "60"]))
+
+    t = threading.Thread(target=job_arrives)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        res = canary(cfg)
+    finally:
+        d.signal(signal.SIGCONT)
+        t.join()
+        for p in started:
+            p.kill()
+            p.wait()
+    spent = time.monotonic() - t0
+    assert res["code"] == "canary-skipped", res
+    # (Another engineer's real Slurm on this machine may start a step first: any root
+    # slurmstepd that is new counts.)
+    assert "stopped: a job step started on this node while it ran (slurmstepd " \
+        in res["message"]
+    assert spent < 15, spent  # killed at once, not at canary.timeout_s (20 s)
+    assert not _canaries(str(site.pipe))
+
+
+def _canaries(pipe: str) -> list:
+    """The fake canaries running on ``pipe`` (by their environment)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if b"mps-canary" in Path(f"/proc/{name}/cmdline").read_bytes() and \
+                    pipe.encode() in Path(f"/proc/{name}/environ").read_bytes():
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
