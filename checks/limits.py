@@ -14,9 +14,10 @@ one control query: nothing is asked twice) and, in the per-job layout, the job's
   limit than the daemon's default (or, per job, than the job's share).
 * ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: the control.log lines
   ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` (the daemon logs every command
-  it is given) set one GPU's default both by UUID and by index (the last one wins), or
-  name an ID that is no GPU of the daemon (the daemon ignores it without a word). The
-  daemon's answers cannot show either: per GPU they give only the value that won. The
+  it is given) set one GPU's default both by UUID and by index (the daemon keeps both;
+  on an H200, driver 580, a new server applied the one set by index, though the UUID
+  one came later), or name an ID that is no GPU of the daemon (the daemon keeps it and
+  no server uses it). The daemon's answers for a server show only the value it applies. The
   log is the daemon's own (the logs probe reads only its user's regular file), but a
   local user can make it log a command it then refuses, so both are WARNINGs a user
   could cause (never a drain), judged only against the device table of a daemon with a
@@ -173,7 +174,9 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
             yield Result(NAME, WARNING, "pinned-limit-ambiguous", inst.name,
                          f"the default pinned memory limit of GPU {ordinal} was set both by "
                          f"index ({escape(i)} {escape(iv)}) and by UUID ({escape(u)} "
-                         f"{escape(uv)}) in control.log: the last one set wins",
+                         f"{escape(uv)}) in control.log: the daemon keeps both, and a new "
+                         "server applies one of them (the one set by index, on the H200), "
+                         "not the last set",
                          "set each GPU's default by one ID only (its UUID) with "
                          "set_default_device_pinned_mem_limit; see the runbook")
     if unknown:

@@ -62,7 +62,7 @@ def test_a_default_changed_under_a_running_server(site, sleepers) -> None:
     assert "applies 100% active threads, the default is 50% (set after it started)" \
         in found[0][1]
     assert f"applies a pinned memory limit of 4G on GPU {UUID}, the default is 2G" in found[1][1]
-    assert d.query(f"get_default_device_pinned_mem_limit {UUID}").stdout == "2G\n"
+    assert d.query("get_default_device_pinned_mem_limit 0").stdout == "2G\n"
     # The server's clients end, it ends; the next client's new server has the defaults.
     sleepers[0].kill()
     sleepers[0].wait()
@@ -101,7 +101,9 @@ def test_pinned_limits_by_index_and_uuid_and_on_no_gpu(site, sleepers) -> None:
     d.query("set_default_device_pinned_mem_limit 0 4G")
     d.query(f"set_default_device_pinned_mem_limit {UUID} 2G")
     d.query("set_default_device_pinned_mem_limit GPU-00000000-0000-0000-0000-000000000000 8G")
-    assert d.query("get_default_device_pinned_mem_limit 0").stdout == "2G\n"  # the last wins
+    # Kept per ID, as the real daemon does: each reads back what was set through it.
+    assert d.query("get_default_device_pinned_mem_limit 0").stdout == "4G\n"
+    assert d.query(f"get_default_device_pinned_mem_limit {UUID}").stdout == "2G\n"
     # Judged only against the device table of a daemon with a server: idle, nothing.
     assert problems(check(cfg)) == []
     d.query(f"fake_client_connect {client(sleepers)} 0")

@@ -63,10 +63,15 @@ def servers(mps: Mps) -> List[str]:
 
 
 def wait_servers_gone(mps: Mps, old: List[str]) -> None:
-    """The real server ends with its last client; the fake's is stopped as such."""
-    if USE_FAKE:
-        for pid in old:
+    """The old server restarted, as an admin would after changing a default: a real server
+    idles on after its last client ends (seen on the H200, driver 580), and
+    ``shutdown_server PID`` ends it once it has no client; the fake's is stopped so."""
+    for pid in old:
+        if USE_FAKE:
             mps.control(f"fake_server_stop {pid}")
+        else:
+            q = mps.control(f"shutdown_server {pid}")
+            say(f"shutdown_server {pid} -> rc {q.returncode} {q.stdout!r}")
     end = time.monotonic() + 60
     while set(old) & set(servers(mps)) and time.monotonic() < end:
         time.sleep(0.5)

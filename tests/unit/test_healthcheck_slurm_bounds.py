@@ -7,6 +7,8 @@ part. Within healthcheck.boot_grace_s of boot, a unit not up yet is starting, ne
 import time
 from pathlib import Path
 
+import pytest
+from hostile import public_dir  # noqa: F401
 from mps_health.core.config import from_mapping
 from mps_health.core.results import (
     CRITICAL,
@@ -21,6 +23,13 @@ from mps_health.core.results import (
 from mps_health.remediation import hcstate, healthcheck
 
 TAG = "MPS-HC:"
+
+
+@pytest.fixture
+def tmp_path(public_dir: Path) -> Path:  # noqa: F811
+    """A 0755 root-owned dir (hostile.public_dir) in place of pytest's, whose base is
+    0700: the directories check would report the pipe dir's parent (pipe-dir-parent)."""
+    return public_dir
 
 
 def recording_scontrol(tmp_path: Path, state: str, reason: str = "") -> Path:

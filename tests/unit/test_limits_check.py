@@ -159,7 +159,7 @@ def test_a_limit_set_by_index_and_by_uuid_for_one_gpu() -> None:
     assert problems(results) == [("pinned-limit-ambiguous", WARNING)]
     message = next(r for r in results if r.state).message
     assert f"by index (0 4G) and by UUID ({UUID0} 2G)" in message
-    assert "the last one set wins" in message
+    assert "the daemon keeps both" in message and "not the last set" in message
 
 
 def test_one_id_per_gpu_is_fine_and_other_dirs_do_not_count() -> None:
