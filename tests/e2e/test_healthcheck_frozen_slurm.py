@@ -45,7 +45,7 @@ def healthcheck(cfg: str, *extra: str):
     return r, time.monotonic() - t0
 
 
-def seed_state(state_dir: Path) -> None:
+def prime_state(state_dir: Path) -> None:
     """A known state: a run without one reads the node once to relearn it (by design)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "healthcheck.state").write_text("fails=0\npasses=0\ndrained=no\n")
@@ -62,7 +62,7 @@ def test_a_frozen_slurmctld_never_drains_never_hangs_and_the_resume_comes(site: 
     cfg = site.config(remediating(site), node_name="n1", commands={"scontrol": scontrol},
                       checks={"disable": ["strays"]},
                       healthcheck={"fail_runs": 1, "pass_runs": 1, "boot_grace_s": 0})
-    seed_state(site.state_dir)
+    prime_state(site.state_dir)
 
     # Healthy: slurmctld is asked nothing, run after run.
     for _ in range(2):
@@ -106,7 +106,7 @@ def test_a_booting_node_is_initializing_not_drained(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "proc").mkdir(parents=True)
     (tree / "proc" / "uptime").write_text("30.00 2.00\n")
-    seed_state(tree / "state")
+    prime_state(tree / "state")
     scontrol = stateful_scontrol(tmp_path)
     cfg = tmp_path / "config.yaml"
     cfg.write_text(

@@ -224,7 +224,7 @@ def test_the_last_run_duration_is_a_metric(tmp_path: Path) -> None:
     from mps_health.exporters import prometheus
 
     cfg = hc_config(tmp_path, recording_scontrol(tmp_path, "IDLE"))
-    assert healthcheck_duration(cfg, "/") is None  # seeded, never run: no series
+    assert healthcheck_duration(cfg, "/") is None  # primed, never run: no series
     healthcheck.run_once(cfg, "/", False, {})
     took = healthcheck_duration(cfg, "/")
     assert took is not None and took == saved(tmp_path).duration_s
