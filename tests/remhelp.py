@@ -36,13 +36,16 @@ def test_user() -> Iterator[pwd.struct_passwd]:
 
 def remediating(site: Site) -> Config:
     """What the remediation tests add to a site's config: the fake control binary, short
-    timeouts, and the audit log in the site (never syslog)."""
+    timeouts, no repair cooldown, and the audit log in the site (never syslog)."""
     return {
         "commands": {"nvidia-cuda-mps-control": FAKE_CONTROL},
         "control": {"timeout_s": 1.0},
         "mps": {"layout": "node"},
+        # cooldown_s 0: tests restart an instance many times on purpose; the cooldown's
+        # own tests set it.
         "remediation": {"audit_log": f"{site.root}/audit.log", "syslog": False,
-                        "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10},
+                        "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10,
+                        "cooldown_s": 0},
     }
 
 
