@@ -56,7 +56,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(FAKE), "-d"], env=env, check=True)
     time.sleep(0.3)
     daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
-    check = [sys.executable, "-m", "mps_health.core.cli", "check", "--config", str(cfg),
+    check = [sys.executable, "-m", "mps_health.cli.main", "check", "--config", str(cfg),
              "--skip", "tmpfiles"]
     runs = {
         "baseline": [*check[:-1], "tmpfiles,servers,logs"],

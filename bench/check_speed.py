@@ -10,12 +10,12 @@ on the machine's speed:
   plain scripts (bin/) that import only their main;
 * `mps-health check` on a healthy node (one daemon answering);
 * the same check with PYTHONDONTWRITEBYTECODE, which turns the kept compiled code off
-  (core/codecache.py): what finding and loading each module through Python costs;
+  (hostio/codecache.py): what finding and loading each module through Python costs;
 * `check_mps`, the Nagios plugin, on the same node, against `mps-health check`;
 * with --instructions, also `mps-health-healthcheck`, slurmd's HealthCheckProgram;
 * the check with a config file: given with --config (YAML parsed on every run), and as
   the default file /etc/mps-health/config.yaml, whose parsed form root's runs keep
-  (core/configcache.py; /etc is an overlay of the bench's own namespace then);
+  (config/cache.py; /etc is an overlay of the bench's own namespace then);
 * a hand audit as a shell script, as sites run one without mps-health: pgrep, the
   control query, stat, scontrol;
 * a wedged (SIGSTOPped) daemon: the check must return within the control timeout + 0.5 s;
@@ -186,7 +186,7 @@ def main() -> int:
         d.chmod(mode)
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
     # A node's environment: with PYTHONDONTWRITEBYTECODE (set on some build and CI
-    # machines) the commands keep no compiled code of their own (core/codecache.py).
+    # machines) the commands keep no compiled code of their own (hostio/codecache.py).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not args.real:
         client = build_fast_client(bindir)
@@ -202,11 +202,11 @@ def main() -> int:
     audit.write_text(HAND_AUDIT)
     audit.chmod(0o755)
     entry = shutil.which("mps-health", path=str(Path(args.python).parent))
-    base_cmd = [entry] if entry else [args.python, "-m", "mps_health.core.cli"]
+    base_cmd = [entry] if entry else [args.python, "-m", "mps_health.cli.main"]
     with_config = [*base_cmd, "check", "--config", str(config)]
     check = [*base_cmd, "check"] if use_defaults else with_config
     plugin_entry = shutil.which("check_mps", path=str(Path(args.python).parent))
-    plugin = [plugin_entry] if plugin_entry else [args.python, "-m", "mps_health.core.commands.check_mps"]
+    plugin = [plugin_entry] if plugin_entry else [args.python, "-m", "mps_health.cli.check_mps"]
     if not use_defaults:
         plugin += ["--config", str(config)]
     # slurmd's HealthCheckProgram, as slurmd starts it (no arguments). There is no Slurm
@@ -225,7 +225,7 @@ def main() -> int:
         print(f"check_mps on the healthy node: exit {rp.returncode}: "
               f"{(rp.stdout.splitlines() or [rp.stderr])[0][:100]}")
         # Each command once before it is measured, as on a node after its first run: a
-        # first run writes the kept compiled code of what it imported (core/codecache.py).
+        # first run writes the kept compiled code of what it imported (hostio/codecache.py).
         rh = subprocess.run(healthcheck, env=env, capture_output=True, text=True, timeout=60)
         print(f"mps-health-healthcheck (no Slurm here): exit {rh.returncode}: "
               f"{(rh.stdout.splitlines() or [rh.stderr])[0][:100]}")
@@ -239,8 +239,8 @@ def main() -> int:
             env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
         bare_check = [args.python, "-S", "-E", "-c",
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
-                      "import gc; gc.disable(); from mps_health.core.codecache import serve; "
-                      "serve(); from mps_health.core.cli import console_main; "
+                      "import gc; gc.disable(); from mps_health.hostio.codecache import serve; "
+                      "serve(); from mps_health.cli.main import console_main; "
                       "console_main()", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
         rb = subprocess.run(bare_check, env=env, capture_output=True, text=True, timeout=60)
@@ -251,7 +251,7 @@ def main() -> int:
                                            "bare": [], "core": [], "config": [], "audit": [],
                                            "plugin": [], "nocode": []}
         # The check with its compiled code not kept: PYTHONDONTWRITEBYTECODE turns the
-        # file off (core/codecache.py), so every module is found and loaded by Python.
+        # file off (hostio/codecache.py), so every module is found and loaded by Python.
         env_nocode = dict(env, PYTHONDONTWRITEBYTECODE="1")
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
@@ -315,7 +315,7 @@ def main() -> int:
         elif args.instructions:
             print("\n(valgrind not installed: no instruction counts)")
 
-        # The default config file, whose parsed form a root run keeps (core/configcache.py):
+        # The default config file, whose parsed form a root run keeps (config/cache.py):
         # after the first run, no YAML is parsed. Measured apart: the plain check above
         # must see no default file.
         if own_etc and use_defaults and not DEFAULT_CONFIG.exists():

@@ -82,7 +82,7 @@ def main() -> int:
                 results[f"{state}: {name}"] = []
             for _ in range(args.runs):
                 for name, cfg in (("check", plain), ("check + clients", clients)):
-                    argv = [sys.executable, "-m", "mps_health.core.cli", "check", "--config", str(cfg)]
+                    argv = [sys.executable, "-m", "mps_health.cli.main", "check", "--config", str(cfg)]
                     results[f"{state}: {name}"].append(timed(argv, env))
         for key, xs in results.items():
             state = key.split(":")[0]

@@ -81,7 +81,7 @@ def start_exporter(python: str, work: Path, nofile: int) -> Tuple[subprocess.Pop
                       f"mps:\n  pipe_dir: {work}/pipe\n  log_dir: {work}/log\n")
     log = work / "exporter.log"
     argv = ["prlimit", f"--nofile={nofile}:{nofile}", python, "-m",
-            "mps_health.core.cli", "exporter", "--config", str(config), "--listen",
+            "mps_health.cli.main", "exporter", "--config", str(config), "--listen",
             "127.0.0.1:0", "--interval", "2", "--only", "directories"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

@@ -75,7 +75,7 @@ def measure(args: List[str], work: Path) -> Tuple[float, float, int, str]:
         t0 = time.monotonic()
         # prlimit, not a preexec_fn: the child is then spawned, not forked.
         p = subprocess.Popen(
-            ["prlimit", f"--as={CAP}", "--", sys.executable, "-m", "mps_health.core.cli", *args],
+            ["prlimit", f"--as={CAP}", "--", sys.executable, "-m", "mps_health.cli.main", *args],
             stdout=o, stderr=e)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)

@@ -151,7 +151,7 @@ def main() -> int:
     daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
     procs: List[subprocess.Popen] = []
     try:
-        mh = [args.python, "-m", "mps_health.core.cli"]
+        mh = [args.python, "-m", "mps_health.cli.main"]
         subprocess.run([*mh, "exporter", "--config", str(cfg), "--textfile", str(textdir)],
                        env=env, check=True, timeout=60)
         ours, theirs = free_port(), free_port()
@@ -199,7 +199,7 @@ def main() -> int:
         # check_mps against mps-health check, alternating, same checks.
         selections = (("all checks", []), ("without the control query", ["--skip", "control"]))
         for label, sel in selections:
-            plugin = [args.python, "-m", "mps_health.core.commands.check_mps", "--config", str(cfg), *sel]
+            plugin = [args.python, "-m", "mps_health.cli.check_mps", "--config", str(cfg), *sel]
             check = [*mh, "check", "--config", str(cfg), *sel]
             t_plugin, t_check = [], []
             for _ in range(args.runs):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What starting each external command through ``setpriv --pdeathsig KILL`` costs.
 
-mps_health.core.runner starts every command (the control client, scontrol, squeue) through
+mps_health.hostio.runner starts every command (the control client, scontrol, squeue) through
 util-linux's setpriv so that it dies with the run. That is one more exec per command;
 this prints the cost per command with and without it, measured in the same run, as a
 ratio (a check on a healthy node starts one control client).
@@ -12,7 +12,7 @@ Usage: python3 bench/runner_pdeathsig.py [--runs N]
 import argparse
 import time
 
-from mps_health.core import runner
+from mps_health.hostio import runner
 
 
 def per_command_ms(runs: int) -> float:

@@ -103,7 +103,7 @@ def main() -> int:
             "slurm: node layout (+gres-drift, orphans)": base + node + "slurm: {}\n",
             "slurm: per-job layout": base + per_job + "slurm: {}\n",
         }
-        mps_health = [sys.executable, "-m", "mps_health.core.cli", "check", "--config"]
+        mps_health = [sys.executable, "-m", "mps_health.cli.main", "check", "--config"]
         try:
             baseline = [timed([sys.executable, "-c", "pass"], env)[0] for _ in range(runs)]
             ref = statistics.median(baseline)

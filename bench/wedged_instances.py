@@ -71,7 +71,7 @@ def main() -> int:
                 subprocess.run(["nvidia-cuda-mps-control"], input="fake_server_start\n",
                                env=dict(env, CUDA_MPS_PIPE_DIRECTORY=str(work / f"pipe_{g}")),
                                text=True, capture_output=True, timeout=30, check=True)
-        cli = [sys.executable, "-m", "mps_health.core.cli"]
+        cli = [sys.executable, "-m", "mps_health.cli.main"]
         commands = [("check --only control", [*cli, "check", "--config", str(config),
                                               "--only", "control"])]
         if not args.real:

@@ -2,5 +2,5 @@
 
 A check is ``check(facts, config) -> iterable of Result``; it reads only
 ``facts.sources`` and its config, never the system. Register it in
-``mps_health.core.registry`` with one line.
+``mps_health.model.registry`` with one line.
 """

@@ -4,15 +4,15 @@ The deepest check, off by default on the slurmd path (it starts a CUDA context):
 enable it with ``--only canary`` or ``checks.enable``; the exporter runs it.
 ``canary.when`` (default ``idle``) lets it run only where Slurm says the node is IDLE
 and no MPS client is connected, and kills it when a job step starts meanwhile. See
-``mps_health.core.probes.canary`` for how it runs and when it skips.
+``mps_health.probes.canary`` for how it runs and when it skips.
 """
 
 from typing import Iterator, Mapping
 
-from ..core.config import Config
-from ..core.facts import Facts
-from ..core.facts_deep import CanaryFact
-from ..core.results import CRITICAL, OK, UNKNOWN, Result
+from mps_health.config.load import Config
+from mps_health.model.facts import Facts
+from mps_health.model.facts_deep import CanaryFact
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, Result
 
 NAME = "canary"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -24,16 +24,16 @@ contexts; each client's job id and CUDA_MPS_* environment from /proc) and one sq
 import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..core.config import Config
-from ..core.facts import Facts, Instance
-from ..core.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
-from ..core.printable import escape
-from ..core.probes.jobs import JobsFacts, gres_count
-from ..core.probes.proc import DEFAULT_PIPE_DIR
-from ..core.probes.sections import CLIENTS as SECTION
-from ..core.probes.sections import ClientsConfig
-from ..core.probes.slurm import SlurmJob
-from ..core.results import UNKNOWN, WARNING, Result, ok
+from mps_health.config.deep_checks import CLIENTS as SECTION
+from mps_health.config.deep_checks import ClientsConfig
+from mps_health.config.load import Config
+from mps_health.model.facts import Facts, Instance
+from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
+from mps_health.model.printable import escape
+from mps_health.model.results import UNKNOWN, WARNING, Result, ok
+from mps_health.probes.jobs import JobsFacts, gres_count
+from mps_health.probes.proc import DEFAULT_PIPE_DIR
+from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -231,7 +231,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from ..core.slurm_settings import settings as slurm_settings
+    from mps_health.config.slurm import settings as slurm_settings
 
     cfg = settings(config)
     mps_per_gpu = slurm_settings(config).mps_per_gpu

@@ -4,18 +4,18 @@ one another."""
 
 from __future__ import annotations
 
-from ..core.facts import DirFact, Instance, ProcessFact
-from ..core.instances import pipe_paths
-from ..core.process_identity import is_daemon
-from ..core.results import UNKNOWN, Result
+from mps_health.hostio.process_identity import is_daemon
+from mps_health.model.facts import DirFact, Instance, ProcessFact
+from mps_health.model.results import UNKNOWN, Result
+from mps_health.probes.instances import pipe_paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
-    from ..core.probes.nvml import NvmlFacts
-    from ..core.probes.slurm import SlurmFacts
+    from mps_health.probes.nvml import NvmlFacts
+    from mps_health.probes.slurm import SlurmFacts
 
 
 # The last process list indexed, and its index: every instance of a run is judged

@@ -12,12 +12,12 @@ other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 
 from typing import Iterator, Optional, Tuple
 
-from ..core.config import Config
-from ..core.facts import Facts
-from ..core.probes.nvml import GpuFact, NvmlFacts
-from ..core.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from ..core.slurm_settings import GpuSettings, gpu_settings, mps_gpu_ids
-from .common import nvml_unavailable
+from mps_health.checks.common import nvml_unavailable
+from mps_health.config.load import Config
+from mps_health.config.slurm import GpuSettings, gpu_settings, mps_gpu_ids
+from mps_health.model.facts import Facts
+from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

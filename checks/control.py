@@ -7,9 +7,9 @@ makes the client hang forever) are different failures with different codes.
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import ControlAnswer, Facts
-from ..core.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.config.load import Config
+from mps_health.model.facts import ControlAnswer, Facts
+from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ control check reports ``control-wedged``), so a fleet-wide wedge counts as daemo
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import DirFact, Facts, Instance, ProcessFact
-from ..core.instances import expected_uid
-from ..core.results import CRITICAL, OK, WARNING, Result, ok
-from .common import live_daemons
+from mps_health.checks.common import live_daemons
+from mps_health.config.load import Config
+from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
+from mps_health.model.results import CRITICAL, OK, WARNING, Result, ok
+from mps_health.probes.instances import expected_uid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -23,10 +23,10 @@ entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import DirFact, Facts, Instance
-from ..core.instances import expected_uid
-from ..core.results import CRITICAL, WARNING, Result, ok
+from mps_health.config.load import Config
+from mps_health.model.facts import DirFact, Facts, Instance
+from mps_health.model.results import CRITICAL, WARNING, Result, ok
+from mps_health.probes.instances import expected_uid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def log_dir_owner(config: Config) -> str:
 def expected_owner(owner: str) -> Optional[int]:
     if owner in ("job", "any"):
         return None  # per-job dirs belong to the job's user: the daemon check compares
-    from ..core.users import uid_of
+    from mps_health.hostio.users import uid_of
 
     return uid_of(owner)
 

@@ -19,14 +19,14 @@ Slurm unreachable is UNKNOWN (never CRITICAL): what can be judged without it sti
 import os
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
-from ..core.config import Config
-from ..core.facts import DirFact, Facts, Instance, ProcessFact
-from ..core.probes.gres_conf import DeviceFile, GresConf
-from ..core.probes.nvml import NvmlFacts
-from ..core.probes.slurm import SlurmFacts, SlurmNode
-from ..core.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from ..core.slurm_settings import SlurmSettings, gpu_settings, mps_gpu_ids, settings
-from .common import live_daemons, nvml_unavailable, slurm_unavailable
+from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
+from mps_health.config.load import Config
+from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
+from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
+from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.probes.gres_conf import DeviceFile, GresConf
+from mps_health.probes.nvml import NvmlFacts
+from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

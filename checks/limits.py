@@ -26,17 +26,23 @@ one control query: nothing is asked twice) and, in the per-job layout, the job's
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import ControlAnswer, Facts, Instance
-from ..core.facts_deep import InstanceServers, LogFinding, LogsFacts, ServerFact, ServersFacts
-from ..core.printable import escape
-from ..core.results import WARNING, Result, ok
+from mps_health.config.load import Config
+from mps_health.model.facts import ControlAnswer, Facts, Instance
+from mps_health.model.facts_deep import (
+    InstanceServers,
+    LogFinding,
+    LogsFacts,
+    ServerFact,
+    ServersFacts,
+)
+from mps_health.model.printable import escape
+from mps_health.model.results import WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterator, List, Optional, Tuple
 
-    from ..core.probes.jobs import JobsFacts
+    from mps_health.probes.jobs import JobsFacts
 
 NAME = "limits"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -74,7 +80,7 @@ def job_share(inst: Instance, jobs: Optional[JobsFacts], mps_per_gpu: int
     """A per-job instance's ``--gres=mps:N`` as a percentage, and how to say it."""
     if inst.job_id is None or jobs is None or not jobs.jobs:
         return None
-    from ..core.probes.jobs import gres_count  # only for a per-job instance
+    from mps_health.probes.jobs import gres_count  # only for a per-job instance
 
     for job in jobs.jobs:
         if job.job_id == inst.job_id:
@@ -233,7 +239,7 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
     that differs from the default, else the default's), in bytes; none set: no sample."""
     if not live and not defaults:
         return
-    from ..core.probes.clientinfo import mem_bytes  # only where a server runs
+    from mps_health.probes.clientinfo import mem_bytes  # only where a server runs
 
     applied: Dict[str, str] = {}
     for server in live:
@@ -256,7 +262,7 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from ..core.slurm_settings import settings as slurm_settings
+    from mps_health.config.slurm import settings as slurm_settings
 
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
     control = facts.sources.get("control")

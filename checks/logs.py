@@ -1,6 +1,6 @@
 """logs: what the MPS logs said lately: pending clients, failed servers, refused connections.
 
-Findings come from ``mps_health.core.probes.logs`` with their own time and stay reported for
+Findings come from ``mps_health.probes.logs`` with their own time and stay reported for
 ``logs.window_s`` after it (an XID-style window), then clear by themselves. A client
 pushed to the pending list is reported once it has waited ``logs.pending_warn_s``,
 until it exits or a server starts for its user (MPS serves one user per GPU at a time,
@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.config import Config
-from ..core.facts import Facts
-from ..core.facts_deep import LogFileFact, LogFinding, LogsFacts
-from ..core.probes.logs import settings
-from ..core.results import OK, UNKNOWN, WARNING, Result, ok
+from mps_health.config.load import Config
+from mps_health.model.facts import Facts
+from mps_health.model.facts_deep import LogFileFact, LogFinding, LogsFacts
+from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
+from mps_health.probes.logs import settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

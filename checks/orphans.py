@@ -6,12 +6,12 @@ behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any s
 a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
 not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
 EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
-configured server binary (``mps_health.core.process_identity``; a process only named like one is no
+configured server binary (``mps_health.hostio.process_identity``; a process only named like one is no
 server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
 job id, owner and age.
 
 A dir is an orphan of ours only when the Prolog recorded it for that job
-(``mps_health.core.jobrecords``) and it belongs to the recorded uid (or root): anyone can
+(``mps_health.hostio.jobrecords``) and it belongs to the recorded uid (or root): anyone can
 make a dir named like an ended job's in /tmp, back-date it and start a fake server in
 it. Such a dir is not judged (never CRITICAL, never removed by ``remediate orphans``);
 old enough, it is one WARNING per owner (``orphan-unrecorded``), so that an admin sees
@@ -20,16 +20,16 @@ a stranger's squat, or a leftover from before job records existed, and removes i
 
 from typing import Dict, Iterator, List, Set, Tuple
 
-from ..core import jobrecords
-from ..core.config import Config
-from ..core.facts import Facts, ProcessFact
-from ..core.probes.jobdirs import JobDir, JobRecords
-from ..core.probes.slurm import SlurmFacts
-from ..core.process_identity import is_daemon, is_server, proves_nothing
-from ..core.results import CRITICAL, OK, UNKNOWN, WARNING, Result
-from ..core.servertrack import remembered
-from ..core.slurm_settings import orphan_settings
-from .common import slurm_unavailable
+from mps_health.checks.common import slurm_unavailable
+from mps_health.config.load import Config
+from mps_health.config.slurm import orphan_settings
+from mps_health.hostio import jobrecords
+from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
+from mps_health.model.facts import Facts, ProcessFact
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from mps_health.model.servertrack import remembered
+from mps_health.probes.jobdirs import JobDir, JobRecords
+from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

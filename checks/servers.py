@@ -4,23 +4,23 @@ A daemon that answers does not prove MPS serves work: a server in FAULT refuses 
 clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until the affected clients exit, and one stuck
 INITIALIZING holds its clients forever. Both are named with the server's PID, user and
 clients. Restarts of the daemon and servers that vanished under live clients (churn,
-see ``mps_health.core.servertrack``) stay reported for ``servers.event_window_s``.
+see ``mps_health.model.servertrack``) stay reported for ``servers.event_window_s``.
 """
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import Facts, Instance
-from ..core.facts_deep import (
+from mps_health.config.load import Config
+from mps_health.model.facts import Facts, Instance
+from mps_health.model.facts_deep import (
     InstanceServers,
     ServerEvent,
     ServerFact,
     ServerMemory,
     ServersFacts,
 )
-from ..core.probes.servers import settings
-from ..core.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from ..core.servertrack import advance, status_since
+from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
+from mps_health.model.servertrack import advance, status_since
+from mps_health.probes.servers import settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 NAME = "servers"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
-         "daemon-restarted", "server-churn")  # the last two: events of core/servertrack.py
+         "daemon-restarted", "server-churn")  # the last two: events of model/servertrack.py
 
 
 def _reset(name: str) -> str:

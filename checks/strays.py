@@ -4,7 +4,7 @@ An ``nvidia-cuda-mps-server`` whose control daemon is gone holds GPU memory and 
 no new clients; a control daemon on a pipe dir the config does not know was started by
 hand or by an out-of-date script. Both are node-wide findings (instance "").
 
-What is a daemon or a server is decided by ``mps_health.core.process_identity`` (the configured
+What is a daemon or a server is decided by ``mps_health.hostio.process_identity`` (the configured
 binary, not the name anyone can give a process): a user's process named like a server is
 at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL.
 
@@ -20,18 +20,18 @@ its binary unreadable: not root, a --root tree) is at most the WARNING
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import Facts, Instance, ProcessFact
-from ..core.instances import pipe_paths
-from ..core.process_identity import is_daemon, is_impostor, is_server, proves_nothing
-from ..core.results import CRITICAL, WARNING, Result, ok
-from ..core.servertrack import remembered
+from mps_health.config.load import Config
+from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
+from mps_health.model.facts import Facts, Instance, ProcessFact
+from mps_health.model.results import CRITICAL, WARNING, Result, ok
+from mps_health.model.servertrack import remembered
+from mps_health.probes.instances import pipe_paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterator, List, Set, Tuple
 
-    from ..core.facts_deep import ServersFacts
+    from mps_health.model.facts_deep import ServersFacts
 
 NAME = "strays"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -9,9 +9,9 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 
 from __future__ import annotations
 
-from ..core.config import Config
-from ..core.facts import Facts, TmpfilesFacts, TmpfilesRule
-from ..core.results import OK, WARNING, Result, ok
+from mps_health.config.load import Config
+from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
+from mps_health.model.results import OK, WARNING, Result, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
-from .logthrottle import Throttled
+from mps_health.exporters.logthrottle import Throttled
 
 LANDING = (b"<html><head><title>mps-health exporter</title></head><body>"
            b"<h1>mps-health exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
@@ -184,7 +184,7 @@ class MetricsHTTP:
 
     def route(self, path: str) -> Tuple[int, str, bytes]:
         if path == "/metrics":
-            from .prometheus import CONTENT_TYPE
+            from mps_health.exporters.prometheus import CONTENT_TYPE
 
             body = self.page()
             if self.with_process:

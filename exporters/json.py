@@ -9,7 +9,7 @@ exists twice in memory (as dicts, then as one string). The text is what
 import json
 from typing import Any, Dict, Iterator, TextIO
 
-from ..core.results import STARTING, STATE_NAMES, CheckRun, Report, Result, is_problem
+from mps_health.model.results import STARTING, STATE_NAMES, CheckRun, Report, Result, is_problem
 
 INDENT = "  "
 _ENCODER = json.JSONEncoder(indent=len(INDENT))  # one, not one per item (json.dumps)

@@ -15,10 +15,9 @@ import logging
 import math
 
 import nagiosplugin
-from nagiosplugin.output import Output
-
-from ..core.actionhints import with_options
-from ..core.results import (
+from mps_health.exporters.series import PREFIX, Sample, samples
+from mps_health.model.actionhints import with_options
+from mps_health.model.results import (
     CRITICAL,
     OK,
     STARTING,
@@ -29,7 +28,7 @@ from ..core.results import (
     is_problem,
     worst,
 )
-from .series import PREFIX, Sample, samples
+from nagiosplugin.output import Output
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

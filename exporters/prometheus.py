@@ -10,13 +10,13 @@ import os
 import platform
 from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
+from mps_health import __version__
+from mps_health.exporters.series import PREFIX, Sample, labels_of, samples
+from mps_health.model import registry
+from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-
-from ..core import __version__, registry
-from ..core.results import STARTING, STATE_NAMES, UNKNOWN, Report
-from .series import PREFIX, Sample, labels_of, samples
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2.x parses
 TEXTFILE_NAME = "mps_health.prom"
@@ -175,7 +175,7 @@ def exposition(record: Optional[RunRecord]) -> bytes:
 def write_textfile(directory: str, record: RunRecord) -> str:
     """Write DIR/mps_health.prom with ``safefiles.write_atomic``; returns the path.
     (prometheus_client's write_to_textfile opens a predictable temp name, following links.)"""
-    from ..core.safefiles import write_atomic
+    from mps_health.hostio.safefiles import write_atomic
 
     path = os.path.abspath(os.path.join(directory, TEXTFILE_NAME))
     write_atomic(path, exposition(record))
@@ -194,7 +194,7 @@ def parse_last_success(text: str) -> Optional[float]:
 
 
 def read_last_success(directory: str) -> Optional[float]:
-    from ..core.safefiles import read_small
+    from mps_health.hostio.safefiles import read_small
 
     try:
         raw = read_small(os.path.join(directory, TEXTFILE_NAME))

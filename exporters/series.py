@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 
-from ..core.results import Report, worst
+from mps_health.model.results import Report, worst
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 else:
-    from ..core.frozen import NamedTuple
+    from mps_health.model.frozen import NamedTuple
 
 PREFIX = "mps_health_"
 

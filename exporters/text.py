@@ -7,7 +7,7 @@ paints each state's name.
 
 from __future__ import annotations
 
-from ..core.results import (
+from mps_health.model.results import (
     CRITICAL,
     OK,
     STARTING,

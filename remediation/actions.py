@@ -7,18 +7,18 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 import os
 from typing import Callable, Optional, Sequence, Tuple
 
-from ..core import instances
-from ..core.config import Config
-from ..core.context import Context, node_name
-from ..core.facts import Instance
-from ..core.filelock import FileLock, LockBusy, node_lock
-from ..core.probes.slurm import SlurmError, read_jobs
-from ..core.results import STATE_NAMES
-from ..core.users import UserError, resolve
-from . import reset as reset_mod
-from .audit import Audit
-from .dirs import DirTarget
-from .settings import RemediationSettings, remediation
+from mps_health.config.load import Config
+from mps_health.config.remediation import RemediationSettings, remediation
+from mps_health.hostio.filelock import FileLock, LockBusy, node_lock
+from mps_health.hostio.users import UserError, resolve
+from mps_health.model.context import Context, node_name
+from mps_health.model.facts import Instance
+from mps_health.model.results import STATE_NAMES
+from mps_health.probes import instances
+from mps_health.probes.slurm import SlurmError, read_jobs
+from mps_health.remediation import reset as reset_mod
+from mps_health.remediation.audit import Audit
+from mps_health.remediation.dirs import DirTarget
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
 
@@ -51,7 +51,7 @@ def need_root(dry_run: bool, action: str) -> None:
 
 
 def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
-    from ..core.probes.slurm import with_jobs
+    from mps_health.probes.slurm import with_jobs
 
     found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
@@ -69,7 +69,7 @@ def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ..
 
 def choose_named(ctx: Context, names: Sequence[str]) -> Tuple[Instance, ...]:
     """The named instances, in the order given; every instance of the node without names."""
-    from ..core.probes.slurm import with_jobs
+    from mps_health.probes.slurm import with_jobs
 
     found = instances.gather(with_jobs(ctx))
     if not names:
@@ -132,9 +132,9 @@ def control_binary(config: Config) -> str:
     """The control binary's absolute path (``process_identity.locate``, as the check finds
     it); Failure (CANNOT) up front when there is none: a reset would make the dirs, then
     fail to start a daemon that cannot exist."""
-    from ..core.exitcodes import ExitCode, Failure
-    from ..core.printable import escape
-    from ..core.process_identity import locate, not_found
+    from mps_health.hostio.process_identity import locate, not_found
+    from mps_health.model.exitcodes import ExitCode, Failure
+    from mps_health.model.printable import escape
 
     found = locate(config)
     if found is None:
@@ -163,9 +163,9 @@ def reset(config: Config, root: str, name: Optional[str], every: bool, force: bo
 
 
 def last_reset(ctx: Context, inst: Instance, say: Say) -> float:
-    """When a reset last acted on the instance (core/planned.py's records, which every
+    """When a reset last acted on the instance (hostio/planned.py's records, which every
     reset writes before it acts); -inf if never or unreadable (said)."""
-    from ..core import planned
+    from mps_health.hostio import planned
 
     records, error = planned.load(ctx.config.state_dir)  # where the reset records it
     if error:

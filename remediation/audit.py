@@ -24,7 +24,7 @@ _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    from ..core.users import name_of
+    from mps_health.hostio.users import name_of
 
     return name_of(uid) or str(uid)
 
@@ -36,7 +36,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     acting = _user_name(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
-    from ..core.safefiles import read_small
+    from mps_health.hostio.safefiles import read_small
 
     try:
         login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
@@ -49,7 +49,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    from ..core.printable import printable
+    from mps_health.model.printable import printable
 
     value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):

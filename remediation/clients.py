@@ -11,9 +11,9 @@ import contextlib
 import time
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from ..core.context import Context
-from ..core.facts import ControlAnswer, Instance, ProcessFact
-from ..core.probes.control import NO_DAEMON, ask_all
+from mps_health.model.context import Context
+from mps_health.model.facts import ControlAnswer, Instance, ProcessFact
+from mps_health.probes.control import NO_DAEMON, ask_all
 
 
 class Clients(NamedTuple):
@@ -114,7 +114,7 @@ def job_of(proc_dir: str, pid: int) -> str:
     """How to name a process's Slurm job in a refusal: "job N" for the job cgroup it runs
     in, "says job N" for a SLURM_JOB_ID outside any (its user's word: no squeue is asked
     here to hold it against), "" for none. The probe's bounded read and strict parse."""
-    from ..core.probes.clientinfo import read_client
+    from mps_health.probes.clientinfo import read_client
 
     info = read_client(proc_dir, pid, None)
     if not info.job_id:

@@ -1,14 +1,14 @@
 """Putting a pipe or log dir right: move aside what is not ours, clear stale entries,
 create with the configured mode and owner. Decided twice: once from the facts for
-the plan, and again when acting, by ``mps_health.core.safedirs`` (no link followed, a fresh
+the plan, and again when acting, by ``mps_health.hostio.safedirs`` (no link followed, a fresh
 dir swapped into place, what was there moved aside to a random name).
 """
 
 import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
-from ..core import safedirs
-from ..core.facts import DirFact
+from mps_health.hostio import safedirs
+from mps_health.model.facts import DirFact
 
 # What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
 # control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
@@ -84,7 +84,7 @@ def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: st
     dir's fd, a missing log dir made); anything that would swap the dir from under them
     is refused, with the reset that fixes it. With none running, the dir is made or
     what is there moved aside as a reset would, and no daemon is started."""
-    from ..checks.directories import repair_of
+    from mps_health.checks.directories import repair_of
 
     target = target._replace(clear=False)
     if d.kind == "error":

@@ -21,15 +21,16 @@ done), 2 a step failed, 3 could not start.
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from ..core import processes as procs
-from ..core.config import Config
-from ..core.context import Context
-from ..core.facts import Instance
-from ..core.probes.dirs import read_dir
-from ..core.probes.proc import binaries_here, read_processes
-from ..core.results import OK, STATE_NAMES
-from . import dirs
-from .actions import (
+from mps_health.config.load import Config
+from mps_health.config.remediation import RemediationSettings, remediation
+from mps_health.model.context import Context
+from mps_health.model.facts import Instance
+from mps_health.model.results import OK, STATE_NAMES
+from mps_health.probes.dirs import read_dir
+from mps_health.probes.proc import binaries_here, read_processes
+from mps_health.remediation import dirs
+from mps_health.remediation import processes as procs
+from mps_health.remediation.actions import (
     DONE,
     FAILED,
     REFUSED,
@@ -40,9 +41,8 @@ from .actions import (
     need_root,
     target_for,
 )
-from .audit import Audit
-from .reset import Target, log_owner, os_error_text
-from .settings import RemediationSettings, remediation
+from mps_health.remediation.audit import Audit
+from mps_health.remediation.reset import Target, log_owner, os_error_text
 
 
 def in_use(ctx: Context, inst: Instance) -> str:
@@ -63,7 +63,7 @@ def plan(ctx: Context, inst: Instance, target: Target, busy: str
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:
     """What the directories check still finds wrong with these dirs (their entries are
     not this repair's business)."""
-    from ..checks.directories import judge_dir
+    from mps_health.checks.directories import judge_dir
 
     left: List[str] = []
     for role in roles:
@@ -156,7 +156,7 @@ def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
     only walks them; a package, a tmpfiles.d rule or a person made them), so it has no
     record that one is its own and changes none: a chmod of a dir it did not make could
     open what its owner meant to keep closed. The line says which chmod to run."""
-    from ..core.probes.dirs import blocked_parents
+    from mps_health.probes.dirs import blocked_parents
 
     out: List[Tuple[str, str]] = []
     for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir)):

@@ -9,12 +9,13 @@ read just before resuming; it also clears the health check's memory of its own d
 import contextlib
 import os
 
-from ..core.config import Config
-from ..core.context import Context, node_name
-from ..core.slurm_settings import settings as slurm_settings
-from . import hcstate, slurmnode
-from .actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
-from .settings import remediation
+from mps_health.config.load import Config
+from mps_health.config.remediation import remediation
+from mps_health.config.slurm import settings as slurm_settings
+from mps_health.healthcheck import slurmnode
+from mps_health.healthcheck import state as hcstate
+from mps_health.model.context import Context, node_name
+from mps_health.remediation.actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
 
 
 def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: Say) -> int:

@@ -7,7 +7,7 @@ if it fails, nothing is an orphan (an empty answer from a broken squeue must nev
 look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is skipped: its
 job's prolog may still be setting it up.
 
-Only dirs our Prolog recorded for the job (``mps_health.core.jobrecords``), owned by the
+Only dirs our Prolog recorded for the job (``mps_health.hostio.jobrecords``), owned by the
 recorded uid or root, are orphans: a dir a user made under a job's name is theirs, left
 alone (a note says so). Each orphan: ``quit -t N`` sent as the daemon's own user; what
 is left of its daemon and servers ended by verified PID; its pipe and log dirs removed
@@ -19,21 +19,30 @@ import os
 import time
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..core import jobrecords, safedirs
-from ..core import processes as procs
-from ..core.config import Config
-from ..core.context import Context, node_name
-from ..core.daemonctl import quit_daemon
-from ..core.facts import Instance, ProcessFact
-from ..core.instances import discover_jobs
-from ..core.probes.proc import binaries_here, read_processes
-from ..core.probes.slurm import SlurmError, read_jobs
-from ..core.process_identity import CONTROL, locate
-from ..core.runner import RunAs
-from ..core.slurm_settings import orphan_settings
-from ..core.users import by_uid, groups_of
-from .actions import CANNOT, DONE, FAILED, ActionError, Say, audit_for, lock_node, need_root
-from .settings import RemediationSettings, remediation
+from mps_health.config.load import Config
+from mps_health.config.remediation import RemediationSettings, remediation
+from mps_health.config.slurm import orphan_settings
+from mps_health.hostio import jobrecords, safedirs
+from mps_health.hostio.process_identity import CONTROL, locate
+from mps_health.hostio.runner import RunAs
+from mps_health.hostio.users import by_uid, groups_of
+from mps_health.model.context import Context, node_name
+from mps_health.model.facts import Instance, ProcessFact
+from mps_health.probes.instances import discover_jobs
+from mps_health.probes.proc import binaries_here, read_processes
+from mps_health.probes.slurm import SlurmError, read_jobs
+from mps_health.remediation import processes as procs
+from mps_health.remediation.actions import (
+    CANNOT,
+    DONE,
+    FAILED,
+    ActionError,
+    Say,
+    audit_for,
+    lock_node,
+    need_root,
+)
+from mps_health.remediation.daemonctl import quit_daemon
 
 
 def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple[Instance, ...]:

@@ -22,22 +22,23 @@ import os
 import time
 from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
-from ..checks import directories
-from ..core import engine, registry
-from ..core import processes as procs
-from ..core.context import Context, node_name
-from ..core.daemonctl import quit_daemon, start_daemon
-from ..core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
-from ..core.probes import control as control_probe
-from ..core.probes.dirs import read_dir
-from ..core.probes.proc import binaries_here, read_processes, with_named
-from ..core.results import CRITICAL, UNKNOWN, Result, is_problem
-from ..core.runner import RunAs
-from ..core.safedirs import UnsafePath
-from ..core.users import ROOT, User, groups_of
-from . import clients as clients_mod
-from . import dirs
-from .settings import RemediationSettings
+from mps_health.checks import directories
+from mps_health.config.remediation import RemediationSettings
+from mps_health.engine import run as engine
+from mps_health.hostio.runner import RunAs
+from mps_health.hostio.safedirs import UnsafePath
+from mps_health.hostio.users import ROOT, User, groups_of
+from mps_health.model import registry
+from mps_health.model.context import Context, node_name
+from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from mps_health.model.results import CRITICAL, UNKNOWN, Result, is_problem
+from mps_health.probes import control as control_probe
+from mps_health.probes.dirs import read_dir
+from mps_health.probes.proc import binaries_here, read_processes, with_named
+from mps_health.remediation import clients as clients_mod
+from mps_health.remediation import dirs
+from mps_health.remediation import processes as procs
+from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 
 CORE_CHECKS = ("daemon", "control", "directories")
 
@@ -135,7 +136,7 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
-    from ..core.runner import SAFE_PATH
+    from mps_health.hostio.runner import SAFE_PATH
 
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
@@ -293,7 +294,7 @@ Say = Callable[[str], None]
 def _control(ctx: Context) -> str:
     """The control binary the check judged by (process_identity.locate); the reset refused
     up front where there is none (actions.control_binary), so the name is only a fallback."""
-    from ..core.process_identity import CONTROL, locate
+    from mps_health.hostio.process_identity import CONTROL, locate
 
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
@@ -327,8 +328,8 @@ def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
 
 def _do_start(ctx: Context, inst: Instance, target: Target,
               settings: RemediationSettings) -> Outcome:
-    from ..core.facts_deep import LOG_FILES
-    from ..core.safedirs import keep_files
+    from mps_health.hostio.safedirs import keep_files
+    from mps_health.model.facts_deep import LOG_FILES
 
     user = target.daemon_user
     kept = "".join(line + "; " for line in keep_files(inst.log_dir, (user.uid,), LOG_FILES,
@@ -342,7 +343,7 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
     if started.pid is None:
         return Outcome(False, f"{kept}{started.detail}; "
                        f"{daemon_logged(ctx.path(inst.log_dir), user.uid)}", stop=True)
-    from ..core.planned import record
+    from mps_health.hostio.planned import record
 
     # A planned restart: the servers check must not report it as daemon-restarted.
     unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
@@ -354,8 +355,8 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
 def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
     """What the daemon (of ``uid``) last wrote in control.log, quoted and escaped, for a
     failure line; a file of another owner is not quoted."""
-    from ..core.printable import escape
-    from ..core.safefiles import read_tail
+    from mps_health.hostio.safefiles import read_tail
+    from mps_health.model.printable import escape
 
     path = os.path.join(log_dir, "control.log")
     try:
@@ -396,15 +397,15 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             settings: RemediationSettings, say: Say,
             record: Callable[[str, str, str], None]) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
-    from ..core.planned import RESET_BEGIN
-    from ..core.planned import record as record_planned
+    from mps_health.hostio.planned import RESET_BEGIN
+    from mps_health.hostio.planned import record as record_planned
 
     inst = p.inst
     planned = tuple(obs.daemons) + tuple(obs.servers)
     verified = False
     if any(s.kind in RESTART_STEPS for s in p.steps):
         # Before the first quit, so a run while we act takes what goes for ours: the
-        # daemon's change, the servers it ends (core/planned.py); and the reset cooldown
+        # daemon's change, the servers it ends (hostio/planned.py); and the reset cooldown
         # counts from it. A repair in place ends nothing and restarts nothing: no record.
         unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, RESET_BEGIN)
         if unrecorded:

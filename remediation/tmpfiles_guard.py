@@ -16,12 +16,20 @@ left in place (the previous file is put back, or the new one removed).
 import os
 from typing import List, Optional
 
-from ..core.config import Config, MpsConfig
-from ..core.context import Context
-from ..core.safefiles import read_small, write_atomic
-from ..core.templates import expand, glob
-from .actions import DONE, FAILED, REFUSED, Say, audit_for, lock_node, need_root
-from .settings import remediation
+from mps_health.config.load import Config, MpsConfig
+from mps_health.config.remediation import remediation
+from mps_health.config.templates import expand, glob
+from mps_health.hostio.safefiles import read_small, write_atomic
+from mps_health.model.context import Context
+from mps_health.remediation.actions import (
+    DONE,
+    FAILED,
+    REFUSED,
+    Say,
+    audit_for,
+    lock_node,
+    need_root,
+)
 
 GUARD_FILE = "/etc/tmpfiles.d/mps-health.conf"
 HEADER = ("# Written by 'mps-health remediate tmpfiles-guard': systemd-tmpfiles must not clean\n"
@@ -52,7 +60,7 @@ def render(mps: MpsConfig) -> str:
 
 def rendered_rules_ok(text: str, mps: MpsConfig) -> bool:
     """``text`` holds nothing but one ``x`` rule per guarded path, in order."""
-    from ..core.probes.tmpfiles import parse_tmpfiles
+    from mps_health.probes.tmpfiles import parse_tmpfiles
 
     rules, errors = parse_tmpfiles(text, GUARD_FILE)
     return not errors and [(r.type, r.path) for r in rules] == \
@@ -63,7 +71,7 @@ def _put_back(old: Optional[str], root: str) -> str:
     """Undo our write: the previous content again, or no file; what was done."""
     try:
         if old is None:
-            from ..core.safedirs import open_dir, split
+            from mps_health.hostio.safedirs import open_dir, split
 
             parent, name = split(GUARD_FILE)
             fd = open_dir(parent, root)
@@ -90,8 +98,8 @@ def diff(old: Optional[str], new: str) -> str:
 
 def verify(ctx: Context) -> List[str]:
     """Instances the merged tmpfiles.d configuration still does not guard."""
-    from ..checks.tmpfiles import guarded
-    from ..core.probes.tmpfiles import gather
+    from mps_health.checks.tmpfiles import guarded
+    from mps_health.probes.tmpfiles import gather
 
     facts = gather(ctx)
     mps = ctx.config.mps

@@ -21,7 +21,7 @@ do safely (``mps-health unit prepare|stop``).
 
 The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
 CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
-The command is ``mps-health unit`` (mps_health.core.commands.unit). Exit 0 done, 2 failed
+The command is ``mps-health unit`` (mps_health.cli.unit). Exit 0 done, 2 failed
 (systemd then marks the start or stop failed), 3 could not start: a failure raises
 ``Failure`` with that code.
 """
@@ -29,14 +29,14 @@ The command is ``mps-health unit`` (mps_health.core.commands.unit). Exit 0 done,
 import os
 from typing import Callable
 
-from ..core.exitcodes import ExitCode, Failure
+from mps_health.model.exitcodes import ExitCode, Failure
 
 
 def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
             state_dir: str, log_mode: int = 0o755) -> int:
-    from ..core.facts_deep import LOG_FILES
-    from ..core.safedirs import keep_files
-    from .dirs import DirTarget, repair
+    from mps_health.hostio.safedirs import keep_files
+    from mps_health.model.facts_deep import LOG_FILES
+    from mps_health.remediation.dirs import DirTarget, repair
 
     if os.geteuid() != 0:
         raise Failure("unit prepare must run as root (it is the unit's ExecStartPre)",
@@ -58,7 +58,7 @@ def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
 
 def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None]) -> None:
     """Record the unit's start or stop as planned (never fails the unit)."""
-    from ..core.planned import record
+    from mps_health.hostio.planned import record
 
     unrecorded = record(state_dir, pipe_dir, by) if state_dir else ""
     if unrecorded:
@@ -67,11 +67,11 @@ def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None])
 
 def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None],
          state_dir: str) -> int:
-    from ..core import runner
-    from ..core.daemonctl import quit_daemon
-    from ..core.pidfile import read_pid
-    from ..core.process_identity import find
-    from ..core.processes import (
+    from mps_health.hostio import runner
+    from mps_health.hostio.pidfile import read_pid
+    from mps_health.hostio.process_identity import find
+    from mps_health.remediation.daemonctl import quit_daemon
+    from mps_health.remediation.processes import (
         binaries_of,
         candidates,
         daemons_in,

@@ -1,4 +1,4 @@
-"""The GPUs gres.conf describes, from NVML (``mps_health.core.probes.nvml``) or a recording.
+"""The GPUs gres.conf describes, from NVML (``mps_health.probes.nvml``) or a recording.
 
 A recording is either the probe's own format (``mps-health-nvml-record``) or the raw
 dump of tests/gpu/dump_nvml.py (keys ``driver`` and ``gpus``), which is what the GPU
@@ -8,7 +8,7 @@ through the same interpretation as live NVML.
 
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ..core.probes.nvml import (
+from mps_health.probes.nvml import (
     RECORD_FORMAT,
     RECORD_VERSION,
     NvmlFacts,
@@ -89,7 +89,7 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
     if recording is None:
         facts = read_nvml(PynvmlApi())
     else:
-        from ..core.safefiles import read_small
+        from mps_health.hostio.safefiles import read_small
 
         try:
             data = read_small(recording, 64 << 20, follow=True)

@@ -37,7 +37,7 @@ def main(hook: str, config_path: Optional[str] = None,
         return 0 if hook == "epilog" else 1
     if not _holds_gpus(env):
         return 0  # the fast path: most jobs on most nodes
-    from .hooklog import HookLog
+    from mps_health.slurm.hooklog import HookLog
 
     log = HookLog(hook, env.get("SLURM_JOB_ID", "?"))
     try:
@@ -52,9 +52,9 @@ def main(hook: str, config_path: Optional[str] = None,
 
 
 def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> int:
-    from ..core.config import ConfigError, load
-    from .jobenv import JobEnvError, parse_job_env, wants_daemon
-    from .settings import jobs_settings
+    from mps_health.config.jobs import jobs_settings
+    from mps_health.config.load import ConfigError, load
+    from mps_health.slurm.jobenv import JobEnvError, parse_job_env, wants_daemon
 
     try:
         config = load(config_path)
@@ -66,7 +66,7 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     if settings.log_file:
         log.log_file = settings.log_file
     if hook == "task-prolog":
-        from .lifecycle import task_prolog
+        from mps_health.slurm.lifecycle import task_prolog
 
         log.to_stderr = False  # the task's stderr is the user's
         return task_prolog(env, config, sys.stdout, log)
@@ -78,10 +78,10 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     if hook == "prolog":
         if not wants_daemon(job, settings.start_for):
             return 0  # a whole-GPU job under start_for: mps (the rest is not imported)
-        from .lifecycle import prolog
+        from mps_health.slurm.lifecycle import prolog
 
         return prolog(job, config, settings, log)
-    from .lifecycle import epilog
+    from mps_health.slurm.lifecycle import epilog
 
     return epilog(job, config, settings, log)
 

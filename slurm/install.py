@@ -12,7 +12,7 @@ name that we did not write is never replaced without ``--force``.
 import os
 from typing import List, NamedTuple, Optional
 
-from .render import HOOK_KEYS, hook_paths, render_hook
+from mps_health.slurm.render import HOOK_KEYS, hook_paths, render_hook
 
 MARKER = "# mps-health Slurm "
 
@@ -34,7 +34,7 @@ def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
 
 def _ours(path: str) -> bool:
     """Nothing there, or a regular file we wrote (a link or anything else is not ours)."""
-    from ..core.safefiles import read_small
+    from mps_health.hostio.safefiles import read_small
 
     try:
         data = read_small(path)
@@ -62,7 +62,7 @@ def hooks_for(layout: str) -> bool:
 
 def written_before(prefix: str) -> List[str]:
     """Hooks an earlier ``slurm install`` left under ``prefix`` (our regular files)."""
-    from ..core.safefiles import read_small
+    from mps_health.hostio.safefiles import read_small
 
     found = []
     for path in hook_paths(prefix).values():
@@ -78,7 +78,7 @@ def written_before(prefix: str) -> List[str]:
 def check_python(python: str) -> List[str]:
     """The interpreter must import the hooks as slurmd will run them (-I, no PATH);
     returns the package dirs it imports them from."""
-    from ..core.runas import run_as
+    from mps_health.hostio.runas import run_as
 
     r = run_as([python, "-I", "-c", PROBE], 60, None, env={})
     if r.exec_error or r.rc != 0:
@@ -91,7 +91,7 @@ def check_python(python: str) -> List[str]:
 def check_job_users(python: str, packages: List[str], prefix: str,
                     config: Optional[str]) -> None:
     """Job users must reach the interpreter, the packages, the hooks and the config."""
-    from . import reach
+    from mps_health.slurm import reach
 
     config = config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
     for what, problem in (
@@ -114,7 +114,7 @@ def install(prefix: str, python: str, config: Optional[str], force: bool) -> Lis
         if not force and not _ours(w.path):
             raise InstallError(f"{w.path} exists and was not written by mps-health: move it, "
                                "or use --force")
-    from ..core.safefiles import write_atomic
+    from mps_health.hostio.safefiles import write_atomic
 
     for w in scripts:
         write_atomic(os.path.abspath(w.path), w.text.encode(), 0o755)

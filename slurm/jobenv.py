@@ -11,7 +11,7 @@ task's environment: ``SLURM_STEP_GPUS``/``SLURM_GPUS_ON_NODE`` and
 
 from typing import Mapping, NamedTuple, Optional, Tuple
 
-from ..core.templates import GPU_CHARS
+from mps_health.config.templates import GPU_CHARS
 
 
 class JobEnvError(ValueError):

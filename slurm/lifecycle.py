@@ -14,7 +14,7 @@ real dir and belongs to this user.
 
 Epilog (root, after the job, also after scancel): ``quit -t N`` as the job's user, end
 what is left by verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``)
-and drop the job's record (``mps_health.core.jobrecords``: the Prolog records each job's
+and drop the job's record (``mps_health.hostio.jobrecords``: the Prolog records each job's
 uid and dirs, so that only those are ever judged orphans). It exits 0 for any problem it can log;
 only a process that survives SIGKILL (stuck in the driver) fails it, because that
 node needs a person.
@@ -23,20 +23,21 @@ node needs a person.
 import os
 from typing import Dict, List, Mapping, NamedTuple, Optional, TextIO, Tuple
 
-from ..core import jobrecords, processes, safedirs
-from ..core.config import SUN_PATH_MAX, Config, socket_path_bytes
-from ..core.daemonctl import quit_daemon, start_daemon
-from ..core.facts import ProcessFact
-from ..core.facts_deep import LOG_FILES
-from ..core.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
-from ..core.planned import record as record_planned
-from ..core.probes.proc import read_processes
-from ..core.process_identity import locate, not_found
-from ..core.runas import RunAs, for_user, user_env
-from ..core.templates import expand, match
-from .hooklog import HookLog
-from .jobenv import JobEnv, parse_gpus, wants_daemon
-from .settings import JobsSettings
+from mps_health.config.jobs import JobsSettings
+from mps_health.config.load import SUN_PATH_MAX, Config, socket_path_bytes
+from mps_health.config.templates import expand, match
+from mps_health.hostio import jobrecords, safedirs
+from mps_health.hostio.planned import record as record_planned
+from mps_health.hostio.process_identity import locate, not_found
+from mps_health.hostio.runas import RunAs, for_user, user_env
+from mps_health.model.facts import ProcessFact
+from mps_health.model.facts_deep import LOG_FILES
+from mps_health.probes.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
+from mps_health.probes.proc import read_processes
+from mps_health.remediation import processes
+from mps_health.remediation.daemonctl import quit_daemon, start_daemon
+from mps_health.slurm.hooklog import HookLog
+from mps_health.slurm.jobenv import JobEnv, parse_gpus, wants_daemon
 
 CONTROL = "nvidia-cuda-mps-control"
 UNDO = TEARDOWN[1]  # the Prolog undoing a failed start
@@ -125,7 +126,7 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
             return (f"{dirs.pipe_dir} is too long for the daemon's unix sockets "
                     f"({socket_path_bytes(dirs.pipe_dir)} bytes, limit {SUN_PATH_MAX})")
         # Recorded before the dirs exist: the health check judges no instance our
-        # Prolog is still setting up (mps_health.core.jobphase).
+        # Prolog is still setting up (mps_health.probes.jobphase).
         _record(config, dirs.pipe_dir, SETUP_START, log)
         # Whose dirs these are, before they exist (a Prolog killed after its mkdir leaves
         # no dir that the orphans check could not tell from a stranger's).
@@ -162,7 +163,7 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
 
 def _record(config: Config, pipe_dir: str, step: str, log: HookLog,
             pid: Optional[int] = None, start: Optional[int] = None) -> None:
-    """Record a step of ours on the job's MPS (mps_health.core.planned): the daemon's change
+    """Record a step of ours on the job's MPS (mps_health.hostio.planned): the daemon's change
     is then no alarm, and the health check leaves the instance alone meanwhile."""
     unrecorded = record_planned(config.state_dir, pipe_dir, step, pid, start, RECORD_WAIT_S)
     if unrecorded:

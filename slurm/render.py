@@ -9,7 +9,7 @@ host list holds it). Everything here is pure; reading the files is the command's
 
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .gpus import GresGpu
+from mps_health.slurm.gpus import GresGpu
 
 HOOK_NAMES = {"prolog": "mps-health-prolog", "task-prolog": "mps-health-task-prolog",
               "epilog": "mps-health-epilog"}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mps_health.core.probes.slurm import SQUEUE_FORMAT
+from mps_health.probes.slurm import SQUEUE_FORMAT
 from slurmcluster import SlurmCluster, ensure_user
 from slurmroot import SlurmRoot, make_root, remove_root
 

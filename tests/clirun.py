@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 MODULES = {
-    "mps-health": "mps_health.core.cli",
-    "check_mps": "mps_health.core.commands.check_mps",
-    "mps-health-healthcheck": "mps_health.core.commands.healthcheck",
+    "mps-health": "mps_health.cli.main",
+    "check_mps": "mps_health.cli.check_mps",
+    "mps-health-healthcheck": "mps_health.cli.healthcheck",
 }
 
 

@@ -47,7 +47,7 @@ def user_python(base: Path, user: str) -> Optional[str]:
     .pth points at a link named mps_health to this checkout (here the venv's Python lives under
     /root, which other users cannot enter). None when neither works.
     """
-    probe = ["-I", "-c", "import mps_health.slurm.hooks, mps_health.core.config"]
+    probe = ["-I", "-c", "import mps_health.slurm.hooks, mps_health.config.load"]
     try:
         r = subprocess.run([sys.executable, *probe], capture_output=True, timeout=60,
                            **as_user_kwargs(user))

@@ -53,7 +53,7 @@ def main() -> None:
     daemon = int(pid_file.read_text())
     subprocess.run(["kill", "-STOP", str(daemon)], check=True, timeout=10, user=pw.pw_uid,
                    group=pw.pw_gid, extra_groups=[])  # the user stops their own daemon
-    check = subprocess.Popen([sys.executable, "-m", "mps_health.core.cli", "check", "--config",
+    check = subprocess.Popen([sys.executable, "-m", "mps_health.cli.main", "check", "--config",
                               str(config), "--only", "control"], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

@@ -29,7 +29,7 @@ def node_wide_check() -> str:
     """The check that reports daemons no configured instance uses: skipped where a test
     needs a clean OK, since other tests' fake daemons may run on the same machine. The
     core moved those findings from 'daemon' to a check of their own, 'strays'."""
-    from mps_health.core import registry
+    from mps_health.model import registry
 
     return "strays" if "strays" in registry.CHECKS else "daemon"
 

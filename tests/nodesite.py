@@ -150,7 +150,7 @@ class Site:
         """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
         this site's run and state dirs, its ``binary_dirs`` first in ``mps.binary_dirs``,
         no boot grace, and ``extra`` merged over it."""
-        from mps_health.core.config import MPS_BINARY_DIRS
+        from mps_health.config.load import MPS_BINARY_DIRS
 
         base: Config = {
             "run_dir": str(self.run_dir), "state_dir": str(self.state_dir),

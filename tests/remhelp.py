@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from mps_health.core.probes.proc import read_processes
+from mps_health.probes.proc import read_processes
 from nodesite import Config, Site
 from paths import FAKE_CONTROL
 

@@ -24,7 +24,7 @@ from clirun import mps_health
 from conftest import FAKE_SERVER
 from hostile import ATTACKER, as_user, ensure_user, run_as
 from jobhooks import JobHooks, daemon_pid, user_python
-from mps_health.core import jobrecords
+from mps_health.hostio import jobrecords
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root (the hooks chown and drop to the user)")
@@ -212,7 +212,7 @@ def test_remediate_orphans_removes_a_nested_leftover_once_and_for_all(hooks: Job
 
 
 def test_a_tree_too_deep_is_named_once_with_the_command(hooks: JobHooks) -> None:
-    from mps_health.core.safedirs import MAX_DEPTH
+    from mps_health.hostio.safedirs import MAX_DEPTH
 
     assert hooks.run("prolog", hooks.env("prolog", "904")).returncode == 0
     pipe = hooks.pipe_dir("904")

@@ -13,7 +13,7 @@ import pytest
 from clirun import mps_health
 from conftest import FAKE_CONTROL
 from hostile import ATTACKER, as_user, ensure_user, public_dir, run_as
-from mps_health.core.printable import printable
+from mps_health.model.printable import printable
 
 __all__ = ["public_dir"]  # the fixture, used by name
 
@@ -74,7 +74,7 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
     _clean(messages)
     assert "\\x0aOK daemon" in messages
 
-    nagios = subprocess.run([sys.executable, "-c", "from mps_health.core.commands.check_mps import main;"
+    nagios = subprocess.run([sys.executable, "-c", "from mps_health.cli.check_mps import main;"
                              " raise SystemExit(main())", "--config", str(posing), "-v",
                              "--only", "strays,directories"],
                             capture_output=True, text=True, timeout=60)
@@ -89,8 +89,8 @@ def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
 
 
 def test_drain_reason_and_audit_line_are_escaped() -> None:
+    from mps_health.healthcheck.slurmnode import reason_text
     from mps_health.remediation.audit import format_line
-    from mps_health.remediation.slurmnode import reason_text
 
     reason = reason_text("MPS-HC:", "pipe-entry-foreign node:", f"x\x1b]0;t\x07{FORGED}")
     assert "\x1b" not in reason and "\x07" not in reason and "\\x1b]0;t\\x07" in reason

@@ -16,9 +16,9 @@ from typing import Iterator
 import pytest
 from clirun import mps_health, results
 from conftest import FAKES
-from mps_health.core import canary_client
-from mps_health.core.probes import canary as probe
-from mps_health.core.runner import Completed
+from mps_health.hostio.runner import Completed
+from mps_health.probes import canary as probe
+from mps_health.probes import canary_client
 from mpsdaemon import start_daemon
 
 NOBODY = 65534

@@ -16,19 +16,19 @@ from typing import Iterator, List
 import pytest
 from clirun import mps_health
 from conftest import FIXTURES, fixture_text
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import Facts, Instance
-from mps_health.core.facts_deep import (
+from mps_health.config.load import from_mapping
+from mps_health.model.facts import Facts, Instance
+from mps_health.model.facts_deep import (
     ClientFact,
     DeviceFact,
     InstanceServers,
     ServerFact,
     ServersFacts,
 )
-from mps_health.core.probes import clientinfo
-from mps_health.core.probes.jobs import JobsFacts, gres_count
-from mps_health.core.probes.slurm import SlurmJob, parse_squeue
-from mps_health.core.results import UNKNOWN, WARNING
+from mps_health.model.results import UNKNOWN, WARNING
+from mps_health.probes import clientinfo
+from mps_health.probes.jobs import JobsFacts, gres_count
+from mps_health.probes.slurm import SlurmJob, parse_squeue
 
 UUID = "GPU-05803005-9e7a-c129-2f1f-b83ee0421857"
 CTL = "nvidia-cuda-mps-control_{}__h200-cuda13.0_{}.txt"
@@ -132,7 +132,7 @@ def test_environ_read_is_bounded_and_a_cut_entry_dropped(monkeypatch: pytest.Mon
     env = dict(os.environ, SLURM_JOB_ID="42", PAD=big, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
     p = subprocess.Popen(["sleep", "60"], env=env)
     try:
-        from mps_health.core.probes.proc import identity
+        from mps_health.probes.proc import identity
 
         for _ in range(500):  # until the child has exec'd (before, /proc shows our environ)
             if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
@@ -281,7 +281,7 @@ def test_hostile_text_is_escaped() -> None:
 
 
 def test_bad_config_is_one_line_at_load() -> None:
-    from mps_health.core.config import ConfigError
+    from mps_health.config.load import ConfigError
 
     with pytest.raises(ConfigError, match=r"'clients\.contexts_warn_ratio': must be a number"):
         from_mapping({"clients": {"contexts_warn_ratio": 2}}, "site.yaml")
@@ -378,7 +378,7 @@ def test_the_h200_alice_snapshot_is_judged_as_there() -> None:
 
 
 def test_nvml_memory_of_mps_clients_from_the_h200_recording() -> None:
-    from mps_health.core.probes.nvml import load_record, read_nvml
+    from mps_health.probes.nvml import load_record, read_nvml
 
     rec = load_record(fixture_text("nvml__h200_mps-clients.json"), "fixture")
     gpu = read_nvml(rec).gpus[0]

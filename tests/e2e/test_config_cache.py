@@ -18,14 +18,14 @@ mount -t tmpfs tmpfs /run
 mkdir -p /etc/mps-health
 cp "$CFG" /etc/mps-health/config.yaml
 set +e
-"$PY" -m mps_health.core.cli check; echo "rc=$?"
+"$PY" -m mps_health.cli.main check; echo "rc=$?"
 ls -l /run/mps-health/config.json | cut -d' ' -f1,3
 "$PY" -c "import sys; sys.modules['yaml'] = None
-from mps_health.core.cli import main; sys.exit(main(['check']))"; echo "rc=$?"
+from mps_health.cli.main import main; sys.exit(main(['check']))"; echo "rc=$?"
 echo 'budget_s: 0' >> /etc/mps-health/config.yaml
 "$PY" -c "import sys; sys.modules['yaml'] = None
-from mps_health.core.cli import main; sys.exit(main(['check']))" >/dev/null 2>&1; echo "rc=$?"
-"$PY" -m mps_health.core.cli check; echo "rc=$?"
+from mps_health.cli.main import main; sys.exit(main(['check']))" >/dev/null 2>&1; echo "rc=$?"
+"$PY" -m mps_health.cli.main check; echo "rc=$?"
 """
 
 

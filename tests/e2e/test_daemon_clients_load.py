@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import List
 
 from clirun import mps_health
-from mps_health.core.probes.proc import read_processes
+from mps_health.probes.proc import read_processes
 from mpsdaemon import mps_env
 from nodesite import Site
 from paths import FAKE_CONTROL, fake_binaries

@@ -7,10 +7,10 @@ import time
 from typing import Dict, List, Tuple
 
 from clirun import mps_health, results
-from mps_health.core import engine
-from mps_health.core.config import load
-from mps_health.core.probes import dirs as dirs_probe
-from mps_health.core.probes import proc
+from mps_health.config.load import load
+from mps_health.engine import run as engine
+from mps_health.probes import dirs as dirs_probe
+from mps_health.probes import proc
 from remhelp import kill_and_wait
 
 # Restarts of the stress test: bounded, and enough for checks to land in the gaps.

@@ -4,8 +4,8 @@ example config on the node, from what the package carries."""
 import yaml
 from clirun import mps_health
 from conftest import REPO
-from mps_health.core.commands.explain import declared
-from mps_health.core.config import load
+from mps_health.cli.explain import declared
+from mps_health.config.load import load
 
 
 def test_explain_lists_every_code_one_line_each() -> None:

@@ -1,6 +1,6 @@
 """Per-job instances are judged only once their job runs here and its MPS is set up.
 
-The judging rule of mps_health.core.jobphase end to end (the real CLI, a squeue stand-in for
+The judging rule of mps_health.probes.jobphase end to end (the real CLI, a squeue stand-in for
 Slurm's answer) and as pure functions: a dir whose job Slurm does not list, a job within
 ``slurm.job_grace_s`` of its start, a job CONFIGURING or COMPLETING, and a pipe dir our
 Prolog or Epilog is working on are not judged; a job running past the grace whose
@@ -15,10 +15,10 @@ from typing import List, Tuple
 import pytest
 from clirun import mps_health
 from hostile import squeue_line
-from mps_health.core import planned
-from mps_health.core.facts_deep import PlannedRestart
-from mps_health.core.jobphase import PROLOG_LIMIT_S, SET_UP, TORN_DOWN, hook_phase, slurm_phase
-from mps_health.core.probes.slurm import SlurmJob
+from mps_health.hostio import planned
+from mps_health.model.facts_deep import PlannedRestart
+from mps_health.probes.jobphase import PROLOG_LIMIT_S, SET_UP, TORN_DOWN, hook_phase, slurm_phase
+from mps_health.probes.slurm import SlurmJob
 from nodesite import Site
 from paths import FAKE_CONTROL
 

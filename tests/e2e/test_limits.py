@@ -139,8 +139,8 @@ def test_a_user_who_makes_the_daemon_log_settings_gets_a_warning_at_most(site, s
     assert sorted(p["code"] for p in data["problems"]) == \
         ["limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device"]
     assert "\x1b" not in r.stdout and "\\\\x1b[2Jevil" in r.stdout
-    from mps_health.core.results import WARNING, Result
-    from mps_health.remediation.slurmnode import by_any_user
+    from mps_health.healthcheck.slurmnode import by_any_user
+    from mps_health.model.results import WARNING, Result
 
     assert all(by_any_user(Result("limits", WARNING, p["code"], "mps", p["message"]))
                for p in data["problems"])

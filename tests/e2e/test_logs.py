@@ -7,8 +7,8 @@ from pathlib import Path
 
 from clirun import mps_health, results
 from conftest import fixture_text
-from mps_health.core.facts_deep import LogPosition
-from mps_health.core.probes import logs as probe
+from mps_health.model.facts_deep import LogPosition
+from mps_health.probes import logs as probe
 
 SEEN = "control.log__h200-cuda13.0_seen-lines.txt"
 

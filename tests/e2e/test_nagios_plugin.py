@@ -15,7 +15,7 @@ import sys
 import pytest
 from clirun import check_mps
 from monitoring_tools import node_wide_check
-from mps_health.core.commands import check_mps as plugin
+from mps_health.cli import check_mps as plugin
 from plugin_output import parse
 
 
@@ -149,7 +149,7 @@ def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch) -> Non
     """A run that overruns -t is the plugin's own UNKNOWN, in one line, at -t."""
     import time
 
-    from mps_health.core import engine
+    from mps_health.engine import run as engine
 
     def hung(*args, **kwargs):
         time.sleep(30)  # a probe that never returns (its thread is left behind)

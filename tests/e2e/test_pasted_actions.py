@@ -19,7 +19,7 @@ from typing import Callable, Iterator, List, Tuple
 
 import pytest
 from clirun import mps_health
-from mps_health.core.actionhints import commands
+from mps_health.model.actionhints import commands
 from nodesite import Daemon, Site
 from remhelp import alive, daemons_of, remediating
 

@@ -8,8 +8,8 @@ from typing import Iterator, List
 
 import pytest
 from clirun import mps_health
-from mps_health.core import planned
-from mps_health.core.facts_deep import (
+from mps_health.hostio import planned
+from mps_health.model.facts_deep import (
     Ack,
     ClientFact,
     InstanceServers,
@@ -18,8 +18,8 @@ from mps_health.core.facts_deep import (
     ServerFact,
     ServerMemory,
 )
-from mps_health.core.jobphase import TEARDOWN
-from mps_health.core.servertrack import MAX_EVENTS, advance
+from mps_health.model.servertrack import MAX_EVENTS, advance
+from mps_health.probes.jobphase import TEARDOWN
 from mpsdaemon import query, start_daemon
 from remhelp import daemons_of, kill_and_wait, make_dirs, remediating  # noqa: F401
 

@@ -9,8 +9,8 @@ import subprocess
 import time
 
 from clirun import mps_health
-from mps_health.core import planned
-from mps_health.core.facts_deep import PlannedRestart
+from mps_health.hostio import planned
+from mps_health.model.facts_deep import PlannedRestart
 from remhelp import daemons_of, remediating
 
 
@@ -70,7 +70,7 @@ def test_the_cooldown_ends_and_zero_turns_it_off(site) -> None:
     records, error = planned.load(str(site.state_dir))
     assert not error and records
     old = tuple(r._replace(at=r.at - 3600.0) for r in records)
-    from mps_health.core.state import StateFile
+    from mps_health.hostio.state import StateFile
 
     assert StateFile(str(site.state_dir), planned.NAME).save(old) == ""
     r = reset(cfg, "--automatic")

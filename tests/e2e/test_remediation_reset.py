@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from clirun import mps_health
-from mps_health.core.config import ConfigError, load
-from mps_health.core.filelock import node_lock
+from mps_health.config.load import ConfigError, load
+from mps_health.hostio.filelock import node_lock
 from mpsdaemon import start_daemon
 from remhelp import (  # noqa: F401
     alive,

@@ -27,8 +27,8 @@ SITE_HANG = '''
 
 import os
 
-from mps_health.core import registry
-from mps_health.core.runner import Pending
+from mps_health.model import registry
+from mps_health.hostio.runner import Pending
 
 
 def gather(ctx, instances):
@@ -97,9 +97,9 @@ def test_fifos_where_the_probes_read_never_block_a_run(tmp_path: Path, site: Sit
 def test_tmpfiles_read_follows_root_links_and_masks(tmp_path: Path) -> None:
     """Non-blocking reads keep systemd's rules: a link to /dev/null masks a file, a link
     elsewhere is read (in the tree, under --root)."""
-    from mps_health.core.config import from_mapping
-    from mps_health.core.context import Context
-    from mps_health.core.probes import tmpfiles
+    from mps_health.config.load import from_mapping
+    from mps_health.model.context import Context
+    from mps_health.probes import tmpfiles
 
     tree = tmp_path / "tree"
     etc, lib = tree / "etc" / "tmpfiles.d", tree / "usr" / "lib" / "tmpfiles.d"
@@ -116,9 +116,9 @@ def test_tmpfiles_read_follows_root_links_and_masks(tmp_path: Path) -> None:
 
 
 def test_gres_conf_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None:
-    from mps_health.core.config import from_mapping
-    from mps_health.core.context import Context
-    from mps_health.core.probes.gres_conf import read_gres_conf
+    from mps_health.config.load import from_mapping
+    from mps_health.model.context import Context
+    from mps_health.probes.gres_conf import read_gres_conf
 
     os.mkfifo(tmp_path / "gres.conf")
     conf = read_gres_conf(Context(from_mapping({}, "test")), str(tmp_path / "gres.conf"), "n1")
@@ -181,8 +181,8 @@ def test_a_hung_source_is_a_healthcheck_timeout(tmp_path: Path, site: Site) -> N
 def test_an_abandoned_run_kills_what_it_started(tmp_path: Path) -> None:
     """In one process (the exporter's case): the run's commands die at the limit, not at
     the process's exit."""
-    from mps_health.core import engine
-    from mps_health.core.runner import Pending
+    from mps_health.engine import run as engine
+    from mps_health.hostio.runner import Pending
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -208,7 +208,7 @@ def test_an_abandoned_run_kills_what_it_started(tmp_path: Path) -> None:
 
 EMFILE_RUN = '''
 import os, resource, sys
-from mps_health.core import cli
+from mps_health.cli import main as cli
 
 args = ["check", "--config", sys.argv[1], "--only", "daemon,control", "--format", "json"]
 cli.main(args)  # imports all the run needs: an import needs a free fd too
@@ -324,7 +324,7 @@ def test_an_os_error_no_one_expected_is_one_line_naming_the_path() -> None:
     reason, exit 3, never "internal error ... report it"."""
     import errno
 
-    from mps_health.core.commands.common import edge
+    from mps_health.cli.common import edge
 
     def full() -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/var/lib/mps-health/x")

@@ -10,14 +10,10 @@ from typing import Iterator, List
 import pytest
 from clirun import mps_health, results
 from conftest import fixture_text
-from mps_health.core.facts_deep import (
-    ClientFact,
-    InstanceServers,
-    ServerFact,
-)
-from mps_health.core.probes import server_queries as probe
-from mps_health.core.probes.servers import parse_children
-from mps_health.core.servertrack import advance
+from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact
+from mps_health.model.servertrack import advance
+from mps_health.probes import server_queries as probe
+from mps_health.probes.servers import parse_children
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from nodesite import Site
 SITE_CHECK = '''
 """A site check: the pipe dir's mode, judged against the site's own section."""
 
-from mps_health.core import registry
-from mps_health.core.results import OK, WARNING, Result
-from mps_health.core.schema import Record, Section, whole
+from mps_health.model import registry
+from mps_health.model.results import OK, WARNING, Result
+from mps_health.config.schema import Record, Section, whole
 
 
 class SiteModeConfig(Record):
@@ -58,7 +58,7 @@ def run(site: Site, config: str, *args: str) -> subprocess.CompletedProcess:
     path = site.config(config)
     env: Dict[str, str] = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(site_tree(site.root)), os.environ.get("PYTHONPATH")) if p))
-    return subprocess.run([sys.executable, "-m", "mps_health.core.cli", *args, "--config",
+    return subprocess.run([sys.executable, "-m", "mps_health.cli.main", *args, "--config",
                            str(path)], capture_output=True, text=True, timeout=60, env=env)
 
 

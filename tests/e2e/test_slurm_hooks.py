@@ -61,7 +61,7 @@ def make_hooks(user: str, python: str) -> Iterator:
 def test_the_hooks_record_each_step_before_acting(make_hooks) -> None:
     """Prolog: "prolog start" before the dirs, "prolog" once the daemon answers; Epilog:
     "epilog" before the quit. The health check leaves the instance alone meanwhile."""
-    from mps_health.core import planned
+    from mps_health.hostio import planned
 
     hooks = make_hooks()
     assert hooks.run("prolog", hooks.env("prolog", "43")).returncode == 0

@@ -11,8 +11,8 @@ import pytest
 from clirun import mps_health
 from conftest import FIXTURES, REPO
 from jobhooks import user_python
-from mps_health.core.config import ConfigError, from_mapping
-from mps_health.slurm.settings import JobsSettings, jobs_settings
+from mps_health.config.jobs import JobsSettings, jobs_settings
+from mps_health.config.load import ConfigError, from_mapping
 
 NOBODY = "nobody"
 

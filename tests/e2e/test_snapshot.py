@@ -50,9 +50,9 @@ def test_shipped_examples_replay(name: str, state: int) -> None:
 def test_a_replay_past_its_limit_says_so_and_blames_no_file_system() -> None:
     """Judging a replay touches no file and starts nothing: a replay that outlasts the
     hard limit is told to take more time, not sent looking for a hung file system."""
-    from mps_health.core import engine
-    from mps_health.core.config import Config
-    from mps_health.core.snapshot import read
+    from mps_health.config.load import Config
+    from mps_health.engine import run as engine
+    from mps_health.engine.snapshot import read
 
     facts, _ = read(str(EXAMPLES / "broken-node.json"))
     with pytest.raises(engine.Overrun) as caught:

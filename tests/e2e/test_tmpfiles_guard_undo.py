@@ -5,7 +5,7 @@ from pathlib import Path
 
 from clirun import mps_health
 from hostile import public_dir
-from mps_health.core.config import from_mapping
+from mps_health.config.load import from_mapping
 from mps_health.remediation.tmpfiles_guard import GUARD_FILE, render, rendered_rules_ok
 
 __all__ = ["public_dir"]  # the fixture, used by name

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from hostile import VICTIM, public_dir, setpriv  # noqa: F401
-from mps_health.core.facts_deep import ServerMemory
-from mps_health.core.state import StateFile
+from mps_health.hostio.state import StateFile
+from mps_health.model.facts_deep import ServerMemory
 
 
 def test_a_user_reads_roots_history_and_says_it_saves_nothing(public_dir: Path) -> None:
@@ -28,12 +28,12 @@ def test_a_user_reads_roots_history_and_says_it_saves_nothing(public_dir: Path) 
     memory = StateFile(str(state), "servers")
     assert memory.save({"node": ServerMemory(0.0, 1, 1, (), ())}) == ""
     before = (state / "servers.json").read_bytes()
-    probe = subprocess.run([*setpriv(VICTIM), sys.executable, "-c", "import mps_health.core.cli"],
+    probe = subprocess.run([*setpriv(VICTIM), sys.executable, "-c", "import mps_health.cli.main"],
                            capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME="/"))
     if probe.returncode != 0:
         pytest.skip("the test user cannot import this checkout's mps_health with this "
                     "interpreter: " + probe.stderr.strip().splitlines()[-1][:200])
-    r = subprocess.run([*setpriv(VICTIM), sys.executable, "-m", "mps_health.core.cli", "check",
+    r = subprocess.run([*setpriv(VICTIM), sys.executable, "-m", "mps_health.cli.main", "check",
                         "--config", str(cfg), "--only", "servers,logs", "-v"],
                        capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, HOME="/"))

@@ -64,8 +64,8 @@ def wheel_folder(base: Path, wheelhouse: Path) -> Path:
 
 def age_resets(state_dir: Path) -> None:
     """Move every recorded reset two hours back: past the cooldown."""
-    from mps_health.core import planned
-    from mps_health.core.state import StateFile
+    from mps_health.hostio import planned
+    from mps_health.hostio.state import StateFile
 
     records, error = planned.load(str(state_dir))
     assert not error and records

@@ -85,7 +85,7 @@ def test_mps_unit_lines(unit: str, pipe: str, log: str, extra: list) -> None:
         assert want in lines
     assert not any("/bin/sh" in line for line in lines)  # no shell anywhere
     if unit == "nvidia-mps.service":
-        from mps_health.core.config import from_mapping
+        from mps_health.config.load import from_mapping
 
         mps = from_mapping({}, None).mps  # no config file: the node layout
         assert (mps.layout, mps.pipe_dir, mps.log_dir) == ("node", pipe, log)
@@ -108,7 +108,7 @@ def test_unit_helpers_on_fake_daemon(site, fake_path: str) -> None:
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and f"control daemon {pid}" in r.stdout
     # Both recorded as planned: the servers check does not call them daemon-restarted.
-    from mps_health.core.planned import load
+    from mps_health.hostio.planned import load
 
     records, error = load(str(site.state_dir))
     assert error == "" and [(p.pipe_dir, p.by) for p in records] == \
@@ -140,8 +140,8 @@ def test_tmpfiles_guard_cat_config(site) -> None:
     assert "x /tmp/site-mps_*" in r.stdout and "x /tmp/nvidia-mps_*" not in r.stdout
     # Every default layout's paths are guarded, as 'remediate tmpfiles-guard' would.
     from mps_health.checks.tmpfiles import guarded
-    from mps_health.core.config import from_mapping
-    from mps_health.core.probes.tmpfiles import parse_tmpfiles
+    from mps_health.config.load import from_mapping
+    from mps_health.probes.tmpfiles import parse_tmpfiles
     from mps_health.remediation.tmpfiles_guard import guarded_paths
 
     rules, errors = parse_tmpfiles(
@@ -217,7 +217,7 @@ def test_config_example_loads() -> None:
     import importlib
 
     import yaml
-    from mps_health.core import config as core_config
+    from mps_health.config import load as core_config
 
     path = str(CONTRIB / "config.example.yaml")
     c = core_config.load(path)
@@ -309,7 +309,7 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
     # The payload's own Python (this machine's python3, as on the builder), isolated from
     # this test's environment: every import is met by the bundle or the Requires.
     python = str(root / "opt/mps-health/bin/python3")
-    r = subprocess.run([python, "-I", "-c", "import mps_health.core.commands.check_mps, "
+    r = subprocess.run([python, "-I", "-c", "import mps_health.cli.check_mps, "
                         "prometheus_client, pynvml, yaml, jinja2, nagiosplugin; print(pynvml.__file__)"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith(str(root / "opt/mps-health/lib")), r

@@ -72,7 +72,7 @@ def test_readme_install_serves_root_job_users_and_nagios(node: Node) -> None:
     # The root has no NVIDIA driver: the check leads with that cause, not with a reset.
     assert "mps-not-installed node" in real.stdout.splitlines()[0], real.stdout
     # Root's runs keep the commands' compiled code in the venv, beside the .pyc files
-    # (core/codecache.py); the next run, served from it, says the same.
+    # (hostio/codecache.py); the next run, served from it, says the same.
     codes = list(venv.glob("lib/python3*/site-packages/mps_health/__pycache__/*.codes"))
     assert [p.name for p in codes] == ["mps_health.cpython-313.codes"]
     assert (codes[0].stat().st_mode & 0o777, codes[0].stat().st_uid) == (0o644, 0)

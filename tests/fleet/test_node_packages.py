@@ -80,7 +80,7 @@ def test_deb_depends_and_contents(deb: Path) -> None:
                  "./usr/libexec/mps-health/mps-health-task-prolog",
                  "./usr/share/doc/mps-health/examples/config.example.yaml",
                  "/site-packages/pynvml.py",
-                 "/site-packages/yaml/__init__.py", "/site-packages/mps_health/core/cli.py"):
+                 "/site-packages/yaml/__init__.py", "/site-packages/mps_health/cli/main.py"):
         assert path in listing, path
     assert "./etc/mps-health/config.yaml" not in listing  # the defaults apply until you write one
     assert "/bin/activate" not in listing and "/site-packages/pip/" not in listing

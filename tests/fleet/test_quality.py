@@ -25,7 +25,7 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
         assert f"mps_health/{sub}/__init__.py" in names
     # The commands are the scripts in bin/ (pyproject.toml says why), not entry points:
     # pip rewrites their first line to its interpreter; they turn off the cycle collector
-    # (a short run), serve our modules from the kept compiled code (core/codecache.py)
+    # (a short run), serve our modules from the kept compiled code (hostio/codecache.py)
     # and import only their main.
     scripts = {n.rsplit("/", 1)[1]: zipfile.ZipFile(wheel).read(n).decode() for n in names
                if "/scripts/" in n and n.split("/")[0].endswith(".data")}
@@ -33,7 +33,7 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
     for text in scripts.values():
         code = [line for line in text.splitlines()[1:] if line and not line.startswith("#")]
         assert text.startswith("#!python\n") and code[:2] == ["import gc", "gc.disable()"], text
-        assert code[2] == "from mps_health.core.codecache import serve", text
+        assert code[2] == "from mps_health.hostio.codecache import serve", text
         assert code[3].split("#")[0].rstrip() == "serve()", text
         assert code[4].startswith("from mps_health.core.") and " import " in code[4], text
         assert len(code) == 6 and code[5] == code[4].split()[-1] + "()", text

@@ -217,7 +217,7 @@ class Scenario:
                     [{"pid": p.pid, "usedGpuMemory": p.usedGpuMemory} for p in procs]))
             self.note(f"NVML uuid: {pynvml.nvmlDeviceGetUUID(h)}")
             pynvml.nvmlShutdown()
-            from mps_health.core.probes.nvml import PynvmlApi, record
+            from mps_health.probes.nvml import PynvmlApi, record
 
             data = record(PynvmlApi())
             data["note"] = f"recorded by tests/gpu/clients_scenario.py ({self.tag})"
@@ -257,7 +257,7 @@ class Scenario:
                 ("snapshot", ["snapshot", "--all", "-o", str(self.out / f"snapshot_{tag}.json")]))
         for label, args in runs:
             t0 = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "mps_health.core.cli", *args, "--config",
+            r = subprocess.run([sys.executable, "-m", "mps_health.cli.main", *args, "--config",
                                 str(config)], capture_output=True, text=True, timeout=60,
                                env=self.env, cwd="/")
             took = time.monotonic() - t0
@@ -382,7 +382,7 @@ def prepare() -> None:
 
 def have_clients_check() -> bool:
     try:
-        from mps_health.core import registry
+        from mps_health.model import registry
     except ImportError:
         return False
     return "clients" in registry.CHECKS

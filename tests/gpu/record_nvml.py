@@ -5,7 +5,7 @@
 
 Read-only: it only asks NVML questions (nothing is changed on the GPU). Every answer,
 and every NVML error by name, is kept, so the recording replays through the same code
-(mps_health.core.probes.nvml.RecordedApi) that reads the live GPU.
+(mps_health.probes.nvml.RecordedApi) that reads the live GPU.
 """
 
 import json
@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from mps_health.core.probes.nvml import PynvmlApi, record
+from mps_health.probes.nvml import PynvmlApi, record
 
 
 def main() -> int:

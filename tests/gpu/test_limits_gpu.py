@@ -87,7 +87,7 @@ def limits(mps: Mps) -> Tuple[int, List[Tuple[str, str]]]:
 
 
 def uuid_of_gpu0(mps: Mps) -> str:
-    from mps_health.core.probes.clientinfo import parse_device_query
+    from mps_health.probes.clientinfo import parse_device_query
 
     rows = parse_device_query(mps.control("device_query").stdout)["default"]
     say(f"device_query Default: {rows}")

@@ -16,11 +16,11 @@ from typing import Any, Dict, List
 
 import pytest
 from clirun import mps_health
-from mps_health.core import engine
-from mps_health.core.config import from_mapping
-from mps_health.core.context import Context
-from mps_health.core.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
-from mps_health.core.registry import CHECKS
+from mps_health.config.load import from_mapping
+from mps_health.engine import run as engine
+from mps_health.model.context import Context
+from mps_health.model.registry import CHECKS
+from mps_health.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
 from paths import FIXTURES
 
 FAKE = os.environ.get("MPS_HEALTH_GPU_FAKE") == "1"
@@ -72,7 +72,7 @@ def test_live_nvml_facts_parse() -> None:
 
 
 def _judge(raw: Dict[str, Any], facts: NvmlFacts) -> List[Any]:
-    from mps_health.core.facts import Facts
+    from mps_health.model.facts import Facts
 
     f = Facts("gpu-node", time.time(), "/", (), {"nvml": facts}, {}, {})
     (run,) = engine.judge(f, from_mapping(raw, "gpu-test.yaml"), [CHECKS["compute-mode"]])

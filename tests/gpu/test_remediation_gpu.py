@@ -79,7 +79,7 @@ def control(inst: Inst, command: str, timeout: float = 10) -> str:
 
 def daemon_pid(inst: Inst) -> Optional[int]:
     """The live control daemon whose environ names this pipe dir (root reads environ)."""
-    from mps_health.core.probes.proc import read_processes
+    from mps_health.probes.proc import read_processes
 
     for p in read_processes("/proc"):
         if p.role == "control" and p.pipe_dir == str(inst.pipe) and p.state not in ("Z", "X"):

@@ -105,7 +105,7 @@ def task_exports(hooks: JobHooks, job: str) -> List[str]:
         lines = t.stdout.splitlines()
         say(f"--- TaskProlog as {hooks.user}:", *("    " + x for x in lines))
     else:
-        from mps_health.core.config import load
+        from mps_health.config.load import load
         from mps_health.slurm.lifecycle import task_exports as exports
 
         lines = exports(env, load(str(hooks.config)), hooks.pw.pw_uid)

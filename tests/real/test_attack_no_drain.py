@@ -23,7 +23,7 @@ def hc(cluster: SlurmCluster, cfg: str) -> subprocess.CompletedProcess:
 
 
 def drained(cluster: SlurmCluster) -> bool:
-    from mps_health.core.probes.slurm import parse_node_line
+    from mps_health.probes.slurm import parse_node_line
 
     view = parse_node_line(cluster.scontrol("show", "node", cluster.node_name, "-o"))
     return bool({"DRAIN", "DOWN"}.intersection(view.flags))

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import pytest
 from clirun import installed
-from mps_health.core.filelock import node_lock
-from mps_health.remediation.detach import RESULT_FILE, format_result
+from mps_health.healthcheck.detach import RESULT_FILE, format_result
+from mps_health.hostio.filelock import node_lock
 from mpsdaemon import start_daemon
 from nodesite import Site
 from remhelp import remediating
@@ -59,7 +59,7 @@ def hc(cluster: SlurmCluster, cfg: str, *args: str, **env: str):
 
 
 def node(cluster: SlurmCluster):
-    from mps_health.core.probes.slurm import parse_node_line
+    from mps_health.probes.slurm import parse_node_line
 
     return parse_node_line(cluster.scontrol("show", "node", cluster.node_name, "-o"))
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
 from clirun import installed
-from mps_health.core.probes.slurm import SlurmNode, parse_node_line
-from mps_health.remediation import hcstate
+from mps_health.healthcheck import state as hcstate
+from mps_health.probes.slurm import SlurmNode, parse_node_line
 from mpsdaemon import start_daemon
 from nodesite import Site
 from remhelp import remediating
@@ -223,7 +223,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
 def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setup) -> None:
     """slurmd kills the program's process group once it exits: the detached child, in a
     session of its own, still finishes, writes the result and drains the node."""
-    from mps_health.remediation.detach import RESULT_FILE, read_result
+    from mps_health.healthcheck.detach import RESULT_FILE, read_result
 
     s = setup
     configure(s.site, control_timeout=3.0, hc="  detached: true")

@@ -48,7 +48,7 @@ def monitored(site: Site) -> Dict[str, Path]:
     cfg = site.config(commands={"nvidia-cuda-mps-control": FAKE_CONTROL})
     plugin = base / "check_mps"
     plugin.write_text(f"#!/bin/sh\nPYTHONPATH={base}/lib exec {SYSTEM_PYTHON} -m "
-                      f"mps_health.core.commands.check_mps --config {cfg} "
+                      f"mps_health.cli.check_mps --config {cfg} "
                       "--only daemon,control,directories \"$@\"\n")
     plugin.chmod(0o755)
     work = base / "daemon"

@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 from clirun import mps_health
-from mps_health.core import jobrecords
-from mps_health.core.probes.slurm import parse_node_line
+from mps_health.hostio import jobrecords
+from mps_health.probes.slurm import parse_node_line
 from mpsdaemon import start_daemon
 from nodesite import Site
 from remhelp import (  # noqa: F401
@@ -68,7 +68,7 @@ def test_orphans_of_ended_jobs_are_quit_as_their_user_and_removed(cluster: Slurm
         make_dirs(target)
         (target / "keep").write_text("k")
         (site.root / "nvidia-mps_job88888").symlink_to(target)  # an orphan entry that is a symlink
-        # Only what a Prolog recorded for its job is an orphan (core/jobrecords.py): these
+        # Only what a Prolog recorded for its job is an orphan (hostio/jobrecords.py): these
         # dirs stand for what ours made; an unrecorded job-named dir would be left alone.
         for job_id in ("99999", "88888"):
             assert jobrecords.add(str(site.state_dir), job_id, test_user.pw_uid,

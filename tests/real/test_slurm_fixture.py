@@ -8,7 +8,7 @@ import time
 from typing import Optional
 
 import pytest
-from mps_health.core.probes.slurm import parse_node_line
+from mps_health.probes.slurm import parse_node_line
 from slurmcluster import SlurmCluster
 from slurmroot import SlurmRoot
 

@@ -20,13 +20,13 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from clirun import mps_health
 from conftest import FAKE_CONTROL, fixture_text
-from mps_health.core import engine
-from mps_health.core.config import from_mapping
-from mps_health.core.context import Context
-from mps_health.core.facts import Facts
-from mps_health.core.probes.nvml import load_record, read_nvml
-from mps_health.core.registry import CHECKS
-from mps_health.core.results import CRITICAL, OK, UNKNOWN, WARNING
+from mps_health.config.load import from_mapping
+from mps_health.engine import run as engine
+from mps_health.model.context import Context
+from mps_health.model.facts import Facts
+from mps_health.model.registry import CHECKS
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
+from mps_health.probes.nvml import load_record, read_nvml
 from mpsdaemon import start_daemon
 from slurmcluster import SlurmCluster
 
@@ -128,7 +128,7 @@ def has_json(cluster: SlurmCluster) -> bool:
 
 
 def test_one_scontrol_call_per_run(slurm_cluster, site, tmp_path, monkeypatch) -> None:
-    from mps_health.core.probes import slurm as probe
+    from mps_health.probes import slurm as probe
 
     d = site.start_daemon()
     monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
@@ -259,9 +259,9 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
     (top / "keep").touch()  # the epilog now fails to clean up
     cluster.cancel_all()
     job.wait(30)
-    # Only dirs a Prolog recorded for their job are orphans (core/jobrecords.py); this
+    # Only dirs a Prolog recorded for their job are orphans (hostio/jobrecords.py); this
     # plain bash Prolog records nothing, so the test records what it made, as ours does.
-    from mps_health.core import jobrecords
+    from mps_health.hostio import jobrecords
 
     assert jobrecords.add(str(tmp_path / "state"), job_id, 0,
                           [str(top / f"nvidia-mps_job{job_id}"),
@@ -324,7 +324,7 @@ def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, site, how)
 
 
 def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) -> None:
-    from mps_health.core.snapshot import dumps, loads
+    from mps_health.engine.snapshot import dumps, loads
 
     cluster, top, raw = per_job
     job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
@@ -343,7 +343,7 @@ def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) 
 
 def test_gres_conf_against_slurm_without_nvml(slurm_cluster, site, tmp_path) -> None:
     # No driver (this machine for real): gres.conf is still compared with Slurm's Gres.
-    from mps_health.core.probes.nvml import PynvmlApi
+    from mps_health.probes.nvml import PynvmlApi
 
     d = site.start_daemon()
     conf = tmp_path / "gres.conf"

@@ -1,17 +1,19 @@
 """The run's options reach every command an action quotes, and every problem its runbook
-entry (mps_health.core.actionhints), once for every output."""
+entry (mps_health.model.actionhints), once for every output."""
 
 import shlex
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from mps_health.core import actionhints, argv, engine
-from mps_health.core.actionhints import commands, quote, run_options, with_options
-from mps_health.core.commands.common import UsageError
-from mps_health.core.config import DEFAULT_PATH
-from mps_health.core.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
+from mps_health.cli import parser as argv
+from mps_health.cli.common import UsageError
+from mps_health.config.load import DEFAULT_PATH
+from mps_health.engine import run as engine
 from mps_health.exporters import nagios, text
+from mps_health.model import actionhints
+from mps_health.model.actionhints import commands, quote, run_options, with_options
+from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
 
 RESET = "run 'mps-health remediate reset gpu0' (dry run first: --dry-run)"
 TRICKY = ["/etc/mps health/site.yaml", "/etc/it's.yaml", '/etc/a"b.yaml', "/etc/$HOME.yaml",
@@ -83,7 +85,7 @@ def test_a_control_character_in_a_file_name_is_escaped() -> None:
 def test_the_table_matches_what_each_subcommand_accepts() -> None:
     """TAKES says which run options each subcommand (and each of its actions) parses:
     argparse must accept exactly those."""
-    from mps_health.core.commands.remediate import ACTIONS
+    from mps_health.cli.remediate import ACTIONS
 
     subs = {"remediate": list(ACTIONS), "unit": ["prepare", "stop"], "config": ["example"],
             "slurm": ["gres-conf"], "ack": ["server-churn"]}
@@ -124,7 +126,7 @@ def test_every_problem_ends_with_its_runbook_entry_and_ok_says_nothing() -> None
 
 
 def test_a_site_checks_codes_get_no_runbook_entry_but_the_engines_do() -> None:
-    from mps_health.core import registry
+    from mps_health.model import registry
 
     registry.CHECKS["site-probe"] = registry.CheckSpec("site-probe", "site_x:check", ())
     try:

@@ -2,7 +2,7 @@
 
 import _thread
 
-from mps_health.core.background import Background
+from mps_health.hostio.background import Background
 
 
 def test_background_joins_against_a_deadline() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from clirun import mps_health
 from hostile import fake_squeue, squeue_line
-from mps_health.core import engine
-from mps_health.core.config import from_mapping
-from mps_health.core.results import CRITICAL, OK, WARNING
+from mps_health.config.load import from_mapping
+from mps_health.engine import run as engine
+from mps_health.model.results import CRITICAL, OK, WARNING
 from roottree import RUNNING_ENTRIES, add_dir, add_pipe_dir, add_process
 
 

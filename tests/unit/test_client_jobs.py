@@ -1,7 +1,7 @@
 """Which Slurm job an MPS client belongs to: its Slurm job cgroup first, its own
 SLURM_JOB_ID only outside one and only when squeue gives that job to the client's uid;
 anything else is client-job-mismatch against the process's owner, never charged to the
-job it names (mps_health.core.probes.clientinfo, mps_health.checks.clients.attribute).
+job it names (mps_health.probes.clientinfo, mps_health.checks.clients.attribute).
 
 The cgroup lines are in the layouts Slurm 22.05 and 24.11 write (slurm.schedmd.com
 cgroup_v2.html and cgroups.html; the paths are those of Slurm's cgroup/v1 and cgroup/v2
@@ -13,19 +13,19 @@ so these are not captured from it.
 from typing import List, Optional
 
 from mps_health.checks.clients import MISMATCH_PIDS_SHOWN, attribute
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import Facts, Instance
-from mps_health.core.facts_deep import (
+from mps_health.config.load import from_mapping
+from mps_health.model.facts import Facts, Instance
+from mps_health.model.facts_deep import (
     ClientFact,
     DeviceFact,
     InstanceServers,
     ServerFact,
     ServersFacts,
 )
-from mps_health.core.probes import clientinfo
-from mps_health.core.probes.jobs import JobsFacts
-from mps_health.core.probes.slurm import parse_squeue
-from mps_health.core.results import WARNING
+from mps_health.model.results import WARNING
+from mps_health.probes import clientinfo
+from mps_health.probes.jobs import JobsFacts
+from mps_health.probes.slurm import parse_squeue
 
 # --- /proc/PID/cgroup as Slurm leaves it ---------------------------------------------------
 
@@ -261,7 +261,7 @@ def test_without_the_job_list_nothing_is_charged() -> None:
 
 
 def test_the_view_shows_a_claimed_job_as_not_theirs() -> None:
-    from mps_health.core.commands.clients import render_text, view
+    from mps_health.cli.clients import render_text, view
 
     dev = DeviceFact(0, UUID, "NVIDIA H200", "0000:00.06.00", "", None, 2)
     srv = ServerFact(569, "ACTIVE", "", VICTIM, "mpshvictim", 5690,

@@ -1,4 +1,4 @@
-"""The commands' kept compiled code (core/codecache.py), in a copy of the package.
+"""The commands' kept compiled code (hostio/codecache.py), in a copy of the package.
 
 Each run is a fresh interpreter started with -S (so no editable install's finder answers
 for ``mps_health`` first) on a copy of the package's top and core/ in a temporary dir,
@@ -21,7 +21,7 @@ TAG = sys.implementation.cache_tag
 RUN = """
 import sys
 sys.path.insert(0, {site!r})
-from mps_health.core.codecache import CodeFinder, save, serve
+from mps_health.hostio.codecache import CodeFinder, save, serve
 serve()
 import mps_health.demo, mps_health.demopkg.leaf
 print("VALUE", mps_health.demo.VALUE, mps_health.demopkg.leaf.TWICE)
@@ -124,7 +124,7 @@ def test_damaged_code_is_compiled_from_source(site: Path, junk: bytes) -> None:
 SWAP = """
 import os, sys
 sys.path.insert(0, {site!r})
-from mps_health.core.codecache import _finder, serve
+from mps_health.hostio.codecache import _finder, serve
 serve()
 finder = _finder()
 {act}

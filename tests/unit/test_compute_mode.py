@@ -4,12 +4,12 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import fixture_text
-from mps_health.core import engine
-from mps_health.core.config import ConfigError, from_mapping
-from mps_health.core.facts import Facts
-from mps_health.core.probes.nvml import load_record, read_nvml
-from mps_health.core.registry import CHECKS
-from mps_health.core.results import CRITICAL, OK, UNKNOWN, WARNING
+from mps_health.config.load import ConfigError, from_mapping
+from mps_health.engine import run as engine
+from mps_health.model.facts import Facts
+from mps_health.model.registry import CHECKS
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
+from mps_health.probes.nvml import load_record, read_nvml
 
 MIXED = "nvml__HANDWRITTEN_8gpu-h200-mixed.json"
 TWO = "nvml__HANDWRITTEN_2gpu-test-node.json"

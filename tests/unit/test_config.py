@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import TRIPWIRE_DIR
-from mps_health.core import config
+from mps_health.config import load as config
 
 
 def test_no_file_gives_the_defaults_without_yaml() -> None:
-    code = ("import sys; from mps_health.core import config; "
+    code = ("import sys; from mps_health.config import load as config; "
             "c = config.load(); print(c.mps.pipe_dir, c.mps.log_dir, oct(c.mps.dir_mode)); "
             "print('yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -137,8 +137,8 @@ def test_a_file_imports_only_the_owners_of_the_sections_it_gives(
         return sorted(asked)
 
     assert loads({"run_dir": "/run/x", "mps": {"layout": "node"}}) == []
-    assert loads({"logs": {}}) == [".core.probes.sections"]
-    assert loads({"slurm": {}}) == [".core.slurm_settings", ".remediation.settings"]
+    assert loads({"logs": {}}) == [".config.deep_checks"]
+    assert loads({"slurm": {}}) == [".config.slurm", ".config.remediation"]
     c = config.from_mapping({"slurm": {}}, "c.yaml")
     assert sorted(c.sections) == ["gpu", "healthcheck", "orphans", "remediation", "slurm"]
 
@@ -149,7 +149,7 @@ def test_a_typo_in_any_section_fails_every_command(tmp_path: Path) -> None:
     path.write_text("logs:\n  windw_s: 5\n")
     for argv in (["check", "--only", "daemon"], ["exporter", "--textfile", str(tmp_path)],
                  ["remediate", "reset", "node", "--dry-run"], ["slurm", "install", "--dry-run"]):
-        done = subprocess.run([sys.executable, "-m", "mps_health.core.cli", *argv, "--config",
+        done = subprocess.run([sys.executable, "-m", "mps_health.cli.main", *argv, "--config",
                                str(path)], capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stdout) == (3, ""), argv
         assert done.stderr == (f"mps-health: {path}: key 'logs.windw_s': unknown key (known "

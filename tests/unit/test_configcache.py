@@ -1,5 +1,5 @@
 """The default config file's parsed form is kept for the next run, and used only while
-it is root's, unchanged, and describes the file as it is now (core/configcache.py)."""
+it is root's, unchanged, and describes the file as it is now (config/cache.py)."""
 
 import json
 import os
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from mps_health.core import config as config_mod
-from mps_health.core import configcache
+from mps_health.config import cache as configcache
+from mps_health.config import load as config_mod
 
 CONFIG = "budget_s: 7\ncontrol:\n  timeout_s: 1.5\nmps:\n  pipe_dir: /tmp/mpsh-cc/pipe\n"
 
@@ -31,7 +31,7 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def load_without_yaml(default: Path, cache: Path) -> str:
     """load() in a fresh interpreter where importing yaml fails: the budget it read."""
     code = ("import sys\nsys.modules['yaml'] = None\n"
-            "from mps_health.core import config, configcache\n"
+            "from mps_health.config import load as config; from mps_health.config import cache as configcache\n"
             f"config.DEFAULT_PATH = {str(default)!r}\n"
             f"configcache.CACHE = {str(cache)!r}\n"
             "print(config.load().budget_s)\n")

@@ -4,11 +4,11 @@ import signal
 import time
 
 import pytest
-from mps_health.core import config as config_mod
-from mps_health.core.context import Context
-from mps_health.core.facts import Instance
-from mps_health.core.probes import control
-from mps_health.core.runner import Completed
+from mps_health.config import load as config_mod
+from mps_health.hostio.runner import Completed
+from mps_health.model.context import Context
+from mps_health.model.facts import Instance
+from mps_health.probes import control
 from nodesite import Site
 
 Q = control.QUERY

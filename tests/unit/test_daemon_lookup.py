@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from mps_health.core import processes
-from mps_health.core.pidfile import PID_FILE
+from mps_health.hostio.pidfile import PID_FILE
+from mps_health.remediation import processes
 from paths import FAKE_CONTROL, fake_binaries
 from roottree import add_process
 
@@ -144,7 +144,7 @@ def test_the_first_started_is_the_daemon_when_two_serve_one_dir_and_none_is_name
 def test_reset_lookup_keeps_the_uid_rule_and_servers_by_environ(node) -> None:
     """of_pipe_dirs (remediate reset, orphans): daemons of the given uid only; None (the
     config's ``mps.daemon_user: any``) takes every uid, as before."""
-    from mps_health.core.probes.proc import read_processes
+    from mps_health.probes.proc import read_processes
 
     proc, pipe = node
     found = read_processes(proc, fake_binaries())

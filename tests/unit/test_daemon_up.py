@@ -2,10 +2,10 @@
 run's control query no answer, is counted down by the fleet alert."""
 
 from mps_health.checks import daemon
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
-from mps_health.core.probes.control import QUERY as Q
-from mps_health.core.results import OK
+from mps_health.config.load import from_mapping
+from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from mps_health.model.results import OK
+from mps_health.probes.control import QUERY as Q
 
 INST = Instance("gpu0", "per-gpu", "/tmp/mpsh-unit/pipe0", "/tmp/mpsh-unit/log0", gpu="0")
 TIMED_OUT = ControlAnswer(Q, "timeout", None, "", "", 2.0, "no answer within 2.0s")

@@ -1,10 +1,10 @@
-"""mps_health.core.daemonctl: the one way to start and quit a control daemon (fake daemon)."""
+"""mps_health.remediation.daemonctl: the one way to start and quit a control daemon (fake daemon)."""
 
 import os
 from pathlib import Path
 
-from mps_health.core import processes
-from mps_health.core.daemonctl import quit_daemon, start_daemon
+from mps_health.remediation import processes
+from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 from paths import FAKE_CONTROL, fake_binaries
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from mps_health.checks import directories
-from mps_health.core import config as config_mod
-from mps_health.core import safedirs
-from mps_health.core.facts import DirFact, Instance
+from mps_health.config import load as config_mod
+from mps_health.hostio import safedirs
+from mps_health.model.facts import DirFact, Instance
 from mps_health.remediation import dirs
 
 INST = Instance("node", "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from mps_health.core import engine, registry
-from mps_health.core.config import from_mapping
-from mps_health.core.context import Context
+from mps_health.config.load import from_mapping
+from mps_health.engine import run as engine
+from mps_health.model import registry
+from mps_health.model.context import Context
 
 ORDER: List[str] = []
 

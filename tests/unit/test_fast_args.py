@@ -3,8 +3,8 @@ every few minutes) read their arguments as argparse does, and leave anything unu
 argparse, which stays the one definition of the interface."""
 
 import pytest
-from mps_health.core.argv import build
-from mps_health.core.cli import fast_args
+from mps_health.cli.main import fast_args
+from mps_health.cli.parser import build
 
 
 def argparse_view(argv):

@@ -14,7 +14,7 @@ deep checks read their memory with.
 import subprocess
 import sys
 
-from mps_health.core import registry
+from mps_health.model import registry
 
 HEAVY = ("typing", "argparse", "re", "json", "secrets", "random", "hashlib", "yaml",
          "subprocess", "dataclasses", "prometheus_client", "nagiosplugin", "enum",
@@ -50,10 +50,10 @@ def heavy_imports(imports, heavy=HEAVY):
 
 
 def test_a_default_check_imports_nothing_heavy() -> None:
-    mods = ["mps_health.core.cli", "mps_health.core.commands.check", "mps_health.core.engine",
-            "mps_health.exporters.text", "mps_health.core.state", "mps_health.core.codec",
+    mods = ["mps_health.cli.main", "mps_health.cli.check", "mps_health.engine.run",
+            "mps_health.exporters.text", "mps_health.hostio.state", "mps_health.model.codec",
             *modules_of_a_default_check()]
-    assert "mps_health.core.probes.control" in mods and "mps_health.checks.daemon" in mods
+    assert "mps_health.probes.control" in mods and "mps_health.checks.daemon" in mods
     assert heavy_imports(mods) == "nothing"
 
 
@@ -68,14 +68,14 @@ def loaded_by(module: str):
 def test_check_mps_imports_nothing_heavy_but_nagiosplugins_own() -> None:
     library = loaded_by("nagiosplugin")
     rest = [name for name in HEAVY if name not in library and name != "nagiosplugin"]
-    assert heavy_imports(["mps_health.core.commands.check_mps", "mps_health.exporters.nagios",
+    assert heavy_imports(["mps_health.cli.check_mps", "mps_health.exporters.nagios",
                           "mps_health.exporters.series"], rest) == "nothing"
 
 
 def test_a_heavy_import_is_caught() -> None:
-    assert heavy_imports(["mps_health.core.cli", "argparse"]) == "argparse FOR argparse"
-    assert heavy_imports(["mps_health.core.cli", "threading"]) == "threading FOR threading"
-    assert heavy_imports(["mps_health.core.snapshot"]).split()[0] in ("json", "importlib")
+    assert heavy_imports(["mps_health.cli.main", "argparse"]) == "argparse FOR argparse"
+    assert heavy_imports(["mps_health.cli.main", "threading"]) == "threading FOR threading"
+    assert heavy_imports(["mps_health.engine.snapshot"]).split()[0] in ("json", "importlib")
 
 
 def whole_run(argv, blocked, path: str) -> str:
@@ -84,7 +84,7 @@ def whole_run(argv, blocked, path: str) -> str:
     code = ("import sys\n"
             f"for name in {tuple(blocked)!r}:\n"
             "    sys.modules[name] = None\n"
-            "from mps_health.core.cli import main\n"
+            "from mps_health.cli.main import main\n"
             f"sys.exit(main({list(argv)!r}))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={"PATH": path})
@@ -109,8 +109,8 @@ def test_the_state_files_are_read_and_written_without_json(tmp_path) -> None:
     code = ("import sys\n"
             "for name in ('re', 'json', 'enum', 'typing'):\n"
             "    sys.modules[name] = None\n"
-            "from mps_health.core.state import StateFile\n"
-            "from mps_health.core import facts_deep\n"
+            "from mps_health.hostio.state import StateFile\n"
+            "from mps_health.model import facts_deep\n"
             "value = {'node': facts_deep.ServerMemory(daemon_pid=7, daemon_start=9,\n"
             "         servers=(), events=(), taken_at=1.5)}\n"
             "with_names = vars(facts_deep)\n"
@@ -130,7 +130,7 @@ def test_the_cycle_collector_stays_off_for_a_check_only(tmp_path) -> None:
     """The installed scripts turn the collector off; a plain check leaves it off, any
     other command (the exporter runs for weeks) turns it back on before it starts."""
     code = ("import gc, sys\n"
-            "from mps_health.core.cli import dispatch\n"
+            "from mps_health.cli.main import dispatch\n"
             "gc.disable()\n"
             f"dispatch(['check', '--root', {str(tmp_path)!r}])\n"
             "after_check = gc.isenabled()\n"

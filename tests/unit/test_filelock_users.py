@@ -1,12 +1,12 @@
-"""mps_health.core.filelock and mps_health.core.users: the one lock loop and the one user lookup."""
+"""mps_health.hostio.filelock and mps_health.hostio.users: the one lock loop and the one user lookup."""
 
 import os
 import time
 from pathlib import Path
 
 import pytest
-from mps_health.core.filelock import FileLock, LockBusy, node_lock
-from mps_health.core.users import User, UserError, by_uid, groups_of, name_of, resolve, uid_of
+from mps_health.hostio.filelock import FileLock, LockBusy, node_lock
+from mps_health.hostio.users import User, UserError, by_uid, groups_of, name_of, resolve, uid_of
 
 
 def test_a_held_lock_is_waited_for_boundedly_and_names_its_holder(tmp_path: Path) -> None:

@@ -5,10 +5,11 @@ from typing import Sequence
 
 import pytest
 from hostile import public_dir  # noqa: F401
-from mps_health.core.config import ConfigError, from_mapping
-from mps_health.core.probes.slurm import SlurmNode, parse_node_lines
-from mps_health.core.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
-from mps_health.remediation import healthcheck, slurmnode
+from mps_health.config.load import ConfigError, from_mapping
+from mps_health.healthcheck import run as healthcheck
+from mps_health.healthcheck import slurmnode
+from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
+from mps_health.probes.slurm import SlurmNode, parse_node_lines
 
 TAG = "MPS-HC:"
 

@@ -1,9 +1,11 @@
 """A cause is one problem: findings that follow from another are folded under it
-(core/results.py ``fold``), and every output counts only what is left."""
+(model/results.py ``fold``), and every output counts only what is left."""
 
 import json
 
-from mps_health.core.results import (
+from mps_health.exporters import json as json_out
+from mps_health.exporters import nagios, prometheus, text
+from mps_health.model.results import (
     CRITICAL,
     FOLDS,
     OK,
@@ -14,8 +16,6 @@ from mps_health.core.results import (
     Result,
     fold,
 )
-from mps_health.exporters import json as json_out
-from mps_health.exporters import nagios, prometheus, text
 from test_runbook import declared
 
 RESET = "run 'mps-health remediate reset mps' (dry run first: --dry-run)"

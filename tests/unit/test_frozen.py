@@ -8,7 +8,7 @@ import typing
 from typing import Any, Callable, Optional, Tuple
 
 import pytest
-from mps_health.core import frozen
+from mps_health.model import frozen
 
 
 class Typed(typing.NamedTuple):

@@ -5,15 +5,10 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, fixture_text
-from mps_health.core.config import from_mapping
-from mps_health.core.context import Context
-from mps_health.core.probes.gres_conf import (
-    GresLine,
-    parse_count,
-    parse_gres_conf,
-    read_gres_conf,
-)
-from mps_health.core.probes.hostlist import ParseError, expand
+from mps_health.config.load import from_mapping
+from mps_health.model.context import Context
+from mps_health.probes.gres_conf import GresLine, parse_count, parse_gres_conf, read_gres_conf
+from mps_health.probes.hostlist import ParseError, expand
 
 MAIN = "gres.conf__HANDWRITTEN_mixed-cluster.conf"
 
@@ -116,7 +111,7 @@ def test_read_stats_devices_under_root(tmp_path: Path) -> None:
 def test_real_device_node_gives_its_minor() -> None:
     # /dev/null is a character device on every Linux (1, 3): the same stat path as /dev/nvidiaN.
     ctx = Context(from_mapping({}, None))
-    from mps_health.core.probes.gres_conf import device_kind
+    from mps_health.probes.gres_conf import device_kind
 
     dev = device_kind("/dev/null")
     assert (dev.kind, dev.minor) == ("char", 3)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from hostile import public_dir  # noqa: F401
-from mps_health.core.config import from_mapping
-from mps_health.core.results import (
+from mps_health.config.load import from_mapping
+from mps_health.healthcheck import run as healthcheck
+from mps_health.healthcheck import state as hcstate
+from mps_health.model.results import (
     CRITICAL,
     OK,
     STARTING,
@@ -20,7 +22,6 @@ from mps_health.core.results import (
     is_problem,
     starting,
 )
-from mps_health.remediation import hcstate, healthcheck
 
 TAG = "MPS-HC:"
 
@@ -220,7 +221,7 @@ def test_a_drain_of_ours_is_not_resumed_while_units_are_starting(tmp_path: Path)
 
 
 def test_the_last_run_duration_is_a_metric(tmp_path: Path) -> None:
-    from mps_health.core.commands.exporter import healthcheck_duration
+    from mps_health.cli.exporter import healthcheck_duration
     from mps_health.exporters import prometheus
 
     cfg = hc_config(tmp_path, recording_scontrol(tmp_path, "IDLE"))
@@ -239,7 +240,7 @@ def test_every_starting_code_is_a_check_code() -> None:
     """The rule table names real codes (a renamed code would silently lose its grace)."""
     import importlib
 
-    from mps_health.core.results import STARTING_CODES
+    from mps_health.model.results import STARTING_CODES
 
     known = set()
     for module in ("daemon", "directories", "control", "servers", "gres_drift", "canary"):

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 from hostile import public_dir  # noqa: F401
-from mps_health.core.config import from_mapping
-from mps_health.core.results import Report
-from mps_health.remediation import hcstate, healthcheck, slurmnode
+from mps_health.config.load import from_mapping
+from mps_health.healthcheck import run as healthcheck
+from mps_health.healthcheck import slurmnode
+from mps_health.healthcheck import state as hcstate
+from mps_health.model.results import Report
 
 
 def test_nan_and_inf_verified_at_mean_never_verified() -> None:

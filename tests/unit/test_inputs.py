@@ -1,4 +1,4 @@
-"""mps_health.core.inputs and the quoting of config values: bounded whatever the input.
+"""mps_health.config.inputs and the quoting of config values: bounded whatever the input.
 
 The command-level cases (memory caps, crashes only a subprocess survives) are in
 tests/e2e/test_hostile_inputs.py; these are the rules themselves, on small data.
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mps_health.core import inputs
-from mps_health.core.results import WARNING, CheckRun, Report, Result
-from mps_health.core.safefiles import read_small
-from mps_health.core.schema import SHOWN_MAX, shown
+from mps_health.config import inputs
+from mps_health.config.schema import SHOWN_MAX, shown
 from mps_health.exporters import text
+from mps_health.hostio.safefiles import read_small
+from mps_health.model.results import WARNING, CheckRun, Report, Result
 
 
 def test_tree_size_counts_aliases_each_time_they_are_used() -> None:

@@ -1,4 +1,4 @@
-"""mps_health.core.jobrecords: the Prolog's record of each job's uid and dirs.
+"""mps_health.hostio.jobrecords: the Prolog's record of each job's uid and dirs.
 
 Bounded, written atomically, read only when root's (or ours) and no link; ``ours`` is
 the one rule that makes a dir an orphan of ours. Runs as root (chown to another user).
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mps_health.core import jobrecords
-from mps_health.core.jobrecords import JobRecord, add, drop, load, ours
+from mps_health.hostio import jobrecords
+from mps_health.hostio.jobrecords import JobRecord, add, drop, load, ours
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown)")
 EVIL = 1001

@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mps_health.core import jsontext
+from mps_health.hostio import jsontext
 
 scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
            | st.text())
@@ -72,7 +72,7 @@ def test_unencodable_and_circular_values_fail_as_in_json_and_leave_nothing_behin
 
 def test_without_the_accelerator_it_is_json() -> None:
     code = ("import sys\nsys.modules['_json'] = None\n"
-            "from mps_health.core import jsontext\n"
+            "from mps_health.hostio import jsontext\n"
             "assert jsontext._ACCEL is None\n"
             "print(jsontext.dumps({'b': [1, 2.5, None], 'a': 'é'}))\n"
             "print(jsontext.loads(' {\"x\": [1, true]} '))\n")

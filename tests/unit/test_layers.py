@@ -99,8 +99,8 @@ GRAPH = {m: imports_of(m, p, modules()) for m, p in modules().items()}
 def test_the_graph_is_read() -> None:
     """The reader sees the imports it must judge (a broken reader would pass anything)."""
     assert "mps_health.checks.common" in GRAPH["mps_health.checks.daemon"]
-    assert "mps_health.core.probes.control" in GRAPH["mps_health.core.probes.server_queries"]
-    assert "mps_health.core.commands.common" in GRAPH["mps_health.core.cli"]
+    assert "mps_health.probes.control" in GRAPH["mps_health.probes.server_queries"]
+    assert "mps_health.cli.common" in GRAPH["mps_health.cli.main"]
     assert len(GRAPH) > 80
 
 
@@ -152,35 +152,35 @@ def test_no_import_cycle() -> None:
 
 
 @pytest.mark.parametrize("graph, says", [
-    ({"mps_health.core.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
-     "mps_health.core.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
-    ({"mps_health.exporters.nagios": {"mps_health.core.engine"}, "mps_health.core.engine": set()},
-     "mps_health.exporters.nagios (exporters) imports mps_health.core.engine (run)"),
-    ({"mps_health.remediation.unit": {"mps_health.core.commands.common"},
-      "mps_health.core.commands.common": set()},
-     "mps_health.remediation.unit (actions) imports mps_health.core.commands.common (commands)"),
+    ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
+     "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
+    ({"mps_health.exporters.nagios": {"mps_health.engine.run"}, "mps_health.engine.run": set()},
+     "mps_health.exporters.nagios (exporters) imports mps_health.engine.run (run)"),
+    ({"mps_health.remediation.unit": {"mps_health.cli.common"},
+      "mps_health.cli.common": set()},
+     "mps_health.remediation.unit (actions) imports mps_health.cli.common (commands)"),
     ({"mps_health.checks.orphans": {"mps_health.checks.gres_drift"},
       "mps_health.checks.gres_drift": set()},
      "mps_health.checks.orphans (checks) imports mps_health.checks.gres_drift (checks)"),
-    ({"mps_health.core.config": {"mps_health.exporters.prometheus"},
+    ({"mps_health.config.load": {"mps_health.exporters.prometheus"},
       "mps_health.exporters.prometheus": set()},
-     "mps_health.core.config (base) imports mps_health.exporters.prometheus (exporters)"),
+     "mps_health.config.load (base) imports mps_health.exporters.prometheus (exporters)"),
 ])
 def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> None:
     assert upward(graph) == [says]
 
 
 def test_a_cycle_is_caught() -> None:
-    graph = {"mps_health.core.cli": {"mps_health.core.argv"}, "mps_health.core.argv": {"mps_health.core.cli"}}
-    assert cycle(graph) == ["mps_health.core.argv", "mps_health.core.cli", "mps_health.core.argv"]
-    assert cycle({"mps_health.core.cli": {"mps_health.core.argv"}, "mps_health.core.argv": set()}) is None
+    graph = {"mps_health.cli.main": {"mps_health.cli.parser"}, "mps_health.cli.parser": {"mps_health.cli.main"}}
+    assert cycle(graph) == ["mps_health.cli.parser", "mps_health.cli.main", "mps_health.cli.parser"]
+    assert cycle({"mps_health.cli.main": {"mps_health.cli.parser"}, "mps_health.cli.parser": set()}) is None
 
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     src = tmp_path / "canary.py"
     src.write_text("from ..context import Context\n\ndef f():\n    from . import control\n"
                    "    from ...checks.daemon import expected_uid\n")
-    known = {m: tmp_path for m in ("mps_health.core.context", "mps_health.core.probes.control",
-                                   "mps_health.checks.daemon", "mps_health.core.probes.canary")}
-    assert imports_of("mps_health.core.probes.canary", src, known) == {
-        "mps_health.core.context", "mps_health.core.probes.control", "mps_health.checks.daemon"}
+    known = {m: tmp_path for m in ("mps_health.model.context", "mps_health.probes.control",
+                                   "mps_health.checks.daemon", "mps_health.probes.canary")}
+    assert imports_of("mps_health.probes.canary", src, known) == {
+        "mps_health.model.context", "mps_health.probes.control", "mps_health.checks.daemon"}

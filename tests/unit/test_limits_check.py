@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import ControlAnswer, Facts, Instance
-from mps_health.core.facts_deep import (
+from mps_health.config.load import from_mapping
+from mps_health.exporters.series import samples
+from mps_health.healthcheck.slurmnode import by_any_user
+from mps_health.model.facts import ControlAnswer, Facts, Instance
+from mps_health.model.facts_deep import (
     DeviceFact,
     InstanceServers,
     LogFinding,
@@ -16,12 +18,10 @@ from mps_health.core.facts_deep import (
     ServerFact,
     ServersFacts,
 )
-from mps_health.core.probes.jobs import JobsFacts
-from mps_health.core.probes.logs import parse_findings
-from mps_health.core.probes.slurm import parse_squeue
-from mps_health.core.results import WARNING, Result
-from mps_health.exporters.series import samples
-from mps_health.remediation.slurmnode import by_any_user
+from mps_health.model.results import WARNING, Result
+from mps_health.probes.jobs import JobsFacts
+from mps_health.probes.logs import parse_findings
+from mps_health.probes.slurm import parse_squeue
 
 UUID0 = "GPU-05803005-9e7a-c129-2f1f-b83ee0421857"
 UUID1 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -120,7 +120,7 @@ def test_the_applied_value_shown_is_the_one_that_differs() -> None:
 
 
 def _report(results: List[Result]):  # -> Report
-    from mps_health.core.results import CheckRun, Report
+    from mps_health.model.results import CheckRun, Report
 
     return Report("vm", 0.0, 0.1, (CheckRun("limits", tuple(results), 0.001),), {}, "0")
 

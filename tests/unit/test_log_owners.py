@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from mps_health.checks import directories
 from mps_health.checks import logs as check
-from mps_health.core import config as config_mod
-from mps_health.core.facts import DirFact, Facts, Instance
-from mps_health.core.facts_deep import LogsFacts
-from mps_health.core.probes import logs as probe
-from mps_health.core.results import CRITICAL, WARNING
+from mps_health.config import load as config_mod
+from mps_health.model.facts import DirFact, Facts, Instance
+from mps_health.model.facts_deep import LogsFacts
+from mps_health.model.results import CRITICAL, WARNING
+from mps_health.probes import logs as probe
 from slurmcluster import ensure_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown)")
@@ -62,7 +62,7 @@ def test_log_owners_follow_the_daemon_user() -> None:
 
 
 def gathered(tmp_path: Path, log: Path) -> LogsFacts:
-    from mps_health.core.context import Context
+    from mps_health.model.context import Context
 
     cfg = config_mod.from_mapping({"state_dir": str(tmp_path / "state"),
                                    "mps": {"log_dir": str(log)}}, None)

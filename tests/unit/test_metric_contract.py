@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from mps_health.core.config import from_mapping
-from mps_health.core.engine import fit_control
-from mps_health.core.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
+from mps_health.config.load import from_mapping
+from mps_health.engine.run import fit_control
 from mps_health.exporters import prometheus
 from mps_health.exporters.nagios import perf_labels
 from mps_health.exporters.series import label_name, metric_name, samples
+from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
 
 
 @pytest.mark.parametrize("check, key, name", [
@@ -126,7 +126,7 @@ def test_control_timeout_fits_inside_the_budget() -> None:
 
 def test_the_check_path_imports_no_monitoring_library(site) -> None:
     site.dirs()
-    code = ("import sys; from mps_health.core import cli; cli.main(['check', '--config', sys.argv[1]]);"
+    code = ("import sys; from mps_health.cli import main as cli; cli.main(['check', '--config', sys.argv[1]]);"
             " print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in "
             "('prometheus_client', 'nagiosplugin', 'http')))")
     r = subprocess.run([sys.executable, "-c", code, site.config()],

@@ -7,9 +7,9 @@ import sys
 
 import nagiosplugin
 import pytest
-from mps_health.core.commands import check_mps
-from mps_health.core.results import CRITICAL, OK, UNKNOWN, WARNING, CheckRun, Report, Result
+from mps_health.cli import check_mps
 from mps_health.exporters import nagios
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, CheckRun, Report, Result
 from plugin_output import parse
 
 
@@ -145,7 +145,7 @@ def test_an_error_with_v_is_one_line_never_a_traceback(monkeypatch: pytest.Monke
 
 def test_without_nagiosplugin_it_is_one_line_saying_what_to_install(tmp_path) -> None:
     code = ("import sys; sys.modules['nagiosplugin'] = None\n"
-            "from mps_health.core.commands.check_mps import main\n"
+            "from mps_health.cli.check_mps import main\n"
             f"sys.exit(main(['--config', {str(tmp_path / 'c.yaml')!r}]))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (3, "")

@@ -1,8 +1,8 @@
 """check_mps' status line: the worst finding, then the others by code only (a latency
 over -w/-c is named by its code, control-slow, never by a perfdata label)."""
 
-from mps_health.core.results import CRITICAL, OK, UNKNOWN, WARNING, CheckRun, Report, Result
 from mps_health.exporters import nagios
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, CheckRun, Report, Result
 
 
 def _report(*results: Result) -> Report:

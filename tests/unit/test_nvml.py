@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 from conftest import fixture_text
-from mps_health.core.probes.nvml import (
+from mps_health.probes.nvml import (
     NvmlError,
     ProcessUse,
     PynvmlApi,

@@ -1,21 +1,21 @@
 """The orphans check on made facts: every code, and a dir only named like a job's is no orphan.
 
-A dir is ours only when the Prolog recorded it for that job (core/jobrecords.py) and it
+A dir is ours only when the Prolog recorded it for that job (hostio/jobrecords.py) and it
 belongs to the recorded uid or root; anything else is at most ``orphan-unrecorded``.
 """
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
-from mps_health.core import engine
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import Facts, ProcessFact
-from mps_health.core.facts_deep import RememberedServer, ServerMemory, ServersFacts
-from mps_health.core.jobrecords import JobRecord
-from mps_health.core.probes.jobdirs import JobDir, JobRecords
-from mps_health.core.probes.slurm import SlurmFacts, SlurmJob, SlurmNode
-from mps_health.core.registry import CHECKS
-from mps_health.core.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from mps_health.config.load import from_mapping
+from mps_health.engine import run as engine
+from mps_health.hostio.jobrecords import JobRecord
+from mps_health.model.facts import Facts, ProcessFact
+from mps_health.model.facts_deep import RememberedServer, ServerMemory, ServersFacts
+from mps_health.model.registry import CHECKS
+from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
+from mps_health.probes.jobdirs import JobDir, JobRecords
+from mps_health.probes.slurm import SlurmFacts, SlurmJob, SlurmNode
 
 NOW = 1_000_000.0
 USER, STRANGER = 1001, 1002

@@ -4,10 +4,10 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mps_health.core.probes.gres_conf import parse_gres_conf
-from mps_health.core.probes.hostlist import ParseError, expand
-from mps_health.core.probes.nvml import RecordedApi, read_nvml
-from mps_health.core.probes.slurm import (
+from mps_health.probes.gres_conf import parse_gres_conf
+from mps_health.probes.hostlist import ParseError, expand
+from mps_health.probes.nvml import RecordedApi, read_nvml
+from mps_health.probes.slurm import (
     parse_gres,
     parse_node_json,
     parse_node_line,

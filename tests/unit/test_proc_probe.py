@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
-from mps_health.core.probes import proc
+from mps_health.probes import proc
 from roottree import add_process
 
 
@@ -95,8 +95,8 @@ def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    from mps_health.core.config import from_mapping
-    from mps_health.core.context import Context
+    from mps_health.config.load import from_mapping
+    from mps_health.model.context import Context
 
     client = tmp_path / "nvidia-cuda-mps-control"  # comm and cmdline[0] as the real client's
     client.symlink_to("/bin/sleep")

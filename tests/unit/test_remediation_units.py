@@ -10,14 +10,17 @@ import pytest
 from conftest import FAKE_SERVER, fixture_text
 from hypothesis import given
 from hypothesis import strategies as st
-from mps_health.core import processes as procs
-from mps_health.core import safedirs
-from mps_health.core.config import ConfigError, from_mapping
-from mps_health.core.facts import Instance
-from mps_health.core.probes.proc import read_process
-from mps_health.core.probes.slurm import SlurmNode, parse_node_line
-from mps_health.core.slurm_settings import settings as slurm_settings
-from mps_health.remediation import detach, dirs, hcstate, settings, slurmnode
+from mps_health.config import remediation as settings
+from mps_health.config.load import ConfigError, from_mapping
+from mps_health.config.slurm import settings as slurm_settings
+from mps_health.healthcheck import detach, slurmnode
+from mps_health.healthcheck import state as hcstate
+from mps_health.hostio import safedirs
+from mps_health.model.facts import Instance
+from mps_health.probes.proc import read_process
+from mps_health.probes.slurm import SlurmNode, parse_node_line
+from mps_health.remediation import dirs
+from mps_health.remediation import processes as procs
 from mps_health.remediation.orphans import orphans_of
 from mps_health.remediation.tmpfiles_guard import guarded_paths, render
 from mpsdaemon import start_daemon
@@ -278,7 +281,7 @@ def test_servers_that_ignore_sigterm_are_killed_after_one_grace_time(site) -> No
 
 
 def test_the_processes_of_an_instance() -> None:
-    from mps_health.core.facts import ProcessFact
+    from mps_health.model.facts import ProcessFact
 
     inst = Instance("gpu0", "per-gpu", "/tmp/mps_0", "/var/log/mps_0", gpu="0")
 
@@ -300,7 +303,7 @@ def test_a_non_mps_process_is_never_signalled() -> None:
         time.sleep(0.05)
         fake = read_process("/proc", os.getpid())  # we are not an MPS process: None
         assert fake is None
-        from mps_health.core.facts import ProcessFact
+        from mps_health.model.facts import ProcessFact
 
         fact = ProcessFact(sleeper.pid, 1, "S", 0, "control", ("nvidia-cuda-mps-control",),
                            0, "/tmp/nvidia-mps", True)

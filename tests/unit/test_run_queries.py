@@ -5,10 +5,10 @@ import threading
 import time
 from pathlib import Path
 
-from mps_health.core import config as config_mod
-from mps_health.core.context import Context
-from mps_health.core.facts import ControlAnswer, Instance
-from mps_health.core.probes import control
+from mps_health.config import load as config_mod
+from mps_health.model.context import Context
+from mps_health.model.facts import ControlAnswer, Instance
+from mps_health.probes import control
 
 Q = control.QUERY
 INST = Instance("gpu0", "per-gpu", "/tmp/mpsh-unit/pipe0", "/tmp/mpsh-unit/log0", gpu="0")
@@ -63,7 +63,7 @@ def test_a_failed_query_lets_its_waiters_go(tmp_path: Path) -> None:
 
 
 def test_the_servers_probe_does_not_ask_a_daemon_that_gave_no_answer(tmp_path: Path) -> None:
-    from mps_health.core.probes import server_queries
+    from mps_health.probes import server_queries
 
     queries = control.Queries()
     queries.expect(INST.pipe_dir)

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Dict, Set
 
 from conftest import REPO
-from mps_health.core import engine, registry
-from mps_health.remediation import healthcheck
+from mps_health.engine import run as engine
+from mps_health.healthcheck import run as healthcheck
+from mps_health.model import registry
 
 
 def declared_by_check() -> Dict[str, Set[str]]:
@@ -67,9 +68,9 @@ def test_check_modules_declare_every_code_they_report() -> None:
 def test_every_code_has_an_entry_that_explain_prints(capsys) -> None:
     """``mps-health explain CODE`` prints each code's entry from the README the package
     carries: the one text, read as the installed package reads it."""
-    from mps_health.core import runbook
-    from mps_health.core.cli import main
-    from mps_health.core.commands import explain
+    from mps_health.cli import explain
+    from mps_health.cli.main import main
+    from mps_health.model import runbook
 
     assert set(explain.declared()) == declared()
     entries = runbook.entries()
@@ -85,7 +86,7 @@ def test_every_code_has_an_entry_that_explain_prints(capsys) -> None:
 
 def test_the_runbook_is_read_from_the_packages_own_readme() -> None:
     import mps_health
-    from mps_health.core import runbook
+    from mps_health.model import runbook
 
     # The installed package's own copy (a checkout's README in an editable install).
     package = Path(mps_health.__file__).resolve().parent

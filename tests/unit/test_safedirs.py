@@ -1,4 +1,4 @@
-"""mps_health.core.safedirs: dirs in a shared sticky parent; symlink, foreign-owner and race
+"""mps_health.hostio.safedirs: dirs in a shared sticky parent; symlink, foreign-owner and race
 attacks do not work. Through the Prolog's make_job_dir/remove_job_dir and directly.
 
 Runs as root (chown to another user), as the prolog does. The "attacker" is the test
@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from mps_health.core.safedirs import UnsafePath, ensure_dir, open_dir, owned_dir
+from mps_health.hostio.safedirs import UnsafePath, ensure_dir, open_dir, owned_dir
 from mps_health.slurm.lifecycle import make_job_dir as make_dir
 from mps_health.slurm.lifecycle import remove_job_dir as remove_dir
 from slurmcluster import ensure_user
@@ -236,7 +236,7 @@ def test_what_is_in_the_way_is_swapped_out_whole(parent: Path, user) -> None:
 
 def test_an_aside_name_taken_in_advance_is_neither_followed_nor_replaced(
         parent: Path, victim: Path, user, monkeypatch) -> None:
-    from mps_health.core import safedirs
+    from mps_health.hostio import safedirs
 
     names = iter(["nvidia-mps_job22.aside-taken"])
     real = safedirs.random_name
@@ -254,7 +254,7 @@ def test_an_aside_name_taken_in_advance_is_neither_followed_nor_replaced(
 
 
 def test_aside_names_cannot_be_guessed(parent: Path) -> None:
-    from mps_health.core.safedirs import random_name
+    from mps_health.hostio.safedirs import random_name
 
     a, b = random_name("x", "aside"), random_name("x", "aside")
     assert a != b and len(a.rsplit("-", 1)[1]) == 16
@@ -262,7 +262,7 @@ def test_aside_names_cannot_be_guessed(parent: Path) -> None:
 
 def test_without_renameat2_the_same_rules_hold(parent: Path, victim: Path, user,
                                                monkeypatch) -> None:
-    from mps_health.core import safedirs
+    from mps_health.hostio import safedirs
 
     def unsupported(*args) -> None:
         raise NotImplementedError("EINVAL")
@@ -338,7 +338,7 @@ def test_remove_takes_fifos_and_sockets(parent: Path, user) -> None:
 def test_too_deep_is_one_line_with_a_command_that_works(parent: Path, user) -> None:
     import subprocess
 
-    from mps_health.core.safedirs import MAX_DEPTH
+    from mps_health.hostio.safedirs import MAX_DEPTH
 
     job = parent / "nvidia-mps_job33"
     make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
@@ -355,7 +355,7 @@ def test_too_deep_is_one_line_with_a_command_that_works(parent: Path, user) -> N
 
 
 def test_within_the_depth_bound_everything_goes(parent: Path, user) -> None:
-    from mps_health.core.safedirs import MAX_DEPTH
+    from mps_health.hostio.safedirs import MAX_DEPTH
 
     job = parent / "nvidia-mps_job34"
     make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
@@ -364,7 +364,7 @@ def test_within_the_depth_bound_everything_goes(parent: Path, user) -> None:
 
 
 def test_too_many_entries_is_one_line(parent: Path, user, monkeypatch) -> None:
-    from mps_health.core import safedirs
+    from mps_health.hostio import safedirs
 
     monkeypatch.setattr(safedirs, "MAX_ENTRIES", 50)
     job = parent / "nvidia-mps_job35"
@@ -381,7 +381,7 @@ def test_too_many_entries_is_one_line(parent: Path, user, monkeypatch) -> None:
 
 
 def test_names_inside_are_escaped_in_the_line(parent: Path, user) -> None:
-    from mps_health.core.safedirs import MAX_DEPTH
+    from mps_health.hostio.safedirs import MAX_DEPTH
 
     job = parent / "nvidia-mps_job36"
     make_job_dir(str(parent), job.name, user.pw_uid, user.pw_gid, 0o700, [])
@@ -403,7 +403,7 @@ def log_dir(tmp_path: Path) -> Path:
 
 
 def test_keep_files_leaves_the_daemons_own_logs_and_missing_ones(log_dir: Path) -> None:
-    from mps_health.core.safedirs import keep_files
+    from mps_health.hostio.safedirs import keep_files
 
     (log_dir / "control.log").write_text("[x] ours\n")
     assert keep_files(str(log_dir), (0,), LOGS) == []
@@ -413,7 +413,7 @@ def test_keep_files_leaves_the_daemons_own_logs_and_missing_ones(log_dir: Path) 
 
 def test_keep_files_unlinks_a_link_and_never_touches_its_target(log_dir: Path,
                                                                 victim: Path, user) -> None:
-    from mps_health.core.safedirs import keep_files
+    from mps_health.hostio.safedirs import keep_files
 
     (log_dir / "control.log").symlink_to(victim / "secret")
     os.lchown(log_dir / "control.log", user.pw_uid, user.pw_gid)
@@ -430,7 +430,7 @@ def test_keep_files_unlinks_a_link_and_never_touches_its_target(log_dir: Path,
 @pytest.mark.parametrize("kind", ["fifo", "dir", "foreign file", "hard link"])
 def test_keep_files_moves_anything_else_aside_unopened(log_dir: Path, victim: Path, user,
                                                        kind: str) -> None:
-    from mps_health.core.safedirs import keep_files
+    from mps_health.hostio.safedirs import keep_files
 
     path = log_dir / "control.log"
     if kind == "fifo":
@@ -457,7 +457,7 @@ def test_keep_files_moves_anything_else_aside_unopened(log_dir: Path, victim: Pa
 
 
 def test_keep_files_never_follows_a_linked_log_dir(tmp_path: Path, victim: Path) -> None:
-    from mps_health.core.safedirs import keep_files
+    from mps_health.hostio.safedirs import keep_files
 
     (victim / "control.log").symlink_to(victim / "secret")
     (tmp_path / "log").symlink_to(victim)

@@ -1,4 +1,4 @@
-"""mps_health.core.safefiles and the pid file: what a user plants in a shared dir is never
+"""mps_health.hostio.safefiles and the pid file: what a user plants in a shared dir is never
 followed, never blocks a read, and a pid file never gets an unrelated process signalled.
 
 Runs as root, as mps-health does; the planted entries belong to the unprivileged test
@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from mps_health.core import pidfile, processes
-from mps_health.core.safedirs import UnsafePath
-from mps_health.core.safefiles import read_small, write_atomic
+from mps_health.hostio import pidfile
+from mps_health.hostio.safedirs import UnsafePath
+from mps_health.hostio.safefiles import read_small, write_atomic
+from mps_health.remediation import processes
 from paths import fake_binaries
 from slurmcluster import ensure_user
 
@@ -121,7 +122,7 @@ def test_a_pid_file_naming_an_unrelated_process_names_no_daemon(shared: Path) ->
 
 def test_unit_stop_with_a_fifo_as_pid_file_returns(shared: Path, user) -> None:
     as_user(user, "mkfifo", str(shared / pidfile.PID_FILE))
-    r = subprocess.run([sys.executable, "-m", "mps_health.core.cli", "unit", "stop",
+    r = subprocess.run([sys.executable, "-m", "mps_health.cli.main", "unit", "stop",
                         "--pipe-dir", str(shared), "--timeout", "2"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,7 @@
 
 import pytest
 from jobhooks import fixture_env
-from mps_health.core.config import from_mapping
+from mps_health.config.load import from_mapping
 from mps_health.slurm.hooks import _holds_gpus, main
 from mps_health.slurm.jobenv import JobEnvError, parse_gpus, parse_job_env, wants_daemon
 from mps_health.slurm.lifecycle import job_dirs, task_exports, task_gpu

@@ -2,8 +2,9 @@
 
 import pytest
 from conftest import fixture_text
-from mps_health.core.probes.hostlist import ParseError
-from mps_health.core.probes.slurm import (
+from mps_health.hostio.runner import Completed
+from mps_health.probes.hostlist import ParseError
+from mps_health.probes.slurm import (
     GresItem,
     classify_failure,
     parse_elapsed,
@@ -13,7 +14,6 @@ from mps_health.core.probes.slurm import (
     parse_squeue,
     parse_version,
 )
-from mps_health.core.runner import Completed
 
 V22 = "scontrol_show_node_-d_-o__slurm-22.05_{}.txt"
 
@@ -210,7 +210,7 @@ def test_24_11_mps_jobs_count_shares_per_gpu() -> None:
 
 
 def test_24_11_keeps_the_reason_after_resume() -> None:
-    from mps_health.remediation import slurmnode
+    from mps_health.healthcheck import slurmnode
 
     resumed = parse_node_line(fixture_text(V24_PLAIN.format("resumed")))
     assert resumed.flags == ("IDLE", "NOT_RESPONDING")
@@ -230,7 +230,7 @@ def test_24_11_keeps_the_reason_after_resume() -> None:
     ("down-by-admin", False, False),
 ])
 def test_24_11_tag_rules_on_real_states(label: str, drain: bool, resume: bool) -> None:
-    from mps_health.remediation import slurmnode
+    from mps_health.healthcheck import slurmnode
 
     node = parse_node_line(fixture_text(V24_PLAIN.format(label)))
     assert slurmnode.may_drain(node, "MPS-HC:")[0] is drain

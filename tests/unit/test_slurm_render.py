@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clirun import mps_health
 from conftest import FIXTURES, fixture_text
-from mps_health.core.probes.nvml import read_nvml
+from mps_health.probes.nvml import read_nvml
 from mps_health.slurm.gpus import GpusError, gres_gpus, load_recording, parse_choice
 from mps_health.slurm.render import (
     diff_gres_conf,
@@ -237,7 +237,7 @@ def test_health_check_program_is_the_readmes_where_the_readme_linked_it(tmp_path
     import sysconfig
 
     from conftest import REPO
-    from mps_health.core.commands.slurm import HEALTH_CHECK, LINK_DIRS, health_check_default
+    from mps_health.cli.slurm import HEALTH_CHECK, LINK_DIRS, health_check_default
     from nodeinstall import readme_block
 
     # The README links it into LINK_DIRS[0]; every HealthCheckProgram= in the docs is there.

@@ -12,9 +12,9 @@ from typing import List
 
 import pytest
 from conftest import FIXTURES
-from mps_health.core.config import from_mapping
-from mps_health.core.context import Context
-from mps_health.core.probes import slurm as probe
+from mps_health.config.load import from_mapping
+from mps_health.model.context import Context
+from mps_health.probes import slurm as probe
 
 NODE_LINE = (FIXTURES /
              "scontrol_show_node_-d_-o__slurm-24.11_idle.txt").read_text()

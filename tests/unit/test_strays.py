@@ -4,22 +4,22 @@ the WARNING ``server-unclaimed``; the servers' memory that tells them apart."""
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from mps_health.checks import orphans, strays
-from mps_health.core.config import from_mapping
-from mps_health.core.facts import Facts, ProcessFact
-from mps_health.core.facts_deep import (
+from mps_health.config.load import from_mapping
+from mps_health.hostio.jobrecords import JobRecord
+from mps_health.hostio.process_identity import proves_nothing
+from mps_health.model.facts import Facts, ProcessFact
+from mps_health.model.facts_deep import (
     InstanceServers,
     RememberedServer,
     ServerFact,
     ServerMemory,
     ServersFacts,
 )
-from mps_health.core.jobrecords import JobRecord
-from mps_health.core.probes.jobdirs import JobDir, JobRecords
-from mps_health.core.probes.proc import parse_status_traced
-from mps_health.core.probes.slurm import SlurmFacts
-from mps_health.core.process_identity import proves_nothing
-from mps_health.core.results import CRITICAL, OK, WARNING, Result
-from mps_health.core.servertrack import advance, remembered
+from mps_health.model.results import CRITICAL, OK, WARNING, Result
+from mps_health.model.servertrack import advance, remembered
+from mps_health.probes.jobdirs import JobDir, JobRecords
+from mps_health.probes.proc import parse_status_traced
+from mps_health.probes.slurm import SlurmFacts
 
 PIPE = "/tmp/nvidia-mps"
 EVIL = 1001
@@ -231,10 +231,10 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
     import subprocess
     import time
 
-    from mps_health.core.context import Context
-    from mps_health.core.probes import proc
-    from mps_health.core.probes.servers import _collect
-    from mps_health.core.state import StateFile
+    from mps_health.hostio.state import StateFile
+    from mps_health.model.context import Context
+    from mps_health.probes import proc
+    from mps_health.probes.servers import _collect
 
     cfg = from_mapping({"state_dir": str(tmp_path / "state")}, "site.yaml")
     (tmp_path / "state").mkdir()
@@ -253,7 +253,7 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
         facts = _collect(ctx, (), time.time(), {}, [])
         assert set(facts.previous) == {"job7", "job8"}
         kept, error = state.load("Dict[str, ServerMemory]", {},
-                                 vars(__import__("mps_health.core.probes.servers",
+                                 vars(__import__("mps_health.probes.servers",
                                                  fromlist=["x"])))
         assert error == "" and set(kept) == {"job7"}
         assert kept["job7"].servers == (alive,)
@@ -264,7 +264,7 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
     # Once it ends, the next run forgets it.
     _collect(ctx, (), time.time(), {}, [])
     after, _ = state.load("Dict[str, ServerMemory]", {},
-                          vars(__import__("mps_health.core.probes.servers", fromlist=["x"])))
+                          vars(__import__("mps_health.probes.servers", fromlist=["x"])))
     assert after == {}
 
 
@@ -272,10 +272,10 @@ def test_planned_restarts_are_read_from_the_tree_under_root(tmp_path) -> None:
     """Under --root the servers probe reads the tree's planned.json, not the host's."""
     import time
 
-    from mps_health.core.context import Context
-    from mps_health.core.facts_deep import PlannedRestart
-    from mps_health.core.probes.servers import _collect
-    from mps_health.core.state import StateFile
+    from mps_health.hostio.state import StateFile
+    from mps_health.model.context import Context
+    from mps_health.model.facts_deep import PlannedRestart
+    from mps_health.probes.servers import _collect
 
     state_dir = "/var/lib/mps-health-test-tree-only"
     inside = tmp_path / state_dir.lstrip("/")

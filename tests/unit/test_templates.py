@@ -1,4 +1,4 @@
-"""mps_health.core.templates: the one expansion, matcher and glob of the pipe/log dir templates.
+"""mps_health.config.templates: the one expansion, matcher and glob of the pipe/log dir templates.
 
 What the Prolog makes (expand) is what the checks and the Epilog find (match), for
 every template the config accepts; a value can never add a path component.
@@ -7,8 +7,8 @@ every template the config accepts; a value can never add a path component.
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mps_health.core.config import ConfigError, from_mapping
-from mps_health.core.templates import TemplateError, expand, glob, match
+from mps_health.config.load import ConfigError, from_mapping
+from mps_health.config.templates import TemplateError, expand, glob, match
 
 TEMPLATES = ["/tmp/nvidia-mps_job{job}", "/tmp/mps-{job}-{gpu}", "/tmp/j{job}g{gpu}x",
              "/tmp/{gpu}_{job}"]

@@ -6,9 +6,9 @@ import argparse
 from typing import Iterator, List
 
 import pytest
-from mps_health.core.argv import COMMANDS, build
-from mps_health.core.results import CRITICAL, OK, CheckRun, Report, Result
+from mps_health.cli.parser import COMMANDS, build
 from mps_health.exporters import text
+from mps_health.model.results import CRITICAL, OK, CheckRun, Report, Result
 
 
 def report(*runs: CheckRun) -> Report:

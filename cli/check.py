@@ -1,0 +1,117 @@
+"""``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3."""
+
+from __future__ import annotations
+
+from mps_health.cli.common import add_common, boot_grace, load_config, names, written
+from mps_health.model.exitcodes import Failure
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from mps_health.config.load import Config
+    from mps_health.model.facts import Facts
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    p.epilog = ("Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (also a bad argument "
+                "or config file). On a terminal each problem is one short line, in colour "
+                "unless NO_COLOR is set; -v gives each in full with what to do.")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: a summary line, then one line per problem (default); json: "
+                        "the whole report")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="each problem in full with what to do, what is OK, and timings")
+    p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
+    p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
+    p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot instead of this node")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="time allowed for gathering facts (default: the config's budget_s)")
+    return run
+
+
+def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
+    """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
+    from mps_health.config.load import from_mapping
+    from mps_health.engine.snapshot import SnapshotError, capped, read
+
+    try:
+        facts, saved_config = read(args.replay)
+    except SnapshotError as e:
+        raise Failure(str(e)) from None
+    if args.config:
+        config = load_config(args)
+    else:
+        # Its node's config, not a file here: the actions' commands name no --config.
+        config = from_mapping(saved_config, f"{args.replay} (its config)")._replace(path=None)
+    # Whoever wrote the snapshot, it is judged within the bounds of a live run.
+    return capped(facts, config.mps.max_instances), config
+
+
+def run(args: argparse.Namespace) -> int:
+    from mps_health.engine import run as engine
+
+    replay = None
+    if args.replay:
+        replay, config = replayed(args)
+    else:
+        config = load_config(args)
+    if args.budget is not None and not 0.1 <= args.budget <= 300:
+        raise Failure("--budget must be between 0.1 and 300 seconds")
+    facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay,
+                               boot_grace_s=boot_grace(config))
+    # Written as it is formatted: many instances never make one huge string.
+    if args.format == "json":
+        from mps_health.exporters import json as json_out
+
+        written(lambda out: json_out.write(report, out))
+    else:
+        from mps_health.exporters import text
+
+        written(lambda out: text.write(report, out, args.verbose, *terminal(out)))
+    if replay is None:
+        say_state_faults(facts)
+    return report.state
+
+
+def terminal(out: object) -> tuple[int, bool]:
+    """(width, colour) where ``out`` is a terminal: its width (``COLUMNS`` first, as the
+    help does) and colour unless ``NO_COLOR`` is set (https://no-color.org) or ``TERM``
+    is dumb. (0, False) elsewhere: slurmd, pipes and files get the lines as they are."""
+    import os
+
+    try:
+        fd = out.fileno()  # type: ignore[attr-defined]
+        if not os.isatty(fd):
+            return 0, False
+        width = os.get_terminal_size(fd).columns
+    except (AttributeError, OSError, ValueError):
+        return 0, False
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        width = int(columns)
+    colour = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    return width or 80, colour
+
+
+def say_state_faults(facts: Facts) -> None:
+    """One line on stderr per state file that could not be saved (a full or broken
+    state dir): the verdict above stands, only history is lost until it can be saved."""
+    import sys
+
+    from mps_health.hostio.state import is_fault
+    from mps_health.model.printable import printable
+
+    for name in sorted(facts.sources):
+        note = getattr(facts.sources[name], "state_error", "")
+        if isinstance(note, str) and is_fault(note) and sys.stderr is not None:
+            try:
+                print(printable(f"mps-health: warning: {note} (the {name} check's history is "
+                                "not kept until it can be saved; the verdict is not affected)"),
+                      file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass

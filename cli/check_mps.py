@@ -1,0 +1,227 @@
+"""``check_mps``: the Nagios/Icinga plugin, in monitoring-plugins' conventions.
+
+A nagiosplugin check (``exporters.nagios``) whose Resource makes the engine run
+``mps-health check`` makes: ``MPS <STATE> - summary | perfdata``, long output with
+``-v``; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V``
+exit 3 as monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one
+UNKNOWN line on stdout, never a traceback.
+
+Time: the run's budget is below ``-t`` (``engine.budget_within``), so a wedged daemon
+is CRITICAL (control-wedged) inside it; only a run overrunning ``-t`` (a probe stuck in
+the kernel) is UNKNOWN: the engine's hard limit (``engine.bounded``, no SIGALRM)
+abandons it at ``-t`` and kills what it started.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mps_health import __version__
+from mps_health.cli.common import (
+    SimpleNamespace,
+    UsageError,
+    boot_grace,
+    edge,
+    emit,
+    load_config,
+    names,
+    standard_fds,
+)
+from mps_health.model.exitcodes import ExitCode, Failure
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+
+PROG = "check_mps"
+DEFAULT_TIMEOUT = 10
+
+
+# -w/-c judge the control daemon's answer time: seconds, and no answer takes longer
+# than the plugin's own limit (-t, at most 3600).
+MAX_SECONDS = 3600
+
+
+def check_range(text: str) -> str:
+    """ValueError unless ``text`` is a monitoring-plugins range of seconds, 0..3600."""
+    from mps_health.exporters.nagios import Range
+
+    try:
+        rng = Range(text)
+    except ValueError:
+        raise ValueError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, 10:20, "
+                         "@10:20)") from None
+    given = [v for v in (rng.start, rng.end) if v not in (float("-inf"), float("inf"))]
+    if any(not 0 <= v <= MAX_SECONDS for v in given):
+        raise ValueError(f"range {text[:40]!r} out of bounds: latency thresholds are "
+                         f"seconds from 0 to {MAX_SECONDS}")
+    return text
+
+
+def check_timeout(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"invalid timeout {text!r}: whole seconds") from None
+    if not 1 <= value <= 3600:
+        raise ValueError(f"timeout {value} out of range 1..3600")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole interface (help, errors and rare forms; ``fast_args`` takes the rest)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
+
+    def typed(check: Callable[[str], Any]) -> Callable[[str], Any]:
+        def convert(text: str) -> Any:
+            try:
+                return check(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return convert
+
+    p = Parser(prog=PROG, add_help=False, description=(
+        "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
+        "mps-health runs. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."),
+        epilog="Ranges follow the monitoring-plugins syntax: 10 (alert outside 0..10), "
+               "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
+               "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
+               "within it is CRITICAL (control-wedged).")
+    p.add_argument("-w", "--warning", type=typed(check_range), metavar="RANGE",
+                   help="control latency warning range in seconds (default: the config's "
+                        "control.warn_latency_s, 0.5)")
+    p.add_argument("-c", "--critical", type=typed(check_range), metavar="RANGE",
+                   help="control latency critical range in seconds (default: twice the "
+                        "warning threshold, 1)")
+    p.add_argument("-t", "--timeout", type=typed(check_timeout), default=DEFAULT_TIMEOUT,
+                   metavar="SECONDS", help=f"the plugin's own time limit (default "
+                   f"{DEFAULT_TIMEOUT}); the checks get a budget below it")
+    p.add_argument("--only", type=names, default=[], metavar="A,B",
+                   help="run only these checks (mps-health's names)")
+    p.add_argument("--skip", type=names, default=[], metavar="A,B",
+                   help="do not run these checks")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    p.add_argument("--root", metavar="DIR", default="/", help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="long output: -v every result and action, -vv also timings")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("-V", "--version", action="store_true", help="show the version and exit")
+    return p
+
+
+FAST_VALUED = {"-w": "warning", "--warning": "warning", "-c": "critical",
+               "--critical": "critical", "-t": "timeout", "--timeout": "timeout",
+               "--only": "only", "--skip": "skip", "--config": "config", "--root": "root"}
+
+
+def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
+    """The usual options, parsed by hand; None means "ask argparse".
+
+    Nagios and Icinga run check_mps every few minutes on every node, and argparse (with
+    the ``re`` and ``gettext`` it imports) costs about as much as the check's own
+    gathering. Anything unusual (help, version, errors) takes the argparse path, which
+    stays the one definition of the interface; tests compare both paths.
+    """
+    ns: Dict[str, Any] = {"warning": None, "critical": None, "timeout": DEFAULT_TIMEOUT,
+                          "only": [], "skip": [], "config": None, "root": "/", "verbose": 0,
+                          "help": False, "version": False}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("-v", "--verbose", "-vv"):
+            ns["verbose"] += 2 if arg == "-vv" else 1
+            continue
+        key, eq, value = arg.partition("=")
+        if key not in FAST_VALUED or (not eq and not rest):
+            return None
+        if not eq:
+            value = rest.pop(0)
+        if not value or value.startswith("-"):
+            return None
+        ns[FAST_VALUED[key]] = value
+    try:
+        for key in ("warning", "critical"):
+            if ns[key] is not None:
+                check_range(ns[key])
+        ns["timeout"] = check_timeout(str(ns["timeout"]))
+    except ValueError:
+        return None  # argparse says what is wrong, in its words
+    for key in ("only", "skip"):
+        if isinstance(ns[key], str):
+            ns[key] = names(ns[key])
+    return SimpleNamespace(**ns)
+
+
+def run(argv: Sequence[str]) -> Tuple[str, int]:
+    """(the plugin's output, its exit code)."""
+    from mps_health.engine import run as engine
+
+    try:
+        from mps_health.exporters import nagios
+    except ImportError as e:  # installed without its dependencies
+        raise Failure(f"check_mps needs the nagiosplugin library ({e}): pip install "
+                      "nagiosplugin into mps-health's virtualenv") from None
+
+    args: Any = fast_args(argv)
+    if args is None:
+        p = parser()
+        args = p.parse_args(list(argv))
+        if args.help:
+            return p.format_help(), ExitCode.UNKNOWN
+    if args.version:
+        return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
+    config = load_config(args)
+    engine.select_checks(config, args.only, args.skip)
+    warning, critical = nagios.thresholds(args.warning, args.critical,
+                                          config.control.warn_latency_s)
+    # -w/-c judge latency here: the control check's own slow-answer warning is off.
+    config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
+    budget = engine.budget_within(args.timeout, config.budget_s)
+    grace = boot_grace(config)
+    probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
+                                            limit_s=args.timeout,
+                                            boot_grace_s=grace)[1])  # Overrun past -t
+    try:
+        return nagios.render(probe, warning, critical, args.verbose)
+    except engine.Overrun as e:
+        busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
+        return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
+                              f"finished (raise -t, or look for a hung process on the "
+                              f"node{busy})"), ExitCode.UNKNOWN
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The console script: print the output, return the Nagios exit code."""
+    out: List[str] = []
+
+    def body() -> int:
+        text, code = run(sys.argv[1:] if argv is None else argv)
+        out.append(text)
+        return code
+
+    def say(line: str) -> None:  # one line, no '|' (it would start perfdata)
+        out.append(" ".join(line.replace("|", "/").split()) + "\n")
+
+    standard_fds()
+    code = edge(body, say, "MPS UNKNOWN - ")
+    if out:
+        emit("".join(out).rstrip("\n"))
+    return code
+
+
+def console_main() -> None:
+    """The ``check_mps`` command: main(), then exit without interpreter teardown, as
+    ``mps-health`` does (milliseconds on every poll)."""
+    from mps_health.cli.main import exit_now
+
+    exit_now(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

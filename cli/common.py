@@ -1,0 +1,182 @@
+"""What every command shares: the one error edge, loading the config, common options.
+
+Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``)
+runs inside ``edge``: an expected failure (``Failure``, a bad config, bad arguments)
+is one line and its exit code; the system failing us (an OSError no one turned into a
+fact: a full disk, a read-only file system; our own fd limit) is one line naming the
+path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
+(MPS_HEALTH_DEBUG=1 shows one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mps_health.config.load import Config, ConfigError, load
+from mps_health.hostio.resources import OutOfResources
+from mps_health.model.exitcodes import ExitCode, Failure
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import SimpleNamespace
+    from typing import Callable, List, TextIO
+else:
+    # The arguments the fast paths parse by hand. types.SimpleNamespace is this type, and
+    # the types module defines it this way; importing types would cost a check 1.4 M
+    # instructions (a twentieth of a bare interpreter's start) for one name.
+    SimpleNamespace = type(sys.implementation)
+
+if TYPE_CHECKING:
+    import argparse
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 3 (UNKNOWN), as monitoring plugins do, never argparse's 2."""
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+MAX_LINE = 2000
+
+
+def _cut(say: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda line: say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
+def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
+    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
+    ``say`` and the failure's code. A UsageError's text is already the whole line.
+    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
+    readable line."""
+    say = _cut(say)
+    try:
+        return int(body())
+    except UsageError as e:
+        say(str(e))
+        return ExitCode.UNKNOWN
+    except (Failure, ConfigError) as e:
+        say(prefix + str(e))
+        return e.code if isinstance(e, Failure) else ExitCode.UNKNOWN
+    except OutOfResources as e:  # our own fd or memory limit: never a fact about MPS
+        say(prefix + str(e))
+        return ExitCode.UNKNOWN
+    except KeyboardInterrupt:
+        say(prefix + "interrupted")
+        return ExitCode.UNKNOWN
+    except BrokenPipeError:  # the reader went away: nothing left to say it to
+        return ExitCode.UNKNOWN
+    except OSError as e:  # the node's trouble (a full disk, a read-only file system), not ours
+        if os.environ.get("MPS_HEALTH_DEBUG"):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        say(f"{prefix}{where}{e.strerror or one_line(e)}")
+        return ExitCode.UNKNOWN
+    except Exception as e:
+        if os.environ.get("MPS_HEALTH_DEBUG"):
+            raise
+        say(f"{prefix}internal error: {one_line(e)} (set MPS_HEALTH_DEBUG=1 for a traceback, "
+            "and report it)")
+        return ExitCode.UNKNOWN
+
+
+def standard_fds() -> None:
+    """Point a closed stdin, stdout or stderr (``mps-health check >&-``) at /dev/null, so
+    no file this run opens takes fd 0, 1 or 2 and gets another program's output or ours."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one
+            if null != fd:  # not possible while fd is free; never leave a stray one open
+                os.close(null)
+
+
+def emit(text: str) -> None:
+    """Print ``text`` (one newline added) on stdout; see ``written``."""
+    written(lambda out: out.write(text + "\n"))
+
+
+def written(produce: Callable[[TextIO], object]) -> None:
+    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout
+    closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
+    never the exit code the run has earned: that is what slurmd, Nagios and scripts act
+    on."""
+    import sys
+
+    out = sys.stdout
+    if out is None:  # started with stdout closed
+        return
+    try:
+        produce(out)
+        out.flush()
+    except BrokenPipeError:
+        _discard(out)
+    except (OSError, ValueError) as e:  # ValueError: the file object was closed
+        _discard(out)
+        if sys.stderr is not None:
+            try:
+                print(f"mps-health: cannot write the output: "
+                      f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass
+
+
+def _discard(out: object) -> None:
+    """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
+    interpreter's last flush must not fail again."""
+    try:  # (no contextlib.suppress: this module is on every check's path)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, out.fileno())  # type: ignore[attr-defined]
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def boot_grace(config: Config) -> float:
+    """``healthcheck.boot_grace_s``, for the runs of check, check_mps and the exporter;
+    without that section its default, the health check's settings not imported."""
+    if "healthcheck" not in config.given:
+        from mps_health.model.results import BOOT_GRACE_S
+
+        return BOOT_GRACE_S
+    from mps_health.config.remediation import healthcheck
+
+    return healthcheck(config).boot_grace_s
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    """The config named by --config (else the default file, else the defaults).
+    A bad file raises ConfigError: the edge prints it in one line, exit 3."""
+    return load(getattr(args, "config", None))
+
+
+def system_root(value: str) -> str:
+    """argparse type for --root: "/" or an existing absolute directory."""
+    import argparse
+
+    from mps_health.model.printable import escape
+
+    if value in ("", "/"):
+        return "/"
+    if not os.path.isabs(value):
+        raise argparse.ArgumentTypeError(f"must be an absolute path (got '{escape(value)}')")
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"'{escape(value)}' is not a directory")
+    return value
+
+
+def names(value: str) -> List[str]:
+    """argparse type for 'a,b,c' lists."""
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    p.add_argument("--root", metavar="DIR", default="/", type=system_root,
+                   help="read every system path under DIR (fixture trees, containers); "
+                        "nothing is written then: no state, no locks, no caches")

@@ -1,0 +1,59 @@
+"""``mps-health explain [CODE]``: a code's runbook entry, on the node; no code: the list.
+
+The text is README.md's runbook section, which the package carries (model/runbook.py).
+A code with no entry (a typo, a site's own check) is one line and exit 3.
+"""
+
+import argparse
+from typing import Callable, Dict, List
+
+from mps_health.cli.common import emit
+from mps_health.model.exitcodes import ExitCode, Failure
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    p.add_argument("code", nargs="?", metavar="CODE",
+                   help="a code from a problem line, e.g. daemon-stale (none: list them all)")
+    return run
+
+
+def declared() -> List[str]:
+    """Every code mps-health reports, check by check, as the checks declare them."""
+    import importlib
+
+    from mps_health.engine import run as engine
+    from mps_health.healthcheck import run as healthcheck
+    from mps_health.model import registry
+
+    codes: Dict[str, None] = {}
+    for spec in registry.CHECKS.values():
+        if spec.target.startswith("."):  # a site's own check documents its codes itself
+            module = importlib.import_module(spec.target.partition(":")[0], "mps_health")
+            codes.update(dict.fromkeys(getattr(module, "CODES", ())))
+    codes.update(dict.fromkeys((*engine.CODES, *healthcheck.CODES)))
+    return list(codes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mps_health.model.printable import escape
+    from mps_health.model.runbook import entries
+
+    found = entries()
+    if args.code is None:
+        # The codes the checks report, then the runbook's other entries (alerts, limits).
+        listed = [c for c in declared() if c in found]
+        listed += [c for c, e in found.items() if c not in listed and not e.group]
+        width = max(len(c) for c in listed)
+        emit("\n".join(f"{c:<{width}}  {found[c].summary}" for c in listed))
+        return ExitCode.OK
+    entry = found.get(args.code)
+    if entry is None:
+        import difflib
+
+        near = difflib.get_close_matches(args.code, list(found), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise Failure(f"no runbook entry for '{escape(args.code, 60)}'{hint}: "
+                      "'mps-health explain' lists every code; a site's own check documents "
+                      "its codes itself", ExitCode.UNKNOWN)
+    emit(entry.text)
+    return ExitCode.OK

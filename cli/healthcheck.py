@@ -1,0 +1,47 @@
+"""``mps-health healthcheck``: the Slurm HealthCheckProgram (also ``mps-health-healthcheck``).
+
+slurm.conf: ``HealthCheckProgram=/usr/bin/mps-health-healthcheck`` (slurmd passes no
+arguments: the config comes from /etc/mps-health/config.yaml, the node name from
+SLURMD_NODENAME). Runs the checks within a budget below slurmd's 60 s kill, counts
+failed and clean runs, and drains or resumes the node (reason tag ``MPS-HC:``) only
+when that must change. Exit status is the checks' state (0 OK ... 3 UNKNOWN): slurmd
+logs the output of a run that fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mps_health.cli.common import add_common, emit, load_config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # slurmd's runs parse their arguments by hand (cli.fast_args)
+    import argparse
+    from typing import Callable
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--detached", dest="mode", action="store_const", const="detached",
+                      help="answer with the last result, check in the background "
+                      "(default: the config's healthcheck.detached)")
+    mode.add_argument("--foreground", dest="mode", action="store_const", const="foreground",
+                      help="check now and answer with this run's result")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="judge and say what would be done; no drain, no resume, no state saved")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from mps_health.healthcheck.run import main_run
+
+    if not os.environ.get("PATH"):  # slurmd's: find scontrol and the MPS client
+        from mps_health.hostio.runner import SAFE_PATH
+
+        os.environ["PATH"] = SAFE_PATH
+    result = main_run(load_config(args), args.root, args.dry_run, args.mode)
+    from mps_health.model.printable import printable
+
+    emit("\n".join(printable(line) for line in result.lines))
+    return result.rc

@@ -1,0 +1,55 @@
+"""The full argparse interface of ``mps-health`` (``check``'s fast path skips it)."""
+
+import argparse
+import importlib
+import os
+from typing import Dict, NoReturn, Sequence, Tuple
+
+from mps_health import __version__
+from mps_health.cli.common import UsageError
+
+# name -> (module defining register(parser) -> handler, one-line help). One line each.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "check": (".cli.check", "run the checks (NHC-style text, or --format json)"),
+    "snapshot": (".cli.snapshot", "save the gathered facts as JSON"),
+    "exporter": (".cli.exporter", "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": (".cli.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": (".cli.remediate", "careful repair: reset, drain, resume, ..."),
+    "slurm": (".cli.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": (".cli.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
+    "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
+    "config": (".cli.configfile", "config example: print the example config"),
+    "ack": (".cli.ack", "acknowledge a daemon-restarted or server-churn event"),
+}
+
+
+class Formatter(argparse.HelpFormatter):
+    """Help at $COLUMNS (or 100) wide: argparse's own default imports shutil at start-up."""
+
+    def __init__(self, prog: str) -> None:
+        columns = os.environ.get("COLUMNS", "")
+        super().__init__(prog, width=int(columns) if columns.isdigit() else 100)
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
+
+
+def build(argv: Sequence[str]) -> Parser:
+    parser = Parser(prog="mps-health", description="Keep NVIDIA MPS healthy on Slurm GPU nodes.")
+    parser.add_argument("-V", "--version", action="version", version=f"mps-health {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        if chosen in COMMANDS and name != chosen:
+            continue  # only the chosen subcommand is built: each costs start-up time
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            p.set_defaults(handler=importlib.import_module(module, "mps_health").register(p))
+    return parser

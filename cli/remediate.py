@@ -1,0 +1,85 @@
+"""``mps-health remediate ACTION``: careful repair, each action planned before it acts.
+
+reset [INSTANCE], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
+action prints its plan and stops there with --dry-run. Exit 0 done or nothing to do, 1
+refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3 could
+not start.
+"""
+
+import argparse
+from typing import Callable
+
+from mps_health.cli.common import add_common, load_config
+from mps_health.model.exitcodes import Failure
+
+ACTIONS = {
+    "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
+    "dirs": "fix pipe/log dir mode, owner or existence in place; the daemon keeps running",
+    "drain": "drain this node in Slurm with our tag (never over someone else's drain)",
+    "resume": "resume this node only if our tag is still its drain reason",
+    "orphans": "stop and remove per-job MPS instances whose job is no longer on the node",
+    "tmpfiles-guard": "write the systemd-tmpfiles exclusion for every configured instance",
+}
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    for name, text in ACTIONS.items():
+        a = sub.add_parser(name, help=text, description=text)
+        add_common(a)
+        a.add_argument("-n", "--dry-run", action="store_true",
+                       help="print the plan and change nothing")
+        if name == "reset":
+            a.add_argument("instance", nargs="?", help="instance name (node, gpu0, job1234)")
+            a.add_argument("--all", action="store_true", help="every instance of this node")
+            a.add_argument("--force", action="store_true",
+                           help="act even on a healthy instance or with clients connected "
+                           "(they lose their MPS server), or within "
+                           "remediation.cooldown_s of the last reset")
+            a.add_argument("--automatic", action="store_true",
+                           help="for scripts and fleet tools: the cooldown "
+                           "(remediation.cooldown_s) holds even with --force")
+        elif name == "dirs":
+            a.add_argument("instance", nargs="*", metavar="INSTANCE",
+                           help="instance names (default: every instance of this node)")
+        elif name == "drain":
+            a.add_argument("--reason", default="manual", help="text after our tag")
+        elif name == "tmpfiles-guard":
+            a.add_argument("--force", action="store_true",
+                           help="overwrite the file even if mps-health did not write it")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from mps_health.remediation import actions
+
+    config = load_config(args)
+
+    from mps_health.model.printable import lines
+
+    def say(line: str) -> None:
+        print(lines(line), flush=True)
+
+    try:
+        if args.action == "reset":
+            return actions.reset(config, args.root, args.instance, args.all, args.force,
+                                 args.dry_run, say, args.automatic)
+        if args.action == "dirs":
+            from mps_health.remediation import dirs_repair
+
+            return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
+        if args.action in ("drain", "resume"):
+            from mps_health.remediation import node_actions
+
+            return node_actions.run(config, args.root, args.action,
+                                    getattr(args, "reason", ""), args.dry_run, say)
+        if args.action == "orphans":
+            from mps_health.remediation import orphans
+
+            return orphans.run(config, args.root, args.dry_run, say)
+        from mps_health.remediation import tmpfiles_guard
+
+        return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
+    except actions.ActionError as e:
+        raise Failure(str(e)) from None

@@ -1,0 +1,88 @@
+"""``mps-health unit prepare|stop``: the two steps of contrib/systemd/nvidia-mps@.service
+that a plain command line cannot do safely (mps_health.remediation.unit says how).
+
+The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
+CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
+Exit 0 done, 2 failed (systemd then marks the start or stop failed), 3 bad usage.
+"""
+
+import argparse
+import os
+from typing import Callable
+
+from mps_health.model.exitcodes import Failure
+
+
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = p.add_subparsers(dest="step", metavar="STEP", parser_class=type(p))
+    sub.required = True
+    for name, text in (("prepare", "make the pipe and log dirs safely (ExecStartPre)"),
+                       ("stop", "quit the daemon and wait for it to exit (ExecStop)")):
+        a = sub.add_parser(name, help=text, description=text)
+        a.add_argument("--pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                       help="default: $CUDA_MPS_PIPE_DIRECTORY")
+        a.add_argument("--config", metavar="FILE",
+                       help="config file, for its state_dir, where the start or stop is "
+                       "recorded as planned (default /etc/mps-health/config.yaml if it exists)")
+        if name == "prepare":
+            a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
+                           help="default: $CUDA_MPS_LOG_DIRECTORY")
+            a.add_argument("--mode", default="0777", help="mode of the pipe dir (octal)")
+            a.add_argument("--log-mode", default="0755",
+                           help="mode of the log dir (octal; only the daemon writes there)")
+        else:
+            a.add_argument("--control", default="nvidia-cuda-mps-control",
+                           help="the control client (the unit names its absolute path)")
+            a.add_argument("--timeout", type=float, default=20.0,
+                           help="seconds to wait for the daemon to exit (below the unit's "
+                           "TimeoutStopSec)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    from mps_health.remediation.unit import prepare, stop
+
+    if not args.pipe_dir or not os.path.isabs(args.pipe_dir):
+        raise Failure(f"unit {args.step}: set CUDA_MPS_PIPE_DIRECTORY (an absolute path) in "
+                      "the unit's Environment=, or give --pipe-dir")
+    if args.step == "prepare":
+        if not args.log_dir or not os.path.isabs(args.log_dir):
+            raise Failure("unit prepare: set CUDA_MPS_LOG_DIRECTORY (an absolute path) in the "
+                          "unit's Environment=, or give --log-dir")
+        mode = _mode("--mode", args.mode)
+        log_mode = _mode("--log-mode", args.log_mode)
+        if log_mode & 0o700 != 0o700:
+            raise Failure(f"unit prepare: --log-mode {args.log_mode!r} must let the daemon "
+                          "(root) read, write and enter the log dir (0700 at least)")
+        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args), log_mode)
+    return stop(args.pipe_dir, args.control, args.timeout, say, _state_dir(args))
+
+
+def _mode(option: str, value: str) -> int:
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        raise Failure(f"unit prepare: {option} {value!r} is not an octal mode")
+    return mode
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    """Where to record the planned start or stop; "" (with a line) when the config is bad:
+    the unit must still start and stop."""
+    from mps_health.cli.common import load_config
+    from mps_health.config.load import ConfigError
+
+    try:
+        return load_config(args).state_dir
+    except ConfigError as e:
+        say(f"not recorded as a planned restart: {e}")
+        return ""
+
+
+def say(line: str) -> None:
+    """What the unit's steps print, with names from the pipe dir escaped."""
+    from mps_health.model.printable import lines
+
+    print(lines(line), flush=True)

@@ -1,0 +1,471 @@
+"""The site's configuration: YAML at /etc/mps-health/config.yaml, validated whole at load.
+
+Every top-level section is declared once, by the module that owns it (a ``Section`` of
+a ``Record``, see ``mps_health.config.schema``); ``SECTIONS`` below says which module that is.
+Loading a file validates every section in it, whichever command runs: a bad or unknown
+key anywhere raises ConfigError with one line naming the file and the key. With no file
+the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nvidia-mps,
+mode 0777) and neither PyYAML nor any owner module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mps_health.config.schema import (
+    Invalid,
+    Record,
+    Section,
+    abspath,
+    command,
+    custom,
+    flag,
+    internal,
+    names,
+    number,
+    optional_number,
+    pathname,
+    shown,
+    text,
+    whole,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
+
+DEFAULT_PATH = "/etc/mps-health/config.yaml"
+LAYOUTS = ("node", "per-gpu", "per-job")
+
+# Default pipe/log paths per layout. {gpu} is a GPU index, {job} a Slurm job id.
+DEFAULT_DIRS = {
+    "node": ("/tmp/nvidia-mps", "/var/log/nvidia-mps"),
+    "per-gpu": ("/tmp/nvidia-mps_{gpu}", "/var/log/nvidia-mps_{gpu}"),
+    "per-job": ("/tmp/nvidia-mps_job{job}", "/tmp/nvidia-log_job{job}"),
+}
+SUN_PATH_MAX = 108  # sockaddr_un.sun_path, NUL included
+LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the pipe dir
+# The longest values a template field takes: Slurm job ids are 32-bit; Slurm gives GPU
+# indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
+LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
+
+# Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
+# has the owners of the sections it gives imported, and all their sections validated
+# (absent ones as empty); without a file, none is imported. An absent section's
+# defaults are what its record says, and hold, but where one section's rules read
+# another (READ_BY): giving slurm validates healthcheck too. Order matters there.
+SECTIONS = {
+    "servers": ".config.deep_checks",
+    "logs": ".config.deep_checks",
+    "canary": ".config.deep_checks",
+    "gpu": ".config.slurm",
+    "slurm": ".config.slurm",
+    "orphans": ".config.slurm",
+    "jobs": ".config.jobs",
+    "healthcheck": ".config.remediation",
+    "remediation": ".config.remediation",
+    "exporter": ".config.exporter",
+    "clients": ".config.deep_checks",
+}
+
+READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
+
+# Keys that once had a twin: one key per concept now, the old name is refused with a hint.
+MOVED = {
+    "healthcheck.tag": "slurm.drain_tag",
+    "healthcheck.scontrol_timeout_s": "slurm.timeout_s",
+    "remediation.orphan_min_age_s": "orphans.min_age_s",
+}
+
+DEFAULT_COMMANDS = {
+    "nvidia-cuda-mps-control": "nvidia-cuda-mps-control",
+    "scontrol": "scontrol",
+    "squeue": "squeue",
+}
+# Where the MPS binaries are looked for when ``commands`` gives a name, not a path: the
+# one list every command uses (check, health check, remediate, unit, the Slurm hooks),
+# never the caller's PATH, so a check and the reset it advises find the same binary, and
+# slurmd's empty environment finds it too. The system dirs root's commands are found on
+# (runner.SAFE_PATH, in its order: /usr/bin is where Ubuntu's and Debian's driver
+# packages put the control binary, /usr/sbin where Debian's nvidia-cuda-mps puts the
+# server), then where Kubernetes GPU nodes and NVIDIA's container tooling mount the
+# driver's binaries (/usr/local/nvidia/bin) and the CUDA toolkit's dir
+# (/usr/local/cuda/bin). README.md, "Where mps-health finds the MPS binaries", says
+# where each comes from.
+MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
+                   "/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin")
+# Commands that may be configured but are not looked up on PATH by default. The server
+# is the one beside the control binary unless configured (mps_health.remediation.processes).
+OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
+
+if TYPE_CHECKING:
+    R = TypeVar("R", bound=Record)
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as the one line the user sees."""
+
+
+# --- the core's own sections ------------------------------------------------------------
+
+def _gpus(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(
+            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
+            and not any(c in str(g) for c in "/{}") and str(g).isprintable() for g in value):
+        raise Invalid(f"must be a list of GPU indices or UUIDs, e.g. [0, 1] (got {shown(value)})")
+    return tuple(str(g).strip() for g in value)
+
+
+def _mode(value: Any) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        mode = -1
+    if isinstance(value, bool) or not 0 <= mode <= 0o7777:
+        raise Invalid(f"must be an octal mode as a string, e.g. '0777' (got {shown(value)})")
+    return mode
+
+
+def _dirs(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"must be a list of absolute dirs, e.g. [/usr/bin] (got {shown(value)})")
+    return tuple(dict.fromkeys(abspath(v) for v in value))
+
+
+class MpsConfig(Record):
+    layout: str = text("node", choices=LAYOUTS)
+    pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
+    log_dir: str = pathname("/var/log/nvidia-mps")
+    gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
+    dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
+    # Log dirs: only the control daemon writes there (it opens control.log and server.log
+    # itself; servers for other users' clients write nothing there), so no one else may:
+    # a user's entry there is a link the daemon would append to, or a forged log.
+    # Default 0755 (node, per-gpu), 0700 for per-job (the job's user's own dir).
+    log_dir_mode: int = custom(0o755, _mode)
+    dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
+    daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
+    forbid_root_daemon: bool = flag(False)
+    # Where the MPS binaries are found unless ``commands`` names their path (root's dirs
+    # only: whatever is found there runs as root).
+    binary_dirs: Tuple[str, ...] = custom(MPS_BINARY_DIRS, _dirs)
+    # Per-job: at most this many instances are judged per run (each costs a control
+    # client and a few reads); the rest are named as not judged, never guessed about.
+    max_instances: int = whole(256, low=1, high=100000)
+
+
+def _template_fields(template: str) -> Tuple[str, ...]:
+    if "{" not in template and "}" not in template:
+        return ()
+    import string  # small; only for a template with fields
+
+    try:
+        return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)
+    except ValueError:
+        raise Invalid("has an unbalanced { or }") from None
+
+
+def socket_path_bytes(pipe_dir: str) -> int:
+    """Bytes of the longest socket path the daemon binds in ``pipe_dir``, NUL included."""
+    return len(pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
+
+
+def _check_template(key: str, template: str, layout: str) -> None:
+    """The pipe/log dir template rules of each layout (every reader relies on them)."""
+    fields = _template_fields(template)
+    allowed = {"node": (), "per-gpu": ("gpu",), "per-job": ("job", "gpu")}[layout]
+    if any(f not in allowed for f in fields):
+        raise Invalid(f"the {layout} layout allows only "
+                      f"{', '.join('{' + f + '}' for f in allowed) or 'a plain path'} "
+                      f"(got {shown(template)})", key)
+    if layout == "per-gpu" and "gpu" not in fields:
+        raise Invalid("per-gpu layout needs {gpu} in the path", key)
+    if layout == "per-job":
+        if "job" not in fields:
+            raise Invalid("per-job layout needs {job} in the path", key)
+        parent = os.path.dirname(template)
+        if "{" in parent or "}" in parent:
+            raise Invalid("{job} and {gpu} may only appear in the last path component "
+                          "(the parent dir is shared by every job)", key)
+        if any(c.isspace() for c in template):
+            raise Invalid("must not contain white space (TaskProlog exports it)", key)
+
+
+def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
+                ) -> MpsConfig:
+    pipe_default, log_default = DEFAULT_DIRS[m.layout]
+    per_job = m.layout == "per-job"
+    m = m._replace(
+        pipe_dir=m.pipe_dir if "pipe_dir" in given else pipe_default,
+        log_dir=m.log_dir if "log_dir" in given else log_default,
+        dir_owner=m.dir_owner if "dir_owner" in given else ("job" if per_job else "root"),
+        daemon_user=m.daemon_user if "daemon_user" in given else ("job" if per_job else "root"),
+        log_dir_mode=m.log_dir_mode if "log_dir_mode" in given else (0o700 if per_job else 0o755),
+    )
+    if m.log_dir_mode & 0o700 != 0o700:
+        raise Invalid(f"must let the daemon's user read, write and enter the dir (0700 at "
+                      f"least; got {m.log_dir_mode:04o})", "log_dir_mode")
+    _check_template("pipe_dir", m.pipe_dir, m.layout)
+    _check_template("log_dir", m.log_dir, m.layout)
+    if per_job and "{gpu}" in m.pipe_dir and "{gpu}" not in m.log_dir:
+        raise Invalid("needs {gpu} too when mps.pipe_dir has it (one daemon per GPU, each "
+                      "with its own control.log)", "log_dir")
+    # Per-job: the prologs make each pipe dir, and must never meet one too long for the
+    # daemon's socket. A fixed dir too long is the directories check's pipe-path-too-long.
+    longest = socket_path_bytes(m.pipe_dir.format(**LONGEST_FIELDS))
+    if per_job and longest > SUN_PATH_MAX:
+        raise Invalid(f"too long for a unix socket path ({longest} bytes with the largest "
+                      f"field values and '/{LONGEST_ENTRY}', limit {SUN_PATH_MAX})", "pipe_dir")
+    return m
+
+
+class ControlConfig(Record):
+    timeout_s: float = number(2.0, low=0.1, high=60.0)
+    max_clients: int = whole(16, low=1, high=1024)  # control clients running at once
+    warn_latency_s: float = number(0.5, low=0.0)
+    expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
+
+
+class TmpfilesConfig(Record):
+    require_guard: bool = flag(False)  # warn even where /tmp is not aged by systemd-tmpfiles
+
+
+def _modules(value: Any) -> Tuple[str, ...]:
+    mods = names(value)
+    for m in mods:
+        if not all(part.isidentifier() for part in m.split(".")):
+            raise Invalid(f"must be Python module names, e.g. site_checks.gpu_temp "
+                          f"(got {shown(m)})")
+    return mods
+
+
+class ChecksConfig(Record):
+    only: Tuple[str, ...] = custom((), names)  # exactly these (empty: the defaults)
+    enable: Tuple[str, ...] = custom((), names)  # besides the defaults (e.g. canary)
+    disable: Tuple[str, ...] = custom((), names)
+    modules: Tuple[str, ...] = custom((), _modules)  # the site's own check modules
+    # Reported and exported like the others, but never a reason for the health check to
+    # drain: for rolling out a new or changed check safely.
+    observe: Tuple[str, ...] = custom((), names)
+
+
+def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
+                   ) -> ChecksConfig:
+    lists = ("only", "enable", "disable", "observe")
+    if not c.modules and not any(getattr(c, key) for key in lists):
+        return c
+    from mps_health.model import registry  # small: a table of names
+
+    for module in c.modules:
+        registry.load_site_module(module)  # Invalid names the module
+    for key in lists:
+        for name in getattr(c, key):
+            if name not in registry.CHECKS:
+                raise Invalid(f"unknown check {shown(name)} (known: "
+                              f"{', '.join(sorted(registry.CHECKS))})", key)
+    return c
+
+
+MPS = Section("mps", MpsConfig, _finish_mps)
+CONTROL = Section("control", ControlConfig)
+TMPFILES = Section("tmpfiles", TmpfilesConfig)
+CHECKS = Section("checks", ChecksConfig, _finish_checks)
+CORE_SECTIONS = (CHECKS, MPS, CONTROL, TMPFILES)  # checks first: it may add site sections
+
+
+def _commands(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of program name to path")
+    known = (*DEFAULT_COMMANDS, *OPTIONAL_COMMANDS)
+    for name, where in value.items():
+        if name not in known:
+            raise Invalid(f"unknown program (known here: {', '.join(known)})", str(name))
+        try:
+            command(where)
+        except Invalid as e:
+            raise Invalid(e.why, str(name)) from None
+    return {**DEFAULT_COMMANDS, **value}
+
+
+class Config(Record):
+    """The whole file, valid. Other modules' sections: ``config.get(THEIR_SECTION)``."""
+
+    path: Optional[str] = internal(None)  # the file it came from; None: built-in defaults
+    node_name: Optional[str] = text(None, optional=True)
+    budget_s: float = number(15.0, low=1.0, high=300.0)
+    state_dir: str = pathname("/var/lib/mps-health")
+    run_dir: str = pathname("/run/mps-health")
+    commands: Mapping[str, str] = custom(DEFAULT_COMMANDS, _commands)
+    checks: ChecksConfig = internal(ChecksConfig())
+    mps: MpsConfig = internal(MpsConfig())
+    control: ControlConfig = internal(ControlConfig())
+    tmpfiles: TmpfilesConfig = internal(TmpfilesConfig())
+    sections: Mapping[str, Record] = internal({})
+    given: Tuple[str, ...] = internal(())  # sections in the file
+    raw: Mapping[str, Any] = internal({})  # as parsed (snapshots)
+
+    def command(self, name: str) -> str:
+        """The configured path or name of an external command (default: its name; the MPS
+        binaries' names are found in ``mps.binary_dirs``: process_identity.locate)."""
+        return self.commands.get(name, name)
+
+    def get(self, section: Section[R]) -> R:
+        """The validated record of ``section`` (its defaults when the file has none)."""
+        found = self.sections.get(section.name)
+        return found if isinstance(found, section.record) else section.defaults()
+
+
+TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
+
+
+MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
+
+
+def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
+    """Load the config from ``path`` (default file if it exists) or from ``text``.
+
+    The path is the admin's choice (the default file, --config, slurm.conf's lines), so a
+    symlink is followed; anything but a regular file (a FIFO, a dir) is refused without
+    blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
+    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.config.inputs``).
+    """
+    explicit = path is not None
+    path = path or DEFAULT_PATH
+    # The default file's parsed form is kept (configcache): no PyYAML on a node's checks.
+    seen = None
+    if text is None and os.path.abspath(path) == DEFAULT_PATH:
+        try:
+            seen = os.stat(path)
+        except FileNotFoundError:
+            if not explicit:
+                return Config()  # no file: the defaults, and nothing else imported
+        except OSError:
+            pass  # reading it says what is wrong
+    if seen is not None:
+        from mps_health.config import cache as configcache
+
+        kept = configcache.lookup(DEFAULT_PATH, seen)
+        if kept is not None:
+            return from_mapping(kept, path)
+    from mps_health.config.inputs import InputError, read_text
+
+    try:
+        if text is None:
+            text = read_text(path, MAX_BYTES, follow=True)
+            if text is None:
+                if explicit:
+                    raise ConfigError(f"{path}: no such file; give an existing --config")
+                return Config()
+        data = _parse_yaml(text, path)
+    except InputError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    config = from_mapping(data, path)
+    if seen is not None:
+        from mps_health.config import cache as configcache
+
+        after = _stat(path)
+        if after is not None and configcache.identity(after) == configcache.identity(seen):
+            configcache.remember(DEFAULT_PATH, seen, data)  # the text read is the file seen
+    return config
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None  # reading it says what is wrong
+
+
+def _parse_yaml(text: str, path: str) -> Any:
+    import yaml  # only when there is a file: PyYAML costs milliseconds
+    from mps_health.config.inputs import tree_size, yaml_nesting, yaml_too_deep
+    from mps_health.model.printable import escape
+
+    # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    yaml_nesting(text, loader)
+    try:
+        data = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        yaml_too_deep(e)  # a short text (no event pass) deeper than libyaml takes
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: not valid YAML: {escape(problem)}") from None
+    except ValueError as e:  # an integer of over 4300 digits, a date out of range
+        raise ConfigError(f"{path}: not valid YAML: {escape(str(e))}") from None
+    tree_size(data)
+    return data
+
+
+def _owner_sections(module: str) -> Dict[str, Section]:
+    from mps_health.model.registry import module_named
+
+    owner = module_named(module)
+    return {s.name: s for s in getattr(owner, "SECTIONS", ())}
+
+
+def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
+    """Validate every key of ``data``; ConfigError names the first bad one."""
+    where = path or "<defaults>"
+    key = ""
+    try:
+        top: Dict[str, Any] = {}
+        for key in TOP_KEYS:
+            if key in data:
+                top[key] = Config._specs[key].parse(data[key])
+        loaded: Dict[str, Record] = {}
+        for section in CORE_SECTIONS:
+            key = section.name
+            loaded[key] = section.validate(_mapping(data.get(key)), loaded)
+        from mps_health.model import (
+            registry,  # (its site sections are known once CHECKS is validated)
+        )
+
+        site = _site_modules()
+        for key in data:
+            if key not in TOP_KEYS and key not in loaded and key not in SECTIONS \
+                    and key not in registry.SITE_SECTIONS:
+                known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+                raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
+        wanted = set(data)
+        wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
+        owners: Dict[str, Section] = {}
+        for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
+                                     *site)):
+            owners.update(_owner_sections(module))
+        for key, section in owners.items():  # absent ones too: rules across sections
+            loaded[key] = section.validate(_mapping(data.get(key)), loaded)
+    except Invalid as e:
+        name = str(key) + (f".{e.key}" if e.key else "")
+        why = f"unknown key: it is {MOVED[name]} now" if name in MOVED else e.why
+        raise ConfigError(f"{where}: key {shown(name)}: {why}") from None
+    core = {s.name: loaded.pop(s.name) for s in CORE_SECTIONS}
+    return Config(path=path, **top, **core, sections=loaded,
+                  given=tuple(str(k) for k in data), raw=dict(data))
+
+
+def _site_modules() -> Tuple[str, ...]:
+    """Site check modules that declare sections (imported with ``checks.modules``)."""
+    from mps_health.model import registry
+
+    return tuple(registry.SITE_SECTIONS.values())
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of keys")
+    return value
+
+
+__all__ = ["Config", "ConfigError", "Section", "load"]

@@ -1,0 +1,111 @@
+"""The ``remediation`` and ``healthcheck`` config sections.
+
+``remediation:`` sets how long each step of a reset may take, where the audit log goes
+and what extra environment a restarted daemon gets. ``healthcheck:`` sets the anti-flap
+counts and the time budget of the HealthCheckProgram run. The drain tag and the
+scontrol timeout they use are ``slurm.drain_tag`` and ``slurm.timeout_s``. Both are
+validated with the whole file when it is loaded (``mps_health.config.load``).
+"""
+
+from __future__ import annotations
+
+from mps_health.config.load import Config
+from mps_health.config.schema import (
+    Invalid,
+    Record,
+    Section,
+    custom,
+    flag,
+    number,
+    pathname,
+    shown,
+    text,
+    whole,
+)
+from mps_health.config.slurm import SlurmSettings
+from mps_health.model.results import BOOT_GRACE_S
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
+    from typing import Any, Mapping, Optional, Tuple
+
+DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
+# slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).
+SLURMD_KILL_S = 60.0
+# A run slower than this is a WARNING (healthcheck-slow): it is on its way to the kill.
+SLOW_RUN_S = SLURMD_KILL_S / 4
+# A run that drains reads the node, reads every node (the circuit breaker), then drains.
+SLURM_CALLS = 3
+
+
+def _env(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of variable names to strings")
+    for name, val in value.items():
+        if not isinstance(name, str) or not name.isidentifier() or \
+                not isinstance(val, (str, int, float)) or isinstance(val, bool) or \
+                "\0" in str(val):
+            raise Invalid(f"must map a variable name to a string (got {shown(val)})", str(name))
+    return tuple((str(k), str(v)) for k, v in sorted(value.items()))
+
+
+class RemediationSettings(Record):
+    quit_timeout_s: float = number(10.0, 0.0, 600.0)  # 'quit -t N': servers alive then die
+    term_timeout_s: float = number(5.0, 0.1, 600.0)  # SIGTERM, then SIGKILL after this
+    verify_timeout_s: float = number(15.0, 0.5, 600.0)  # a restarted daemon answers within
+    lock_wait_s: float = number(30.0, 0.0, 3600.0)  # a second remediation waits this long
+    audit_log: str = pathname(DEFAULT_AUDIT_LOG)
+    syslog: bool = flag(True)
+    daemon_env: Tuple[Tuple[str, str], ...] = custom((), _env)  # for restarted daemons
+    # No second restart of an instance within this many seconds of the last reset that
+    # acted (hostio/planned.py keeps its time): a fault a restart does not cure must not
+    # cost every job on the node a restart per run. A manual reset overrides with --force,
+    # an automatic one (--automatic: the Ansible role, scripts) never does. At most
+    # planned.KEEP_S (7 days): older records are not kept. 0: no cooldown.
+    cooldown_s: float = number(1800.0, 0.0, 7 * 86400.0)
+
+
+class HealthcheckSettings(Record):
+    fail_runs: int = whole(2, 1, 100)  # failed runs in a row before draining
+    pass_runs: int = whole(2, 1, 100)  # clean runs in a row before resuming our own drain
+    timeout_s: float = number(45.0, 2.0, 3600.0)  # the whole run, Slurm calls included
+    drain_on: str = text("critical", choices=("critical", "warning"))  # least failing state
+    detached: bool = flag(False)  # answer at once with the last result, check in background
+    result_ttl_s: float = number(900.0, low=1.0)  # an older detached result is not reported
+    recheck_s: float = number(600.0)  # while failing and drained by us, re-read the node
+    # Circuit breaker: do not drain when more than this share, or this number, of the
+    # nodes of this node's partitions already carry our drain tag (a fleet-wide cause).
+    fleet_max_share: float = number(0.5, 0.0, 1.0)  # 1.0: no limit by share
+    fleet_max_nodes: Optional[int] = whole(None, 0, 1_000_000, optional=True)  # null: none
+    # For this long after boot a unit that has not come up yet (results.STARTING_CODES)
+    # is reported as starting, not as a fault: a booting node is not drained. 0: off.
+    boot_grace_s: float = number(BOOT_GRACE_S, 0.0, 86400.0)
+
+
+def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],
+                        loaded: Mapping[str, Record]) -> HealthcheckSettings:
+    slurm = loaded.get("slurm")
+    scontrol = slurm.timeout_s if isinstance(slurm, SlurmSettings) else SlurmSettings.timeout_s
+    if hc.timeout_s < SLURM_CALLS * scontrol + 2:
+        got = f"got {hc.timeout_s:g}" if "timeout_s" in given else \
+            f"the default {hc.timeout_s:g}: set it, or lower slurm.timeout_s"
+        raise Invalid(f"must leave room for the checks and {SLURM_CALLS} scontrol calls: at "
+                      f"least {SLURM_CALLS} x slurm.timeout_s + 2 = "
+                      f"{SLURM_CALLS * scontrol + 2:g} ({got})", "timeout_s")
+    return hc
+
+
+REMEDIATION = Section("remediation", RemediationSettings)
+HEALTHCHECK = Section("healthcheck", HealthcheckSettings, _finish_healthcheck)
+SECTIONS = (REMEDIATION, HEALTHCHECK)
+
+
+def remediation(config: Config) -> RemediationSettings:
+    return config.get(REMEDIATION)
+
+
+def healthcheck(config: Config) -> HealthcheckSettings:
+    return config.get(HEALTHCHECK)
+
+
+__all__ = ["HealthcheckSettings", "RemediationSettings", "healthcheck", "remediation"]

@@ -1,0 +1,254 @@
+"""How a config section is declared: a frozen record whose fields are key specs.
+
+A module that owns a section declares it once::
+
+    class LogsConfig(Record):
+        window_s: float = number(900.0, low=0.001)   # the field's type, default and rule
+
+    SECTIONS = (Section("logs", LogsConfig),)
+
+``mps_health.config.load`` validates the whole file against every declared section when it
+loads it; callers then read ``config.get(SECTION)``, an already valid record. A spec's
+``parse`` turns one YAML value into the field's value or raises ``Invalid`` saying what
+is wrong; the loader adds the file and the key. No heavy import here: this runs on
+every check.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import (
+        Any,
+        Callable,
+        ClassVar,
+        Dict,
+        Generic,
+        Mapping,
+        Optional,
+        Sequence,
+        Tuple,
+        Type,
+        TypeVar,
+    )
+else:
+    from mps_health.model.frozen import Generic, TypeVar
+
+SHOWN_MAX = 60  # characters of a bad value quoted back in an error line
+
+
+class Invalid(ValueError):
+    """One bad value: ``why`` it is wrong, and the sub-key under the field, if any."""
+
+    def __init__(self, why: str, key: str = "") -> None:
+        super().__init__(why)
+        self.why = why
+        self.key = key
+
+
+def shown(value: Any) -> str:
+    """A value for an error line: escaped (repr) and cut to SHOWN_MAX characters.
+
+    Built by ``reprlib``, which stops after a few items and levels: the full repr of a
+    value that YAML aliases repeat (or that contains itself) would be as large as its
+    expansion, however small the file."""
+    import reprlib  # small, and only on the way to an error line
+
+    short = reprlib.Repr()
+    # Strings are cut in their middle by reprlib: far enough out that the cut below,
+    # at the end, is the one seen.
+    short.maxlevel, short.maxstring, short.maxother = 3, 4 * SHOWN_MAX, 4 * SHOWN_MAX
+    text = short.repr(value)
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
+
+
+def has_control(text: str) -> bool:
+    """True for C0/C1 control characters (newline, ESC, DEL...): never in a path or command."""
+    return any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text)
+
+
+class Spec:
+    """One key: its default and the function that checks and converts a given value."""
+
+    __slots__ = ("default", "parse")
+
+    def __init__(self, default: Any, parse: Callable[[Any], Any]) -> None:
+        self.default = default
+        self.parse = parse
+
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A frozen settings record. Fields are the class attributes given as specs."""
+
+    _specs: ClassVar[Dict[str, Spec]] = {}
+    _fields: ClassVar[Tuple[str, ...]] = ()
+
+    def __init_subclass__(cls) -> None:
+        specs = dict(cls._specs)
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, Spec):
+                specs[name] = value
+                setattr(cls, name, value.default)
+        cls._specs = specs
+        cls._fields = tuple(specs)
+
+    def __init__(self, **values: Any) -> None:
+        for name in values:
+            if name not in self._specs:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+        for name, spec in self._specs.items():
+            object.__setattr__(self, name, values.get(name, spec.default))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: use _replace")
+
+    def _asdict(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def _replace(self: R, **changes: Any) -> R:
+        return type(self)(**{**self._asdict(), **changes})
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._asdict() == other._asdict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(repr(v) for v in self._asdict().values()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._asdict().items())
+        return f"{type(self).__name__}({inner})"
+
+
+# finish(record, given, loaded) -> record: rules across keys or sections. ``given`` is the
+# section as written, ``loaded`` the sections validated before this one (by name).
+if TYPE_CHECKING:
+    Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
+
+
+class Section(Generic[R]):
+    """A top-level config key holding a mapping, validated into ``record``."""
+
+    def __init__(self, name: str, record: Type[R], finish: Optional[Finish] = None) -> None:
+        self.name = name
+        self.record = record
+        self.finish = finish
+
+    def defaults(self) -> R:
+        return self.record()
+
+    def validate(self, given: Mapping[str, Any], loaded: Mapping[str, Record]) -> R:
+        """The record for ``given``; Invalid(why, key) names the first bad key."""
+        specs = self.record._specs
+        for key in given:
+            if key not in specs:
+                raise Invalid(f"unknown key (known here: {', '.join(self.record._fields)})",
+                              str(key))
+        values = {}
+        for key, value in given.items():
+            try:
+                values[key] = specs[key].parse(value)
+            except Invalid as e:
+                raise Invalid(e.why, f"{key}.{e.key}" if e.key else key) from None
+        record = self.record(**values)
+        return self.finish(record, given, loaded) if self.finish else record
+
+
+# --- specs ------------------------------------------------------------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(default: float, low: float = 0.0, high: float = float("inf")) -> Any:
+    def parse(value: Any) -> float:
+        if not _is_number(value) or not low <= value <= high:
+            bounds = f"between {low:g} and {high:g}" if high != float("inf") else f">= {low:g}"
+            raise Invalid(f"must be a number {bounds} (got {shown(value)})")
+        return float(value)
+    return Spec(default, parse)
+
+
+def optional_number(low: float, high: float) -> Any:
+    inner = number(0.0, low, high).parse
+    return Spec(None, lambda value: None if value is None else inner(value))
+
+
+def whole(default: Optional[int], low: int = 0, high: int = 2**63, optional: bool = False
+          ) -> Any:
+    def parse(value: Any) -> Optional[int]:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise Invalid(f"must be a whole number from {low} to {high} (got {shown(value)})")
+        return value
+    return Spec(default, parse)
+
+
+def flag(default: bool) -> Any:
+    def parse(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise Invalid(f"must be true or false (got {shown(value)})")
+        return value
+    return Spec(default, parse)
+
+
+def text(default: Optional[str], choices: Sequence[str] = (), optional: bool = False) -> Any:
+    """A non-empty string without control characters, one of ``choices`` if given."""
+    def parse(value: Any) -> Optional[str]:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip() or has_control(value):
+            raise Invalid(f"must be a non-empty string without control characters "
+                          f"(got {shown(value)})")
+        if choices and value not in choices:
+            raise Invalid(f"must be one of {', '.join(choices)} (got {shown(value)})")
+        return value
+    return Spec(default, parse)
+
+
+def abspath(value: Any) -> str:
+    """An absolute path without control characters, normalised."""
+    import os.path
+
+    if not isinstance(value, str) or not value.startswith("/") or has_control(value):
+        raise Invalid(f"must be an absolute path without control characters "
+                      f"(got {shown(value)})")
+    return os.path.normpath(value)
+
+
+def pathname(default: Optional[str], optional: bool = False) -> Any:
+    return Spec(default, lambda v: None if v is None and optional else abspath(v))
+
+
+def command(value: Any) -> str:
+    """A program name (found on PATH) or an absolute path, without control characters."""
+    if not isinstance(value, str) or not value.strip() or has_control(value) or \
+            ("/" in value and not value.startswith("/")):
+        raise Invalid(f"must be a program name or an absolute path (got {shown(value)})")
+    return value
+
+
+def custom(default: Any, parse: Callable[[Any], Any]) -> Any:
+    return Spec(default, parse)
+
+
+def names(value: Any) -> Tuple[str, ...]:
+    """A list of names (a single name is a list of one)."""
+    if isinstance(value, str):
+        value = [value]
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+            isinstance(n, str) and n and not has_control(n) for n in value):
+        raise Invalid(f"must be a list of names (got {shown(value)})")
+    return tuple(value)
+
+
+def internal(default: Any) -> Any:
+    """A field the loader fills in itself; no file key reaches it."""
+    def parse(value: Any) -> Any:
+        raise Invalid("is not a config key")
+    return Spec(default, parse)

@@ -1,0 +1,139 @@
+"""The ``slurm``, ``orphans`` and ``gpu`` config sections.
+
+They are validated with the whole file when it is loaded (``mps_health.config.load``);
+readers get the records through ``config.get(...)`` or the helpers below.
+"""
+
+from __future__ import annotations
+
+from mps_health.config.load import Config
+from mps_health.config.schema import (
+    Invalid,
+    Record,
+    Section,
+    custom,
+    number,
+    pathname,
+    shown,
+    text,
+    whole,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
+    from typing import Any, Optional, Tuple
+
+OUTPUTS = ("auto", "text", "json")
+MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")
+DEFAULT_TAG = "MPS-HC:"
+
+
+def _tag(value: Any) -> str:
+    tag = text(DEFAULT_TAG).parse(value)
+    if any(c.isspace() for c in tag):
+        raise Invalid(f"must be one word: it is the drain reason's first word (got {shown(tag)})")
+    if tag.upper().startswith("NHC"):
+        raise Invalid("must not start with NHC: LBNL NHC would resume our drains")
+    return str(tag)
+
+
+class SlurmSettings(Record):
+    timeout_s: float = number(5.0, low=0.1, high=60.0)  # each scontrol/squeue call
+    output: str = text("auto", choices=OUTPUTS)  # "json" from Slurm 23.02 on; "auto" asks once
+    gres_conf: Optional[str] = pathname(None, optional=True)  # default: beside slurm.conf
+    mps_per_gpu: int = whole(100, low=1, high=1_000_000)  # gres.conf Count of mps per GPU
+    # A drain reason starting with this is our own: the health check drains and resumes
+    # with it, gres-drift and `remediate node` recognise the node's own drains by it.
+    drain_tag: str = custom(DEFAULT_TAG, _tag)
+    job_grace_s: float = number(60.0, low=0.0, high=86400.0)  # a new job's prolog may take this
+
+
+class OrphanSettings(Record):
+    # Younger per-job dirs are neither judged nor removed: a job may be starting.
+    min_age_s: float = number(120.0, low=0.0, high=30 * 86400.0)
+
+
+def _gpu_list(value: Any) -> Optional[Tuple[str, ...]]:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not all(
+            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
+            and str(g).isprintable() for g in value):
+        raise Invalid(f"must be all or a list of GPU indices or UUIDs, e.g. [0, 1] "
+                      f"(got {shown(value)})")
+    return tuple(str(g).strip() for g in value)
+
+
+def _mode(value: Any, key: str) -> str:
+    if not isinstance(value, str) or value.upper() not in {m.upper() for m in MODES}:
+        raise Invalid(f"must be one of {', '.join(MODES)} (got {shown(value)})", key)
+    return "any" if value.lower() == "any" else value.upper()
+
+
+DEFAULT_MODES = (("mps", "EXCLUSIVE_PROCESS"), ("other", "DEFAULT"))
+
+
+def _modes(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if isinstance(value, str):
+        value = {"mps": value}
+    if not isinstance(value, dict):
+        raise Invalid("must be a mapping of mps/other/GPU index or UUID to a mode")
+    given = {str(k).strip(): _mode(v, str(k)) for k, v in value.items()}
+    return tuple({**dict(DEFAULT_MODES), **given}.items())
+
+
+class GpuSettings(Record):
+    mps_gpus: Optional[Tuple[str, ...]] = custom(None, _gpu_list)  # None: from the mps section
+    # mps/other/GPU index or UUID -> expected compute mode
+    compute_mode: Tuple[Tuple[str, str], ...] = custom(DEFAULT_MODES, _modes)
+    count: Optional[int] = whole(None, optional=True)  # GPUs this node must have (gres-drift)
+    # MIG under MPS is supported by NVIDIA (each MIG compute instance gets its share of
+    # the 48 clients): "allow" where the site means it, "warn" (mig-on-mps-gpu) otherwise.
+    mig: str = text("warn", choices=("warn", "allow"))
+
+    @property
+    def mode_mps(self) -> str:
+        return dict(self.compute_mode)["mps"]
+
+    @property
+    def mode_other(self) -> str:
+        return dict(self.compute_mode)["other"]
+
+    @property
+    def modes(self) -> Tuple[Tuple[str, str], ...]:
+        """(GPU index or UUID, mode) overrides."""
+        return tuple((k, m) for k, m in self.compute_mode if k not in ("mps", "other"))
+
+
+SLURM = Section("slurm", SlurmSettings)
+ORPHANS = Section("orphans", OrphanSettings)
+GPU = Section("gpu", GpuSettings)
+SECTIONS = (GPU, SLURM, ORPHANS)
+
+
+def settings(config: Config) -> SlurmSettings:
+    return config.get(SLURM)
+
+
+def orphan_settings(config: Config) -> OrphanSettings:
+    return config.get(ORPHANS)
+
+
+def gpu_settings(config: Config) -> GpuSettings:
+    return config.get(GPU)
+
+
+def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
+    """The GPUs (indices or UUIDs) MPS serves; None for "every GPU of the node".
+
+    ``gpu.mps_gpus`` wins; else the per-gpu layout's ``mps.gpus``; else every GPU
+    (a node-wide daemon serves all GPUs it can see; per-job daemons any GPU a job gets).
+    """
+    chosen = gpu_settings(config).mps_gpus
+    if chosen is not None:
+        return chosen
+    if config.mps.layout == "per-gpu":
+        return config.mps.gpus
+    return None

@@ -1,0 +1,1 @@
+"""The run: gather the facts the chosen checks need, judge them; snapshots of them."""

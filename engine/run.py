@@ -1,0 +1,409 @@
+"""The run: gather the facts the chosen checks need, then judge them.
+
+Sources that wait on other programs are not read in turn. The control query and the
+servers probe start their clients first and are collected after the sources read
+inline, so the clients run meanwhile and a healthy run starts no thread for them; the
+others (scontrol, NVML, the canary) run in threads of their own. All are bound by the
+run's deadline; a source that misses it, or fails, leaves one line in ``Facts.errors``
+and makes only the checks that need it UNKNOWN, so one wedged daemon never hides the
+other results.
+
+The whole run has a hard limit too (``bounded``): it runs in a thread the caller walks
+away from at the limit, whatever blocks it (a read stuck in a hung file system, a
+process in D state, a bug), and every command the run started is killed then. The
+caller says so in its documented line (``Overrun``); the budget (gathering) and the
+limit (the whole run) are decided here, for every command, once.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mps_health import __version__
+from mps_health.config.load import Config
+from mps_health.hostio.background import Background
+from mps_health.hostio.resources import OutOfResources
+from mps_health.model import actionhints, registry
+from mps_health.model.context import Context, node_name
+from mps_health.model.exitcodes import Failure
+from mps_health.model.facts import Facts, Instance
+from mps_health.model.printable import printable
+from mps_health.model.results import (
+    CRITICAL,
+    UNKNOWN,
+    WARNING,
+    CheckRun,
+    Report,
+    Result,
+    fold,
+    starting,
+)
+from mps_health.probes import instances
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar
+
+    T = TypeVar("T")
+
+# A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
+# and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
+# judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
+JOIN_GRACE_S = 1.0
+# The control query ends this long before the budget, so killing the client and
+# collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
+CONTROL_MARGIN_S = 0.3
+# Where no outer limit is given (check --budget, the health check), the whole run is
+# abandoned this long after its gathering budget: room for JOIN_GRACE_S and judging.
+OVERRUN_GRACE_S = 2.0
+# The codes the engine itself reports for any check (runbook entries in README.md).
+CODES = ("facts-unavailable", "check-failed")
+
+
+class SelectionError(Failure, ValueError):
+    """--only/--skip or the config named a check that does not exist (exit 3)."""
+
+
+class Overrun(Failure):
+    """The run did not end within its hard limit and was abandoned (its commands killed):
+    exit 3, one line. Something below Python hung: a read on a hung file system, a
+    process stuck in the kernel. ``waiting_on`` names what was still being done then.
+    (A replay reads no file and starts nothing while it judges: its line says so.)"""
+
+    def __init__(self, limit_s: float, waiting_on: Sequence[str], line: str = "") -> None:
+        self.limit_s = limit_s
+        self.waiting_on = tuple(waiting_on)
+        where = f" (still busy with: {', '.join(self.waiting_on)})" if self.waiting_on else ""
+        super().__init__(line or f"the checks did not finish within {limit_s:g}s{where}: "
+                         "something below mps-health hung (a hung file system, a process "
+                         "stuck in the kernel); abandoned, the commands it started killed "
+                         "(runbook: run-overrun)")
+
+
+def limit_for(budget_s: float) -> float:
+    """The hard limit of a run whose gathering budget is ``budget_s``."""
+    return budget_s + OVERRUN_GRACE_S
+
+
+def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float] = None
+            ) -> T:
+    """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
+    ``time.monotonic()``; default now).
+
+    ``work`` runs in a thread of its own (``Background``), so nothing it blocks on (a
+    FIFO, a hung NFS read, a process in D state) can hold the caller; ``in_flight`` is a
+    set it keeps the names of what it is doing in, for the Overrun's line. At the limit
+    every command started meanwhile (``runner``) is killed with its process group; the
+    thread itself is left behind and dies with the process. A signal (SIGALRM) cannot do
+    this: the handler's exception would be caught as a probe's failure, and it runs only
+    in the main thread.
+    """
+    started = time.monotonic() if since is None else since
+    in_flight: Set[str] = set()
+    box: List[T] = []
+    failed: List[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(work(in_flight))
+        except BaseException as e:  # handed to the caller as it is
+            failed.append(e)
+
+    if not Background(target).join(limit_s - (time.monotonic() - started)):
+        import sys
+
+        runner = sys.modules.get("mps_health.hostio.runner")  # not loaded: nothing was started
+        if runner is not None:
+            runner.kill_started_since(started)
+        raise Overrun(limit_s, sorted(in_flight))
+    if failed:
+        raise failed[0]
+    return box[0]
+
+
+def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
+                  ) -> List[registry.CheckSpec]:
+    chosen = config.checks  # its names were checked when the config was loaded
+    for name in (*only, *skip):
+        if name not in registry.CHECKS:
+            known = ", ".join(sorted(registry.CHECKS))
+            raise SelectionError(f"unknown check '{name}' (known: {known})")
+    if only or chosen.only:
+        names = list(only or chosen.only)
+    else:  # the defaults, those whose config section is present, and checks.enable
+        names = [c.name for c in registry.CHECKS.values()
+                 if c.default_on or any(k in config.given for k in c.when_configured)
+                 or c.name in chosen.enable]
+    dropped = set(skip) | set(chosen.disable)
+    return [registry.CHECKS[n] for n in names if n not in dropped]
+
+
+def budget_within(limit_s: float, configured_s: float) -> float:
+    """The gathering budget of a run that must be over within ``limit_s`` (check_mps' -t,
+    the exporter's interval): room left for start-up, judging and printing."""
+    return min(configured_s, max(0.5, limit_s * 0.8 - 0.2))
+
+
+def fit_control(config: Config, budget_s: float) -> Config:
+    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``:
+    a budget shorter than the control timeout still sees a wedged daemon as wedged
+    (CRITICAL control-wedged), not as a source that missed the deadline (UNKNOWN)."""
+    limit = round(max(0.1, budget_s - CONTROL_MARGIN_S), 3)
+    if config.control.timeout_s <= limit:
+        return config
+    return config._replace(control=config.control._replace(timeout_s=limit))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    if isinstance(exc, OutOfResources) and text:
+        return text[0]  # already says what and why, in words
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = None,
+           meanwhile: Optional[Callable[[], None]] = None) -> Facts:
+    """Gather every needed source once; never raises, never outlives ``ctx.deadline``
+    unless a read blocks below Python (``bounded`` ends that). ``in_flight`` is kept
+    holding the names of the sources being gathered. ``meanwhile`` runs once the inline
+    sources are read, while the started commands and threads finish (a run imports its
+    checks then)."""
+    started = time.time()
+    doing: Set[str] = set() if in_flight is None else in_flight
+    needed = set(needs)
+    wanted = [src for name, src in registry.SOURCES.items() if name in needed]
+    values: Dict[str, object] = {}
+    errors: Dict[str, str] = {}
+    durations: Dict[str, float] = {}
+    over = 0
+    doing.add("instances")
+    try:
+        if ctx.config.mps.layout == "per-job":  # the other layouts never load the Slurm probe
+            from mps_health.probes.slurm import with_jobs
+
+            ctx = with_jobs(ctx)  # the one squeue, shared with the slurm source
+        found = insts = instances.gather(ctx)
+        insts, unjudged = _judged_now(ctx, insts, None, {})
+        over = max(0, len(insts) - ctx.config.mps.max_instances)
+        insts = insts[:ctx.config.mps.max_instances]
+    except Exception as e:  # a bad template or unreadable /tmp: say so, judge the rest
+        found, insts, unjudged = (), (), {}
+        errors["instances"] = _one_line(e)
+    doing.discard("instances")
+    if "control" in needed or "servers" in needed:
+        # Shared by the probes that ask the daemons: one timeout per wedged daemon.
+        from mps_health.probes.control import Queries
+
+        ctx = ctx._replace(queries=Queries())
+
+    def collect(src: registry.Source, step: Callable[[], object]) -> None:
+        t0 = time.monotonic()
+        doing.add(src.name)
+        try:
+            values[src.name] = step()
+        except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
+            values.pop(src.name, None)
+            errors[src.name] = _one_line(e)
+        durations[src.name] = durations.get(src.name, 0.0) + time.monotonic() - t0
+        doing.discard(src.name)
+
+    def call(target: str) -> Callable[[], object]:
+        return lambda: registry.load(target)(ctx, insts)
+
+    # A source with a start has its commands started first, so they run while the rest
+    # is read, and is collected last, in the registry's order (the control query's pipe
+    # dir locks are let go before the servers probe waits on them).
+    split = [src for src in wanted if src.start]
+    for src in split:
+        collect(src, call(src.start))
+    ending = {src.name: values.pop(src.name) for src in split if src.name in values}
+    # Each source gathered in a thread has its modules imported here, before its thread
+    # starts: two threads importing at once only hand the GIL back and forth, at a
+    # context switch each time (measured: a millisecond of a healthy check's wall time).
+    threads = []
+    for src in wanted:
+        if src.blocking:
+            try:
+                registry.load(src.target)
+            except Exception:
+                pass  # its thread's collect() says what is wrong
+            threads.append((src, Background(collect, src, call(src.target))))
+    for src in wanted:
+        if not (src.blocking or src.start):
+            collect(src, call(src.target))
+    if meanwhile is not None:
+        meanwhile()
+    for src in split:
+        if src.name in ending:  # (a start that failed said why in errors)
+            collect(src, ending[src.name])  # type: ignore[arg-type]
+    for src, t in threads:
+        if not t.join(ctx.remaining() + JOIN_GRACE_S):
+            errors[src.name] = "did not finish within the run's budget"
+    if "processes" in values and "dirs" in values:
+        # The pid files were read after /proc was scanned: a daemon started in between
+        # must not be judged stale (probes.proc.with_named).
+        from mps_health.probes.proc import with_named
+
+        t0 = time.monotonic()
+        try:
+            values["processes"] = with_named(ctx, values["processes"],  # type: ignore[arg-type]
+                                             values["dirs"])  # type: ignore[arg-type]
+        except Exception:  # the scan stands: at worst a stale verdict, as before
+            pass
+        durations["processes"] = durations.get("processes", 0.0) + time.monotonic() - t0
+    # Once more with every fact in: a hook that changed an instance meanwhile recorded it
+    # before acting, so what the facts saw of that change is never judged.
+    try:
+        insts, unjudged = _judged_now(ctx, insts, started, unjudged)
+    except Exception as e:  # cannot tell set-up from failure: judge none, say why
+        errors["instances"] = _one_line(e)
+    job_of = {i.name: i.job_id or i.name for i in found}
+    return Facts(node_name(ctx.config, ctx.env), started, ctx.root, insts, dict(values),
+                 errors, durations, over,
+                 tuple(sorted((job_of.get(n, n), why) for n, why in unjudged.items())))
+
+
+def _judged_now(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float],
+                known: Dict[str, str]) -> Tuple[Tuple[Instance, ...], Dict[str, str]]:
+    """The per-job instances to judge (probes/jobphase.py), and those left out, with why."""
+    if ctx.config.mps.layout != "per-job" or not insts:
+        return insts, known
+    from mps_health.probes.jobphase import unjudged
+
+    why = {**known, **unjudged(ctx, insts, since)}
+    return tuple(i for i in insts if i.name not in why), why
+
+
+def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
+    """Where a per-job instance's dirs or daemon belong to the job's user, that user can
+    break them at will; it hurts only their own job, so it is at most a WARNING, never a
+    drain."""
+    return tuple(r._replace(state=WARNING) if r.state == CRITICAL and r.instance in per_job
+                 else r for r in results)
+
+
+def shown(r: Result) -> Result:
+    """``r`` with everything it took from the system made printable (see printable.py)."""
+    return r._replace(instance=printable(r.instance), message=printable(r.message),
+                      action=printable(r.action),
+                      labels=tuple((printable(k), printable(v)) for k, v in r.labels))
+
+
+def judge(facts: Facts, config: Config,
+          checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
+    """Run each check over the facts. A check never raises out of here."""
+    runs: List[CheckRun] = []
+    users_own = "job" in (config.mps.dir_owner, config.mps.daemon_user)
+    per_job = {i.name for i in facts.instances if i.layout == "per-job" and users_own}
+    for spec in checks:
+        t0 = time.monotonic()
+        missing = [n for n in spec.needs if n not in facts.sources]
+        if "instances" in facts.errors:
+            missing.insert(0, "instances")
+        if missing:
+            why = "; ".join(f"{n}: {facts.errors.get(n, 'not gathered')}" for n in missing)
+            result = Result(spec.name, UNKNOWN, "facts-unavailable", "",
+                            f"cannot judge: {why}", "run 'mps-health check -v' as root")
+            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0))
+            continue
+        try:
+            fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
+            results = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
+            runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
+        except Exception as e:
+            result = Result(spec.name, UNKNOWN, "check-failed", "",
+                            f"the check itself failed: {_one_line(e)}",
+                            "report this as a bug with 'mps-health snapshot'")
+            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0, _one_line(e)))
+    return fold(runs)  # a cause is one problem: what follows from it is folded under it
+
+
+def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
+        budget_s: Optional[float] = None, replay: Optional[Facts] = None,
+        limit_s: Optional[float] = None, boot_grace_s: float = 0.0) -> Tuple[Facts, Report]:
+    """Gather (or replay) and judge, all over within ``limit_s`` (default: the budget plus
+    OVERRUN_GRACE_S). Within ``boot_grace_s`` of the node's boot (``uptime_s``; never for a
+    replay) what only says a unit is not up yet is marked starting (``results.starting``).
+    Raises SelectionError for unknown check names, Overrun when the limit passes first."""
+    t0 = time.monotonic()
+    checks = select_checks(config, only, skip)
+    budget = budget_s if budget_s is not None else config.budget_s
+    limit = limit_s if limit_s is not None else limit_for(budget)
+
+    def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
+        return _run(config, root, checks, budget, replay, t0, in_flight, boot_grace_s)
+
+    if replay is None:
+        return bounded(limit, work, since=t0)
+    try:
+        return bounded(limit, work, since=t0)
+    except Overrun as e:
+        raise Overrun(limit, e.waiting_on, f"judging the replayed snapshot "
+                      f"({len(replay.instances)} instances) did not finish within {limit:g}s: "
+                      "a snapshot this large needs more time: give --budget SECONDS (up to "
+                      "300) (runbook: run-overrun)") from None
+
+
+def uptime_s(root: str) -> Optional[float]:
+    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None when
+    it cannot be read (then there is no boot grace: findings count as always)."""
+    from mps_health.hostio.safefiles import read_small
+
+    where = "/proc/uptime" if root in ("", "/") else f"{root.rstrip('/')}/proc/uptime"
+    try:
+        data = read_small(where, 256)
+        return float(data.split()[0]) if data else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: float) -> Facts:
+    """``gather`` for the commands that keep the facts themselves (snapshot, clients),
+    under the same hard limit as a run."""
+    wanted = list(needs)
+
+    def work(in_flight: Set[str]) -> Facts:
+        return gather(Context(config, root, time.monotonic() + budget_s), wanted, in_flight)
+
+    return bounded(limit_for(budget_s), work)
+
+
+def _import_checks(checks: Sequence[registry.CheckSpec]) -> None:
+    """The checks' modules, imported while a run waits on the daemon's answer (judge
+    then finds them loaded: most of a millisecond less after it); a module that fails
+    to import is judge's to report."""
+    for spec in checks:
+        try:
+            registry.load(spec.target)
+        except Exception:
+            pass
+
+
+def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,
+         replay: Optional[Facts], t0: float, in_flight: Set[str], boot_grace_s: float = 0.0
+         ) -> Tuple[Facts, Report]:
+    if replay is None:
+        config = fit_control(config, budget)
+        ctx = Context(config, root, t0 + budget)
+        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight,
+                       lambda: _import_checks(checks))
+    else:
+        facts = replay
+        # A snapshot judges only what it holds: a check added after it was taken is left
+        # out rather than reported UNKNOWN.
+        checks = [c for c in checks
+                  if all(n in facts.sources or n in facts.errors for n in c.needs)]
+    in_flight.add("judging")
+    runs = judge(facts, config, checks)
+    in_flight.discard("judging")
+    if boot_grace_s > 0 and replay is None:
+        up = uptime_s(root)
+        if up is not None and up < boot_grace_s:
+            runs = starting(runs)
+    # Every command an action quotes acts on what this run judged (its --config, --root).
+    options = actionhints.run_options(config.path, root)
+    runs = actionhints.applied(runs, options, CODES)
+    report = Report(printable(facts.node), facts.taken_at, time.monotonic() - t0, runs,
+                    dict(facts.durations), __version__,
+                    {i.name: i.gpu for i in facts.instances if i.gpu}, options)
+    return facts, report

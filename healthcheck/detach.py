@@ -1,0 +1,105 @@
+"""NHC's detached mode: answer slurmd at once with the last result, check in a child.
+
+The result file (``run_dir/healthcheck.result``, on tmpfs under /run) holds the exit
+status, the boot id and the time it was written, then the output. A result from
+another boot, or older than ``result_ttl_s``, is not reported. The child leaves
+slurmd's process group and session (setsid, then a second fork so it can never take
+a terminal back) and lets go of slurmd's pipes at once: slurmd reads our output to EOF
+and then kills our process group, so the child must hold neither.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Callable, NamedTuple, Optional
+else:
+    from mps_health.model.frozen import NamedTuple
+
+RESULT_FILE = "healthcheck.result"
+
+
+class StoredResult(NamedTuple):
+    rc: int
+    boot_id: str
+    written_at: float
+    text: str
+
+
+def boot_id(proc: str = "/proc") -> str:
+    from mps_health.hostio.safefiles import read_small
+
+    try:
+        data = read_small(f"{proc}/sys/kernel/random/boot_id", 64)
+    except OSError:
+        return "unknown"
+    return data.decode("ascii", "replace").strip() if data else "unknown"
+
+
+def parse_result(data: str) -> Optional[StoredResult]:
+    head, _, text = data.partition("\n")
+    fields = head.split()
+    if len(fields) != 3:
+        return None
+    try:
+        return StoredResult(int(fields[0]), fields[1], float(fields[2]), text.rstrip("\n"))
+    except ValueError:
+        return None
+
+
+def format_result(rc: int, boot: str, written_at: float, text: str) -> str:
+    return f"{rc} {boot} {written_at:.3f}\n{text}\n"
+
+
+def read_result(path: str) -> Optional[StoredResult]:
+    from mps_health.hostio.safefiles import read_small
+
+    try:
+        data = read_small(path, 65536)
+    except OSError:
+        return None
+    return None if data is None else parse_result(data.decode("utf-8", "replace"))
+
+
+def current(result: Optional[StoredResult], boot: str, now: float, ttl_s: float
+            ) -> Optional[StoredResult]:
+    """The result if it is from this boot and fresh enough, else None."""
+    if result is None or result.boot_id != boot:
+        return None
+    if not 0 <= now - result.written_at <= ttl_s:
+        return None
+    return result
+
+
+def write_result(path: str, rc: int, boot: str, text: str) -> None:
+    from mps_health.hostio.safefiles import write_atomic
+
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_atomic(path, format_result(rc, boot, time.time(), text).encode(), 0o644)
+
+
+def spawn(work: Callable[[], int]) -> int:
+    """Run ``work`` in a grandchild outside our session; returns the first child's PID
+    (already reaped). ``work`` must not return into the caller's code: we _exit."""
+    first = os.fork()
+    if first:
+        os.waitpid(first, 0)
+        return first
+    try:
+        os.setsid()  # out of slurmd's process group: its kill after we exit misses us
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)  # let go of slurmd's pipes: it reads them to EOF
+        if devnull > 2:
+            os.close(devnull)
+        os.closerange(3, 256)
+        os.chdir("/")
+        code = work()
+    except BaseException:
+        code = 3
+    os._exit(code)

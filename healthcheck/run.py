@@ -1,0 +1,348 @@
+"""The HealthCheckProgram run: judge MPS, count, and drain or resume only when needed.
+
+slurmd runs it as root with no arguments and an almost empty environment, every
+HealthCheckInterval seconds and once before the node registers, and kills its process
+group after 60 s. So: the whole run has a budget well below that (checks first, then
+at most two bounded scontrol calls); a hung check is abandoned, not waited for; runs
+never overlap (a flock); and slurmctld is asked nothing unless something must change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mps_health.config.load import Config
+from mps_health.config.remediation import (
+    SLOW_RUN_S,
+    SLURM_CALLS,
+    SLURMD_KILL_S,
+    HealthcheckSettings,
+    healthcheck,
+    remediation,
+)
+from mps_health.config.slurm import settings as slurm_settings
+from mps_health.engine import run as engine
+from mps_health.healthcheck import detach, slurmnode
+from mps_health.healthcheck import state as hcstate
+from mps_health.hostio.filelock import node_lock
+from mps_health.model.actionhints import read_more
+from mps_health.model.context import node_name
+from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, Result, worst
+from mps_health.remediation.audit import Audit, who
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import List, NamedTuple, Optional, Tuple
+else:
+    from mps_health.model.frozen import NamedTuple
+
+LOCK_NAME = "healthcheck"
+# Its own codes, besides the checks' (runbook entries in README.md): the checks hung; the
+# fleet breaker held a drain; a drain or resume call failed (slurmctld slow or down);
+# the run took more than a quarter of slurmd's kill.
+CODES = ("healthcheck-timeout", "fleet-wide-fault", "healthcheck-slurm-failed",
+         "healthcheck-slow")
+
+
+class RunResult(NamedTuple):
+    rc: int
+    lines: Tuple[str, ...]
+
+
+def budget_for(config: Config, hc: HealthcheckSettings) -> float:
+    """Time for the checks: what is left after the scontrol calls and a margin."""
+    spare = hc.timeout_s - SLURM_CALLS * slurm_settings(config).timeout_s - 1.0
+    return max(0.5, min(config.budget_s, spare))
+
+
+def run_checks(config: Config, root: str, hc: HealthcheckSettings
+               ) -> Tuple[Optional[Report], float]:
+    """(the report, or None if the run hung past its hard limit, the budget). The engine
+    walks away from a hung run (``engine.bounded``) and kills what it started."""
+    budget = budget_for(config, hc)
+    try:
+        return engine.run(config, root, budget_s=budget,
+                          boot_grace_s=hc.boot_grace_s)[1], budget
+    except engine.Overrun:
+        return None, budget
+
+
+def first_failure(report: Report, drain_on: str) -> Optional[Result]:
+    wanted = (CRITICAL,) if drain_on == "critical" else (CRITICAL, WARNING)
+    bad = [r for r in report.problems() if r.state in wanted]
+    bad.sort(key=lambda r: 0 if r.state == CRITICAL else 1)
+    return bad[0] if bad else None
+
+
+def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
+               ) -> Tuple[str, str]:
+    """(failure code, drain reason starting with ``tag``) for this run."""
+    if report is None:
+        return "healthcheck-timeout", slurmnode.reason_text(
+            tag, "healthcheck-timeout:", "the MPS checks did not finish in time")
+    r = first_failure(report, hc.drain_on)
+    if r is None:
+        return "unknown", slurmnode.reason_text(tag, "unknown:", "MPS check failed")
+    others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
+    where = f" {r.instance}" if r.instance else ""
+    more = f" (+{others} more)" if others > 0 else ""
+    return r.code, slurmnode.reason_text(tag, f"{r.code}{where}:", r.message + more)
+
+
+def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
+    """What the verdict is made of: the report without the checks in ``checks.observe``
+    and without the findings any local user can cause (``slurmnode.BY_ANY_USER``)."""
+    return report._replace(runs=tuple(
+        run._replace(results=tuple(r for r in run.results if not slurmnode.by_any_user(r)))
+        for run in report.runs if run.name not in observe))
+
+
+def _by_users(report: Optional[Report]) -> List[str]:
+    if report is None:
+        return []
+    seen = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
+    return [f"MPS-HC: a local user can cause these, so they never drain: {', '.join(seen)}"] \
+        if seen else []
+
+
+def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
+    if report is None or not observe:
+        return []
+    seen = sorted({r.check for r in report.problems() if r.check in observe})
+    return [f"MPS-HC: observe only, never drains: {', '.join(seen)}"] if seen else []
+
+
+def booting_line(report: Optional[Report], root: str, grace_s: float) -> List[str]:
+    """The INITIALIZING line naming what the engine marked starting (the node is within
+    ``healthcheck.boot_grace_s`` of its boot: ``results.STARTING_CODES``)."""
+    if report is None:
+        return []
+    seen = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
+                   for run in report.runs for r in run.results if r.cause == STARTING})
+    if not seen:
+        return []
+    up = engine.uptime_s(root)
+    return [f"MPS-HC: INITIALIZING - booted {up or 0:.0f}s ago (healthcheck.boot_grace_s "
+            f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
+
+
+def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
+    """The WARNING line of a run that took over ``SLOW_RUN_S``, naming its slowest part."""
+    if took <= SLOW_RUN_S:
+        return []
+    parts = dict(report.gather_s) if report is not None else {}
+    if slurm_s > 0:
+        parts["slurmctld calls"] = slurm_s
+    slowest = max(parts.items(), key=lambda kv: kv[1], default=None)
+    from mps_health.model.printable import printable  # only on the rare slow run
+    where = f"; slowest: {printable(slowest[0])} {slowest[1]:.1f}s" if slowest else ""
+    return [read_more(f"MPS WARNING - healthcheck-slow: this run took {took:.1f}s, over "
+                      f"{SLOW_RUN_S:g}s (a quarter of slurmd's {SLURMD_KILL_S:g}s kill){where}",
+                      "healthcheck-slow")]
+
+
+def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
+    if report is None:
+        return CRITICAL, [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not "
+                                    f"finish within {engine.limit_for(budget):.0f}s (a hung "
+                                    "probe); abandoned, not waited for", "healthcheck-timeout")]
+    from mps_health.exporters import text
+
+    return report.state, text.render(report).splitlines()
+
+
+def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] = None
+             ) -> RunResult:
+    """One complete health check run (the caller holds the health check lock)."""
+    started = time.monotonic()
+    environ = dict(os.environ) if environ is None else environ
+    hc = healthcheck(config)
+    rem = remediation(config)
+    slurm = slurm_settings(config)
+    node = node_name(config, environ)
+    report, budget = run_checks(config, root, hc)
+    booting = booting_line(report, root, hc.boot_grace_s)
+    state_code, lines = _summary(report, budget)
+    lines += booting
+    lines += _observed(report, config.checks.observe)
+    lines += _by_users(report)
+    judged = None if report is None else drainable(report, config.checks.observe)
+    verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
+    if booting and verdict == "pass":
+        verdict = "starting"  # not clean either: a drain of ours is not resumed on it
+    code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
+    state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
+    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
+    fallback = os.path.join(_path(root, config.run_dir), hcstate.STATE_FILE)
+    before = hcstate.load_either(state_path, fallback)
+    state = hcstate.count(before, verdict, code)
+    healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
+    now = time.time()
+    fail_runs = hc.fail_runs
+    if not dry_run:
+        # Saved before deciding: a run that can keep no count anywhere must not wait for
+        # a second failure that it could never see, so it drains on this one.
+        saved_to, problem = hcstate.save_either(state_path, fallback, state)
+        if problem:
+            lines.append(f"MPS-HC: warning: {problem}" + (
+                f"; counting in {saved_to} until it can" if saved_to else
+                "; no count can be kept: a failed run drains at once"))
+        if not saved_to:
+            fail_runs = 1
+    slurm_started = time.monotonic()  # what slurmctld costs this run, for healthcheck-slow
+    if not state.known and verdict == "pass" and not dry_run:
+        state, note = _relearn(config, node, slurm.drain_tag, slurm.timeout_s, state, healthy)
+        lines.append(note)
+    need = hcstate.decide(state, verdict, fail_runs, hc.pass_runs, hc.recheck_s, healthy, now)
+    outcome, why = "none", need.why
+    if need.action in ("drain", "resume") and dry_run:
+        outcome, why = "dry-run", f"would {need.action}: {need.why}"
+    elif need.action == "drain":
+        breaker = slurmnode.fleet_breaker(node, slurm.drain_tag, hc.fleet_max_share,
+                                          hc.fleet_max_nodes)
+        outcome, why, _ = slurmnode.drain_if_allowed(config, node, slurm.drain_tag, reason,
+                                                     slurm.timeout_s, breaker)
+        if outcome == "held":
+            state_code = CRITICAL
+            lines.append(read_more(f"MPS CRITICAL - fleet-wide-fault: {why}: find the common "
+                                   "cause (driver rollout, shared filesystem, a check's bug) "
+                                   "before draining by hand", "fleet-wide-fault"))
+        if outcome in ("drained", "already"):
+            state = state._replace(drained=True, verified_at=now, known=True)
+        elif outcome in ("left", "held"):
+            state = state._replace(drained=False, known=True)
+    elif need.action == "resume":
+        outcome, why, _ = slurmnode.resume_if_ours(config, node, slurm.drain_tag,
+                                                   slurm.timeout_s)
+        if outcome in ("resumed", "left"):
+            state = state._replace(drained=False)
+    elif need.action == "forget":
+        state = state._replace(drained=False)
+    slurm_s = time.monotonic() - slurm_started
+    if outcome == "error":
+        # slurmctld slow or down: our own trouble, not the node's. Nothing was changed, the
+        # state still says what is owed (a drain, or the resume of our drain), and the
+        # next run asks again.
+        state_code = worst([state_code, UNKNOWN])
+        lines.append(read_more(f"MPS UNKNOWN - healthcheck-slurm-failed: the {need.action} "
+                               f"was not done ({why}); the next run tries again",
+                               "healthcheck-slurm-failed"))
+    if outcome in ("drained", "resumed", "error", "held"):
+        audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
+                      f"{who(environ)} via healthcheck")
+        audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
+                     reason=reason if need.action == "drain" else "", detail=why)
+    took = time.monotonic() - started
+    slow = _slow(report, took, slurm_s)
+    if slow:
+        state_code = worst([state_code, WARNING])
+        lines += slow
+    state = state._replace(duration_s=took)
+    if not dry_run:
+        hcstate.save_either(state_path, fallback, state)  # its trouble is said above
+    ours = "drained by us" if state.drained else "not drained by us"
+    lines.append(f"MPS-HC: {verdict}; failed {state.fails}/{hc.fail_runs}, clean "
+                 f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}; "
+                 f"took {took:.1f}s")
+    return RunResult(state_code, tuple(lines))
+
+
+def _relearn(config: Config, node: str, tag: str, timeout_s: float, state: hcstate.HcState,
+             healthy: Optional[bool]) -> Tuple[hcstate.HcState, str]:
+    """The memory was lost: read the node once to learn whether it carries our drain, so
+    that a drain of ours is resumed after the usual clean runs, not never."""
+    if healthy is True:  # Slurm says it is in service: nothing of ours to resume
+        return state._replace(known=True), "MPS-HC: no saved state; Slurm says the node is " \
+            "in service"
+    try:
+        view = slurmnode.read_node(config, node, timeout_s)
+    except slurmnode.SlurmError as e:
+        return state, f"MPS-HC: no saved state, and the node cannot be read ({e}): will retry"
+    mine, why = slurmnode.may_resume(view, tag)
+    if mine:
+        return state._replace(drained=True, known=True), \
+            f"MPS-HC: no saved state; the node is {why}: resumed after the usual clean runs"
+    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us " \
+        f"({why})"
+
+
+def _said(action: str, outcome: str, why: str) -> str:
+    if action == "none" or outcome == "none":
+        return why
+    if outcome == "error":
+        return f"{action} failed, will retry next run: {why}"
+    if outcome == "drained":
+        return f"drained ({why})"
+    if outcome == "resumed":
+        return f"resumed ({why})"
+    if outcome == "already":
+        return "already drained by us"
+    if outcome == "held":
+        return f"not drained: {why}"
+    if outcome == "dry-run":
+        return f"{action}: {why}"
+    return f"{'not drained' if action == 'drain' else 'not resumed'}: {why}"
+
+
+def _path(root: str, absolute: str) -> str:
+    if root in ("", "/"):
+        return absolute
+    return os.path.join(root, absolute.lstrip("/"))
+
+
+def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> RunResult:
+    """run_once under the health check lock; a run still going elsewhere wins."""
+    run_dir = _path(root, config.run_dir)
+    lock = node_lock(run_dir, LOCK_NAME)
+    try:
+        got = lock.try_acquire("healthcheck")
+    except OSError as e:
+        return RunResult(UNKNOWN, (f"MPS UNKNOWN - cannot take the health check lock in "
+                                   f"{run_dir}: {e.strerror}",))
+    if not got:
+        return RunResult(0, ("MPS-HC: the previous health check is still running; this run "
+                             "is skipped",))
+    try:
+        result = run_once(config, root, dry_run)
+        if write and not dry_run:
+            # The stored answer is a convenience for detached mode: never fatal.
+            try:
+                detach.write_result(os.path.join(run_dir, detach.RESULT_FILE), result.rc,
+                                    detach.boot_id(), "\n".join(result.lines))
+            except OSError:
+                pass
+        return result
+    finally:
+        lock.release()
+
+
+def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
+    """Answer with the stored result and refresh it in a detached child."""
+    run_dir = _path(root, config.run_dir)
+    stored = detach.current(detach.read_result(os.path.join(run_dir, detach.RESULT_FILE)),
+                            detach.boot_id(), time.time(), hc.result_ttl_s)
+    busy = node_lock(run_dir, LOCK_NAME)
+    try:
+        free = busy.try_acquire("healthcheck (probe)")
+    except OSError:
+        free = False
+    busy.release()
+    if free:
+        detach.spawn(lambda: locked_run(config, root, dry_run=False).rc)
+    note = "refreshing in the background" if free else "a check is already running"
+    if stored is None:
+        return RunResult(0, (f"MPS-HC: no current result (first run since boot, or expired); "
+                             f"{note}",))
+    age = time.time() - stored.written_at
+    return RunResult(stored.rc, (*stored.text.splitlines(),
+                                 f"MPS-HC: result from {age:.0f}s ago; {note}"))
+
+
+def main_run(config: Config, root: str, dry_run: bool, mode: Optional[str]) -> RunResult:
+    hc = healthcheck(config)
+    remediation(config)  # validate the section before anything runs
+    if (mode or ("detached" if hc.detached else "foreground")) == "detached" and not dry_run:
+        return detached(config, root, hc)
+    return locked_run(config, root, dry_run)
+

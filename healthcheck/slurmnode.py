@@ -1,0 +1,196 @@
+"""This node as slurmctld sees it, and draining/resuming it under NHC's rules.
+
+The node is read by ``probes.slurm.read_node`` (State, and Reason without Slurm's
+``[user@time]``), scontrol is called by ``probes.slurm.call``. We drain only a node in
+service (not drained by anyone, not held by Slurm); we resume only a node whose reason's
+first word is still our tag, read just before resuming. A node in service may still
+show a Reason: Slurm 24.11 keeps the last one after RESUME (22.05 clears it), so there
+it is history, not someone's hold, and never stops a drain. DOWN, FAIL, maintenance, reboot-pending
+and not-responding nodes are left alone. Every scontrol call is bounded; a failure is
+reported, never fatal.
+"""
+
+from __future__ import annotations
+
+from mps_health.config.load import Config
+from mps_health.model.results import CRITICAL, Result
+from mps_health.probes.slurm import (
+    SlurmError,
+    SlurmNode,
+    call,
+    read_node,
+    read_nodes,
+    scontrol_argv,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Callable, Optional, Sequence, Tuple
+
+    # Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or
+    # why not.
+    Breaker = Callable[[Sequence[SlurmNode]], str]
+
+# States where Slurm, or a person, owns what happens to the node next. NOT_RESPONDING is
+# not one: it comes and goes with slurmctld's pings (NHC ignores it too), and a node
+# that runs us is evidently up.
+HANDS_OFF = frozenset({"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+                       "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "UNKNOWN",
+                       "FUTURE"})
+DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+
+# Findings that any local user can cause with their own processes, with entries in the
+# public pipe and log dirs, or with their own job's clients. They are reported, and they
+# never drain, whatever ``healthcheck.drain_on`` says: a plain user must not be able to
+# take a node out of service.
+BY_ANY_USER = frozenset({
+    "mps-impostor", "server-unclaimed", "daemon-foreign", "daemon-unexpected",
+    "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
+    "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
+    "orphan-daemon", "orphan-unrecorded", "limits-not-in-force", "pinned-limit-ambiguous",
+    "pinned-limit-unknown-device",
+})
+# Codes that are a user's doing unless CRITICAL: a per-job server no daemon was seen
+# with (held, traced, its binary unread) is a WARNING of the same code.
+BY_ANY_USER_UNLESS_CRITICAL = frozenset({"orphan-server"})
+# Drains the fleet circuit breaker does not count. Besides the above, an MPS entry of
+# the wrong owner or kind in the pipe dir does break MPS (clients may reach a user's
+# socket), so it drains, but a user can plant it on many nodes at once: counting those
+# drains would let that user hold back the drain of a node with a real fault.
+NOT_COUNTED = BY_ANY_USER | {"pipe-entry-owner", "pipe-entry-bad"}
+
+
+def ours(view: SlurmNode, tag: str) -> bool:
+    """Is the reason ours? Its first word is our tag (NHC's rule, with our own tag)."""
+    words = view.reason.split(None, 1)
+    return bool(words) and words[0] == tag
+
+
+def by_any_user(result: Result) -> bool:
+    """Could any local user have caused this finding? (Then it never drains.)"""
+    return result.code in BY_ANY_USER or (
+        result.code in BY_ANY_USER_UNLESS_CRITICAL and result.state != CRITICAL)
+
+
+def reason_code(reason: str, tag: str) -> str:
+    """The finding code in a reason we wrote ('MPS-HC: control-wedged gpu0: ...'), or ""."""
+    words = reason.split(None, 2)
+    if len(words) < 2 or words[0] != tag:
+        return ""
+    return words[1].rstrip(":")
+
+
+def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
+    """(act?, why) for draining: only a node in service."""
+    hands_off = HANDS_OFF.intersection(view.flags)
+    if hands_off:
+        return False, f"node is {view.state}: left to Slurm and the admins"
+    if DRAINED.intersection(view.flags):
+        if ours(view, tag):
+            return False, "already drained by us"
+        return False, f"already drained by someone else ({view.reason or 'no reason'}): left alone"
+    if view.reason and not ours(view, tag):
+        return True, f"node is {view.state} (its reason '{view.reason}' is left from an " \
+            "earlier drain)"
+    return True, f"node is {view.state}"
+
+
+def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
+    """(act?, why) for resuming: drained, our tag first, and nothing else holds it."""
+    if not DRAINED.intersection(view.flags):
+        return False, f"node is {view.state}, not drained"
+    if not ours(view, tag):
+        return False, f"drained by someone else ({view.reason or 'no reason'}): left alone"
+    hands_off = HANDS_OFF.intersection(view.flags)
+    if hands_off:
+        return False, f"node is {view.state}: left to Slurm and the admins"
+    return True, f"drained by us ({view.reason})"
+
+
+def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
+    """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
+    from mps_health.model.printable import printable
+
+    body = printable(" ".join(f"{code} {text}".split()))
+    full = f"{tag} {body}"
+    return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
+
+
+def _update(config: Config, node: str, timeout_s: float, *fields: str) -> None:
+    call(scontrol_argv(config, "update", f"NodeName={node}", *fields), timeout_s,
+         "scontrol update")
+
+
+def drain(config: Config, node: str, reason: str, timeout_s: float) -> None:
+    _update(config, node, timeout_s, "State=DRAIN", f"Reason={reason}")
+
+
+def resume(config: Config, node: str, timeout_s: float) -> None:
+    _update(config, node, timeout_s, "State=RESUME")
+
+
+def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int]) -> Breaker:
+    """The circuit breaker: a drain waits when, in the partitions ``me`` is in, more than
+    ``max_nodes`` nodes or more than ``max_share`` of the nodes already carry our tag
+    (NVSentinel's rule: a fault that many nodes share is the fleet's, not the node's).
+    Drains for a cause in ``NOT_COUNTED`` are not counted."""
+    def judge(nodes: Sequence[SlurmNode]) -> str:
+        mine = next((n for n in nodes if n.name == me), None)
+        parts = set(mine.partitions) if mine is not None else set()
+        peers = [n for n in nodes if parts.intersection(n.partitions)] if parts else list(nodes)
+        ours_now = [n for n in peers if n.name != me and DRAINED.intersection(n.flags)
+                    and ours(n, tag) and reason_code(n.reason, tag) not in NOT_COUNTED]
+        size = max(1, len(peers))
+        where = f"partition {','.join(sorted(parts))}" if parts else "the cluster"
+        over = (max_nodes is not None and len(ours_now) > max_nodes) or \
+            len(ours_now) / size > max_share
+        if not over:
+            return ""
+        limit = f"limit {max_nodes} nodes or {max_share:.0%}" if max_nodes is not None \
+            else f"limit {max_share:.0%}"
+        return (f"fleet-wide fault suspected: {len(ours_now)} of {size} nodes of {where} "
+                f"already drained by {tag} ({limit}); this node is not drained")
+    return judge
+
+
+def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s: float,
+                     breaker: Optional[Breaker] = None
+                     ) -> Tuple[str, str, Optional[SlurmNode]]:
+    """Read, decide, drain: ("drained" | "already" | "left" | "held" | "error", why, view).
+    ``breaker`` costs one more call (every node), only when about to drain."""
+    try:
+        view = read_node(config, node, timeout_s)
+    except SlurmError as e:
+        return "error", str(e), None
+    allowed, why = may_drain(view, tag)
+    if not allowed:
+        return ("already" if why == "already drained by us" else "left"), why, view
+    if breaker is not None:
+        try:
+            held = breaker(read_nodes(config, timeout_s))
+        except SlurmError as e:
+            return "error", f"cannot count the drained nodes of the partition: {e}", view
+        if held:
+            return "held", held, view
+    try:
+        drain(config, node, reason, timeout_s)
+    except SlurmError as e:
+        return "error", str(e), view
+    return "drained", why, view
+
+
+def resume_if_ours(config: Config, node: str, tag: str, timeout_s: float
+                   ) -> Tuple[str, str, Optional[SlurmNode]]:
+    """Read (just before), decide, resume: ("resumed" | "left" | "error", why, view)."""
+    try:
+        view = read_node(config, node, timeout_s)
+    except SlurmError as e:
+        return "error", str(e), None
+    allowed, why = may_resume(view, tag)
+    if not allowed:
+        return "left", why, view
+    try:
+        resume(config, node, timeout_s)
+    except SlurmError as e:
+        return "error", str(e), view
+    return "resumed", why, view

@@ -1,0 +1,168 @@
+"""Which per-job dirs are ours: what the Prolog made, for which job and which user.
+
+A per-job dir lives in a public sticky dir (``/tmp``), where anyone can make a dir named
+like any job's, back-date it and start a process in it. A name proves nothing, so the
+Prolog records each job it sets up in ``state_dir/jobs.json`` (root's): the job id, the
+job's uid as Slurm gave it to the Prolog, and the dirs it made. The Epilog drops the
+record once those dirs are gone; ``remediate orphans`` does the same after removing
+them. The orphans check and ``remediate orphans`` judge a leftover dir only when the
+record names it and it belongs to the recorded uid (or to root: the Prolog made it, or
+a removal that stopped half-way left it root's). Anything else named like a job is not
+an orphan of ours: never CRITICAL, never removed by root (``ours`` is the one rule).
+
+The file is bounded (``MAX_RECORDS`` jobs, ``MAX_DIRS`` dirs each, ``MAX_BYTES``),
+written by ``state.StateFile`` (flock, random ``O_EXCL`` temp name, rename), and read
+only when it is a regular file (no link followed) in a dir walked by ``safedirs``
+(root's or ours, not writable by others), owned by root or us and writable by no one
+else: a file anyone else could have written is ignored, with one line saying why.
+Recording is best effort for the hooks: a failure is one line to log, never fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
+else:
+    from mps_health.model.frozen import NamedTuple
+
+NAME = "jobs"
+MAX_RECORDS = 2048  # jobs that ran here and whose dirs may still exist
+MAX_DIRS = 64  # a pipe and a log dir per GPU
+MAX_BYTES = 2 << 20
+VALUE = "Tuple[JobRecord, ...]"
+
+
+class JobRecord(NamedTuple):
+    """A job the Prolog set up: its id, its user's uid (Slurm's), the dirs it made."""
+
+    job_id: str
+    uid: int
+    dirs: Tuple[str, ...]  # absolute, normalised, as configured (without --root)
+    at: float  # Unix time of the record
+
+
+def ours(record: Optional[JobRecord], path: str, owner_uid: int) -> bool:
+    """Is the dir at ``path``, owned by ``owner_uid``, one the Prolog made for the job of
+    ``record``? (pure: the one rule for the orphans check and ``remediate orphans``)"""
+    return (record is not None and os.path.normpath(path) in record.dirs
+            and owner_uid in (record.uid, 0))
+
+
+def by_job(records: Iterable[JobRecord]) -> Dict[str, JobRecord]:
+    """{job id: its record} (the newest, should a job have been recorded twice)."""
+    return {r.job_id: r for r in sorted(records, key=lambda r: r.at)}
+
+
+def keep(records: Sequence[JobRecord]) -> Tuple[JobRecord, ...]:
+    """Valid records, one per job (the newest), the newest ``MAX_RECORDS``."""
+    valid = [r for r in records if r.job_id.isdigit() and r.uid >= 0 and r.dirs
+             and len(r.dirs) <= MAX_DIRS and all(d.startswith("/") for d in r.dirs)
+             and r.at == r.at]  # nan is no time
+    return tuple(sorted(by_job(valid).values(), key=lambda r: r.at)[-MAX_RECORDS:])
+
+
+def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
+    """The records, and '' or one line saying why none could be read (missing: none)."""
+    from mps_health.hostio import jsontext
+    from mps_health.hostio.safedirs import UnsafePath, open_dir
+    from mps_health.hostio.safefiles import open_regular, read_upto
+    from mps_health.model import codec
+
+    try:
+        dfd = open_dir(state_dir)
+    except UnsafePath as e:
+        import errno
+
+        return (), "" if e.errno == errno.ENOENT else f"job records not read: {e}"
+    except OSError as e:
+        return (), f"job records not read: {state_dir}: {e.strerror}"
+    path = os.path.join(state_dir, NAME + ".json")
+    try:
+        try:
+            fd, st = open_regular(NAME + ".json", dfd)
+        except FileNotFoundError:
+            return (), ""
+        except OSError as e:
+            return (), f"job records not read: {path}: {e.strerror or e} (a link or not a file?)"
+        try:
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                return (), (f"job records not read: {path} is owned by uid {st.st_uid} with "
+                            f"mode {stat.S_IMODE(st.st_mode):04o}: only root's own file is "
+                            "trusted")
+            if st.st_size > MAX_BYTES:
+                return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
+            raw = read_upto(fd, MAX_BYTES, st.st_size)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+    if len(raw) > MAX_BYTES:
+        return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
+    try:
+        data = jsontext.loads(raw.decode("utf-8"))
+        return keep(codec.decode(VALUE, data, path, globals())), ""
+    except (ValueError, RecursionError, codec.DecodeError) as e:
+        return (), f"job records not read: {path} is damaged ({e})"
+
+
+def _change(state_dir: str, wait_s: float,
+            change: Callable[[Tuple[JobRecord, ...]], Sequence[JobRecord]]) -> str:
+    """Apply ``change(records) -> records`` under the lock; '' or why it was not saved."""
+    from mps_health.hostio.state import StateFile
+
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    except OSError as e:
+        return f"job record not kept in {state_dir}: {e.strerror}"
+    state = StateFile(state_dir, NAME)
+    if not state.lock(time.monotonic() + wait_s):
+        return f"job record not kept: {state.error}"
+    try:
+        old, error = load(state_dir)
+        # A file we could not trust is replaced (the rename swaps the entry itself).
+        problem = state.save(keep(change(old)))
+    finally:
+        state.unlock()
+    if problem:
+        return f"job record not kept: {problem}"
+    return f"{error}; written afresh" if error else ""
+
+
+def add(state_dir: str, job_id: str, uid: int, dirs: Sequence[str], wait_s: float = 10.0
+        ) -> str:
+    """Record that the Prolog made ``dirs`` for job ``job_id`` of ``uid`` (adding to the
+    job's record); '' or one line to log. Records whose dirs are all gone are pruned."""
+    now = time.time()
+    made = tuple(os.path.normpath(d) for d in dirs)
+
+    def change(old: Tuple[JobRecord, ...]) -> Tuple[JobRecord, ...]:
+        kept = [r for r in old if r.job_id != job_id
+                and (now - r.at < 60.0 or any(os.path.lexists(d) for d in r.dirs))]
+        before = by_job(old).get(job_id)
+        has = before.dirs if before is not None and before.uid == uid else ()
+        both = tuple(dict.fromkeys((*has, *made)))[:MAX_DIRS]
+        return (*kept, JobRecord(job_id, uid, both, now))
+
+    return _change(state_dir, wait_s, change)
+
+
+def drop(state_dir: str, job_id: str, left: Sequence[str] = (), wait_s: float = 10.0) -> str:
+    """Forget job ``job_id`` once its dirs are gone; with ``left`` (dirs that could not be
+    removed) keep only those in its record. '' or one line to log."""
+    still = {os.path.normpath(d) for d in left}
+
+    def change(old: Tuple[JobRecord, ...]) -> Tuple[JobRecord, ...]:
+        out = []
+        for r in old:
+            if r.job_id != job_id:
+                out.append(r)
+            elif still & set(r.dirs):
+                out.append(r._replace(dirs=tuple(d for d in r.dirs if d in still)))
+        return tuple(out)
+
+    return _change(state_dir, wait_s, change)

@@ -1,0 +1,187 @@
+"""Restarts mps-health makes itself: recorded so that only unplanned ones warn.
+
+``remediate reset`` (quit, end, start; recorded before it acts and once it started a
+daemon), ``unit prepare``/``unit stop`` (the systemd unit
+starting or stopping its daemon) and the Slurm Prolog starting a job's daemon all change
+an instance's control daemon on purpose. Each records it here; the servers check then
+does not report that change as ``daemon-restarted`` ("its clients lost MPS"), which
+would raise an alarm for every careful repair.
+
+``state_dir/planned.json`` holds the newest ``MAX_RECORDS`` records of the last
+``KEEP_S`` seconds, written by ``state.StateFile`` (flock, atomic write). A record names
+the pipe dir and, where the caller knows it, the daemon it started (pid, start time):
+then only that daemon's appearance is excused; without one (unit stop, a quit) any
+change of the daemon between the run before the record and the run after it is.
+Recording is best effort: a failure is one line for the caller to show, never fatal.
+
+Servers are the daemon's: an action that ends the daemon (``ENDS_SERVERS``: a reset's
+quit and end, a unit stop, the Epilog's or an undone Prolog's tear-down) ends every
+server it runs, so a server lost between the run before such a record and the run after
+it is no ``server-churn``, whatever clients it leaves. And a reset is the repair the
+servers check's events ask for: once it started a daemon that answers, what was reported
+of the instance before it (restarts, churn) is answered (``repaired_at``), and only what
+happens after it is reported.
+
+An event that no action of ours explains and that needs no repair (a person restarted
+the daemon by hand, on purpose) is acknowledged by an operator, ``mps-health ack CODE
+[INSTANCE]``: the events of that code (on that instance, or on every one) up to the ack
+are no longer reported, and the next one is. ``state_dir/acks.json`` holds the newest
+``MAX_ACKS`` acks of the last ``KEEP_S`` seconds, kept as the records are. Both live here,
+in the one module the servers probe loads for them (a module more costs every check).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mps_health.model.facts_deep import Ack, PlannedRestart
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Sequence, Tuple
+
+NAME = "planned"
+# The records of actions that end the instance's daemon and so all of its servers (the
+# Slurm hooks' names are jobphase.TEARDOWN; tests/e2e/test_planned_restarts.py ties them).
+ENDS_SERVERS = ("reset begin", "reset", "unit stop", "epilog", "prolog undo")
+# A reset records itself before its first quit (a run while it acts sees ours in what
+# goes), and again as REPAIR once the daemon it started answers.
+RESET_BEGIN = "reset begin"
+REPAIR = "reset"
+MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
+KEEP_S = 7 * 86400.0
+MAX_KEPT_RESETS = 64  # instances whose last reset is kept beyond MAX_RECORDS
+
+
+def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
+    """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
+    # nan and the infinities fail the range comparison.
+    fresh = sorted((r for r in records
+                    if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0),
+                   key=lambda r: r.at)
+    kept = fresh[-MAX_RECORDS:]
+    # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
+    # cooldown (last_reset) reads it. Bounded, newest first.
+    have = {r.pipe_dir for r in kept if r.by in (RESET_BEGIN, REPAIR)}
+    extra: List[PlannedRestart] = []
+    for r in reversed(fresh[:-MAX_RECORDS]):
+        if len(extra) < MAX_KEPT_RESETS and r.by in (RESET_BEGIN, REPAIR) \
+                and r.pipe_dir not in have:
+            have.add(r.pipe_dir)
+            extra.append(r)
+    return tuple(sorted((*extra, *kept), key=lambda r: r.at))
+
+
+def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = None,
+           daemon_start: Optional[int] = None, wait_s: float = 2.0) -> str:
+    """Add a record, waiting up to ``wait_s`` for the lock; '' or one line saying why it
+    could not be kept."""
+    from mps_health.hostio.state import StateFile
+
+    now = time.time()
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    except OSError as e:
+        return f"cannot record the planned restart in {state_dir}: {e.strerror}"
+    state = StateFile(state_dir, NAME)
+    if not state.lock(time.monotonic() + wait_s):
+        return f"planned restart not recorded: {state.error}"
+    try:
+        old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
+        new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
+        problem = state.save(keep((*old, new), now))
+    finally:
+        state.unlock()
+    return f"planned restart not recorded: {problem}" if problem else ""
+
+
+def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
+    """The records (read only, no lock: the file is replaced atomically), and any error."""
+    from mps_health.hostio.state import StateFile
+
+    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (),
+                                                   globals())
+    return keep(records, time.time()), error
+
+
+def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now: float,
+            daemon_pid: Optional[int], daemon_start: Optional[int]) -> bool:
+    """Was the daemon change seen between ``since`` and ``now`` made by us?"""
+    pipe_dir = os.path.normpath(pipe_dir)
+    for r in records:
+        if r.pipe_dir != pipe_dir or not since <= r.at <= now:
+            continue
+        if r.daemon_pid is None or (r.daemon_pid, r.daemon_start) == (daemon_pid,
+                                                                      daemon_start):
+            return True
+    return False
+
+
+def servers_ended(records: Sequence[PlannedRestart], pipe_dir: str, since: float,
+                  now: float) -> bool:
+    """Did an action of ours end the instance's daemon, and so its servers, between the
+    run at ``since`` and this one?"""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return any(r.pipe_dir == pipe_dir and r.by in ENDS_SERVERS and since <= r.at <= now
+               for r in records)
+
+
+def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) -> float:
+    """When the instance was last repaired by a reset (up to ``now``); -inf if never."""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return max((r.at for r in records
+                if r.pipe_dir == pipe_dir and r.by == REPAIR and r.at <= now),
+               default=float("-inf"))
+
+
+def last_reset(records: Sequence[PlannedRestart], pipe_dir: str) -> float:
+    """When a reset last acted on the instance (its begin record: one that failed counts
+    too, so a cure that does not work is not retried in a loop); -inf if never."""
+    pipe_dir = os.path.normpath(pipe_dir)
+    return max((r.at for r in records
+                if r.pipe_dir == pipe_dir and r.by in (RESET_BEGIN, REPAIR)),
+               default=float("-inf"))
+
+
+# --- an operator's acks ---------------------------------------------------------------
+
+ACKS = "acks"
+MAX_ACKS = 64
+
+
+def keep_acks(records: Sequence[Ack], now: float) -> Tuple[Ack, ...]:
+    """The acks worth keeping: valid times, not too old (KEEP_S), the newest MAX_ACKS."""
+    # nan and the infinities fail the range comparison.
+    fresh = [a for a in records if isinstance(a.at, float) and now - KEEP_S <= a.at <= now + 60.0]
+    return tuple(sorted(fresh, key=lambda a: a.at)[-MAX_ACKS:])
+
+
+def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5.0) -> str:
+    """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
+    from mps_health.hostio.state import StateFile
+
+    now = time.time()
+    state = StateFile(state_dir, ACKS)
+    if not state.lock(time.monotonic() + wait_s):
+        return f"not acknowledged: {state.error}"
+    try:
+        old, _ = state.load("Tuple[Ack, ...]", (), globals())
+        problem = state.save(keep_acks((*old, Ack(code, instance, now)), now))
+    finally:
+        state.unlock()
+    return f"not acknowledged: {problem}" if problem else ""
+
+
+def load_acks(state_dir: str) -> Tuple[Tuple[Ack, ...], str]:
+    """The acks (read only, no lock: the file is replaced atomically), and any error."""
+    from mps_health.hostio.state import StateFile
+
+    records, error = StateFile(state_dir, ACKS).load("Tuple[Ack, ...]", (), globals())
+    return keep_acks(records, time.time()), error
+
+
+def acked_until(acks: Sequence[Ack], instance: str, code: str) -> float:
+    """Up to when ``instance``'s events of ``code`` are acknowledged; -inf if never."""
+    return max((a.at for a in acks if a.code == code and a.instance in ("", instance)),
+               default=float("-inf"))

@@ -1,0 +1,209 @@
+"""What an MPS process is: the one rule for telling a control daemon, a client and a
+server from a process that only takes their name.
+
+Used by the /proc probe (``probes.proc`` records the verdict in each ``ProcessFact``),
+every check that judges processes, and every action that ends one (``processes``).
+
+argv0 and ``comm`` are anyone's to set, so they only pick candidates:
+
+* The role comes from the command line: ``nvidia-cuda-mps-control`` started with ``-d``
+  or ``-f`` is a control daemon ("control"; the real daemon keeps its ``-d``: seen on an
+  H200, cmdline ``nvidia-cuda-mps-control -d``); without either it is a client
+  ("client": ``echo CMD | nvidia-cuda-mps-control``, ours or an admin's, whose cmdline
+  name, ``comm`` and environment are otherwise a daemon's); ``nvidia-cuda-mps-server``
+  is a server.
+* It must run the configured binary (``genuine``): ``/proc/PID/exe`` names the configured
+  binary's real path (``readlink``, which asks no filesystem, so a user's FUSE mount
+  cannot stall us) and then has its device and inode (``stat``, the one access that goes
+  through the process's file). MPS servers run as their clients' users, so their uid
+  proves nothing; their binary does. A process that runs another binary is an impostor:
+  never a daemon or a server, never signalled.
+* Where ``exe`` cannot be read (not root, a ``--root`` tree) ``genuine`` is None: the name
+  decides whether it counts, and the checks soften verdicts that would need the binary.
+* The daemon starts the server beside its own binary (seen: started by its full path with
+  PATH=/usr/bin:/bin, it ran ``/usr/local/nvidia/bin/nvidia-cuda-mps-server``), so that is
+  the server binary unless ``commands.nvidia-cuda-mps-server`` names one (the one in
+  ``mps.binary_dirs`` counts too: Debian puts the server in /usr/sbin).
+* Where the binaries are is one rule too (``locate``, ``binaries_for``):
+  ``commands.NAME`` if a path, else NAME in ``mps.binary_dirs``, never the caller's PATH,
+  so the check, the health check, a reset, ``unit`` and the Slurm hooks agree.
+
+A genuine binary proves only what the process *is*, not who started it: the binaries are
+world-executable, so a user can run one held at its exec under ptrace (none of its code
+runs) or paused by an LD_PRELOAD constructor. ``proves_nothing`` names such processes; a
+server counts as MPS's only when tied to a daemon (``checks.strays``).
+
+A binary replaced on disk (a driver update) while its daemon runs no longer matches:
+``exe`` then reads ``PATH (deleted)``; restart MPS after updating its binaries.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mps_health.config.load import MPS_BINARY_DIRS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the checks import this module: no typing at run time (fast path)
+    from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+    from mps_health.config.load import Config
+    from mps_health.model.facts import ProcessFact
+else:
+    from mps_health.model.frozen import NamedTuple
+
+GONE_STATES = ("Z", "X")
+# Stopped (SIGSTOP) and tracing stop: a process that may never have run its own code.
+STOPPED_STATES = ("T", "t")
+CONTROL = "nvidia-cuda-mps-control"
+SERVER = "nvidia-cuda-mps-server"
+ROLES = {CONTROL: "control", SERVER: "server"}
+DAEMON_FLAGS = ("-d", "-f")  # background, foreground: the two ways to run the daemon
+
+
+class Binary(NamedTuple):
+    path: str  # the real path (links resolved), as /proc/PID/exe names it
+    dev: int
+    ino: int
+
+
+class Binaries(NamedTuple):
+    """The files a genuine control daemon (and client) and server run."""
+
+    control: Tuple[Binary, ...]
+    server: Tuple[Binary, ...]
+
+
+def role_of(cmdline: Sequence[str]) -> str:
+    """"control" (a daemon), "client", "server" or "unknown", by the command line."""
+    if not cmdline:
+        return "unknown"
+    role = ROLES.get(os.path.basename(cmdline[0]), "unknown")
+    if role == "control" and not any(a in DAEMON_FLAGS for a in cmdline[1:]):
+        return "client"
+    return role
+
+
+def _binary(path: str) -> Optional[Binary]:
+    # Most binary dirs have none: no OSError to build. Only what exec could run (as
+    # ``locate`` finds it): a file that cannot run is no process's binary.
+    if not os.access(path, os.X_OK):
+        return None
+    try:
+        st = os.stat(path)  # the file exec would run
+        real = os.path.realpath(path)  # (an lstat per part of the path: only for those)
+    except OSError:
+        return None
+    return Binary(real, st.st_dev, st.st_ino)
+
+
+def _candidates(command: str, dirs: Sequence[str]) -> List[str]:
+    """Every file ``command`` may name: itself if an absolute path, else its name in each
+    of ``dirs`` (root's: ``mps.binary_dirs``), never in the caller's PATH."""
+    if "/" in command:
+        return [command] if os.path.isabs(command) else []
+    return [os.path.join(d, command) for d in dict.fromkeys(dirs) if d.startswith("/")]
+
+
+def binaries_of(control: str, server: Optional[str] = None,
+                dirs: Sequence[str] = MPS_BINARY_DIRS) -> Binaries:
+    """The configured binaries: ``control`` as configured (a name: found in ``dirs``), and
+    ``server`` if configured, else the ``nvidia-cuda-mps-server`` beside each control and
+    in ``dirs`` (Debian's package puts the control in /usr/bin, the server in /usr/sbin)."""
+    controls = [b for b in map(_binary, _candidates(control, dirs)) if b is not None]
+    if server:
+        servers = [_binary(p) for p in _candidates(server, dirs)]
+    else:
+        servers = [_binary(os.path.join(os.path.dirname(b.path), SERVER)) for b in controls]
+        if controls:
+            servers += [_binary(p) for p in _candidates(SERVER, dirs)]
+    return Binaries(tuple(dict.fromkeys(controls)),
+                    tuple(dict.fromkeys(b for b in servers if b is not None)))
+
+
+def binaries_for(config: Config) -> Binaries:
+    """The binaries the config names (``commands``), found in ``mps.binary_dirs``."""
+    return binaries_of(config.command(CONTROL), config.commands.get(SERVER),
+                       config.mps.binary_dirs)
+
+
+def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
+    """The file ``command`` runs: itself if an absolute path, else the first executable
+    ``command`` in ``dirs``; None when there is none."""
+    for path in _candidates(command, dirs):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def locate(config: Config, name: str = CONTROL) -> Optional[str]:
+    """The file to run for MPS binary ``name``: ``commands.NAME`` if a path, else the first
+    executable ``NAME`` in ``mps.binary_dirs``; None when there is none. The one rule: the
+    check, the health check, every remediation, ``unit`` and the Slurm hooks run what this
+    finds, so a check never advises a reset that would find no binary."""
+    return find(config.command(name), config.mps.binary_dirs)
+
+
+def not_found(config: Config, name: str = CONTROL) -> str:
+    """Why ``locate`` found nothing, in the runner's words, with where it looked."""
+    command = config.command(name)
+    if "/" in command:
+        return f"{command}: command not found"
+    return f"{command}: command not found in {', '.join(config.mps.binary_dirs)}"
+
+
+def runs_binary(proc_dir: str, pid: int, wanted: Sequence[Binary]) -> Optional[bool]:
+    """Does process ``pid`` run one of ``wanted``? None when that cannot be told (exe not
+    readable, or no configured binary found on this node)."""
+    if not wanted:
+        return None
+    exe = f"{proc_dir}/{pid}/exe"
+    try:
+        link = os.readlink(exe)  # the kernel's name for the file: no filesystem asked
+    except OSError:
+        return None
+    same_path = [b for b in wanted if b.path == link]
+    if not same_path:
+        return False  # another file, or the binary was replaced since (" (deleted)")
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return None
+    return any((st.st_dev, st.st_ino) == (b.dev, b.ino) for b in same_path)
+
+
+def genuine(proc_dir: str, pid: int, role: str, binaries: Optional[Binaries]
+            ) -> Optional[bool]:
+    """Whether a process of ``role`` runs its configured binary (None: cannot tell)."""
+    if binaries is None or role not in ("control", "client", "server"):
+        return None
+    return runs_binary(proc_dir, pid, binaries.server if role == "server"
+                       else binaries.control)
+
+
+def _live(p: ProcessFact) -> bool:
+    return p.state not in GONE_STATES
+
+
+def is_daemon(p: ProcessFact) -> bool:
+    """A live control daemon: started with -d/-f, not shown to run another binary."""
+    return p.role == "control" and _live(p) and p.genuine is not False
+
+
+def is_server(p: ProcessFact) -> bool:
+    """A live MPS server, not shown to run another binary."""
+    return p.role == "server" and _live(p) and p.genuine is not False
+
+
+def proves_nothing(p: ProcessFact) -> bool:
+    """A process held under ptrace or stopped: anyone may run the genuine binary (it is
+    world-executable) and hold it at its exec, or pause it from an LD_PRELOAD
+    constructor, so its ``exe`` says nothing of what MPS started. Never CRITICAL alone."""
+    return p.traced or p.state in STOPPED_STATES
+
+
+def is_impostor(p: ProcessFact) -> bool:
+    """A live process that claims to be a daemon or server but runs another binary."""
+    return p.role in ("control", "server") and _live(p) and p.genuine is False
+
+

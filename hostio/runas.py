@@ -1,0 +1,88 @@
+"""Run a command as another user (a job's, a daemon's): no shell, no ``su -``, bounded.
+
+Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups to the
+user's groups, setgid, setuid, umask, cwd), so nothing is interpolated into a command
+line and no login shell or PAM stack runs. The command leads its own session and is
+killed with its whole process group at the timeout. Output goes to unlinked temporary
+files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
+its inherited descriptors, and a pipe would then never reach end-of-file.
+
+It takes the core runner's ``RunAs``. It keeps its own loop because starting a daemon
+wants the output in files, not pipes, whatever the daemon does with them. ``subprocess`` is
+imported here only: the plain check never loads it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mps_health.hostio.runner import SAFE_PATH, SIGKILL, Completed, RunAs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
+
+
+def for_user(uid: int, gid: int, user: str) -> RunAs:
+    """The job's user with the groups a login would have (only ``gid`` without an entry)."""
+    from mps_health.hostio.users import User, groups_of
+
+    return RunAs(uid, gid, groups_of(User(uid, gid, user)))
+
+
+def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
+    """A small clean environment for a command run as the job's user."""
+    from mps_health.hostio.users import by_uid
+
+    home = by_uid(as_user.uid).home
+    env = {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C"}
+    env.update(extra)
+    return env
+
+
+def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
+           stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Completed:
+    """Run ``argv`` as ``as_user`` (None: as we are) to completion or ``timeout_s``."""
+    import subprocess
+    import tempfile
+
+    drop: dict = {}
+    if as_user is not None:
+        drop = {"cwd": as_user.cwd, "umask": as_user.umask}
+        if (as_user.uid, as_user.gid) != (os.geteuid(), os.getegid()):
+            drop.update(user=as_user.uid, group=as_user.gid,
+                        extra_groups=list(as_user.groups))
+    started = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                    env=dict(env) if env is not None else None,
+                                    start_new_session=True, close_fds=True, **drop)
+        except FileNotFoundError:
+            return _failed(argv, f"{argv[0]}: command not found")
+        except PermissionError:
+            return _failed(argv, f"{argv[0]}: permission denied")
+        except (OSError, subprocess.SubprocessError) as e:
+            return _failed(argv, f"{argv[0]}: cannot run: {getattr(e, 'strerror', None) or e}")
+        timed_out = False
+        try:
+            proc.communicate((stdin or "").encode(), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        elapsed = time.monotonic() - started
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read(1 << 20).decode("utf-8", "replace"))
+    return Completed(list(argv), None if timed_out else proc.returncode, texts[0], texts[1],
+                     elapsed, timed_out)
+
+
+def _failed(argv: Sequence[str], why: str) -> Completed:
+    return Completed(list(argv), None, "", "", 0.0, exec_error=why)

@@ -1,0 +1,152 @@
+"""Small files root writes or reads: the one atomic writer and the one bounded reader.
+
+``write_atomic``: every file mps-health writes (snapshots, state, the textfile exporter's
+output, the tmpfiles guard, the Slurm hooks, caches) goes through it. The parent is
+reached by ``safedirs.open_dir`` (no untrusted link followed); the data
+goes to a random name in that dir created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name planted
+in advance, link or not, is never opened), is fsynced and renamed over the target. A
+reader sees the old file or the new one, never half of one, and nothing planted at the
+target is followed: the rename replaces the entry itself.
+
+``open_regular`` / ``read_small``: every read of a file, system or shared (pid files in
+0777 pipe dirs, state, caches, tmpfiles.d, gres.conf, /proc, logs, the last textfile),
+opens it ``O_NONBLOCK`` (a FIFO planted anywhere cannot block the run), takes regular
+files only, and reads at most ``limit`` bytes. Links are refused (``O_NOFOLLOW``)
+except where an admin's or root's own file may be a link (``follow``: the config file,
+tmpfiles.d, gres.conf). The config and snapshots are read through it too
+(``mps_health.config.inputs``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from mps_health.hostio.resources import raise_if_starved
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
+                 owner: Optional[tuple] = None) -> None:
+    """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
+    from mps_health.hostio.safedirs import (  # lazy: readers on the check's path never need it
+        open_dir,
+        split,
+    )
+
+    parent, name = split(path)
+    pfd = open_dir(parent, root, guard=False)
+    # os.urandom is what secrets.token_hex reads; secrets itself imports random, hashlib
+    # and hmac (milliseconds on every check that saves state).
+    tmp = f".{name}.tmp-{os.urandom(8).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=pfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        try:
+            os.fsync(pfd)  # the rename itself, durable (some file systems refuse: fine)
+        except OSError:
+            pass
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(pfd)
+
+
+def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
+                 ) -> Tuple[int, os.stat_result]:
+    """(fd, stat) of regular file ``path``, opened ``O_NONBLOCK`` (a FIFO, a socket or a
+    device planted there cannot block us) and, unless ``follow``, ``O_NOFOLLOW`` (a
+    symlink is refused with ELOOP). FileNotFoundError if it does not exist; OSError if it
+    is not a regular file or cannot be opened; OutOfResources when this process has no
+    file descriptor (or memory) left: that is our trouble, never a fact about the file."""
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as e:
+        raise_if_starved(e, f"open {path}")
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd, st
+
+
+def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
+    """At most ``limit + 1`` bytes from ``fd`` (one more than allowed tells "too long");
+    loops because procfs and some file systems return short reads. Reads are sized by
+    ``size_hint`` (st_size; procfs says 0): a small file under a large limit never costs
+    a buffer of the limit's size."""
+    chunks: List[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, max(size_hint + 1, 1 << 16)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
+               follow: bool = False) -> Optional[bytes]:
+    """The content of regular file ``path``; None if it does not exist. OSError if it is a
+    link (ELOOP), not a regular file, longer than ``limit``, or unreadable. ``follow``
+    only for a path an admin or root chose (the config file, tmpfiles.d, gres.conf): a
+    symlink is then followed."""
+    try:
+        fd, st = open_regular(path, dir_fd, follow)
+    except FileNotFoundError:
+        return None
+    try:
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        data = read_upto(fd, limit, st.st_size)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+    return data
+
+
+def read_tail(path: str, limit: int = 4096, owner: Optional[int] = None) -> Optional[bytes]:
+    """The last ``limit`` bytes of regular file ``path`` (a log we quote from); None if it
+    does not exist. OSError if it is a link, not a regular file, unreadable, or (with
+    ``owner``) owned by another uid: a log another user wrote is not quoted as ours."""
+    try:
+        fd, st = open_regular(path)
+    except FileNotFoundError:
+        return None
+    try:
+        if owner is not None and st.st_uid != owner:
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by the daemon's "
+                          f"user (uid {owner}): not read", path)
+        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        return read_upto(fd, limit - 1)
+    finally:
+        os.close(fd)

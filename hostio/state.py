@@ -1,0 +1,101 @@
+"""What the deep checks remember between runs: small JSON files under ``state_dir``.
+
+Read and written only by the probes that gather (never by checks, never in replay),
+under an flock so the exporter, slurmd's health check and a human's run take turns.
+A file that cannot be read or decoded starts the memory afresh, with one line saying
+why; a state dir that cannot be written (not root) makes each run start from nothing,
+which costs accuracy (no offsets, no history), never correctness of what is reported.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional, Tuple
+
+    from mps_health.hostio.filelock import FileLock
+
+
+SAVE_FAULTS = ("cannot save ", "cannot use state dir ")
+
+
+def is_fault(note: str) -> bool:
+    """Does a state note say the disk failed us (full, broken), not that this run is
+    unprivileged or that an old file was damaged? The check says so in one line."""
+    return note.startswith(SAVE_FAULTS)
+
+
+class StateFile:
+    """``state_dir/NAME.json`` and its lock ``NAME.lock``; use as a context manager."""
+
+    def __init__(self, state_dir: str, name: str) -> None:
+        self.dir = state_dir
+        self.path = os.path.join(state_dir, name + ".json")
+        self.lock_path = os.path.join(state_dir, name + ".lock")
+        self._lock: Optional[FileLock] = None
+        self.error = ""
+
+    def lock(self, deadline: float) -> bool:
+        """Take the lock by ``deadline``; False (with ``error`` set) if not."""
+        from mps_health.hostio.filelock import FileLock
+
+        self._lock = FileLock(self.lock_path)
+        try:
+            if self._lock.wait(deadline):
+                return True
+            self.error = f"{self.lock_path} is held by another run; state not saved"
+        except OSError as e:
+            import errno
+
+            if e.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
+                # Not root (check_mps as nagios, a user's -v): root's runs keep the
+                # memory; this run reads it and is judged against it, and only its own
+                # view is lost. What to do, not the errno: run as root.
+                self.error = (f"read from {self.dir}, not saved: uid {os.geteuid()} may "
+                              "not write there (run as root to save it)")
+            elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                self.error = (f"{self.dir} is read-only for uid {os.geteuid()} "
+                              f"({e.strerror}): read what root's runs keep there, "
+                              "this run's own view is not saved")
+            else:
+                self.error = f"cannot use state dir {self.dir}: {e.strerror}"
+        return False
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+    def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
+             ) -> Tuple[Any, str]:
+        """The saved value decoded as ``value_type`` (annotation text, its names looked up
+        in ``names``), or ``empty`` and why not."""
+        from mps_health.hostio import jsontext
+        from mps_health.hostio.safefiles import read_small
+        from mps_health.model import codec
+
+        try:
+            raw = read_small(self.path, 4 << 20)
+        except OSError as e:
+            return empty, f"cannot read {self.path}: {e.strerror}; starting afresh"
+        if raw is None:
+            return empty, ""
+        try:
+            data = jsontext.loads(raw.decode("utf-8"))
+            return codec.decode(value_type, data, self.path, names), ""
+        except (ValueError, RecursionError, codec.DecodeError) as e:
+            return empty, f"{self.path} is damaged ({e}); starting afresh"
+
+    def save(self, value: Any) -> str:
+        """Write ``value`` atomically (``safefiles.write_atomic``); '' or why not."""
+        from mps_health.hostio import jsontext
+        from mps_health.hostio.safefiles import write_atomic
+        from mps_health.model import codec
+
+        try:
+            write_atomic(os.path.abspath(self.path),
+                         jsontext.dumps(codec.encode(value)).encode())
+        except OSError as e:
+            return f"cannot save {self.path}: {e.strerror}"
+        return ""

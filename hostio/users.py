@@ -1,0 +1,103 @@
+"""Users and uids: the one place mps-health asks the passwd and group databases.
+
+Config values (``mps.dir_owner``, ``mps.daemon_user``, ``canary.user``) take a user
+name, a uid, ``job`` (the job's user, per-job layout) or ``any`` (not checked: root for
+what we create). A uid without a passwd entry is still a user (its own group, home
+``/``), as ``useradd`` would make it; names are looked up once per run.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, NamedTuple, Optional, Tuple
+else:
+    from mps_health.model.frozen import NamedTuple
+
+
+class User(NamedTuple):
+    uid: int
+    gid: int
+    name: str
+    home: str = "/"
+
+
+class UserError(ValueError):
+    pass
+
+
+ROOT = User(0, 0, "root", "/root")
+_names: Dict[int, Optional[str]] = {}
+
+
+def name_of(uid: Optional[int]) -> Optional[str]:
+    """The user name of ``uid``; None without a passwd entry (cached for the run)."""
+    if uid is None:
+        return None
+    if uid not in _names:
+        import pwd
+
+        try:
+            _names[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _names[uid] = None
+    return _names[uid]
+
+
+_uids: Dict[str, int] = {}
+
+
+def uid_of(spec: str) -> Optional[int]:
+    """The uid a user name or number names; None if nobody. A name found is kept for
+    the process (each check asks for the daemon's user, and every lookup reads the
+    passwd file anew); a name not found is asked again, as it may be added meanwhile."""
+    if spec.isdigit():
+        return int(spec)
+    if spec not in _uids:
+        import pwd
+
+        try:
+            _uids[spec] = pwd.getpwnam(spec).pw_uid
+        except KeyError:
+            return None
+    return _uids[spec]
+
+
+def by_uid(uid: int) -> User:
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return User(uid, uid, str(uid), "/")  # no passwd entry: its own group, as useradd does
+    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir or "/")
+
+
+def resolve(spec: str, job_uid: Optional[int] = None, key: str = "mps.daemon_user") -> User:
+    """The user a config value names; UserError with one line if it names nobody."""
+    if spec == "any":
+        return ROOT
+    if spec == "job":
+        if job_uid is None:
+            raise UserError(f"{key} is 'job' but the job's user is not known")
+        return by_uid(job_uid)
+    if spec.isdigit():
+        return by_uid(int(spec))
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(spec)
+    except KeyError:
+        raise UserError(f"{key} names user '{spec}', who does not exist on this node") from None
+    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir or "/")
+
+
+def groups_of(user: User) -> Tuple[int, ...]:
+    """The groups a login of ``user`` would have (primary included); only the primary
+    one without a passwd/group entry."""
+    try:
+        return tuple(sorted(set(os.getgrouplist(user.name, user.gid))))
+    except (OSError, KeyError):
+        return (user.gid,)

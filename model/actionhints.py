@@ -1,0 +1,159 @@
+"""What a problem line's action ends with: the run's own options, and where to read more.
+
+A check writes the commands it advises as ``'mps-health SUBCOMMAND ...'`` inside its
+action, for the default node. A run given ``--config FILE`` (or ``--root TREE``) judged
+other instances than those, so the command pasted from its output must act on the same
+ones: here, once for every output (text, JSON, check_mps, the health check), each quoted
+command gets the run's options its subcommand takes (``TAKES``), the value quoted for a
+shell as ``shlex.quote`` does and made printable as every output is. The default config
+file adds nothing, nor does ``--root /``. Every problem's action then ends with where its
+runbook entry is: ``(runbook: mps-health explain CODE)``, for the codes mps-health itself
+documents (a site's own check documents its codes itself).
+
+``commands`` reads the commands back out of an action: what an operator would paste.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mps_health.model import registry
+from mps_health.model.results import CheckRun, is_problem
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, List, Optional, Tuple
+
+    Options = Tuple[Tuple[str, str], ...]
+
+START = "'mps-health "
+# Subcommand -> the run options it takes (tests/unit/test_actionhints.py checks each
+# against its argparse definition). A subcommand not listed takes none of them (explain).
+TAKES = {
+    "check": ("--config", "--root"),
+    "snapshot": ("--config", "--root"),
+    "clients": ("--config", "--root"),
+    "exporter": ("--config", "--root"),
+    "healthcheck": ("--config", "--root"),
+    "remediate": ("--config", "--root"),
+    "unit": ("--config",),
+    "ack": ("--config",),
+}
+
+
+def run_options(config_path: Optional[str], root: str = "/") -> Options:
+    """The options of a run that change what a command acts on: ``--config`` unless it is
+    the default file, ``--root`` unless it is ``/``; absolute, so a command pasted in
+    another directory acts on the same files."""
+    from mps_health.config.load import DEFAULT_PATH
+
+    found: List[Tuple[str, str]] = []
+    if config_path and os.path.abspath(config_path) != DEFAULT_PATH:
+        found.append(("--config", os.path.abspath(config_path)))
+    if root and root != "/":
+        found.append(("--root", os.path.abspath(root)))
+    return tuple(found)
+
+
+# The characters shlex.quote leaves unquoted (its [\w@%+=:,./-], ASCII).
+SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def quote(value: str) -> str:
+    """``value`` as one shell word, as ``shlex.quote`` writes it (shlex imports ``re``, which
+    a check must not: tests/unit/test_actionhints.py compares the two), made printable
+    as outputs are: a control character in a file name shows escaped, never reaches a
+    terminal."""
+    from mps_health.model.printable import printable
+
+    if value and all(c in SAFE for c in value):
+        return value
+    return printable("'" + value.replace("'", "'\"'\"'") + "'")
+
+
+def with_options(action: str, options: Options) -> str:
+    """``action`` with each quoted ``'mps-health SUB ...'`` command given the options
+    SUB takes that it does not name already, after its own words."""
+    if not options or START not in action:
+        return action
+    out: List[str] = []
+    at = 0
+    while True:
+        start = action.find(START, at)
+        end = action.find("'", start + 1) if start >= 0 else -1
+        if end < 0:  # no (closed) command left: the rest as it is
+            out.append(action[at:])
+            return "".join(out)
+        command = action[start + 1:end]
+        words = command.split()
+        takes = TAKES.get(words[1] if len(words) > 1 else "", ())
+        extra = [f"{opt} {quote(value)}" for opt, value in options
+                 if opt in takes and opt not in words
+                 and not any(w.startswith(opt + "=") for w in words)]
+        out.append(action[at:start + 1])
+        out.append(" ".join([command, *extra]))
+        at = end
+
+
+def read_more(action: str, code: str) -> str:
+    """``action`` ending with where the code's runbook entry is."""
+    where = f"runbook: mps-health explain {code}"
+    return f"{action} ({where})" if action else where
+
+
+def documented(check: str) -> bool:
+    """Whether mps-health documents the check's codes (a built-in check; a site's own
+    check, named as an importable module, documents its own)."""
+    spec = registry.CHECKS.get(check)
+    return spec is not None and spec.target.startswith(".")
+
+
+def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ...] = ()
+            ) -> Tuple[CheckRun, ...]:
+    """The runs with every action given the run's options, and every problem's action
+    its runbook entry (``any_check``: codes documented whatever check reports them, the
+    engine's)."""
+    out = []
+    for run in runs:
+        ours = documented(run.name)
+        results = []
+        for r in run.results:
+            action = with_options(r.action, options) if r.action else r.action
+            if is_problem(r) and (ours or r.code in any_check):  # folded: no action
+                action = read_more(action, r.code)
+            results.append(r if action == r.action else r._replace(action=action))
+        changed = any(a is not b for a, b in zip(results, run.results))
+        out.append(run._replace(results=tuple(results)) if changed else run)
+    return tuple(out)
+
+
+def commands(action: str) -> List[str]:
+    """The commands an action quotes (``'mps-health ...'``), each as a shell command line
+    (``shlex.split`` gives its argv). A word given here may be quoted inside it
+    (``--config '/etc/my site.yaml'``): a quote ends the command only where no such
+    word opens (after a space or a closing double quote) and none closed just before
+    (``shlex.quote`` never writes two single quotes in a row for a file name)."""
+    found: List[str] = []
+    at = 0
+    while True:
+        start = action.find(START, at)
+        if start < 0:
+            return found
+        i, inside, before = start + 1, "", " "
+        while i < len(action):
+            c = action[i]
+            if inside:
+                if c == inside:
+                    inside, before = "", "closed" + c
+                else:
+                    before = c
+            elif c == "'" and before not in (" ", 'closed"'):
+                break  # the command's own closing quote
+            elif c in "'\"":
+                inside = c
+            else:
+                before = c
+            i += 1
+        found.append(action[start + 1:i])
+        at = i + 1
+

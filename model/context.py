@@ -1,0 +1,58 @@
+"""What every probe is handed: the config, the system root and the run's deadline.
+
+``root`` is node_exporter's ``--path.rootfs``: every absolute path a probe reads is
+taken under it, so a whole fixture tree can stand in for a node.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mps_health.config.load import Config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, NamedTuple, Optional
+else:
+    from mps_health.model.frozen import NamedTuple
+
+
+class Context(NamedTuple):
+    config: Config
+    root: str = "/"
+    deadline: float = float("inf")  # time.monotonic() by which every fact must be in
+    env: Optional[Mapping[str, str]] = None  # environment for commands (default: ours)
+    # Per-job layout: Slurm's jobs on this node (probes.slurm.JobList), asked once per run
+    # before the instances are known; the slurm source reuses it.
+    jobs: Any = None
+    # Within a run (the engine's gather): the run's control queries, shared by every probe
+    # that asks a daemon (probes.control.Queries), so a daemon that did not answer one is
+    # asked nothing more and costs one timeout. None elsewhere: each query on its own.
+    queries: Any = None
+
+    def path(self, absolute: str) -> str:
+        """``absolute`` as seen under the configured root."""
+        if self.root in ("", "/"):
+            return absolute
+        return os.path.join(self.root, absolute.lstrip("/"))
+
+    @property
+    def read_only(self) -> bool:
+        """A run under --root looks at a tree and writes nothing anywhere: no state (the
+        host's memory is not the tree's), no locks, no caches, nothing created."""
+        return self.root not in ("", "/")
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def proc(self) -> str:
+        return self.path("/proc")
+
+
+def node_name(config: Config, environ: Optional[Mapping[str, str]] = None) -> str:
+    """SLURMD_NODENAME (set by slurmd), else the config's node_name, else the short hostname."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("SLURMD_NODENAME") or config.node_name
+    return name or os.uname().nodename.split(".")[0]

@@ -1,0 +1,150 @@
+"""Evaluation stage: what checks say, and how states combine.
+
+States use the Nagios exit codes. When states combine, CRITICAL outranks WARNING,
+which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``):
+a node with one broken daemon and one unreadable fact is broken, not unknown.
+
+A cause is one problem: a finding that only follows from another one (no MPS binaries:
+no daemon made its dirs, no client could ask it anything) is folded under that cause
+(``fold``, after every check ran): it keeps its check, code, state and message, names
+its cause in ``cause`` and loses its action (the cause's action is the one to take). A
+folded finding is not a problem of its own: the report's state, its problems and every
+check's state count only the rest, so the summary, the exit code, Nagios, the metrics
+and the health check agree; text shows folded findings with ``-v``, JSON in each
+check's results with their ``cause``.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
+else:
+    from mps_health.model.frozen import NamedTuple
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+_RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}
+
+
+def worst(states: Sequence[int]) -> int:
+    """The state that wins when several are combined (OK for none)."""
+    return max(states, key=_RANK.__getitem__, default=OK)
+
+
+class Result(NamedTuple):
+    """One finding of one check about one instance (or the node: instance "")."""
+
+    check: str
+    state: int
+    code: str  # short, stable: alerts, drain reasons and the runbook use it
+    instance: str
+    message: str
+    action: str = ""  # what to run or do; empty for OK
+    # Numbers for perfdata and metrics (latency_s, clients, ...), never needed to judge.
+    values: Tuple[Tuple[str, float], ...] = ()
+    # Extra identity of what the values describe, e.g. (("gpu", "0"), ("UUID", "GPU-...")):
+    # Prometheus labels and Nagios perfdata label parts (see docs/metrics.md).
+    labels: Tuple[Tuple[str, str], ...] = ()
+    # The code of the finding this one follows from (see ``fold``); "" for one that counts.
+    cause: str = ""
+
+
+def is_problem(r: Result) -> bool:
+    """A finding that counts: not OK, and not folded under its cause."""
+    return r.state != OK and not r.cause
+
+
+# What a cause makes pointless: cause code -> the codes that follow from it on the same
+# instance (and the node's own findings, instance ""). Only consequences belong here,
+# never a finding a user could cause (a link, a foreign entry, an impostor): folding
+# hides nothing an attack shows.
+FOLDS: Mapping[str, FrozenSet[str]] = {
+    # No control binary: no daemon ran, so none made the dirs or answers a query, and
+    # nothing could be asked of servers or clients; "run reset" would refuse.
+    "mps-not-installed": frozenset((
+        "control-client-missing", "pipe-dir-missing", "log-dir-missing",
+        "servers-not-asked", "canary-not-served", "canary-not-run",
+        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
+}
+
+
+# While the node is booting (``healthcheck.boot_grace_s`` after boot), what only says that
+# a unit has not come up yet: no daemon, no pipe or log dir yet, nothing answering. Such
+# a finding is marked ``cause=STARTING`` (``starting``): like a folded one it counts for
+# no state and drains nothing, and it is shown as starting (INITIALIZING). A wrong
+# owner, mode, link or stranger is never here: booting explains none of those.
+STARTING = "starting"
+# healthcheck.boot_grace_s's default (here, so that a check without a config file knows
+# it without importing the health check's settings).
+BOOT_GRACE_S = 300.0
+STARTING_CODES: FrozenSet[str] = frozenset((
+    "daemon-absent", "daemon-stale", "pipe-dir-missing",
+    "log-dir-missing", "control-absent", "servers-not-asked", "mps-gpu-no-daemon",
+    "mps-gpu-unserved", "canary-not-served", "canary-not-run"))
+
+
+def starting(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
+    """``runs`` with every finding of ``STARTING_CODES`` that still counts marked as
+    starting (the node is within its boot grace); any other finding is left as it is."""
+    return tuple(run._replace(results=tuple(
+        r._replace(cause=STARTING, action="") if is_problem(r) and r.code in STARTING_CODES
+        else r for r in run.results)) for run in runs)
+
+
+class CheckRun(NamedTuple):
+    """One check's run: its results, whether it could run, and what it cost."""
+
+    name: str
+    results: Tuple[Result, ...]
+    duration_s: float
+    error: Optional[str] = None  # set when the check itself failed (then UNKNOWN)
+
+    @property
+    def state(self) -> int:
+        return worst([r.state for r in self.results if not r.cause])
+
+
+def fold(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
+    """``runs`` with every finding that follows from another (``FOLDS``) folded under it:
+    an instance's under its own cause, the node's own (instance "") under any instance's."""
+    causes: Dict[Tuple[str, str], str] = {}  # (instance, folded code) -> its cause's code
+    for run in runs:
+        for r in run.results:
+            for code in FOLDS.get(r.code, ()) if is_problem(r) else ():
+                causes.setdefault((r.instance, code), r.code)
+                causes.setdefault(("", code), r.code)
+    if not causes:
+        return tuple(runs)
+    return tuple(run._replace(results=tuple(
+        r._replace(cause=causes[r.instance, r.code], action="")
+        if is_problem(r) and (r.instance, r.code) in causes else r for r in run.results))
+        for run in runs)
+
+
+class Report(NamedTuple):
+    """The whole verdict of one run: what outputs format."""
+
+    node: str
+    started_at: float
+    duration_s: float
+    runs: Tuple[CheckRun, ...]
+    gather_s: Dict[str, float]
+    version: str
+    # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
+    instance_gpus: Mapping[str, str] = {}
+    # The run's options that change what a command acts on (--config, --root), as
+    # (option, value): the actions quote them (model/actionhints.py), so may an output.
+    options: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def state(self) -> int:
+        return worst([r.state for r in self.runs])
+
+    def problems(self) -> Tuple[Result, ...]:
+        """The findings that count (folded ones are not: see ``fold``)."""
+        return tuple(r for run in self.runs for r in run.results if is_problem(r))
+
+
+def ok(check: str, instance: str, message: str, **values: float) -> Result:
+    return Result(check, OK, "ok", instance, message, "", tuple(values.items()))

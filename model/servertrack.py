@@ -1,0 +1,141 @@
+"""Identity of control daemons and MPS servers across runs: pure, shared by probe and check.
+
+A process is named by (pid, start ticks), so a reused PID is a new process. Between two
+runs, two things are worth an event:
+
+* the control daemon of an instance changed (``daemon-restarted``): it died or was
+  restarted, and every client it served lost MPS;
+* a server went away while clients it served in the previous run still live
+  (``server-churn``): a server that ends with its job leaves no client behind, so this
+  one died (or was killed) under running work, "without a job ending".
+
+Neither is an event when mps-health did it itself (``hostio/planned.py``): a restart it
+recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
+A reset also answers the events reported before it: they are dropped, and the check
+reports only what happened after the repair; so does an operator's ``mps-health ack``
+for the events of its code.
+
+The probe calls :func:`advance` to save the next memory; the check calls it on the same
+facts to know the events, so both agree and the check stays pure.
+"""
+
+from __future__ import annotations
+
+from mps_health.model.facts_deep import (
+    Ack,
+    InstanceServers,
+    PlannedRestart,
+    RememberedServer,
+    ServerEvent,
+    ServerFact,
+    ServerMemory,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+
+# Events kept per instance (the newest): the finding counts them, the file stays small.
+MAX_EVENTS = 100
+# The codes of events: what ``mps-health ack`` acknowledges (hostio/planned.py).
+EVENT_CODES = ("daemon-restarted", "server-churn")
+
+
+def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
+    return tuple((c.pid, c.start_ticks) for c in server.clients if c.start_ticks is not None)
+
+
+def _who(server: RememberedServer) -> str:
+    return f"server {server.pid}" + (f" ({server.user})" if server.user else "")
+
+
+def advance(previous: Optional[ServerMemory], current: InstanceServers,
+            alive: Iterable[Tuple[int, int]], now: float, window_s: float,
+            planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
+            servers_alive: Iterable[Tuple[int, int]] = (),
+            children: Iterable[Tuple[int, int]] = (), acks: Sequence[Ack] = (),
+            instance: str = "") -> ServerMemory:
+    """The memory after this run: statuses with the time first seen, events in window.
+    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
+    a server lost while an action of ours ended the daemon; a reset drops the events
+    before it (``hostio/planned.py`` says why).
+    A remembered server the daemon no longer lists but that still lives
+    (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
+    without it, and it stays known as a real daemon's server (``remembered``). Listed
+    servers that /proc shows as the daemon's children (``children``) are marked so.
+    Events an operator acknowledged for ``instance`` (``acks``) are dropped."""
+    from mps_health.hostio.planned import acked_until, excused, repaired_at, servers_ended
+
+    # A reset since an event answered it (planned.repaired_at), an ack since it
+    # acknowledged it: only what came after is still worth an operator's time.
+    repaired = repaired_at(planned, pipe_dir, now)
+    until = {code: max(repaired, acked_until(acks, instance, code)) for code in EVENT_CODES}
+    events: List[ServerEvent] = [e for e in (previous.events if previous else ())
+                                 if now - e.at <= window_s
+                                 and e.at > until.get(e.code, repaired)]
+    if current.query not in ("ok", "idle"):
+        # Nothing reliable seen this run: keep what we knew, do not invent events.
+        if previous is None:
+            return ServerMemory(now, current.daemon_pid, current.daemon_start, (), tuple(events))
+        return previous._replace(events=tuple(events))
+    if previous is not None and previous.daemon_pid is not None \
+            and current.daemon_pid is not None \
+            and (previous.daemon_pid, previous.daemon_start) != (current.daemon_pid,
+                                                                 current.daemon_start) \
+            and not excused(planned, pipe_dir, previous.taken_at, now, current.daemon_pid,
+                            current.daemon_start):
+        events.append(ServerEvent(now, "daemon-restarted",
+                                  f"the control daemon changed since the last run "
+                                  f"(was {previous.daemon_pid}, now {current.daemon_pid}): "
+                                  "its clients lost MPS"))
+    seen: Dict[Tuple[int, int], ServerFact] = {
+        (s.pid, s.start_ticks): s for s in current.servers
+        if s.start_ticks is not None and s.status != "gone"}
+    still: Set[Tuple[int, int]] = set(alive)
+    # Our own action ended the daemon, and with it every server it ran, in between: a
+    # server lost then is the action's consequence, no churn.
+    ours = previous is not None and servers_ended(planned, pipe_dir, previous.taken_at, now)
+    living = set(servers_alive)
+    kept: List[RememberedServer] = []
+    for old in (previous.servers if previous else ()):
+        if (old.pid, old.start_ticks) in seen:
+            continue
+        if (old.pid, old.start_ticks) in living:
+            kept.append(old)  # not gone: no churn; strays judges it
+            continue
+        orphans = [pid for pid, start in old.clients if (pid, start) in still]
+        if orphans and not ours:
+            shown = ", ".join(str(p) for p in orphans[:8])
+            events.append(ServerEvent(now, "server-churn",
+                                      f"{_who(old)} went away while its clients {shown} still "
+                                      "run (no job ended)"))
+    remembered: List[RememberedServer] = kept
+    before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
+    child = set(children)
+    for key, server in seen.items():
+        was = before.get(key)
+        since = was.status_since if was is not None and was.status == server.status else now
+        remembered.append(RememberedServer(server.pid, key[1], server.status, since,
+                                           server.user or "", _clients(server),
+                                           key in child or (was is not None
+                                                            and was.daemon_child)))
+    return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
+                        tuple(events[-MAX_EVENTS:]))
+
+
+def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
+    """When ``server``'s current status was first seen (from the advanced memory)."""
+    for s in memory.servers:
+        if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
+            return s.status_since
+    return None
+
+
+def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:
+    """(pid, start ticks) of every server an earlier run saw as the child of its
+    instance's control daemon: MPS's own servers, whatever became of their daemon. The
+    listing alone proves nothing (whatever answers on the socket, a user's in a 0777 pipe
+    dir, may name any pid), nor does a memory that named no daemon."""
+    return {(s.pid, s.start_ticks) for m in previous.values() if m.daemon_pid is not None
+            for s in m.servers if s.daemon_child}

@@ -1,0 +1,344 @@
+"""Ask each instance's control daemon one question through the real client.
+
+``echo get_default_active_thread_percentage | nvidia-cuda-mps-control`` with the
+instance's CUDA_MPS_PIPE_DIRECTORY. The client exits 1 only when it cannot reach a
+daemon; every other error exits 0 and must be read from stdout. A stopped daemon makes
+the client hang forever, so every query has a deadline and is killed with its process
+group. All instances are asked at once against one deadline, and a lock file makes our
+own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
+
+Within a run, ``Queries`` (the engine's, in ``ctx.queries``) is shared by every probe
+that asks a daemon: a daemon that gave one query no answer is asked nothing more that
+run, and the servers probe asks an instance only once the run's query of it is in, so a
+wedged daemon costs one timeout, whatever the command (check, check_mps, the health
+check, clients, the exporter).
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import time
+
+from mps_health.hostio.runner import Completed, Pending, child_env, wait_all
+from mps_health.model.context import Context
+from mps_health.model.facts import ControlAnswer, Instance
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+    from mps_health.hostio.runner import Pending as PendingType
+
+QUERY = "get_default_active_thread_percentage"
+NO_DAEMON = "Cannot find MPS control daemon process"
+# Queries whose empty answer means "none" (no server runs, a server has no client, no
+# pinned memory limit is set: the H200's daemon printed nothing then).
+EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
+            "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
+
+
+def classify(command: str, done: Completed) -> ControlAnswer:
+    """Turn one finished client run into an answer (pure: tested on captured output)."""
+    out, err = done.stdout.strip(), done.stderr.strip()
+    if done.exec_error is not None:
+        return ControlAnswer(command, "exec-failed", None, "", "", 0.0, done.exec_error)
+    if done.timed_out:
+        return ControlAnswer(command, "timeout", None, out, err, done.elapsed_s,
+                             f"no answer within {done.elapsed_s:.1f}s")
+    first = (out or err).splitlines()[0] if (out or err) else ""
+    if done.rc == 1 and NO_DAEMON in out + err:
+        return ControlAnswer(command, "absent", 1, out, err, done.elapsed_s, NO_DAEMON)
+    if done.rc == 0 and (out or command.split()[0] in EMPTY_OK) and _is_answer(command, out):
+        return ControlAnswer(command, "ok", 0, out, err, done.elapsed_s)
+    detail = first or f"no output (exit status {done.rc})"
+    return ControlAnswer(command, "error", done.rc, out, err, done.elapsed_s, detail)
+
+
+def _is_answer(command: str, out: str) -> bool:
+    if command.startswith("get_default_active_thread_percentage"):
+        try:
+            float(out.splitlines()[0])
+        except ValueError:
+            return False
+        return True
+    return not out.startswith(("Unknown command", NO_DAEMON))
+
+
+class _Lock:
+    """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
+    fatal, where it cannot be made (not root), and under --root (which writes nothing).
+    Pipe dirs come and go with jobs, so the file is removed when the query is done."""
+
+    def __init__(self, ctx: Context, pipe_dir: str) -> None:
+        from mps_health.hostio.filelock import FileLock
+
+        self.read_only = ctx.read_only
+        self.lock = FileLock(os.path.join(ctx.path(ctx.config.run_dir),
+                                          "control" + pipe_dir.replace("/", "_") + ".lock"),
+                             transient=True)
+        self.path = self.lock.path
+
+    def acquire(self, deadline: float) -> bool:
+        if self.read_only:
+            return True
+        try:
+            return self.lock.wait(deadline)
+        except OSError:
+            return True  # no lock possible here (not root): go on without one
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+class Queries:
+    """One run's control queries, shared by the probes that ask a daemon.
+
+    ``expect`` marks an instance's query as out, ``record`` takes its answer (or any
+    later query's); ``unanswered`` waits for the query that is out and says why the
+    daemon is not to be asked again: it gave a query of this run no answer in time
+    (wedged, or our lock on it never came free). Asking it again would only wait out
+    another timeout. On a terminal, ``waiting`` gives wait_all the one stderr line that
+    says what a wait longer than a second is for; never elsewhere (slurmd, Nagios, a
+    pipe read nothing but our documented output).
+    """
+
+    def __init__(self) -> None:
+        self.tell = _on_terminal()
+        self._out: Dict[str, _thread.LockType] = {}  # pipe dir -> held until it is answered
+        self._unanswered: Dict[str, str] = {}  # pipe dir -> why
+
+    def expect(self, pipe_dir: str) -> None:
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        self._out.setdefault(pipe_dir, lock)
+
+    def record(self, pipe_dir: str, answer: ControlAnswer) -> None:
+        if answer.status in ("timeout", "skipped") and pipe_dir not in self._unanswered:
+            self._unanswered[pipe_dir] = (f"the control daemon gave no answer to "
+                                          f"{answer.command} this run ({answer.detail})")
+        self.settle([pipe_dir])
+
+    def settle(self, pipe_dirs: Sequence[str]) -> None:
+        """These are in (or no answer will come: the query failed): their waiters go on."""
+        for pipe_dir in pipe_dirs:
+            lock = self._out.pop(pipe_dir, None)
+            if lock is not None:
+                lock.release()
+
+    def unanswered(self, pipe_dir: str, deadline: float) -> str:
+        """Why the daemon of ``pipe_dir`` is asked nothing more this run ("": ask it),
+        once the run's query of it that is out is in (or at ``deadline``)."""
+        lock = self._out.get(pipe_dir)
+        if lock is not None:
+            wait = min(max(0.0, deadline - time.monotonic()), _thread.TIMEOUT_MAX)
+            if lock.acquire(timeout=wait):
+                lock.release()
+        return self._unanswered.get(pipe_dir, "")
+
+    def waiting(self, names: Dict[PendingType, str], command: str, deadline: float
+                ) -> Optional[Callable[[List[PendingType]], None]]:
+        """wait_all's ``waiting`` for the clients in ``names`` (each one's instance)."""
+        if not self.tell:
+            return None
+
+        def say(still: Sequence[PendingType]) -> None:
+            from mps_health.model.printable import printable
+
+            shown = [printable(names[p]) for p in still if p in names]
+            if not shown:
+                return
+            whose = (f"the control daemon of {shown[0]}" if len(shown) == 1 else
+                     f"the control daemons of {', '.join(shown[:5])}"
+                     + (f" and {len(shown) - 5} more" if len(shown) > 5 else ""))
+            what = "" if command == QUERY else f" to answer {printable(command)}"
+            up_to = f"{max(0.0, deadline - min(p.started for p in still)):.1f}"
+            line = (f"mps-health: waiting for {whose}{what} "
+                    f"(up to {up_to.rstrip('0').rstrip('.')}s)...\n")
+            try:
+                os.write(2, line.encode("utf-8", "replace"))
+            except OSError:
+                pass
+
+        return say
+
+
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(2)
+    except OSError:
+        return False
+
+
+def ask_all(ctx: Context, instances: Tuple[Instance, ...],
+            command: str = QUERY) -> Dict[str, ControlAnswer]:
+    """Ask every instance ``command``, at most ``control.max_clients`` clients at once
+    (many instances must not mean as many processes); one deadline bounds them all."""
+    return start_asking(ctx, instances, command)()
+
+
+def start_asking(ctx: Context, instances: Tuple[Instance, ...], command: str = QUERY
+                 ) -> Callable[[], Dict[str, ControlAnswer]]:
+    """Start the first batch of clients now and return the function that collects every
+    answer (and asks the later batches): the clients run while the caller reads the rest
+    of the node. Until then the first batch holds its pipe dirs' locks."""
+    cfg = ctx.config
+    deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
+    step = cfg.control.max_clients
+    if ctx.queries is not None:
+        for inst in instances:
+            ctx.queries.expect(inst.pipe_dir)
+    try:
+        first = _Batch(ctx, instances[:step], command, deadline)
+    except BaseException:
+        if ctx.queries is not None:
+            ctx.queries.settle([inst.pipe_dir for inst in instances])
+        raise
+
+    def collect() -> Dict[str, ControlAnswer]:
+        try:
+            return collect_all()
+        finally:
+            if ctx.queries is not None:
+                ctx.queries.settle([inst.pipe_dir for inst in instances])
+
+    def collect_all() -> Dict[str, ControlAnswer]:
+        answers = first.collect()
+        for at in range(step, len(instances), step):
+            batch = instances[at:at + step]
+            if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it
+                skipped = {inst.name: ControlAnswer(
+                    command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
+                    "control clients run at once (control.max_clients) and the run's time "
+                    "was up") for inst in batch}
+                answers.update(skipped)
+                _record(ctx, batch, skipped)
+                continue
+            answers.update(_Batch(ctx, batch, command, deadline).collect())
+        return answers
+
+    return collect
+
+
+class _Batch:
+    """Clients started at once. One whose pipe dir's lock another query of ours holds
+    is started when the batch is collected, once that lock is free (or never, at the
+    deadline)."""
+
+    def __init__(self, ctx: Context, instances: Tuple[Instance, ...], command: str,
+                 deadline: float) -> None:
+        self.ctx, self.command, self.deadline = ctx, command, deadline
+        self.started: List[Tuple[Instance, Pending, _Lock]] = []
+        self.waiting: List[Tuple[Instance, _Lock]] = []
+        self.client = control_client(ctx)
+        self.missing = instances if self.client is None else ()
+        for inst in () if self.client is None else instances:
+            lock = _Lock(ctx, inst.pipe_dir)
+            if lock.acquire(0.0):  # free now (a deadline passed tries once)
+                self._start(inst, lock)
+            else:
+                self.waiting.append((inst, lock))
+
+    def _start(self, inst: Instance, lock: _Lock) -> None:
+        self.started.append((inst, Pending([str(self.client)], self.command + "\n",
+                                           client_env(self.ctx, inst)), lock))
+
+    def collect(self) -> Dict[str, ControlAnswer]:
+        answers = {inst.name: missing(self.ctx, self.command) for inst in self.missing}
+        try:
+            for inst, lock in self.waiting:
+                if lock.acquire(self.deadline):
+                    self._start(inst, lock)
+                else:
+                    answers[inst.name] = ControlAnswer(
+                        self.command, "skipped", None, "", "", 0.0,
+                        "another mps-health query to this pipe dir did not finish in time")
+            waiting = self.ctx.queries.waiting({p: inst.name for inst, p, _ in self.started},
+                                               self.command, self.deadline) \
+                if self.ctx.queries is not None else None
+            done = wait_all([p for _, p, _ in self.started], self.deadline, waiting)
+        finally:
+            for _, _, lock in self.started:
+                lock.release()
+        for (inst, _, _), completed in zip(self.started, done):
+            answers[inst.name] = classify(self.command, completed)
+        _record(self.ctx, [inst for inst, _, _ in self.started]
+                + [inst for inst, _ in self.waiting], answers)
+        return answers
+
+
+def _record(ctx: Context, instances: Sequence[Instance], answers: Dict[str, ControlAnswer]
+            ) -> None:
+    """Hand this run's answers to the probes that ask the same daemons after us."""
+    if ctx.queries is None:
+        return
+    for inst in instances:
+        answer = answers.get(inst.name)
+        if answer is not None:
+            ctx.queries.record(inst.pipe_dir, answer)
+
+
+def control_client(ctx: Context) -> Optional[str]:
+    """The control client's path, found as every command finds it (never on PATH)."""
+    from mps_health.hostio.process_identity import locate
+
+    return locate(ctx.config)
+
+
+def missing(ctx: Context, command: str) -> ControlAnswer:
+    """The answer when there is no control client to ask: MPS is not installed."""
+    from mps_health.hostio.process_identity import not_found
+
+    return ControlAnswer(command, "exec-failed", None, "", "", 0.0, not_found(ctx.config))
+
+
+def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
+    """The environment that points the control client (or a CUDA client) at ``inst``."""
+    env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+                     "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)})
+    if ctx.env is not None:
+        env.update(ctx.env)
+    return env
+
+
+def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
+    """The lock our queries to ``inst``'s pipe dir take turns on (acquire, then release)."""
+    return _Lock(ctx, inst.pipe_dir)
+
+
+def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:
+    """One query to ``inst``, bounded by the control timeout and ``deadline``.
+
+    For a series of queries (the server check): the caller holds :func:`pipe_lock`.
+    Within a run, a daemon that gave an earlier query no answer is not asked ("skipped",
+    at once).
+    """
+    queries = ctx.queries
+    if queries is not None:
+        why = queries.unanswered(inst.pipe_dir, deadline)
+        if why:
+            return ControlAnswer(command, "skipped", None, "", "", 0.0, "not asked: " + why)
+    deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
+    client = control_client(ctx)
+    if client is None:
+        return missing(ctx, command)
+    pending = Pending([client], command + "\n", client_env(ctx, inst))
+    waiting = queries.waiting({pending: inst.name}, command, deadline) \
+        if queries is not None else None
+    answer = classify(command, pending.wait(deadline, waiting))
+    if queries is not None:
+        queries.record(inst.pipe_dir, answer)
+    return answer
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:
+    return ask_all(ctx, instances)
+
+
+def start(ctx: Context, instances: Tuple[Instance, ...]
+          ) -> Callable[[], Dict[str, ControlAnswer]]:
+    """The run's query, started at once; the engine collects it after the other sources."""
+    return start_asking(ctx, instances)
+
+
+VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

@@ -1,0 +1,129 @@
+"""Pipe and log directories, by lstat: a symlink is reported, never followed."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from mps_health.hostio.pidfile import PID_FILE, read_text
+from mps_health.hostio.resources import raise_if_starved
+from mps_health.model.context import Context
+from mps_health.model.facts import DirFact, EntryFact, Instance, ParentFact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+
+
+def kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    return "other"
+
+
+def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
+    """lstat ``path`` (the real path under --root); ``shown_as`` is the configured path."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return DirFact(shown_as, "missing")
+    except OSError as e:
+        return DirFact(shown_as, "error", error=e.strerror)
+    kind = kind_of(st.st_mode)
+    target = None
+    if kind == "symlink":
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+    entries: Tuple[EntryFact, ...] = ()
+    pid_file = None
+    if kind == "dir" and with_entries:
+        entries, pid_file = _read_entries(path)
+    return DirFact(shown_as, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
+                   _name_of(st.st_uid), target, None, entries, pid_file)
+
+
+def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
+    found: List[EntryFact] = []
+    pid_file = None
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append(EntryFact(entry.name, kind_of(st.st_mode),
+                                       stat.S_IMODE(st.st_mode), st.st_uid))
+    except OSError as e:  # out of fds: our trouble, not an empty pipe dir
+        raise_if_starved(e, f"list {path}")
+        return (), None
+    if any(e.name == PID_FILE and e.kind == "file" for e in found):
+        pid_file = read_text(path)
+    found.sort()
+    return tuple(found), pid_file
+
+
+# Path components walked above a dir at most: a configured path is short, and the walk
+# must stay bounded whatever it is.
+MAX_PARENTS = 64
+
+
+def blocked_parents(ctx: Context, path: str) -> Tuple[ParentFact, ...]:
+    """The parents of ``path`` (as configured; "/" and, under --root, the tree's own
+    parents excluded) that users other than their owner and group cannot traverse: no
+    execute bit for others. A 0700 /run/nvidia above a 0777 pipe dir fails every non-root
+    client while the pipe dir itself looks right. Each by lstat (never followed), in order
+    from the top; the walk stops at a parent that is missing or cannot be looked at (a
+    run as a non-root user stops below the first blocked one: that one is named)."""
+    found: List[ParentFact] = []
+    parts = [p for p in path.split("/") if p not in ("", ".")][:-1][:MAX_PARENTS]
+    walked = ""
+    for name in parts:
+        walked += "/" + name
+        try:
+            st = os.lstat(ctx.path(walked))
+            if stat.S_ISLNK(st.st_mode) and st.st_uid == 0 and not ctx.read_only:
+                # Root's link (/var/run -> /run): clients go through it, so what it leads
+                # to is judged (a stat, nothing done there). A user's link, or any link
+                # in a --root tree, is not followed: it names nothing of this node's.
+                st = os.stat(ctx.path(walked))
+        except OSError:
+            break
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            found.append(ParentFact(walked, stat.S_IMODE(st.st_mode), st.st_uid))
+    return tuple(found)
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
+    """Every instance's pipe dir (with its entries) and log dir, keyed by path, each with
+    the parents others cannot traverse."""
+    out: Dict[str, DirFact] = {}
+    for inst in instances:
+        for path, entries in ((inst.pipe_dir, True), (inst.log_dir, False)):
+            if path not in out:
+                d = read_dir(ctx.path(path), path, entries)
+                # An lstat refused ("error") may be a blocked parent's doing: look there too.
+                out[path] = d._replace(blocked=blocked_parents(ctx, path)) \
+                    if d.kind in ("dir", "error") else d
+    return out
+
+
+VALUE_TYPE = "Dict[str, DirFact]"  # read by codec, in this module's names
+
+
+def _name_of(uid: int) -> Optional[str]:
+    from mps_health.hostio.users import (
+        name_of,  # lazy: no NamedTuple built on the plain check's path
+    )
+
+    return name_of(uid)

@@ -1,0 +1,223 @@
+"""gres.conf as slurmd reads it, for this node, and the device files it names.
+
+Slurm's rules kept here: keys are case-insensitive; ``#`` starts a comment; a trailing
+backslash continues the line; ``Include FILE`` reads another file (relative to the
+including file's dir); a line with ``NodeName=<hostlist>`` applies only to the nodes
+it names, a line without one to every node; ``File=/dev/nvidia[0-3]`` (or a comma
+list) expands to one device per name; ``Count`` takes K/M/G suffixes and, for a
+shared GRES like mps with several files, is spread evenly over them; ``AutoDetect``
+(nvml, nvidia, rsmi, oneapi, off) may stand on a line of its own. gres.conf lives in the
+directory of slurm.conf (``SLURM_CONF``, default /etc/slurm).
+"""
+
+import errno
+import os
+import stat
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from mps_health.model.context import Context, node_name
+from mps_health.probes.hostlist import ParseError, expand, split_top
+
+KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": "CPUs",
+        "file": "File", "files": "File", "flags": "Flags", "links": "Links",
+        "multiplefiles": "MultipleFiles", "name": "Name", "nodename": "NodeName",
+        "type": "Type"}
+SUFFIXES = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+MAX_INCLUDE_DEPTH = 10
+MAX_FILE_BYTES = 4 << 20  # per file: a gres.conf for hundreds of nodes fits
+
+
+class GresLine(NamedTuple):
+    """One GRES record of gres.conf that applies to this node."""
+
+    where: str  # "FILE:LINE"
+    name: str  # gpu, mps, shard, ...
+    type: Optional[str]
+    files: Tuple[str, ...]  # expanded File= (empty when none)
+    quantity: int  # Count=, else one per file, else 1
+
+
+class DeviceFile(NamedTuple):
+    """A File= device as found on disk (stat follows links, as slurmd does)."""
+
+    path: str
+    kind: str  # "char" | "block" | "file" | "other" | "missing" | "error"
+    minor: Optional[int] = None  # minor number of a device node
+
+
+class GresConf(NamedTuple):
+    path: str
+    found: bool  # False when there is no gres.conf (GRES then come from slurm.conf alone)
+    node: str
+    lines: Tuple[GresLine, ...] = ()
+    autodetect: Optional[str] = None
+    devices: Tuple[DeviceFile, ...] = ()
+    errors: Tuple[str, ...] = ()  # "FILE:LINE: what is wrong", one per bad line
+
+
+def parse_count(text: str) -> int:
+    """``Count=`` value: digits with an optional K/M/G/T/P suffix (powers of 1024)."""
+    t = text.strip()
+    factor = SUFFIXES.get(t[-1:].lower(), 1) if t else 1
+    digits = t[:-1] if factor != 1 else t
+    if not digits.isdigit():
+        raise ParseError(f"Count={text!r} is not a number")
+    return int(digits) * factor
+
+
+def logical_lines(text: str) -> List[Tuple[int, str]]:
+    """(first line number, text) with comments removed and backslash continuations joined."""
+    out: List[Tuple[int, str]] = []
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw
+        hash_at = line.find("#")
+        while hash_at > 0 and line[hash_at - 1] == "\\":  # an escaped '#'
+            line = line[:hash_at - 1] + line[hash_at:]
+            hash_at = line.find("#", hash_at)
+        if hash_at >= 0:
+            line = line[:hash_at]
+        if not pending:
+            start = number
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        if line.strip():
+            out.append((start, line.strip()))
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
+
+
+def parse_pairs(line: str) -> Dict[str, str]:
+    """``Key=Value`` words of one line, keys normalised; ParseError for anything else."""
+    pairs: Dict[str, str] = {}
+    for word in line.split():
+        key, sep, value = word.partition("=")
+        canonical = KEYS.get(key.lower())
+        if not sep:
+            raise ParseError(f"'{word}' is not Key=Value")
+        if canonical is None:
+            raise ParseError(f"unknown key '{key}'")
+        if canonical in pairs:
+            raise ParseError(f"'{canonical}' given twice")
+        pairs[canonical] = value.strip('"')
+    return pairs
+
+
+def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
+                    read_include: Optional[Callable[[str], str]] = None,
+                    depth: int = 0) -> GresConf:
+    """The records of ``text`` that apply to ``node`` (pure but for ``read_include``)."""
+    lines: List[GresLine] = []
+    errors: List[str] = []
+    autodetect: Optional[str] = None
+    base = os.path.dirname(where) if "/" in where else ""
+    for number, line in logical_lines(text):
+        at = f"{where}:{number}"
+        first, _, rest = line.partition(" ")
+        if first.lower() == "include":
+            sub = _include(rest.strip(), base, read_include, node, depth, at, errors)
+            if sub is not None:
+                lines.extend(sub.lines)
+                errors.extend(sub.errors)
+                autodetect = sub.autodetect or autodetect
+            continue
+        try:
+            pairs = parse_pairs(line)
+            if "NodeName" in pairs and node not in expand(pairs["NodeName"]):
+                continue
+            if "AutoDetect" in pairs:
+                autodetect = pairs["AutoDetect"].lower()
+            if "Name" not in pairs:
+                if set(pairs) - {"NodeName", "AutoDetect"}:
+                    raise ParseError("a GRES line needs Name=")
+                continue
+            files = tuple(f for part in split_top(pairs.get("File", ""))
+                          for f in expand(part.strip()) if f) if pairs.get("File") else ()
+            count = parse_count(pairs["Count"]) if "Count" in pairs else max(1, len(files))
+            lines.append(GresLine(at, pairs["Name"], pairs.get("Type") or None, files, count))
+        except ParseError as e:
+            errors.append(f"{at}: {e}")
+    return GresConf(where, True, node, tuple(lines), autodetect, (), tuple(errors))
+
+
+def _include(path: str, base: str, read_include: Optional[Callable[[str], str]], node: str,
+             depth: int, at: str, errors: List[str]) -> Optional[GresConf]:
+    if not path:
+        errors.append(f"{at}: Include without a file")
+        return None
+    if depth >= MAX_INCLUDE_DEPTH:
+        errors.append(f"{at}: Include nested more than {MAX_INCLUDE_DEPTH} deep")
+        return None
+    full = path if path.startswith("/") or not base else os.path.join(base, path)
+    if read_include is None:
+        errors.append(f"{at}: Include {path} not read")
+        return None
+    try:
+        text = read_include(full)
+    except OSError as e:
+        errors.append(f"{at}: Include {full}: {e.strerror or e}")
+        return None
+    return parse_gres_conf(text, node, full, read_include, depth + 1)
+
+
+def device_kind(path: str) -> DeviceFile:
+    """stat a File= device (the real path under --root)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return DeviceFile(path, "missing")
+    except OSError:
+        return DeviceFile(path, "error")
+    if stat.S_ISCHR(st.st_mode):
+        return DeviceFile(path, "char", os.minor(st.st_rdev))
+    if stat.S_ISBLK(st.st_mode):
+        return DeviceFile(path, "block", os.minor(st.st_rdev))
+    return DeviceFile(path, "file" if stat.S_ISREG(st.st_mode) else "other")
+
+
+def default_path(environ: Mapping[str, str]) -> str:
+    """gres.conf beside slurm.conf: SLURM_CONF's dir, else /etc/slurm."""
+    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    return os.path.join(os.path.dirname(conf), "gres.conf")
+
+
+def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
+    """Read and parse ``path`` (as configured; read under --root), then stat its devices."""
+
+    def read(p: str) -> str:
+        from mps_health.hostio.safefiles import read_small
+
+        data = read_small(ctx.path(p), MAX_FILE_BYTES, follow=True)  # may be a link
+        if data is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", p)
+        return data.decode("utf-8", "replace")
+
+    try:
+        text = read(path)
+    except FileNotFoundError:
+        return GresConf(path, False, node)
+    except OSError as e:
+        return GresConf(path, False, node, errors=(f"{path}: cannot read: {e.strerror}",))
+    conf = parse_gres_conf(text, node, path, read)
+    seen: Dict[str, DeviceFile] = {}
+    for line in conf.lines:
+        for f in line.files:
+            if f not in seen:
+                seen[f] = device_kind(ctx.path(f))._replace(path=f)
+    return conf._replace(devices=tuple(seen.values()))
+
+
+def gather(ctx: Context, instances: object) -> GresConf:
+    from mps_health.config.slurm import settings
+
+    environ = ctx.env if ctx.env is not None else os.environ
+    path = settings(ctx.config).gres_conf or default_path(environ)
+    return read_gres_conf(ctx, path, node_name(ctx.config, ctx.env))
+
+
+VALUE_TYPE = GresConf

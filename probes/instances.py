@@ -1,0 +1,121 @@
+"""Which MPS instances this node should have, from the config's layout.
+
+node: one daemon for the node. per-gpu: one per listed GPU. per-job: one per pipe dir
+a prolog created, found on disk by the configured template (``{job}``, and ``{gpu}``
+where a job holds several GPUs, in the last path component).
+
+Per-job dirs live in a parent every user can write (/tmp), so a name alone proves
+nothing: a dir is an instance only when Slurm says its job runs on this node (the run's
+one ``squeue``) and the dir is owned as ``mps.dir_owner`` says (``job``: that job's
+user). Anything else is not judged as MPS here (the orphans check names dirs whose job
+is gone).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mps_health.config.load import Config
+from mps_health.model.context import Context
+from mps_health.model.facts import DirFact, Instance
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
+
+
+def configured(config: Config) -> Tuple[Instance, ...]:
+    """Instances known from the config alone (none for per-job)."""
+    mps = config.mps
+    if mps.layout == "node":
+        return (Instance("node", "node", mps.pipe_dir, mps.log_dir),)
+    if mps.layout == "per-gpu":
+        from mps_health.config.templates import expand  # the node layout has no template
+
+        return tuple(
+            Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g), expand(mps.log_dir, gpu=g),
+                     gpu=g)
+            for g in mps.gpus
+        )
+    return ()
+
+
+def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
+    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
+    from mps_health.config.templates import expand, match
+
+    mps = ctx.config.mps
+    parent = os.path.dirname(mps.pipe_dir)
+    try:
+        names = sorted(os.listdir(ctx.path(parent)))
+    except OSError:
+        return ()
+    found: List[Instance] = []
+    for name in names:
+        fields = match(mps.pipe_dir, name)
+        if fields is None:
+            continue
+        job, gpu = fields
+        label = f"job{job}" + (f"-gpu{gpu}" if gpu else "")
+        found.append(Instance(label, "per-job", os.path.join(parent, name),
+                              expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job))
+    return tuple(found)
+
+
+class SlurmUnavailable(RuntimeError):
+    """The per-job layout's instances cannot be known without Slurm's job list."""
+
+
+def _owner_uid(ctx: Context, path: str) -> Optional[int]:
+    try:
+        return os.lstat(ctx.path(path)).st_uid
+    except OSError:
+        return None
+
+
+def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
+    """The dirs of ``found`` whose job Slurm runs here, owned as ``mps.dir_owner`` says.
+    ``ctx.jobs`` is Slurm's answer (``probes.slurm.with_jobs`` asks it)."""
+    if ctx.jobs is None or ctx.jobs.jobs is None:
+        why = ctx.jobs.error if ctx.jobs is not None else "not asked"
+        raise SlurmUnavailable(f"per-job instances need Slurm's job list: {why}")
+    uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
+    owner = ctx.config.mps.dir_owner
+    from mps_health.hostio.users import uid_of as user_uid
+
+    fixed = None if owner in ("job", "any") else user_uid(owner)
+    return tuple(i for i in found if i.job_id in uid_of
+                 and (owner == "any" or _owner_uid(ctx, i.pipe_dir)
+                      == (uid_of[i.job_id] if owner == "job" else fixed)))
+
+
+def gather(ctx: Context) -> Tuple[Instance, ...]:
+    if ctx.config.mps.layout == "per-job":
+        return running_jobs(ctx, discover_jobs(ctx))
+    return configured(ctx.config)
+
+
+def pipe_paths(inst: Instance, root: str) -> Tuple[str, ...]:
+    """The pipe dir as a daemon's environ may name it (with and without --root)."""
+    if root in ("", "/"):
+        return (inst.pipe_dir,)
+    return (inst.pipe_dir, os.path.join(root, inst.pipe_dir.lstrip("/")))
+
+
+def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
+    """The uid the daemon should run as: a name, a number, "job" (pipe dir owner), "any"."""
+    return daemon_uid(user, pipe.uid if pipe is not None and pipe.kind == "dir" else None)
+
+
+def daemon_uid(user: str, dir_uid: Optional[int]) -> Optional[int]:
+    """``expected_uid`` from the owner of the instance's dir (None: unknown)."""
+    if user == "any":
+        return None
+    if user == "job":
+        return dir_uid
+    from mps_health.hostio.users import (
+        uid_of,  # lazy: the passwd lookup only where a name is configured
+    )
+
+    return uid_of(user)
+

@@ -1,0 +1,87 @@
+"""Per-job pipe and log dirs on disk, with owner and age, for the orphans check.
+
+Both templates' parent dirs are listed (a job's log dir can outlive its pipe dir).
+Entries are lstat'ed, never followed: a symlink is reported as one, not as its target.
+With them, the Prolog's records of which job and uid each dir was made for
+(``job_records``): a name alone makes no dir ours.
+"""
+
+import os
+from typing import List, NamedTuple, Optional, Tuple
+
+from mps_health.config.templates import match
+from mps_health.hostio.jobrecords import JobRecord
+from mps_health.hostio.jobrecords import load as load_records
+from mps_health.model.context import Context
+from mps_health.probes.dirs import kind_of
+
+
+class JobDir(NamedTuple):
+    job_id: str
+    role: str  # "pipe" | "log"
+    path: str  # as configured (without --root)
+    kind: str  # "dir" | "symlink" | "file" | ...
+    uid: int
+    owner: Optional[str]
+    mtime: float  # Unix time of the last change: the dir's age for the orphans check
+
+
+def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
+    mps = ctx.config.mps
+    if mps.layout != "per-job":
+        return ()
+    found: List[JobDir] = []
+    seen = set()
+    for role, template in (("pipe", mps.pipe_dir), ("log", mps.log_dir)):
+        parent = os.path.dirname(template)
+        try:
+            names = sorted(os.listdir(ctx.path(parent)))
+        except OSError:
+            continue
+        for name in names:
+            fields = match(template, name)
+            path = os.path.join(parent, name)
+            if fields is None or path in seen:
+                continue
+            seen.add(path)
+            try:
+                st = os.lstat(ctx.path(path))
+            except OSError:
+                continue  # removed while we looked
+            found.append(JobDir(fields[0], role, path, kind_of(st.st_mode), st.st_uid,
+                                _name_of(st.st_uid), st.st_mtime))
+    return tuple(found)
+
+
+def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
+    return read_job_dirs(ctx)
+
+
+VALUE_TYPE = Tuple[JobDir, ...]
+
+
+class JobRecords(NamedTuple):
+    """The jobs the Prolog recorded (``mps_health.hostio.jobrecords``): which dirs are ours."""
+
+    records: Tuple[JobRecord, ...]
+    error: str = ""  # why the records could not be read ("" when fine or none yet)
+    denied: bool = False  # an unprivileged run was refused them (root's runs can read)
+
+
+def gather_records(ctx: Context, instances: object) -> JobRecords:
+    if ctx.config.mps.layout != "per-job":
+        return JobRecords(())
+    records, error = load_records(ctx.path(ctx.config.state_dir))
+    return JobRecords(records, error, bool(error) and os.geteuid() != 0
+                      and "denied" in error)
+
+
+RECORDS_TYPE = JobRecords
+
+
+def _name_of(uid: int) -> Optional[str]:
+    from mps_health.hostio.users import (
+        name_of,  # lazy: no NamedTuple built on the plain check's path
+    )
+
+    return name_of(uid)

@@ -1,0 +1,64 @@
+"""The Slurm jobs running on this node, and what each asked for: one ``squeue`` per run.
+
+``squeue -h -w NODE -o SQUEUE_FORMAT`` (the slurm probe's call and parser), bounded by
+``slurm.timeout_s`` and the run's deadline. Used to judge MPS clients against their
+job's request (``--gres=mps:N`` or ``gpu``). Without Slurm (no squeue, slurmctld down)
+the facts say why. Not asked at all while no instance's daemon has a server (two small
+/proc reads each, as the servers probe).
+"""
+
+import time
+from typing import NamedTuple, Optional, Tuple
+
+from mps_health.hostio.runner import Pending, child_env
+from mps_health.model.context import Context, node_name
+from mps_health.model.facts import Instance
+from mps_health.probes.hostlist import ParseError
+from mps_health.probes.slurm import SlurmJob, classify_failure, parse_squeue, squeue_argv
+
+
+class JobsFacts(NamedTuple):
+    node_name: str
+    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue gave no usable answer
+    error: str = ""
+    asked: bool = True  # False: no MPS server ran, so there was no client to judge
+
+
+def gres_count(job: SlurmJob, name: str) -> Optional[int]:
+    """How much of GRES ``name`` the job asked per node (``gres:mps:50``, 23.x
+    ``gres/mps:50``, typed ``gres:mps:a100:50``); None when it asked for none."""
+    for part in job.gres.split(","):
+        for prefix in ("gres:", "gres/"):
+            if part.startswith(prefix):
+                part = part[len(prefix):]
+        fields = part.split(":")
+        if fields[0] != name:
+            continue
+        count = fields[-1] if len(fields) > 1 else "1"
+        count = count.split("(")[0]
+        return int(count) if count.isdigit() else 1
+    return None
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
+    from mps_health.config.slurm import settings
+    from mps_health.probes.servers import read_daemon
+
+    node = node_name(ctx.config, ctx.env)
+    # The fast path: no live daemon with a server child, so no client is listed to judge.
+    daemons = [read_daemon(ctx, inst) for inst in instances]
+    if not any(pid is not None and busy for pid, _start, busy in daemons):
+        return JobsFacts(node, None, "", asked=False)
+    timeout = settings(ctx.config).timeout_s
+    argv = squeue_argv(ctx.config, node)
+    done = Pending(argv, env=child_env(ctx.env or {})).wait(
+        min(time.monotonic() + timeout, ctx.deadline))
+    if done.rc != 0:
+        return JobsFacts(node, None, classify_failure(done, "squeue", timeout)[1])
+    try:
+        return JobsFacts(node, parse_squeue(done.stdout))
+    except ParseError as e:
+        return JobsFacts(node, None, f"squeue: {e}")
+
+
+VALUE_TYPE = JobsFacts

@@ -1,0 +1,468 @@
+"""control.log and server.log, read incrementally: only the bytes written since last run.
+
+Where reading stopped is saved per file as (device, inode, offset) in
+state_dir/logs.json, so a finding is never reported twice (ordinary lines may be read
+again: an offset alone is saved in steps, ``worth_saving``). A file whose inode
+changed was rotated: the rest of the old file is read from its new name (control.log.1,
+control.log-DATE, found by inode) before the new file from its start; a file shorter
+than the offset was truncated and is read from its start. At most ``max_read_bytes`` are
+read per file and run (the newest), so a log that exploded costs a bounded read, and the
+first run reads only that much of the end, never the whole file.
+
+Notable lines become findings with their own timestamp; findings are remembered for
+``window_s`` and judged by the logs check, like an XID check: reported for a while,
+then cleared.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from mps_health.config.deep_checks import LOGS, LogsConfig
+from mps_health.config.load import Config
+from mps_health.hostio.resources import raise_if_starved
+from mps_health.model.context import Context
+from mps_health.model.facts import Instance
+from mps_health.model.facts_deep import (
+    LOG_FILES,
+    LogFileFact,
+    LogFinding,
+    LogMemory,
+    LogPosition,
+    LogsFacts,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
+
+FILES = LOG_FILES
+PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
+HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
+
+
+def settings(config: Config) -> LogsConfig:
+    return config.get(LOGS)
+
+
+# --- parse (pure) ---------------------------------------------------------------------
+
+def parse_time(date: str, clock: str) -> Optional[float]:
+    """'2026-12-02' '12:28:16.570' (local time, as the daemon writes it) -> Unix time."""
+    try:
+        y, mo, d = (int(x) for x in date.split("-"))
+        hh, mm, ss = clock.split(":")
+        whole, _, frac = ss.partition(".")
+        if not (1 <= mo <= 12 and 1 <= d <= 31 and 0 <= int(hh) <= 23 and 0 <= int(mm) <= 59
+                and 0 <= int(whole) <= 60):
+            return None
+        t = time.mktime((y, mo, d, int(hh), int(mm), int(whole), 0, 0, -1))
+        return t + (float("0." + frac) if frac.isdigit() else 0.0)
+    except (ValueError, OverflowError):
+        return None
+
+
+def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
+    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (date, clock, role, text)."""
+    if not line.startswith("["):
+        return None
+    close = line.find("]")
+    head = line[1:close].split() if close > 0 else []
+    if len(head) != 4:
+        return None
+    return head[0], head[1], head[2], line[close + 1:].strip()
+
+
+def parse_line(line: str) -> Optional[Tuple[Optional[float], str, str]]:
+    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (time, role, text)."""
+    fields = split_line(line)
+    if fields is None:
+        return None
+    date, clock, role, text = fields
+    return parse_time(date, clock), role, text
+
+
+def _int_after(text: str, marker: str) -> Optional[int]:
+    at = text.find(marker)
+    if at < 0:
+        return None
+    digits = ""
+    for c in text[at + len(marker):]:
+        if not c.isdigit():
+            break
+        digits += c
+    return int(digits) if digits else None
+
+
+def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
+    """A message's (code, pid, uid, status), or None when it is not worth keeping."""
+    if text.startswith("NEW CLIENT ") and "push client to pending list" in text:
+        uid = _int_after(text, " from user ")
+        return "log-pending-client", _int_after(text, "NEW CLIENT ") or 0, \
+            -1 if uid is None else uid, 0
+    if text.startswith("Starting new server "):
+        uid = _int_after(text, " for user ")
+        return "log-server-start", _int_after(text, "Starting new server ") or 0, \
+            -1 if uid is None else uid, 0
+    if text.startswith("Server ") and " exited with status " in text:
+        status = _int_after(text, " exited with status ")
+        if status is None or status == 0:
+            return None  # a server ending with its clients is the normal case
+        return "log-server-exit", _int_after(text, "Server ") or 0, -1, status
+    if text.startswith("Exit with status "):
+        status = _int_after(text, "Exit with status ")
+        return None if not status else ("log-daemon-exit", 0, -1, status)
+    if "Failed to start server using uid" in text:
+        uid = _int_after(text, "using uid ")
+        return "log-server-start-failed", 0, -1 if uid is None else uid, 0
+    if text.startswith("Cmd:set_default_device_pinned_mem_limit "):
+        # Kept, not reported: checks/limits.py judges the device IDs the defaults were
+        # set on (the daemon's answers give only the value that won) ...
+        return "log-pinned-limit-set", 0, -1, 0
+    if text.startswith("Starting control daemon "):
+        # ... and only those of the daemon that runs now: a new daemon starts without.
+        return "log-daemon-start", 0, -1, 0
+    if "Unable to accept connection" in text:
+        return "log-accept-failed", 0, -1, 0
+    lowered = text.lower()
+    if "fatal" in lowered or "exception" in lowered:
+        return "log-fatal", 0, -1, 0
+    return None
+
+
+def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[LogFinding]:
+    """Findings in a chunk of whole lines; a line without a usable time gets ``read_at``."""
+    found: List[LogFinding] = []
+    for line in text.splitlines():
+        fields = split_line(line)
+        if fields is None:
+            continue
+        date, clock, _role, message = fields
+        kind = classify(message)
+        if kind is None:
+            continue
+        # Dated only once it is a finding: mktime costs most of the time a line takes,
+        # and the daemon writes five ordinary lines for every query (ours included).
+        at = parse_time(date, clock)
+        if at is None or at > read_at + 86400:
+            at = read_at  # a clock or timezone we cannot trust: date it by reading
+        code, pid, uid, status = kind
+        found.append(LogFinding(at, code, log_dir, file, message[:300], pid, uid, status))
+    return found
+
+
+# --- read (I/O) -----------------------------------------------------------------------
+
+# A log dir holds the daemon's two logs and their rotations: entries past this many are
+# not looked at (a dir a user filled must not cost a run without bound).
+MAX_ENTRIES = 1024
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotTheDaemons(OSError):
+    """A log file that is not the daemon's user's regular file: never read."""
+
+    def __init__(self, what: str, uid: int) -> None:
+        super().__init__(what)
+        self.what, self.uid = what, uid
+
+
+def _what(st: os.stat_result) -> str:
+    kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+            else "directory" if stat.S_ISDIR(st.st_mode) else "fifo"
+            if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
+            else "device or other")
+    links = f" with {st.st_nlink} links" if kind == "file" and st.st_nlink > 1 else ""
+    return f"a {kind} owned by uid {st.st_uid}{links}"
+
+
+def ours(st: os.stat_result, owners: Optional[AbstractSet[int]]) -> bool:
+    """Is this lstat/fstat the daemon's own log: a regular file of one of ``owners``
+    (its user) with one link? (A hard link to another file of that user would make us
+    read, and the daemon append to, that file.)"""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (
+        owners is None or st.st_uid in owners)
+
+
+def _open(name: str, dir_fd: int, owners: Optional[AbstractSet[int]]
+          ) -> Tuple[int, os.stat_result]:
+    from mps_health.hostio.safefiles import open_regular
+
+    fd, st = open_regular(name, dir_fd)  # O_NOFOLLOW, O_NONBLOCK, regular files only
+    if not ours(st, owners):
+        os.close(fd)
+        raise NotTheDaemons(_what(st), st.st_uid)
+    return fd, st
+
+
+def scan(dir_fd: int) -> Tuple[List[Tuple[str, os.stat_result]], bool]:
+    """The first ``MAX_ENTRIES`` entries of a log dir with their lstat, and whether
+    there were more."""
+    found: List[Tuple[str, os.stat_result]] = []
+    dup = os.dup(dir_fd)  # scandir(fd) rewinds but closes nothing: use a copy
+    try:
+        with os.scandir(dup) as it:
+            for entry in it:
+                if len(found) >= MAX_ENTRIES:
+                    return found, True
+                try:
+                    found.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError:
+                    continue  # gone meanwhile
+    finally:
+        os.close(dup)
+    return found, False
+
+
+def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:
+    """Whole lines of [start, end), at most the last ``max_bytes``: (text, next, note)."""
+    note = ""
+    skipped = max(0, end - start - max_bytes)
+    if skipped:
+        note = f"skipped {skipped} bytes (more than {max_bytes} new)"
+        start += skipped
+    data = os.pread(fd, end - start, start) if end > start else b""
+    if skipped:
+        cut = data.find(b"\n")  # we landed mid-line: drop its tail
+        data, start = (data[cut + 1:], start + cut + 1) if cut >= 0 else (b"", end)
+    last = data.rfind(b"\n")
+    if last < 0:
+        return "", start, note  # no whole line yet: read it next run
+    return data[:last + 1].decode("utf-8", "replace"), start + last + 1, note
+
+
+def _rotated(dir_fd: int, name: str, pos: LogPosition) -> Optional[str]:
+    """The old file's new name (same device and inode), if it is still there."""
+    try:
+        entries, _ = scan(dir_fd)
+    except OSError:
+        return None
+    for other, st in sorted(entries):
+        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")) \
+                and (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
+            return other
+    return None
+
+
+def _head(fd: int, size: int) -> str:
+    return os.pread(fd, min(size, HEAD_BYTES), 0).decode("latin-1")
+
+
+def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int,
+              owners: Optional[AbstractSet[int]] = None
+              ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+    """New text of ``real_dir/name``: ([(file name, text), ...], next position, note).
+    The dir and the file are never followed through a link; with ``owners``, only a
+    regular file of one of them is read (the daemon's user: a file anyone else put there
+    would forge findings).
+
+    Raises OSError when the file cannot be read (FileNotFoundError when missing),
+    NotTheDaemons when it is not the daemon's.
+    """
+    dir_fd = os.open(real_dir, DIR_FLAGS)
+    try:
+        return _read_in(dir_fd, name, pos, max_bytes, owners)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
+             owners: Optional[AbstractSet[int]]
+             ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+    fd, st = _open(name, dir_fd, owners)
+    chunks: List[Tuple[str, str]] = []
+    notes: List[str] = []
+    try:
+        start = 0
+        head = _head(fd, st.st_size)
+        if pos is None:
+            notes.append("first read")  # from the start, bounded to the newest bytes
+        elif (pos.dev, pos.inode) == (st.st_dev, st.st_ino) and st.st_size >= pos.offset \
+                and not head.startswith(pos.head):
+            # Same inode, new beginning: replaced (inode reused) or truncated and refilled.
+            notes.append("replaced or truncated and rewritten")
+        elif (pos.dev, pos.inode) != (st.st_dev, st.st_ino):
+            old = _rotated(dir_fd, name, pos)
+            if old is not None:
+                try:
+                    ofd, ost = _open(old, dir_fd, owners)
+                    try:
+                        text, _next, note = _read_range(ofd, pos.offset, ost.st_size, max_bytes)
+                    finally:
+                        os.close(ofd)
+                    chunks.append((old, text))
+                    notes.append(f"rotated: read the rest of {old}" + (f", {note}" if note
+                                                                        else ""))
+                except OSError:
+                    notes.append(f"rotated: {old} unreadable")
+            else:
+                notes.append("rotated: the old file is gone")
+        elif st.st_size < pos.offset:
+            notes.append(f"truncated (was {pos.offset} bytes, now {st.st_size})")
+        else:
+            start = pos.offset
+        text, next_offset, note = _read_range(fd, start, st.st_size, max_bytes)
+        if note:
+            notes.append(note)
+        elif notes == ["first read"]:
+            notes = []
+        chunks.append((name, text))
+    finally:
+        os.close(fd)
+    return chunks, LogPosition(st.st_dev, st.st_ino, next_offset, head), "; ".join(notes)
+
+
+FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
+
+
+# The daemon logs every query, ours too, so the offsets move on at every run; writing
+# logs.json each time costs a file written, fsynced and renamed. Offsets alone are
+# saved only once some file moved on this far: the next run reads again what this one
+# read since, and lines that held no finding hold none the next time either (a line
+# that held one changed the findings, which are always saved).
+SAVE_AFTER_BYTES = 4096
+
+
+def worth_saving(memory: LogMemory, positions: Dict[str, LogPosition],
+                 kept: Tuple[LogFinding, ...]) -> bool:
+    """Must ``positions`` and ``kept`` be written over ``memory``?"""
+    if kept != memory.findings or positions.keys() != memory.positions.keys():
+        return True
+    for name, pos in positions.items():
+        old = memory.positions[name]
+        if pos._replace(offset=0) != old._replace(offset=0) \
+                or not 0 <= pos.offset - old.offset <= SAVE_AFTER_BYTES:
+            return True  # another file, a rotation, a truncation, or far enough
+    return False
+
+
+def _pid_alive(proc_dir: str, pid: int) -> bool:
+    return pid > 0 and os.path.exists(f"{proc_dir}/{pid}")
+
+
+def log_dirs(instances: Sequence[Instance]) -> List[str]:
+    return list(dict.fromkeys(i.log_dir for i in instances))
+
+
+def log_owners(config: Config, dir_uid: int) -> Optional[AbstractSet[int]]:
+    """Who may own the daemon's logs in a log dir owned by ``dir_uid``: the daemon's
+    user (``mps.daemon_user``; "job": the dir's owner, the job's user). With "any", or a
+    user name not known here, root or the dir's owner."""
+    from mps_health.probes.instances import daemon_uid
+
+    uid = daemon_uid(config.mps.daemon_user, dir_uid)
+    return {uid} if uid is not None else {0, dir_uid}
+
+
+def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
+                    owners: Optional[AbstractSet[int]]) -> List[LogFileFact]:
+    """The entries of a log dir that are links or not of the daemon's user (the two log
+    files apart: they are judged as files). Only the daemon writes there: anything else
+    is someone's plant, reported and never read."""
+    out = []
+    for name, st in entries:
+        if name in FILES:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners):
+            out.append(LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0,
+                                   st.st_uid))
+    return out
+
+
+def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
+              memory: LogMemory, cfg: LogsConfig, now: float, files: List[LogFileFact],
+              positions: Dict[str, LogPosition], new: List[LogFinding]) -> None:
+    """Read the daemon's two logs in one log dir (only its user's regular files)."""
+    for name in FILES:
+        shown = os.path.join(log_dir, name)
+        try:
+            seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
+                files.append(LogFileFact(shown, "bad", _what(seen), 0, seen.st_uid))
+                continue
+            chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
+                                         int(cfg.max_read_bytes), owners)
+        except FileNotFoundError:
+            files.append(LogFileFact(shown, "missing"))
+            continue
+        except NotTheDaemons as e:  # replaced between our look and our open
+            files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
+            continue
+        except OSError as e:
+            files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
+            continue
+        if pos is not None:
+            positions[shown] = pos
+        size = 0
+        for file_name, text in chunks:
+            size += len(text)
+            new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                      now))
+        files.append(LogFileFact(shown, "read", note, size))
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
+    from mps_health.hostio.state import StateFile
+
+    cfg = settings(ctx.config)
+    now = time.time()
+    state = StateFile(ctx.path(ctx.config.state_dir), "logs")
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    memory, error = state.load(LogMemory, LogMemory({}, ()), globals()) \
+        if not ctx.read_only else (LogMemory({}, ()), "")
+    positions: Dict[str, LogPosition] = {}
+    files: List[LogFileFact] = []
+    new: List[LogFinding] = []
+    foreign: List[LogFileFact] = []
+    for log_dir in log_dirs(instances):
+        try:
+            dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
+        except FileNotFoundError:  # the directories check reports a missing log dir
+            files.extend(LogFileFact(os.path.join(log_dir, n), "missing") for n in FILES)
+            continue
+        except OSError as e:
+            raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
+            # A per-job log dir belongs to a user: never read where a link points as root.
+            why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
+                else e.strerror
+            files.extend(LogFileFact(os.path.join(log_dir, n), "error", f"cannot read: {why}")
+                         for n in FILES)
+            continue
+        try:
+            owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
+            entries, _ = scan(dir_fd)  # bounded: the first MAX_ENTRIES
+        except OSError as e:
+            os.close(dir_fd)
+            raise_if_starved(e, f"list {log_dir}")
+            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
+                                     f"cannot read: {e.strerror}") for n in FILES)
+            continue
+        try:
+            foreign.extend(foreign_entries(log_dir, entries, owners))
+            _read_dir(dir_fd, log_dir, owners, memory, cfg, now, files, positions, new)
+        finally:
+            os.close(dir_fd)
+    # A finding dated in the future (the clock stepped back, or a damaged logs.json with
+    # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite
+    # (nan and the infinities fail the range comparison).
+    merged = {f: None for f in (*memory.findings, *new)
+              if 0 <= f.at <= now + FUTURE_SLACK_S}
+    pending = [f.pid for f in merged if f.code == "log-pending-client"]
+    alive = tuple(sorted({p for p in pending if _pid_alive(ctx.proc, p)}))
+    kept = tuple(f for f in merged
+                 if now - f.at <= cfg.window_s
+                 or (f.code == "log-pending-client" and f.pid in alive
+                     and now - f.at <= PENDING_KEEP_S))
+    facts = LogsFacts(now, tuple(files), kept, alive, error or state.error, tuple(foreign))
+    if locked:
+        saved = state.save(LogMemory(positions, kept)) \
+            if worth_saving(memory, positions, kept) else ""
+        state.unlock()
+        if saved:
+            facts = facts._replace(state_error=saved)
+    return facts
+
+
+VALUE_TYPE = "LogsFacts"  # read by codec, in this module's names

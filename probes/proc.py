@@ -1,0 +1,222 @@
+"""The MPS processes in the process table, read from /proc (under --root).
+
+``comm`` of both the control daemon and its servers is truncated by the kernel to
+``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``, and whether the process
+runs the configured binary from ``/proc/PID/exe``: both by the one rule in
+``mps_health.hostio.process_identity``. A zombie has an empty cmdline; it keeps role "unknown" and
+state "Z".
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from mps_health.hostio.process_identity import genuine, role_of
+from mps_health.hostio.safefiles import open_regular, read_small
+from mps_health.model.context import Context
+from mps_health.model.facts import ProcessFact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
+
+    from mps_health.hostio.process_identity import Binaries
+    from mps_health.model.facts import DirFact
+
+COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
+COMM_PREFIX_BYTES = COMM_PREFIX.encode()
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PIPE_DIRECTORY
+# environ and cmdline are at most ARG_MAX-sized on a real /proc (6 MiB with an unlimited
+# stack); a --root tree's files are cut off there.
+PROC_FILE_LIMIT = 8 << 20
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_stat(text: str) -> Tuple[str, str, int, int]:
+    """``/proc/PID/stat`` -> (comm, state, ppid, start time in clock ticks)."""
+    left, right = text.find("("), text.rfind(")")  # comm may hold spaces and parentheses
+    if left < 0 or right < left:
+        raise ParseError("no (comm) field in stat")
+    rest = text[right + 1:].split()
+    if len(rest) < 20:
+        raise ParseError(f"stat has {len(rest) + 2} fields, expected at least 22")
+    try:
+        return text[left + 1:right], rest[0], int(rest[1]), int(rest[19])
+    except ValueError:
+        raise ParseError("stat has a non-numeric ppid or start time") from None
+
+
+def parse_status_uid(text: str) -> int:
+    """The real uid from ``/proc/PID/status``."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1])
+    raise ParseError("no Uid: line in status")
+
+
+def parse_status_traced(text: str) -> bool:
+    """Whether ``/proc/PID/status`` names a tracer (``TracerPid:`` not 0)."""
+    for line in text.splitlines():
+        if line.startswith("TracerPid:"):
+            value = line[len("TracerPid:"):].strip()
+            return value.isdigit() and int(value) != 0
+    return False
+
+
+def parse_cmdline(data: bytes) -> Tuple[str, ...]:
+    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0") if a)
+
+
+def parse_environ(data: bytes) -> Dict[str, str]:
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _read(path: str) -> bytes:
+    """A /proc file, whole (the kernel bounds them; under --root a tree's file is bounded
+    by PROC_FILE_LIMIT). Non-blocking and regular files only: a FIFO planted in a --root
+    tree cannot block the run."""
+    data = read_small(path, PROC_FILE_LIMIT)
+    if data is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+    return data
+
+
+def _comm_matches(proc_dir: str, pid: int) -> bool:
+    """The cheap first filter: /proc/PID/comm is far cheaper for the kernel than stat."""
+    try:
+        fd, _st = open_regular(f"{proc_dir}/{pid}/comm")
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 64).startswith(COMM_PREFIX_BYTES)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
+    try:
+        _comm, state, _ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+        uid = parse_status_uid(_read(f"{proc_dir}/{pid}/status").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (uid, start)
+
+
+def parent(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
+    """(parent pid, start ticks) of any live process, or None when gone or unreadable."""
+    try:
+        _comm, state, ppid, start = parse_stat(
+            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    return None if state in ("Z", "X") else (ppid, start)
+
+
+def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
+                 ) -> Optional[ProcessFact]:
+    """The MPS process ``pid``, or None if it is not one (or is gone); whether it runs
+    the configured binary is told only when ``binaries`` is given."""
+    base = f"{proc_dir}/{pid}"
+    try:
+        comm, state, ppid, start = parse_stat(_read(f"{base}/stat").decode("utf-8", "replace"))
+        if not comm.startswith(COMM_PREFIX):
+            return None
+        cmdline = parse_cmdline(_read(f"{base}/cmdline"))
+        status = _read(f"{base}/status").decode("utf-8", "replace")
+        uid = parse_status_uid(status)
+    except (OSError, ParseError):
+        return None  # exited while we looked, or not readable: not ours to judge
+    pipe_dir: Optional[str] = None
+    readable = True
+    try:
+        env = parse_environ(_read(f"{base}/environ"))
+        pipe_dir = os.path.normpath(env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
+    except OSError:
+        readable = False  # environ is readable by root and the owner only
+    if state == "Z":
+        pipe_dir, readable = None, False
+    role = role_of(cmdline)
+    return ProcessFact(pid, ppid, state, uid, role, cmdline, start, pipe_dir, readable,
+                       genuine(proc_dir, pid, role, binaries), parse_status_traced(status))
+
+
+def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,
+                   not_children_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
+    """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
+    found: List[ProcessFact] = []
+    try:
+        names = os.listdir(proc_dir)
+    except OSError as e:
+        raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
+    for name in names:
+        if name.isdigit() and _comm_matches(proc_dir, int(name)):
+            fact = read_process(proc_dir, int(name), binaries)
+            if fact is not None and (not_children_of is None or fact.ppid != not_children_of):
+                found.append(fact)
+    found.sort(key=lambda p: p.pid)
+    return tuple(found)
+
+
+def binaries_here(ctx: Context) -> Optional[Binaries]:
+    """The configured binaries to judge processes by; None under ``--root``, whose /proc
+    is a copy (its binaries are not this host's)."""
+    from mps_health.hostio.process_identity import binaries_for
+
+    return binaries_for(ctx.config) if ctx.root in ("", "/") else None
+
+
+def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
+    return read_processes(ctx.proc, binaries_here(ctx))
+
+
+VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
+
+
+def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
+    """The node's MPS processes, less the control clients this run itself started (the
+    control and servers queries run while /proc is read; any client, ours or not, is
+    told from a daemon by its missing -d/-f anyway)."""
+    own = os.getpid() if ctx.root in ("", "/") else None
+    return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
+
+
+def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact]
+               ) -> Tuple[ProcessFact, ...]:
+    """``procs`` plus the live MPS process each pipe dir's pid file names, where the scan
+    missed it.
+
+    /proc is scanned before the pipe dirs are read: a daemon started in between (a
+    restart) is named by the pid file it just wrote but was not in the scan, and would be
+    judged ``daemon-stale`` while it serves. Each named pid missing from the scan is read
+    once more, by the same reader, so the same identity rules judge it (the binary, -d,
+    its uid, its environ naming the dir); one still not there is not a live daemon. A
+    healthy node reads nothing more: its daemon is in the scan."""
+    have = {p.pid for p in procs}
+    own = os.getpid() if ctx.root in ("", "/") else None
+    added: List[ProcessFact] = []
+    for d in dirs.values():
+        named = d.pid_file
+        if not named or not named.isdigit() or len(named) > 10 or int(named) in have:
+            continue
+        fact = read_process(ctx.proc, int(named), binaries_here(ctx))
+        if fact is not None and fact.ppid != own:
+            added.append(fact)
+            have.add(fact.pid)
+    if not added:
+        return procs
+    return tuple(sorted((*procs, *added), key=lambda p: p.pid))

@@ -1,0 +1,223 @@
+"""Every MPS server of every instance: status, user and clients, through the real client.
+
+The queries to a daemon with servers are in mps_health.probes.server_queries.
+Cheap when idle: a server is a child of its control daemon, so when the daemon the pid
+file names has no child process at all, no server runs and nothing is asked (the fast
+tier pays two small /proc reads, not a client run). The previous run's memory
+(state_dir/servers.json) is read into the facts and the next one written here, after
+gathering: replay never writes. The memory is also what tells strays a real daemon's
+server from anyone's run of the server binary (``servertrack.remembered``): a server is
+marked only when it is the child of the daemon the pid file names, running as
+``mps.daemon_user``, and kept while it lives.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from mps_health.config.deep_checks import SERVERS, ServersConfig
+from mps_health.config.load import Config
+from mps_health.hostio.background import Background
+from mps_health.hostio.pidfile import read_pid
+from mps_health.hostio.process_identity import is_daemon
+from mps_health.hostio.safefiles import read_small
+from mps_health.model.context import Context
+from mps_health.model.facts import Instance
+from mps_health.model.facts_deep import InstanceServers, ServerMemory, ServersFacts
+from mps_health.probes import proc
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+
+def settings(config: Config) -> ServersConfig:
+    return config.get(SERVERS)
+
+
+def parse_children(text: str) -> Tuple[int, ...]:
+    """``/proc/PID/task/TID/children``: PIDs separated by spaces."""
+    return tuple(int(w) for w in text.split() if w.isdigit())
+
+
+# --- read (I/O) -----------------------------------------------------------------------
+
+def _read_small(path: str) -> Optional[str]:
+    try:
+        data = read_small(path, 65536)
+    except OSError:
+        return None
+    return None if data is None else data.decode("ascii", "replace")
+
+
+def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
+    """(daemon pid, start ticks, has children) from the pid file and /proc.
+
+    ``has children`` is True whenever it cannot be shown false, so the daemon is asked.
+    """
+    pid = read_pid(ctx.path(inst.pipe_dir))
+    if pid is None:
+        return None, None, True
+    fact = proc.read_process(ctx.proc, pid, proc.binaries_here(ctx))
+    if fact is None or not is_daemon(fact) or not _expected_user(ctx, inst, fact.uid):
+        # Not the instance's daemon (anyone may write a pid in a 0777 pipe dir): no
+        # daemon is named, so nothing listed is remembered as its server.
+        return None, None, True
+    try:
+        tids = os.listdir(f"{ctx.proc}/{pid}/task")
+    except OSError:
+        return pid, fact.start_ticks, True
+    for tid in tids:
+        children = _read_small(f"{ctx.proc}/{pid}/task/{tid}/children")
+        if children is None or parse_children(children):
+            return pid, fact.start_ticks, True
+    return pid, fact.start_ticks, False
+
+
+def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
+    """Does ``uid`` run the instance's daemon as ``mps.daemon_user`` says? ("job": the
+    pipe dir's owner, by lstat.)"""
+    from mps_health.model.facts import DirFact
+    from mps_health.probes.instances import expected_uid
+
+    pipe: Optional[DirFact] = None
+    if ctx.config.mps.daemon_user == "job":
+        try:
+            st = os.lstat(ctx.path(inst.pipe_dir))
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        pipe = DirFact(inst.pipe_dir, "dir", uid=st.st_uid)
+    want = expected_uid(ctx.config.mps.daemon_user, pipe)
+    return want is None or want == uid
+
+
+def daemon_children(ctx: Context, found: InstanceServers) -> Tuple[Tuple[int, int], ...]:
+    """The listed servers that /proc shows as children of the instance's daemon."""
+    if found.daemon_pid is None:
+        return ()
+    out = []
+    for server in found.servers:
+        if server.start_ticks is not None \
+                and proc.parent(ctx.proc, server.pid) == (found.daemon_pid, server.start_ticks):
+            out.append((server.pid, server.start_ticks))
+    return tuple(out)
+
+
+def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tuple[int, int], ...]:
+    """Which clients of the previous run's servers still live (same pid and start)."""
+    alive = []
+    for memory in previous.values():
+        for server in memory.servers:
+            for pid, start in server.clients:
+                ident = proc.identity(ctx.proc, pid)
+                if ident is not None and ident[1] == start:
+                    alive.append((pid, start))
+    return tuple(sorted(set(alive)))
+
+
+def read_servers_alive(ctx: Context, previous: Mapping[str, ServerMemory]
+                       ) -> Tuple[Tuple[int, int], ...]:
+    """Which servers of the previous runs still live (same pid and start), daemon or not."""
+    alive = []
+    for memory in previous.values():
+        for server in memory.servers:
+            ident = proc.identity(ctx.proc, server.pid)
+            if ident is not None and ident[1] == server.start_ticks:
+                alive.append((server.pid, server.start_ticks))
+    return tuple(sorted(set(alive)))
+
+
+def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemory]) -> bool:
+    """Worth a write? Not when only the time moved (an idle node writes nothing)."""
+    def strip(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
+        return {k: v._replace(taken_at=0.0) for k, v in m.items()}
+
+    return strip(before) != strip(after)
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
+    return start(ctx, instances)()
+
+
+def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], ServersFacts]:
+    """The cheap tier now, and a thread each for the instances whose daemon has servers,
+    whose queries may wait on it; returns the function that collects them and keeps the
+    run's memory. An idle node starts no thread: one reading two /proc files beside the
+    run would only trade the GIL with it."""
+    now = time.time()
+    results: Dict[str, InstanceServers] = {}
+
+    def one(inst: Instance, daemon: Tuple[Optional[int], Optional[int]]) -> None:
+        results[inst.name] = read_instance(ctx, inst, daemon)
+
+    threads = []
+    for inst in instances:
+        t0 = time.monotonic()
+        daemon_pid, daemon_start, busy = read_daemon(ctx, inst)
+        if busy:
+            # Imported here, only where a server runs, and before the thread starts: two
+            # threads importing at once only hand the GIL back and forth.
+            from mps_health.probes.server_queries import read_instance
+
+            threads.append(Background(one, inst, (daemon_pid, daemon_start)))
+        else:
+            results[inst.name] = InstanceServers(
+                "idle", "the control daemon has no server process", daemon_pid,
+                daemon_start, (), time.monotonic() - t0)
+    return lambda: _collect(ctx, instances, now, results, threads)
+
+
+def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
+             results: Dict[str, InstanceServers], threads: List[Background]) -> ServersFacts:
+    from mps_health.hostio.planned import load as load_planned
+    from mps_health.hostio.planned import load_acks
+    from mps_health.hostio.state import StateFile
+    from mps_health.model import servertrack
+
+    cfg = settings(ctx.config)
+    state = StateFile(ctx.path(ctx.config.state_dir), "servers")
+    locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
+    previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
+        if not ctx.read_only else ({}, "")
+    alive = read_alive(ctx, previous)
+    servers_alive = read_servers_alive(ctx, previous)
+    for t in threads:
+        t.join(ctx.remaining())
+    for inst in instances:
+        results.setdefault(inst.name, InstanceServers(
+            "timeout", "no answer within the run's budget", None, None, (), 0.0))
+    planned, planned_error = load_planned(ctx.path(ctx.config.state_dir))
+    acks, acks_error = load_acks(ctx.path(ctx.config.state_dir))
+    facts = ServersFacts(now, dict(results), previous, alive,
+                         error or state.error or planned_error or acks_error, planned, acks)
+    if locked:
+        memory = {inst.name: servertrack.advance(previous.get(inst.name), results[inst.name],
+                                                 alive, now, cfg.event_window_s, planned,
+                                                 inst.pipe_dir, servers_alive,
+                                                 daemon_children(ctx, results[inst.name]),
+                                                 acks, inst.name)
+                  for inst in instances}
+        # Keep the memory of instances not seen this run (a per-job dir between jobs) for
+        # the window, their events still matter; and past it while one of its servers
+        # still lives, so that strays knows it for a real daemon's server.
+        living = set(servers_alive)
+        for name, old in previous.items():
+            if name in memory:
+                continue
+            if now - old.taken_at <= cfg.event_window_s:
+                memory[name] = old
+            elif any((s.pid, s.start_ticks) in living for s in old.servers):
+                memory[name] = old._replace(servers=tuple(
+                    s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
+        saved = state.save(memory) if _changed(previous, memory) else ""
+        state.unlock()
+        if saved:
+            facts = facts._replace(state_error=saved)
+    return facts
+
+
+VALUE_TYPE = "ServersFacts"  # read by codec, in this module's names

@@ -1,0 +1,575 @@
+"""Slurm's view of this node, and the one way mps-health calls and reads Slurm.
+
+Every ``scontrol``/``squeue`` call of the suite (checks, health check, remediation)
+goes through ``call``/``answer`` here: bounded, no shell, a failure is ``SlurmError``
+with a code and one line. One parser per format: ``parse_node_line`` (``scontrol show
+node -o``, with or without ``-d``), ``parse_node_json``, ``parse_squeue`` (``SQUEUE_FORMAT``).
+Slurm's ``[user@time]`` stamp is cut off every Reason, so a reason reads as it was set.
+
+The check reads one ``scontrol -d show node NODE -o`` per run.
+
+``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
+holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
+``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+), the JSON
+form is read instead. The version is asked once per scontrol binary (its real path,
+inode, size and mtime): kept in the run dir by a root run (readable by every user, so
+Nagios runs reuse it) and in memory (the exporter asks once), so a run makes one Slurm
+call, not two. With the per-job
+layout the jobs on this node come from one ``squeue -h -w NODE`` started at the same
+time, so both wait on one deadline. slurmctld down or scontrol hanging is an error
+line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
+from mps_health.model.context import Context, node_name
+from mps_health.probes.hostlist import ParseError, split_top
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
+    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+    from mps_health.config.load import Config
+else:
+    from mps_health.model.frozen import NamedTuple
+
+SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
+JSON_SINCE = (23, 2)
+
+
+class GresItem(NamedTuple):
+    """One GRES of a node's Gres/GresUsed, e.g. ``mps:(null):1(IDX:0)``."""
+
+    name: str
+    type: Optional[str]
+    quantity: int
+    indices: Optional[Tuple[int, ...]] = None  # GPU indices in use (IDX, or used a/b slots)
+    per_device: Optional[Tuple[Tuple[int, int], ...]] = None  # 23.11+: (used, total) per GPU
+
+
+class SlurmNode(NamedTuple):
+    name: str
+    state: str  # as Slurm prints it: "IDLE", "MIXED+DRAIN", ...
+    flags: Tuple[str, ...]  # the state split on '+': ("MIXED", "DRAIN"); '*' NOT_RESPONDING
+    reason: str  # without Slurm's trailing "[user@time]"; "" when none
+    gres: Tuple[GresItem, ...]
+    gres_used: Optional[Tuple[GresItem, ...]]  # None when Slurm did not print it
+    slurmd_version: Optional[str] = None
+    partitions: Tuple[str, ...] = ()  # the partitions the node is in
+
+
+class SlurmJob(NamedTuple):
+    job_id: str
+    user: str
+    uid: int
+    state: str
+    elapsed_s: Optional[float]
+    gres: str  # squeue's tres-per-node, e.g. "gres:mps:50"
+
+    @property
+    def holds_mps(self) -> bool:
+        """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
+        for part in self.gres.split(","):
+            for prefix in ("gres:", "gres/"):
+                if part.startswith(prefix):
+                    part = part[len(prefix):]
+            if part.split(":")[0] == "mps":
+                return True
+        return False
+
+
+class SlurmFacts(NamedTuple):
+    node_name: str
+    node: Optional[SlurmNode] = None
+    error_code: Optional[str] = None  # timeout | unreachable | node-unknown | exec-failed | ...
+    error: Optional[str] = None  # one line for the admin
+    jobs: Optional[Tuple[SlurmJob, ...]] = None  # None: not asked, or it failed (jobs_error)
+    jobs_error: Optional[str] = None
+    output: str = "text"
+    calls: Tuple[str, ...] = ()  # every command this run started, for the record
+
+
+class JobList(NamedTuple):
+    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+
+    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
+    error: str = ""
+
+
+# --- pure parsers ---------------------------------------------------------------------
+
+def parse_count(text: str) -> int:
+    t = text.strip()
+    factor = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:].upper(), 1)
+    digits = t[:-1] if factor != 1 else t
+    if not digits.isdigit():
+        raise ParseError(f"GRES count {text!r} is not a number")
+    return int(digits) * factor
+
+
+def parse_indices(text: str) -> Tuple[int, ...]:
+    """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
+    if text.strip() in ("N/A", ""):
+        return ()
+    found: List[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ParseError(f"bad GRES index list {text!r}")
+        if sep and int(hi) - int(lo) > 4096:
+            raise ParseError(f"GRES index range {part!r} is too large")
+        found.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return tuple(found)
+
+
+def parse_gres_item(text: str) -> GresItem:
+    """``name[:type][:count][(detail)]`` as Slurm prints a node's Gres or GresUsed."""
+    body, detail = text.strip(), ""
+    if body.endswith(")") and not body.endswith("(null)") and "(" in body:
+        open_at = body.rindex("(")  # the last group: "(null)" may stand before it as a type
+        body, detail = body[:open_at], body[open_at + 1:-1]
+    if "(" in body.replace("(null)", "") or ")" in body.replace("(null)", ""):
+        raise ParseError(f"bad GRES {text!r}")
+    parts = body.split(":")
+    if not parts[0] or not all(c.isalnum() or c in "_-" for c in parts[0]):
+        raise ParseError(f"bad GRES name in {text!r}")
+    name = parts[0]
+    gtype: Optional[str] = None
+    count = 1
+    if len(parts) == 2:
+        if parts[1][:1].isdigit():
+            count = parse_count(parts[1])
+        else:
+            gtype = parts[1]
+    elif len(parts) == 3:
+        gtype, count = parts[1], parse_count(parts[2])
+    elif len(parts) > 3:
+        raise ParseError(f"too many ':' in GRES {text!r}")
+    if gtype in ("(null)", ""):
+        gtype = None
+    indices: Optional[Tuple[int, ...]] = None
+    per_device: Optional[Tuple[Tuple[int, int], ...]] = None
+    if detail.startswith("IDX:"):
+        indices = parse_indices(detail[4:])
+    elif "/" in detail:  # 23.11+ shared GRES: used/total per device, in index order
+        pairs = []
+        for slot in detail.split(","):
+            used, _, total = slot.partition("/")
+            if not used.isdigit() or not total.isdigit():
+                raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
+            pairs.append((int(used), int(total)))
+        per_device = tuple(pairs)
+        indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
+    elif detail and not detail.startswith("S:"):
+        raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
+    return GresItem(name, gtype, count, indices, per_device)
+
+
+def parse_gres(text: str) -> Tuple[GresItem, ...]:
+    """A node's ``Gres=`` or ``GresUsed=`` value (``(null)`` and empty are no GRES)."""
+    t = text.strip()
+    if t in ("", "(null)", "N/A"):
+        return ()
+    return tuple(parse_gres_item(p) for p in split_top(t) if p.strip())
+
+
+def parse_fields(line: str) -> Mapping[str, str]:
+    """``Key=Value`` pairs of one ``scontrol ... -o`` line; Reason= takes the rest."""
+    fields = {}
+    reason_at = line.find(" Reason=")
+    if reason_at >= 0:
+        fields["Reason"] = line[reason_at + len(" Reason="):].strip()
+        line = line[:reason_at]
+    key = None
+    for word in line.split():
+        k, sep, v = word.partition("=")
+        if sep and k and (k[0].isalpha() and all(c.isalnum() or c in "_:/" for c in k)):
+            key = k
+            fields[key] = v
+        elif key is not None:
+            fields[key] += " " + word  # a value with spaces, e.g. OS=Linux 6.1 #1 SMP
+        else:
+            raise ParseError(f"'{word[:40]}' before any Key=Value")
+    return fields
+
+
+def strip_stamp(reason: str) -> str:
+    """A Reason without Slurm's ``[user@time]`` suffix; ``(null)`` is no reason."""
+    reason = reason.strip()
+    stamp = reason.rfind(" [")
+    if reason.endswith("]") and stamp >= 0 and "@" in reason[stamp:]:
+        reason = reason[:stamp].rstrip()
+    return "" if reason == "(null)" else reason
+
+
+def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
+          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
+    words = state.replace("*", "+NOT_RESPONDING").split("+")
+    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
+    return SlurmNode(name, state, flags, strip_stamp(reason), parse_gres(gres),
+                     None if used is None else parse_gres(used), version,
+                     tuple(p for p in partitions if p and p != "(null)"))
+
+
+def parse_node_line(text: str) -> SlurmNode:
+    """The node of ``scontrol [-d] show node NODE -o`` (one line)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) != 1:
+        raise ParseError(f"expected one node line, got {len(lines)}")
+    return _node_record(lines[0])
+
+
+def _node_record(line: str) -> SlurmNode:
+    if not line.startswith("NodeName="):
+        raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
+    fields = parse_fields(line)
+    if "State" not in fields:
+        raise ParseError("the node record has no State=")
+    return _node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
+                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
+                 fields.get("Partitions", "").split(","))
+
+
+def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
+    """Every node of ``scontrol show node -o`` (one line each)."""
+    return tuple(_node_record(ln) for ln in text.splitlines() if ln.strip())
+
+
+def parse_node_json(text: str, name: str) -> SlurmNode:
+    """The node ``name`` in ``scontrol --json show node NODE`` (Slurm 23.02+)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ParseError(f"scontrol --json printed no JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ParseError("scontrol --json: the top level is not an object")
+    errors = data.get("errors") or []
+    if isinstance(errors, list) and errors:
+        first = errors[0]
+        text_ = first.get("description") or first.get("error") if isinstance(first, dict) \
+            else first
+        # One line, whatever Slurm put in it (the error is printed and may be a reason).
+        raise ParseError(f"scontrol --json reported: {' '.join(str(text_).split())}")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise ParseError("scontrol --json: no 'nodes' list")
+    node = next((n for n in nodes if isinstance(n, dict) and n.get("name") == name), None)
+    if node is None:
+        raise ParseError(f"scontrol --json: no node '{name}' in the answer")
+    state: Any = node.get("state", "")
+    if isinstance(state, list):
+        state_text = "+".join(str(s).upper() for s in state)
+    elif isinstance(state, str):
+        state_text = state.upper()
+        flags = node.get("state_flags") or []
+        if isinstance(flags, list) and flags:
+            state_text += "".join(f"+{str(f).upper()}" for f in flags)
+    else:
+        raise ParseError("scontrol --json: 'state' is neither a string nor a list")
+    for key in ("gres", "gres_used", "reason"):
+        if not isinstance(node.get(key, ""), str):
+            raise ParseError(f"scontrol --json: '{key}' is not a string")
+    version = node.get("version")
+    parts = node.get("partitions")
+    parts = [p for p in parts if isinstance(p, str)] if isinstance(parts, list) else []
+    return _node(name, state_text, node.get("reason") or "", node.get("gres") or "",
+                 node.get("gres_used", ""), version if isinstance(version, str) else None,
+                 parts)
+
+
+def parse_elapsed(text: str) -> Optional[float]:
+    """squeue's ``%M`` (``[days-][hours:]minutes:seconds``) in seconds; None if not a time."""
+    t = text.strip()
+    days = 0
+    if "-" in t:
+        d, _, t = t.partition("-")
+        if not d.isdigit():
+            return None
+        days = int(d)
+    parts = t.split(":")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return float(days * 86400 + seconds)
+
+
+def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
+    """Lines of ``squeue -h -o SQUEUE_FORMAT``; a garbled line is an error, never skipped
+    (an empty answer would make every per-job instance look orphaned)."""
+    jobs: List[SlurmJob] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.strip().split("|")]
+        if len(fields) != 6 or not fields[0].isdigit() or not fields[2].isdigit():
+            raise ParseError(f"squeue line {number} is not 'JOBID|USER|UID|STATE|TIME|GRES': "
+                             f"{line[:80]!r}")
+        job, user, uid, state, elapsed, gres = fields
+        jobs.append(SlurmJob(job, user, int(uid), state, parse_elapsed(elapsed),
+                             "" if gres in ("N/A", "(null)") else gres))
+    return tuple(jobs)
+
+
+def parse_version(text: str) -> Tuple[int, int]:
+    """``slurm 23.02.7`` / ``slurm-wlm 22.05.8`` into (major, minor)."""
+    words = text.split()
+    if len(words) < 2:
+        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
+    parts = words[1].split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str, str]:
+    """(code, one line) for a Slurm command that gave no usable answer."""
+    if done.exec_error:
+        return "exec-failed", done.exec_error
+    if done.timed_out:
+        return "timeout", (f"{what} did not answer within {timeout_s:g}s: slurmctld is down, "
+                           "unreachable or overloaded")
+    err = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    first = err[0] if err else f"exit status {done.rc}"
+    # Slurm's commands name themselves ("squeue: error: ..."): said once, as ``what``.
+    program = what.split(" ", 1)[0] + ": "
+    if first.startswith(program):
+        first = first[len(program):]
+    if "Unable to contact slurm controller" in first:
+        return "unreachable", f"{what}: {first}"
+    if "not found" in first or "Invalid node name" in first:
+        return "node-unknown", f"{what}: {first}"
+    return "error", f"{what}: {first}"
+
+
+# --- calling ------------------------------------------------------------------------
+
+class SlurmError(Exception):
+    """A Slurm command gave no usable answer: ``code`` (as ``classify_failure``) and one line."""
+
+    def __init__(self, code: str, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+def answer(done: Completed, what: str, timeout_s: float) -> str:
+    """The stdout of a Slurm command that succeeded; SlurmError otherwise."""
+    if done.rc != 0:
+        raise SlurmError(*classify_failure(done, what, timeout_s))
+    return done.stdout
+
+
+def call(argv: Sequence[str], timeout_s: float, what: str,
+         env: Optional[Mapping[str, str]] = None) -> str:
+    """Run one Slurm command, bounded; its stdout, or SlurmError saying what went wrong."""
+    return answer(run(argv, timeout_s, env=env), what, timeout_s)
+
+
+def scontrol_argv(config: Config, *args: str) -> List[str]:
+    return [config.command("scontrol"), *args]
+
+
+def squeue_argv(config: Config, node: str) -> List[str]:
+    return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
+
+
+def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
+    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
+    what = f"scontrol show node {node}"
+    text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
+    try:
+        return parse_node_line(text)
+    except ParseError as e:
+        raise SlurmError("parse", f"{what}: {e}") from None
+
+
+def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
+    """Every node slurmctld knows, by one bounded call (the health check's circuit
+    breaker asks it once, just before a drain); SlurmError."""
+    what = "scontrol show node"
+    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, what)
+    try:
+        return parse_node_lines(text)
+    except ParseError as e:
+        raise SlurmError("parse", f"{what}: {e}") from None
+
+
+def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
+    """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
+    text = call(squeue_argv(config, node), timeout_s, "squeue")
+    try:
+        return {j.job_id: j for j in parse_squeue(text)}
+    except ParseError as e:
+        raise SlurmError("parse", f"squeue: {e}") from None
+
+
+def with_jobs(ctx: Context) -> Context:
+    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
+    instances (asked once per run; the slurm source then reuses the answer)."""
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
+    return ctx._replace(jobs=read_job_list(ctx))
+
+
+def read_job_list(ctx: Context) -> JobList:
+    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    from mps_health.config.slurm import settings
+
+    timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
+    node = node_name(ctx.config, ctx.env)
+    try:
+        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
+                    env=child_env(ctx.env or {}))
+        return JobList(parse_squeue(text))
+    except SlurmError as e:
+        return JobList(None, str(e))
+    except ParseError as e:
+        return JobList(None, f"squeue: {e}")
+
+
+# --- which Slurm answers: the client's version, cached per binary -----------------------
+
+VERSION_FILE = "slurm-version"
+# Versions already known in this process, by binary key: the exporter asks once for its
+# whole life, even where it cannot write the run dir.
+_KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
+
+
+def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
+    """The absolute path ``binary`` runs as, found on ``env``'s PATH (the one the runner
+    would otherwise look up on our own PATH)."""
+    import shutil
+
+    if "/" in binary:
+        return binary
+    return shutil.which(binary, path=env.get("PATH", os.defpath))
+
+
+def binary_key(path: str) -> str:
+    """What identifies one installed binary: its real path, inode, size and mtime (an
+    upgrade replaces at least one of them)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _cached_version(path: str, key: str) -> Optional[Tuple[int, int]]:
+    from mps_health.hostio.safefiles import read_small
+
+    try:
+        data = read_small(path, 4096)
+    except OSError:
+        return None
+    if data is None:
+        return None
+    cached_key, _, version = data.decode("utf-8", "replace").strip().partition("\t")
+    if cached_key != key:
+        return None
+    try:
+        return parse_version(f"slurm {version}")
+    except ParseError:
+        return None
+
+
+def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
+                   calls: List[str]) -> Optional[Tuple[int, int]]:
+    """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
+    run dir's cache (written by a root run, readable by all), or one ``--version`` call."""
+    try:
+        key = binary_key(scontrol)
+    except OSError:
+        return None  # not there: the show node call says so
+    known = _KNOWN_VERSIONS.get(key)
+    if known is not None:
+        return known
+    cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
+    version = _cached_version(cache, key)
+    if version is None:
+        calls.append(f"{scontrol} --version")
+        done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
+        try:
+            version = parse_version(done.stdout)
+        except ParseError:
+            return None  # 24.11 with no config source fails here; text is read then
+        from mps_health.hostio.safefiles import write_atomic
+
+        try:
+            if not ctx.read_only:  # a --root run writes nothing
+                os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+                write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
+        except OSError:
+            pass  # not root: this process remembers it; the next one-shot run asks again
+    _KNOWN_VERSIONS[key] = version
+    return version
+
+
+def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
+             timeout_s: float, calls: List[str]) -> bool:
+    """Whether to ask for --json: by config, or (auto) by the client's version."""
+    if output != "auto":
+        return output == "json"
+    version = client_version(ctx, scontrol, env, timeout_s, calls)
+    return version is not None and version >= JSON_SINCE
+
+
+# --- reading --------------------------------------------------------------------------
+
+def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
+    from mps_health.config.slurm import settings
+
+    cfg = settings(ctx.config)
+    node = node_name(ctx.config, ctx.env)
+    env = child_env(ctx.env or {})
+    # One binary for the version and the answer: the one the run's PATH finds.
+    scontrol = resolve(ctx.config.command("scontrol"), env) or ctx.config.command("scontrol")
+    calls: List[str] = []
+    as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
+    argv = [scontrol, "--json", "show", "node", node] if as_json else \
+        [scontrol, "-d", "show", "node", node, "-o"]
+    pending = [Pending(argv, env=env)]
+    calls.append(" ".join(argv))
+    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
+    if asked is not None:
+        want_jobs = False
+    if want_jobs:
+        squeue = squeue_argv(ctx.config, node)
+        squeue[0] = resolve(squeue[0], env) or squeue[0]
+        pending.append(Pending(squeue, env=env))
+        calls.append(" ".join(squeue))
+    deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
+    done = wait_all(pending, deadline)
+    facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
+    shown = "scontrol show node"
+    try:
+        text = answer(done[0], shown, cfg.timeout_s)
+        parsed = parse_node_json(text, node) if as_json else parse_node_line(text)
+        facts = facts._replace(node=parsed)
+    except SlurmError as e:
+        facts = facts._replace(error_code=e.code, error=str(e))
+    except ParseError as e:
+        facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
+    if want_jobs:
+        try:
+            facts = facts._replace(jobs=parse_squeue(answer(done[1], "squeue", cfg.timeout_s)))
+        except SlurmError as e:
+            facts = facts._replace(jobs_error=str(e))
+        except ParseError as e:
+            facts = facts._replace(jobs_error=f"squeue: {e}")
+    if asked is not None:
+        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
+                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
+    return facts
+
+
+def gather(ctx: Context, instances: object) -> SlurmFacts:
+    return read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
+
+
+VALUE_TYPE = SlurmFacts

@@ -1,0 +1,235 @@
+"""Ending MPS processes by verified PID: the one way mps-health signals a process.
+
+Used by ``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up.
+
+Safety rules, all here:
+
+* A process is ours by what /proc says, never because a pid file names it: a control
+  daemon or server (``is_daemon``, ``is_server`` of ``mps_health.hostio.process_identity``: by
+  command line and the binary it runs) whose environment names the pipe dir, or a server
+  whose parent is such a daemon (``of_pipe_dirs``). Only a process proven to run the
+  configured MPS binary is ever signalled (``end_all``): never a user's process that
+  only takes an MPS name.
+* A pipe dir's daemon is found in one place (``daemons_in``, over the processes
+  ``candidates`` reads): a control daemon of the daemon's uid whose environ names the pipe
+  dir. The pid file (anyone may rewrite or delete it in a 0777 dir) is a hint that must
+  agree: it picks a daemon only where /proc shows that same daemon (or one whose environ
+  we may not read), and a pid file naming anything else is reported and ignored
+  (``pid_file_ignored``), never acted on.
+* Just before a signal, /proc must still show the very process we planned on: the same
+  start time (so not a reused PID), the same uid and MPS role, and not a zombie.
+* Where the kernel offers pidfds (``os.pidfd_open``, Linux 5.3+) one is opened *before*
+  that check and every signal goes through it, so a PID reused between the check and the
+  signal cannot be hit. Without pidfds the check is repeated before each signal.
+* Never by name, never a process group. SIGTERM with SIGCONT (a stopped process acts on
+  TERM only when continued), then SIGKILL after the grace time, all targets at once, so
+  N processes cost one grace time, not N.
+"""
+
+import contextlib
+import os
+import signal
+import time
+from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+from mps_health.hostio.pidfile import read_pid
+from mps_health.hostio.process_identity import (  # noqa: F401  (the identity rule, re-exported)
+    GONE_STATES,
+    Binaries,
+    binaries_for,
+    binaries_of,
+    is_daemon,
+    is_impostor,
+    is_server,
+)
+from mps_health.model.facts import Instance, ProcessFact
+from mps_health.probes.instances import pipe_paths
+from mps_health.probes.proc import read_process, read_processes
+
+
+class Ended(NamedTuple):
+    pid: int
+    # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive",
+    # "refused" (not proven to run the MPS binary: never signalled)
+    outcome: str
+    detail: str = ""
+
+
+def candidates(proc_dir: str, binaries: Optional[Binaries]) -> Tuple[ProcessFact, ...]:
+    """Every live control daemon in ``proc_dir``: started with -d/-f and not shown to run
+    another binary than ``binaries`` (``is_daemon``), of any uid and pipe dir."""
+    return tuple(p for p in read_processes(proc_dir, binaries) if is_daemon(p))
+
+
+def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
+               uids: Optional[Collection[int]], named: Optional[int] = None
+               ) -> Tuple[ProcessFact, ...]:
+    """The control daemons of one of ``uids`` (None: of any uid, ``mps.daemon_user: any``)
+    serving one of ``paths``, by the pipe dir in their environ; where environ cannot be
+    read, the one the pid file names (``named``). Another uid's process is never one of
+    them, whatever the pid file says: anyone may write it."""
+    wanted = {os.path.normpath(p) for p in paths}
+    return tuple(p for p in procs if is_daemon(p) and (uids is None or p.uid in uids)
+                 and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
+
+
+def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+               ) -> Tuple[ProcessFact, ...]:
+    """Every control daemon of ``uid`` serving ``pipe_dir``, found in /proc whatever the
+    pid file says (deleted, or naming another process)."""
+    return daemons_in(candidates(proc_dir, binaries), (pipe_dir,), (uid,), read_pid(pipe_dir))
+
+
+def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+                 ) -> Optional[ProcessFact]:
+    """The control daemon the pid file names, if /proc agrees that it is a daemon of
+    ``uid`` serving ``pipe_dir``. The daemon writes its pid file once its socket is bound,
+    so this says a starting daemon is ready (``daemonctl.start_daemon``)."""
+    pid = read_pid(pipe_dir)
+    p = read_process(proc_dir, pid, binaries) if pid is not None else None
+    return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
+
+
+def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
+              ) -> Optional[ProcessFact]:
+    """The control daemon of ``uid`` serving ``pipe_dir``: the one the pid file names if
+    /proc agrees (one process read), else the first started found in /proc."""
+    named = named_daemon(proc_dir, pipe_dir, binaries, uid)
+    if named is not None:
+        return named
+    found = daemons_of(proc_dir, pipe_dir, binaries, uid)
+    return min(found, key=lambda p: (p.start_ticks, p.pid)) if found else None
+
+
+def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
+                     uids: Optional[Collection[int]]) -> str:
+    """One line when the pid file names a process that is none of ``daemons`` (the ones
+    found in /proc, of ``uids``); "" when it agrees or names none."""
+    if named is None or named in {d.pid for d in daemons}:
+        return ""
+    whose = "" if uids is None else " of uid " + " or ".join(map(str, sorted(set(uids))))
+    return (f"the pid file names {named}, which is not a control daemon{whose} serving "
+            "this pipe dir: ignored, that process is left alone")
+
+
+def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
+                 uids: Optional[Collection[int]] = None
+                 ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """(control daemons of ``uids``, servers) serving ``paths``: by the pipe dir in their
+    environ (``daemons_in``), and for servers also by parentage (a daemon's child is its
+    server whatever its environ). Servers run as their clients' users: no uid rule."""
+    procs = tuple(procs)
+    wanted = {os.path.normpath(p) for p in paths}
+    daemons = daemons_in(procs, wanted, uids)
+    pids = {d.pid for d in daemons}
+    servers = tuple(p for p in procs if is_server(p) and (
+        p.pipe_dir in wanted or p.ppid in pids))
+    return daemons, servers
+
+
+def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/",
+                uids: Optional[Collection[int]] = None
+                ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """(control daemons of ``uids``, servers) of ``inst``; under ``--root`` a daemon's
+    environ may name its pipe dir with or without the root."""
+    return of_pipe_dirs(procs, pipe_paths(inst, root), uids)
+
+
+def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:
+    """The live process ``fact`` describes now, or None: gone, a zombie, or another process
+    under the same PID (other start time, uid or role)."""
+    now = read_process(proc_dir, fact.pid)
+    if now is None or now.state in GONE_STATES:
+        return None
+    if (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
+        return None
+    return now
+
+
+def gone(proc_dir: str, fact: ProcessFact) -> bool:
+    """Has the process ``fact`` describes ended (exited, zombie, or its PID reused)?
+    An exiting process loses its cmdline before it becomes a zombie: still running."""
+    now = read_process(proc_dir, fact.pid)
+    return now is None or now.start_ticks != fact.start_ticks or now.state in GONE_STATES
+
+
+def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
+    """Wait until every process of ``facts`` has ended; False if one is left at the end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(gone(proc_dir, f) for f in facts):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _open_pidfd(pid: int) -> Optional[int]:
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None  # gone already, or an old kernel: the /proc check still guards us
+
+
+def _send(proc_dir: str, fact: ProcessFact, pidfd: Optional[int], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif same(proc_dir, fact) is not None:
+            os.kill(fact.pid, sig)
+
+
+def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
+            kill_wait_s: float = 5.0) -> List[Ended]:
+    """End each verified process: SIGTERM (+SIGCONT), SIGKILL after ``grace_s``. A process
+    not proven to run its configured MPS binary is never signalled ("refused")."""
+    ordered = list(dict.fromkeys(facts))
+    refused = {f: Ended(f.pid, "refused", "not proven to run the MPS binary: left alone")
+               for f in ordered if f.genuine is not True}
+    facts = [f for f in ordered if f not in refused]
+    pidfds: Dict[int, Optional[int]] = {f.pid: _open_pidfd(f.pid) for f in facts}
+    try:
+        outcome: Dict[ProcessFact, Ended] = {}
+        targets: List[ProcessFact] = []
+        for f in facts:
+            now = read_process(proc_dir, f.pid)
+            if now is None or now.state in GONE_STATES:
+                outcome[f] = Ended(f.pid, "gone", "already exited")
+            elif same(proc_dir, f) is None:
+                outcome[f] = Ended(f.pid, "replaced",
+                                   "the PID now names another process: left alone")
+            else:
+                targets.append(f)
+        for f in targets:
+            _send(proc_dir, f, pidfds[f.pid], signal.SIGTERM)
+            _send(proc_dir, f, pidfds[f.pid], signal.SIGCONT)
+        wait_gone(proc_dir, targets, grace_s)
+        for f in targets:
+            if gone(proc_dir, f):
+                outcome[f] = Ended(f.pid, "terminated", "ended by SIGTERM")
+            else:  # still there with the same start time: the same process
+                _send(proc_dir, f, pidfds[f.pid], signal.SIGKILL)
+        left = [f for f in targets if f not in outcome]
+        wait_gone(proc_dir, left, kill_wait_s)
+        for f in left:
+            outcome[f] = Ended(f.pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL") \
+                if gone(proc_dir, f) else \
+                Ended(f.pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
+        outcome.update(refused)
+        return [outcome[f] for f in ordered]
+    finally:
+        for fd in pidfds.values():
+            if fd is not None:
+                os.close(fd)
+
+
+def end(proc_dir: str, fact: ProcessFact, grace_s: float) -> Ended:
+    return end_all(proc_dir, (fact,), grace_s)[0]
+
+
+def describe(p: ProcessFact) -> str:
+    state = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}.get(p.state, "")
+    return f"{p.role} {p.pid} (uid {p.uid}{', ' + state if state else ''})"
