@@ -6,8 +6,8 @@ behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any s
 a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
 not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
 EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
-configured server binary (``mps_health.hostio.process_identity``; a process only named like one is no
-server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
+configured server binary (``mps_health.hostio.process_identity``; a process only named like
+one is no server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
 job id, owner and age.
 
 A dir is an orphan of ours only when the Prolog recorded it for that job

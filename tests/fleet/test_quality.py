@@ -20,8 +20,8 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.startswith("mps_health-")} == {"mps_health"}
-    for sub in ("checks", "exporters", "remediation", "slurm", "core", "core/probes",
-                "core/commands"):
+    for sub in ("checks", "cli", "config", "engine", "exporters", "healthcheck", "hostio",
+                "model", "probes", "remediation", "slurm"):
         assert f"mps_health/{sub}/__init__.py" in names
     # The commands are the scripts in bin/ (pyproject.toml says why), not entry points:
     # pip rewrites their first line to its interpreter; they turn off the cycle collector
@@ -35,7 +35,7 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
         assert text.startswith("#!python\n") and code[:2] == ["import gc", "gc.disable()"], text
         assert code[2] == "from mps_health.hostio.codecache import serve", text
         assert code[3].split("#")[0].rstrip() == "serve()", text
-        assert code[4].startswith("from mps_health.core.") and " import " in code[4], text
+        assert code[4].startswith("from mps_health.cli.") and " import " in code[4], text
         assert len(code) == 6 and code[5] == code[4].split()[-1] + "()", text
     assert not any(n.endswith("entry_points.txt") for n in names)
 

@@ -138,7 +138,7 @@ def test_a_file_imports_only_the_owners_of_the_sections_it_gives(
 
     assert loads({"run_dir": "/run/x", "mps": {"layout": "node"}}) == []
     assert loads({"logs": {}}) == [".config.deep_checks"]
-    assert loads({"slurm": {}}) == [".config.slurm", ".config.remediation"]
+    assert loads({"slurm": {}}) == [".config.remediation", ".config.slurm"]
     c = config.from_mapping({"slurm": {}}, "c.yaml")
     assert sorted(c.sections) == ["gpu", "healthcheck", "orphans", "remediation", "slurm"]
 

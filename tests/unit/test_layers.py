@@ -12,8 +12,18 @@ from typing import Dict, List, Optional, Set, Tuple
 import pytest
 from conftest import REPO
 
-# The package's folders: the checkout root is mps_health, so a module's name is its path.
-FOLDERS = ("core", "checks", "exporters", "remediation", "slurm")
+# Each folder of the package is one layer: a module's layer is its folder's (checks/ has
+# its shared helpers as the one exception: the check helpers below the checks).
+FOLDER_LAYERS = {
+    "hostio": "base", "config": "base", "model": "base",
+    "probes": "probes",
+    "checks": "checks",
+    "engine": "run",
+    "exporters": "exporters",
+    "remediation": "actions", "healthcheck": "actions", "slurm": "actions",
+    "cli": "commands",
+}
+FOLDERS = tuple(FOLDER_LAYERS)
 
 # Lowest first. A module may import modules of its own layer and of the layers it names.
 BASE = "base"
@@ -32,27 +42,19 @@ NO_SIBLINGS = {"checks"}
 
 
 def layer_of(module: str) -> str:
-    """The layer a module belongs to, from its package (and, in core, its name)."""
+    """The layer a module belongs to, from its folder."""
+    if module in ("mps_health.checks", "mps_health.checks.common"):
+        return "check helpers"
     parts = module.split(".")
-    if parts[1:2] == ["core"]:
-        parts = parts[1:]  # core's modules are judged by their own names
-    sub = parts[1] if len(parts) > 1 else ""
-    if sub == "probes":
-        return "probes"
-    if sub == "checks":
-        return "check helpers" if module in ("mps_health.checks",
-                                             "mps_health.checks.common") else "checks"
-    if sub == "exporters":
-        return "exporters"
-    if sub in ("remediation", "slurm", "processes", "daemonctl"):
-        return "actions"
-    if sub in ("instances", "jobphase"):  # which instances the node has and judges now:
-        return "probes"  # read from disk, Slurm and the hooks' records
-    if sub in ("commands", "cli", "argv"):
-        return "commands"
-    if sub in ("engine", "snapshot"):
-        return "run"
-    return BASE
+    if len(parts) < 2:
+        return BASE  # the package itself: its version
+    return FOLDER_LAYERS[parts[1]]
+
+
+def test_every_folder_has_a_layer() -> None:
+    """A new folder of the package must be given its layer here (and in the docs)."""
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    assert folders == set(FOLDER_LAYERS)
 
 
 def modules() -> Dict[str, Path]:
@@ -171,15 +173,17 @@ def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> No
 
 
 def test_a_cycle_is_caught() -> None:
-    graph = {"mps_health.cli.main": {"mps_health.cli.parser"}, "mps_health.cli.parser": {"mps_health.cli.main"}}
-    assert cycle(graph) == ["mps_health.cli.parser", "mps_health.cli.main", "mps_health.cli.parser"]
-    assert cycle({"mps_health.cli.main": {"mps_health.cli.parser"}, "mps_health.cli.parser": set()}) is None
+    graph = {"mps_health.cli.main": {"mps_health.cli.parser"},
+             "mps_health.cli.parser": {"mps_health.cli.main"}}
+    assert cycle(graph) == ["mps_health.cli.main", "mps_health.cli.parser", "mps_health.cli.main"]
+    assert cycle({"mps_health.cli.main": {"mps_health.cli.parser"},
+                  "mps_health.cli.parser": set()}) is None
 
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     src = tmp_path / "canary.py"
-    src.write_text("from ..context import Context\n\ndef f():\n    from . import control\n"
-                   "    from ...checks.daemon import expected_uid\n")
+    src.write_text("from ..model.context import Context\n\ndef f():\n    from . import control\n"
+                   "    from mps_health.checks.daemon import expected_uid\n")
     known = {m: tmp_path for m in ("mps_health.model.context", "mps_health.probes.control",
                                    "mps_health.checks.daemon", "mps_health.probes.canary")}
     assert imports_of("mps_health.probes.canary", src, known) == {
