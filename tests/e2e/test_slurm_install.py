@@ -209,9 +209,12 @@ def test_install_refuses_a_package_job_users_cannot_read(public: Path, per_job: 
     [site] = venv.glob("lib/python3*/site-packages")
     pkg = site / "mps_health"
     repo = REPO
-    shutil.copytree(repo / "core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("checks", "exporters", "remediation", "slurm"):
-        shutil.copytree(repo / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pkg.mkdir()
+    shutil.copy(repo / "__init__.py", pkg)
+    for init in repo.glob("*/__init__.py"):
+        if init.parent.name != "tests":
+            shutil.copytree(init.parent, pkg / init.parent.name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["chmod", "-R", "o+rX", str(venv)], check=True)
     (pkg / "slurm" / "hooks.py").chmod(0o600)
     hooks = public / "hooks"
