@@ -4,12 +4,15 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import fixture_text
+from mps_health.checks import compute_mode
 from mps_health.config.load import ConfigError, from_mapping
 from mps_health.engine import run as engine
 from mps_health.model.facts import Facts
 from mps_health.model.registry import CHECKS
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
-from mps_health.probes.nvml import load_record, read_nvml
+from mps_health.probes.nvml import GpuFact, NvmlFacts, load_record, read_nvml
+
+from . import made
 
 MIXED = "nvml__HANDWRITTEN_8gpu-h200-mixed.json"
 TWO = "nvml__HANDWRITTEN_2gpu-test-node.json"
@@ -115,3 +118,57 @@ def test_real_h200_default_mode_judged_both_ways() -> None:
                       ({"gpu": {"compute_mode": {"mps": "DEFAULT"}}}, (OK, "ok"))):
         (run,) = engine.judge(facts, from_mapping(raw, None), [CHECKS["compute-mode"]])
         assert [(r.state, r.code) for r in run.results] == [want]
+
+
+def test_no_gpu_seen_is_critical_where_mps_must_serve_some() -> None:
+    none = {"nvml": NvmlFacts(True, driver_version="580.65")}
+    found = made.run(compute_mode, none, (), {"gpu": {}})
+    assert made.codes(found) == [("", WARNING, "no-gpus")]
+    assert found[0].message == "NVML sees no GPU on this node"
+    assert "nvidia-smi" in found[0].action
+    assert made.codes(made.run(compute_mode, none, (), {"gpu": {"mps_gpus": [0]}})) == \
+        [("", CRITICAL, "no-gpus")]
+
+
+@pytest.mark.parametrize("gpu, cfg, state, code, wording, action", [
+    (GpuFact(0, "GPU-a", compute_mode="DEFAULT"), {}, WARNING, "compute-mode-mismatch",
+     "GPU 0 (GPU-a) is in compute mode DEFAULT, expected EXCLUSIVE_PROCESS (served by MPS)",
+     "nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"),
+    (GpuFact(0, "GPU-a", compute_mode="PROHIBITED"), {}, CRITICAL, "compute-mode-mismatch",
+     "GPU 0 (GPU-a) is in compute mode PROHIBITED, expected EXCLUSIVE_PROCESS",
+     "gpu.compute_mode"),
+    (GpuFact(0, "GPU-a", errors=("compute_mode: NVML_ERROR_NO_PERMISSION",)), {}, UNKNOWN,
+     "compute-mode-unreadable",
+     "cannot read the compute mode of GPU 0 (GPU-a): compute_mode: NVML_ERROR_NO_PERMISSION",
+     "run mps-health as root"),
+    (GpuFact(0, "GPU-a", lost=True), {}, CRITICAL, "gpu-lost",
+     "GPU 0 (GPU-a) has fallen off the bus (NVML: GPU_IS_LOST)", "Xid 79"),
+    (GpuFact(0, "GPU-a", compute_mode="EXCLUSIVE_PROCESS", mig_current=True, mig_pending=True),
+     {}, WARNING, "mig-on-mps-gpu", "GPU 0 (GPU-a) has MIG enabled but MPS is configured to "
+     "serve it", "gpu.mig: allow"),
+    (GpuFact(0, "GPU-a", compute_mode="EXCLUSIVE_PROCESS", mig_current=False, mig_pending=True),
+     {}, WARNING, "mig-change-pending", "GPU 0 (GPU-a) has a MIG mode change pending (off -> "
+     "on) until it is reset", "nvidia-smi -i 0 -r"),
+    (GpuFact(0, "GPU-a", compute_mode="EXCLUSIVE_PROCESS"), {"mps_gpus": [0, 3]}, CRITICAL,
+     "mps-gpu-missing", "MPS is configured to serve GPU 3, but NVML sees no such GPU (1 GPUs: "
+     "0)", "fix mps.gpus / gpu.mps_gpus"),
+])
+def test_each_code_on_a_made_gpu(gpu: GpuFact, cfg: Dict[str, Any], state: int, code: str,
+                                 wording: str, action: str) -> None:
+    found = made.run(compute_mode, {"nvml": NvmlFacts(True, gpus=(gpu,))}, (), {"gpu": cfg})
+    (r,) = [r for r in found if r.code == code]
+    assert r.state == state and r.message.startswith(wording) and action in r.action
+
+
+def test_nvml_unavailable_says_what_to_do() -> None:
+    found = made.run(compute_mode, {"nvml": NvmlFacts(False, "PYNVML_MISSING", "no pynvml")},
+                     (), {"gpu": {}})
+    assert made.codes(found) == [("", UNKNOWN, "nvml-unavailable")]
+    assert found[0].message == "NVML: no pynvml" and found[0].action == "pip install nvidia-ml-py"
+
+
+def test_a_gpu_as_expected_is_ok() -> None:
+    gpu = GpuFact(0, "GPU-a", compute_mode="EXCLUSIVE_PROCESS")
+    (r,) = made.run(compute_mode, {"nvml": NvmlFacts(True, gpus=(gpu,))}, (), {"gpu": {}})
+    assert (r.instance, r.state, r.code) == ("gpu0", OK, "ok")
+    assert r.message == "GPU 0 (GPU-a) is in compute mode EXCLUSIVE_PROCESS (served by MPS)"

@@ -1,13 +1,13 @@
-"""strays and orphans on made facts: which daemon-less server is CRITICAL, which is only
-the WARNING ``server-unclaimed``; the servers' memory that tells them apart."""
+"""The strays check on made facts: which daemon-less server is CRITICAL, which is only
+the WARNING ``server-unclaimed``; the servers' memory that tells them apart; impostors
+and daemons on pipe dirs no instance uses. (Orphaned per-job servers: test_orphans.py.)"""
 
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from mps_health.checks import orphans, strays
+from mps_health.checks import strays
 from mps_health.config.load import from_mapping
-from mps_health.hostio.jobrecords import JobRecord
 from mps_health.hostio.process_identity import proves_nothing
-from mps_health.model.facts import Facts, ProcessFact
+from mps_health.model.facts import Facts, Instance, ProcessFact
 from mps_health.model.facts_deep import (
     InstanceServers,
     RememberedServer,
@@ -17,9 +17,7 @@ from mps_health.model.facts_deep import (
 )
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
 from mps_health.model.servertrack import advance, remembered
-from mps_health.probes.jobdirs import JobDir, JobRecords
 from mps_health.probes.proc import parse_status_traced
-from mps_health.probes.slurm import SlurmFacts
 
 PIPE = "/tmp/nvidia-mps"
 EVIL = 1001
@@ -193,36 +191,6 @@ def test_a_living_server_the_new_daemon_does_not_list_stays_remembered() -> None
         == first.servers
 
 
-# --- orphans (per-job) --------------------------------------------------------------
-
-def run_orphans(procs: Iterable[ProcessFact],
-                previous: Optional[Dict[str, ServerMemory]] = None) -> List[Result]:
-    pipe = "/tmp/nvidia-mps_job42"
-    dirs = (JobDir("42", "pipe", pipe, "dir", 1002, "mpshvictim", 0.0),)
-    slurm = SlurmFacts("n1", jobs=())
-    facts = Facts("n1", 2000.0, "/", (), {
-        "processes": tuple(p._replace(pipe_dir=pipe) for p in procs), "slurm": slurm,
-        "job_dirs": dirs, "servers": servers_facts(previous or {}),
-        "job_records": JobRecords((JobRecord("42", 1002, (pipe,), 0.0),), "", False)}, {}, {})
-    config = from_mapping({"mps": {"layout": "per-job",
-                                   "pipe_dir": "/tmp/nvidia-mps_job{job}",
-                                   "log_dir": "/tmp/nvidia-log_job{job}"}}, "site.yaml")
-    return list(orphans.check(facts, config))
-
-
-def test_orphan_server_is_critical_only_when_a_daemon_vouches_for_it() -> None:
-    assert codes(run_orphans([server(4242)], {"job42": memory(4242)})) == \
-        [(CRITICAL, "orphan-server")]
-    assert codes(run_orphans([daemon(100), server(4242, ppid=100)])) == \
-        [(CRITICAL, "orphan-server")]  # its daemon's child
-    for held in (server(4242, uid=EVIL), server(4242, traced=True),
-                 server(4242, state="t"), server(4242, genuine=None)):
-        remember = {} if held.uid == EVIL else {"job42": memory(4242)}
-        found = run_orphans([held], remember)
-        assert codes(found) == [(WARNING, "orphan-server")], held
-        assert "no daemon was seen with it, it is held" in found[0].message
-
-
 # --- the servers probe keeps what strays needs ------------------------------------------
 
 def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> None:
@@ -286,3 +254,36 @@ def test_planned_restarts_are_read_from_the_tree_under_root(tmp_path) -> None:
                   time.monotonic() + 30)
     facts = _collect(ctx, (), time.time(), {}, [])
     assert facts.planned == (record,)
+
+
+# --- impostors, unexpected daemons, the OK case --------------------------------------
+
+def test_processes_named_like_mps_running_another_binary_are_impostors() -> None:
+    fakes = [server(600 + i, uid=EVIL, genuine=False) for i in range(7)]
+    found = run_strays([*fakes, daemon(700)._replace(uid=EVIL, genuine=False)])
+    assert codes(found) == [(WARNING, "mps-impostor")]
+    assert "8 process(es) of uid 1001 named like an MPS daemon or server run another binary " \
+        "than the configured one (pids 600, 601, 602, 603, 604 and 3 more) on " \
+        f"{PIPE}: not counted as MPS" in found[0].message
+    assert "ls -l /proc/600/exe" in found[0].action and "ask their owner" in found[0].action
+
+
+def test_a_daemon_on_a_pipe_dir_no_instance_uses_is_unexpected() -> None:
+    inst = Instance("node", "node", PIPE, "/var/log/nvidia-mps")
+    facts = Facts("n1", 2000.0, "/", (inst,), {"processes": (daemon(100), daemon(200, "/srv/x")),
+                                               "servers": servers_facts({})}, {}, {})
+    found = list(strays.check(facts, from_mapping({}, "site.yaml")))
+    assert codes(found) == [(WARNING, "daemon-unexpected")]
+    assert found[0].message == "control daemon 200 (uid 0) serves /srv/x, which no " \
+        "configured instance uses"
+    assert "add it to the config's mps section" in found[0].action
+    # Per-job daemons come and go with jobs: none is unexpected.
+    per_job = from_mapping({"mps": {"layout": "per-job", "pipe_dir": "/tmp/mps_job{job}",
+                                    "log_dir": "/tmp/log_job{job}"}}, "site.yaml")
+    assert codes(strays.check(facts, per_job)) == [(OK, "ok")]
+
+
+def test_nothing_outside_the_instances_is_ok() -> None:
+    found = run_strays([])
+    assert codes(found) == [(OK, "ok")]
+    assert found[0].message == "no MPS process outside the configured instances"

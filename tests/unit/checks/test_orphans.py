@@ -95,6 +95,22 @@ def test_a_genuine_server_in_a_recorded_dir_is_critical() -> None:
 def test_a_server_no_daemon_was_seen_with_is_a_warning() -> None:
     (r,) = judge([jd("12")], [rec("12")], [proc(50, "server", "12")])
     assert (r.state, r.code) == (WARNING, "orphan-server")
+    assert "a process named like its MPS server (50) still runs (no daemon was seen with it" \
+        in r.message
+
+
+def test_a_server_is_critical_only_while_a_daemon_vouches_for_it() -> None:
+    """Its daemon's child vouches as the servers' memory does; a server held (traced,
+    stopped) or one whose binary is unread proves nothing, remembered or not."""
+    server = proc(50, "server", "12")
+    child = [proc(40, "control", "12"), server._replace(ppid=40)]
+    (r,) = judge([jd("12")], [rec("12")], child)
+    assert (r.state, r.code) == (CRITICAL, "orphan-server")
+    for held in (server._replace(traced=True), server._replace(state="t"),
+                 server._replace(genuine=None)):
+        found = judge([jd("12")], [rec("12")], [held], remembered=[(50, 100)])
+        assert codes(found) == [("job12", WARNING, "orphan-server")], held
+        assert "no daemon was seen with it, it is held" in found[0].message
 
 
 def test_a_server_whose_binary_is_unknown_is_a_warning() -> None:
@@ -106,6 +122,7 @@ def test_a_server_whose_binary_is_unknown_is_a_warning() -> None:
 def test_a_leftover_daemon_is_orphan_daemon() -> None:
     (r,) = judge([jd("12")], [rec("12")], [proc(40, "control", "12")])
     assert (r.instance, r.state, r.code) == ("job12", WARNING, "orphan-daemon")
+    assert r.message.endswith("; its control daemon 40 still runs")
 
 
 def test_young_and_alive_are_not_judged() -> None:
@@ -178,10 +195,3 @@ def test_other_layouts_have_no_orphans() -> None:
     cfg = {"slurm": {}, "orphans": {}}
     assert codes(judge([jd("12", uid=STRANGER)], config=cfg)) == [("", OK, "ok")]
 
-
-def test_every_code_is_covered_here() -> None:
-    from mps_health.checks import orphans
-
-    assert set(orphans.CODES) == {"orphan-daemon", "orphan-dir", "orphan-server",
-                                  "orphan-unrecorded", "job-records-unreadable",
-                                  "slurm-unavailable"}
