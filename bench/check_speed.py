@@ -5,17 +5,11 @@ Everything is measured in one run and printed as ratios, so the figures do not d
 on the machine's speed:
 
 * baseline: `python3 -c pass` with the same interpreter that runs mps-health;
-* `python3 -c "import re"`: what the wrapper pip writes for a [project.scripts] entry
-  point imports before any of our code runs, for comparison: why the commands are
-  plain scripts (bin/) that import only their main;
-* `mps-health check` on a healthy node (one daemon answering);
-* the same check with PYTHONDONTWRITEBYTECODE, which turns the kept compiled code off
-  (hostio/codecache.py): what finding and loading each module through Python costs;
+* `mps-health check` on a healthy node (one daemon answering), run as its installed
+  entry point;
 * `check_mps`, the Nagios plugin, on the same node, against `mps-health check`;
 * with --instructions, also `mps-health-healthcheck`, slurmd's HealthCheckProgram;
-* the check with a config file: given with --config (YAML parsed on every run), and as
-  the default file /etc/mps-health/config.yaml, whose parsed form root's runs keep
-  (config/cache.py; /etc is an overlay of the bench's own namespace then);
+* the check with a config file given with --config (read and parsed on every run);
 * a hand audit as a shell script, as sites run one without mps-health: pgrep, the
   control query, stat, scontrol;
 * a wedged (SIGSTOPped) daemon: the check must return within the control timeout + 0.5 s;
@@ -26,16 +20,17 @@ version (tests/fakes/launcher.c's FAST_CLIENT, built by tests/fakebin.py) so the
 costs what the real C client costs.
 On a GPU node (--real) the real nvidia-cuda-mps-control is used.
 
-With --instructions (valgrind installed), each of python3 -c pass, import re, the check
+With --instructions (valgrind installed), each of python3 -c pass, the check
 and check_mps also runs once under valgrind's cachegrind, which counts the instructions
 the process executes in user space: the same count on a busy machine as on an idle one
 (unlike wall or CPU time), so it shows what a change saves where other helpers load the
 machine. It leaves out the kernel's share (exec, page faults, the client process).
 
 Usage: python3 bench/check_speed.py [--runs N] [--real] [--python PYTHON] [--instructions]
-PYTHON must have mps-health installed (not editable: an editable install adds its
-finder to every interpreter start, the baseline's too), and should start as fast as a
-plain interpreter does (compare its `-c pass` with `-S -E -c pass` below).
+PYTHON must have mps-health installed, its commands beside it (not editable: an
+editable install adds its finder to every interpreter start, the baseline's too), and
+should start as fast as a plain interpreter does (compare its `-c pass` with
+`-S -E -c pass` below).
 
 As root the bench runs in a private PID and mount namespace (unshare), with empty
 file systems over /tmp, /run, /var/lib and /var/log: other processes on a shared
@@ -140,27 +135,20 @@ def build_fast_client(bindir: Path) -> Optional[Path]:
 # Empty in the private namespace: the default pipe, log, state and run dirs are free, and
 # nothing of the host's is read or written (PYTHON must not live under these).
 PRIVATE_DIRS = ("/tmp", "/run", "/var/lib", "/var/log")
-DEFAULT_CONFIG = Path("/etc/mps-health/config.yaml")
 
 
-def private_namespace() -> bool:
-    """Re-run this bench in a PID and mount namespace of its own (root only). True when
-    /etc is an overlay of its own there too, so the default config file may be written."""
+def private_namespace() -> None:
+    """Re-run this bench in a PID and mount namespace of its own (root only)."""
     if os.environ.get("MPS_BENCH_PRIVATE") == "1":
         for d in PRIVATE_DIRS:
             subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
-        for d in ("/tmp/.etc-upper", "/tmp/.etc-work"):
-            os.mkdir(d)
-        return subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                               "lowerdir=/etc,upperdir=/tmp/.etc-upper,workdir=/tmp/.etc-work",
-                               "/etc"], capture_output=True).returncode == 0
+        return
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         print("note: not root (or no unshare): other processes on this machine are seen")
-        return False
+        return
     os.environ["MPS_BENCH_PRIVATE"] = "1"
     os.execvp("unshare", ["unshare", "--mount", "--pid", "--fork", "--mount-proc",
                           sys.executable, *sys.argv])
-    return False  # not reached
 
 
 def main() -> int:
@@ -172,7 +160,7 @@ def main() -> int:
     ap.add_argument("--instructions", action="store_true",
                     help="also count instructions under valgrind (load-independent)")
     args = ap.parse_args()
-    own_etc = private_namespace()
+    private_namespace()
 
     work = Path(tempfile.mkdtemp(prefix="mps-bench-"))
     bindir = work / "bin"
@@ -185,9 +173,6 @@ def main() -> int:
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(mode)
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
-    # A node's environment: with PYTHONDONTWRITEBYTECODE (set on some build and CI
-    # machines) the commands keep no compiled code of their own (hostio/codecache.py).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not args.real:
         client = build_fast_client(bindir)
         if client is None:
@@ -224,8 +209,8 @@ def main() -> int:
         rp = subprocess.run(plugin, env=env, capture_output=True, text=True, timeout=60)
         print(f"check_mps on the healthy node: exit {rp.returncode}: "
               f"{(rp.stdout.splitlines() or [rp.stderr])[0][:100]}")
-        # Each command once before it is measured, as on a node after its first run: a
-        # first run writes the kept compiled code of what it imported (hostio/codecache.py).
+        # Each command once before it is measured, as on a node after its first run
+        # (Python has written the .pyc files of what it imported).
         rh = subprocess.run(healthcheck, env=env, capture_output=True, text=True, timeout=60)
         print(f"mps-health-healthcheck (no Slurm here): exit {rh.returncode}: "
               f"{(rh.stdout.splitlines() or [rh.stderr])[0][:100]}")
@@ -239,29 +224,21 @@ def main() -> int:
             env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
         bare_check = [args.python, "-S", "-E", "-c",
                       f"import sys, os; sys.path.insert(0, {pkg_parent!r}); "
-                      "import gc; gc.disable(); from mps_health.hostio.codecache import serve; "
-                      "serve(); from mps_health.cli.main import console_main; "
-                      "console_main()", *check[1:]]
+                      "from mps_health.cli.main import main; sys.exit(main())", *check[1:]]
         core_only = [*bare_check, "--only", "daemon,control,directories,tmpfiles"]
         rb = subprocess.run(bare_check, env=env, capture_output=True, text=True, timeout=60)
         print(f"check under python3 -S -E: exit {rb.returncode}: "
               f"{(rb.stdout.splitlines() or [rb.stderr])[0][:100]}")
-        results: Dict[str, List[float]] = {"python": [], "isolated": [], "entry": [],
-                                           "check": [],
+        results: Dict[str, List[float]] = {"python": [], "isolated": [], "check": [],
                                            "bare": [], "core": [], "config": [], "audit": [],
-                                           "plugin": [], "nocode": []}
-        # The check with its compiled code not kept: PYTHONDONTWRITEBYTECODE turns the
-        # file off (hostio/codecache.py), so every module is found and loaded by Python.
-        env_nocode = dict(env, PYTHONDONTWRITEBYTECODE="1")
+                                           "plugin": []}
         for _ in range(args.runs):  # interleaved, so drift hits every series alike
             results["python"] += timed([args.python, "-c", "pass"], env, 1)
             results["isolated"] += timed([args.python, "-S", "-E", "-c", "pass"], env, 1)
-            results["entry"] += timed([args.python, "-c", "import re"], env, 1)
             results["bare"] += timed(bare_check, env, 1)
             results["core"] += timed(core_only, env, 1)
             results["check"] += timed(check, env, 1)
             results["plugin"] += timed(plugin, env, 1)
-            results["nocode"] += timed(check, env_nocode, 1)
             results["config"] += timed(with_config, env, 1)
             results["audit"] += timed(["sh", str(audit)], env, 1)
         base = med(results["python"])
@@ -270,25 +247,17 @@ def main() -> int:
         print(f"  python3 -c pass          {base * 1000:7.1f} ms  (baseline)")
         print(f"  python3 -S -E -c pass    {iso * 1000:7.1f} ms  (no site-packages at all: "
               "what this interpreter's .pth files cost is the difference)")
-        e = med(results["entry"])
-        print(f"  python3 -c 'import re'   {e * 1000:7.1f} ms  ratio {e / base:.2f} (what an "
-              "entry-point wrapper would add: the commands are scripts without it)")
         c = med(results["check"])
         what = "no config file" if use_defaults else "with a config file"
         print(f"  mps-health check         {c * 1000:7.1f} ms  ratio {c / base:.2f} "
-              f"(goal <= 2.0; {what}; {spread(results['check'], results['python'])})")
+              f"({what}; {spread(results['check'], results['python'])})")
         print(f"  check beyond the baseline: {(c - base) * 1000:+.1f} ms")
         py = [args.python, "-c", "pass"]
         print(f"  CPU time (user + system, median): python3 -c pass "
-              f"{med(CPU[' '.join(py)]) * 1000:.1f} ms; import re: "
-              f"{cpu_ratio([args.python, '-c', 'import re'], py)}; check: "
-              f"{cpu_ratio(check, py)}")
-        nc = med(results["nocode"])
-        print(f"  ... its code not kept    {nc * 1000:7.1f} ms  ratio {nc / base:.2f} "
-              "(PYTHONDONTWRITEBYTECODE: every module found and loaded by Python)")
+              f"{med(CPU[' '.join(py)]) * 1000:.1f} ms; check: {cpu_ratio(check, py)}")
         n = med(results["plugin"])
         print(f"  check_mps                {n * 1000:7.1f} ms  ratio {n / c:.2f} against "
-              f"mps-health check (goal <= 1.1; {spread(results['plugin'], results['check'])})")
+              f"mps-health check ({spread(results['plugin'], results['check'])})")
         b = med(results["bare"])
         print(f"  check under python3 -S -E {b * 1000:6.1f} ms  ratio {b / iso:.2f} against "
               "python3 -S -E -c pass (the check's own cost, no .pth at all)")
@@ -297,45 +266,21 @@ def main() -> int:
               "directories, tmpfiles: the core set)")
         y = med(results["config"])
         print(f"  ... with --config FILE   {y * 1000:7.1f} ms  ratio {y / base:.2f} (YAML parsed "
-              "every run; the default file's parsed form is kept: below)")
+              "every run)")
         a = med(results["audit"])
         print(f"  hand audit (no Slurm)  {a * 1000:7.1f} ms  check/audit {c / a:.2f}")
 
         if args.instructions and shutil.which("valgrind"):
             counted = {name: instructions(argv, e, work / "valgrind") for name, argv, e in (
                 ("python3 -c pass", [args.python, "-c", "pass"], env),
-                ("python3 -c 'import re'", [args.python, "-c", "import re"], env),
                 ("mps-health check", check, env), ("check_mps", plugin, env),
-                ("mps-health-healthcheck", healthcheck, env),
-                ("check, code not kept", check, env_nocode))}
+                ("mps-health-healthcheck", healthcheck, env))}
             one = counted["python3 -c pass"]
             print("\ninstructions in user space (valgrind), ratio to python3 -c pass:")
             for name, n in counted.items():
                 print(f"  {name:24} {n / 1e6:7.1f} M  ratio {n / one:.2f}")
         elif args.instructions:
             print("\n(valgrind not installed: no instruction counts)")
-
-        # The default config file, whose parsed form a root run keeps (config/cache.py):
-        # after the first run, no YAML is parsed. Measured apart: the plain check above
-        # must see no default file.
-        if own_etc and use_defaults and not DEFAULT_CONFIG.exists():
-            DEFAULT_CONFIG.parent.mkdir()
-            DEFAULT_CONFIG.write_text(config.read_text())
-            subprocess.run(check, env=env, capture_output=True, timeout=60)  # keeps it
-            kept: Dict[str, List[float]] = {"python": [], "check": []}
-            for _ in range(args.runs):
-                kept["python"] += timed([args.python, "-c", "pass"], env, 1)
-                kept["check"] += timed(check, env, 1)
-            dc = med(kept["check"])
-            print(f"\nwith the default config file (its parsed form kept), median of "
-                  f"{args.runs} runs:\n  mps-health check         {dc * 1000:7.1f} ms  ratio "
-                  f"{dc / med(kept['python']):.2f} against python3 -c pass "
-                  f"({spread(kept['check'], kept['python'])})")
-            if args.instructions and shutil.which("valgrind"):
-                n = instructions(check, env, work / "valgrind")
-                print(f"  instructions             {n / 1e6:7.1f} M  ratio "
-                      f"{n / instructions([args.python, '-c', 'pass'], env, work / 'valgrind'):.2f}")
-            DEFAULT_CONFIG.unlink()
 
         # Wedged daemon.
         os.kill(pid, signal.SIGSTOP)

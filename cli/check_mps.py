@@ -18,11 +18,11 @@ import sys
 
 from mps_health import __version__
 from mps_health.cli.common import (
-    SimpleNamespace,
     UsageError,
     boot_grace,
     edge,
     emit,
+    flushed,
     load_config,
     names,
     standard_fds,
@@ -32,7 +32,7 @@ from mps_health.model.exitcodes import ExitCode, Failure
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
@@ -70,7 +70,7 @@ def check_timeout(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The whole interface (help, errors and rare forms; ``fast_args`` takes the rest)."""
+    """The whole interface: every option, its help, and a bad one as one UNKNOWN line."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -115,49 +115,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-FAST_VALUED = {"-w": "warning", "--warning": "warning", "-c": "critical",
-               "--critical": "critical", "-t": "timeout", "--timeout": "timeout",
-               "--only": "only", "--skip": "skip", "--config": "config", "--root": "root"}
-
-
-def fast_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
-    """The usual options, parsed by hand; None means "ask argparse".
-
-    Nagios and Icinga run check_mps every few minutes on every node, and argparse (with
-    the ``re`` and ``gettext`` it imports) costs about as much as the check's own
-    gathering. Anything unusual (help, version, errors) takes the argparse path, which
-    stays the one definition of the interface; tests compare both paths.
-    """
-    ns: Dict[str, Any] = {"warning": None, "critical": None, "timeout": DEFAULT_TIMEOUT,
-                          "only": [], "skip": [], "config": None, "root": "/", "verbose": 0,
-                          "help": False, "version": False}
-    rest = list(argv)
-    while rest:
-        arg = rest.pop(0)
-        if arg in ("-v", "--verbose", "-vv"):
-            ns["verbose"] += 2 if arg == "-vv" else 1
-            continue
-        key, eq, value = arg.partition("=")
-        if key not in FAST_VALUED or (not eq and not rest):
-            return None
-        if not eq:
-            value = rest.pop(0)
-        if not value or value.startswith("-"):
-            return None
-        ns[FAST_VALUED[key]] = value
-    try:
-        for key in ("warning", "critical"):
-            if ns[key] is not None:
-                check_range(ns[key])
-        ns["timeout"] = check_timeout(str(ns["timeout"]))
-    except ValueError:
-        return None  # argparse says what is wrong, in its words
-    for key in ("only", "skip"):
-        if isinstance(ns[key], str):
-            ns[key] = names(ns[key])
-    return SimpleNamespace(**ns)
-
-
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
     from mps_health.engine import run as engine
@@ -168,12 +125,10 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
         raise Failure(f"check_mps needs the nagiosplugin library ({e}): pip install "
                       "nagiosplugin into mps-health's virtualenv") from None
 
-    args: Any = fast_args(argv)
-    if args is None:
-        p = parser()
-        args = p.parse_args(list(argv))
-        if args.help:
-            return p.format_help(), ExitCode.UNKNOWN
+    p = parser()
+    args = p.parse_args(list(argv))
+    if args.help:
+        return p.format_help(), ExitCode.UNKNOWN
     if args.version:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
     config = load_config(args)
@@ -212,15 +167,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     code = edge(body, say, "MPS UNKNOWN - ")
     if out:
         emit("".join(out).rstrip("\n"))
+    flushed()
     return code
-
-
-def console_main() -> None:
-    """The ``check_mps`` command: main(), then exit without interpreter teardown, as
-    ``mps-health`` does (milliseconds on every poll)."""
-    from mps_health.cli.main import exit_now
-
-    exit_now(main())
 
 
 if __name__ == "__main__":

@@ -19,16 +19,8 @@ from mps_health.model.exitcodes import ExitCode, Failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import SimpleNamespace
-    from typing import Callable, List, TextIO
-else:
-    # The arguments the fast paths parse by hand. types.SimpleNamespace is this type, and
-    # the types module defines it this way; importing types would cost a check 1.4 M
-    # instructions (a twentieth of a bare interpreter's start) for one name.
-    SimpleNamespace = type(sys.implementation)
-
-if TYPE_CHECKING:
     import argparse
+    from typing import Callable, List, TextIO
 
 
 class UsageError(Exception):
@@ -123,6 +115,19 @@ def written(produce: Callable[[TextIO], object]) -> None:
                       f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
                 pass
+
+
+def flushed() -> None:
+    """Flush stdout and stderr before the command returns its exit code. A stream no one
+    can read any more is pointed at /dev/null: the interpreter's own flush at exit would
+    otherwise fail again and turn the earned exit code into 120, with a message."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            _discard(stream)
 
 
 def _discard(out: object) -> None:

@@ -15,7 +15,7 @@ import os
 from mps_health.cli.common import add_common, emit, load_config
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # slurmd's runs parse their arguments by hand (cli.fast_args)
+if TYPE_CHECKING:
     import argparse
     from typing import Callable
 

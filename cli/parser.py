@@ -1,4 +1,4 @@
-"""The full argparse interface of ``mps-health`` (``check``'s fast path skips it)."""
+"""The argparse interface of ``mps-health``: one parser, a subparser per command."""
 
 import argparse
 import importlib
@@ -48,7 +48,7 @@ def build(argv: Sequence[str]) -> Parser:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         if chosen in COMMANDS and name != chosen:
-            continue  # only the chosen subcommand is built: each costs start-up time
+            continue  # only the chosen one's module is imported, and with it its libraries
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             p.set_defaults(handler=importlib.import_module(module, "mps_health").register(p))

@@ -335,22 +335,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     """
     explicit = path is not None
     path = path or DEFAULT_PATH
-    # The default file's parsed form is kept (configcache): no PyYAML on a node's checks.
-    seen = None
-    if text is None and os.path.abspath(path) == DEFAULT_PATH:
-        try:
-            seen = os.stat(path)
-        except FileNotFoundError:
-            if not explicit:
-                return Config()  # no file: the defaults, and nothing else imported
-        except OSError:
-            pass  # reading it says what is wrong
-    if seen is not None:
-        from mps_health.config import cache as configcache
-
-        kept = configcache.lookup(DEFAULT_PATH, seen)
-        if kept is not None:
-            return from_mapping(kept, path)
     from mps_health.config.inputs import InputError, read_text
 
     try:
@@ -359,7 +343,7 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
             if text is None:
                 if explicit:
                     raise ConfigError(f"{path}: no such file; give an existing --config")
-                return Config()
+                return Config()  # no file: the defaults, and nothing else imported
         data = _parse_yaml(text, path)
     except InputError as e:
         raise ConfigError(f"{path}: {e}") from None
@@ -367,29 +351,15 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    config = from_mapping(data, path)
-    if seen is not None:
-        from mps_health.config import cache as configcache
-
-        after = _stat(path)
-        if after is not None and configcache.identity(after) == configcache.identity(seen):
-            configcache.remember(DEFAULT_PATH, seen, data)  # the text read is the file seen
-    return config
-
-
-def _stat(path: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None  # reading it says what is wrong
+    return from_mapping(data, path)
 
 
 def _parse_yaml(text: str, path: str) -> Any:
-    import yaml  # only when there is a file: PyYAML costs milliseconds
+    import yaml  # only when there is a file: without one, the defaults need no parser
     from mps_health.config.inputs import tree_size, yaml_nesting, yaml_too_deep
     from mps_health.model.printable import escape
 
-    # libyaml's loader where PyYAML has it: the same safe subset, several times faster.
+    # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     yaml_nesting(text, loader)
     try:

@@ -10,7 +10,7 @@ their own meaning: 0 done or nothing to do, 1 refused or differs (nothing change
 
 class ExitCode:
     """The codes as plain ints: an IntEnum would cost every run its construction, and
-    ``os._exit``, Nagios and slurmd read numbers."""
+    ``sys.exit``, Nagios and slurmd read numbers."""
 
     OK = 0
     WARNING = 1

@@ -4,18 +4,14 @@ A file in /etc/tmpfiles.d masks the file of the same name in /run/tmpfiles.d, wh
 masks /usr/local/lib and /usr/lib (and /lib on hosts without merged /usr); the
 surviving files are then read in file-name order, whatever their directory.
 
-The rules change when a package is installed; a node checks every few minutes. Root's
-runs keep what was parsed (``KEPT`` in the run dir, through ``config/cache.py``) with
-the identity of each search dir (a file added, removed or renamed changes it) and of
-each file read (an edit in place changes it): a run that finds all of them as they were
-reads no file. A --root run reads the tree and keeps nothing.
+Every run reads and parses the files it finds (each bounded, ``MAX_FILE_BYTES``), so
+the rules judged are those on the disk now; a --root run reads them in the tree.
 """
 
 from __future__ import annotations
 
 import os
 
-from mps_health.config.cache import identity, keep, read_kept
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.hostio.safefiles import read_small
 from mps_health.model.context import Context
@@ -121,71 +117,13 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
     return ctx.path(link) if os.path.isabs(link) else os.path.join(os.path.dirname(real), link)
 
 
-# In the run dir, root's: the parsed rules and what they were read from
-# (config/cache.py says how such a form is kept and trusted).
-KEPT = "tmpfiles.json"
-
-
 def gather(ctx: Context) -> TmpfilesFacts:
-    """The merged rules; from the kept form while neither a search dir (its entries) nor
-    a file read (its content) changed since, else read and parsed, and kept anew."""
-    if ctx.read_only:  # a --root tree: read it, keep nothing
-        return read_all(ctx)
-    cache = os.path.join(ctx.config.run_dir, KEPT)
-    dirs = [_identity(ctx, d) for d in SEARCH_DIRS]  # before reading: a change since is seen
-
-    def fresh(key: object) -> bool:
-        """The same entries in each search dir, and each file read as it was then."""
-        if not (isinstance(key, list) and len(key) == 2 and key[0] == dirs
-                and isinstance(key[1], list)):
-            return False
-        return all(isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
-                   and _identity(ctx, f[0]) == f[1] for f in key[1])
-
-    kept = read_kept(cache, fresh)
-    facts = _facts(kept) if kept is not None else None
-    if facts is not None:
-        return facts
-    files_seen: Dict[str, Optional[List[int]]] = {}
-    facts = read_all(ctx, files_seen)
-    keep(cache, [dirs, [[f, files_seen.get(f)] for f in facts.files]], {
-        "available": facts.available, "files": list(facts.files),
-        "rules": [list(r) for r in facts.rules], "errors": list(facts.errors)})
-    return facts
+    """The merged rules, read and parsed now."""
+    return read_all(ctx)
 
 
-def _identity(ctx: Context, path: str) -> Optional[List[int]]:
-    """What a change of ``path`` (followed) changes; None when it does not exist."""
-    try:
-        return identity(os.stat(ctx.path(path)))
-    except OSError:
-        return None
-
-
-def _facts(kept: object) -> Optional[TmpfilesFacts]:
-    """The kept facts if whole and of the right types; else None."""
-    if not isinstance(kept, dict):
-        return None
-    try:
-        files = tuple(kept["files"])
-        rules = tuple(TmpfilesRule(*r) for r in kept["rules"])
-        errors = tuple(kept["errors"])
-        available = kept["available"]
-    except (KeyError, TypeError):
-        return None
-    if not (isinstance(available, bool) and all(isinstance(f, str) for f in files)
-            and all(isinstance(e, str) for e in errors)
-            and all(isinstance(r.file, str) and isinstance(r.line, int)
-                    and isinstance(r.type, str) and isinstance(r.path, str)
-                    and isinstance(r.age, str) for r in rules)):
-        return None
-    return TmpfilesFacts(available, files, rules, errors)
-
-
-def read_all(ctx: Context, files_seen: Optional[Dict[str, Optional[List[int]]]] = None
-             ) -> TmpfilesFacts:
-    """Every file read and parsed; ``files_seen`` gets each file's identity before its
-    read."""
+def read_all(ctx: Context) -> TmpfilesFacts:
+    """Every file read and parsed."""
     listing: Dict[str, List[str]] = {}
     links = set()
     for directory in SEARCH_DIRS:
@@ -211,8 +149,6 @@ def read_all(ctx: Context, files_seen: Optional[Dict[str, Optional[List[int]]]] 
     rules: List[TmpfilesRule] = []
     errors: List[str] = []
     for path in files:
-        if files_seen is not None:
-            files_seen[path] = _identity(ctx, path)
         target = _target(ctx, path, path in links)
         if target is None:
             continue  # a symlink to /dev/null masks a file: nothing to read

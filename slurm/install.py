@@ -3,8 +3,7 @@ per-job layout only: the node and per-GPU layouts' daemons are the node's (syste
 units), so Slurm runs no hook of ours for them and none is written.
 
 Each is a four-line Python script (templates/hook.j2) with the interpreter and the
-config file written into it: slurmd starts hooks with no PATH and no arguments, and a
-plain script starts faster than a console-script wrapper (no ``re`` import). Scripts
+config file written into it: slurmd starts hooks with no PATH and no arguments. Scripts
 are root's, mode 0755, written to a temporary name and renamed; a file at the target
 name that we did not write is never replaced without ``--force``.
 """

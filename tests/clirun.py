@@ -1,9 +1,11 @@
 """The commands under test, run the one way every test runs them.
 
-Each command runs as ``python -m MODULE`` of the interpreter running the tests, so a test
-runs this checkout's code whether or not the console scripts are on PATH; output is
-captured as text and every call has a timeout. The module each console script runs is
-named here once (the scripts in bin/ say the same).
+Each command is the console script its entry point installs next to the interpreter
+(``pip install -e .`` writes them into the virtualenv's bin/), so a test runs what a node
+runs; output is captured as text and every call has a timeout. Where that interpreter
+has no such script (a checkout on sys.path, nothing installed), the command runs as
+``python -m`` of the module whose function the entry point names (``ENTRY_POINTS``,
+as pyproject.toml's ``[project.scripts]`` says).
 """
 
 import json
@@ -12,18 +14,23 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-MODULES = {
-    "mps-health": "mps_health.cli.main",
-    "check_mps": "mps_health.cli.check_mps",
-    "mps-health-healthcheck": "mps_health.cli.healthcheck",
+# command -> (the module, the arguments its main is given before the command's own)
+ENTRY_POINTS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    "mps-health": ("mps_health.cli.main", ()),
+    "check_mps": ("mps_health.cli.check_mps", ()),
+    "mps-health-healthcheck": ("mps_health.cli.main", ("healthcheck",)),
 }
 
 
 def argv(command: str, *args: str, python: str = sys.executable) -> List[str]:
     """The argv that runs ``command args`` (for Popen: servers, processes a test signals)."""
-    return [python, "-m", MODULES[command], *args]
+    script = Path(python).parent / command
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script), *args]
+    module, before = ENTRY_POINTS[command]
+    return [python, "-m", module, *before, *args]
 
 
 def run(command: str, *args: str, env: Optional[Mapping[str, str]] = None,

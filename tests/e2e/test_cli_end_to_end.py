@@ -1,9 +1,13 @@
 """End to end: the installed ``mps-health check`` against fake daemons, every exit code."""
 
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from clirun import mps_health, problem_codes
+import pytest
+from clirun import installed, mps_health, problem_codes, run
 
 
 def test_healthy_daemon_is_ok(site) -> None:
@@ -53,6 +57,44 @@ def test_bad_argument_is_unknown_not_critical() -> None:
     r = mps_health("check", "--format", "xml")
     assert r.returncode == 3
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command, args", [
+    ("mps-health", ["check", "--format", "xml"]),
+    ("mps-health", ["check", "--root", "relative"]),
+    ("mps-health", ["check", "--root", "/nonexistent"]),
+    ("mps-health", ["check", "--config"]),
+    ("mps-health", ["check", "--config", "--only"]),
+    ("mps-health", ["check", "--bogus"]),
+    ("mps-health", ["healthcheck", "--detached", "--foreground"]),
+    ("mps-health", ["healthcheck", "-v"]),
+    ("mps-health", ["healthcheck", "--only", "x"]),
+    ("mps-health-healthcheck", ["--bogus"]),
+    ("mps-health-healthcheck", ["--detached", "--foreground"]),
+])
+def test_a_bad_option_is_one_line_and_unknown(command: str, args) -> None:
+    r = run(command, *args)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.startswith("mps-health"), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_commands_are_the_installed_entry_points() -> None:
+    """pip writes the three commands next to the interpreter, each calling the function
+    pyproject.toml names, and the tests run those."""
+    for command, call in (("mps-health", "from mps_health.cli.main import main"),
+                          ("check_mps", "from mps_health.cli.check_mps import main"),
+                          ("mps-health-healthcheck",
+                           "from mps_health.cli.main import healthcheck_main")):
+        script = installed(command)
+        assert Path(script).parent == Path(sys.executable).parent, script
+        assert call in Path(script).read_text(), script
+    version = subprocess.run([installed("mps-health"), "--version"], capture_output=True,
+                             text=True, timeout=60)
+    assert (version.returncode, version.stdout.split()[0]) == (0, "mps-health")
+    hc = subprocess.run([installed("mps-health-healthcheck"), "--bogus"], capture_output=True,
+                        text=True, timeout=60)
+    assert hc.returncode == 3 and hc.stderr.startswith("mps-health: ") and hc.stdout == ""
 
 
 def test_slow_answer_is_warning(site) -> None:

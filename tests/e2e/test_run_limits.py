@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -147,8 +148,11 @@ def _gone(pid: int) -> bool:
 
 def test_a_hung_source_ends_check_at_its_limit_and_kills_its_commands(tmp_path: Path, site: Site) -> None:
     env = _site(tmp_path, site)
+    started = time.monotonic()
     r = mps_health("check", "--config", str(site.root / "config.yaml"), "--budget", "1", env=env,
                    timeout=60)
+    # The abandoned thread, still blocked, holds up neither the exit code nor the exit.
+    assert time.monotonic() - started < 8
     assert (r.returncode, r.stdout) == (3, ""), r.stderr
     assert r.stderr == ("mps-health: the checks did not finish within 3s (still busy with: "
                         "site-fifo): something below mps-health hung (a hung file system, a "
@@ -160,7 +164,9 @@ def test_a_hung_source_ends_check_at_its_limit_and_kills_its_commands(tmp_path: 
 def test_a_hung_source_gives_check_mps_its_documented_timeout_line(tmp_path: Path, site: Site) -> None:
     env = _site(tmp_path, site)
     # Before, the plugin's SIGALRM was caught as the source's own failure: facts-unavailable.
+    started = time.monotonic()
     r = check_mps("--config", str(site.root / "config.yaml"), "-t", "2", env=env, timeout=60)
+    assert time.monotonic() - started < 7
     assert r.returncode == 3
     assert r.stdout == ("MPS UNKNOWN - check_mps timed out after 2s before the checks "
                         "finished (raise -t, or look for a hung process on the node; still "

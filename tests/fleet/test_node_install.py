@@ -71,11 +71,16 @@ def test_readme_install_serves_root_job_users_and_nagios(node: Node) -> None:
     assert real.returncode == 2 and real.stdout.startswith("MPS CRITICAL - ")
     # The root has no NVIDIA driver: the check leads with that cause, not with a reset.
     assert "mps-not-installed node" in real.stdout.splitlines()[0], real.stdout
-    # Root's runs keep the commands' compiled code in the venv, beside the .pyc files
-    # (hostio/codecache.py); the next run, served from it, says the same.
-    codes = list(venv.glob("lib/python3*/site-packages/mps_health/__pycache__/*.codes"))
-    assert [p.name for p in codes] == ["mps_health.cpython-313.codes"]
-    assert (codes[0].stat().st_mode & 0o777, codes[0].stat().st_uid) == (0o644, 0)
+    # The commands are the entry points pip wrote into the venv; root's runs write
+    # nothing into the package but Python's own .pyc files, and the next run says the same.
+    for command in ("mps-health", "mps-health-healthcheck", "check_mps"):
+        wrapper = (venv / "bin" / command).read_text()
+        assert wrapper.startswith("#!/opt/mps-health/bin/python3\n"), wrapper
+        assert "import main" in wrapper or "import healthcheck_main" in wrapper, wrapper
+    package = next(venv.glob("lib/python3*/site-packages/mps_health"))
+    kept = [p.name for p in package.rglob("__pycache__/*") if p.suffix != ".pyc"]
+    assert kept == [], kept
+    assert not (node.root / "run/mps-health/config.json").exists()
     again = node.sh("mps-health check")
     assert (again.returncode, again.stdout.splitlines()[0]) == (2, real.stdout.splitlines()[0])
 

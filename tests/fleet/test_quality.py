@@ -23,21 +23,14 @@ def test_wheel_installs_one_namespace(tmp_path: Path) -> None:
     for sub in ("checks", "cli", "config", "engine", "exporters", "healthcheck", "hostio",
                 "model", "probes", "remediation", "slurm"):
         assert f"mps_health/{sub}/__init__.py" in names
-    # The commands are the scripts in bin/ (pyproject.toml says why), not entry points:
-    # pip rewrites their first line to its interpreter; they turn off the cycle collector
-    # (a short run), serve our modules from the kept compiled code (hostio/codecache.py)
-    # and import only their main.
-    scripts = {n.rsplit("/", 1)[1]: zipfile.ZipFile(wheel).read(n).decode() for n in names
-               if "/scripts/" in n and n.split("/")[0].endswith(".data")}
-    assert set(scripts) == {"mps-health", "check_mps", "mps-health-healthcheck"}
-    for text in scripts.values():
-        code = [line for line in text.splitlines()[1:] if line and not line.startswith("#")]
-        assert text.startswith("#!python\n") and code[:2] == ["import gc", "gc.disable()"], text
-        assert code[2] == "from mps_health.hostio.codecache import serve", text
-        assert code[3].split("#")[0].rstrip() == "serve()", text
-        assert code[4].startswith("from mps_health.cli.") and " import " in code[4], text
-        assert len(code) == 6 and code[5] == code[4].split()[-1] + "()", text
-    assert not any(n.endswith("entry_points.txt") for n in names)
+    # The commands are [project.scripts] entry points: the installer writes their
+    # wrappers, and the wheel ships no script of its own.
+    assert not any(n.split("/")[0].endswith(".data") and "/scripts/" in n for n in names)
+    [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert zipfile.ZipFile(wheel).read(entry_points).decode().split() == [
+        "[console_scripts]", "check_mps", "=", "mps_health.cli.check_mps:main",
+        "mps-health", "=", "mps_health.cli.main:main",
+        "mps-health-healthcheck", "=", "mps_health.cli.main:healthcheck_main"]
 
 
 def test_ruff_clean() -> None:

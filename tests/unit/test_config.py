@@ -187,3 +187,43 @@ def test_the_host_state_tripwire_fires(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
     (line,) = log.read_text().splitlines()
     assert line.endswith(": open /var/lib/mps-health/x")
+
+
+def test_libyaml_where_pyyaml_has_it_else_its_own_loader_with_the_same_bounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config is parsed on every run, by libyaml's safe loader where PyYAML was built
+    with it and by PyYAML's SafeLoader otherwise: the same config, and the same refusals
+    of a deep or alias-expanding file."""
+    import yaml
+
+    good, deep, bomb = tmp_path / "good.yaml", tmp_path / "deep.yaml", tmp_path / "bomb.yaml"
+    good.write_text("budget_s: 7\nmps:\n  gpus: &g [0, 1]\ncontrol:\n  timeout_s: 1.5\n")
+    deep.write_text("mps: " + "[" * 100 + "]" * 100 + "\n")
+    bomb.write_text("a: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 6)))
+    used = []
+    real_load = yaml.load
+
+    def load(text, Loader):  # PyYAML calls it with Loader=
+        used.append(Loader)
+        return real_load(text, Loader=Loader)
+
+    monkeypatch.setattr(yaml, "load", load)
+
+    def outcomes():
+        loaded = config.load(str(good))
+        refusals = []
+        for path in (deep, bomb):
+            with pytest.raises(config.ConfigError) as e:
+                config.load(str(path))
+            refusals.append(str(e.value))
+        return loaded, refusals
+
+    with_c = outcomes()
+    assert used[0] is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    assert "nested more than 64 levels deep" in with_c[1][0]
+    assert "more than 100000 values" in with_c[1][1]
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    used.clear()
+    assert outcomes() == with_c
+    assert used[0] is yaml.SafeLoader

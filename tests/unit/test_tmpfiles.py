@@ -1,6 +1,5 @@
 """tmpfiles: parsing as systemd does, /etc > /run > /usr/lib, and the guard verdict."""
 
-import json
 import os
 from pathlib import Path
 
@@ -156,59 +155,21 @@ def test_matching_against_a_set_of_paths_is_matching_each(paths) -> None:
             (pattern, paths)
 
 
-@pytest.fixture
-def kept_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Search dirs and a run dir of the test's own; the kept form is root's."""
-    if os.geteuid() != 0:
-        pytest.skip("the kept form is root's (run as root)")
-    tmp_path.chmod(0o755)
-    etc, usr = tmp_path / "etc.d", tmp_path / "usr.d"
-    etc.mkdir()
-    usr.mkdir()
+def test_every_run_reads_the_rules_on_disk_and_writes_nothing(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """No parsed form is kept between runs: a file edited in place (same size) or added
+    is what the next run judges, and the run dir stays empty."""
+    etc, usr, run = tmp_path / "etc.d", tmp_path / "usr.d", tmp_path / "run"
+    for d in (etc, usr, run):
+        d.mkdir()
     (usr / "tmp.conf").write_text(RHEL)
     monkeypatch.setattr(tmpfiles, "SEARCH_DIRS", (str(etc), str(tmp_path / "none.d"), str(usr)))
-    ctx = Context(from_mapping({"run_dir": str(tmp_path / "run")}, None))
-    return ctx, etc, usr, tmp_path / "run" / tmpfiles.KEPT
-
-
-def gathered_without_reading(ctx, monkeypatch: pytest.MonkeyPatch):
-    """tmpfiles.gather with read_all failing: the kept form must answer."""
-    def no(*a, **k):
-        raise AssertionError("read the files again")
-
-    with monkeypatch.context() as m:
-        m.setattr(tmpfiles, "read_all", no)
-        return tmpfiles.gather(ctx)
-
-
-def test_the_parsed_rules_are_kept_until_a_file_or_a_dir_changes(kept_site, monkeypatch) -> None:
-    ctx, etc, usr, kept = kept_site
+    ctx = Context(from_mapping({"run_dir": str(run)}, None))
     first = tmpfiles.gather(ctx)
-    assert kept.is_file() and kept.stat().st_mode & 0o777 == 0o644
-    assert first.rules and gathered_without_reading(ctx, monkeypatch) == first
-    # A file edited in place (same size): read again.
+    assert first.rules
     (usr / "tmp.conf").write_text(RHEL.replace("10d", "11d"))
     edited = tmpfiles.gather(ctx)
     assert edited != first and "11d" in [r.age for r in edited.rules]
-    assert gathered_without_reading(ctx, monkeypatch) == edited
-    # A file added to a search dir (the dir's entries change): read again.
     (etc / "nvidia-mps.conf").write_text("x /tmp/nvidia-mps\n")
-    added = tmpfiles.gather(ctx)
-    assert "/tmp/nvidia-mps" in [r.path for r in added.rules]
-    assert gathered_without_reading(ctx, monkeypatch) == added
-    # A --root run neither uses nor writes it.
-    assert tmpfiles.gather(ctx._replace(root=str(etc))).files == ()
-
-
-@pytest.mark.parametrize("field,value", [
-    ("rules", [["x", 1]]), ("rules", 5), ("rules", [["f", "1", "x", "/tmp", "-"]]),
-    ("available", 1), ("files", [3]), ("errors", None)])
-def test_a_damaged_kept_form_is_read_again(kept_site, field: str, value) -> None:
-    ctx, _, _, kept = kept_site
-    first = tmpfiles.gather(ctx)
-    whole = json.loads(kept.read_text())
-    good = json.dumps(whole["data"])
-    whole["data"][field] = value
-    kept.write_text(json.dumps(whole))
-    assert tmpfiles.gather(ctx) == first
-    assert json.dumps(json.loads(kept.read_text())["data"]) == good  # kept anew
+    assert "/tmp/nvidia-mps" in [r.path for r in tmpfiles.gather(ctx).rules]
+    assert os.listdir(run) == []
