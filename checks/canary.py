@@ -1,10 +1,12 @@
 """canary: a real CUDA client through each instance is served by MPS, quickly.
 
-The deepest check, off by default on the slurmd path (it starts a CUDA context):
-enable it with ``--only canary`` or ``checks.enable``; the exporter runs it.
-``canary.when`` (default ``idle``) lets it run only where Slurm says the node is IDLE
-and no MPS client is connected, and kills it when a job step starts meanwhile. See
-``mps_health.probes.canary`` for how it runs and when it skips.
+The deepest check (it starts a CUDA context): on by default only where Slurm manages
+the node (a ``slurm:`` section, ``model/registry.py``), elsewhere with ``--only canary``
+or ``checks.enable``. ``canary.when`` (default ``idle``) lets it run only where Slurm
+says the node is IDLE and no MPS client is connected, and kills it when a job step
+starts meanwhile. With no daemon or no MPS, what it finds is folded under that cause
+(``model/results.py`` FOLDS). See ``mps_health.probes.canary`` for how it runs and
+when it skips.
 """
 
 from typing import Iterator, Mapping
@@ -54,7 +56,8 @@ def judge(name: str, c: CanaryFact) -> Result:
     if c.status == "no-libcuda":
         return Result(NAME, UNKNOWN, "canary-no-libcuda", name,
                       "libcuda.so.1 not found: no NVIDIA driver here, so the canary cannot run",
-                      "install the NVIDIA driver, or do not enable the canary on this node",
+                      "install the NVIDIA driver, or turn the canary off on this node "
+                      "(checks.disable: [canary])",
                       values)
     return Result(NAME, UNKNOWN, "canary-error", name, c.detail,
                   "run 'mps-health check --only canary -v' as root", values)

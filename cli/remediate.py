@@ -1,6 +1,6 @@
 """``mps-health remediate ACTION``: careful repair, each action planned before it acts.
 
-reset [INSTANCE], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
+reset [INSTANCE...], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
 action prints its plan and stops there with --dry-run. Exit 0 done or nothing to do, 1
 refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3 could
 not start.
@@ -31,7 +31,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         a.add_argument("-n", "--dry-run", action="store_true",
                        help="print the plan and change nothing")
         if name == "reset":
-            a.add_argument("instance", nargs="?", help="instance name (node, gpu0, job1234)")
+            # Several names are one reset of the node (remediation.cooldown_s is per node).
+            a.add_argument("instance", nargs="*", metavar="INSTANCE",
+                           help="instance names (node, gpu0, job1234)")
             a.add_argument("--all", action="store_true", help="every instance of this node")
             a.add_argument("--force", action="store_true",
                            help="act even on a healthy instance or with clients connected "

@@ -57,9 +57,10 @@ class RemediationSettings(Record):
     audit_log: str = pathname(DEFAULT_AUDIT_LOG)
     syslog: bool = flag(True)
     daemon_env: Tuple[Tuple[str, str], ...] = custom((), _env)  # for restarted daemons
-    # No second restart of an instance within this many seconds of the last reset that
-    # acted (hostio/planned.py keeps its time): a fault a restart does not cure must not
-    # cost every job on the node a restart per run. A manual reset overrides with --force,
+    # No second reset of the node (of any of its instances) within this many seconds of
+    # the last reset that acted (hostio/planned.py keeps its time; the instances one call
+    # resets are one reset): a fault a restart does not cure must not cost every job on
+    # the node a restart per run, one instance after another. A manual reset overrides with --force,
     # an automatic one (--automatic: the Ansible role, scripts) never does. At most
     # planned.KEEP_S (7 days): older records are not kept. 0: no cooldown.
     cooldown_s: float = number(1800.0, 0.0, 7 * 86400.0)

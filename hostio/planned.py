@@ -62,7 +62,7 @@ def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart,
                    key=lambda r: r.at)
     kept = fresh[-MAX_RECORDS:]
     # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
-    # cooldown (last_reset) reads it. Bounded, newest first.
+    # cooldown (last_reset, the node's newest) reads them. Bounded, newest first.
     have = {r.pipe_dir for r in kept if r.by in (RESET_BEGIN, REPAIR)}
     extra: List[PlannedRestart] = []
     for r in reversed(fresh[:-MAX_RECORDS]):
@@ -135,13 +135,18 @@ def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) ->
                default=float("-inf"))
 
 
-def last_reset(records: Sequence[PlannedRestart], pipe_dir: str) -> float:
-    """When a reset last acted on the instance (its begin record: one that failed counts
-    too, so a cure that does not work is not retried in a loop); -inf if never."""
-    pipe_dir = os.path.normpath(pipe_dir)
-    return max((r.at for r in records
-                if r.pipe_dir == pipe_dir and r.by in (RESET_BEGIN, REPAIR)),
-               default=float("-inf"))
+def last_reset(records: Sequence[PlannedRestart]) -> Tuple[float, str]:
+    """When a reset last acted on any instance of this node, and that instance's pipe dir
+    (its begin record: one that failed counts too, so a cure that does not work is not
+    retried in a loop); (-inf, '') if never. The records are the node's own
+    (``state_dir``), so this is the node's last reset: the cooldown is per node, so that
+    automatic resets of a node whose MPS keeps breaking do not walk through its
+    instances one after another, each costing that GPU's jobs their servers."""
+    resets = [r for r in records if r.by in (RESET_BEGIN, REPAIR)]
+    if not resets:
+        return float("-inf"), ""
+    newest = max(resets, key=lambda r: r.at)
+    return newest.at, newest.pipe_dir
 
 
 # --- an operator's acks ---------------------------------------------------------------

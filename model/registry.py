@@ -136,7 +136,11 @@ check("limits", ".checks.limits:check", ("servers", "control", "logs"),
               "set on one ID per GPU")
 check("logs", ".checks.logs:check", ("logs",),
       summary="no pending clients, failed servers or refused connections in the MPS logs")
+# On where Slurm manages the node (a slurm: section): there canary.when: idle (the
+# default) runs it only while Slurm says the node is IDLE and no MPS client is connected,
+# and kills it when a job step arrives. Elsewhere only when asked (checks.enable, --only).
 check("canary", ".checks.canary:check", ("canary",), default_on=False,
+      when_configured=("slurm",),
       summary="a real CUDA client through each instance is served by MPS")
 check("compute-mode", ".checks.compute_mode:check", ("nvml",), default_on=False,
       when_configured=("gpu",),

@@ -59,13 +59,18 @@ def is_problem(r: Result) -> bool:
 # instance (and the node's own findings, instance ""). Only consequences belong here,
 # never a finding a user could cause (a link, a foreign entry, an impostor): folding
 # hides nothing an attack shows.
+CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
     # No control binary: no daemon ran, so none made the dirs or answers a query, and
     # nothing could be asked of servers or clients; "run reset" would refuse.
     "mps-not-installed": frozenset((
         "control-client-missing", "pipe-dir-missing", "log-dir-missing",
-        "servers-not-asked", "canary-not-served", "canary-not-run",
+        "servers-not-asked", "canary-not-served", "canary-not-run", "canary-no-libcuda",
         "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
+    # No control daemon (none ever started, or it died): a CUDA client runs without MPS
+    # or cannot connect, which is all the canary (on by default under Slurm) can say.
+    "daemon-absent": CANARY_WITHOUT_DAEMON,
+    "daemon-stale": CANARY_WITHOUT_DAEMON,
 }
 
 

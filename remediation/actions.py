@@ -50,16 +50,22 @@ def need_root(dry_run: bool, action: str) -> None:
         raise ActionError(f"{action} must run as root (add --dry-run to see the plan)")
 
 
-def choose(ctx: Context, name: Optional[str], every: bool) -> Tuple[Instance, ...]:
+def choose(ctx: Context, wanted: Sequence[str], every: bool,
+           found: Optional[Tuple[Instance, ...]] = None) -> Tuple[Instance, ...]:
+    """The instances to act on (those named, in the order given), of ``found`` (the
+    node's, gathered here when not given)."""
     from mps_health.probes.slurm import with_jobs
 
-    found = instances.gather(with_jobs(ctx))
+    if found is None:
+        found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
-    if name:
-        chosen = tuple(i for i in found if i.name == name)
-        if not chosen:
-            raise ActionError(f"no MPS instance named '{name}' on this node (known: {names})")
-        return chosen
+    if wanted:
+        known = {i.name: i for i in found}
+        for name in wanted:
+            if name not in known:
+                raise ActionError(f"no MPS instance named '{name}' on this node (known: "
+                                  f"{names})")
+        return tuple(known[n] for n in dict.fromkeys(wanted))
     if every or len(found) == 1:
         if not found:
             raise ActionError("no MPS instance on this node to reset")
@@ -144,17 +150,23 @@ def control_binary(config: Config) -> str:
     return found
 
 
-def reset(config: Config, root: str, name: Optional[str], every: bool, force: bool,
+def reset(config: Config, root: str, wanted: Sequence[str], every: bool, force: bool,
           dry_run: bool, say: Say, automatic: bool = False) -> int:
+    from mps_health.probes.slurm import with_jobs
+
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "reset")
     control_binary(config)
-    chosen = choose(ctx, name, every)
+    found = instances.gather(with_jobs(ctx))
+    chosen = choose(ctx, wanted, every, found)
     lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
         i.name for i in chosen))
     try:
-        codes = [_reset_one(ctx, inst, settings, force, dry_run, say, automatic)
+        # Read once, before this call acts: the cooldown is per node, and the instances
+        # one call resets ('--all') are one reset of the node, not a second one each.
+        last = last_reset(ctx, found, say)
+        codes = [_reset_one(ctx, inst, settings, force, dry_run, say, automatic, last)
                  for inst in chosen]
     finally:
         if lock is not None:
@@ -162,25 +174,32 @@ def reset(config: Config, root: str, name: Optional[str], every: bool, force: bo
     return max(codes)
 
 
-def last_reset(ctx: Context, inst: Instance, say: Say) -> float:
-    """When a reset last acted on the instance (hostio/planned.py's records, which every
-    reset writes before it acts); -inf if never or unreadable (said)."""
+def last_reset(ctx: Context, found: Sequence[Instance], say: Say) -> Tuple[float, str]:
+    """When a reset last acted on any instance of this node (hostio/planned.py's records,
+    which every reset writes before it acts) and which one ("instance NAME" among
+    ``found``, else its pipe dir); (-inf, '') if never or unreadable (said)."""
     from mps_health.hostio import planned
+    from mps_health.model.printable import escape
 
     records, error = planned.load(ctx.config.state_dir)  # where the reset records it
     if error:
-        say(f"  note: the last reset's time is unknown ({error}): no cooldown applies")
-    return planned.last_reset(records, inst.pipe_dir)
+        say(f"note: the last reset's time is unknown ({error}): no cooldown applies")
+    at, pipe_dir = planned.last_reset(records)
+    if not pipe_dir:
+        return at, ""
+    names = [i.name for i in found if os.path.normpath(i.pipe_dir) == pipe_dir]
+    return at, f"instance {names[0]}" if names else f"the instance on {escape(pipe_dir)}"
 
 
 def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, force: bool,
-               dry_run: bool, say: Say, automatic: bool = False) -> int:
+               dry_run: bool, say: Say, automatic: bool = False,
+               last: Tuple[float, str] = (float("-inf"), "")) -> int:
     target = target_for(ctx, inst, settings)
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
     obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
-    plan = reset_mod.plan(ctx, obs, target, settings, force, last_reset(ctx, inst, say),
-                          automatic)
+    plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic,
+                          last_of=last[1])
     for note in plan.notes:
         say(f"  note: {note}")
     audit = None if dry_run else audit_for(ctx, settings, "reset")

@@ -160,18 +160,19 @@ def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
 
 
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
-             automatic: bool) -> Tuple[str, str]:
+             automatic: bool, which: str = "") -> Tuple[str, str]:
     """(refusal, note) of the reset cooldown (pure): a restart within
-    ``remediation.cooldown_s`` of the last reset that acted on the instance is refused; a
-    manual one goes with --force, an automatic one never does."""
+    ``remediation.cooldown_s`` of the node's last reset (``last``, of ``which``: "instance
+    gpu0"), whichever instance it acted on, is refused; a manual one goes with
+    --force, an automatic one never does."""
     if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
         return "", ""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
     ago = max(0.0, now - last)
-    said = (f"cooldown: the last reset of this instance was at {when} ({ago:.0f}s ago, "
-            f"remediation.cooldown_s is {settings.cooldown_s:g})")
+    said = (f"cooldown: the last reset on this node was at {when}, of {which or 'an instance'} "
+            f"({ago:.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
     if automatic:
-        return f"{said}; an automatic reset never restarts it again within that time", ""
+        return f"{said}; an automatic reset never resets the node again within that time", ""
     if force:
         return "", f"{said}: restarting anyway (--force)"
     return f"{said}; a restart that did not cure it will not now: look at the daemon's " \
@@ -180,9 +181,9 @@ def cooldown(last: float, now: float, settings: RemediationSettings, force: bool
 
 def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSettings,
          force: bool, last: float = float("-inf"), automatic: bool = False,
-         now: Optional[float] = None) -> Plan:
+         now: Optional[float] = None, last_of: str = "") -> Plan:
     """The steps to take, or why none will be taken (pure over the observations, the time
-    of the instance's last reset ``last`` and ``now``)."""
+    of the node's last reset ``last``, of instance ``last_of``, and ``now``)."""
     inst = obs.inst
     notes: List[str] = []
     named = obs.pipe.pid_file
@@ -203,7 +204,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         fixed = [Step(f"{f.role}-dir-fix", "; then ".join(f.lines)) for f in fixes if f.lines]
         return Plan(inst, (*fixed, _verify_step(settings)), notes=tuple(notes))
     refused, note = cooldown(last, time.time() if now is None else now, settings, force,
-                             automatic)
+                             automatic, last_of)
     if refused:
         return Plan(inst, (), refused=refused, notes=tuple(notes), cooling=True)
     if note:

@@ -41,6 +41,25 @@ def merged(base: Mapping[str, Any], more: Mapping[str, Any]) -> Config:
     return out
 
 
+def canary_off_unless_named(data: Config) -> Config:
+    """``data`` with the canary disabled where a slurm: section turns it on by default and
+    the config does not name it (no canary: section, not in checks.only or enable): a test
+    not about the canary keeps what it saw before (this machine has no libcuda)."""
+    if "slurm" not in data or "canary" in data:
+        return data
+    checks = dict(data.get("checks") or {})
+    named = set()
+    for key in ("only", "enable", "disable"):
+        value = checks.get(key) or ()
+        named |= set(value.split(",") if isinstance(value, str) else value)
+    if "canary" in named:
+        return data
+    disable = checks.get("disable") or []
+    checks["disable"] = [*(disable.split(",") if isinstance(disable, str) else disable),
+                         "canary"]
+    return {**data, "checks": checks}
+
+
 @dataclass
 class Daemon:
     """A control daemon this site started, serving ``pipe_dir``."""
@@ -149,7 +168,8 @@ class Site:
                     log: Union[Path, str, None] = None) -> Config:
         """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
         this site's run and state dirs, its ``binary_dirs`` first in ``mps.binary_dirs``,
-        no boot grace, and ``extra`` merged over it."""
+        no boot grace, and ``extra`` merged over it (the canary off where ``slurm`` turns
+        it on and the config does not name it: canary_off_unless_named)."""
         from mps_health.config.load import MPS_BINARY_DIRS
 
         base: Config = {
@@ -160,7 +180,7 @@ class Site:
             "healthcheck": {"boot_grace_s": 0}}
         if self.binary_dirs:
             base["mps"]["binary_dirs"] = [*self.binary_dirs, *MPS_BINARY_DIRS]
-        return merged(base, extra)
+        return canary_off_unless_named(merged(base, extra))
 
     def config(self, *extras: Union[str, Mapping[str, Any]], file: str = "config.yaml",
                pipe: Union[Path, str, None] = None, log: Union[Path, str, None] = None,
@@ -173,6 +193,7 @@ class Site:
         data = self.config_dict(pipe=pipe, log=log)
         for extra in (*extras, sections):
             data = merged(data, yaml.safe_load(extra) or {} if isinstance(extra, str) else extra)
+        data = canary_off_unless_named(data)
         return self.write(file, yaml.safe_dump(data, sort_keys=False))
 
     def write(self, name: str, text: str, mode: int = 0o644) -> str:

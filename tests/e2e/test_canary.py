@@ -47,8 +47,9 @@ def test_real_canary_without_libcuda_is_a_clear_unknown(site) -> None:
     assert r.returncode == 3
     assert r.stdout.splitlines()[1] == (
         "UNKNOWN canary[node] canary-no-libcuda: libcuda.so.1 not found: no NVIDIA driver "
-        "here, so the canary cannot run -> install the NVIDIA driver, or do not enable the "
-        "canary on this node (runbook: mps-health explain canary-no-libcuda)")
+        "here, so the canary cannot run -> install the NVIDIA driver, or turn the canary "
+        "off on this node (checks.disable: [canary]) (runbook: mps-health explain "
+        "canary-no-libcuda)")
 
 
 # --- verdicts (pure) ------------------------------------------------------------------------
@@ -99,7 +100,8 @@ def test_served_by_mps_reports_latency(site) -> None:
     assert res["values"]["canary_total_s"] > 0
 
 
-def test_canary_is_off_by_default(site) -> None:
+def test_canary_is_off_by_default_without_slurm(site) -> None:
+    # With a slurm: section it is on: tests/e2e/test_canary_gate.py.
     d = site.start_daemon()
     cfg = site.config(fake_canary())
     r = mps_health("check", "--config", cfg, "--format", "json")

@@ -143,3 +143,63 @@ def _canaries(pipe: str) -> list:
         except OSError:
             continue
     return found
+
+
+def checks_run(cfg: str) -> dict:
+    """Each check that ran -> its results (``mps-health check``, the default selection)."""
+    import json
+
+    # Skipped: the host's rules (tmpfiles), the whole node (strays, where other tests'
+    # daemons run) and the host's Slurm config (the other checks a slurm: section adds).
+    r = mps_health("check", "--config", cfg, "--format", "json", "--skip",
+                   "tmpfiles,strays,gres-drift,orphans,clients")
+    return {c["name"]: c["results"] for c in json.loads(r.stdout)["checks"]}
+
+
+def test_on_by_default_only_where_slurm_manages_the_node(site) -> None:
+    site.start_daemon()
+    idle = scontrol(site)
+    # "canary: {}": the canary's section alone (defaults, when: idle) turns nothing on;
+    # it also keeps tests/nodesite.py from turning the canary off for this test.
+    no_slurm = config(site, idle, "canary: {}\n")
+    assert "canary" not in checks_run(no_slurm)
+    assert connects(site) == 0
+    # A slurm: section (the node is Slurm's): on, idle-gated; this node is IDLE, so it ran.
+    on = checks_run(config(site, idle, "canary: {}\nslurm: {}\n"))
+    assert [r["code"] for r in on["canary"]] == ["ok"], on["canary"]
+    assert connects(site) == 1
+    # A job on the node: not run (OK, skipped).
+    busy = checks_run(config(site, scontrol(site, "MIXED"), "canary: {}\nslurm: {}\n"))
+    assert [r["code"] for r in busy["canary"]] == ["canary-skipped"], busy["canary"]
+    # Turned off by the site: checks.disable, or canary.when: never.
+    off = checks_run(config(site, idle, "canary: {}\nslurm: {}\nchecks:\n  disable: [canary]\n"))
+    assert "canary" not in off
+    never = checks_run(config(site, idle, "canary:\n  when: never\nslurm: {}\n"))
+    assert [r["code"] for r in never["canary"]] == ["canary-skipped"]
+    assert connects(site) == 1  # none of those ran it
+
+
+def test_no_new_finding_where_no_daemon_runs_or_mps_is_not_installed(site) -> None:
+    """The canary on by default finds nothing of its own where there is no daemon (it
+    follows from daemon-absent) or no MPS binary (from mps-not-installed; with no
+    driver there is no libcuda either: the real canary client on this machine)."""
+    site.dirs()
+    cfg = config(site, scontrol(site), "canary: {}\nslurm: {}\n")
+    found = checks_run(cfg)
+    counted = [(c, r["code"]) for c, rs in found.items() for r in rs
+               if r["state"] != "OK" and not r.get("cause")]
+    canary_results = found["canary"]
+    print(counted, canary_results)
+    assert [r.get("cause") for r in canary_results] == ["daemon-absent"], canary_results
+    assert not [c for c, _code in counted if c == "canary"]
+    # No MPS binaries, and the real canary client (no libcuda on this machine).
+    bare = site.config(f"node_name: mpsnode\ncommands:\n  scontrol: {scontrol(site)}\n"
+                       f"  nvidia-cuda-mps-control: {site.root}/none\n"
+                       "canary: {}\nslurm: {}\n")
+    found = checks_run(bare)
+    (res,) = found["canary"]
+    assert res["code"] in ("canary-no-libcuda", "canary-not-served"), res
+    assert res.get("cause") == "mps-not-installed", res
+    counted = [r["code"] for rs in found.values() for r in rs
+               if r["state"] != "OK" and not r.get("cause")]
+    assert counted == ["mps-not-installed"], counted

@@ -141,3 +141,20 @@ def test_every_output_agrees() -> None:
     assert prometheus.run_success(report)  # a folded UNKNOWN leaves no check blind
     problems = prometheus._problem_family(report)
     assert [s.labels["code"] for s in problems.samples] == ["mps-not-installed"]
+
+
+def test_with_no_daemon_the_canary_s_findings_fold_under_it_and_the_cause_counts() -> None:
+    results = runs(
+        Result("daemon", CRITICAL, "daemon-absent", "gpu0", "no daemon", RESET),
+        Result("canary", CRITICAL, "canary-not-served", "gpu0", "no server listed it", RESET),
+        Result("canary", CRITICAL, "canary-not-served", "gpu1", "no server listed it", RESET),
+        Result("directories", CRITICAL, "pipe-dir-symlink", "gpu0", "a link", "remove it"),
+    )
+    folded = {(r.instance, r.code): r.cause for run in fold(results) for r in run.results}
+    assert folded[("gpu0", "canary-not-served")] == "daemon-absent"
+    assert folded[("gpu1", "canary-not-served")] == ""  # another instance: its own problem
+    assert folded[("gpu0", "daemon-absent")] == ""
+    assert folded[("gpu0", "pipe-dir-symlink")] == ""  # what a user causes never folds
+    report = report_of(fold(results))
+    assert [(r.instance, r.code) for r in report.problems()] == [
+        ("gpu0", "daemon-absent"), ("gpu1", "canary-not-served"), ("gpu0", "pipe-dir-symlink")]
