@@ -143,6 +143,8 @@ def private_namespace() -> bool:
 # CPU seconds (user + system, with what each command waited for) by series: on a loaded
 # machine wall times swing with the load, CPU time much less.
 CPU: Dict[str, List[float]] = {}
+# The exit status of each series' last run.
+EXIT: Dict[str, int] = {}
 
 
 def timed(name: str, argv: List[str], env: Dict[str, str], timeout: float = 60) -> float:
@@ -159,7 +161,7 @@ def timed(name: str, argv: List[str], env: Dict[str, str], timeout: float = 60) 
     finally:
         timer.cancel()
     wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)  # reaped here
+    p.returncode = EXIT[name] = os.waitstatus_to_exitcode(status)  # reaped here
     CPU.setdefault(name, []).append(usage.ru_utime + usage.ru_stime)
     return wall
 
@@ -325,15 +327,16 @@ def main() -> int:
             os.kill(pid, signal.SIGCONT)
         bound = args.control_timeout + 0.5
         ok_wedged = wedged <= bound
-        print(f"\nwedged (SIGSTOPped) daemon: mps-health check worst of 3 {wedged:.2f} s, "
-              f"bound control timeout + 0.5 = {bound:.2f} s: {'PASS' if ok_wedged else 'FAIL'}")
+        print(f"\nwedged (SIGSTOPped) daemon: mps-health check worst of 3 {wedged:.2f} s "
+              f"(exit {EXIT['wedged']}), bound control timeout + 0.5 = {bound:.2f} s: "
+              f"{'PASS' if ok_wedged else 'FAIL'}")
         if nhc_wedged > QUERY_TIMEOUT_S + 1.5:
             why = (f"its -t {QUERY_TIMEOUT_S} ends the shell, not the client of the pipeline, "
                    "which holds the output open until NHC's own watchdog (TIMEOUT=30) ends "
                    "the run")
         else:
             why = f"check_cmd_output -t {QUERY_TIMEOUT_S}, counted in whole seconds"
-        print(f"  NHC on the same daemon: {nhc_wedged:.2f} s ({why})")
+        print(f"  NHC on the same daemon: {nhc_wedged:.2f} s, exit {EXIT['nhc-wedged']} ({why})")
         return 0 if ok_wedged and ok_check and ok_plugin else 1
     finally:
         if pid is not None:
