@@ -4,14 +4,12 @@ one another."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
 from mps_health.hostio.process_identity import is_daemon
 from mps_health.model.facts import DirFact, Instance, ProcessFact
 from mps_health.model.results import UNKNOWN, Result
 from mps_health.probes.instances import pipe_paths
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from mps_health.probes.nvml import NvmlFacts

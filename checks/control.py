@@ -7,13 +7,11 @@ makes the client hang forever) are different failures with different codes.
 
 from __future__ import annotations
 
+from typing import Iterator, Mapping
+
 from mps_health.config.load import Config
 from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterator, Mapping
 
 NAME = "control"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

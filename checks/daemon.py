@@ -13,15 +13,13 @@ control check reports ``control-wedged``), so a fleet-wide wedge counts as daemo
 
 from __future__ import annotations
 
+from typing import Iterator, List, Mapping, Optional, Tuple
+
 from mps_health.checks.common import live_daemons
 from mps_health.config.load import Config
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, OK, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterator, List, Mapping, Optional, Tuple
 
 NAME = "daemon"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

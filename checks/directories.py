@@ -23,14 +23,12 @@ entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 
 from __future__ import annotations
 
+from typing import FrozenSet, Iterator, Mapping, Optional
+
 from mps_health.config.load import Config
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import FrozenSet, Iterator, Mapping, Optional
 
 NAME = "directories"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -26,6 +26,8 @@ one control query: nothing is asked twice) and, in the per-job layout, the job's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+
 from mps_health.config.load import Config
 from mps_health.model.facts import ControlAnswer, Facts, Instance
 from mps_health.model.facts_deep import (
@@ -38,10 +40,7 @@ from mps_health.model.facts_deep import (
 from mps_health.model.printable import escape
 from mps_health.model.results import WARNING, Result, ok
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterator, List, Optional, Tuple
-
     from mps_health.probes.jobs import JobsFacts
 
 NAME = "limits"

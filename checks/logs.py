@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import os
 import time
+from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
 
 from mps_health.config.load import Config
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import LogFileFact, LogFinding, LogsFacts
 from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
 from mps_health.probes.logs import settings
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
 
 NAME = "logs"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -9,6 +9,8 @@ see ``mps_health.model.servertrack``) stay reported for ``servers.event_window_s
 
 from __future__ import annotations
 
+from typing import Dict, Iterator, List, Optional, Tuple
+
 from mps_health.config.load import Config
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import (
@@ -21,10 +23,6 @@ from mps_health.model.facts_deep import (
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.model.servertrack import advance, status_since
 from mps_health.probes.servers import settings
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, Iterator, List, Optional, Tuple
 
 NAME = "servers"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

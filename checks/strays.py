@@ -20,6 +20,8 @@ its binary unreadable: not root, a --root tree) is at most the WARNING
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
+
 from mps_health.config.load import Config
 from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
 from mps_health.model.facts import Facts, Instance, ProcessFact
@@ -27,10 +29,7 @@ from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.model.servertrack import remembered
 from mps_health.probes.instances import pipe_paths
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterator, List, Set, Tuple
-
     from mps_health.model.facts_deep import ServersFacts
 
 NAME = "strays"

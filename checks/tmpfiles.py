@@ -9,13 +9,11 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 
 from __future__ import annotations
 
+from typing import Iterator, Optional, Tuple
+
 from mps_health.config.load import Config
 from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterator, Optional, Tuple
 
 NAME = "tmpfiles"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from mps_health.cli.common import add_common, boot_grace, load_config, names, written
 from mps_health.model.exitcodes import Failure
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable
 
 if TYPE_CHECKING:
     import argparse

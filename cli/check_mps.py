@@ -15,6 +15,7 @@ abandons it at ``-t`` and kills what it started.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
 from mps_health.cli.common import (
@@ -29,10 +30,8 @@ from mps_health.cli.common import (
 )
 from mps_health.model.exitcodes import ExitCode, Failure
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10

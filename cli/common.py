@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Callable, List, TextIO
 
 from mps_health.config.load import Config, ConfigError, load
 from mps_health.hostio.resources import OutOfResources
 from mps_health.model.exitcodes import ExitCode, Failure
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Callable, List, TextIO
 
 
 class UsageError(Exception):
@@ -97,8 +96,6 @@ def written(produce: Callable[[TextIO], object]) -> None:
     closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
     never the exit code the run has earned: that is what slurmd, Nagios and scripts act
     on."""
-    import sys
-
     out = sys.stdout
     if out is None:  # started with stdout closed
         return

@@ -11,13 +11,12 @@ logs the output of a run that fails.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Callable
 
 from mps_health.cli.common import add_common, emit, load_config
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Callable
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

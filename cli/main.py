@@ -2,7 +2,7 @@
 
 One argparse parser (``mps_health.cli.parser``), with only the chosen subcommand's module
 imported, so a check loads neither the exporter's nor the Slurm tools' libraries. Every
-command runs inside the one error edge (``commands.common.edge``): a failure ends as one
+command runs inside the one error edge (``cli.common.edge``): a failure ends as one
 line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEBUG=1 to see
 one). The subcommands are listed in ``mps_health.cli.parser.COMMANDS``.
 """
@@ -10,13 +10,10 @@ one). The subcommands are listed in ``mps_health.cli.parser.COMMANDS``.
 from __future__ import annotations
 
 import sys
+from typing import List, Optional
 
 from mps_health.cli.common import edge, flushed, standard_fds
 from mps_health.model.exitcodes import ExitCode
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional
 
 
 def _say(line: str) -> None:

@@ -8,6 +8,8 @@ probes and checks read them with ``config.get(SERVERS)`` and so on.
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from mps_health.config.schema import (
     Invalid,
     Record,
@@ -19,10 +21,6 @@ from mps_health.config.schema import (
     text,
     whole,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 
 class ServersConfig(Record):

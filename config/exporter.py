@@ -9,12 +9,10 @@ room left in 9100-9999, and new exporters register above 10000.
 
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 from mps_health.config.load import Config
 from mps_health.config.schema import Invalid, Record, Section, custom, number, shown, text, whole
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Tuple
 
 DEFAULT_PORT = 10102
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"

@@ -26,9 +26,7 @@ Every failure is ``InputError``: one line saying what is wrong; the caller adds 
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, List, Optional
+from typing import Any, List, Optional
 
 MAX_DEPTH = 64  # levels of nesting; mps-health's own files use fewer than ten
 # Each level of nesting takes a byte at least, and libyaml's composer needs some 300

@@ -8,12 +8,10 @@ validated with the whole file when it is loaded (``mps_health.config.load``).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from mps_health.config.load import Config
 from mps_health.config.schema import Record, Section, number, pathname, text
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
-    from typing import Optional
 
 START_FOR = ("mps", "gpu")
 ON_FAILURE = ("fail", "continue")

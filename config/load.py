@@ -11,6 +11,7 @@ mode 0777) and neither PyYAML nor any owner module is imported.
 from __future__ import annotations
 
 import os
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from mps_health.config.schema import (
     Invalid,
@@ -29,10 +30,6 @@ from mps_health.config.schema import (
     text,
     whole,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 DEFAULT_PATH = "/etc/mps-health/config.yaml"
 LAYOUTS = ("node", "per-gpu", "per-job")
@@ -98,8 +95,7 @@ MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
 # is the one beside the control binary unless configured (mps_health.remediation.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
 
-if TYPE_CHECKING:
-    R = TypeVar("R", bound=Record)
+R = TypeVar("R", bound=Record)
 
 
 class ConfigError(Exception):

@@ -9,6 +9,8 @@ validated with the whole file when it is loaded (``mps_health.config.load``).
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Optional, Tuple
+
 from mps_health.config.load import Config
 from mps_health.config.schema import (
     Invalid,
@@ -24,10 +26,6 @@ from mps_health.config.schema import (
 )
 from mps_health.config.slurm import SlurmSettings
 from mps_health.model.results import BOOT_GRACE_S
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
-    from typing import Any, Mapping, Optional, Tuple
 
 DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).

@@ -16,23 +16,19 @@ every check.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import (
-        Any,
-        Callable,
-        ClassVar,
-        Dict,
-        Generic,
-        Mapping,
-        Optional,
-        Sequence,
-        Tuple,
-        Type,
-        TypeVar,
-    )
-else:
-    from mps_health.model.frozen import Generic, TypeVar
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    Generic,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
 SHOWN_MAX = 60  # characters of a bad value quoted back in an error line
 
@@ -124,8 +120,7 @@ class Record:
 
 # finish(record, given, loaded) -> record: rules across keys or sections. ``given`` is the
 # section as written, ``loaded`` the sections validated before this one (by name).
-if TYPE_CHECKING:
-    Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
+Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
 
 
 class Section(Generic[R]):

@@ -6,6 +6,8 @@ readers get the records through ``config.get(...)`` or the helpers below.
 
 from __future__ import annotations
 
+from typing import Any, Optional, Tuple
+
 from mps_health.config.load import Config
 from mps_health.config.schema import (
     Invalid,
@@ -18,10 +20,6 @@ from mps_health.config.schema import (
     text,
     whole,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: loading a config file imports this
-    from typing import Any, Optional, Tuple
 
 OUTPUTS = ("auto", "text", "json")
 MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")

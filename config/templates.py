@@ -11,10 +11,7 @@ value can never add a path component.
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import re

@@ -17,14 +17,15 @@ limit (the whole run) are decided here, for every command, once.
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from mps_health import __version__
 from mps_health.config.load import Config
-from mps_health.hostio.background import Background
 from mps_health.hostio.resources import OutOfResources
 from mps_health.model import actionhints, registry
-from mps_health.model.context import Context, node_name
+from mps_health.model.context import Context, joined, node_name
 from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import printable
@@ -40,11 +41,7 @@ from mps_health.model.results import (
 )
 from mps_health.probes import instances
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 # A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
 # and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
@@ -90,7 +87,7 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
     ``time.monotonic()``; default now).
 
-    ``work`` runs in a thread of its own (``Background``), so nothing it blocks on (a
+    ``work`` runs in a daemon thread of its own, so nothing it blocks on (a
     FIFO, a hung NFS read, a process in D state) can hold the caller; ``in_flight`` is a
     set it keeps the names of what it is doing in, for the Overrun's line. At the limit
     every command started meanwhile (``runner``) is killed with its process group; the
@@ -102,14 +99,21 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     in_flight: Set[str] = set()
     box: List[T] = []
     failed: List[BaseException] = []
+    ended: List[float] = []
 
     def target() -> None:
         try:
             box.append(work(in_flight))
         except BaseException as e:  # handed to the caller as it is
             failed.append(e)
+        ended.append(time.monotonic())
 
-    if not Background(target).join(limit_s - (time.monotonic() - started)):
+    thread = threading.Thread(target=target, name="mps-health run", daemon=True)
+    thread.start()
+    # Work that ended past the limit (a thread may run to its end before this one looks)
+    # did not finish within it either.
+    if not joined(thread, limit_s - (time.monotonic() - started)) \
+            or ended[0] - started > limit_s:
         import sys
 
         runner = sys.modules.get("mps_health.hostio.runner")  # not loaded: nothing was started
@@ -218,8 +222,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         collect(src, call(src.start))
     ending = {src.name: values.pop(src.name) for src in split if src.name in values}
     # Each source gathered in a thread has its modules imported here, before its thread
-    # starts: two threads importing at once only hand the GIL back and forth, at a
-    # context switch each time (measured: a millisecond of a healthy check's wall time).
+    # starts: two threads importing at once only hand the GIL back and forth.
     threads = []
     for src in wanted:
         if src.blocking:
@@ -227,7 +230,10 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
                 registry.load(src.target)
             except Exception:
                 pass  # its thread's collect() says what is wrong
-            threads.append((src, Background(collect, src, call(src.target))))
+            t = threading.Thread(target=collect, args=(src, call(src.target)),
+                                 name=f"source {src.name}", daemon=True)
+            t.start()
+            threads.append((src, t))
     for src in wanted:
         if not (src.blocking or src.start):
             collect(src, call(src.target))
@@ -237,7 +243,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         if src.name in ending:  # (a start that failed said why in errors)
             collect(src, ending[src.name])  # type: ignore[arg-type]
     for src, t in threads:
-        if not t.join(ctx.remaining() + JOIN_GRACE_S):
+        if not joined(t, ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
     if "processes" in values and "dirs" in values:
         # The pid files were read after /proc was scanned: a daemon started in between
@@ -370,8 +376,7 @@ def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: floa
 
 def _import_checks(checks: Sequence[registry.CheckSpec]) -> None:
     """The checks' modules, imported while a run waits on the daemon's answer (judge
-    then finds them loaded: most of a millisecond less after it); a module that fails
-    to import is judge's to report."""
+    then finds them loaded); a module that fails to import is judge's to report."""
     for spec in checks:
         try:
             registry.load(spec.target)

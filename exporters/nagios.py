@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
@@ -29,10 +30,6 @@ from mps_health.model.results import (
     worst,
 )
 from nagiosplugin.output import Output
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of the summary: the rest of the findings are in the long output

@@ -22,14 +22,9 @@ Pure and cheap: no prometheus_client.
 from __future__ import annotations
 
 import math
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from mps_health.model.results import Report, worst
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
 
 PREFIX = "mps_health_"
 
@@ -51,8 +46,7 @@ RESERVED = frozenset(PREFIX + n for n in (
 # Label names Prometheus sets on every target: a sample carrying them would be renamed.
 TARGET_LABELS = frozenset(("instance", "job"))
 
-if TYPE_CHECKING:
-    Labels = Tuple[Tuple[str, str], ...]
+Labels = Tuple[Tuple[str, str], ...]
 
 
 class Sample(NamedTuple):

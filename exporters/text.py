@@ -7,6 +7,8 @@ paints each state's name.
 
 from __future__ import annotations
 
+from typing import Iterator, TextIO
+
 from mps_health.model.results import (
     CRITICAL,
     OK,
@@ -18,10 +20,6 @@ from mps_health.model.results import (
     Result,
     is_problem,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs milliseconds on the check slurmd runs
-    from typing import Iterator, TextIO
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.
 COLOURS = {OK: "32", WARNING: "33", CRITICAL: "1;31", UNKNOWN: "35"}

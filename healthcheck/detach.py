@@ -12,12 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import Callable, NamedTuple, Optional
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 RESULT_FILE = "healthcheck.result"
 

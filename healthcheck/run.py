@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import List, NamedTuple, Optional, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import (
@@ -30,12 +31,6 @@ from mps_health.model.actionhints import read_more
 from mps_health.model.context import node_name
 from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, Result, worst
 from mps_health.remediation.audit import Audit, who
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import List, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
 
 LOCK_NAME = "healthcheck"
 # Its own codes, besides the checks' (runbook entries in README.md): the checks hung; the

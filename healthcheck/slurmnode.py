@@ -12,6 +12,8 @@ reported, never fatal.
 
 from __future__ import annotations
 
+from typing import Callable, Optional, Sequence, Tuple
+
 from mps_health.config.load import Config
 from mps_health.model.results import CRITICAL, Result
 from mps_health.probes.slurm import (
@@ -23,13 +25,9 @@ from mps_health.probes.slurm import (
     scontrol_argv,
 )
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import Callable, Optional, Sequence, Tuple
-
-    # Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or
-    # why not.
-    Breaker = Callable[[Sequence[SlurmNode]], str]
+# Decides, on every node slurmctld knows, whether a drain may go ahead: "" yes, or
+# why not.
+Breaker = Callable[[Sequence[SlurmNode]], str]
 
 # States where Slurm, or a person, owns what happens to the node next. NOT_RESPONDING is
 # not one: it comes and goes with slurmctld's pings (NHC ignores it too), and a node

@@ -9,14 +9,9 @@ says whether slurmctld must be asked anything at all. Most runs ask nothing.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple, Optional, Tuple
 
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
 
 STATE_FILE = "healthcheck.state"
 MAX_COUNT = 1_000_000  # runs in a row: a larger saved number is as good as this

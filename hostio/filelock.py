@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Optional
+from typing import Optional
 
 
 class LockBusy(Exception):

@@ -20,15 +20,11 @@ Recording is best effort for the hooks: a failure is one line to log, never fata
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Callable, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 NAME = "jobs"
 MAX_RECORDS = 2048  # jobs that ran here and whose dirs may still exist
@@ -68,7 +64,6 @@ def keep(records: Sequence[JobRecord]) -> Tuple[JobRecord, ...]:
 
 def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
     """The records, and '' or one line saying why none could be read (missing: none)."""
-    from mps_health.hostio import jsontext
     from mps_health.hostio.safedirs import UnsafePath, open_dir
     from mps_health.hostio.safefiles import open_regular, read_upto
     from mps_health.model import codec
@@ -104,7 +99,7 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
     if len(raw) > MAX_BYTES:
         return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
     try:
-        data = jsontext.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
         return keep(codec.decode(VALUE, data, path, globals())), ""
     except (ValueError, RecursionError, codec.DecodeError) as e:
         return (), f"job records not read: {path} is damaged ({e})"

@@ -8,10 +8,7 @@ candidate: ``processes.daemon_of`` checks /proc before anything acts on it.
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Optional
+from typing import Optional
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 

@@ -34,12 +34,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import List, Optional, Sequence, Tuple
 
 from mps_health.model.facts_deep import Ack, PlannedRestart
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Sequence, Tuple
 
 NAME = "planned"
 # The records of actions that end the instance's daemon and so all of its servers (the

@@ -40,17 +40,13 @@ A binary replaced on disk (a driver update) while its daemon runs no longer matc
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.config.load import MPS_BINARY_DIRS
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # the checks import this module: no typing at run time (fast path)
-    from typing import List, NamedTuple, Optional, Sequence, Tuple
-
+if TYPE_CHECKING:
     from mps_health.config.load import Config
     from mps_health.model.facts import ProcessFact
-else:
-    from mps_health.model.frozen import NamedTuple
 
 GONE_STATES = ("Z", "X")
 # Stopped (SIGSTOP) and tracing stop: a process that may never have run its own code.

@@ -1,6 +1,6 @@
 """Our own process running out of file descriptors or memory is never a fact about the node.
 
-``open()``, ``pipe()`` or ``posix_spawn`` failing with EMFILE, ENFILE, ENOMEM (or, for
+``open()``, ``pipe()`` or starting a command failing with EMFILE, ENFILE, ENOMEM (or, for
 a spawn, EAGAIN) says
 that this mps-health process (an exporter under a connection flood, a run started with
 a low ``ulimit -n``) has nothing left, not that a file is unreadable, a process gone or

@@ -8,20 +8,18 @@ files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may
 its inherited descriptors, and a pipe would then never reach end-of-file.
 
 It takes the core runner's ``RunAs``. It keeps its own loop because starting a daemon
-wants the output in files, not pipes, whatever the daemon does with them. ``subprocess`` is
-imported here only: the plain check never loads it.
+wants the output in files, not pipes, whatever the daemon does with them.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
+from typing import Mapping, Optional, Sequence
 
-from mps_health.hostio.runner import SAFE_PATH, SIGKILL, Completed, RunAs
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence
+from mps_health.hostio.runner import SAFE_PATH, Completed, RunAs
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
@@ -44,7 +42,6 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
            stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Completed:
     """Run ``argv`` as ``as_user`` (None: as we are) to completion or ``timeout_s``."""
-    import subprocess
     import tempfile
 
     drop: dict = {}
@@ -71,7 +68,7 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
         except subprocess.TimeoutExpired:
             timed_out = True
             try:
-                os.killpg(proc.pid, SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()

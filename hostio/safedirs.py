@@ -40,12 +40,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LINKS = 8

@@ -22,12 +22,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import List, Optional, Tuple
 
 from mps_health.hostio.resources import raise_if_starved
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

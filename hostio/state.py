@@ -9,12 +9,11 @@ which costs accuracy (no offsets, no history), never correctness of what is repo
 
 from __future__ import annotations
 
+import json
 import os
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Optional, Tuple
-
     from mps_health.hostio.filelock import FileLock
 
 
@@ -71,7 +70,6 @@ class StateFile:
              ) -> Tuple[Any, str]:
         """The saved value decoded as ``value_type`` (annotation text, its names looked up
         in ``names``), or ``empty`` and why not."""
-        from mps_health.hostio import jsontext
         from mps_health.hostio.safefiles import read_small
         from mps_health.model import codec
 
@@ -82,20 +80,19 @@ class StateFile:
         if raw is None:
             return empty, ""
         try:
-            data = jsontext.loads(raw.decode("utf-8"))
+            data = json.loads(raw.decode("utf-8"))
             return codec.decode(value_type, data, self.path, names), ""
         except (ValueError, RecursionError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 
     def save(self, value: Any) -> str:
         """Write ``value`` atomically (``safefiles.write_atomic``); '' or why not."""
-        from mps_health.hostio import jsontext
         from mps_health.hostio.safefiles import write_atomic
         from mps_health.model import codec
 
         try:
             write_atomic(os.path.abspath(self.path),
-                         jsontext.dumps(codec.encode(value)).encode())
+                         json.dumps(codec.encode(value), sort_keys=True).encode())
         except OSError as e:
             return f"cannot save {self.path}: {e.strerror}"
         return ""

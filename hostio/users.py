@@ -9,12 +9,7 @@ what we create). A uid without a passwd entry is still a user (its own group, ho
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 
 class User(NamedTuple):

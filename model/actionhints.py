@@ -16,15 +16,12 @@ documents (a site's own check documents its codes itself).
 from __future__ import annotations
 
 import os
+from typing import Iterable, List, Optional, Tuple
 
 from mps_health.model import registry
 from mps_health.model.results import CheckRun, is_problem
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable, List, Optional, Tuple
-
-    Options = Tuple[Tuple[str, str], ...]
+Options = Tuple[Tuple[str, str], ...]
 
 START = "'mps-health "
 # Subcommand -> the run options it takes (tests/unit/test_actionhints.py checks each

@@ -1,23 +1,22 @@
 """Facts to JSON and back, driven by the records' own field annotations (snapshots,
 replay, the state the deep checks keep between runs).
 
-Annotations are read as text (fact modules use ``from __future__ import annotations``;
-a ``typing`` object is first turned into text) and parsed here, for the forms facts use:
+Annotations are read as text (fact modules use ``from __future__ import annotations``,
+and ``typing.NamedTuple`` keeps each field's as a ``ForwardRef``; any other ``typing``
+object is first turned into text) and parsed here, for the forms facts use:
 ``int``, ``float``, ``str``, ``bool``, ``Any``/``object``, ``None``, ``Optional[X]``,
 ``Union[...]``, ``Tuple[X, ...]``, ``Tuple[A, B]``, ``Dict``/``Mapping[K, V]``,
 ``List[X]`` and record classes (NamedTuples), named as the module defining the record
-names them. No ``typing`` import: state is decoded on every check.
+names them.
 """
 
 from __future__ import annotations
 
 import sys
+import typing
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Tuple
-
-    Node = Tuple[Any, ...]
+Node = Tuple[Any, ...]
 
 
 class DecodeError(ValueError):
@@ -58,10 +57,8 @@ def _typing_text(tp: Any) -> str:
     """A ``typing`` object (or class) as annotation text."""
     if isinstance(tp, type):
         return tp.__name__ if tp is not type(None) else "None"
-    if type(tp).__name__ == "ForwardRef":
+    if isinstance(tp, typing.ForwardRef):
         return str(tp.__forward_arg__)
-    import typing
-
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is typing.Any:
         return "Any"
@@ -76,8 +73,6 @@ def _typing_text(tp: Any) -> str:
 def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:
     """The plan of a generic typing object (``Dict[str, ServerMemory]``), keeping its
     classes: as text their names would have to be found in ``ns``. None for others."""
-    import typing
-
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is None or not args:
         return None

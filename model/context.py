@@ -7,15 +7,11 @@ taken under it, so a whole fixture tree can stand in for a node.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from typing import Any, Mapping, NamedTuple, Optional
 
 from mps_health.config.load import Config
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Mapping, NamedTuple, Optional
-else:
-    from mps_health.model.frozen import NamedTuple
 
 
 class Context(NamedTuple):
@@ -49,6 +45,13 @@ class Context(NamedTuple):
     @property
     def proc(self) -> str:
         return self.path("/proc")
+
+
+def joined(thread: threading.Thread, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``thread`` (not at all when it is not positive; an
+    unbounded deadline, inf, waits as long as threading allows); True once it ended."""
+    thread.join(min(max(0.0, timeout_s), threading.TIMEOUT_MAX))
+    return not thread.is_alive()
 
 
 def node_name(config: Config, environ: Optional[Mapping[str, str]] = None) -> str:

@@ -1,18 +1,14 @@
 """Acquisition stage: the plain, frozen facts one run gathers.
 
 Everything a check may look at is one of these records, gathered once per run by
-the probes in ``mps_health.probes`` and saved as-is in snapshots. NamedTuples
-rather than dataclasses: they are frozen and typed, and importing them costs
-nothing, which matters for a program slurmd starts every few minutes.
+the probes in ``mps_health.probes`` and saved as-is in snapshots. NamedTuples:
+frozen and typed, and a snapshot or state file decodes them from their field
+annotations (``model/codec.py``).
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Dict, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 
 class Instance(NamedTuple):

@@ -1,18 +1,14 @@
 """Acquisition stage: the frozen facts of the deep checks (servers, logs, canary).
 
 Kept apart from ``mps_health.model.facts`` so the core stays small; same rules: NamedTuples,
-typed, cheap to import, saved as-is in snapshots. The state the deep checks keep across
+typed, saved as-is in snapshots. The state the deep checks keep across
 runs (``previous`` below) is part of the facts, so a check stays a pure function of
 what was gathered and a snapshot replays exactly what the run judged.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 # --- servers -------------------------------------------------------------------------
 

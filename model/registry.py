@@ -12,12 +12,7 @@ config imports it, and it declares itself as the built-ins below do, with a
 from __future__ import annotations
 
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, NamedTuple, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Dict, NamedTuple, Tuple
 
 
 class Source(NamedTuple):

@@ -16,11 +16,7 @@ check's results with their ``cause``.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}

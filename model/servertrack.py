@@ -21,6 +21,8 @@ facts to know the events, so both agree and the check stays pure.
 
 from __future__ import annotations
 
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
 from mps_health.model.facts_deep import (
     Ack,
     InstanceServers,
@@ -30,11 +32,6 @@ from mps_health.model.facts_deep import (
     ServerFact,
     ServerMemory,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
-
 
 # Events kept per instance (the newest): the finding counts them, the file stays small.
 MAX_EVENTS = 100

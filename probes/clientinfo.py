@@ -18,12 +18,7 @@ comes from users' processes: it is kept raw and escaped where it is printed
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, NamedTuple, Optional, Tuple
-else:
-    from mps_health.model.frozen import NamedTuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
 CMDLINE_CAP = 4096

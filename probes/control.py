@@ -16,19 +16,14 @@ check, clients, the exporter).
 
 from __future__ import annotations
 
-import _thread
 import os
+import threading
 import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, wait_all
 from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Sequence, Tuple
-
-    from mps_health.hostio.runner import Pending as PendingType
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -105,13 +100,11 @@ class Queries:
 
     def __init__(self) -> None:
         self.tell = _on_terminal()
-        self._out: Dict[str, _thread.LockType] = {}  # pipe dir -> held until it is answered
+        self._out: Dict[str, threading.Event] = {}  # pipe dir -> set once it is answered
         self._unanswered: Dict[str, str] = {}  # pipe dir -> why
 
     def expect(self, pipe_dir: str) -> None:
-        lock = _thread.allocate_lock()
-        lock.acquire()
-        self._out.setdefault(pipe_dir, lock)
+        self._out.setdefault(pipe_dir, threading.Event())
 
     def record(self, pipe_dir: str, answer: ControlAnswer) -> None:
         if answer.status in ("timeout", "skipped") and pipe_dir not in self._unanswered:
@@ -122,27 +115,25 @@ class Queries:
     def settle(self, pipe_dirs: Sequence[str]) -> None:
         """These are in (or no answer will come: the query failed): their waiters go on."""
         for pipe_dir in pipe_dirs:
-            lock = self._out.pop(pipe_dir, None)
-            if lock is not None:
-                lock.release()
+            answered = self._out.pop(pipe_dir, None)
+            if answered is not None:
+                answered.set()
 
     def unanswered(self, pipe_dir: str, deadline: float) -> str:
         """Why the daemon of ``pipe_dir`` is asked nothing more this run ("": ask it),
         once the run's query of it that is out is in (or at ``deadline``)."""
-        lock = self._out.get(pipe_dir)
-        if lock is not None:
-            wait = min(max(0.0, deadline - time.monotonic()), _thread.TIMEOUT_MAX)
-            if lock.acquire(timeout=wait):
-                lock.release()
+        answered = self._out.get(pipe_dir)
+        if answered is not None:
+            answered.wait(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
         return self._unanswered.get(pipe_dir, "")
 
-    def waiting(self, names: Dict[PendingType, str], command: str, deadline: float
-                ) -> Optional[Callable[[List[PendingType]], None]]:
+    def waiting(self, names: Dict[Pending, str], command: str, deadline: float
+                ) -> Optional[Callable[[List[Pending]], None]]:
         """wait_all's ``waiting`` for the clients in ``names`` (each one's instance)."""
         if not self.tell:
             return None
 
-        def say(still: Sequence[PendingType]) -> None:
+        def say(still: Sequence[Pending]) -> None:
             from mps_health.model.printable import printable
 
             shown = [printable(names[p]) for p in still if p in names]

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Dict, List, Optional, Tuple
 
 from mps_health.hostio.pidfile import PID_FILE, read_text
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.model.context import Context
 from mps_health.model.facts import DirFact, EntryFact, Instance, ParentFact
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
 
 
 def kind_of(mode: int) -> str:

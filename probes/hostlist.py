@@ -6,9 +6,7 @@ padding is kept (``n[08-10]`` gives n08, n09, n10), as Slurm's hostlist does.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import List
+from typing import List
 
 MAX_NAMES = 100_000  # a typo like [0-99999999] must not eat the node's memory
 

@@ -14,14 +14,11 @@ is gone).
 from __future__ import annotations
 
 import os
+from typing import List, Optional, Tuple
 
 from mps_health.config.load import Config
 from mps_health.model.context import Context
 from mps_health.model.facts import DirFact, Instance
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:

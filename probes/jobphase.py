@@ -27,14 +27,12 @@ longer lists the job. The rule lives here alone.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
 from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Sequence, Tuple
-
     from mps_health.model.facts_deep import PlannedRestart
     from mps_health.probes.slurm import SlurmJob
 

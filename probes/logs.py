@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from mps_health.config.deep_checks import LOGS, LogsConfig
 from mps_health.config.load import Config
@@ -33,10 +34,6 @@ from mps_health.model.facts_deep import (
     LogPosition,
     LogsFacts,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 FILES = LOG_FILES
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day

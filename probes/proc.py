@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from mps_health.hostio.process_identity import genuine, role_of
 from mps_health.hostio.safefiles import open_regular, read_small
 from mps_health.model.context import Context
 from mps_health.model.facts import ProcessFact
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
-
     from mps_health.hostio.process_identity import Binaries
     from mps_health.model.facts import DirFact
 

@@ -17,6 +17,7 @@ control query of it is in, and not at all when that query went unanswered
 from __future__ import annotations
 
 import time
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from mps_health.hostio.users import name_of
 from mps_health.model.context import Context
@@ -24,11 +25,7 @@ from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import ClientFact, DeviceFact, InstanceServers, ServerFact
 from mps_health.probes import clientinfo, control, proc
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Tuple, TypeVar
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from mps_health.config.deep_checks import SERVERS, ServersConfig
 from mps_health.config.load import Config
-from mps_health.hostio.background import Background
 from mps_health.hostio.pidfile import read_pid
 from mps_health.hostio.process_identity import is_daemon
 from mps_health.hostio.safefiles import read_small
-from mps_health.model.context import Context
+from mps_health.model.context import Context, joined
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import InstanceServers, ServerMemory, ServersFacts
 from mps_health.probes import proc
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 
 def settings(config: Config) -> ServersConfig:
@@ -163,7 +160,10 @@ def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], Servers
             # threads importing at once only hand the GIL back and forth.
             from mps_health.probes.server_queries import read_instance
 
-            threads.append(Background(one, inst, (daemon_pid, daemon_start)))
+            t = threading.Thread(target=one, args=(inst, (daemon_pid, daemon_start)),
+                                 name=f"servers of {inst.name}", daemon=True)
+            t.start()
+            threads.append(t)
         else:
             results[inst.name] = InstanceServers(
                 "idle", "the control daemon has no server process", daemon_pid,
@@ -172,7 +172,7 @@ def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], Servers
 
 
 def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
-             results: Dict[str, InstanceServers], threads: List[Background]) -> ServersFacts:
+             results: Dict[str, InstanceServers], threads: List[threading.Thread]) -> ServersFacts:
     from mps_health.hostio.planned import load as load_planned
     from mps_health.hostio.planned import load_acks
     from mps_health.hostio.state import StateFile
@@ -186,7 +186,7 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     alive = read_alive(ctx, previous)
     servers_alive = read_servers_alive(ctx, previous)
     for t in threads:
-        t.join(ctx.remaining())
+        joined(t, ctx.remaining())
     for inst in instances:
         results.setdefault(inst.name, InstanceServers(
             "timeout", "no answer within the run's budget", None, None, (), 0.0))

@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
 from mps_health.model.context import Context, node_name
 from mps_health.probes.hostlist import ParseError, split_top
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
-
+if TYPE_CHECKING:
     from mps_health.config.load import Config
-else:
-    from mps_health.model.frozen import NamedTuple
 
 SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
 JSON_SINCE = (23, 2)

@@ -11,15 +11,12 @@ the rules judged are those on the disk now; a --root run reads them in the tree.
 from __future__ import annotations
 
 import os
+from typing import Dict, List, Optional, Tuple
 
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.hostio.safefiles import read_small
 from mps_health.model.context import Context
 from mps_health.model.facts import TmpfilesFacts, TmpfilesRule
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
 
 # Larger is no tmpfiles.d file a package ships; read no further (bounded work).
 MAX_FILE_BYTES = 1 << 20

@@ -15,10 +15,7 @@ import os
 import stat
 import sys
 import time
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # no typing at run time: slurmd runs the health check every few minutes
-    from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 _UNSET_LOGINUID = 4294967295
 

@@ -19,15 +19,10 @@ from __future__ import annotations
 import os
 import stat
 import time
+from typing import Mapping, NamedTuple, Optional
 
 from mps_health.hostio.runas import RunAs, run_as
 from mps_health.remediation.processes import binaries_of, named_daemon
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, NamedTuple, Optional
-else:
-    from mps_health.model.frozen import NamedTuple
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 READY_QUERY = "get_default_active_thread_percentage"

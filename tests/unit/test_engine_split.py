@@ -47,7 +47,7 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> List[object]:
                                   start="split_probe:broken_start"),
     })
     started: List[object] = []
-    monkeypatch.setattr(engine, "Background", lambda *a: started.append(a))
+    monkeypatch.setattr(engine.threading, "Thread", lambda *a, **kw: started.append(kw))
     ORDER.clear()
     return started
 
