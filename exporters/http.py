@@ -278,6 +278,12 @@ class MetricsServer(ThreadingWSGIServer):
             int(self.server_address[1])
         self.setup_environ()
 
+    def server_activate(self) -> None:
+        super().server_activate()
+        # A client gone between the wake-up and the accept must not block the loop (and
+        # its stop flag) until the next client comes.
+        self.socket.setblocking(False)
+
     # --- the page -----------------------------------------------------------------------
 
     def app(self, environ: Dict[str, Any], start_response: Callable[..., Any]
