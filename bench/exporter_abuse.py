@@ -98,13 +98,26 @@ def start_exporter(python: str, work: Path, nofile: int) -> Tuple[subprocess.Pop
     sys.exit(f"exporter_abuse: the exporter did not start: {log.read_text()}")
 
 
-def scrape(port: int, n: int, gap: float) -> Dict[str, dict]:
-    """Both scrapers at once; their results by name."""
+def status(pid: int) -> Tuple[int, int]:
+    """The exporter's resident memory (KiB) and threads now."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["Threads"])
+
+
+def scrape(port: int, n: int, gap: float, pid: int) -> Tuple[Dict[str, dict], Tuple[int, int]]:
+    """Both scrapers at once: their results by name, and the exporter's largest resident
+    memory (KiB) and thread count seen meanwhile."""
     procs = {name: subprocess.Popen([sys.executable, "-c", SCRAPER, str(port), str(n), str(gap),
                                      fresh], stdout=subprocess.PIPE, text=True)
              for name, fresh in (("kept-alive", "0"), ("new connection", "1"))}
+    peak = status(pid)
+    while any(p.poll() is None for p in procs.values()):
+        now = status(pid)
+        peak = (max(peak[0], now[0]), max(peak[1], now[1]))
+        time.sleep(0.1)
     return {name: json.loads(p.communicate(timeout=n * (gap + 11) + 60)[0])
-            for name, p in procs.items()}
+            for name, p in procs.items()}, peak
 
 
 def attack(port: int, flood: int, slowloris: int, nonreaders: int, seconds: float
@@ -137,12 +150,12 @@ def main() -> int:
     proc, port, log = start_exporter(args.python, work, args.nofile)
     try:
         time.sleep(1)
-        base = scrape(port, args.scrapes, args.gap)
+        base, base_peak = scrape(port, args.scrapes, args.gap, proc.pid)
         seconds = args.scrapes * (args.gap + 0.05) + 120  # outlasts the scrapes; ended below
         attackers = attack(port, args.flood, args.slowloris, args.nonreaders, seconds)
         try:
             time.sleep(3)  # the attackers' interpreters have started
-            during = scrape(port, args.scrapes, args.gap)
+            during, attack_peak = scrape(port, args.scrapes, args.gap, proc.pid)
         finally:
             for a in attackers:
                 a.terminate()
@@ -169,6 +182,8 @@ def main() -> int:
                   f"{res['retried']:7d} {p50:8.2f} {p99:8.2f}")
         (b50, b99), (a50, a99) = rows["no attack"], rows["attack"]
         print(f"{name:16} ratio attack/no attack: p50 {a50 / b50:.2f}x, p99 {a99 / b99:.2f}x")
+    for phase, (rss, threads) in (("no attack", base_peak), ("attack", attack_peak)):
+        print(f"exporter, {phase}: at most {rss / 1024:.1f} MiB resident, {threads} threads")
     lines = text.splitlines()
     print(f"exporter stderr: {len(lines)} lines, {len(text.encode())} bytes, "
           f"tracebacks: {text.count('Traceback')}")

@@ -5,27 +5,52 @@ last run (plus the exporter's own ``process_*`` series), so a wedged daemon can 
 run down to its budget but never a scrape, and Prometheus' 10 s scrape timeout is never
 at risk.
 
-The port is open to every user of the node, so the server holds under abuse
-(docs/monitoring.md, "The exporter under abuse"): at most ``max_connections`` are open,
-and a new one closes the oldest that has not yet sent a whole request (a held-open or
-slowloris connection) rather than being refused, so a scraper, which sends its request
-at once, is answered during a flood; a request head must arrive within
-``header_timeout_s``, a response must be taken within ``write_timeout_s`` (no more
-requests are read from a client meanwhile), an idle keep-alive connection ends after
-``idle_timeout_s``; what the attacker causes is logged as one counted line per kind and
-``log_interval_s``, never a traceback.
+The server is prometheus_client's own (``ThreadingWSGIServer``: the standard library's
+WSGI server with a thread per connection), HTTP parsed by ``http.server`` and the
+response written by ``wsgiref``; what it does not hold by itself is added here, because
+the port is open to every user of the node (docs/monitoring.md, "The exporter under
+abuse"):
+
+* a thread per connection, so a held-open, slowloris or never-reading connection holds
+  only its own thread, never a scraper's; small thread stacks keep hundreds cheap;
+* at most ``max_connections`` open: before a new one is accepted over the cap, the oldest
+  that has not yet sent a whole request head (else the least recently active one) is
+  shut down, rather than the newcomer refused, so a scraper, which sends its request at
+  once, is answered during a flood of held-open connections;
+* a request head must arrive whole within ``header_timeout_s`` (a deadline per
+  connection, not per byte: a slowloris dripping bytes is closed at it), a response must
+  be taken within ``write_timeout_s`` (nothing more is read from a client meanwhile, so
+  one that never reads holds one response), an idle keep-alive connection ends after
+  ``idle_timeout_s``;
+* what the attacker causes is logged as one counted line per kind and
+  ``log_interval_s``, never a line per request and never a traceback.
 """
 
 import errno
-import selectors
+import io
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from socketserver import _SocketWriter  # type: ignore[attr-defined]  # what wbufsize=0 uses
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+    cast,
+)
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler
 
 from mps_health.exporters.logthrottle import Throttled
+from prometheus_client.exposition import ThreadingWSGIServer
 
 LANDING = (b"<html><head><title>mps-health exporter</title></head><body>"
            b"<h1>mps-health exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
@@ -41,24 +66,25 @@ def process_page() -> bytes:
     return generate_latest(reg)
 
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           431: "Request Header Fields Too Large"}
 MAX_HEAD = 16384  # bytes of request line and headers we accept
-READ_CHUNK = 65536
-ACCEPT_BATCH = 64  # accepted per wake-up; the rest wait in the kernel's queue meanwhile
+READ_CHUNK = 16384  # a client's pipelined requests are read this much at a time
 # The kernel's queue of connections not yet accepted. Kept short: while it is full the
 # kernel drops SYNs, which slows a reconnecting flood to TCP's retransmits; at 1024 the
 # same flood (bench/exporter_abuse.py) cycled 15x more connections and a scrape's median
 # went from 1 ms to 16-57 ms. The cost is a rare scrape whose SYN is dropped (1 s).
 LISTEN_BACKLOG = 128
-PIPELINE_BATCH = 8  # pipelined requests answered per turn of one connection
-TICK_S = 0.1  # deadlines and the stop flag are looked at this often
+TICK_S = 0.1  # the stop flag and the log's counts are looked at this often
 ACCEPT_PAUSE_S = 0.25  # after accept() fails for want of fds: retrying at once would spin
+EVICT_WAIT_S = 0.5  # for a shut-down connection's thread to close it before an accept
 RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps no buffers
 SEND_BUFFER = 256 * 1024  # per connection: a whole page at once, yet a client that never
 # reads stalls after a few responses instead of the megabytes of autotuned buffers
 PROCESS_FRESH_S = 0.5  # the process_* and server series are rebuilt at most this often
-
+# A connection's thread runs our handler, http.server's parser and wsgiref: well under
+# this. The default (8 MiB of address space each) would make a thousand held-open
+# connections 8 GiB of virtual memory; it also applies to the check threads, whose
+# deepest use (YAML and JSON of bounded nesting) fits with room to spare.
+THREAD_STACK = 512 * 1024
 
 # Why the server closed a connection (or could not accept one): the series' label.
 REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
@@ -84,80 +110,216 @@ class Limits(NamedTuple):
     log_interval_s: float = 60.0
 
 
-def parse_head(head: bytes) -> Tuple[str, str, str, Dict[str, str]]:
-    """Method, target, version and lower-cased headers of one request head (pure)."""
-    lines = head.decode("latin-1").split("\r\n")
-    words = lines[0].split()
-    headers = {k.strip().lower(): v.strip() for k, _, v in
-               (h.partition(":") for h in lines[1:] if h)}
-    if len(words) != 3 or not words[2].startswith("HTTP/1."):
-        return "", "", "", headers
-    return words[0], words[1], words[2], headers
-
-
-def response(code: int, ctype: str, body: bytes, close: bool, head_only: bool) -> bytes:
-    return (f"HTTP/1.1 {code} {REASONS[code]}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"{'Connection: close' if close else 'Connection: keep-alive'}"
-            "\r\n\r\n").encode("latin-1") + (b"" if head_only else body)
-
-
 class Conn:
-    """One client connection: what it sent that is not yet answered, what is left to
-    send it, and when it must have made progress by."""
+    """One open connection, as the server's accept loop and its own thread share it."""
 
-    __slots__ = ("close_after", "closed", "deadline", "events", "inbuf", "out", "sock")
+    __slots__ = ("closing", "reset", "sock")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.inbuf = bytearray()
-        self.out = memoryview(b"")
-        self.deadline = deadline
-        self.close_after = False
-        self.closed = False
-        self.events = selectors.EVENT_READ  # what the selector waits for on it
+        self.closing = False  # shut down by the server (evicted, or the server stops)
+        self.reset = False  # closed for what the client did: RST, no buffers kept
 
 
-class MetricsHTTP:
-    """A minimal HTTP/1.1 server for /metrics on one thread with a selector.
+class Responder(ServerHandler):
+    """wsgiref's response writer, speaking HTTP/1.1 with keep-alive, silent."""
 
-    One thread serves every connection: with a thread per connection (http.server), 16
-    concurrent scrapers fight over the GIL and a cached page took 3x node_exporter's
-    time (bench/monitoring_speed.py). Keep-alive as Prometheus uses it; GET and HEAD only.
-    A plain selector rather than asyncio: every fd, buffer and deadline is ours to bound
-    (asyncio accepts a whole backlog before a handler can refuse one, and logs a
-    traceback per failed accept).
-    """
+    http_version = "1.1"
+    # Read only: each request's environ starts from it, not from the process's environment.
+    os_environ: Dict[str, str] = {}  # noqa: RUF012
+    server_software = ""  # no Server header: nothing to tell a client about versions
+    headers: Any  # wsgiref's, set per response
+    request_handler: "Handler"
 
-    def __init__(self, page: Callable[[], bytes], listener: socket.socket, limits: Limits,
+    def cleanup_headers(self) -> None:
+        super().cleanup_headers()
+        # Hop-by-hop: the server's to set, not the application's.
+        self.headers["Connection"] = ("close" if self.request_handler.close_connection
+                                      else "keep-alive")
+
+    def close(self) -> None:
+        super(ServerHandler, self).close()  # without ServerHandler's per-request log line
+
+    def handle_error(self) -> None:
+        raise  # to the connection's handler, which counts it; never a traceback
+
+
+class Handler(WSGIRequestHandler):
+    """One connection: request heads read within their deadlines, answered in turn."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
+    default_request_version = "HTTP/1.0"  # so an error reply has a status line
+    server: "MetricsServer"
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        self.rfile = io.BytesIO()  # one request head at a time, read by read_head
+        self.wfile = _SocketWriter(self.request)
+        self.requestline = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per request: what a client causes is counted by the server."""
+
+    def send_error(self, code: int, message: Optional[str] = None,
+                   explain: Optional[str] = None) -> None:
+        # The standard reason phrase: never a client's own request line in the status line.
+        super().send_error(code, None, explain)
+
+    def read_head(self, conn: Conn, buf: bytearray, kept_alive: bool) -> Optional[bytes]:
+        """The next whole request head, None when the connection is to end. The head
+        deadline runs from the connection's start, or on a kept-alive connection from
+        the first byte of the request; every recv waits only for what is left of it."""
+        limits = self.server.limits
+        deadline = None if kept_alive and not buf else time.monotonic() + limits.header_timeout_s
+        while True:
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+            if end >= 0:
+                head = bytes(buf[:end + 4])
+                del buf[:end + 4]
+                return head
+            if len(buf) > MAX_HEAD:
+                self.command, self.request_version, self.close_connection = "", "HTTP/1.0", True
+                self.request.settimeout(limits.write_timeout_s)
+                self.send_error(431, explain=f"a request head is {MAX_HEAD} bytes at most")
+                return None
+            wait = limits.idle_timeout_s if deadline is None else deadline - time.monotonic()
+            try:
+                if wait <= 0:
+                    raise TimeoutError
+                self.request.settimeout(wait)
+                data = self.request.recv(READ_CHUNK)
+            except TimeoutError:
+                if deadline is not None:  # an idle kept-alive one: normal, not worth a line
+                    conn.reset = True
+                    self.server.refuse("header_timeout", "connections closed that sent no "
+                                       "whole request within header_timeout_s "
+                                       f"{limits.header_timeout_s:g}")
+                return None
+            except OSError:
+                return None
+            if not data:
+                return None
+            if deadline is None:
+                deadline = time.monotonic() + limits.header_timeout_s
+            buf += data
+
+    def handle(self) -> None:
+        conn = self.server.conn_of(self.request)
+        buf = bytearray()
+        kept_alive = False
+        while conn is not None and not conn.closing:
+            try:
+                head = self.read_head(conn, buf, kept_alive)
+                if head is None or not self.answer(conn, head):
+                    return
+            except TimeoutError:  # sendall's deadline: the client does not take its reply
+                conn.reset = True
+                self.server.refuse("write_timeout", "connections closed that took no response "
+                                   f"within write_timeout_s {self.server.limits.write_timeout_s:g}")
+                return
+            except OSError:  # the client went away, or the server shut the connection
+                return
+            kept_alive = True
+
+    def answer(self, conn: Conn, head: bytes) -> bool:
+        """Reply to one request head; whether to read the next one."""
+        self.server.active(conn)
+        self.request.settimeout(self.server.limits.write_timeout_s)  # sendall's total
+        self.rfile = io.BytesIO(head)
+        self.raw_requestline = self.rfile.readline(MAX_HEAD + 1)
+        if not self.parse_request():  # http.server has sent the error, if any
+            return False
+        if self.headers.get("Content-Length", "0").strip() not in ("", "0") or \
+                "Transfer-Encoding" in self.headers:
+            self.close_connection = True  # bodies are not read: never misread as requests
+        responder = Responder(self.rfile, cast(IO[bytes], self.wfile), sys.stderr,
+                              self.get_environ(), multithread=True)
+        responder.request_handler = self
+        responder.run(self.server.app)
+        if self.close_connection:
+            return False
+        self.server.active(conn)
+        return True
+
+
+class MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's server with a connection cap, deadlines and counted refusals."""
+
+    daemon_threads = True
+    block_on_close = False  # stopping never waits for a client's thread
+    request_queue_size = LISTEN_BACKLOG
+    allow_reuse_address = True
+
+    def __init__(self, address: Tuple[str, int], page: Callable[[], bytes], limits: Limits,
                  log: Throttled, with_process: bool = True) -> None:
-        self.page = page
-        self.listener = listener
-        self.limits = limits
-        self.log = log
-        self.with_process = with_process
-        self.sel = selectors.DefaultSelector()
+        host, port = address
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.page, self.limits, self.log, self.with_process = page, limits, log, with_process
         # Open connections in eviction order: those without a whole request yet, oldest
-        # first; then those that sent one, least recently active first.
-        self.fresh: OrderedDict[Conn, None] = OrderedDict()
-        self.talking: OrderedDict[Conn, None] = OrderedDict()
-        self.accept_paused_until: Optional[float] = None
-        self.process: Tuple[float, bytes] = (float("-inf"), b"")
+        # first; then those that sent one, least recently active first. Connections shut
+        # down but not yet closed by their thread still hold an fd: they are counted.
+        self.lock = threading.Condition()
+        self.fresh: OrderedDict[socket.socket, Conn] = OrderedDict()
+        self.talking: OrderedDict[socket.socket, Conn] = OrderedDict()
+        self.closing: Dict[socket.socket, Conn] = {}
         self.refused: Dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        self.process: Tuple[float, bytes] = (float("-inf"), b"")
+        super().__init__((host, port), Handler)
 
-    def refuse(self, reason: str, what: str) -> None:
-        """Count what a client caused (a series and a rate-limited log line)."""
-        self.refused[reason] += 1
-        self.log.note(reason, what)
+    def server_bind(self) -> None:
+        # http.server's server_bind asks DNS for the host's full name (getfqdn), with no
+        # timeout on a node whose resolver hangs; the name is used for nothing here.
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), \
+            int(self.server_address[1])
+        self.setup_environ()
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        # A client gone between the wake-up and the accept must not block the loop (and
+        # its stop flag) until the next client comes.
+        self.socket.setblocking(False)
+
+    # --- the page -----------------------------------------------------------------------
+
+    def app(self, environ: Dict[str, Any], start_response: Callable[..., Any]
+            ) -> Iterable[bytes]:
+        """The WSGI application: /metrics, a landing page, 404 and 405; HEAD as GET."""
+        method = environ["REQUEST_METHOD"]
+        path = environ["PATH_INFO"]
+        extra: List[Tuple[str, str]] = []
+        if method not in ("GET", "HEAD"):
+            status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics\n"
+            extra = [("Allow", "GET, HEAD")]
+        elif path == "/metrics":
+            from mps_health.exporters.prometheus import CONTENT_TYPE
+
+            status, ctype, body = "200 OK", CONTENT_TYPE, self.page()
+            if self.with_process:
+                body += self.process_series()
+        elif path == "/":
+            status, ctype, body = "200 OK", "text/html; charset=utf-8", LANDING
+        else:
+            status, ctype, body = ("404 Not Found", "text/plain; charset=utf-8",
+                                   b"not found: try /metrics\n")
+        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))),
+                                *extra])
+        return [b"" if method == "HEAD" else body]
 
     def process_series(self) -> bytes:
         """process_page() and server_page(), reused for PROCESS_FRESH_S: a client
         pipelining requests costs a copy per response, not a /proc read (no scraper asks
         twice a second)."""
         now = time.monotonic()
-        if now - self.process[0] >= PROCESS_FRESH_S:
-            self.process = (now, process_page() + self.server_page())
-        return self.process[1]
+        when, page = self.process
+        if now - when >= PROCESS_FRESH_S:
+            page = process_page() + self.server_page()
+            self.process = (now, page)
+        return page
 
     def server_page(self) -> bytes:
         """The server's own series: connections open, the cap, and those it closed."""
@@ -169,10 +331,13 @@ class MetricsHTTP:
             prefix + "connections_closed", "Connections the exporter closed or could not "
             "accept because of what the client did, by reason (docs/monitoring.md).",
             labels=["reason"])
+        with self.lock:
+            refused = dict(self.refused)
+            count = self.count()
         for reason in REFUSALS:
-            closed.add_metric([reason], self.refused[reason])
+            closed.add_metric([reason], refused[reason])
         families = [GaugeMetricFamily(prefix + "connections", "Client connections open now.",
-                                      value=self.count()),
+                                      value=count),
                     GaugeMetricFamily(prefix + "max_connections", "The cap on open client "
                                       "connections (exporter.max_connections, or lower to "
                                       "fit the open-file limit).",
@@ -182,228 +347,104 @@ class MetricsHTTP:
         reg.register(_Fixed(families))
         return generate_latest(reg)
 
-    def route(self, path: str) -> Tuple[int, str, bytes]:
-        if path == "/metrics":
-            from mps_health.exporters.prometheus import CONTENT_TYPE
-
-            body = self.page()
-            if self.with_process:
-                body += self.process_series()
-            return 200, CONTENT_TYPE, body
-        if path == "/":
-            return 200, "text/html; charset=utf-8", LANDING
-        return 404, "text/plain; charset=utf-8", b"not found: try /metrics\n"
-
-    def answer(self, head: bytes) -> Tuple[bytes, bool]:
-        """The response to one request head, and whether to close after it."""
-        method, target, version, headers = parse_head(head)
-        connection = headers.get("connection", "").lower()
-        close = connection == "close"
-        if not method:
-            return response(400, "text/plain", b"bad request\n", True, False), True
-        if method not in ("GET", "HEAD"):
-            code, ctype, body = 405, "text/plain", b"GET /metrics\n"
-        else:
-            code, ctype, body = self.route(target.split("?", 1)[0])
-        if version == "HTTP/1.0" and connection != "keep-alive":
-            close = True
-        if headers.get("content-length", "0") not in ("", "0"):
-            close = True  # we read no request bodies: do not misread one as a request
-        return response(code, ctype, body, close, method == "HEAD"), close
-
     # --- connections ------------------------------------------------------------------
 
+    def refuse(self, reason: str, what: str) -> None:
+        """Count what a client caused (a series and a rate-limited log line)."""
+        with self.lock:
+            self.refused[reason] += 1
+            self.log.note(reason, what)
+
     def count(self) -> int:
-        return len(self.fresh) + len(self.talking)
+        return len(self.fresh) + len(self.talking) + len(self.closing)
 
-    def close(self, conn: Conn, reset: bool = False) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self.fresh.pop(conn, None)
-        self.talking.pop(conn, None)
-        try:
-            self.sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        try:
-            if reset:  # drop what the kernel still holds for it instead of sending it
-                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
-            conn.sock.close()
-        except OSError:
-            pass
-
-    def evict_one(self) -> None:
-        queue = self.fresh if self.fresh else self.talking
-        oldest = next(iter(queue))
-        self.close(oldest, reset=True)
-        self.refuse("over_cap", f"connections over the cap of {self.limits.max_connections} "
-                    "closed (the oldest without a whole request first)")
-
-    def accept(self, now: float) -> None:
-        # A quarter of the cap per turn: a scraper accepted in one turn has its request
-        # read in the next, before a flood can push it to the front of the eviction queue.
-        for _ in range(max(1, min(ACCEPT_BATCH, self.limits.max_connections // 4))):
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.refuse("accept_failed", f"cannot accept connections: {e.strerror} "
-                                "(open files of this process or the node at their limit)")
-                    self.sel.unregister(self.listener)
-                    self.accept_paused_until = now + ACCEPT_PAUSE_S
-                return  # ECONNABORTED and the like: that client is gone already
-            if self.count() >= self.limits.max_connections:
-                self.evict_one()
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-            conn = Conn(sock, now + self.limits.header_timeout_s)
-            self.fresh[conn] = None
-            self.sel.register(sock, selectors.EVENT_READ, conn)
-            self.on_read(conn, now)  # a scraper's request is often here already: answer it
+    def conn_of(self, sock: socket.socket) -> Optional[Conn]:
+        with self.lock:
+            return self.fresh.get(sock) or self.talking.get(sock) or self.closing.get(sock)
 
     def active(self, conn: Conn) -> None:
         """``conn`` sent a whole request or took a whole response: last to be evicted."""
-        self.fresh.pop(conn, None)
-        self.talking.pop(conn, None)
-        self.talking[conn] = None
+        with self.lock:
+            if self.fresh.pop(conn.sock, None) is not None or conn.sock in self.talking:
+                self.talking[conn.sock] = conn
+                self.talking.move_to_end(conn.sock)
 
-    def on_read(self, conn: Conn, now: float) -> None:
+    def shut(self, conn: Conn) -> None:
+        """End ``conn`` from another thread (the lock held): shutdown wakes its thread,
+        blocked in recv or send, which then closes the socket. Only the owner closes it,
+        so no thread ever reads or writes an fd number reused by a newer connection."""
+        self.fresh.pop(conn.sock, None)
+        self.talking.pop(conn.sock, None)
+        self.closing[conn.sock] = conn
+        conn.closing = True
         try:
-            data = conn.sock.recv(READ_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
+            conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
-            data = b""
-        if not data:
-            self.close(conn)
-            return
-        if not conn.inbuf and conn in self.talking:  # a new head starts on a kept-alive one
-            conn.deadline = now + self.limits.header_timeout_s
-        conn.inbuf += data
-        self.pump(conn, now)
+            pass
 
-    def next_response(self, conn: Conn, now: float) -> bool:
-        """Queue the answer to the next whole request in ``conn.inbuf``, if there is one."""
-        end = conn.inbuf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-        if end < 0:
-            if len(conn.inbuf) <= MAX_HEAD:
-                return False
-            out = response(431, "text/plain", b"request head too large\n", True, False)
-            conn.out, conn.close_after = memoryview(out), True
-        else:
-            head = bytes(conn.inbuf[:end])
-            del conn.inbuf[:end + 4]
-            self.active(conn)
-            out, conn.close_after = self.answer(head)
-            conn.out = memoryview(out)
-        conn.deadline = now + self.limits.write_timeout_s
-        return True
+    def get_request(self) -> Tuple[socket.socket, Any]:
+        """Accept one connection, making room first: at the cap, the oldest connection
+        without a whole request (else the least recently active) is shut down, and the
+        accept waits for its thread to close it, so the fds in use never pass the cap."""
+        cap = self.limits.max_connections
+        with self.lock:
+            if self.count() >= cap:
+                queue = self.fresh if self.fresh else self.talking
+                if queue:
+                    self.shut(next(iter(queue.values())))
+                    self.refused["over_cap"] += 1
+                    self.log.note("over_cap", f"connections over the cap of {cap} closed "
+                                  "(the oldest without a whole request first)")
+                if not self.lock.wait_for(lambda: self.count() < cap, EVICT_WAIT_S):
+                    raise OSError("no room yet")  # the loop comes back while one waits
+            try:
+                sock, address = self.socket.accept()
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise  # ECONNABORTED and the like: that client is gone already
+                self.refused["accept_failed"] += 1
+                self.log.note("accept_failed", f"cannot accept connections: {e.strerror} "
+                              "(open files of this process or the node at their limit)")
+                self.lock.wait(ACCEPT_PAUSE_S)  # retrying at once would spin
+                raise
+            self.fresh[sock] = Conn(sock)
+        return sock, address
 
-    def pump(self, conn: Conn, now: float) -> None:
-        """Send what is queued, then answer the next request, until one waits on the
-        client. Nothing more is read from a client while its response is unsent, so one
-        that sends requests and never reads holds one response, never a growing queue."""
-        for _ in range(PIPELINE_BATCH):
-            if conn.out:
-                try:
-                    sent = conn.sock.send(conn.out)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError:
-                    self.close(conn)
-                    return
-                conn.out = conn.out[sent:]
-                if conn.out:
-                    self.want(conn, selectors.EVENT_WRITE)
-                    return
-                if conn.close_after:
-                    self.close(conn)
-                    return
-                self.active(conn)
-                conn.deadline = now + (self.limits.header_timeout_s if conn.inbuf
-                                       else self.limits.idle_timeout_s)
-            if not self.next_response(conn, now):
-                self.want(conn, selectors.EVENT_READ)
-                return
-        self.want(conn, selectors.EVENT_WRITE)  # more queued: go on when the others had a turn
-
-    def want(self, conn: Conn, events: int) -> None:
-        if conn.events != events:
-            self.sel.modify(conn.sock, events, conn)
-            conn.events = events
-
-    def expire(self, now: float) -> None:
-        for conn in [c for queue in (self.fresh, self.talking) for c in queue
-                     if c.deadline <= now]:
-            if conn.out:
-                self.refuse("write_timeout", "connections closed that took no response "
-                            f"within write_timeout_s {self.limits.write_timeout_s:g}")
-                self.close(conn, reset=True)
-            elif conn.inbuf or conn in self.fresh:
-                self.refuse("header_timeout", "connections closed that sent no whole request "
-                            f"within header_timeout_s {self.limits.header_timeout_s:g}")
-                self.close(conn, reset=True)
-            else:  # an idle keep-alive connection: normal, not worth a line
-                self.close(conn)
-
-    # --- the loop -----------------------------------------------------------------------
-
-    def event(self, conn: Conn, now: float) -> None:
-        if conn.closed:  # closed earlier in this round (evicted by an accept)
-            return
+    def shutdown_request(self, request: Any) -> None:
+        """The connection's thread (or a failed start of one) closes it."""
+        with self.lock:
+            conn = (self.fresh.pop(request, None) or self.talking.pop(request, None)
+                    or self.closing.pop(request, None))
+            self.lock.notify_all()
         try:
-            if conn.events == selectors.EVENT_WRITE:
-                self.pump(conn, now)
-            else:
-                self.on_read(conn, now)
-        except Exception as e:  # a bug must cost one connection, never the server
-            self.close(conn, reset=True)
-            self.refuse("internal_error", "internal error on a connection, closed: "
-                        f"{type(e).__name__}: {ascii(str(e))[:200]}")
+            if conn is not None and conn.reset:  # drop what the kernel still holds for it
+                request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+            request.close()
+        except OSError:
+            pass
 
-    def serve(self, stop: threading.Event) -> None:
-        self.listener.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ, None)
-        next_sweep = 0.0
-        try:
-            while not stop.is_set():
-                for key, _ in self.sel.select(TICK_S):
-                    now = time.monotonic()
-                    if key.data is None:
-                        self.accept(now)
-                    else:
-                        self.event(key.data, now)
-                now = time.monotonic()
-                if self.accept_paused_until is not None and now >= self.accept_paused_until:
-                    self.accept_paused_until = None
-                    self.sel.register(self.listener, selectors.EVENT_READ, None)
-                if now >= next_sweep:
-                    next_sweep = now + TICK_S
-                    self.expire(now)
-                    self.log.flush()
-        finally:
-            for conn in list(self.fresh) + list(self.talking):
-                self.close(conn)
-            self.sel.close()
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A bug, or no thread for a connection, costs that connection, never the server,
+        and is one counted line, never a traceback."""
+        e = sys.exc_info()[1]
+        if isinstance(e, OSError) and not isinstance(e, TimeoutError):
+            return  # the client went away mid-request
+        self.refuse("internal_error", "internal error on a connection, closed: "
+                    f"{type(e).__name__}: {ascii(str(e))[:200]}")
+
+    def service_actions(self) -> None:
+        with self.lock:
+            self.log.flush()
+
+    def stop(self) -> None:
+        """After serve_forever: every connection shut down (its thread ends), the
+        listener closed, the last counts written."""
+        with self.lock:
+            for conn in [*self.fresh.values(), *self.talking.values()]:
+                self.shut(conn)
+        self.server_close()
+        with self.lock:
             self.log.flush(final=True)
-
-
-def listen(address: Tuple[str, int]) -> socket.socket:
-    """A listening socket on ``address`` (OSError when it cannot be bound)."""
-    host, port = address
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def serve(page: Callable[[], bytes], address: Tuple[str, int],
@@ -412,12 +453,19 @@ def serve(page: Callable[[], bytes], address: Tuple[str, int],
     """Serve ``page()`` at /metrics until ``stop`` is set, on this thread.
     ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
     limits = limits or Limits()
-    listener = listen(address)
+    threading.stack_size(THREAD_STACK)
+    server = MetricsServer(address, page, limits, log or Throttled(limits.log_interval_s))
     try:
-        host, port = listener.getsockname()[:2]
-        shown = f"[{host}]" if ":" in str(host) else host
+        host, port = (str(part) for part in server.server_address[:2])
+        shown = f"[{host}]" if ":" in host else host
         listening(f"http://{shown}:{port}/metrics")
-        MetricsHTTP(page, listener, limits, log or Throttled(limits.log_interval_s)
-                    ).serve(stop)
+
+        def stopper() -> None:
+            stop.wait()
+            server.shutdown()  # returns once serve_forever below has
+
+        threading.Thread(target=stopper, name="http-stop", daemon=True).start()
+        server.serve_forever(poll_interval=TICK_S)
     finally:
-        listener.close()
+        stop.set()
+        server.stop()

@@ -258,3 +258,38 @@ def test_a_low_soft_limit_is_raised_toward_the_hard_one(tmp_path: Path, site) ->
         soft = [line.split()[3] for line in limits.splitlines()
                 if line.startswith("Max open files")]
         assert 500 + 256 < int(soft[0]) <= 4096
+
+
+def test_held_open_connections_cost_a_thread_each_with_a_small_stack(tmp_path: Path,
+                                                                    site) -> None:
+    """A thread per connection: 100 held open are 100 threads, yet a scrape is answered
+    at once, and their stacks are small (512 KiB of address space each, not 8 MiB)."""
+    def status(pid: int) -> Tuple[int, int]:
+        fields = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return int(fields["VmSize"].split()[0]) * 1024, int(fields["Threads"])
+
+    site.dirs()
+    cfg = site.config("exporter:\n  max_connections: 200\n  header_timeout_s: 120\n")
+    # One malloc arena: glibc's per-thread arenas (64 MiB of address space each) would
+    # hide what the stacks cost.
+    with served(tmp_path, cfg, "--only", "directories",
+                wrap=("env", "MALLOC_ARENA_MAX=1")) as (url, _port, log, proc):
+        assert get(url + "/metrics")[0] == 200
+        size_before, threads_before = status(proc.pid)
+        flood = subprocess.Popen(attacker("flood", str(_port), "100", "60"),
+                                 stdout=subprocess.PIPE, text=True, **as_user(ATTACKER))
+        try:
+            assert flood.stdout is not None and flood.stdout.readline() == "ready\n"
+            wait_for("a thread per held-open connection",
+                     lambda: status(proc.pid)[1] >= threads_before + 100)
+            size, threads = status(proc.pid)
+            t0 = time.monotonic()
+            assert get(url + "/metrics", timeout=30)[0] == 200
+            print(f"{threads - threads_before} threads: {(size - size_before) >> 20} MiB "
+                  f"of address space, a scrape in {(time.monotonic() - t0) * 1000:.1f} ms")
+            assert size - size_before < 100 * (2 << 20)  # 8 MiB stacks: 800 MiB
+        finally:
+            flood.kill()
+            flood.wait(10)
+    assert "Traceback" not in log.read_text()

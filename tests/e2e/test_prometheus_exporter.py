@@ -163,3 +163,13 @@ def test_http_keep_alive_head_and_bad_requests(tmp_path: Path, site) -> None:
                 reply += chunk
         assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert all(b"mps_health_build_info" in b for b in bodies)
+
+
+def test_ipv6_listen_address(tmp_path: Path, site) -> None:
+    """A bracketed IPv6 address binds an IPv6 socket (the server's family follows it)."""
+    site.dirs()
+    with exporter(tmp_path, site.config(), "--listen", "[::1]:0", "--interval", "60",
+                  "--only", "directories") as (_proc, url):
+        assert url.startswith("http://[::1]:")
+        status, _, body = get(url + "/metrics")
+        assert status == 200 and "mps_health_build_info" in body

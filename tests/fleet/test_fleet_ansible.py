@@ -111,6 +111,8 @@ def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
         "mps_health_config": settings,
         "mps_health_root": f"{base}/root",
         "mps_health_exporter": True,
+        "mps_health_textfile": True,
+        "mps_health_textfile_dir": f"{base}/textfile",
         "mps_health_systemd_unit_dir": str(base),
         "mps_health_manage_services": False,
     }
@@ -134,6 +136,21 @@ def test_role_audit_reset(site, dists, wheelhouse: Path) -> None:
     unit = (base / "mps-health-exporter.service").read_text()
     assert f"ExecStart={base}/sbin/mps-health exporter $MPS_HEALTH_EXPORTER_ARGS" in unit
     assert f"--config {base}/etc/config.yaml" in unit
+    # The textfile units: the service runs the role's mps-health on its config into the
+    # given directory, as the timer starts it; run its command line as systemd would.
+    assert (base / "mps-health-textfile.timer").read_text().startswith("[Unit]")
+    textfile_unit = (base / "mps-health-textfile.service").read_text()
+    assert f"Environment=MPS_HEALTH_TEXTFILE_DIR={base}/textfile\n" in textfile_unit
+    [exec_start] = [line.split("=", 1)[1] for line in textfile_unit.splitlines()
+                    if line.startswith("ExecStart=")]
+    assert exec_start == (f"{base}/sbin/mps-health exporter --textfile "
+                          f"${{MPS_HEALTH_TEXTFILE_DIR}} --config {base}/etc/config.yaml")
+    (base / "textfile").mkdir()
+    ran = subprocess.run(exec_start.replace("${MPS_HEALTH_TEXTFILE_DIR}",
+                                            f"{base}/textfile").split(),
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "mps_health_build_info" in (base / "textfile/mps_health.prom").read_text()
     again = playbook(base, "site.yml")
     assert again.returncode == 0 and recap(again.stdout)["changed"] == 0, again.stdout[-3000:]
 
