@@ -1,4 +1,4 @@
-"""core.runner: every command bounded (killed with its process group at the deadline and
+"""hostio.runner: every command bounded (killed with its process group at the deadline and
 reaped), several collected against one deadline, none outliving the thread that started
 it, and a command whose pipes a child holds collected at its exit."""
 
