@@ -58,7 +58,7 @@ def bumped_wheel(src: Path, version: str, dest: Path) -> Path:
     """mps-health's wheel with another version number (an upgrade to install)."""
     copy = dest / f"src-{version}"
     shutil.copytree(src, copy, ignore=shutil.ignore_patterns("wheels", "build", "*.egg-info"))
-    for name in ("pyproject.toml", "model/__init__.py"):
+    for name in ("pyproject.toml", "__init__.py"):
         path = copy / name
         text = path.read_text()
         assert '"0.1.0"' in text

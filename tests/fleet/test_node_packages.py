@@ -50,7 +50,7 @@ def debs(dists, tmp_path_factory) -> Iterator[Dict[str, Path]]:
     shutil.copytree(src / "contrib" / "debian", src / "debian")
     newer = root / "build" / "mps-health-0.1.1"
     shutil.copytree(src, newer, symlinks=True)
-    for name in ("pyproject.toml", "model/__init__.py"):
+    for name in ("pyproject.toml", "__init__.py"):
         text = (newer / name).read_text()
         (newer / name).write_text(text.replace('"0.1.0"', '"0.1.1"', 1))
     changelog = newer / "debian/changelog"
