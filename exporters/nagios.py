@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
+from mps_health.exporters.text import passed
 from mps_health.model.actionhints import with_options
 from mps_health.model.results import (
     CRITICAL,
@@ -194,7 +195,9 @@ class Headline(nagiosplugin.Summary):
 
     def ok(self, results: Any) -> str:
         report = self.probe.judged
-        return f"{len(report.runs)} checks passed on {report.node} in {report.duration_s:.2f}s"
+        n = passed(report)  # the same count as `mps-health check`'s line
+        return f"{n} check{'s' if n != 1 else ''} passed on {report.node} " \
+            f"in {report.duration_s:.2f}s"
 
     def problem(self, results: Any) -> str:
         found = [said(r) for r in findings(results)]

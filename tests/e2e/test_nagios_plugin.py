@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from clirun import check_mps
+from clirun import check_mps, mps_health
 from monitoring_tools import node_wide_check
 from mps_health.cli import check_mps as plugin
 from plugin_output import parse
@@ -33,6 +33,18 @@ def test_healthy_daemon_is_ok_with_perfdata(site) -> None:
     assert 0 < float(latency.value) < 5
     assert out.perf("node_dir_ok")[1:] == ("1", "", "", "", "0", "1")
     assert out.long_lines == [] and r.stderr == ""
+
+
+def test_check_mps_counts_the_passed_checks_as_the_check_does(site) -> None:
+    """One node, one count: an operator comparing the plugin with `mps-health check`
+    must not see 8 against 9 (the directories check passes twice: pipe and log dir)."""
+    site.start_daemon()
+    cfg = site.config()
+    plugin_run = check_mps("--config", cfg, "--skip", node_wide_check())
+    check_run = mps_health("check", "--config", cfg, "--skip", node_wide_check())
+    counts = [re.search(r" (\d+) checks? passed on ", r.stdout) for r in (plugin_run, check_run)]
+    assert all(counts), plugin_run.stdout + check_run.stdout
+    assert counts[0].group(1) == counts[1].group(1)  # type: ignore[union-attr]
 
 
 def test_daemon_up_is_in_the_perfdata(site) -> None:
