@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
@@ -184,8 +185,7 @@ def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
 def random_name(name: str, what: str) -> str:
     import time
 
-    # os.urandom is what secrets.token_hex reads, without importing random and hashlib.
-    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(8).hex()}"
+    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(8)}"
 
 
 def move_aside(parent_fd: int, name: str, called: Optional[str] = None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from typing import List, Optional, Tuple
 
@@ -39,9 +40,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
-    # os.urandom is what secrets.token_hex reads; secrets itself imports random, hashlib
-    # and hmac (milliseconds on every check that saves state).
-    tmp = f".{name}.tmp-{os.urandom(8).hex()}"
+    tmp = f".{name}.tmp-{secrets.token_hex(8)}"  # a name no one can guess beforehand
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=pfd)

@@ -11,7 +11,8 @@ config imports it, and it declares itself as the built-ins below do, with a
 
 from __future__ import annotations
 
-import sys
+import importlib
+from types import ModuleType
 from typing import Dict, NamedTuple, Tuple
 
 
@@ -79,12 +80,9 @@ def load_site_module(module: str) -> None:
         SITE_SECTIONS[section.name] = module
 
 
-def module_named(name: str):  # -> the module, imported if it was not
-    """importlib.import_module(name, "mps_health") without importing importlib (and the
-    warnings it imports, a millisecond of every run that reads a config file)."""
-    name = "mps_health" + name if name[:1] == "." else name  # relative to the package
-    __import__(name)
-    return sys.modules[name]
+def module_named(name: str) -> ModuleType:
+    """The module ``name`` (``.x.y`` is relative to the package), imported if it was not."""
+    return importlib.import_module(name, "mps_health")
 
 
 def load(target: str):  # -> the object named "module:attr"
