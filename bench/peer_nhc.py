@@ -261,23 +261,23 @@ def main() -> int:
         if wrote_default:
             DEFAULT_CONFIG.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(config, DEFAULT_CONFIG)
-            where = f"the default file {DEFAULT_CONFIG} (its parsed form kept, as on a node)"
+            where = f"the default file {DEFAULT_CONFIG} (parsed on every run, as on a node)"
         else:
             given = ["--config", str(config)]
             where = f"--config {config} (YAML parsed on every run)"
         check = [str(entries["mps-health"]), "check", *given]
         plugin = [str(entries["check_mps"]), *given]
 
-        # A node's environment as slurmd gives it: no MPS variables, and the commands keep
-        # their compiled code (hostio/codecache.py), as PYTHONDONTWRITEBYTECODE would stop.
+        # A node's environment as slurmd gives it: no MPS variables, and Python's own
+        # compiled-code cache on, as PYTHONDONTWRITEBYTECODE would stop.
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("CUDA_MPS_") and k != "PYTHONDONTWRITEBYTECODE"}
         for _ in range(args.procs):
             idle.append(subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL))
         pid = start_daemon(pipe, log, str(control))
 
-        # Each once before it is measured, as on a node after its first run: a first run
-        # keeps the compiled code and the config's parsed form. Each must find the node
+        # Each once before it is measured, as on a node after its first run (Python's
+        # compiled code written by then). Each must find the node
         # healthy, or the bench times a different path.
         series = {"nhc": nhc, "check": check, "check_mps": plugin}
         for name, argv in series.items():
