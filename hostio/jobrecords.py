@@ -110,22 +110,17 @@ def _change(state_dir: str, wait_s: float,
     """Apply ``change(records) -> records`` under the lock; '' or why it was not saved."""
     from mps_health.hostio.state import StateFile
 
-    try:
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    except OSError as e:
-        return f"job record not kept in {state_dir}: {e.strerror}"
-    state = StateFile(state_dir, NAME)
-    if not state.lock(time.monotonic() + wait_s):
-        return f"job record not kept: {state.error}"
-    try:
+    errors = []
+
+    def changed() -> Tuple[JobRecord, ...]:
         old, error = load(state_dir)
-        # A file we could not trust is replaced (the rename swaps the entry itself).
-        problem = state.save(keep(change(old)))
-    finally:
-        state.unlock()
+        errors.append(error)  # a file we could not trust is replaced by the rename
+        return keep(change(old))
+
+    problem = StateFile(state_dir, NAME).update(wait_s, changed)
     if problem:
         return f"job record not kept: {problem}"
-    return f"{error}; written afresh" if error else ""
+    return f"{errors[0]}; written afresh" if errors and errors[0] else ""
 
 
 def add(state_dir: str, job_id: str, uid: int, dirs: Sequence[str], wait_s: float = 10.0

@@ -77,19 +77,14 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
     from mps_health.hostio.state import StateFile
 
     now = time.time()
-    try:
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    except OSError as e:
-        return f"cannot record the planned restart in {state_dir}: {e.strerror}"
     state = StateFile(state_dir, NAME)
-    if not state.lock(time.monotonic() + wait_s):
-        return f"planned restart not recorded: {state.error}"
-    try:
+
+    def changed() -> Tuple[PlannedRestart, ...]:
         old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
         new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
-        problem = state.save(keep((*old, new), now))
-    finally:
-        state.unlock()
+        return keep((*old, new), now)
+
+    problem = state.update(wait_s, changed)
     return f"planned restart not recorded: {problem}" if problem else ""
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 if TYPE_CHECKING:
     from mps_health.hostio.filelock import FileLock
@@ -65,6 +66,21 @@ class StateFile:
     def unlock(self) -> None:
         if self._lock is not None:
             self._lock.release()
+
+    def update(self, wait_s: float, change: Callable[[], Any]) -> str:
+        """Save ``change()`` under the lock, waiting up to ``wait_s`` for it (``change``
+        reads what is saved itself, under the lock); '' or why not. The state dir is made
+        (0755) when missing: the Prolog may be the first to keep something."""
+        try:
+            os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        except OSError as e:
+            return f"cannot use state dir {self.dir}: {e.strerror}"
+        if not self.lock(time.monotonic() + wait_s):
+            return self.error
+        try:
+            return self.save(change())
+        finally:
+            self.unlock()
 
     def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
              ) -> Tuple[Any, str]:

@@ -63,7 +63,7 @@ def test_records_are_bounded_and_dated(tmp_path: Path) -> None:
 def test_a_read_only_state_dir_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     why = planned.record(str(tmp_path / "file" / "state"), "/p", "reset")
-    assert why.startswith("cannot record the planned restart in ")
+    assert why.startswith("planned restart not recorded: cannot use state dir ")
 
 
 def test_events_are_bounded_per_instance() -> None:
