@@ -46,10 +46,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from _timing import run_timed
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
@@ -70,24 +71,12 @@ CPU: Dict[str, List[float]] = {}
 
 
 def timed(argv: List[str], env: Dict[str, str], runs: int, timeout: float = 60) -> List[float]:
-    """Wall seconds of each run. Not subprocess.run(timeout=...): its wait polls with
-    growing sleeps (0.5 ms doubling to 50 ms), so every time it measures is rounded up to
-    about 16, 32, 64, 114, 164 ms. A blocking wait4 ends when the command does; a timer
-    kills a command that outlives ``timeout``."""
+    """Wall seconds of each run (``_timing.run_timed``); the CPU times kept in CPU."""
     out = []
     for _ in range(runs):
-        t0 = time.perf_counter()
-        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        timer = threading.Timer(timeout, p.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(p.pid, 0)
-        finally:
-            timer.cancel()
-        out.append(time.perf_counter() - t0)
-        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here
-        CPU.setdefault(" ".join(argv), []).append(usage.ru_utime + usage.ru_stime)
+        wall, _, cpu = run_timed(argv, env, timeout)
+        out.append(wall)
+        CPU.setdefault(" ".join(argv), []).append(cpu)
     return out
 
 

@@ -60,10 +60,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+from _timing import run_timed
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -148,21 +148,9 @@ EXIT: Dict[str, int] = {}
 
 
 def timed(name: str, argv: List[str], env: Dict[str, str], timeout: float = 60) -> float:
-    """Wall seconds of one run. A blocking wait4, not subprocess.run(timeout=...), whose
-    polling rounds every time up to 16, 32, 64 ms...; a timer kills a run past
-    ``timeout``."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    timer = threading.Timer(timeout, p.kill)
-    timer.start()
-    try:
-        _, status, usage = os.wait4(p.pid, 0)
-    finally:
-        timer.cancel()
-    wall = time.perf_counter() - t0
-    p.returncode = EXIT[name] = os.waitstatus_to_exitcode(status)  # reaped here
-    CPU.setdefault(name, []).append(usage.ru_utime + usage.ru_stime)
+    """Wall seconds of one run (``_timing.run_timed``); its exit code and CPU time kept."""
+    wall, EXIT[name], cpu = run_timed(argv, env, timeout)
+    CPU.setdefault(name, []).append(cpu)
     return wall
 
 
