@@ -167,6 +167,12 @@ def main() -> int:
         if client is None:
             raise SystemExit("cannot build the fake MPS binaries: install gcc and python3-dev")
         env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+        if use_defaults and os.environ.get("MPS_BENCH_PRIVATE") == "1":
+            # Without a config file mps-health looks for the binaries only in
+            # mps.binary_dirs' defaults (root's fixed PATH among them), never on PATH:
+            # the fakes stand in /usr/local/sbin, in this namespace only.
+            subprocess.run(["mount", "--bind", str(bindir), "/usr/local/sbin"], check=True)
+            env["PATH"] = f"/usr/local/sbin{os.pathsep}{env['PATH']}"  # the daemon from there
     config = work / "config.yaml"
     # mps-health finds the MPS binaries in mps.binary_dirs, never on PATH: the fakes' dir.
     dirs = "" if args.real else f"  binary_dirs: [{bindir}]\n"
