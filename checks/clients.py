@@ -27,6 +27,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from mps_health.model.printable import escape
@@ -39,6 +40,12 @@ NAME = "clients"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",
          "server-spans-gpus", "servers-not-asked", "slurm-jobs-unavailable")
+
+registry.check(NAME, f"{__name__}:check", ("servers", "jobs"), default_on=False,
+               when_configured=("clients", "slurm"), order=130,
+               summary="MPS clients match their jobs: mps asked, thread limit, context cap, "
+                       "one GPU")
+
 MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest counted
 
 

@@ -22,6 +22,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
+from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 from mps_health.probes.gres_conf import DeviceFile, GresConf
@@ -34,6 +35,11 @@ CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-min
          "gres-file-missing", "gres-file-not-device", "gres-gpu-count", "gres-mps-count",
          "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
          "mps-job-no-daemon", "nvml-unavailable", "slurm-jobs-unavailable", "slurm-unavailable")
+
+registry.check(NAME, f"{__name__}:check", ("slurm", "nvml", "gres_conf", "processes", "dirs"),
+               default_on=False, when_configured=("slurm",), order=110,
+               summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
+
 RECONFIGURE = "fix gres.conf or the node's Gres= in slurm.conf, then 'scontrol reconfigure'"
 
 

@@ -25,6 +25,7 @@ from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
+from mps_health.model import registry
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.model.servertrack import remembered
@@ -35,6 +36,12 @@ NAME = "orphans"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",
          "job-records-unreadable", "slurm-unavailable")
+
+registry.check(NAME, f"{__name__}:check",
+               ("slurm", "job_dirs", "job_records", "processes", "servers"),
+               default_on=False, when_configured=("slurm", "orphans"), order=120,
+               summary="no per-job MPS dirs or daemons outlive their job")
+
 SHOWN = 3  # paths named per owner of unrecorded dirs (the rest counted)
 
 

@@ -27,7 +27,7 @@ def check_modules() -> Dict[str, Tuple[str, ...]]:
     own check (``checks.modules``, registered by a test that loads such a config) is not
     the package's to test here."""
     out: Dict[str, Tuple[str, ...]] = {}
-    for spec in registry.CHECKS.values():
+    for spec in registry.checks().values():
         module = spec.target.partition(":")[0]
         if not module.startswith(".checks."):
             continue
