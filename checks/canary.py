@@ -1,7 +1,7 @@
 """canary: a real CUDA client through each instance is served by MPS, quickly.
 
 The deepest check (it starts a CUDA context): on by default only where Slurm manages
-the node (a ``slurm:`` section, ``model/registry.py``), elsewhere with ``--only canary``
+the node (a ``slurm:`` section, its ``registry.check`` below), elsewhere with ``--only canary``
 or ``checks.enable``. ``canary.when`` (default ``idle``) lets it run only where Slurm
 says the node is IDLE and no MPS client is connected, and kills it when a job step
 starts meanwhile. With no daemon or no MPS, what it finds is folded under that cause
