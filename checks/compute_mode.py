@@ -10,7 +10,9 @@ else is expected is CRITICAL (no CUDA context can be made, MPS server included);
 other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
-from typing import Iterator, Optional, Tuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 from mps_health.checks.common import nvml_unavailable
 from mps_health.config.load import Config
@@ -18,7 +20,9 @@ from mps_health.config.slurm import GpuSettings, gpu_settings, mps_gpu_ids
 from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from mps_health.probes.nvml import GpuFact, NvmlFacts
+
+if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+    from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"
 # Every code this check reports besides ok (each has a runbook entry in README.md).

@@ -135,3 +135,19 @@ def test_a_check_module_that_cannot_be_imported_is_reported(package_copy: Path,
     assert "made_broken needs a module this node lacks" in result["message"]
     assert r.returncode == 3, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_default_run_loads_no_probe_of_a_check_it_does_not_run(tmp_path: Path) -> None:
+    """Every run imports every check module, so the GPU and Slurm checks keep the probes
+    they take fact types from out of their imports: a node without a slurm: or gpu:
+    section loads neither probe."""
+    code = ("import sys, io, contextlib\nfrom mps_health.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main(['check', '--root', {str(tmp_path)!r}])\n"
+            "from mps_health.model import registry\n"
+            "print(len(registry.checks()), sorted(m for m in sys.modules if m.startswith("
+            "('mps_health.probes.slurm', 'mps_health.probes.nvml', 'mps_health.probes.jobs',"
+            " 'mps_health.probes.gres_conf', 'mps_health.probes.jobdirs'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={"PATH": "/nonexistent"})
+    assert r.stdout.split("\n")[-2] == f"{len(BUILT_IN_ORDER)} []", r.stdout + r.stderr
