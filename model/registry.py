@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from types import ModuleType
 from typing import Dict, Mapping, NamedTuple, Tuple
 
@@ -35,6 +36,9 @@ class Source(NamedTuple):
     start: str = ""
 
 
+LAST = 1000  # where a check that gives no order runs: after every built-in
+
+
 class CheckSpec(NamedTuple):
     name: str
     target: str  # "module:function", called as function(facts, config) -> results
@@ -44,10 +48,9 @@ class CheckSpec(NamedTuple):
     # Also on by default when the config has one of these sections (GPU/Slurm checks:
     # a node without NVML or Slurm never pays for them, nor fails them, unless asked).
     when_configured: Tuple[str, ...] = ()
-    order: int = 1000  # the run's and the outputs' order, lowest first (LAST: a site's)
+    order: int = LAST  # the run's and the outputs' order, lowest first
 
 
-LAST = 1000  # where a check that gives no order runs: after every built-in
 BUILTIN = ".checks"  # the package whose every module is a check (bar its helpers)
 HELPERS = ("common",)  # modules of that package that declare no check
 
@@ -55,6 +58,9 @@ SOURCES: Dict[str, Source] = {}
 # Read through checks(), which fills it with the built-ins first; kept sorted by order.
 _CHECKS: Dict[str, CheckSpec] = {}
 _found = False  # whether the built-in checks were imported
+# A thread asking while another imports them waits for the whole table (the exporter's
+# threads); reentrant: a module asking at import gets the table as it stands.
+_finding = threading.RLock()
 
 
 def source(name: str, target: str, value_type: str, blocking: bool = False,
@@ -85,9 +91,10 @@ def checks() -> Mapping[str, CheckSpec]:
     """Every check, in run order: the built-ins (each module of ``checks/``, imported
     the first time) and the site's declared so far (``checks.modules``, at config load)."""
     global _found
-    if not _found:
-        _found = True  # first: a module that asks for the table at import finds it
-        find_checks(BUILTIN)
+    with _finding:
+        if not _found:
+            _found = True  # first: a module that asks for the table at import finds it
+            find_checks(BUILTIN)
     return _CHECKS
 
 
