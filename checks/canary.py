@@ -1,7 +1,7 @@
 """canary: a real CUDA client through each instance is served by MPS, quickly.
 
 The deepest check (it starts a CUDA context): on by default only where Slurm manages
-the node (a ``slurm:`` section, ``model/registry.py``), elsewhere with ``--only canary``
+the node (a ``slurm:`` section, its ``registry.check`` below), elsewhere with ``--only canary``
 or ``checks.enable``. ``canary.when`` (default ``idle``) lets it run only where Slurm
 says the node is IDLE and no MPS client is connected, and kills it when a job step
 starts meanwhile. With no daemon or no MPS, what it finds is folded under that cause
@@ -12,6 +12,7 @@ when it skips.
 from typing import Iterator, Mapping
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import CanaryFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, Result
@@ -20,6 +21,13 @@ NAME = "canary"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("canary-error", "canary-failed", "canary-no-libcuda", "canary-not-run",
          "canary-not-served", "canary-skipped", "canary-timeout")
+
+# On where Slurm manages the node (a slurm: section): there canary.when: idle (the
+# default) runs it only while Slurm says the node is IDLE and no MPS client is connected,
+# and kills it when a job step arrives. Elsewhere only when asked (checks.enable, --only).
+registry.check(NAME, f"{__name__}:check", ("canary",), default_on=False,
+               when_configured=("slurm",), order=90,
+               summary="a real CUDA client through each instance is served by MPS")
 
 
 def _reset(name: str) -> str:

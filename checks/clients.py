@@ -21,24 +21,35 @@ contexts; each client's job id and CUDA_MPS_* environment from /proc) and one sq
   one (per-gpu layout, or ``clients.per_gpu_isolation: true``).
 """
 
+from __future__ import annotations
+
 import math
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, WARNING, Result, ok
-from mps_health.probes.jobs import JobsFacts, gres_count
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
-from mps_health.probes.slurm import SlurmJob
+
+if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+    from mps_health.probes.jobs import JobsFacts
+    from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",
          "server-spans-gpus", "servers-not-asked", "slurm-jobs-unavailable")
+
+registry.check(NAME, f"{__name__}:check", ("servers", "jobs"), default_on=False,
+               when_configured=("clients", "slurm"), order=130,
+               summary="MPS clients match their jobs: mps asked, thread limit, context cap, "
+                       "one GPU")
+
 MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest counted
 
 
@@ -104,6 +115,8 @@ def ceiling(c: ClientFact, server: ServerFact) -> Tuple[float, str]:
 
 def judge_client(inst: Instance, server: ServerFact, c: ClientFact, job: SlurmJob,
                  mps_per_gpu: int) -> Iterator[Result]:
+    from mps_health.probes.jobs import gres_count  # only where the check runs
+
     asked = gres_count(job, "mps")
     if asked is None:
         unset = c.pipe_dir is None and c.environ in ("read", "truncated")

@@ -10,19 +10,28 @@ else is expected is CRITICAL (no CUDA context can be made, MPS server included);
 other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
-from typing import Iterator, Optional, Tuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 from mps_health.checks.common import nvml_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import GpuSettings, gpu_settings, mps_gpu_ids
+from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from mps_health.probes.nvml import GpuFact, NvmlFacts
+
+if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+    from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-change-pending",
          "mig-on-mps-gpu", "mps-gpu-missing", "no-gpus", "nvml-unavailable")
+
+registry.check(NAME, f"{__name__}:check", ("nvml",), default_on=False,
+               when_configured=("gpu",), order=100,
+               summary="each GPU's compute mode is the expected one; no MIG under MPS")
 
 
 def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
@@ -17,6 +18,9 @@ NAME = "control"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
          "control-not-asked", "control-percentage", "control-slow", "control-wedged")
+
+registry.check(NAME, f"{__name__}:check", ("control",), order=30,
+               summary="the control daemon answers in time")
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:

@@ -17,6 +17,7 @@ from typing import Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.checks.common import live_daemons
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, OK, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
@@ -25,6 +26,9 @@ NAME = "daemon"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
          "daemon-uninterruptible", "daemon-foreign", "instances-capped", "mps-not-installed")
+
+registry.check(NAME, f"{__name__}:check", ("processes", "dirs"), order=10,
+               summary="a live control daemon serves each instance")
 
 
 def _reset(inst: Instance) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import FrozenSet, Iterator, Mapping, Optional
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
@@ -36,6 +37,10 @@ CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
            for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
          "pipe-dir-parent", "log-dir-parent",
          "pipe-entry-bad", "pipe-entry-foreign", "pipe-entry-owner", "pipe-path-too-long")
+
+registry.check(NAME, f"{__name__}:check", ("dirs",), order=40,
+               summary="pipe and log dirs are real dirs with the right mode and owner")
+
 SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
 LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.

@@ -16,17 +16,22 @@ mps-health drained (reason starting with ``slurm.drain_tag``) is not a new probl
 Slurm unreachable is UNKNOWN (never CRITICAL): what can be judged without it still is.
 """
 
+from __future__ import annotations
+
 import os
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
+from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from mps_health.probes.gres_conf import DeviceFile, GresConf
-from mps_health.probes.nvml import NvmlFacts
-from mps_health.probes.slurm import SlurmFacts, SlurmNode
+
+if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+    from mps_health.probes.gres_conf import DeviceFile, GresConf
+    from mps_health.probes.nvml import NvmlFacts
+    from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
@@ -34,6 +39,11 @@ CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-min
          "gres-file-missing", "gres-file-not-device", "gres-gpu-count", "gres-mps-count",
          "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
          "mps-job-no-daemon", "nvml-unavailable", "slurm-jobs-unavailable", "slurm-unavailable")
+
+registry.check(NAME, f"{__name__}:check", ("slurm", "nvml", "gres_conf", "processes", "dirs"),
+               default_on=False, when_configured=("slurm",), order=110,
+               summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
+
 RECONFIGURE = "fix gres.conf or the node's Gres= in slurm.conf, then 'scontrol reconfigure'"
 
 
@@ -157,6 +167,8 @@ def _serving(gpu: str, insts: Tuple[Instance, ...], nvml: Optional[NvmlFacts]
 def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
                    insts: Tuple[Instance, ...], procs: Tuple[ProcessFact, ...],
                    dirs: Mapping[str, DirFact], root: str, config: Config) -> Iterator[Result]:
+    from mps_health.probes.gres_conf import DeviceFile  # only where the check runs
+
     if gres_total(node, "mps") == 0:
         return
     devices = {d.path: d for d in conf.devices}

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
 from mps_health.model.facts_deep import (
     InstanceServers,
@@ -46,6 +47,11 @@ if TYPE_CHECKING:
 NAME = "limits"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device")
+
+registry.check(NAME, f"{__name__}:check", ("servers", "control", "logs"), order=70,
+               summary="each running server applies the daemon's default limits; pinned limits "
+                       "set on one ID per GPU")
+
 SET_PINNED = "Cmd:set_default_device_pinned_mem_limit "
 TOLERANCE = 0.05  # the daemon prints one decimal
 

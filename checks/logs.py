@@ -20,6 +20,7 @@ import time
 from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import LogFileFact, LogFinding, LogsFacts
 from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
@@ -30,6 +31,10 @@ NAME = "logs"
 CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-entry-foreign",
          "log-fatal", "log-file-bad", "log-server-exit", "log-server-start-failed",
          "logs-unreadable")
+
+registry.check(NAME, f"{__name__}:check", ("logs",), order=80,
+               summary="no pending clients, failed servers or refused connections in the MPS logs")
+
 SHOWN_FOREIGN = 5  # entries named per log dir; the rest are counted
 
 # code -> (state, what it means, what to do)

@@ -18,23 +18,33 @@ old enough, it is one WARNING per owner (``orphan-unrecorded``), so that an admi
 a stranger's squat, or a leftover from before job records existed, and removes it.
 """
 
-from typing import Dict, Iterator, List, Set, Tuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
 from mps_health.checks.common import slurm_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
-from mps_health.hostio import jobrecords
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
+from mps_health.model import registry
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.model.servertrack import remembered
-from mps_health.probes.jobdirs import JobDir, JobRecords
-from mps_health.probes.slurm import SlurmFacts
+
+if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+    from mps_health.probes.jobdirs import JobDir, JobRecords
+    from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",
          "job-records-unreadable", "slurm-unavailable")
+
+registry.check(NAME, f"{__name__}:check",
+               ("slurm", "job_dirs", "job_records", "processes", "servers"),
+               default_on=False, when_configured=("slurm", "orphans"), order=120,
+               summary="no per-job MPS dirs or daemons outlive their job")
+
 SHOWN = 3  # paths named per owner of unrecorded dirs (the rest counted)
 
 
@@ -128,6 +138,8 @@ def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
                ) -> Tuple[Dict[str, List[JobDir]], List[JobDir]]:
     """({job id: its dirs the Prolog recorded, of the recorded uid or root}, the other
     dirs named like an ended job's). Dirs of jobs Slurm runs here are in neither."""
+    from mps_health.hostio import jobrecords  # only where the check runs
+
     record_of = jobrecords.by_job(records.records)
     ours: Dict[str, List[JobDir]] = {}
     strangers: List[JobDir] = []

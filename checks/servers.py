@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import (
     InstanceServers,
@@ -28,6 +29,9 @@ NAME = "servers"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
          "daemon-restarted", "server-churn")  # the last two: events of model/servertrack.py
+
+registry.check(NAME, f"{__name__}:check", ("servers",), order=60,
+               summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
 
 
 def _reset(name: str) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
 from mps_health.config.load import Config
 from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
+from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.model.servertrack import remembered
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 NAME = "strays"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "mps-impostor")
+
+registry.check(NAME, f"{__name__}:check", ("processes", "servers"), order=20,
+               summary="no MPS server or daemon outside the configured instances")
+
 SHOWN_PIDS = 5
 SHOWN_DIRS = 3
 

@@ -12,12 +12,17 @@ from __future__ import annotations
 from typing import Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model import registry
 from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
 
 NAME = "tmpfiles"
 # Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("tmpfiles-unguarded",)
+
+registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
+               summary="systemd-tmpfiles will not clean the pipe dirs")
+
 AGING_TYPES = frozenset("dDevqQ")
 
 

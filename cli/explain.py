@@ -26,7 +26,7 @@ def declared() -> List[str]:
     from mps_health.model import registry
 
     codes: Dict[str, None] = {}
-    for spec in registry.CHECKS.values():
+    for spec in registry.checks().values():
         if spec.target.startswith("."):  # a site's own check documents its codes itself
             module = importlib.import_module(spec.target.partition(":")[0], "mps_health")
             codes.update(dict.fromkeys(getattr(module, "CODES", ())))

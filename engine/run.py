@@ -128,18 +128,19 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
 def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] = ()
                   ) -> List[registry.CheckSpec]:
     chosen = config.checks  # its names were checked when the config was loaded
+    table = registry.checks()
     for name in (*only, *skip):
-        if name not in registry.CHECKS:
-            known = ", ".join(sorted(registry.CHECKS))
+        if name not in table:
+            known = ", ".join(sorted(table))
             raise SelectionError(f"unknown check '{name}' (known: {known})")
     if only or chosen.only:
         names = list(only or chosen.only)
     else:  # the defaults, those whose config section is present, and checks.enable
-        names = [c.name for c in registry.CHECKS.values()
+        names = [c.name for c in table.values()
                  if c.default_on or any(k in config.given for k in c.when_configured)
                  or c.name in chosen.enable]
     dropped = set(skip) | set(chosen.disable)
-    return [registry.CHECKS[n] for n in names if n not in dropped]
+    return [table[n] for n in names if n not in dropped]
 
 
 def budget_within(limit_s: float, configured_s: float) -> float:
@@ -170,8 +171,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     """Gather every needed source once; never raises, never outlives ``ctx.deadline``
     unless a read blocks below Python (``bounded`` ends that). ``in_flight`` is kept
     holding the names of the sources being gathered. ``meanwhile`` runs once the inline
-    sources are read, while the started commands and threads finish (a run imports its
-    checks then)."""
+    sources are read, while the started commands and threads finish."""
     started = time.time()
     doing: Set[str] = set() if in_flight is None else in_flight
     needed = set(needs)
@@ -374,24 +374,14 @@ def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: floa
     return bounded(limit_for(budget_s), work)
 
 
-def _import_checks(checks: Sequence[registry.CheckSpec]) -> None:
-    """The checks' modules, imported while a run waits on the daemon's answer (judge
-    then finds them loaded); a module that fails to import is judge's to report."""
-    for spec in checks:
-        try:
-            registry.load(spec.target)
-        except Exception:
-            pass
-
-
 def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,
          replay: Optional[Facts], t0: float, in_flight: Set[str], boot_grace_s: float = 0.0
          ) -> Tuple[Facts, Report]:
     if replay is None:
         config = fit_control(config, budget)
         ctx = Context(config, root, t0 + budget)
-        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight,
-                       lambda: _import_checks(checks))
+        # The checks' modules are loaded already: selecting them imported every one.
+        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight)
     else:
         facts = replay
         # A snapshot judges only what it holds: a check added after it was taken is left

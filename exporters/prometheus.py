@@ -49,7 +49,7 @@ def _gauge(name: str, doc: str, value: Optional[float] = None,
 
 
 def _value_help(sample: Sample) -> str:
-    spec = registry.CHECKS.get(sample.check)
+    spec = registry.checks().get(sample.check)
     what = f" ({spec.summary})" if spec is not None and spec.summary else ""
     unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
             "flag": ", 1 or 0"}.get(sample.unit, "")

@@ -101,7 +101,7 @@ def read_more(action: str, code: str) -> str:
 def documented(check: str) -> bool:
     """Whether mps-health documents the check's codes (a built-in check; a site's own
     check, named as an importable module, documents its own)."""
-    spec = registry.CHECKS.get(check)
+    spec = registry.checks().get(check)
     return spec is not None and spec.target.startswith(".")
 
 

@@ -1,19 +1,28 @@
-"""Where fact sources and checks are registered: one line each, switched on by name.
+"""Where fact sources and checks are registered, switched on by name.
 
-A check names the fact sources it needs, so a run gathers only those: no NVML unless
-a GPU check runs, no Slurm call unless a Slurm check runs. Targets are imported lazily
-("module:function").
+The fact sources are the lines at the end of this module. A check declares itself: each
+module of the ``checks`` package calls ``check(...)`` at import, naming the fact sources
+it needs, so a run gathers only those (no NVML unless a GPU check runs, no Slurm call
+unless a Slurm check runs). No list names the built-in checks: ``checks()`` imports
+every module of the package, by name, the first time the table is needed, so adding a
+check is its module, its test file and its runbook entry. Each built-in passes its
+``order`` (the run's and every output's order); the table is kept sorted by it.
 
 A site's own check is a module named in the config (``checks.modules``); loading the
-config imports it, and it declares itself as the built-ins below do, with a
-``check(...)`` call at import (and its config sections in a ``SECTIONS`` tuple).
+config imports it, and it declares itself with the same ``check(...)`` call (and its
+config sections in a ``SECTIONS`` tuple); without an ``order`` it runs after the
+built-ins. Targets are imported lazily ("module:function"); one in mps-health is kept
+relative to the package (``.checks.daemon:check``), which is how a built-in check is
+told from a site's own.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import threading
 from types import ModuleType
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, Mapping, NamedTuple, Tuple
 
 
 class Source(NamedTuple):
@@ -27,6 +36,9 @@ class Source(NamedTuple):
     start: str = ""
 
 
+LAST = 1000  # where a check that gives no order runs: after every built-in
+
+
 class CheckSpec(NamedTuple):
     name: str
     target: str  # "module:function", called as function(facts, config) -> results
@@ -36,10 +48,19 @@ class CheckSpec(NamedTuple):
     # Also on by default when the config has one of these sections (GPU/Slurm checks:
     # a node without NVML or Slurm never pays for them, nor fails them, unless asked).
     when_configured: Tuple[str, ...] = ()
+    order: int = LAST  # the run's and the outputs' order, lowest first
 
+
+BUILTIN = ".checks"  # the package whose every module is a check (bar its helpers)
+HELPERS = ("common",)  # modules of that package that declare no check
 
 SOURCES: Dict[str, Source] = {}
-CHECKS: Dict[str, CheckSpec] = {}
+# Read through checks(), which fills it with the built-ins first; kept sorted by order.
+_CHECKS: Dict[str, CheckSpec] = {}
+_found = False  # whether the built-in checks were imported
+# A thread asking while another imports them waits for the whole table (the exporter's
+# threads); reentrant: a module asking at import gets the table as it stands.
+_finding = threading.RLock()
 
 
 def source(name: str, target: str, value_type: str, blocking: bool = False,
@@ -48,15 +69,54 @@ def source(name: str, target: str, value_type: str, blocking: bool = False,
 
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
-          summary: str = "", when_configured: Tuple[str, ...] = ()) -> None:
-    old = CHECKS.get(name)
+          summary: str = "", when_configured: Tuple[str, ...] = (), order: int = LAST
+          ) -> None:
+    """Declare a check, at its module's import: ``target`` is ``f"{__name__}:check"``."""
+    target = relative(target)
+    old = _CHECKS.get(name)
     if old is not None and old.target != target:
         raise ValueError(f"check {name!r} is already declared by {old.target}")
     unknown = [n for n in needs if n not in SOURCES]
     if unknown:
         raise ValueError(f"check {name!r} needs unknown fact sources {unknown} "
                          f"(known: {', '.join(SOURCES)})")
-    CHECKS[name] = CheckSpec(name, target, needs, default_on, summary, when_configured)
+    _CHECKS[name] = CheckSpec(name, target, needs, default_on, summary, when_configured,
+                              order)
+    ranked = sorted(_CHECKS.values(), key=lambda c: c.order)  # stable: ties as declared
+    _CHECKS.clear()
+    _CHECKS.update((c.name, c) for c in ranked)
+
+
+def checks() -> Mapping[str, CheckSpec]:
+    """Every check, in run order: the built-ins (each module of ``checks/``, imported
+    the first time) and the site's declared so far (``checks.modules``, at config load)."""
+    global _found
+    with _finding:
+        if not _found:
+            _found = True  # first: a module that asks for the table at import finds it
+            find_checks(BUILTIN)
+    return _CHECKS
+
+
+def find_checks(package: str) -> None:
+    """Import every module of ``package``: each declares its check at import. One that
+    cannot be imported stands in as a check named after its file, whose run reports the
+    import's error (UNKNOWN check-failed), as before: a broken install is never a check
+    that silently stops running."""
+    for info in pkgutil.iter_modules(module_named(package).__path__):
+        if info.ispkg or info.name in HELPERS:
+            continue
+        module = f"{package}.{info.name}"
+        try:
+            module_named(module)
+        except Exception:  # judge imports it again and reports why, on its one line
+            check(info.name.replace("_", "-"), f"{module}:check", (),
+                  summary="its module cannot be imported ('mps-health check' says why)")
+
+
+def relative(target: str) -> str:
+    """``target`` as the table keeps it: relative to the package when inside it."""
+    return target[len("mps_health"):] if target.startswith("mps_health.") else target
 
 
 SITE_SECTIONS: Dict[str, str] = {}  # config section -> the site module declaring it
@@ -66,13 +126,15 @@ def load_site_module(module: str) -> None:
     """Import a site check module named in ``checks.modules``; Invalid says what failed."""
     from mps_health.config.schema import Invalid, shown
 
+    checks()  # the built-ins first: a site check may not take one's name
     try:
         mod = module_named(module)
     except Exception as e:  # a site's bug or a missing package: one line, exit 3
         first = (str(e).strip().splitlines() or [""])[0]
         raise Invalid(f"cannot import {shown(module)}: {type(e).__name__}: "
                       f"{shown(first)[1:-1]}", "modules") from None
-    if not any(c.target.partition(":")[0] == module for c in CHECKS.values()):
+    declared = relative(module)
+    if not any(c.target.partition(":")[0] == declared for c in _CHECKS.values()):
         raise Invalid(f"{shown(module)} declares no check: call "
                       "mps_health.model.registry.check(name, 'module:function', needs) at import",
                       "modules")
@@ -111,41 +173,4 @@ source("job_dirs", ".probes.jobdirs:gather", ".probes.jobdirs:VALUE_TYPE")
 source("job_records", ".probes.jobdirs:gather_records",
        ".probes.jobdirs:RECORDS_TYPE")
 
-# --- checks -------------------------------------------------------------------------
-check("daemon", ".checks.daemon:check", ("processes", "dirs"),
-      summary="a live control daemon serves each instance")
-check("strays", ".checks.strays:check", ("processes", "servers"),
-      summary="no MPS server or daemon outside the configured instances")
-check("control", ".checks.control:check", ("control",),
-      summary="the control daemon answers in time")
-check("directories", ".checks.directories:check", ("dirs",),
-      summary="pipe and log dirs are real dirs with the right mode and owner")
-check("tmpfiles", ".checks.tmpfiles:check", ("tmpfiles",),
-      summary="systemd-tmpfiles will not clean the pipe dirs")
-check("servers", ".checks.servers:check", ("servers",),
-      summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
-check("limits", ".checks.limits:check", ("servers", "control", "logs"),
-      summary="each running server applies the daemon's default limits; pinned limits "
-              "set on one ID per GPU")
-check("logs", ".checks.logs:check", ("logs",),
-      summary="no pending clients, failed servers or refused connections in the MPS logs")
-# On where Slurm manages the node (a slurm: section): there canary.when: idle (the
-# default) runs it only while Slurm says the node is IDLE and no MPS client is connected,
-# and kills it when a job step arrives. Elsewhere only when asked (checks.enable, --only).
-check("canary", ".checks.canary:check", ("canary",), default_on=False,
-      when_configured=("slurm",),
-      summary="a real CUDA client through each instance is served by MPS")
-check("compute-mode", ".checks.compute_mode:check", ("nvml",), default_on=False,
-      when_configured=("gpu",),
-      summary="each GPU's compute mode is the expected one; no MIG under MPS")
-check("gres-drift", ".checks.gres_drift:check",
-      ("slurm", "nvml", "gres_conf", "processes", "dirs"), default_on=False,
-      when_configured=("slurm",),
-      summary="Slurm's GPUs and mps agree with NVML, gres.conf and the daemons")
-check("orphans", ".checks.orphans:check",
-      ("slurm", "job_dirs", "job_records", "processes", "servers"),
-      default_on=False, when_configured=("slurm", "orphans"),
-      summary="no per-job MPS dirs or daemons outlive their job")
-check("clients", ".checks.clients:check", ("servers", "jobs"), default_on=False,
-      when_configured=("clients", "slurm"),
-      summary="MPS clients match their jobs: mps asked, thread limit, context cap, one GPU")
+# The checks are not listed here: each module of checks/ declares its own (checks()).

@@ -99,7 +99,8 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
     """The core checks (daemon, control, directories) on this instance alone."""
     facts = Facts(node_name(ctx.config), time.time(), ctx.root, (inst,),
                   {"processes": found, "dirs": dir_facts, "control": {inst.name: answer}}, {}, {})
-    specs = [registry.CHECKS[n] for n in CORE_CHECKS if n in registry.CHECKS]
+    table = registry.checks()
+    specs = [table[n] for n in CORE_CHECKS if n in table]
     runs = engine.judge(facts, ctx.config, specs)
     return tuple(r for run_ in runs for r in run_.results if r.instance == inst.name)
 

@@ -31,7 +31,9 @@ def node_wide_check() -> str:
     core moved those findings from 'daemon' to a check of their own, 'strays'."""
     from mps_health.model import registry
 
-    return "strays" if "strays" in registry.CHECKS else "daemon"
+    # checks(): the table since each check declares itself; CHECKS before.
+    table = registry.checks() if hasattr(registry, "checks") else registry.CHECKS
+    return "strays" if "strays" in table else "daemon"
 
 
 def free_port() -> int:

@@ -50,6 +50,9 @@ def site_tree(tmp_path: Path) -> Path:
     (pkg / "mode_check.py").write_text(SITE_CHECK)
     (pkg / "broken.py").write_text("import no_such_package_here\n")
     (pkg / "silent.py").write_text("X = 1\n")
+    (pkg / "clash.py").write_text(
+        "from mps_health.model import registry\n"
+        "registry.check('daemon', f'{__name__}:check', ('dirs',))\n")
     return tmp_path / "site"
 
 
@@ -88,6 +91,14 @@ def test_site_check_is_on_by_default_and_in_the_metrics(tmp_path: Path, site: Si
     assert 'check="site-mode"' in (tmp_path / "mps_health.prom").read_text()
 
 
+def test_site_check_runs_after_the_built_ins(site: Site) -> None:
+    """It gives no order: the built-ins keep theirs, whichever was imported first."""
+    r = run(site, "checks:\n  modules: [site_pkg.mode_check]\n", "check", "--format", "json")
+    names = [c["name"] for c in json.loads(r.stdout)["checks"]]
+    assert names == ["daemon", "strays", "control", "directories", "tmpfiles", "servers",
+                     "limits", "logs", "site-mode"], r.stderr
+
+
 def test_a_module_that_cannot_be_imported_is_one_line(site: Site) -> None:
     for module, why in (
             ("site_pkg.nope", "cannot import 'site_pkg.nope': ModuleNotFoundError: No module "
@@ -95,6 +106,9 @@ def test_a_module_that_cannot_be_imported_is_one_line(site: Site) -> None:
             ("site_pkg.broken", "cannot import 'site_pkg.broken': ModuleNotFoundError: No "
                                 "module named 'no_such_package_here'"),
             ("site_pkg.silent", "'site_pkg.silent' declares no check"),
+            # a built-in's name is taken, whether or not the built-ins were loaded yet
+            ("site_pkg.clash", "ValueError: check 'daemon' is already declared by "
+                               ".checks.daemon:check"),
             ("site-pkg", "must be Python module names")):
         r = run(site, f"checks:\n  modules: [{module}]\n", "check", "--only", "daemon")
         assert (r.returncode, r.stdout) == (3, ""), module

@@ -18,8 +18,8 @@ import pytest
 from clirun import mps_health
 from mps_health.config.load import from_mapping
 from mps_health.engine import run as engine
+from mps_health.model import registry
 from mps_health.model.context import Context
-from mps_health.model.registry import CHECKS
 from mps_health.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
 from paths import FIXTURES
 
@@ -75,7 +75,7 @@ def _judge(raw: Dict[str, Any], facts: NvmlFacts) -> List[Any]:
     from mps_health.model.facts import Facts
 
     f = Facts("gpu-node", time.time(), "/", (), {"nvml": facts}, {}, {})
-    (run,) = engine.judge(f, from_mapping(raw, "gpu-test.yaml"), [CHECKS["compute-mode"]])
+    (run,) = engine.judge(f, from_mapping(raw, "gpu-test.yaml"), [registry.checks()["compute-mode"]])
     return list(run.results)
 
 
@@ -124,10 +124,10 @@ def test_gres_drift_devices_against_live_minors(tmp_path: Path) -> None:
                "slurm": {"gres_conf": str(conf), "timeout_s": 2},
                "commands": {"scontrol": str(tmp_path / "no-scontrol-here")}}
         cfg = from_mapping(raw, "gpu-test.yaml")
-        needs = [n for n in CHECKS["gres-drift"].needs if n != "nvml"]
+        needs = [n for n in registry.checks()["gres-drift"].needs if n != "nvml"]
         gathered = engine.gather(Context(cfg, "/", time.monotonic() + 20), needs)
         gathered.sources["nvml"] = facts
-        (run,) = engine.judge(gathered, cfg, [CHECKS["gres-drift"]])
+        (run,) = engine.judge(gathered, cfg, [registry.checks()["gres-drift"]])
         codes = {r.code for r in run.results if r.state != 0}
         print(f"\ngres.conf {name}:\n{text}-> " + "; ".join(
             f"{r.code}: {r.message}" for r in run.results if r.state != 0))

@@ -22,9 +22,9 @@ from clirun import mps_health
 from conftest import FAKE_CONTROL, fixture_text
 from mps_health.config.load import from_mapping
 from mps_health.engine import run as engine
+from mps_health.model import registry
 from mps_health.model.context import Context
 from mps_health.model.facts import Facts
-from mps_health.model.registry import CHECKS
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.nvml import load_record, read_nvml
 from mpsdaemon import start_daemon
@@ -49,7 +49,7 @@ def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: i
            "mps": {"pipe_dir": str(tmp_path / "pipe"), "log_dir": str(tmp_path / "log")},
            **extra}
     cfg = from_mapping(raw, "test.yaml")
-    needs = [n for c in checks for n in CHECKS[c].needs if n != "nvml"]
+    needs = [n for c in checks for n in registry.checks()[c].needs if n != "nvml"]
     facts = engine.gather(Context(cfg, "/", time.monotonic() + 30, cluster.env), needs)
     assert facts.errors == {}, facts.errors
     facts.sources["nvml"] = recorded_nvml(gpus)
@@ -57,7 +57,7 @@ def gather(cluster: SlurmCluster, tmp_path: Path, extra: Dict[str, Any], gpus: i
 
 
 def verdicts(facts: Facts, cfg: Any, check: str = "gres-drift") -> List[Tuple[str, int, str]]:
-    (run,) = engine.judge(facts, cfg, [CHECKS[check]])
+    (run,) = engine.judge(facts, cfg, [registry.checks()[check]])
     return [(r.instance, r.state, r.code) for r in run.results]
 
 
@@ -268,7 +268,7 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
                            str(top / f"nvidia-log_job{job_id}")]) == ""
     facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
     assert bad(verdicts(facts, cfg, "orphans")) == [(f"job{job_id}", WARNING, "orphan-dir")]
-    (run,) = engine.judge(facts, cfg, [CHECKS["orphans"]])
+    (run,) = engine.judge(facts, cfg, [registry.checks()["orphans"]])
     message = run.results[0].message
     assert f"job {job_id} (owner root)" in message and "old" in message
 

@@ -128,14 +128,15 @@ def test_every_problem_ends_with_its_runbook_entry_and_ok_says_nothing() -> None
 def test_a_site_checks_codes_get_no_runbook_entry_but_the_engines_do() -> None:
     from mps_health.model import registry
 
-    registry.CHECKS["site-probe"] = registry.CheckSpec("site-probe", "site_x:check", ())
+    registry.checks()  # the built-ins first, as a run has them
+    registry.check("site-probe", "site_x:check", ())
     try:
         site = actionhints.applied(_report(
             Result("site-probe", WARNING, "gpu-hot", "", "hot", "cool it"),
             Result("site-probe", CRITICAL, "check-failed", "", "bug", "report it"),
             check="site-probe").runs, (), engine.CODES)
     finally:
-        del registry.CHECKS["site-probe"]
+        del registry._CHECKS["site-probe"]
     hot, failed = site[0].results
     assert hot.action == "cool it"
     assert failed.action == "report it (runbook: mps-health explain check-failed)"

@@ -19,7 +19,7 @@ from mps_health.model import registry
 
 def declared_by_check() -> Dict[str, Set[str]]:
     out: Dict[str, Set[str]] = {}
-    for spec in registry.CHECKS.values():
+    for spec in registry.checks().values():
         module = spec.target.partition(":")[0]
         out[module] = set(importlib.import_module(module, "mps_health").CODES)
     return out

@@ -7,8 +7,8 @@ from conftest import fixture_text
 from mps_health.checks import compute_mode
 from mps_health.config.load import ConfigError, from_mapping
 from mps_health.engine import run as engine
+from mps_health.model import registry
 from mps_health.model.facts import Facts
-from mps_health.model.registry import CHECKS
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.nvml import GpuFact, NvmlFacts, load_record, read_nvml
 
@@ -22,7 +22,7 @@ def judge(fixture: str, config: Dict[str, Any]) -> List[Tuple[str, int, str]]:
     nvml = read_nvml(load_record(fixture_text(fixture), fixture))
     facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
     cfg = from_mapping(config, "site.yaml")
-    (run,) = engine.judge(facts, cfg, [CHECKS["compute-mode"]])
+    (run,) = engine.judge(facts, cfg, [registry.checks()["compute-mode"]])
     return [(r.instance, r.state, r.code) for r in run.results]
 
 
@@ -63,7 +63,7 @@ def test_prohibited_is_critical() -> None:
     assert nvml.gpus[1].compute_mode == "PROHIBITED"
     facts = Facts("n1", 0.0, "/", (), {"nvml": nvml}, {}, {})
     (run,) = engine.judge(facts, from_mapping({"gpu": {"mps_gpus": [0]}}, None),
-                          [CHECKS["compute-mode"]])
+                          [registry.checks()["compute-mode"]])
     assert [(r.instance, r.state) for r in run.results if r.state] == [("gpu1", CRITICAL)]
 
 
@@ -116,7 +116,7 @@ def test_real_h200_default_mode_judged_both_ways() -> None:
     facts = Facts("h200", 0.0, "/", (), {"nvml": nvml}, {}, {})
     for raw, want in (({"gpu": {}}, (WARNING, "compute-mode-mismatch")),
                       ({"gpu": {"compute_mode": {"mps": "DEFAULT"}}}, (OK, "ok"))):
-        (run,) = engine.judge(facts, from_mapping(raw, None), [CHECKS["compute-mode"]])
+        (run,) = engine.judge(facts, from_mapping(raw, None), [registry.checks()["compute-mode"]])
         assert [(r.state, r.code) for r in run.results] == [want]
 
 

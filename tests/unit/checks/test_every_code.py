@@ -1,6 +1,6 @@
 """Every check has its unit test file here, and that file tests every code the check emits.
 
-A check is ``checks/NAME.py`` registered in ``model/registry.py``; its tests are
+A check is ``checks/NAME.py``, which declares itself (``registry.check``); its tests are
 ``tests/unit/checks/test_NAME.py``, on made facts. A code counts as tested only where it
 is a string literal inside an ``assert`` or a ``pytest.mark.parametrize`` (read with
 ``ast``): a code named in a comment, a docstring or a helper proves nothing, and a code
@@ -27,7 +27,7 @@ def check_modules() -> Dict[str, Tuple[str, ...]]:
     own check (``checks.modules``, registered by a test that loads such a config) is not
     the package's to test here."""
     out: Dict[str, Tuple[str, ...]] = {}
-    for spec in registry.CHECKS.values():
+    for spec in registry.checks().values():
         module = spec.target.partition(":")[0]
         if not module.startswith(".checks."):
             continue

@@ -10,9 +10,9 @@ import pytest
 from mps_health.config.load import from_mapping
 from mps_health.engine import run as engine
 from mps_health.hostio.jobrecords import JobRecord
+from mps_health.model import registry
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.facts_deep import RememberedServer, ServerMemory, ServersFacts
-from mps_health.model.registry import CHECKS
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.probes.jobdirs import JobDir, JobRecords
 from mps_health.probes.slurm import SlurmFacts, SlurmJob, SlurmNode
@@ -59,7 +59,7 @@ def judge(dirs: Sequence[JobDir], records: Sequence[JobRecord] = (),
                                                              "alice", (), True)
                                             for pid, ticks in remembered))}, ())}
     facts = Facts("n1", NOW, "/", (), sources, {}, {})
-    (run,) = engine.judge(facts, from_mapping(config, "site.yaml"), [CHECKS["orphans"]])
+    (run,) = engine.judge(facts, from_mapping(config, "site.yaml"), [registry.checks()["orphans"]])
     return list(run.results)
 
 
