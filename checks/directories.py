@@ -23,6 +23,7 @@ entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
 
 from __future__ import annotations
 
+import pwd
 from typing import FrozenSet, Iterator, Mapping, Optional
 
 from mps_health.config.load import Config
@@ -193,8 +194,6 @@ def log_mode_result(inst: Instance, d: DirFact, want: int, action: str = "") -> 
 
 
 def _owner_name(uid: int) -> str:
-    import pwd
-
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:

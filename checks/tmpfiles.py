@@ -9,6 +9,7 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
@@ -51,7 +52,6 @@ def _part_match(pattern: str, name: str) -> bool:
         return pattern == name
     if not name.startswith(pattern[:first]):
         return False
-    from fnmatch import fnmatchcase
 
     return fnmatchcase(name, pattern)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Callable
 
 from mps_health.cli.common import add_common, boot_grace, load_config, names, written
@@ -80,8 +82,6 @@ def terminal(out: object) -> tuple[int, bool]:
     """(width, colour) where ``out`` is a terminal: its width (``COLUMNS`` first, as the
     help does) and colour unless ``NO_COLOR`` is set (https://no-color.org) or ``TERM``
     is dumb. (0, False) elsewhere: slurmd, pipes and files get the lines as they are."""
-    import os
-
     try:
         fd = out.fileno()  # type: ignore[attr-defined]
         if not os.isatty(fd):
@@ -99,8 +99,6 @@ def terminal(out: object) -> tuple[int, bool]:
 def say_state_faults(facts: Facts) -> None:
     """One line on stderr per state file that could not be saved (a full or broken
     state dir): the verdict above stands, only history is lost until it can be saved."""
-    import sys
-
     from mps_health.hostio.state import is_fault
     from mps_health.model.printable import printable
 

@@ -5,6 +5,8 @@ A code with no entry (a typo, a site's own check) is one line and exit 3.
 """
 
 import argparse
+import difflib
+import importlib
 from typing import Callable, Dict, List
 
 from mps_health.cli.common import emit
@@ -19,8 +21,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def declared() -> List[str]:
     """Every code mps-health reports, check by check, as the checks declare them."""
-    import importlib
-
     from mps_health.engine import run as engine
     from mps_health.healthcheck import run as healthcheck
     from mps_health.model import registry
@@ -48,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.OK
     entry = found.get(args.code)
     if entry is None:
-        import difflib
-
         near = difflib.get_close_matches(args.code, list(found), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise Failure(f"no runbook entry for '{escape(args.code, 60)}'{hint}: "

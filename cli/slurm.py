@@ -11,6 +11,7 @@ unified diff when not, 3 when it cannot tell (as every other failure here).
 
 import os
 import sys
+import sysconfig
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from mps_health.cli.common import load_config
@@ -191,8 +192,6 @@ def health_check_default(link_dirs: Tuple[str, ...] = LINK_DIRS) -> Tuple[str, s
     """(HealthCheckProgram's path, a note when it is not the README's): the link to this
     installation's ``mps-health-healthcheck`` in the first of ``link_dirs`` that has one,
     else the script itself, beside this Python."""
-    import sysconfig
-
     own = os.path.join(sysconfig.get_path("scripts"), HEALTH_CHECK)
     for where in link_dirs:
         linked = os.path.join(where, HEALTH_CHECK)

@@ -26,6 +26,7 @@ Every failure is ``InputError``: one line saying what is wrong; the caller adds 
 
 from __future__ import annotations
 
+import errno
 from typing import Any, List, Optional
 
 MAX_DEPTH = 64  # levels of nesting; mps-health's own files use fewer than ten
@@ -48,8 +49,6 @@ def _size(n: int) -> str:
 def read_text(path: str, limit: int, follow: bool = False) -> Optional[str]:
     """The UTF-8 text of regular file ``path``; None if it does not exist. ``follow``:
     a symlink is followed (a path the admin chose); otherwise it is refused."""
-    import errno
-
     from mps_health.hostio.safefiles import read_small
 
     try:

@@ -11,6 +11,7 @@ mode 0777) and neither PyYAML nor any owner module is imported.
 from __future__ import annotations
 
 import os
+import string
 from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from mps_health.config.schema import (
@@ -157,7 +158,6 @@ class MpsConfig(Record):
 def _template_fields(template: str) -> Tuple[str, ...]:
     if "{" not in template and "}" not in template:
         return ()
-    import string  # small; only for a template with fields
 
     try:
         return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)

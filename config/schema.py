@@ -16,6 +16,7 @@ every check.
 
 from __future__ import annotations
 
+import reprlib
 from typing import (
     Any,
     Callable,
@@ -48,8 +49,6 @@ def shown(value: Any) -> str:
     Built by ``reprlib``, which stops after a few items and levels: the full repr of a
     value that YAML aliases repeat (or that contains itself) would be as large as its
     expansion, however small the file."""
-    import reprlib  # small, and only on the way to an error line
-
     short = reprlib.Repr()
     # Strings are cut in their middle by reprlib: far enough out that the cut below,
     # at the end, is the one seen.

@@ -11,6 +11,7 @@ value can never add a path component.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ def split_fields(text: str) -> List[Tuple[str, str]]:
 
 def pattern(template: str) -> re.Pattern[str]:
     """A regex for the last component of a per-job template (groups ``job``, ``gpu``)."""
-    import re  # only for the per-job layout: the plain check never loads it
-
     out = ""
     for literal, field in split_fields(os.path.basename(template)):
         out += re.escape(literal)

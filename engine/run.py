@@ -17,6 +17,7 @@ limit (the whole run) are decided here, for every command, once.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar
@@ -114,8 +115,6 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
     # did not finish within it either.
     if not joined(thread, limit_s - (time.monotonic() - started)) \
             or ended[0] - started > limit_s:
-        import sys
-
         runner = sys.modules.get("mps_health.hostio.runner")  # not loaded: nothing was started
         if runner is not None:
             runner.kill_started_since(started)

@@ -14,6 +14,7 @@ the file it holds) and starts over on the new one, so two holders never overlap.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from typing import Optional
@@ -61,8 +62,6 @@ class FileLock:
 
     @staticmethod
     def _flock_by(fd: int, deadline: float) -> bool:
-        import fcntl
-
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

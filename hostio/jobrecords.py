@@ -20,6 +20,7 @@ Recording is best effort for the hooks: a failure is one line to log, never fata
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -71,8 +72,6 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
     try:
         dfd = open_dir(state_dir)
     except UnsafePath as e:
-        import errno
-
         return (), "" if e.errno == errno.ENOENT else f"job records not read: {e}"
     except OSError as e:
         return (), f"job records not read: {state_dir}: {e.strerror}"

@@ -13,6 +13,7 @@ cannot swallow it. The engine turns it into one UNKNOWN line for the sources it 
 from __future__ import annotations
 
 import errno
+import resource
 
 STARVED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)  # EAGAIN: fork/spawn
 
@@ -36,11 +37,9 @@ def starved_line(doing: str, code: int, text: str) -> str:
 
 def limit_hint(code: int) -> str:
     if code == errno.EMFILE:
-        try:  # a C extension: loading it needs a file descriptor too
-            import resource
-
+        try:  # imported at load time: a process out of descriptors could not load it now
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (ImportError, OSError):
+        except OSError:
             return "raise its LimitNOFILE or ulimit -n"
         return f"it may open {soft} files; raise its LimitNOFILE or ulimit -n"
     if code == errno.ENFILE:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
@@ -42,8 +43,6 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
            stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Completed:
     """Run ``argv`` as ``as_user`` (None: as we are) to completion or ``timeout_s``."""
-    import tempfile
-
     drop: dict = {}
     if as_user is not None:
         drop = {"cwd": as_user.cwd, "umask": as_user.umask}

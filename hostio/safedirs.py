@@ -41,6 +41,7 @@ import errno
 import os
 import secrets
 import stat
+import time
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -183,8 +184,6 @@ def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
 
 
 def random_name(name: str, what: str) -> str:
-    import time
-
     return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(8)}"
 
 

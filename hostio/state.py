@@ -9,6 +9,7 @@ which costs accuracy (no offsets, no history), never correctness of what is repo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -47,8 +48,6 @@ class StateFile:
                 return True
             self.error = f"{self.lock_path} is held by another run; state not saved"
         except OSError as e:
-            import errno
-
             if e.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
                 # Not root (check_mps as nagios, a user's -v): root's runs keep the
                 # memory; this run reads it and is judged against it, and only its own

@@ -9,6 +9,7 @@ what we create). A uid without a passwd entry is still a user (its own group, ho
 from __future__ import annotations
 
 import os
+import pwd
 from typing import Dict, NamedTuple, Optional, Tuple
 
 
@@ -32,8 +33,6 @@ def name_of(uid: Optional[int]) -> Optional[str]:
     if uid is None:
         return None
     if uid not in _names:
-        import pwd
-
         try:
             _names[uid] = pwd.getpwuid(uid).pw_name
         except KeyError:
@@ -51,8 +50,6 @@ def uid_of(spec: str) -> Optional[int]:
     if spec.isdigit():
         return int(spec)
     if spec not in _uids:
-        import pwd
-
         try:
             _uids[spec] = pwd.getpwnam(spec).pw_uid
         except KeyError:
@@ -61,8 +58,6 @@ def uid_of(spec: str) -> Optional[int]:
 
 
 def by_uid(uid: int) -> User:
-    import pwd
-
     try:
         pw = pwd.getpwuid(uid)
     except KeyError:
@@ -80,8 +75,6 @@ def resolve(spec: str, job_uid: Optional[int] = None, key: str = "mps.daemon_use
         return by_uid(job_uid)
     if spec.isdigit():
         return by_uid(int(spec))
-    import pwd
-
     try:
         pw = pwd.getpwnam(spec)
     except KeyError:

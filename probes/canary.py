@@ -17,6 +17,9 @@ not run while any MPS client is connected; while it runs, a new root ``slurmstep
 
 import contextlib
 import os
+import sys
+import tempfile
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -153,8 +156,6 @@ def clients(ctx: Context, inst: Instance, deadline: float
 
 
 def _argv(config: Config) -> List[str]:
-    import sys
-
     if COMMAND in config.commands:
         return [config.commands[COMMAND]]
     from mps_health.probes import canary_client
@@ -163,8 +164,6 @@ def _argv(config: Config) -> List[str]:
 
 
 def _private_dir(ctx: Context, uid: int) -> str:
-    import tempfile
-
     base = ctx.config.run_dir
     try:
         os.makedirs(base, mode=0o755, exist_ok=True)
@@ -327,8 +326,6 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
-    import threading
-
     cfg = settings(ctx.config)
     facts: Dict[str, CanaryFact] = {}
     if not instances:

@@ -27,6 +27,7 @@ longer lists the job. The rule lives here alone.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
 from mps_health.model.context import Context
@@ -85,8 +86,6 @@ def hook_phase(records: Sequence[PlannedRestart], pipe_dir: str, since: Optional
 def unjudged(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float]
              ) -> Dict[str, str]:
     """Per-job instances not to judge now, by name, with why (see the module's rules)."""
-    import time
-
     from mps_health.config.slurm import settings
     from mps_health.hostio.planned import load
 

@@ -10,6 +10,8 @@ only when this source runs.
 """
 
 import contextlib
+import json
+import warnings
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context
@@ -87,8 +89,6 @@ class PynvmlApi:
         self._names: Dict[int, str] = {}
 
     def init(self) -> None:
-        import warnings
-
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the deprecated 'pynvml' shim warns on import
@@ -307,8 +307,6 @@ def unavailable(code: str) -> NvmlFacts:
 
 def load_record(text: str, where: str) -> RecordedApi:
     """A RecordedApi from JSON text; ValueError with ``where`` on bad input."""
-    import json
-
     try:
         return RecordedApi(json.loads(text))
     except ValueError as e:

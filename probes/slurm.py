@@ -22,7 +22,9 @@ line in the facts after ``slurm.timeout_s``, never a hang and never an exception
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -237,8 +239,6 @@ def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
 
 def parse_node_json(text: str, name: str) -> SlurmNode:
     """The node ``name`` in ``scontrol --json show node NODE`` (Slurm 23.02+)."""
-    import json
-
     try:
         data = json.loads(text)
     except ValueError as e:
@@ -441,8 +441,6 @@ _KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
 def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
     """The absolute path ``binary`` runs as, found on ``env``'s PATH (the one the runner
     would otherwise look up on our own PATH)."""
-    import shutil
-
     if "/" in binary:
         return binary
     return shutil.which(binary, path=env.get("PATH", os.defpath))

@@ -5,6 +5,7 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 """
 
 import os
+import time
 from typing import Callable, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
@@ -222,7 +223,6 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     if dry_run or audit is None:
         say("  dry run: nothing was changed")
         return DONE
-    import time
 
     started = time.monotonic()
     audit.record("begin", instance=inst.name, problems=problems, force=str(force).lower(),

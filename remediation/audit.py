@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import sys
+import syslog
 import time
 from typing import List, Mapping, Optional
 
@@ -103,7 +104,5 @@ class Audit:
 
     @staticmethod
     def _to_syslog(line: str) -> None:
-        import syslog
-
         syslog.openlog("mps-health", syslog.LOG_PID, syslog.LOG_DAEMON)
         syslog.syslog(syslog.LOG_NOTICE, line)

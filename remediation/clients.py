@@ -9,6 +9,7 @@ otherwise the answer is "unknown", and a reset refuses as if clients were there.
 
 import contextlib
 import time
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.model.context import Context
@@ -57,8 +58,6 @@ def from_control(ctx: Context, inst: Instance, timeout_s: float) -> Optional[Cli
 
 def nvml_clients(gpus: Sequence[str]) -> Optional[Tuple[int, ...]]:
     """MPS client PIDs on these GPUs (all GPUs if empty), or None if NVML cannot tell."""
-    import warnings
-
     try:
         with warnings.catch_warnings():  # the deprecated pynvml shim warns on import
             warnings.simplefilter("ignore")

@@ -13,6 +13,7 @@ get into it: the rendered text is parsed back before writing and must be exactly
 left in place (the previous file is put back, or the new one removed).
 """
 
+import difflib
 import os
 from typing import List, Optional
 
@@ -87,8 +88,6 @@ def _put_back(old: Optional[str], root: str) -> str:
 
 
 def diff(old: Optional[str], new: str) -> str:
-    import difflib
-
     before = (old or "").splitlines(keepends=True)
     lines = difflib.unified_diff(before, new.splitlines(keepends=True),
                                  fromfile=GUARD_FILE if old is not None else "/dev/null",

@@ -6,6 +6,7 @@ node captured; :func:`record_from_dump` turns the second into the first, so both
 through the same interpretation as live NVML.
 """
 
+import json
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.probes.nvml import (
@@ -70,8 +71,6 @@ def record_from_dump(dump: Mapping[str, Any]) -> Dict[str, Any]:
 
 def load_recording(text: str, where: str) -> RecordedApi:
     """A RecordedApi from either recording format; ValueError naming ``where``."""
-    import json
-
     try:
         data = json.loads(text)
     except ValueError as e:

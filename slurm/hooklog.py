@@ -8,6 +8,8 @@ line names the job. A log that cannot be written is skipped, never an error.
 
 import os
 import sys
+import syslog
+import time
 from typing import List, Optional
 
 LEVELS = {"info": 6, "warning": 4, "error": 3}  # syslog priorities
@@ -23,11 +25,9 @@ class HookLog:
         self.lines: List[str] = []  # what was said, for the caller (and tests)
         self._syslog = None
         try:
-            import syslog
-
             syslog.openlog(self.ident, syslog.LOG_PID, syslog.LOG_DAEMON)
             self._syslog = syslog
-        except (ImportError, OSError):
+        except OSError:
             pass
 
     def _say(self, level: str, message: str) -> None:
@@ -47,8 +47,6 @@ class HookLog:
             self._append(f"{self.ident}[{os.getpid()}]: {level}: {line}\n")
 
     def _append(self, text: str) -> None:
-        import time
-
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         try:
             # O_NONBLOCK: a FIFO in the log's place must not hang a Prolog.

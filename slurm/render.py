@@ -7,6 +7,7 @@ expanded, and only lines for this node count (no NodeName=, or a NodeName= whose
 host list holds it). Everything here is pure; reading the files is the command's job.
 """
 
+import difflib
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.slurm.gpus import GresGpu
@@ -143,8 +144,6 @@ def gres_lines(text: str, node: str) -> List[str]:
 
 def unified(expected: Sequence[str], installed: Sequence[str], installed_name: str,
             expected_name: str) -> str:
-    import difflib
-
     return "".join(difflib.unified_diff([x + "\n" for x in installed],
                                         [x + "\n" for x in expected],
                                         fromfile=installed_name, tofile=expected_name))
