@@ -27,13 +27,11 @@ def need(tool: str) -> str:
 
 def node_wide_check() -> str:
     """The check that reports daemons no configured instance uses: skipped where a test
-    needs a clean OK, since other tests' fake daemons may run on the same machine. The
-    core moved those findings from 'daemon' to a check of their own, 'strays'."""
+    needs a clean OK, since other tests' fake daemons may run on the same machine."""
     from mps_health.model import registry
 
-    # checks(): the table since each check declares itself; CHECKS before.
-    table = registry.checks() if hasattr(registry, "checks") else registry.CHECKS
-    return "strays" if "strays" in table else "daemon"
+    assert "strays" in registry.checks()
+    return "strays"
 
 
 def free_port() -> int:

@@ -385,9 +385,7 @@ def have_clients_check() -> bool:
         from mps_health.model import registry
     except ImportError:
         return False
-    # checks(): the table since each check declares itself; CHECKS before.
-    table = registry.checks() if hasattr(registry, "checks") else registry.CHECKS
-    return "clients" in table
+    return "clients" in registry.checks()
 
 
 def main(argv: List[str]) -> int:
