@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import string
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from mps_health.config.schema import (
     Invalid,
+    R,
     Record,
     Section,
     abspath,
@@ -48,10 +49,9 @@ LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the
 LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
 # Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
-# has the owners of the sections it gives imported, and all their sections validated
-# (absent ones as empty); without a file, none is imported. An absent section's
-# defaults are what its record says, and hold, but where one section's rules read
-# another (READ_BY): giving slurm validates healthcheck too. Order matters there.
+# has the owners of the sections it gives imported and all their sections validated (absent
+# ones as empty); where one section's rules read another (READ_BY), giving slurm validates
+# healthcheck too. Without a file, none is imported. Order matters.
 SECTIONS = {
     "servers": ".config.deep_checks",
     "logs": ".config.deep_checks",
@@ -80,24 +80,16 @@ DEFAULT_COMMANDS = {
     "scontrol": "scontrol",
     "squeue": "squeue",
 }
-# Where the MPS binaries are looked for when ``commands`` gives a name, not a path: the
-# one list every command uses (check, health check, remediate, unit, the Slurm hooks),
-# never the caller's PATH, so a check and the reset it advises find the same binary, and
-# slurmd's empty environment finds it too. The system dirs root's commands are found on
-# (runner.SAFE_PATH, in its order: /usr/bin is where Ubuntu's and Debian's driver
-# packages put the control binary, /usr/sbin where Debian's nvidia-cuda-mps puts the
-# server), then where Kubernetes GPU nodes and NVIDIA's container tooling mount the
-# driver's binaries (/usr/local/nvidia/bin) and the CUDA toolkit's dir
-# (/usr/local/cuda/bin). README.md, "Where mps-health finds the MPS binaries", says
-# where each comes from.
+# Where the MPS binaries are looked for when ``commands`` gives a name: one list for every
+# command, never the caller's PATH, so a check and the reset it advises find the same
+# binary, in slurmd's empty environment too. runner.SAFE_PATH's dirs in its order, then
+# the driver's dir on Kubernetes/NVIDIA container nodes and the CUDA toolkit's (README.md,
+# "Where mps-health finds the MPS binaries").
 MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
                    "/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin")
 # Commands that may be configured but are not looked up on PATH by default. The server
 # is the one beside the control binary unless configured (mps_health.remediation.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
-
-R = TypeVar("R", bound=Record)
-
 
 class ConfigError(Exception):
     """A configuration problem, worded as the one line the user sees."""
@@ -139,19 +131,17 @@ class MpsConfig(Record):
     log_dir: str = pathname("/var/log/nvidia-mps")
     gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
     dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
-    # Log dirs: only the control daemon writes there (it opens control.log and server.log
-    # itself; servers for other users' clients write nothing there), so no one else may:
-    # a user's entry there is a link the daemon would append to, or a forged log.
-    # Default 0755 (node, per-gpu), 0700 for per-job (the job's user's own dir).
+    # Log dirs: only the control daemon writes there, so no one else may (a user's entry
+    # there is a link the daemon would append to, or a forged log). Default 0755, per-job 0700.
     log_dir_mode: int = custom(0o755, _mode)
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
-    # Where the MPS binaries are found unless ``commands`` names their path (root's dirs
-    # only: whatever is found there runs as root).
+    # Where the MPS binaries are found unless ``commands`` names them (root's dirs only:
+    # whatever is found there runs as root).
     binary_dirs: Tuple[str, ...] = custom(MPS_BINARY_DIRS, _dirs)
-    # Per-job: at most this many instances are judged per run (each costs a control
-    # client and a few reads); the rest are named as not judged, never guessed about.
+    # Per-job: at most this many instances are judged per run (each costs a control client);
+    # the rest are named as not judged, never guessed about.
     max_instances: int = whole(256, low=1, high=100000)
 
 
@@ -325,11 +315,9 @@ MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cu
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     """Load the config from ``path`` (default file if it exists) or from ``text``.
 
-    The path is the admin's choice (the default file, --config, slurm.conf's lines), so a
-    symlink is followed; anything but a regular file (a FIFO, a dir) is refused without
-    blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
-    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.config.inputs``).
-    """
+    The path is the admin's choice, so a symlink is followed; anything but a regular file
+    is refused without blocking, and so is a file over MAX_BYTES, nesting past
+    ``inputs.MAX_DEPTH`` or aliases expanding past ``inputs.MAX_VALUES`` values."""
     explicit = path is not None
     path = path or DEFAULT_PATH
     from mps_health.config.inputs import InputError, read_text
@@ -393,11 +381,9 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         for section in CORE_SECTIONS:
             key = section.name
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
-        from mps_health.model import (
-            registry,  # (its site sections are known once CHECKS is validated)
-        )
+        from mps_health.model import registry  # site sections are known once CHECKS is valid
 
-        site = _site_modules()
+        site = tuple(registry.SITE_SECTIONS.values())  # modules named by checks.modules
         for key in data:
             if key not in TOP_KEYS and key not in loaded and key not in SECTIONS \
                     and key not in registry.SITE_SECTIONS:
@@ -418,13 +404,6 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
     core = {s.name: loaded.pop(s.name) for s in CORE_SECTIONS}
     return Config(path=path, **top, **core, sections=loaded,
                   given=tuple(str(k) for k in data), raw=dict(data))
-
-
-def _site_modules() -> Tuple[str, ...]:
-    """Site check modules that declare sections (imported with ``checks.modules``)."""
-    from mps_health.model import registry
-
-    return tuple(registry.SITE_SECTIONS.values())
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
