@@ -1,10 +1,7 @@
 """The exporter's config section (``exporter:``): where it listens, how often it runs,
-what one client may hold (exporters/http.py; docs/monitoring.md).
-
-Declared apart from the command (``mps_health.cli.exporter``) so that loading a
-config file, which validates every section, imports neither the command's threads and
-signals nor the HTTP server. Port 10102: the Prometheus wiki's default-port list has no
-room left in 9100-9999, and new exporters register above 10000.
+what one client may hold (exporters/http.py; docs/monitoring.md). Apart from the command,
+so that loading a config imports no HTTP server. Port 10102: the Prometheus wiki's
+default-port list has no room left in 9100-9999; new exporters register above 10000.
 """
 
 from __future__ import annotations
@@ -14,8 +11,7 @@ from typing import Any, Tuple
 from mps_health.config.load import Config
 from mps_health.config.schema import Invalid, Record, Section, custom, number, shown, text, whole
 
-DEFAULT_PORT = 10102
-DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+DEFAULT_LISTEN = ":10102"
 DEFAULT_INTERVAL_S = 30.0
 
 

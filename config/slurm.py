@@ -1,8 +1,4 @@
-"""The ``slurm``, ``orphans`` and ``gpu`` config sections.
-
-They are validated with the whole file when it is loaded (``mps_health.config.load``);
-readers get the records through ``config.get(...)`` or the helpers below.
-"""
+"""The ``slurm``, ``orphans`` and ``gpu`` config sections (read with the helpers below)."""
 
 from __future__ import annotations
 
