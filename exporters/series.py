@@ -111,20 +111,13 @@ def label_name(raw: str) -> str:
     return name
 
 
-def gpu_label(gpu: str) -> Tuple[str, str]:
-    """dcgm-exporter's label for a GPU: ``gpu`` for an index, ``UUID`` for a UUID."""
-    if gpu.startswith(("GPU-", "MIG-")):
-        return ("UUID", gpu)
-    return ("gpu", gpu)
-
-
 def labels_of(instance: str, extra: Labels, instance_gpus: Mapping[str, str]) -> Labels:
     labels: Dict[str, str] = {}
     if instance:
         labels["mps_instance"] = instance
-        if instance in instance_gpus:
-            key, value = gpu_label(instance_gpus[instance])
-            labels[key] = value
+        gpu = instance_gpus.get(instance)
+        if gpu is not None:  # dcgm-exporter's label: ``gpu`` for an index, ``UUID`` for a UUID
+            labels["UUID" if gpu.startswith(("GPU-", "MIG-")) else "gpu"] = gpu
     for raw, value in extra:
         labels[label_name(str(raw))] = str(value)
     return tuple(labels.items())

@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from typing import Iterator, TextIO
 
-from mps_health.model.results import (
-    CRITICAL,
-    OK,
-    STARTING,
-    STATE_NAMES,
-    UNKNOWN,
-    WARNING,
-    Report,
-    Result,
-    is_problem,
-)
+from mps_health.model.results import OK, STARTING, STATE_NAMES, Report, Result, is_problem
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.
-COLOURS = {OK: "32", WARNING: "33", CRITICAL: "1;31", UNKNOWN: "35"}
+COLOURS = {"OK": "32", "WARNING": "33", "CRITICAL": "1;31", "UNKNOWN": "35"}
 MORE = "-v: each problem in full, with what to do"
 NARROWEST = 20  # a width below this (a broken COLUMNS) is taken as this
 
@@ -42,10 +32,17 @@ def ok_line(r: Result) -> str:
     return f"OK {r.check}{where}: {r.message}"
 
 
-def passed(report: Report) -> int:
-    """How many OK lines ``-v`` lists: one per result, so a check of many instances (or
-    with a note) counts each, as the list shows it."""
-    return sum(1 for run in report.runs for r in run.results if r.state == OK)
+def passed(report: Report) -> str:
+    """"N checks passed on NODE in Ts", N the OK lines ``-v`` lists (a check of many
+    instances counts each); check_mps says the same."""
+    n = sum(1 for run in report.runs for r in run.results if r.state == OK)
+    return f"{n} check{'s' if n != 1 else ''} passed on {report.node} in {report.duration_s:.2f}s"
+
+
+def gathered(report: Report) -> str:
+    """``-v``'s last line: what gathering each fact source took, and the run."""
+    spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
+    return f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
 
 
 def folded_line(r: Result) -> str:
@@ -62,9 +59,7 @@ def summary_line(report: Report) -> str:
     state = STATE_NAMES[report.state]
     problems = report.problems()
     if not problems:
-        n = passed(report)
-        return (f"MPS {state} - {n} check{'s' if n != 1 else ''} passed on {report.node} "
-                f"in {report.duration_s:.2f}s")
+        return f"MPS {state} - {passed(report)}"
     # Distinct labels in order of first appearance: a dict, so many problems stay linear.
     codes = list(dict.fromkeys(r.code + (f" {r.instance}" if r.instance else "")
                                for r in problems))
@@ -85,7 +80,7 @@ def paint(line: str, state: int, at: int, colour: bool) -> str:
     name = STATE_NAMES[state]
     if not colour or line[at:at + len(name)] != name:
         return line
-    return f"{line[:at]}\x1b[{COLOURS[state]}m{name}\x1b[0m{line[at + len(name):]}"
+    return f"{line[:at]}\x1b[{COLOURS[name]}m{name}\x1b[0m{line[at + len(name):]}"
 
 
 def lines(report: Report, verbose: bool = False, width: int = 0,
@@ -111,8 +106,7 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
     if cut:
         yield fit(MORE, width)
     if verbose:
-        spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-        yield f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
+        yield gathered(report)
 
 
 def write(report: Report, out: TextIO, verbose: bool = False, width: int = 0,
