@@ -91,6 +91,7 @@ MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
 # is the one beside the control binary unless configured (mps_health.remediation.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
 
+
 class ConfigError(Exception):
     """A configuration problem, worded as the one line the user sees."""
 
@@ -145,16 +146,6 @@ class MpsConfig(Record):
     max_instances: int = whole(256, low=1, high=100000)
 
 
-def _template_fields(template: str) -> Tuple[str, ...]:
-    if "{" not in template and "}" not in template:
-        return ()
-
-    try:
-        return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)
-    except ValueError:
-        raise Invalid("has an unbalanced { or }") from None
-
-
 def socket_path_bytes(pipe_dir: str) -> int:
     """Bytes of the longest socket path the daemon binds in ``pipe_dir``, NUL included."""
     return len(pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
@@ -162,7 +153,10 @@ def socket_path_bytes(pipe_dir: str) -> int:
 
 def _check_template(key: str, template: str, layout: str) -> None:
     """The pipe/log dir template rules of each layout (every reader relies on them)."""
-    fields = _template_fields(template)
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError:
+        raise Invalid("has an unbalanced { or }", key) from None
     allowed = {"node": (), "per-gpu": ("gpu",), "per-job": ("job", "gpu")}[layout]
     if any(f not in allowed for f in fields):
         raise Invalid(f"the {layout} layout allows only "

@@ -305,7 +305,7 @@ class MetricsServer(ThreadingWSGIServer):
     # --- connections ------------------------------------------------------------------
 
     def refuse(self, reason: str, what: str) -> None:
-        """Count what a client caused (a series and a rate-limited log line)."""
+        """Count what a client caused: a series, a rate-limited line (lock reentrant)."""
         with self.lock:
             self.refused[reason] += 1
             self.log.note(reason, what)
@@ -347,9 +347,8 @@ class MetricsServer(ThreadingWSGIServer):
                 queue = self.fresh if self.fresh else self.talking
                 if queue:
                     self.shut(next(iter(queue.values())))
-                    self.refused["over_cap"] += 1
-                    self.log.note("over_cap", f"connections over the cap of {cap} closed "
-                                  "(the oldest without a whole request first)")
+                    self.refuse("over_cap", f"connections over the cap of {cap} closed (the "
+                                "oldest without a whole request first)")
                 if not self.lock.wait_for(lambda: self.count() < cap, EVICT_WAIT_S):
                     raise OSError("no room yet")  # the loop comes back while one waits
             try:
@@ -357,9 +356,8 @@ class MetricsServer(ThreadingWSGIServer):
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     raise  # ECONNABORTED and the like: that client is gone already
-                self.refused["accept_failed"] += 1
-                self.log.note("accept_failed", f"cannot accept connections: {e.strerror} "
-                              "(open files of this process or the node at their limit)")
+                self.refuse("accept_failed", f"cannot accept connections: {e.strerror} (open "
+                            "files of this process or the node at their limit)")
                 self.lock.wait(ACCEPT_PAUSE_S)  # retrying at once would spin
                 raise
             self.fresh[sock] = Conn(sock)
