@@ -1,8 +1,7 @@
 """Open files: how many connections the exporter may hold and still leave room for the checks.
 
-The checks run in the same process (pipes to the control client, /proc and /sys reads,
-NVML's device files). Connections are capped so that a flood can never take the fds a
-check run needs: a run during an attack judges the node as it would without one.
+The checks run in the same process; connections are capped so that a flood can never take
+the fds a check run needs: a run during an attack judges the node as it would without one.
 """
 
 import os
@@ -18,20 +17,16 @@ class FdBudget(NamedTuple):
     in_use: int  # fds open at start
 
 
-def open_fds() -> int:
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return 64  # no /proc: a generous guess of what the interpreter holds
-
-
 def connection_budget(wanted: int) -> FdBudget:
     """The cap that fits ``wanted`` connections, the reserve and the fds in use in the
     open-file limit. The soft limit is raised toward the hard one when it is too low
     (as Go programs do at start); the cap is lowered when even that is not enough.
     One more fd than the cap: a connection is accepted before the oldest is closed."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    in_use = open_fds()
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64  # no /proc: a generous guess of what the interpreter holds
     need = wanted + 1 + RESERVE_FDS + in_use
     if soft != resource.RLIM_INFINITY and soft < need:
         raised = need if hard == resource.RLIM_INFINITY else min(need, hard)

@@ -18,6 +18,7 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
   per request, never a traceback.
 """
 
+import contextlib
 import errno
 import io
 import socket
@@ -332,10 +333,8 @@ class MetricsServer(ThreadingWSGIServer):
         self.talking.pop(conn.sock, None)
         self.closing[conn.sock] = conn
         conn.closing = True
-        try:
+        with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def get_request(self) -> tuple[socket.socket, Any]:
         """Accept one connection, making room first: at the cap, the oldest connection
@@ -369,12 +368,10 @@ class MetricsServer(ThreadingWSGIServer):
             conn = (self.fresh.pop(request, None) or self.talking.pop(request, None)
                     or self.closing.pop(request, None))
             self.lock.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             if conn is not None and conn.reset:  # drop what the kernel still holds for it
                 request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             request.close()
-        except OSError:
-            pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A bug, or no thread for a connection, costs that connection, never the server,

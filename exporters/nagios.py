@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
@@ -78,13 +79,7 @@ PERF_ALIASES = {("control", "latency_s"): "latency"}
 def perf_name(s: Sample) -> str:
     """The sample's name without instance: its metric name, less prefix and unit suffix."""
     alias = PERF_ALIASES.get((s.check, s.key))
-    if alias is not None:
-        return alias
-    name = s.metric[len(PREFIX):]
-    for suffix in ("_seconds", "_bytes"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    return alias or re.sub(r"_(seconds|bytes)\Z", "", s.metric[len(PREFIX):])
 
 
 def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
@@ -102,9 +97,7 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
             words.append(labels["UUID"])
         words += [v for k, v in s.labels if k not in ("mps_instance", "gpu", "UUID")]
         words.append(perf_name(s))
-        text = "_".join(words)
-        out.append(("".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_"
-                            for c in text), s))
+        out.append((re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(words)), s))
     return out
 
 
