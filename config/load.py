@@ -297,7 +297,7 @@ class Config(Record):
     def get(self, section: Section[R]) -> R:
         """The validated record of ``section`` (its defaults when the file has none)."""
         found = self.sections.get(section.name)
-        return found if isinstance(found, section.record) else section.defaults()
+        return found if isinstance(found, section.record) else section.record()
 
 
 TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
@@ -378,10 +378,9 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         from mps_health.model import registry  # site sections are known once CHECKS is valid
 
         site = tuple(registry.SITE_SECTIONS.values())  # modules named by checks.modules
+        known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
         for key in data:
-            if key not in TOP_KEYS and key not in loaded and key not in SECTIONS \
-                    and key not in registry.SITE_SECTIONS:
-                known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+            if key not in known:
                 raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
         wanted = set(data)
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))

@@ -107,9 +107,6 @@ class Section(Generic[R]):
         self.record = record
         self.finish = finish
 
-    def defaults(self) -> R:
-        return self.record()
-
     def validate(self, given: Mapping[str, Any], loaded: Mapping[str, Record]) -> R:
         """The record for ``given``; Invalid(why, key) names the first bad key."""
         specs = self.record._specs

@@ -120,14 +120,9 @@ def gpu_settings(config: Config) -> GpuSettings:
 
 
 def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
-    """The GPUs (indices or UUIDs) MPS serves; None for "every GPU of the node".
-
-    ``gpu.mps_gpus`` wins; else the per-gpu layout's ``mps.gpus``; else every GPU
-    (a node-wide daemon serves all GPUs it can see; per-job daemons any GPU a job gets).
-    """
+    """The GPUs (indices or UUIDs) MPS serves: ``gpu.mps_gpus``, else the per-gpu layout's
+    ``mps.gpus``, else None for every GPU (a node-wide or per-job daemon serves any)."""
     chosen = gpu_settings(config).mps_gpus
-    if chosen is not None:
-        return chosen
-    if config.mps.layout == "per-gpu":
+    if chosen is None and config.mps.layout == "per-gpu":
         return config.mps.gpus
-    return None
+    return chosen

@@ -83,7 +83,3 @@ def write(report: Report, out: TextIO) -> None:
     for piece in encode(document(report)):
         out.write(piece)
     out.write("\n")
-
-
-def render(report: Report) -> str:
-    return "".join(encode(document(report)))

@@ -6,10 +6,11 @@ judge) and never probes. Each call builds fresh metric families into a registry 
 make node_exporter drop the whole file. Names and labels: docs/metrics.md.
 """
 
+import itertools
 import os
 import platform
 from collections import Counter
-from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional
+from typing import Iterator, List, Mapping, NamedTuple, Optional
 
 from mps_health import __version__
 from mps_health.exporters.series import PREFIX, Labels, Sample, labels_of, samples
@@ -57,18 +58,14 @@ def _value_help(sample: Sample) -> str:
     return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
 
 
-def _value_families(report: Report) -> List[Metric]:
-    by_name: Dict[str, List[Sample]] = {}
-    for s in samples(report):
-        by_name.setdefault(s.metric, []).append(s)
-    out = []
-    for name in sorted(by_name):
-        group = sorted(by_name[name], key=lambda s: s.labels)
-        m = Metric(name, _value_help(group[0]), "gauge")
-        for s in group:
+def _value_families(report: Report) -> Iterator[Metric]:
+    ordered = sorted(samples(report), key=lambda s: (s.metric, s.labels))
+    for name, group in itertools.groupby(ordered, key=lambda s: s.metric):
+        first, *rest = group
+        m = Metric(name, _value_help(first), "gauge")
+        for s in (first, *rest):
             m.add_sample(name, dict(s.labels), s.value)
-        out.append(m)
-    return out
+        yield m
 
 
 def _problem_family(report: Report, starting: bool = False) -> Metric:

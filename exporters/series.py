@@ -1,20 +1,16 @@
-"""Presentation helper: a Report's numbers as named, labelled samples (the metric contract).
+"""A Report's numbers as named, labelled samples: the metric contract (docs/metrics.md).
 
-The Prometheus exporter and the Nagios plugin both read ``Result.values`` through here,
-so a check added later (compute_mode, gres_drift, orphans, server, ...) shows up in both
-without code changes. The contract, spelled out for check authors in docs/metrics.md:
+The Prometheus exporter and the Nagios plugin both read ``Result.values`` through here, so
+a check added later shows up in both without code changes:
 
-* value key ``K`` of check ``C`` is the metric ``mps_health_C_K``, or ``mps_health_K``
-  when ``K`` starts with ``C`` ('-' read as '_'): ``daemon_up`` of ``daemon`` is
-  ``mps_health_daemon_up``;
-  ``ALIASES`` renames the few core keys whose generic name reads badly;
-* the key's suffix gives the unit: ``_s`` seconds (``_seconds`` in Prometheus, ``s`` in
-  perfdata), ``_bytes`` bytes, ``_percent``/``_percentage`` a percentage, and ``_up``/
-  ``_ok`` mark 0-or-1 flags;
-* labels: ``mps_instance`` (the result's instance), the instance's GPU as ``gpu`` (an
-  index) or ``UUID`` (dcgm-exporter's names, so the series join), then ``Result.labels``;
-* two results that give the same series: the one with the worse state wins (the pipe and
-  log dir of one instance both report ``dir_ok``: 0 if either is bad).
+* value key ``K`` of check ``C`` is ``mps_health_C_K``, or ``mps_health_K`` when ``K``
+  starts with ``C`` ('-' read as '_'); ``ALIASES`` renames the few that read badly;
+* the key's suffix gives the unit: ``_s`` seconds, ``_bytes`` bytes, ``_percent``/
+  ``_percentage`` a percentage, ``_up``/``_ok`` 0-or-1 flags;
+* labels: ``mps_instance``, the instance's GPU as ``gpu`` (an index) or ``UUID``
+  (dcgm-exporter's names, so the series join), then ``Result.labels``;
+* two results giving the same series: the worse state wins (pipe and log dir both
+  report ``dir_ok``: 0 if either is bad).
 
 Pure and cheap: no prometheus_client.
 """
@@ -29,9 +25,7 @@ from mps_health.model.results import Report, worst
 PREFIX = "mps_health_"
 
 # (check, key) -> metric name without the prefix, where the generic rule reads badly.
-ALIASES: Dict[Tuple[str, str], str] = {
-    ("directories", "dir_ok"): "dir_ok",
-}
+ALIASES: Dict[Tuple[str, str], str] = {("directories", "dir_ok"): "dir_ok"}
 
 # Names the exporter itself defines: a check's value may never shadow them.
 RESERVED = frozenset(PREFIX + n for n in (
