@@ -53,17 +53,11 @@ LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 # ones as empty); where one section's rules read another (READ_BY), giving slurm validates
 # healthcheck too. Without a file, none is imported. Order matters.
 SECTIONS = {
-    "servers": ".config.deep_checks",
-    "logs": ".config.deep_checks",
-    "canary": ".config.deep_checks",
-    "gpu": ".config.slurm",
-    "slurm": ".config.slurm",
-    "orphans": ".config.slurm",
+    **dict.fromkeys(("servers", "logs", "canary", "clients"), ".config.deep_checks"),
+    **dict.fromkeys(("gpu", "slurm", "orphans"), ".config.slurm"),
     "jobs": ".config.jobs",
-    "healthcheck": ".config.remediation",
-    "remediation": ".config.remediation",
+    **dict.fromkeys(("healthcheck", "remediation"), ".config.remediation"),
     "exporter": ".config.exporter",
-    "clients": ".config.deep_checks",
 }
 
 READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
@@ -75,11 +69,7 @@ MOVED = {
     "remediation.orphan_min_age_s": "orphans.min_age_s",
 }
 
-DEFAULT_COMMANDS = {
-    "nvidia-cuda-mps-control": "nvidia-cuda-mps-control",
-    "scontrol": "scontrol",
-    "squeue": "squeue",
-}
+DEFAULT_COMMANDS = {name: name for name in ("nvidia-cuda-mps-control", "scontrol", "squeue")}
 # Where the MPS binaries are looked for when ``commands`` gives a name: one list for every
 # command, never the caller's PATH, so a check and the reset it advises find the same
 # binary, in slurmd's empty environment too. runner.SAFE_PATH's dirs in its order, then
