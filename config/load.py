@@ -167,15 +167,12 @@ def _check_template(key: str, template: str, layout: str) -> None:
 
 def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
                 ) -> MpsConfig:
-    pipe_default, log_default = DEFAULT_DIRS[m.layout]
     per_job = m.layout == "per-job"
-    m = m._replace(
-        pipe_dir=m.pipe_dir if "pipe_dir" in given else pipe_default,
-        log_dir=m.log_dir if "log_dir" in given else log_default,
-        dir_owner=m.dir_owner if "dir_owner" in given else ("job" if per_job else "root"),
-        daemon_user=m.daemon_user if "daemon_user" in given else ("job" if per_job else "root"),
-        log_dir_mode=m.log_dir_mode if "log_dir_mode" in given else (0o700 if per_job else 0o755),
-    )
+    owner = "job" if per_job else "root"
+    pipe_dir, log_dir = DEFAULT_DIRS[m.layout]
+    defaults = {"pipe_dir": pipe_dir, "log_dir": log_dir, "dir_owner": owner,
+                "daemon_user": owner, "log_dir_mode": 0o700 if per_job else 0o755}
+    m = m._replace(**{k: v for k, v in defaults.items() if k not in given})  # by the layout
     if m.log_dir_mode & 0o700 != 0o700:
         raise Invalid(f"must let the daemon's user read, write and enter the dir (0700 at "
                       f"least; got {m.log_dir_mode:04o})", "log_dir_mode")

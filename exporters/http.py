@@ -213,7 +213,6 @@ class MetricsServer(ThreadingWSGIServer):
     daemon_threads = True
     block_on_close = False  # stopping never waits for a client's thread
     request_queue_size = LISTEN_BACKLOG
-    allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], page: Callable[[], bytes], limits: Limits,
                  log: Throttled, with_process: bool = True) -> None:
@@ -252,8 +251,7 @@ class MetricsServer(ThreadingWSGIServer):
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]
             ) -> Iterable[bytes]:
         """The WSGI application: /metrics, a landing page, 404 and 405; HEAD as GET."""
-        method = environ["REQUEST_METHOD"]
-        path = environ["PATH_INFO"]
+        method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
         extra: list[tuple[str, str]] = []
         if method not in ("GET", "HEAD"):
             status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics\n"
@@ -398,13 +396,11 @@ class MetricsServer(ThreadingWSGIServer):
 
 
 def serve(page: Callable[[], bytes], address: tuple[str, int],
-          listening: Callable[[str], None], stop: threading.Event,
-          limits: Optional[Limits] = None, log: Optional[Throttled] = None) -> None:
+          listening: Callable[[str], None], stop: threading.Event, limits: Limits) -> None:
     """Serve ``page()`` at /metrics until ``stop`` is set, on this thread.
     ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
-    limits = limits or Limits()
     threading.stack_size(THREAD_STACK)
-    server = MetricsServer(address, page, limits, log or Throttled(limits.log_interval_s))
+    server = MetricsServer(address, page, limits, Throttled(limits.log_interval_s))
     try:
         host, port = (str(part) for part in server.server_address[:2])
         shown = f"[{host}]" if ":" in host else host
