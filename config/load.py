@@ -1,11 +1,9 @@
 """The site's configuration: YAML at /etc/mps-health/config.yaml, validated whole at load.
 
-Every top-level section is declared once, by the module that owns it (a ``Section`` of
-a ``Record``, see ``mps_health.config.schema``); ``SECTIONS`` below says which module that is.
-Loading a file validates every section in it, whichever command runs: a bad or unknown
-key anywhere raises ConfigError with one line naming the file and the key. With no file
-the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nvidia-mps,
-mode 0777) and neither PyYAML nor any owner module is imported.
+Each top-level section is declared once, by the module that owns it (``SECTIONS`` below,
+``mps_health.config.schema``). Loading a file validates every section, whichever command
+runs: a bad or unknown key raises ConfigError, one line naming the file and the key.
+With no file the defaults apply and neither PyYAML nor any owner module is imported.
 """
 
 from __future__ import annotations

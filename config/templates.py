@@ -1,11 +1,9 @@
 """The pipe/log dir templates (``mps.pipe_dir``, ``mps.log_dir``): ``{gpu}`` and ``{job}``.
 
-The one expansion (``expand``), the one matcher for names found on disk (``pattern``) and
-the one glob (``glob``), so the dirs the Prolog makes are exactly the dirs the checks,
-remediation, the Epilog and the tmpfiles guard find. Where the fields may stand is
-checked once, when the config is loaded; the values are checked here, on every
-expansion: a job id is digits, a GPU an index or a UUID (letters, digits, '-'), so a
-value can never add a path component.
+The one expansion, matcher and glob, so the dirs the Prolog makes are exactly those the
+checks, remediation, the Epilog and the tmpfiles guard find. Where the fields may stand is
+checked at load; their values here, on every expansion: a job id is digits, a GPU an index
+or a UUID (letters, digits, '-'), so a value can never add a path component.
 """
 
 from __future__ import annotations

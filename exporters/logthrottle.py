@@ -1,8 +1,8 @@
 """Log lines a client can cause, rate-limited: one line per kind and interval, with a count.
 
-Anyone who can reach the port decides how often these events happen, so each kind is
-written at once the first time, then counted and summed up at most once per interval:
-a flood of any size gives a few lines a minute, never megabytes of stderr.
+Anyone who can reach the port decides how often these happen, so each kind is written at
+once the first time, then counted and summed up at most once per interval: a flood of any
+size gives a few lines a minute, never megabytes of stderr.
 """
 
 import contextlib

@@ -1,9 +1,8 @@
 """Prometheus: one run's Report as metric families, for /metrics and node_exporter's textfile.
 
-Presentation only: it formats a ``RunRecord`` (the report, when it ran, whether it could
-judge) and never probes. Each call builds fresh metric families into a registry of its own
-(``CollectorRegistry()``), so the textfile never repeats ``process_*`` series, which would
-make node_exporter drop the whole file. Names and labels: docs/metrics.md.
+Presentation only: it formats a ``RunRecord`` and never probes. Each call builds fresh
+families, never through the global registry, so the textfile never repeats ``process_*``
+series (node_exporter would drop the whole file). Names and labels: docs/metrics.md.
 """
 
 import itertools
@@ -16,7 +15,7 @@ from mps_health import __version__
 from mps_health.exporters.series import PREFIX, Labels, Sample, labels_of, samples
 from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
@@ -42,11 +41,10 @@ def run_success(report: Report) -> bool:
     return all(r.state != UNKNOWN or r.cause for run in report.runs for r in run.results)
 
 
-def _gauge(name: str, doc: str, value: Optional[float] = None,
-           labels: Optional[Mapping[str, str]] = None) -> Metric:
+def _gauge(name: str, doc: str, value: float, labels: Optional[Mapping[str, str]] = None
+           ) -> Metric:
     m = Metric(name, doc, "gauge")
-    if value is not None:
-        m.add_sample(name, dict(labels or {}), float(value))
+    m.add_sample(name, dict(labels or {}), float(value))
     return m
 
 
@@ -144,7 +142,7 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
 
 
 class _Families:
-    """A collector over a fixed list: the registry asks it once per exposition."""
+    """A collector over a fixed list, asked once per exposition."""
 
     def __init__(self, metrics: List[Metric]) -> None:
         self.metrics = metrics
@@ -154,13 +152,11 @@ class _Families:
 
 
 def latest(metrics: List[Metric], process: bool = False) -> bytes:
-    """``metrics`` in the text exposition format (0.0.4), from a fresh registry: no
-    process_* or python_* series unless ``process`` (the exporter's own, from /proc/self)."""
-    reg = CollectorRegistry(auto_describe=False)
+    """``metrics`` in the text exposition format (0.0.4), no global registry: no process_*
+    or python_* series unless ``process`` (the exporter's own, fresh from /proc/self)."""
     if process:
-        ProcessCollector(registry=reg)
-    reg.register(_Families(metrics))
-    return generate_latest(reg)
+        metrics = [*ProcessCollector(registry=None).collect(), *metrics]
+    return generate_latest(_Families(metrics))
 
 
 def exposition(record: Optional[RunRecord]) -> bytes:

@@ -1,8 +1,7 @@
 """NHC-style text: a summary line, then one line per problem with what to do.
 
-Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem
-is one short line cut to the width, its action and the rest with ``-v``; ``colour``
-paints each state's name.
+Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem is
+one short line cut to the width (its action with ``-v``); ``colour`` paints state names.
 """
 
 from __future__ import annotations
