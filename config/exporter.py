@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from mps_health.config.load import Config
 from mps_health.config.schema import Invalid, Record, Section, custom, number, shown, text, whole
 
 DEFAULT_LISTEN = ":10102"
@@ -50,7 +49,4 @@ class ExporterConfig(Record):
 
 SECTION = Section("exporter", ExporterConfig)
 SECTIONS = (SECTION,)
-
-
-def exporter_config(config: Config) -> ExporterConfig:
-    return config.get(SECTION)
+exporter_config = SECTION.of

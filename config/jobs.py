@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mps_health.config.load import Config
 from mps_health.config.schema import Record, Section, number, pathname, text
 
 
@@ -25,9 +24,6 @@ class JobsSettings(Record):
 
 SECTION = Section("jobs", JobsSettings)
 SECTIONS = (SECTION,)
-
-
-def jobs_settings(config: Config) -> JobsSettings:
-    return config.get(SECTION)
+jobs_settings = SECTION.of
 
 

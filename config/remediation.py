@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple
 
-from mps_health.config.load import Config
 from mps_health.config.schema import (
     Invalid,
     Record,
@@ -92,12 +91,8 @@ HEALTHCHECK = Section("healthcheck", HealthcheckSettings, _finish_healthcheck)
 SECTIONS = (REMEDIATION, HEALTHCHECK)
 
 
-def remediation(config: Config) -> RemediationSettings:
-    return config.get(REMEDIATION)
-
-
-def healthcheck(config: Config) -> HealthcheckSettings:
-    return config.get(HEALTHCHECK)
+remediation = REMEDIATION.of
+healthcheck = HEALTHCHECK.of
 
 
 __all__ = ["HealthcheckSettings", "RemediationSettings", "healthcheck", "remediation"]

@@ -107,6 +107,10 @@ class Section(Generic[R]):
         self.record = record
         self.finish = finish
 
+    def of(self, config: Any) -> R:
+        """``config.get(self)``: this section's record in a loaded Config."""
+        return config.get(self)
+
     def validate(self, given: Mapping[str, Any], loaded: Mapping[str, Record]) -> R:
         """The record for ``given``; Invalid(why, key) names the first bad key."""
         specs = self.record._specs

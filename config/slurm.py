@@ -107,16 +107,9 @@ GPU = Section("gpu", GpuSettings)
 SECTIONS = (GPU, SLURM, ORPHANS)
 
 
-def settings(config: Config) -> SlurmSettings:
-    return config.get(SLURM)
-
-
-def orphan_settings(config: Config) -> OrphanSettings:
-    return config.get(ORPHANS)
-
-
-def gpu_settings(config: Config) -> GpuSettings:
-    return config.get(GPU)
+settings = SLURM.of
+orphan_settings = ORPHANS.of
+gpu_settings = GPU.of
 
 
 def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
