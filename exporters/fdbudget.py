@@ -14,7 +14,6 @@ RESERVE_FDS = 256  # kept for the checks; a run uses well under 100 at once
 class FdBudget(NamedTuple):
     cap: int  # connections the server may hold
     limit: int  # the soft RLIMIT_NOFILE it ran with (after raising it, if it could)
-    in_use: int  # fds open at start
 
 
 def connection_budget(wanted: int) -> FdBudget:
@@ -36,5 +35,5 @@ def connection_budget(wanted: int) -> FdBudget:
         except (ValueError, OSError):
             pass
     if soft == resource.RLIM_INFINITY:
-        return FdBudget(wanted, -1, in_use)
-    return FdBudget(max(0, min(wanted, soft - 1 - RESERVE_FDS - in_use)), soft, in_use)
+        return FdBudget(wanted, -1)
+    return FdBudget(max(0, min(wanted, soft - 1 - RESERVE_FDS - in_use)), soft)
