@@ -12,6 +12,7 @@ import os
 import string
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from mps_health.config.inputs import InputError, read_text, tree_size, yaml_nesting, yaml_too_deep
 from mps_health.config.schema import (
     Invalid,
     R,
@@ -299,8 +300,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     ``inputs.MAX_DEPTH`` or aliases expanding past ``inputs.MAX_VALUES`` values."""
     explicit = path is not None
     path = path or DEFAULT_PATH
-    from mps_health.config.inputs import InputError, read_text
-
     try:
         if text is None:
             text = read_text(path, MAX_BYTES, follow=True)
@@ -320,7 +319,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
 
 def _parse_yaml(text: str, path: str) -> Any:
     import yaml  # only when there is a file: without one, the defaults need no parser
-    from mps_health.config.inputs import tree_size, yaml_nesting, yaml_too_deep
     from mps_health.model.printable import escape
 
     # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
@@ -362,7 +360,6 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
         from mps_health.model import registry  # site sections are known once CHECKS is valid
 
-        site = tuple(registry.SITE_SECTIONS.values())  # modules named by checks.modules
         known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
         for key in data:
             if key not in known:
@@ -371,7 +368,7 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
         owners: Dict[str, Section] = {}
         for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
-                                     *site)):
+                                     *registry.SITE_SECTIONS.values())):
             owners.update(_owner_sections(module))
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
