@@ -6,13 +6,14 @@ command runs) imports none of them; the probes read them with ``config.get(SERVE
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from mps_health.config.schema import (
     Invalid,
     Record,
     Section,
     custom,
+    flag,
     has_control,
     number,
     shown,
@@ -52,12 +53,6 @@ class CanaryConfig(Record):
     poll_s: float = number(0.1, low=0.01, high=5.0)  # how often the idle watch looks
 
 
-def _optional_flag(value: Any) -> Optional[bool]:
-    if value is not None and not isinstance(value, bool):
-        raise Invalid(f"must be true, false or null (got {shown(value)})")
-    return value
-
-
 class ClientsConfig(Record):
     """The ``clients`` section (checks/clients.py; docs/clients.md)."""
 
@@ -65,7 +60,7 @@ class ClientsConfig(Record):
     max_contexts_per_device: int = whole(48, low=1, high=1024)
     contexts_warn_ratio: float = number(0.9, low=0.01, high=1.0)  # clients-near-cap from here
     # server-spans-gpus: None = when mps.layout is per-gpu.
-    per_gpu_isolation: Optional[bool] = custom(None, _optional_flag)
+    per_gpu_isolation: Optional[bool] = flag(None, optional=True)
 
 
 SERVERS = Section("servers", ServersConfig)

@@ -156,10 +156,13 @@ def whole(default: Optional[int], low: int = 0, high: int = 2**63, optional: boo
     return Spec(default, parse)
 
 
-def flag(default: bool) -> Any:
-    def parse(value: Any) -> bool:
+def flag(default: Optional[bool], optional: bool = False) -> Any:
+    def parse(value: Any) -> Optional[bool]:
+        if value is None and optional:
+            return None
         if not isinstance(value, bool):
-            raise Invalid(f"must be true or false (got {shown(value)})")
+            raise Invalid(f"must be true{', false or null' if optional else ' or false'} "
+                          f"(got {shown(value)})")
         return value
     return Spec(default, parse)
 

@@ -90,19 +90,17 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
     Colour codes are added after the text from the system was escaped and cut."""
     short = width > 0 and not verbose
     yield paint(fit(summary_line(report), width), report.state, 4, colour)
-    cut = False
     for run in report.runs:
         for r in run.results:
             if is_problem(r):
                 line = fit(short_line(r), width) if short else problem_line(r)
-                cut = cut or short
                 yield paint(line, r.state, 0, colour)
             elif r.state != OK:
                 if verbose or r.cause == STARTING:
                     yield folded_line(r)
             elif verbose:
                 yield paint(ok_line(r), OK, 0, colour)
-    if cut:
+    if short and report.problems():
         yield fit(MORE, width)
     if verbose:
         yield gathered(report)
