@@ -15,25 +15,22 @@ DEFAULT_INTERVAL_S = 30.0
 
 
 def parse_listen(text: str) -> Tuple[str, int]:
-    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port)."""
+    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port), or Invalid."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
+        raise Invalid(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
                          "127.0.0.1:10102, [::]:10102)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
-        raise ValueError(f"listen address {shown(text)}: put an IPv6 address in brackets")
+        raise Invalid(f"listen address {shown(text)}: put an IPv6 address in brackets")
     return host or "0.0.0.0", int(port)
 
 
 def _listen(value: Any) -> str:
-    listen = text(DEFAULT_LISTEN).parse(value)
-    try:
-        parse_listen(listen)
-    except ValueError as e:
-        raise Invalid(str(e)) from None
-    return str(listen)
+    listen = str(text(DEFAULT_LISTEN).parse(value))
+    parse_listen(listen)
+    return listen
 
 
 class ExporterConfig(Record):
