@@ -69,15 +69,13 @@ def yaml_nesting(text: str, loader: Any) -> None:
     import yaml
 
     depth = 0
-    opens = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
-    closes = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
     try:
         for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, opens):
+            if isinstance(event, yaml.CollectionStartEvent):  # a sequence or a mapping
                 depth += 1
                 if depth > MAX_DEPTH:
                     _too_deep(event.start_mark)
-            elif isinstance(event, closes):
+            elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
     except yaml.YAMLError as e:
         yaml_too_deep(e)
