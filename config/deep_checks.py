@@ -1,20 +1,19 @@
 """The config sections of the servers, logs, canary and clients facts.
 
-Declared here, apart from the probes themselves, so that validating a config file (which
-checks every section, whatever command runs) imports none of the probes: the Slurm
-prolog and the other commands that never gather these facts do not pay for them. The
-probes and checks read them with ``config.get(SERVERS)`` and so on.
+Declared apart from the probes, so that validating a config file (every section, whatever
+command runs) imports none of them; the probes read them with ``config.get(SERVERS)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from mps_health.config.schema import (
     Invalid,
     Record,
     Section,
     custom,
+    flag,
     has_control,
     number,
     shown,
@@ -47,18 +46,11 @@ class CanaryConfig(Record):
     user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
     device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
     alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
-    # idle: only where Slurm says this node is IDLE and no MPS client is connected, and
-    # killed as soon as a job step starts here while it runs (probes/canary.py);
-    # not run on a node Slurm does not know. always: whenever the check runs (it still
-    # skips another user's clients). never: not run.
+    # idle: only where Slurm says this node is IDLE and no MPS client is connected, killed
+    # as soon as a job step starts here (probes/canary.py); not run on a node Slurm does not
+    # know. always: whenever the check runs (still skipping others' clients). never: not run.
     when: str = text("idle", choices=("idle", "always", "never"))
     poll_s: float = number(0.1, low=0.01, high=5.0)  # how often the idle watch looks
-
-
-def _optional_flag(value: Any) -> Optional[bool]:
-    if value is not None and not isinstance(value, bool):
-        raise Invalid(f"must be true, false or null (got {shown(value)})")
-    return value
 
 
 class ClientsConfig(Record):
@@ -68,7 +60,7 @@ class ClientsConfig(Record):
     max_contexts_per_device: int = whole(48, low=1, high=1024)
     contexts_warn_ratio: float = number(0.9, low=0.01, high=1.0)  # clients-near-cap from here
     # server-spans-gpus: None = when mps.layout is per-gpu.
-    per_gpu_isolation: Optional[bool] = custom(None, _optional_flag)
+    per_gpu_isolation: Optional[bool] = flag(None, optional=True)
 
 
 SERVERS = Section("servers", ServersConfig)

@@ -1,44 +1,36 @@
 """The exporter's config section (``exporter:``): where it listens, how often it runs,
-what one client may hold (exporters/http.py; docs/monitoring.md).
-
-Declared apart from the command (``mps_health.cli.exporter``) so that loading a
-config file, which validates every section, imports neither the command's threads and
-signals nor the HTTP server. Port 10102: the Prometheus wiki's default-port list has no
-room left in 9100-9999, and new exporters register above 10000.
+what one client may hold (exporters/http.py; docs/monitoring.md). Apart from the command,
+so that loading a config imports no HTTP server. Port 10102: the Prometheus wiki's
+default-port list has no room left in 9100-9999; new exporters register above 10000.
 """
 
 from __future__ import annotations
 
 from typing import Any, Tuple
 
-from mps_health.config.load import Config
 from mps_health.config.schema import Invalid, Record, Section, custom, number, shown, text, whole
 
-DEFAULT_PORT = 10102
-DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+DEFAULT_LISTEN = ":10102"
 DEFAULT_INTERVAL_S = 30.0
 
 
 def parse_listen(text: str) -> Tuple[str, int]:
-    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port)."""
+    """'HOST:PORT', ':PORT' (every IPv4 address) or '[V6]:PORT' -> (host, port), or Invalid."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
+        raise Invalid(f"listen address {shown(text)} is not HOST:PORT (e.g. :10102, "
                          "127.0.0.1:10102, [::]:10102)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
-        raise ValueError(f"listen address {shown(text)}: put an IPv6 address in brackets")
+        raise Invalid(f"listen address {shown(text)}: put an IPv6 address in brackets")
     return host or "0.0.0.0", int(port)
 
 
 def _listen(value: Any) -> str:
-    listen = text(DEFAULT_LISTEN).parse(value)
-    try:
-        parse_listen(listen)
-    except ValueError as e:
-        raise Invalid(str(e)) from None
-    return str(listen)
+    listen = str(text(DEFAULT_LISTEN).parse(value))
+    parse_listen(listen)
+    return listen
 
 
 class ExporterConfig(Record):
@@ -54,7 +46,4 @@ class ExporterConfig(Record):
 
 SECTION = Section("exporter", ExporterConfig)
 SECTIONS = (SECTION,)
-
-
-def exporter_config(config: Config) -> ExporterConfig:
-    return config.get(SECTION)
+exporter_config = SECTION.of

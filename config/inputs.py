@@ -1,25 +1,17 @@
-"""Files handed to mps-health as input, the config and snapshots: read and parsed with
-bounded work whatever is in them.
+"""Input files (the config, snapshots): read and parsed with bounded work whatever is in them.
 
-A snapshot may come from anyone (a support bundle, a user's job dir), and a config is
-parsed by every check, hook and exporter, so neither may make a run hang, crash or eat
-the node's memory:
+A snapshot may come from anyone, and a config is parsed by every check, hook and exporter,
+so neither may make a run hang, crash or eat the node's memory:
 
-- ``read_text``: through ``safefiles.read_small`` (regular files only, opened
-  non-blocking so a FIFO is refused instead of waited on, at most ``limit`` bytes: a
-  larger file is refused, never cut), then checked to be UTF-8, naming the line of the
-  first bad byte.
-- ``yaml_nesting``: libyaml's composer recurses in C, so a document nested some
-  ten thousand levels deep crashes the interpreter (SIGSEGV) before Python can raise
-  RecursionError. Its event parser keeps its own stack, so the depth is measured on the
-  events first and a deep file is refused before the composer sees it. libyaml 0.2.6
-  (in PyYAML 6.0.4's wheels) refuses past 1000 levels itself, in its scanner, which
-  reads ahead of the events: ``yaml_too_deep`` words that refusal as ours, so a deep
-  file gets the same line whichever libyaml parsed it.
-- ``tree_size``: a YAML alias repeats a whole subtree by reference (a few hundred
-  bytes can stand for a billion values, or for a cycle); walking, quoting or saving
-  such a value costs the expanded size. Parsed data is walked once with a budget of
-  ``MAX_VALUES`` values and ``MAX_DEPTH`` levels, and refused past either.
+- ``read_text``: ``safefiles.read_small`` (regular files only, opened non-blocking so a
+  FIFO is refused, not waited on; a file over ``limit`` is refused, never cut), then UTF-8.
+- ``yaml_nesting``: libyaml's composer recurses in C, so a document nested some ten
+  thousand levels crashes the interpreter (SIGSEGV). Its event parser keeps its own
+  stack, so the depth is measured on the events first. libyaml 0.2.6 refuses past 1000
+  levels itself, in its scanner: ``yaml_too_deep`` words that refusal as ours.
+- ``tree_size``: a YAML alias repeats a subtree by reference (a few hundred bytes can be a
+  billion values, or a cycle). Parsed data is walked once, refused past ``MAX_VALUES``
+  values or ``MAX_DEPTH`` levels.
 
 Every failure is ``InputError``: one line saying what is wrong; the caller adds the file.
 """
@@ -30,10 +22,8 @@ import errno
 from typing import Any, List, Optional
 
 MAX_DEPTH = 64  # levels of nesting; mps-health's own files use fewer than ten
-# Each level of nesting takes a byte at least, and libyaml's composer needs some 300
-# bytes of C stack a level (it crashed between 20000 and 40000 levels on an 8 MiB
-# stack): a text this short cannot reach a dangerous depth, and skipping the event pass
-# saves a typical config a third of its parse time.
+# A level of nesting takes a byte at least, and libyaml's composer crashes only past some
+# 20000 levels: a text this short cannot reach a dangerous depth (no event pass for it).
 SHALLOW_BYTES = 2048
 MAX_VALUES = 100_000  # values in a parsed config, aliases counted as often as they repeat
 
@@ -79,21 +69,16 @@ def yaml_nesting(text: str, loader: Any) -> None:
     import yaml
 
     depth = 0
-    opens = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
-    closes = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
     try:
         for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, opens):
+            if isinstance(event, yaml.CollectionStartEvent):  # a sequence or a mapping
                 depth += 1
                 if depth > MAX_DEPTH:
-                    mark = event.start_mark
-                    where = f"line {mark.line + 1}: " if mark is not None else ""
-                    raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep")
-            elif isinstance(event, closes):
+                    _too_deep(event.start_mark)
+            elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
     except yaml.YAMLError as e:
         yaml_too_deep(e)
-        return
 
 
 # libyaml's own words (0.2.6 on) when a document passes its nesting limit.
@@ -101,12 +86,13 @@ LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
 
 
 def yaml_too_deep(error: Any) -> None:
-    """InputError if the YAML error ``error`` is libyaml's own nesting limit: its limit
-    (1000 levels by default) is above MAX_DEPTH, so the file nests deeper than we take,
-    said as ``yaml_nesting`` says it. Any other error is left to the caller."""
-    if getattr(error, "problem", None) != LIBYAML_TOO_DEEP:
-        return
-    mark = getattr(error, "problem_mark", None)
+    """InputError if ``error`` is libyaml's own nesting limit (1000 levels, above
+    MAX_DEPTH), said as ``yaml_nesting`` says it. Any other error is left to the caller."""
+    if getattr(error, "problem", None) == LIBYAML_TOO_DEEP:
+        _too_deep(getattr(error, "problem_mark", None))
+
+
+def _too_deep(mark: Any) -> None:
     where = f"line {mark.line + 1}: " if mark is not None else ""
     raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep")
 

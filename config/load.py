@@ -1,21 +1,21 @@
 """The site's configuration: YAML at /etc/mps-health/config.yaml, validated whole at load.
 
-Every top-level section is declared once, by the module that owns it (a ``Section`` of
-a ``Record``, see ``mps_health.config.schema``); ``SECTIONS`` below says which module that is.
-Loading a file validates every section in it, whichever command runs: a bad or unknown
-key anywhere raises ConfigError with one line naming the file and the key. With no file
-the defaults apply (one node-wide daemon on /tmp/nvidia-mps, logs in /var/log/nvidia-mps,
-mode 0777) and neither PyYAML nor any owner module is imported.
+Each top-level section is declared once, by the module that owns it (``SECTIONS`` below,
+``mps_health.config.schema``). Loading a file validates every section, whichever command
+runs: a bad or unknown key raises ConfigError, one line naming the file and the key.
+With no file the defaults apply and neither PyYAML nor any owner module is imported.
 """
 
 from __future__ import annotations
 
 import os
 import string
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from mps_health.config.inputs import InputError, read_text, tree_size, yaml_nesting, yaml_too_deep
 from mps_health.config.schema import (
     Invalid,
+    R,
     Record,
     Section,
     abspath,
@@ -48,22 +48,15 @@ LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the
 LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
 # Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
-# has the owners of the sections it gives imported, and all their sections validated
-# (absent ones as empty); without a file, none is imported. An absent section's
-# defaults are what its record says, and hold, but where one section's rules read
-# another (READ_BY): giving slurm validates healthcheck too. Order matters there.
+# has the owners of the sections it gives imported and all their sections validated (absent
+# ones as empty); where one section's rules read another (READ_BY), giving slurm validates
+# healthcheck too. Without a file, none is imported. Order matters.
 SECTIONS = {
-    "servers": ".config.deep_checks",
-    "logs": ".config.deep_checks",
-    "canary": ".config.deep_checks",
-    "gpu": ".config.slurm",
-    "slurm": ".config.slurm",
-    "orphans": ".config.slurm",
+    **dict.fromkeys(("servers", "logs", "canary", "clients"), ".config.deep_checks"),
+    **dict.fromkeys(("gpu", "slurm", "orphans"), ".config.slurm"),
     "jobs": ".config.jobs",
-    "healthcheck": ".config.remediation",
-    "remediation": ".config.remediation",
+    **dict.fromkeys(("healthcheck", "remediation"), ".config.remediation"),
     "exporter": ".config.exporter",
-    "clients": ".config.deep_checks",
 }
 
 READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
@@ -75,28 +68,17 @@ MOVED = {
     "remediation.orphan_min_age_s": "orphans.min_age_s",
 }
 
-DEFAULT_COMMANDS = {
-    "nvidia-cuda-mps-control": "nvidia-cuda-mps-control",
-    "scontrol": "scontrol",
-    "squeue": "squeue",
-}
-# Where the MPS binaries are looked for when ``commands`` gives a name, not a path: the
-# one list every command uses (check, health check, remediate, unit, the Slurm hooks),
-# never the caller's PATH, so a check and the reset it advises find the same binary, and
-# slurmd's empty environment finds it too. The system dirs root's commands are found on
-# (runner.SAFE_PATH, in its order: /usr/bin is where Ubuntu's and Debian's driver
-# packages put the control binary, /usr/sbin where Debian's nvidia-cuda-mps puts the
-# server), then where Kubernetes GPU nodes and NVIDIA's container tooling mount the
-# driver's binaries (/usr/local/nvidia/bin) and the CUDA toolkit's dir
-# (/usr/local/cuda/bin). README.md, "Where mps-health finds the MPS binaries", says
-# where each comes from.
+DEFAULT_COMMANDS = {name: name for name in ("nvidia-cuda-mps-control", "scontrol", "squeue")}
+# Where the MPS binaries are looked for when ``commands`` gives a name: one list for every
+# command, never the caller's PATH, so a check and the reset it advises find the same
+# binary, in slurmd's empty environment too. runner.SAFE_PATH's dirs in its order, then
+# the driver's dir on Kubernetes/NVIDIA container nodes and the CUDA toolkit's (README.md,
+# "Where mps-health finds the MPS binaries").
 MPS_BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
                    "/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin")
 # Commands that may be configured but are not looked up on PATH by default. The server
 # is the one beside the control binary unless configured (mps_health.remediation.processes).
 OPTIONAL_COMMANDS = ("mps-health-canary", "nvidia-cuda-mps-server")
-
-R = TypeVar("R", bound=Record)
 
 
 class ConfigError(Exception):
@@ -139,30 +121,18 @@ class MpsConfig(Record):
     log_dir: str = pathname("/var/log/nvidia-mps")
     gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
     dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
-    # Log dirs: only the control daemon writes there (it opens control.log and server.log
-    # itself; servers for other users' clients write nothing there), so no one else may:
-    # a user's entry there is a link the daemon would append to, or a forged log.
-    # Default 0755 (node, per-gpu), 0700 for per-job (the job's user's own dir).
+    # Log dirs: only the control daemon writes there, so no one else may (a user's entry
+    # there is a link the daemon would append to, or a forged log). Default 0755, per-job 0700.
     log_dir_mode: int = custom(0o755, _mode)
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)
-    # Where the MPS binaries are found unless ``commands`` names their path (root's dirs
-    # only: whatever is found there runs as root).
+    # Where the MPS binaries are found unless ``commands`` names them (root's dirs only:
+    # whatever is found there runs as root).
     binary_dirs: Tuple[str, ...] = custom(MPS_BINARY_DIRS, _dirs)
-    # Per-job: at most this many instances are judged per run (each costs a control
-    # client and a few reads); the rest are named as not judged, never guessed about.
+    # Per-job: at most this many instances are judged per run (each costs a control client);
+    # the rest are named as not judged, never guessed about.
     max_instances: int = whole(256, low=1, high=100000)
-
-
-def _template_fields(template: str) -> Tuple[str, ...]:
-    if "{" not in template and "}" not in template:
-        return ()
-
-    try:
-        return tuple(f for _, f, _, _ in string.Formatter().parse(template) if f is not None)
-    except ValueError:
-        raise Invalid("has an unbalanced { or }") from None
 
 
 def socket_path_bytes(pipe_dir: str) -> int:
@@ -172,7 +142,10 @@ def socket_path_bytes(pipe_dir: str) -> int:
 
 def _check_template(key: str, template: str, layout: str) -> None:
     """The pipe/log dir template rules of each layout (every reader relies on them)."""
-    fields = _template_fields(template)
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError:
+        raise Invalid("has an unbalanced { or }", key) from None
     allowed = {"node": (), "per-gpu": ("gpu",), "per-job": ("job", "gpu")}[layout]
     if any(f not in allowed for f in fields):
         raise Invalid(f"the {layout} layout allows only "
@@ -193,15 +166,12 @@ def _check_template(key: str, template: str, layout: str) -> None:
 
 def _finish_mps(m: MpsConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
                 ) -> MpsConfig:
-    pipe_default, log_default = DEFAULT_DIRS[m.layout]
     per_job = m.layout == "per-job"
-    m = m._replace(
-        pipe_dir=m.pipe_dir if "pipe_dir" in given else pipe_default,
-        log_dir=m.log_dir if "log_dir" in given else log_default,
-        dir_owner=m.dir_owner if "dir_owner" in given else ("job" if per_job else "root"),
-        daemon_user=m.daemon_user if "daemon_user" in given else ("job" if per_job else "root"),
-        log_dir_mode=m.log_dir_mode if "log_dir_mode" in given else (0o700 if per_job else 0o755),
-    )
+    owner = "job" if per_job else "root"
+    pipe_dir, log_dir = DEFAULT_DIRS[m.layout]
+    defaults = {"pipe_dir": pipe_dir, "log_dir": log_dir, "dir_owner": owner,
+                "daemon_user": owner, "log_dir_mode": 0o700 if per_job else 0o755}
+    m = m._replace(**{k: v for k, v in defaults.items() if k not in given})  # by the layout
     if m.log_dir_mode & 0o700 != 0o700:
         raise Invalid(f"must let the daemon's user read, write and enter the dir (0700 at "
                       f"least; got {m.log_dir_mode:04o})", "log_dir_mode")
@@ -313,7 +283,7 @@ class Config(Record):
     def get(self, section: Section[R]) -> R:
         """The validated record of ``section`` (its defaults when the file has none)."""
         found = self.sections.get(section.name)
-        return found if isinstance(found, section.record) else section.defaults()
+        return found if isinstance(found, section.record) else section.record()
 
 
 TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
@@ -325,15 +295,11 @@ MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cu
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     """Load the config from ``path`` (default file if it exists) or from ``text``.
 
-    The path is the admin's choice (the default file, --config, slurm.conf's lines), so a
-    symlink is followed; anything but a regular file (a FIFO, a dir) is refused without
-    blocking, and so is a file over MAX_BYTES, nesting past ``inputs.MAX_DEPTH`` or
-    YAML aliases that expand past ``inputs.MAX_VALUES`` values (``mps_health.config.inputs``).
-    """
+    The path is the admin's choice, so a symlink is followed; anything but a regular file
+    is refused without blocking, and so is a file over MAX_BYTES, nesting past
+    ``inputs.MAX_DEPTH`` or aliases expanding past ``inputs.MAX_VALUES`` values."""
     explicit = path is not None
     path = path or DEFAULT_PATH
-    from mps_health.config.inputs import InputError, read_text
-
     try:
         if text is None:
             text = read_text(path, MAX_BYTES, follow=True)
@@ -353,7 +319,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
 
 def _parse_yaml(text: str, path: str) -> Any:
     import yaml  # only when there is a file: without one, the defaults need no parser
-    from mps_health.config.inputs import tree_size, yaml_nesting, yaml_too_deep
     from mps_health.model.printable import escape
 
     # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
@@ -393,21 +358,17 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
         for section in CORE_SECTIONS:
             key = section.name
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
-        from mps_health.model import (
-            registry,  # (its site sections are known once CHECKS is validated)
-        )
+        from mps_health.model import registry  # site sections are known once CHECKS is valid
 
-        site = _site_modules()
+        known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
         for key in data:
-            if key not in TOP_KEYS and key not in loaded and key not in SECTIONS \
-                    and key not in registry.SITE_SECTIONS:
-                known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+            if key not in known:
                 raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
         wanted = set(data)
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
         owners: Dict[str, Section] = {}
         for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
-                                     *site)):
+                                     *registry.SITE_SECTIONS.values())):
             owners.update(_owner_sections(module))
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
@@ -418,13 +379,6 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
     core = {s.name: loaded.pop(s.name) for s in CORE_SECTIONS}
     return Config(path=path, **top, **core, sections=loaded,
                   given=tuple(str(k) for k in data), raw=dict(data))
-
-
-def _site_modules() -> Tuple[str, ...]:
-    """Site check modules that declare sections (imported with ``checks.modules``)."""
-    from mps_health.model import registry
-
-    return tuple(registry.SITE_SECTIONS.values())
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -1,17 +1,11 @@
-"""The ``remediation`` and ``healthcheck`` config sections.
-
-``remediation:`` sets how long each step of a reset may take, where the audit log goes
-and what extra environment a restarted daemon gets. ``healthcheck:`` sets the anti-flap
-counts and the time budget of the HealthCheckProgram run. The drain tag and the
-scontrol timeout they use are ``slurm.drain_tag`` and ``slurm.timeout_s``. Both are
-validated with the whole file when it is loaded (``mps_health.config.load``).
+"""The ``remediation`` (each step's time, the audit log, a restarted daemon's environment)
+and ``healthcheck`` (anti-flap counts, the HealthCheckProgram's budget) config sections.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple
 
-from mps_health.config.load import Config
 from mps_health.config.schema import (
     Invalid,
     Record,
@@ -55,12 +49,10 @@ class RemediationSettings(Record):
     audit_log: str = pathname(DEFAULT_AUDIT_LOG)
     syslog: bool = flag(True)
     daemon_env: Tuple[Tuple[str, str], ...] = custom((), _env)  # for restarted daemons
-    # No second reset of the node (of any of its instances) within this many seconds of
-    # the last reset that acted (hostio/planned.py keeps its time; the instances one call
-    # resets are one reset): a fault a restart does not cure must not cost every job on
-    # the node a restart per run, one instance after another. A manual reset overrides with --force,
-    # an automatic one (--automatic: the Ansible role, scripts) never does. At most
-    # planned.KEEP_S (7 days): older records are not kept. 0: no cooldown.
+    # No second reset of the node (any of its instances) within this long of the last one
+    # that acted (hostio/planned.py): a fault a restart does not cure must not cost every job
+    # a restart per run. --force overrides it for a manual reset, never an --automatic one.
+    # At most planned.KEEP_S (7 days), older records are not kept. 0: no cooldown.
     cooldown_s: float = number(1800.0, 0.0, 7 * 86400.0)
 
 
@@ -99,12 +91,8 @@ HEALTHCHECK = Section("healthcheck", HealthcheckSettings, _finish_healthcheck)
 SECTIONS = (REMEDIATION, HEALTHCHECK)
 
 
-def remediation(config: Config) -> RemediationSettings:
-    return config.get(REMEDIATION)
-
-
-def healthcheck(config: Config) -> HealthcheckSettings:
-    return config.get(HEALTHCHECK)
+remediation = REMEDIATION.of
+healthcheck = HEALTHCHECK.of
 
 
 __all__ = ["HealthcheckSettings", "RemediationSettings", "healthcheck", "remediation"]

@@ -1,35 +1,18 @@
 """How a config section is declared: a frozen record whose fields are key specs.
 
-A module that owns a section declares it once::
-
-    class LogsConfig(Record):
-        window_s: float = number(900.0, low=0.001)   # the field's type, default and rule
-
-    SECTIONS = (Section("logs", LogsConfig),)
-
-``mps_health.config.load`` validates the whole file against every declared section when it
-loads it; callers then read ``config.get(SECTION)``, an already valid record. A spec's
-``parse`` turns one YAML value into the field's value or raises ``Invalid`` saying what
-is wrong; the loader adds the file and the key. No heavy import here: this runs on
-every check.
+``class LogsConfig(Record): window_s: float = number(900.0, low=0.001)``, then
+``SECTIONS = (Section("logs", LogsConfig),)``: ``mps_health.config.load`` validates the
+whole file against every declared section; callers read ``config.get(SECTION)``. A
+spec's ``parse`` turns one YAML value into the field's value or raises ``Invalid``; the
+loader adds the file and the key. No heavy import here: this runs on every check.
 """
 
 from __future__ import annotations
 
+import os.path
 import reprlib
-from typing import (
-    Any,
-    Callable,
-    ClassVar,
-    Dict,
-    Generic,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-    Type,
-    TypeVar,
-)
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, ClassVar, Generic, NamedTuple, Optional, TypeVar
 
 SHOWN_MAX = 60  # characters of a bad value quoted back in an error line
 
@@ -44,14 +27,11 @@ class Invalid(ValueError):
 
 
 def shown(value: Any) -> str:
-    """A value for an error line: escaped (repr) and cut to SHOWN_MAX characters.
-
-    Built by ``reprlib``, which stops after a few items and levels: the full repr of a
-    value that YAML aliases repeat (or that contains itself) would be as large as its
-    expansion, however small the file."""
+    """A value for an error line: escaped (repr) and cut to SHOWN_MAX characters. By
+    ``reprlib``, which stops after a few items and levels: a full repr of what YAML aliases
+    repeat (or of a cycle) would be as large as its expansion, however small the file."""
     short = reprlib.Repr()
-    # Strings are cut in their middle by reprlib: far enough out that the cut below,
-    # at the end, is the one seen.
+    # reprlib cuts strings in their middle: far enough out that the cut below is the one seen.
     short.maxlevel, short.maxstring, short.maxother = 3, 4 * SHOWN_MAX, 4 * SHOWN_MAX
     text = short.repr(value)
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
@@ -62,14 +42,11 @@ def has_control(text: str) -> bool:
     return any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text)
 
 
-class Spec:
+class Spec(NamedTuple):
     """One key: its default and the function that checks and converts a given value."""
 
-    __slots__ = ("default", "parse")
-
-    def __init__(self, default: Any, parse: Callable[[Any], Any]) -> None:
-        self.default = default
-        self.parse = parse
+    default: Any
+    parse: Callable[[Any], Any]
 
 
 R = TypeVar("R", bound="Record")
@@ -78,8 +55,8 @@ R = TypeVar("R", bound="Record")
 class Record:
     """A frozen settings record. Fields are the class attributes given as specs."""
 
-    _specs: ClassVar[Dict[str, Spec]] = {}
-    _fields: ClassVar[Tuple[str, ...]] = ()
+    _specs: ClassVar[dict[str, Spec]] = {}
+    _fields: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls) -> None:
         specs = dict(cls._specs)
@@ -100,7 +77,7 @@ class Record:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen: use _replace")
 
-    def _asdict(self) -> Dict[str, Any]:
+    def _asdict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}
 
     def _replace(self: R, **changes: Any) -> R:
@@ -125,13 +102,14 @@ Finish = Callable[[Any, Mapping[str, Any], Mapping[str, Record]], Any]
 class Section(Generic[R]):
     """A top-level config key holding a mapping, validated into ``record``."""
 
-    def __init__(self, name: str, record: Type[R], finish: Optional[Finish] = None) -> None:
+    def __init__(self, name: str, record: type[R], finish: Optional[Finish] = None) -> None:
         self.name = name
         self.record = record
         self.finish = finish
 
-    def defaults(self) -> R:
-        return self.record()
+    def of(self, config: Any) -> R:
+        """``config.get(self)``: this section's record in a loaded Config."""
+        return config.get(self)
 
     def validate(self, given: Mapping[str, Any], loaded: Mapping[str, Record]) -> R:
         """The record for ``given``; Invalid(why, key) names the first bad key."""
@@ -152,13 +130,10 @@ class Section(Generic[R]):
 
 # --- specs ------------------------------------------------------------------------------
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def number(default: float, low: float = 0.0, high: float = float("inf")) -> Any:
     def parse(value: Any) -> float:
-        if not _is_number(value) or not low <= value <= high:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not low <= value <= high:
             bounds = f"between {low:g} and {high:g}" if high != float("inf") else f">= {low:g}"
             raise Invalid(f"must be a number {bounds} (got {shown(value)})")
         return float(value)
@@ -181,10 +156,13 @@ def whole(default: Optional[int], low: int = 0, high: int = 2**63, optional: boo
     return Spec(default, parse)
 
 
-def flag(default: bool) -> Any:
-    def parse(value: Any) -> bool:
+def flag(default: Optional[bool], optional: bool = False) -> Any:
+    def parse(value: Any) -> Optional[bool]:
+        if value is None and optional:
+            return None
         if not isinstance(value, bool):
-            raise Invalid(f"must be true or false (got {shown(value)})")
+            raise Invalid(f"must be true{', false or null' if optional else ' or false'} "
+                          f"(got {shown(value)})")
         return value
     return Spec(default, parse)
 
@@ -205,8 +183,6 @@ def text(default: Optional[str], choices: Sequence[str] = (), optional: bool = F
 
 def abspath(value: Any) -> str:
     """An absolute path without control characters, normalised."""
-    import os.path
-
     if not isinstance(value, str) or not value.startswith("/") or has_control(value):
         raise Invalid(f"must be an absolute path without control characters "
                       f"(got {shown(value)})")
@@ -229,7 +205,7 @@ def custom(default: Any, parse: Callable[[Any], Any]) -> Any:
     return Spec(default, parse)
 
 
-def names(value: Any) -> Tuple[str, ...]:
+def names(value: Any) -> tuple[str, ...]:
     """A list of names (a single name is a list of one)."""
     if isinstance(value, str):
         value = [value]

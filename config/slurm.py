@@ -1,8 +1,4 @@
-"""The ``slurm``, ``orphans`` and ``gpu`` config sections.
-
-They are validated with the whole file when it is loaded (``mps_health.config.load``);
-readers get the records through ``config.get(...)`` or the helpers below.
-"""
+"""The ``slurm``, ``orphans`` and ``gpu`` config sections (read with the helpers below)."""
 
 from __future__ import annotations
 
@@ -111,27 +107,15 @@ GPU = Section("gpu", GpuSettings)
 SECTIONS = (GPU, SLURM, ORPHANS)
 
 
-def settings(config: Config) -> SlurmSettings:
-    return config.get(SLURM)
-
-
-def orphan_settings(config: Config) -> OrphanSettings:
-    return config.get(ORPHANS)
-
-
-def gpu_settings(config: Config) -> GpuSettings:
-    return config.get(GPU)
+settings = SLURM.of
+orphan_settings = ORPHANS.of
+gpu_settings = GPU.of
 
 
 def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
-    """The GPUs (indices or UUIDs) MPS serves; None for "every GPU of the node".
-
-    ``gpu.mps_gpus`` wins; else the per-gpu layout's ``mps.gpus``; else every GPU
-    (a node-wide daemon serves all GPUs it can see; per-job daemons any GPU a job gets).
-    """
+    """The GPUs (indices or UUIDs) MPS serves: ``gpu.mps_gpus``, else the per-gpu layout's
+    ``mps.gpus``, else None for every GPU (a node-wide or per-job daemon serves any)."""
     chosen = gpu_settings(config).mps_gpus
-    if chosen is not None:
-        return chosen
-    if config.mps.layout == "per-gpu":
+    if chosen is None and config.mps.layout == "per-gpu":
         return config.mps.gpus
-    return None
+    return chosen

@@ -1,21 +1,17 @@
 """The pipe/log dir templates (``mps.pipe_dir``, ``mps.log_dir``): ``{gpu}`` and ``{job}``.
 
-The one expansion (``expand``), the one matcher for names found on disk (``pattern``) and
-the one glob (``glob``), so the dirs the Prolog makes are exactly the dirs the checks,
-remediation, the Epilog and the tmpfiles guard find. Where the fields may stand is
-checked once, when the config is loaded; the values are checked here, on every
-expansion: a job id is digits, a GPU an index or a UUID (letters, digits, '-'), so a
-value can never add a path component.
+The one expansion, matcher and glob, so the dirs the Prolog makes are exactly those the
+checks, remediation, the Epilog and the tmpfiles guard find. Where the fields may stand is
+checked at load; their values here, on every expansion: a job id is digits, a GPU an index
+or a UUID (letters, digits, '-'), so a value can never add a path component.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, List, Optional, Tuple
-
-if TYPE_CHECKING:
-    import re
+import string
+from typing import Optional, Tuple
 
 DIGITS = frozenset("0123456789")
 GPU_CHARS = DIGITS | frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
@@ -35,27 +31,14 @@ def expand(template: str, job: str = "", gpu: str = "") -> str:
     return template.format(job=job, gpu=gpu)
 
 
-def split_fields(text: str) -> List[Tuple[str, str]]:
-    """(literal, field) pairs of a template: ``a{job}b`` -> [("a", "job"), ("b", "")]."""
-    parts: List[Tuple[str, str]] = []
-    while text:
-        start = text.find("{")
-        end = text.find("}", start) if start >= 0 else -1
-        if end < 0:
-            parts.append((text, ""))
-            break
-        parts.append((text[:start], text[start + 1:end]))
-        text = text[end + 1:]
-    return parts
-
-
 def pattern(template: str) -> re.Pattern[str]:
-    """A regex for the last component of a per-job template (groups ``job``, ``gpu``)."""
+    """A regex for the last component of a per-job template (groups ``job``, ``gpu``);
+    fields read as ``str.format`` reads them (which ``expand`` uses)."""
     out = ""
-    for literal, field in split_fields(os.path.basename(template)):
+    for literal, field, spec, conversion in string.Formatter().parse(os.path.basename(template)):
         out += re.escape(literal)
         if field:
-            if field not in _FIELD:
+            if field not in _FIELD or spec or conversion:
                 raise TemplateError(f"unknown field {{{field}}} in {template!r}")
             out += _FIELD[field]
     return re.compile(out + r"\Z")
@@ -71,4 +54,5 @@ def match(template: str, name: str) -> Optional[Tuple[str, str]]:
 
 def glob(template: str) -> str:
     """The template as a glob, for tmpfiles.d (every field becomes ``*``)."""
-    return "".join(literal + ("*" if field else "") for literal, field in split_fields(template))
+    return "".join(literal + ("*" if field else "")
+                   for literal, field, _, _ in string.Formatter().parse(template))

@@ -1,31 +1,24 @@
 """The exporter's HTTP side: /metrics served from a page kept ready by the caller.
 
-A scrape never runs a check: it returns the exposition the caller rendered after its
-last run (plus the exporter's own ``process_*`` series), so a wedged daemon can slow a
-run down to its budget but never a scrape, and Prometheus' 10 s scrape timeout is never
-at risk.
+A scrape never runs a check: it returns the exposition the caller rendered after its last
+run (plus the exporter's own ``process_*`` series), so a wedged daemon can slow a run but
+never a scrape. The server is prometheus_client's ``ThreadingWSGIServer`` (``http.server``
+parses, ``wsgiref`` writes); what it lacks is added here, because the port is open to
+every user of the node (docs/monitoring.md, "The exporter under abuse"):
 
-The server is prometheus_client's own (``ThreadingWSGIServer``: the standard library's
-WSGI server with a thread per connection), HTTP parsed by ``http.server`` and the
-response written by ``wsgiref``; what it does not hold by itself is added here, because
-the port is open to every user of the node (docs/monitoring.md, "The exporter under
-abuse"):
-
-* a thread per connection, so a held-open, slowloris or never-reading connection holds
-  only its own thread, never a scraper's; small thread stacks keep hundreds cheap;
-* at most ``max_connections`` open: before a new one is accepted over the cap, the oldest
-  that has not yet sent a whole request head (else the least recently active one) is
-  shut down, rather than the newcomer refused, so a scraper, which sends its request at
-  once, is answered during a flood of held-open connections;
-* a request head must arrive whole within ``header_timeout_s`` (a deadline per
-  connection, not per byte: a slowloris dripping bytes is closed at it), a response must
-  be taken within ``write_timeout_s`` (nothing more is read from a client meanwhile, so
-  one that never reads holds one response), an idle keep-alive connection ends after
-  ``idle_timeout_s``;
-* what the attacker causes is logged as one counted line per kind and
-  ``log_interval_s``, never a line per request and never a traceback.
+* a thread per connection (small stacks): a held-open, slowloris or never-reading
+  connection holds only its own thread, never a scraper's;
+* at most ``max_connections``: over the cap, the oldest connection without a whole request
+  head (else the least recently active) is shut down rather than the newcomer refused, so
+  a scraper, which sends its request at once, is answered during a flood;
+* a request head must arrive whole within ``header_timeout_s`` (per connection, not per
+  byte: a slowloris is closed at it), a response be taken within ``write_timeout_s``
+  (nothing more is read meanwhile), an idle keep-alive connection ends at ``idle_timeout_s``;
+* what a client causes is one counted line per kind and ``log_interval_s``, never a line
+  per request, never a traceback.
 """
 
+import contextlib
 import errno
 import io
 import socket
@@ -35,21 +28,12 @@ import threading
 import time
 from collections import OrderedDict
 from socketserver import _SocketWriter  # type: ignore[attr-defined]  # what wbufsize=0 uses
-from typing import (
-    IO,
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    List,
-    NamedTuple,
-    Optional,
-    Tuple,
-    cast,
-)
+from typing import IO, Any, Callable, Iterable, NamedTuple, Optional, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler
 
 from mps_health.exporters.logthrottle import Throttled
+from mps_health.exporters.prometheus import CONTENT_TYPE, latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 LANDING = (b"<html><head><title>mps-health exporter</title></head><body>"
@@ -57,21 +41,11 @@ LANDING = (b"<html><head><title>mps-health exporter</title></head><body>"
            b"</body></html>\n")
 
 
-def process_page() -> bytes:
-    """The exporter's own process_* series, fresh per scrape (cheap: /proc/self)."""
-    from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-
-    reg = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=reg)
-    return generate_latest(reg)
-
-
 MAX_HEAD = 16384  # bytes of request line and headers we accept
 READ_CHUNK = 16384  # a client's pipelined requests are read this much at a time
-# The kernel's queue of connections not yet accepted. Kept short: while it is full the
-# kernel drops SYNs, which slows a reconnecting flood to TCP's retransmits; at 1024 the
-# same flood (bench/exporter_abuse.py) cycled 15x more connections and a scrape's median
-# went from 1 ms to 16-57 ms. The cost is a rare scrape whose SYN is dropped (1 s).
+# The kernel's queue of connections not yet accepted. Kept short: while it is full the kernel
+# drops SYNs, which slows a reconnecting flood to TCP's retransmits (bench/exporter_abuse.py).
+# The cost is a rare scrape whose SYN is dropped (1 s).
 LISTEN_BACKLOG = 128
 TICK_S = 0.1  # the stop flag and the log's counts are looked at this often
 ACCEPT_PAUSE_S = 0.25  # after accept() fails for want of fds: retrying at once would spin
@@ -80,24 +54,13 @@ RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps n
 SEND_BUFFER = 256 * 1024  # per connection: a whole page at once, yet a client that never
 # reads stalls after a few responses instead of the megabytes of autotuned buffers
 PROCESS_FRESH_S = 0.5  # the process_* and server series are rebuilt at most this often
-# A connection's thread runs our handler, http.server's parser and wsgiref: well under
-# this. The default (8 MiB of address space each) would make a thousand held-open
-# connections 8 GiB of virtual memory; it also applies to the check threads, whose
-# deepest use (YAML and JSON of bounded nesting) fits with room to spare.
+# A connection's thread (our handler, http.server, wsgiref) needs well under this; the
+# default 8 MiB each would make a thousand held-open connections 8 GiB of address space.
+# The check threads get it too: their deepest use (bounded YAML and JSON nesting) fits.
 THREAD_STACK = 512 * 1024
 
 # Why the server closed a connection (or could not accept one): the series' label.
 REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
-
-
-class _Fixed:
-    """A collector over a fixed list of families."""
-
-    def __init__(self, families: list) -> None:
-        self.families = families
-
-    def collect(self) -> list:
-        return self.families
 
 
 class Limits(NamedTuple):
@@ -126,7 +89,7 @@ class Responder(ServerHandler):
 
     http_version = "1.1"
     # Read only: each request's environ starts from it, not from the process's environment.
-    os_environ: Dict[str, str] = {}  # noqa: RUF012
+    os_environ: dict[str, str] = {}  # noqa: RUF012
     server_software = ""  # no Server header: nothing to tell a client about versions
     headers: Any  # wsgiref's, set per response
     request_handler: "Handler"
@@ -250,9 +213,8 @@ class MetricsServer(ThreadingWSGIServer):
     daemon_threads = True
     block_on_close = False  # stopping never waits for a client's thread
     request_queue_size = LISTEN_BACKLOG
-    allow_reuse_address = True
 
-    def __init__(self, address: Tuple[str, int], page: Callable[[], bytes], limits: Limits,
+    def __init__(self, address: tuple[str, int], page: Callable[[], bytes], limits: Limits,
                  log: Throttled, with_process: bool = True) -> None:
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -263,9 +225,9 @@ class MetricsServer(ThreadingWSGIServer):
         self.lock = threading.Condition()
         self.fresh: OrderedDict[socket.socket, Conn] = OrderedDict()
         self.talking: OrderedDict[socket.socket, Conn] = OrderedDict()
-        self.closing: Dict[socket.socket, Conn] = {}
-        self.refused: Dict[str, int] = dict.fromkeys(REFUSALS, 0)
-        self.process: Tuple[float, bytes] = (float("-inf"), b"")
+        self.closing: dict[socket.socket, Conn] = {}
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        self.process: tuple[float, bytes] = (float("-inf"), b"")
         super().__init__((host, port), Handler)
 
     def server_bind(self) -> None:
@@ -286,18 +248,15 @@ class MetricsServer(ThreadingWSGIServer):
 
     # --- the page -----------------------------------------------------------------------
 
-    def app(self, environ: Dict[str, Any], start_response: Callable[..., Any]
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]
             ) -> Iterable[bytes]:
         """The WSGI application: /metrics, a landing page, 404 and 405; HEAD as GET."""
-        method = environ["REQUEST_METHOD"]
-        path = environ["PATH_INFO"]
-        extra: List[Tuple[str, str]] = []
+        method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
+        extra: list[tuple[str, str]] = []
         if method not in ("GET", "HEAD"):
             status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics\n"
             extra = [("Allow", "GET, HEAD")]
         elif path == "/metrics":
-            from mps_health.exporters.prometheus import CONTENT_TYPE
-
             status, ctype, body = "200 OK", CONTENT_TYPE, self.page()
             if self.with_process:
                 body += self.process_series()
@@ -311,21 +270,18 @@ class MetricsServer(ThreadingWSGIServer):
         return [b"" if method == "HEAD" else body]
 
     def process_series(self) -> bytes:
-        """process_page() and server_page(), reused for PROCESS_FRESH_S: a client
-        pipelining requests costs a copy per response, not a /proc read (no scraper asks
-        twice a second)."""
+        """server_page(), reused for PROCESS_FRESH_S: a client pipelining requests costs
+        a copy per response, not a /proc read (no scraper asks twice a second)."""
         now = time.monotonic()
         when, page = self.process
         if now - when >= PROCESS_FRESH_S:
-            page = process_page() + self.server_page()
+            page = self.server_page()
             self.process = (now, page)
         return page
 
     def server_page(self) -> bytes:
-        """The server's own series: connections open, the cap, and those it closed."""
-        from prometheus_client import CollectorRegistry, generate_latest
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
+        """The process_* series (cheap: /proc/self) and the server's own: connections open,
+        the cap, and those it closed."""
         prefix = "mps_health_exporter_"
         closed = CounterMetricFamily(
             prefix + "connections_closed", "Connections the exporter closed or could not "
@@ -343,14 +299,12 @@ class MetricsServer(ThreadingWSGIServer):
                                       "fit the open-file limit).",
                                       value=self.limits.max_connections),
                     closed]
-        reg = CollectorRegistry(auto_describe=False)
-        reg.register(_Fixed(families))
-        return generate_latest(reg)
+        return latest(families, process=True)
 
     # --- connections ------------------------------------------------------------------
 
     def refuse(self, reason: str, what: str) -> None:
-        """Count what a client caused (a series and a rate-limited log line)."""
+        """Count what a client caused: a series, a rate-limited line (lock reentrant)."""
         with self.lock:
             self.refused[reason] += 1
             self.log.note(reason, what)
@@ -377,12 +331,10 @@ class MetricsServer(ThreadingWSGIServer):
         self.talking.pop(conn.sock, None)
         self.closing[conn.sock] = conn
         conn.closing = True
-        try:
+        with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
-    def get_request(self) -> Tuple[socket.socket, Any]:
+    def get_request(self) -> tuple[socket.socket, Any]:
         """Accept one connection, making room first: at the cap, the oldest connection
         without a whole request (else the least recently active) is shut down, and the
         accept waits for its thread to close it, so the fds in use never pass the cap."""
@@ -392,9 +344,8 @@ class MetricsServer(ThreadingWSGIServer):
                 queue = self.fresh if self.fresh else self.talking
                 if queue:
                     self.shut(next(iter(queue.values())))
-                    self.refused["over_cap"] += 1
-                    self.log.note("over_cap", f"connections over the cap of {cap} closed "
-                                  "(the oldest without a whole request first)")
+                    self.refuse("over_cap", f"connections over the cap of {cap} closed (the "
+                                "oldest without a whole request first)")
                 if not self.lock.wait_for(lambda: self.count() < cap, EVICT_WAIT_S):
                     raise OSError("no room yet")  # the loop comes back while one waits
             try:
@@ -402,9 +353,8 @@ class MetricsServer(ThreadingWSGIServer):
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     raise  # ECONNABORTED and the like: that client is gone already
-                self.refused["accept_failed"] += 1
-                self.log.note("accept_failed", f"cannot accept connections: {e.strerror} "
-                              "(open files of this process or the node at their limit)")
+                self.refuse("accept_failed", f"cannot accept connections: {e.strerror} (open "
+                            "files of this process or the node at their limit)")
                 self.lock.wait(ACCEPT_PAUSE_S)  # retrying at once would spin
                 raise
             self.fresh[sock] = Conn(sock)
@@ -416,12 +366,10 @@ class MetricsServer(ThreadingWSGIServer):
             conn = (self.fresh.pop(request, None) or self.talking.pop(request, None)
                     or self.closing.pop(request, None))
             self.lock.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             if conn is not None and conn.reset:  # drop what the kernel still holds for it
                 request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             request.close()
-        except OSError:
-            pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A bug, or no thread for a connection, costs that connection, never the server,
@@ -447,14 +395,12 @@ class MetricsServer(ThreadingWSGIServer):
             self.log.flush(final=True)
 
 
-def serve(page: Callable[[], bytes], address: Tuple[str, int],
-          listening: Callable[[str], None], stop: threading.Event,
-          limits: Optional[Limits] = None, log: Optional[Throttled] = None) -> None:
+def serve(page: Callable[[], bytes], address: tuple[str, int],
+          listening: Callable[[str], None], stop: threading.Event, limits: Limits) -> None:
     """Serve ``page()`` at /metrics until ``stop`` is set, on this thread.
     ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
-    limits = limits or Limits()
     threading.stack_size(THREAD_STACK)
-    server = MetricsServer(address, page, limits, log or Throttled(limits.log_interval_s))
+    server = MetricsServer(address, page, limits, Throttled(limits.log_interval_s))
     try:
         host, port = (str(part) for part in server.server_address[:2])
         shown = f"[{host}]" if ":" in host else host

@@ -1,9 +1,8 @@
 """JSON: the whole report, for Ansible, support bundles and scripts.
 
-Written piece by piece (``write``): the document's lists of problems and results are
-generators, encoded one item at a time, so a report of many thousand instances never
-exists twice in memory (as dicts, then as one string). The text is what
-``json.dumps(..., indent=2)`` gives for the same document.
+Written piece by piece: the lists of problems and results are generators, encoded one item
+at a time, so a report of many thousand instances never exists twice in memory. The text
+is what ``json.dumps(..., indent=2)`` gives for the same document.
 """
 
 import json
@@ -83,7 +82,3 @@ def write(report: Report, out: TextIO) -> None:
     for piece in encode(document(report)):
         out.write(piece)
     out.write("\n")
-
-
-def render(report: Report) -> str:
-    return "".join(encode(document(report)))

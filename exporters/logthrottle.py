@@ -1,20 +1,19 @@
 """Log lines a client can cause, rate-limited: one line per kind and interval, with a count.
 
-Anyone who can reach the port decides how often these events happen, so each kind is
-written at once the first time, then counted and summed up at most once per interval:
-a flood of any size gives a few lines a minute, never megabytes of stderr.
+Anyone who can reach the port decides how often these happen, so each kind is written at
+once the first time, then counted and summed up at most once per interval: a flood of any
+size gives a few lines a minute, never megabytes of stderr.
 """
 
+import contextlib
 import sys
 import time
 from typing import Callable, Dict, Optional
 
 
 def to_stderr(line: str) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stderr gone: the server goes on
         print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):  # stderr closed or gone: the server goes on without it
-        pass
 
 
 class Throttled:

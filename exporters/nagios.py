@@ -1,11 +1,10 @@
 """check_mps' output: one Report as a nagiosplugin Check, in the Nagios plugin format.
 
-nagiosplugin does the plugin API: contexts, ranges, perfdata, the layout (``-v`` puts the
-perfdata last). Ours: results keep their checks' states (``Reported``); states combine as
-``results.worst`` (``Check``: nagiosplugin puts UNKNOWN above CRITICAL); the status line
-names codes, latency over -w/-c is ``control-slow`` (``Headline``); plain decimals
-(``Number``); 8 KiB at most (``fit``). Not nagiosplugin's Runtime (one per process,
-SIGALRM, tracebacks) nor the engine (the command gives the ``Probe`` its run).
+nagiosplugin does the plugin API (contexts, ranges, perfdata, layout). Ours: results keep
+their checks' states (``Reported``), combined as ``results.worst`` (``Check``: nagiosplugin
+puts UNKNOWN above CRITICAL); the status line names codes, latency over -w/-c is
+``control-slow`` (``Headline``); plain decimals (``Number``); 8 KiB at most (``fit``). Not
+nagiosplugin's Runtime (one per process, SIGALRM, tracebacks).
 """
 
 from __future__ import annotations
@@ -13,23 +12,14 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
-from mps_health.exporters.text import passed
+from mps_health.exporters.text import folded_line, gathered, ok_line, passed
 from mps_health.model.actionhints import with_options
-from mps_health.model.results import (
-    CRITICAL,
-    OK,
-    STARTING,
-    UNKNOWN,
-    WARNING,
-    Report,
-    Result,
-    is_problem,
-    worst,
-)
+from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
 from nagiosplugin.output import Output
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
@@ -39,8 +29,8 @@ SERVICE = "MPS"
 SLOW = "control-slow"  # the code of a control latency over -w/-c (the control check's)
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
 # mps-health's states are the plugin API's exit codes, as nagiosplugin's are.
-STATES = {OK: nagiosplugin.Ok, WARNING: nagiosplugin.Warn, CRITICAL: nagiosplugin.Critical,
-          UNKNOWN: nagiosplugin.Unknown}
+STATES = {int(s): s for s in (nagiosplugin.Ok, nagiosplugin.Warn, nagiosplugin.Critical,
+                              nagiosplugin.Unknown)}
 
 
 def plain(v: float) -> str:
@@ -89,13 +79,7 @@ PERF_ALIASES = {("control", "latency_s"): "latency"}
 def perf_name(s: Sample) -> str:
     """The sample's name without instance: its metric name, less prefix and unit suffix."""
     alias = PERF_ALIASES.get((s.check, s.key))
-    if alias is not None:
-        return alias
-    name = s.metric[len(PREFIX):]
-    for suffix in ("_seconds", "_bytes"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    return alias or re.sub(r"_(seconds|bytes)\Z", "", s.metric[len(PREFIX):])
 
 
 def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
@@ -113,9 +97,7 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
             words.append(labels["UUID"])
         words += [v for k, v in s.labels if k not in ("mps_instance", "gpu", "UUID")]
         words.append(perf_name(s))
-        text = "_".join(words)
-        out.append(("".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_"
-                            for c in text), s))
+        out.append((re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(words)), s))
     return out
 
 
@@ -194,10 +176,7 @@ class Headline(nagiosplugin.Summary):
         self.probe, self.level = probe, verbose
 
     def ok(self, results: Any) -> str:
-        report = self.probe.judged
-        n = passed(report)  # the same count as `mps-health check`'s line
-        return f"{n} check{'s' if n != 1 else ''} passed on {report.node} " \
-            f"in {report.duration_s:.2f}s"
+        return passed(self.probe.judged)  # as `mps-health check` says it
 
     def problem(self, results: Any) -> str:
         found = [said(r) for r in findings(results)]
@@ -223,16 +202,14 @@ class Headline(nagiosplugin.Summary):
             for res in run.results:
                 where = f"[{res.instance}]" if res.instance else ""
                 if res.state == OK:
-                    lines.append(_clean(f"OK {res.check}{where}: {res.message}"))
+                    lines.append(_clean(ok_line(res)))
                 elif res.cause == STARTING:  # the node is booting: said, not counted
                     lines.append(_clean(f"INITIALIZING {res.check}{where} {res.code}: "
                                         f"{res.message} (still starting after boot)"))
                 elif res.cause:  # folded under its cause: said, not counted, no action
-                    lines.append(_clean(f"FOLDED {res.check}{where} {res.code}: "
-                                        f"{res.message} (follows from {res.cause})"))
+                    lines.append(_clean(folded_line(res)))
         if self.level >= 2:
-            spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-            lines.append(f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms")
+            lines.append(gathered(report))
         return lines
 
 

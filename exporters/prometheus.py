@@ -1,20 +1,21 @@
 """Prometheus: one run's Report as metric families, for /metrics and node_exporter's textfile.
 
-Presentation only: it formats a ``RunRecord`` (the report, when it ran, whether it could
-judge) and never probes. Each call builds fresh metric families into a registry of its own
-(``CollectorRegistry()``), so the textfile never repeats ``process_*`` series, which would
-make node_exporter drop the whole file. Names and labels: docs/metrics.md.
+Presentation only: it formats a ``RunRecord`` and never probes. Each call builds fresh
+families, never through the global registry, so the textfile never repeats ``process_*``
+series (node_exporter would drop the whole file). Names and labels: docs/metrics.md.
 """
 
+import itertools
 import os
 import platform
-from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from collections import Counter
+from typing import Iterator, List, Mapping, NamedTuple, Optional
 
 from mps_health import __version__
-from mps_health.exporters.series import PREFIX, Sample, labels_of, samples
+from mps_health.exporters.series import PREFIX, Labels, Sample, labels_of, samples
 from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
-from prometheus_client import CollectorRegistry
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
@@ -40,11 +41,10 @@ def run_success(report: Report) -> bool:
     return all(r.state != UNKNOWN or r.cause for run in report.runs for r in run.results)
 
 
-def _gauge(name: str, doc: str, value: Optional[float] = None,
-           labels: Optional[Mapping[str, str]] = None) -> Metric:
+def _gauge(name: str, doc: str, value: float, labels: Optional[Mapping[str, str]] = None
+           ) -> Metric:
     m = Metric(name, doc, "gauge")
-    if value is not None:
-        m.add_sample(name, dict(labels or {}), float(value))
+    m.add_sample(name, dict(labels or {}), float(value))
     return m
 
 
@@ -56,47 +56,37 @@ def _value_help(sample: Sample) -> str:
     return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
 
 
-def _value_families(report: Report) -> List[Metric]:
-    by_name: Dict[str, List[Sample]] = {}
-    for s in samples(report):
-        by_name.setdefault(s.metric, []).append(s)
-    out = []
-    for name in sorted(by_name):
-        group = sorted(by_name[name], key=lambda s: s.labels)
-        m = Metric(name, _value_help(group[0]), "gauge")
-        for s in group:
+def _value_families(report: Report) -> Iterator[Metric]:
+    ordered = sorted(samples(report), key=lambda s: (s.metric, s.labels))
+    for name, group in itertools.groupby(ordered, key=lambda s: s.metric):
+        first, *rest = group
+        m = Metric(name, _value_help(first), "gauge")
+        for s in (first, *rest):
             m.add_sample(name, dict(s.labels), s.value)
-        out.append(m)
-    return out
+        yield m
 
 
-def _problem_family(report: Report) -> Metric:
-    name = PREFIX + "problems"
-    counts: Dict[Tuple[Tuple[str, str], ...], int] = {}
-    for r in report.problems():
-        base = (("check", r.check), ("code", r.code), ("state", STATE_NAMES[r.state].lower()))
-        labels = base + labels_of(r.instance, r.labels, report.instance_gpus)
-        counts[labels] = counts.get(labels, 0) + 1
-    m = Metric(name, "Findings that are not OK, by check, code and instance (absent when "
-               "healthy); the code names the runbook entry.", "gauge")
+def _problem_family(report: Report, starting: bool = False) -> Metric:
+    """The problems counted by check, code, state and instance; with ``starting``, the
+    findings of units still starting after boot instead (no state label)."""
+    if starting:
+        name, doc = "starting", ("Findings of units still starting within healthcheck."
+                                 "boot_grace_s of boot (not counted in problems or status; "
+                                 "absent otherwise).")
+        found = tuple(r for run in report.runs for r in run.results if r.cause == STARTING)
+    else:
+        name, doc = "problems", ("Findings that are not OK, by check, code and instance "
+                                 "(absent when healthy); the code names the runbook entry.")
+        found = report.problems()
+    counts: Counter[Labels] = Counter()
+    for r in found:
+        state = () if starting else (("state", STATE_NAMES[r.state].lower()),)
+        labels = (("check", r.check), ("code", r.code), *state,
+                  *labels_of(r.instance, r.labels, report.instance_gpus))
+        counts[labels] += 1
+    m = Metric(PREFIX + name, doc, "gauge")
     for labels in sorted(counts):
-        m.add_sample(name, dict(labels), float(counts[labels]))
-    return m
-
-
-def _starting_family(report: Report) -> Metric:
-    name = PREFIX + "starting"
-    counts: Dict[Tuple[Tuple[str, str], ...], int] = {}
-    for run in report.runs:
-        for r in run.results:
-            if r.cause == STARTING:
-                labels = (("check", r.check), ("code", r.code),
-                          *labels_of(r.instance, r.labels, report.instance_gpus))
-                counts[labels] = counts.get(labels, 0) + 1
-    m = Metric(name, "Findings of units still starting within healthcheck.boot_grace_s of "
-               "boot (not counted in problems or status; absent otherwise).", "gauge")
-    for labels in sorted(counts):
-        m.add_sample(name, dict(labels), float(counts[labels]))
+        m.add_sample(PREFIX + name, dict(labels), float(counts[labels]))
     return m
 
 
@@ -124,7 +114,7 @@ def _report_families(report: Report) -> Iterator[Metric]:
         sources.add_sample(sources.name, {"source": name}, report.gather_s[name])
     yield sources
     yield _problem_family(report)
-    yield _starting_family(report)
+    yield _problem_family(report, starting=True)
     yield from _value_families(report)
 
 
@@ -152,7 +142,7 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
 
 
 class _Families:
-    """A collector over a fixed list: the registry asks it once per exposition."""
+    """A collector over a fixed list, asked once per exposition."""
 
     def __init__(self, metrics: List[Metric]) -> None:
         self.metrics = metrics
@@ -161,15 +151,17 @@ class _Families:
         return self.metrics
 
 
-def _registry(record: Optional[RunRecord]) -> CollectorRegistry:
-    reg = CollectorRegistry(auto_describe=False)  # fresh: no process_* or python_* series
-    reg.register(_Families(families(record)))
-    return reg
+def latest(metrics: List[Metric], process: bool = False) -> bytes:
+    """``metrics`` in the text exposition format (0.0.4), no global registry: no process_*
+    or python_* series unless ``process`` (the exporter's own, fresh from /proc/self)."""
+    if process:
+        metrics = [*ProcessCollector(registry=None).collect(), *metrics]
+    return generate_latest(_Families(metrics))
 
 
 def exposition(record: Optional[RunRecord]) -> bytes:
     """The text exposition format (0.0.4) of one record."""
-    return generate_latest(_registry(record))
+    return latest(families(record))
 
 
 def write_textfile(directory: str, record: RunRecord) -> str:

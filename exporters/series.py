@@ -1,20 +1,16 @@
-"""Presentation helper: a Report's numbers as named, labelled samples (the metric contract).
+"""A Report's numbers as named, labelled samples: the metric contract (docs/metrics.md).
 
-The Prometheus exporter and the Nagios plugin both read ``Result.values`` through here,
-so a check added later (compute_mode, gres_drift, orphans, server, ...) shows up in both
-without code changes. The contract, spelled out for check authors in docs/metrics.md:
+The Prometheus exporter and the Nagios plugin both read ``Result.values`` through here, so
+a check added later shows up in both without code changes:
 
-* value key ``K`` of check ``C`` is the metric ``mps_health_C_K``, or ``mps_health_K``
-  when ``K`` starts with ``C`` ('-' read as '_'): ``daemon_up`` of ``daemon`` is
-  ``mps_health_daemon_up``;
-  ``ALIASES`` renames the few core keys whose generic name reads badly;
-* the key's suffix gives the unit: ``_s`` seconds (``_seconds`` in Prometheus, ``s`` in
-  perfdata), ``_bytes`` bytes, ``_percent``/``_percentage`` a percentage, and ``_up``/
-  ``_ok`` mark 0-or-1 flags;
-* labels: ``mps_instance`` (the result's instance), the instance's GPU as ``gpu`` (an
-  index) or ``UUID`` (dcgm-exporter's names, so the series join), then ``Result.labels``;
-* two results that give the same series: the one with the worse state wins (the pipe and
-  log dir of one instance both report ``dir_ok``: 0 if either is bad).
+* value key ``K`` of check ``C`` is ``mps_health_C_K``, or ``mps_health_K`` when ``K``
+  starts with ``C`` ('-' read as '_'); ``ALIASES`` renames the few that read badly;
+* the key's suffix gives the unit: ``_s`` seconds, ``_bytes`` bytes, ``_percent``/
+  ``_percentage`` a percentage, ``_up``/``_ok`` 0-or-1 flags;
+* labels: ``mps_instance``, the instance's GPU as ``gpu`` (an index) or ``UUID``
+  (dcgm-exporter's names, so the series join), then ``Result.labels``;
+* two results giving the same series: the worse state wins (pipe and log dir both
+  report ``dir_ok``: 0 if either is bad).
 
 Pure and cheap: no prometheus_client.
 """
@@ -29,9 +25,7 @@ from mps_health.model.results import Report, worst
 PREFIX = "mps_health_"
 
 # (check, key) -> metric name without the prefix, where the generic rule reads badly.
-ALIASES: Dict[Tuple[str, str], str] = {
-    ("directories", "dir_ok"): "dir_ok",
-}
+ALIASES: Dict[Tuple[str, str], str] = {("directories", "dir_ok"): "dir_ok"}
 
 # Names the exporter itself defines: a check's value may never shadow them.
 RESERVED = frozenset(PREFIX + n for n in (
@@ -111,20 +105,13 @@ def label_name(raw: str) -> str:
     return name
 
 
-def gpu_label(gpu: str) -> Tuple[str, str]:
-    """dcgm-exporter's label for a GPU: ``gpu`` for an index, ``UUID`` for a UUID."""
-    if gpu.startswith(("GPU-", "MIG-")):
-        return ("UUID", gpu)
-    return ("gpu", gpu)
-
-
 def labels_of(instance: str, extra: Labels, instance_gpus: Mapping[str, str]) -> Labels:
     labels: Dict[str, str] = {}
     if instance:
         labels["mps_instance"] = instance
-        if instance in instance_gpus:
-            key, value = gpu_label(instance_gpus[instance])
-            labels[key] = value
+        gpu = instance_gpus.get(instance)
+        if gpu is not None:  # dcgm-exporter's label: ``gpu`` for an index, ``UUID`` for a UUID
+            labels["UUID" if gpu.startswith(("GPU-", "MIG-")) else "gpu"] = gpu
     for raw, value in extra:
         labels[label_name(str(raw))] = str(value)
     return tuple(labels.items())

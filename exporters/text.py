@@ -1,28 +1,17 @@
 """NHC-style text: a summary line, then one line per problem with what to do.
 
-Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem
-is one short line cut to the width, its action and the rest with ``-v``; ``colour``
-paints each state's name.
+Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem is
+one short line cut to the width (its action with ``-v``); ``colour`` paints state names.
 """
 
 from __future__ import annotations
 
 from typing import Iterator, TextIO
 
-from mps_health.model.results import (
-    CRITICAL,
-    OK,
-    STARTING,
-    STATE_NAMES,
-    UNKNOWN,
-    WARNING,
-    Report,
-    Result,
-    is_problem,
-)
+from mps_health.model.results import OK, STARTING, STATE_NAMES, Report, Result, is_problem
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.
-COLOURS = {OK: "32", WARNING: "33", CRITICAL: "1;31", UNKNOWN: "35"}
+COLOURS = {"OK": "32", "WARNING": "33", "CRITICAL": "1;31", "UNKNOWN": "35"}
 MORE = "-v: each problem in full, with what to do"
 NARROWEST = 20  # a width below this (a broken COLUMNS) is taken as this
 
@@ -42,10 +31,17 @@ def ok_line(r: Result) -> str:
     return f"OK {r.check}{where}: {r.message}"
 
 
-def passed(report: Report) -> int:
-    """How many OK lines ``-v`` lists: one per result, so a check of many instances (or
-    with a note) counts each, as the list shows it."""
-    return sum(1 for run in report.runs for r in run.results if r.state == OK)
+def passed(report: Report) -> str:
+    """"N checks passed on NODE in Ts", N the OK lines ``-v`` lists (a check of many
+    instances counts each); check_mps says the same."""
+    n = sum(1 for run in report.runs for r in run.results if r.state == OK)
+    return f"{n} check{'s' if n != 1 else ''} passed on {report.node} in {report.duration_s:.2f}s"
+
+
+def gathered(report: Report) -> str:
+    """``-v``'s last line: what gathering each fact source took, and the run."""
+    spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
+    return f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
 
 
 def folded_line(r: Result) -> str:
@@ -62,9 +58,7 @@ def summary_line(report: Report) -> str:
     state = STATE_NAMES[report.state]
     problems = report.problems()
     if not problems:
-        n = passed(report)
-        return (f"MPS {state} - {n} check{'s' if n != 1 else ''} passed on {report.node} "
-                f"in {report.duration_s:.2f}s")
+        return f"MPS {state} - {passed(report)}"
     # Distinct labels in order of first appearance: a dict, so many problems stay linear.
     codes = list(dict.fromkeys(r.code + (f" {r.instance}" if r.instance else "")
                                for r in problems))
@@ -85,7 +79,7 @@ def paint(line: str, state: int, at: int, colour: bool) -> str:
     name = STATE_NAMES[state]
     if not colour or line[at:at + len(name)] != name:
         return line
-    return f"{line[:at]}\x1b[{COLOURS[state]}m{name}\x1b[0m{line[at + len(name):]}"
+    return f"{line[:at]}\x1b[{COLOURS[name]}m{name}\x1b[0m{line[at + len(name):]}"
 
 
 def lines(report: Report, verbose: bool = False, width: int = 0,
@@ -96,23 +90,20 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
     Colour codes are added after the text from the system was escaped and cut."""
     short = width > 0 and not verbose
     yield paint(fit(summary_line(report), width), report.state, 4, colour)
-    cut = False
     for run in report.runs:
         for r in run.results:
             if is_problem(r):
                 line = fit(short_line(r), width) if short else problem_line(r)
-                cut = cut or short
                 yield paint(line, r.state, 0, colour)
             elif r.state != OK:
                 if verbose or r.cause == STARTING:
                     yield folded_line(r)
             elif verbose:
                 yield paint(ok_line(r), OK, 0, colour)
-    if cut:
+    if short and report.problems():
         yield fit(MORE, width)
     if verbose:
-        spent = ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in sorted(report.gather_s.items()))
-        yield f"gathered: {spent or 'nothing'}; total {report.duration_s * 1000:.1f}ms"
+        yield gathered(report)
 
 
 def write(report: Report, out: TextIO, verbose: bool = False, width: int = 0,

@@ -1,6 +1,7 @@
 """A cause is one problem: findings that follow from another are folded under it
 (model/results.py ``fold``), and every output counts only what is left."""
 
+import io
 import json
 
 from mps_health.exporters import json as json_out
@@ -124,7 +125,9 @@ def test_every_output_agrees() -> None:
         "(follows from mps-not-installed)" in verbose
     assert "remediate reset" not in verbose
 
-    doc = json.loads(json_out.render(report))
+    out = io.StringIO()
+    json_out.write(report, out)
+    doc = json.loads(out.getvalue())
     assert doc["exit_code"] == 2 and [p["code"] for p in doc["problems"]] == ["mps-not-installed"]
     kept = [r for c in doc["checks"] for r in c["results"] if "cause" in r]
     assert {r["code"] for r in kept} == {"control-client-missing", "pipe-dir-missing",
