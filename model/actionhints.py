@@ -19,23 +19,16 @@ import os
 from typing import Iterable, List, Optional, Tuple
 
 from mps_health.model import registry
-from mps_health.model.results import CheckRun, is_problem
+from mps_health.model.results import CheckRun, Result, is_problem
 
 Options = Tuple[Tuple[str, str], ...]
 
 START = "'mps-health "
 # Subcommand -> the run options it takes (tests/unit/test_actionhints.py checks each
 # against its argparse definition). A subcommand not listed takes none of them (explain).
-TAKES = {
-    "check": ("--config", "--root"),
-    "snapshot": ("--config", "--root"),
-    "clients": ("--config", "--root"),
-    "exporter": ("--config", "--root"),
-    "healthcheck": ("--config", "--root"),
-    "remediate": ("--config", "--root"),
-    "unit": ("--config",),
-    "ack": ("--config",),
-}
+TAKES = {**dict.fromkeys(("check", "snapshot", "clients", "exporter", "healthcheck",
+                          "remediate"), ("--config", "--root")),
+         "unit": ("--config",), "ack": ("--config",)}
 
 
 def run_options(config_path: Optional[str], root: str = "/") -> Options:
@@ -110,17 +103,16 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
     """The runs with every action given the run's options, and every problem's action
     its runbook entry (``any_check``: codes documented whatever check reports them, the
     engine's)."""
+    def one(r: Result, ours: bool) -> Result:
+        action = with_options(r.action, options)
+        if is_problem(r) and (ours or r.code in any_check):  # folded: no action
+            action = read_more(action, r.code)
+        return r if action == r.action else r._replace(action=action)
+
     out = []
     for run in runs:
         ours = documented(run.name)
-        results = []
-        for r in run.results:
-            action = with_options(r.action, options) if r.action else r.action
-            if is_problem(r) and (ours or r.code in any_check):  # folded: no action
-                action = read_more(action, r.code)
-            results.append(r if action == r.action else r._replace(action=action))
-        changed = any(a is not b for a, b in zip(results, run.results))
-        out.append(run._replace(results=tuple(results)) if changed else run)
+        out.append(run._replace(results=tuple(one(r, ours) for r in run.results)))
     return tuple(out)
 
 

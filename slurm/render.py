@@ -8,7 +8,7 @@ host list holds it). Everything here is pure; reading the files is the command's
 """
 
 import difflib
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mps_health.slurm.gpus import GresGpu
 
@@ -38,8 +38,8 @@ def gres_value(gpus: Sequence[GresGpu], count: int) -> str:
 
 def render_gres_conf(gpus: Sequence[GresGpu], node: str, driver: Optional[str], count: int,
                      dev_dir: str = "/dev", node_prefix: bool = False) -> str:
-    mps = [str(g.gpu_index) for g in sorted(gpus, key=lambda g: g.gpu_index) if g.mps]
     by_index = sorted(gpus, key=lambda g: g.gpu_index)
+    mps = [str(g.gpu_index) for g in by_index if g.mps]
     return template("gres.conf.j2").render(
         gpus=gpus, node=node, driver=driver or "unknown", count=count,
         dev_dir=dev_dir.rstrip("/") or "", prefix=f"NodeName={node} " if node_prefix else "",
@@ -171,24 +171,20 @@ def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str
 
 
 # --- slurm.conf ---------------------------------------------------------------------------
-class ConfLine(NamedTuple):
-    key: str  # canonical key as we write it, or "Gres" for the node line's Gres=
-    value: str
-
-
-def conf_settings(rendered: str) -> List[ConfLine]:
-    """The Key=Value settings of our rendered lines, and the node's Gres from the comment."""
-    out: List[ConfLine] = []
+def conf_settings(rendered: str) -> List[Tuple[str, str]]:
+    """(key, value) of our rendered Key=Value lines, and ("Gres", value) of the node's
+    Gres from the comment."""
+    out: List[Tuple[str, str]] = []
     for raw in rendered.splitlines():
         line = raw.strip()
         if line.startswith("#"):
-            rest = line.lstrip("#").strip()
-            if rest.startswith("Gres="):
-                out.append(ConfLine("Gres", rest[len("Gres="):]))
-            continue
-        key, sep, value = line.partition("=")
-        if sep:
-            out.append(ConfLine(key, value))
+            key, sep, value = line.lstrip("#").strip().partition("=")
+            if key == "Gres" and sep:
+                out.append(("Gres", value))
+        else:
+            key, sep, value = line.partition("=")
+            if sep:
+                out.append((key, value))
     return out
 
 
@@ -204,10 +200,8 @@ def parse_slurm_conf(text: str, node: str) -> Tuple[Dict[str, str], Optional[str
         first_key, _, first_value = words[0].partition("=")
         if first_key.lower() == "nodename":
             if node in expand_hostlist(first_value):
-                for w in words[1:]:
-                    k, _, v = w.partition("=")
-                    if k.lower() == "gres":
-                        gres = v
+                found = {k.lower(): v for k, _, v in (w.partition("=") for w in words[1:])}
+                gres = found.get("gres", gres)
             continue
         if first_key.lower() in ("partitionname", "nodeset", "frontendname",
                                  "downnodes", "switchname"):
@@ -224,14 +218,14 @@ def diff_slurm_conf(rendered: str, installed: str, node: str, installed_name: st
     settings, gres = parse_slurm_conf(installed, node)
     want: List[str] = []
     have: List[str] = []
-    for line in conf_settings(rendered):
-        if line.key == "Gres":
-            want.append(f"NodeName={node} Gres={line.value}")
+    for key, value in conf_settings(rendered):
+        if key == "Gres":
+            want.append(f"NodeName={node} Gres={value}")
             have.append(f"NodeName={node} Gres={gres}" if gres is not None
                         else f"NodeName={node} (no Gres=)")
             continue
-        want.append(f"{line.key}={line.value}")
-        value = settings.get(line.key.lower())
-        have.append(f"{line.key}={value}" if value is not None else f"({line.key} not set)")
+        want.append(f"{key}={value}")
+        found = settings.get(key.lower())
+        have.append(f"{key}={found}" if found is not None else f"({key} not set)")
     return "" if want == have else unified(want, have, installed_name, "mps-health slurm conf")
 
