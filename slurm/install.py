@@ -31,15 +31,16 @@ def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
             for hook, path in hook_paths(prefix).items()]
 
 
-def _ours(path: str) -> bool:
-    """Nothing there, or a regular file we wrote (a link or anything else is not ours)."""
+def _ours(path: str, absent: bool = True) -> bool:
+    """A regular file we wrote, or nothing there (``absent``); a link or anything else is
+    not ours."""
     from mps_health.hostio.safefiles import read_small
 
     try:
         data = read_small(path)
     except OSError:
         return False
-    return data is None or MARKER in data[:512].decode("utf-8", "replace")
+    return absent if data is None else MARKER in data[:512].decode("utf-8", "replace")
 
 
 # Run by the interpreter the hooks will use: the dirs its mps_health (and the YAML
@@ -61,17 +62,7 @@ def hooks_for(layout: str) -> bool:
 
 def written_before(prefix: str) -> List[str]:
     """Hooks an earlier ``slurm install`` left under ``prefix`` (our regular files)."""
-    from mps_health.hostio.safefiles import read_small
-
-    found = []
-    for path in hook_paths(prefix).values():
-        try:
-            data = read_small(path)
-        except OSError:
-            continue
-        if data is not None and MARKER in data[:512].decode("utf-8", "replace"):
-            found.append(path)
-    return found
+    return [path for path in hook_paths(prefix).values() if _ours(path, absent=False)]
 
 
 def check_python(python: str) -> List[str]:

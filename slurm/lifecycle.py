@@ -236,7 +236,8 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     pipes = {d.pipe_dir for d in all_dirs}
     procs = sum(processes.of_pipe_dirs(
         read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
-    if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
+    if not procs and not any(os.path.lexists(p) for d in all_dirs
+                             for p in (d.pipe_dir, d.log_dir)):
         _forget(config, job.job_id, [], log)  # gone already: no name may stay ours
         return ""
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
@@ -263,7 +264,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
             left = remove_job_dir(path, (job.uid, 0))
             if left:
                 log.warning(left)
-                if _exists(path):
+                if os.path.lexists(path):
                     kept.append(path)
     _forget(config, job.job_id, kept, log)
     if procs or all_dirs:
@@ -345,11 +346,3 @@ def _names(parent: str) -> List[str]:
         return safedirs.list_names(fd)
     finally:
         os.close(fd)
-
-
-def _exists(path: str) -> bool:
-    try:
-        os.lstat(path)
-        return True
-    except OSError:
-        return False
