@@ -1,16 +1,11 @@
 """What a problem line's action ends with: the run's own options, and where to read more.
 
-A check writes the commands it advises as ``'mps-health SUBCOMMAND ...'`` inside its
-action, for the default node. A run given ``--config FILE`` (or ``--root TREE``) judged
-other instances than those, so the command pasted from its output must act on the same
-ones: here, once for every output (text, JSON, check_mps, the health check), each quoted
-command gets the run's options its subcommand takes (``TAKES``), the value quoted for a
-shell as ``shlex.quote`` does and made printable as every output is. The default config
-file adds nothing, nor does ``--root /``. Every problem's action then ends with where its
-runbook entry is: ``(runbook: mps-health explain CODE)``, for the codes mps-health itself
-documents (a site's own check documents its codes itself).
-
-``commands`` reads the commands back out of an action: what an operator would paste.
+A check quotes the commands it advises as ``'mps-health SUBCOMMAND ...'`` for the default
+node. A run given ``--config FILE`` or ``--root TREE`` judged other instances, so every
+output gives each quoted command the run's options its subcommand takes (``TAKES``),
+quoted as ``shlex.quote`` does and made printable (the default config file and
+``--root /`` add nothing). A problem whose code mps-health documents then ends with
+``(runbook: mps-health explain CODE)``. ``commands`` reads the commands back out.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Facts to JSON and back, driven by the records' own field annotations (snapshots,
-replay, the state the deep checks keep between runs).
+"""Facts to JSON and back, driven by the records' field annotations (snapshots, replay,
+the deep checks' state between runs).
 
-Annotations are read as text (fact modules use ``from __future__ import annotations``,
-and ``typing.NamedTuple`` keeps each field's as a ``ForwardRef``; any other ``typing``
-object is first turned into text) and parsed here, for the forms facts use:
-``int``, ``float``, ``str``, ``bool``, ``Any``/``object``, ``None``, ``Optional[X]``,
-``Union[...]``, ``Tuple[X, ...]``, ``Tuple[A, B]``, ``Dict``/``Mapping[K, V]``,
-``List[X]`` and record classes (NamedTuples), named as the module defining the record
-names them.
+Annotations are read as text (``from __future__ import annotations``; NamedTuple keeps a
+``ForwardRef``; other ``typing`` objects are turned into text) for the forms facts use:
+int, float, str, bool, Any/object, None, Optional, Union, Tuple[X, ...], Tuple[A, B],
+Dict/Mapping, List and records (NamedTuples) named as their defining module names them.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Where fact sources and checks are registered, switched on by name.
 
-The fact sources are the lines at the end of this module. A check declares itself: each
-module of the ``checks`` package calls ``check(...)`` at import, naming the fact sources
-it needs, so a run gathers only those (no NVML unless a GPU check runs, no Slurm call
-unless a Slurm check runs). No list names the built-in checks: ``checks()`` imports
-every module of the package, by name, the first time the table is needed, so adding a
-check is its module, its test file and its runbook entry. Each built-in passes its
-``order`` (the run's and every output's order); the table is kept sorted by it.
+Fact sources are the lines at the end of this module. Each module of the ``checks``
+package declares its check at import (``check(...)``), naming the sources it needs, so a
+run gathers only those (no NVML, no Slurm call unless a check needs it). ``checks()``
+imports every module of the package the first time the table is needed: adding a check
+is its module, its test file and its runbook entry. A built-in passes its ``order`` (the
+run's and every output's order; the table is kept sorted by it).
 
-A site's own check is a module named in the config (``checks.modules``); loading the
-config imports it, and it declares itself with the same ``check(...)`` call (and its
-config sections in a ``SECTIONS`` tuple); without an ``order`` it runs after the
-built-ins. Targets are imported lazily ("module:function"); one in mps-health is kept
-relative to the package (``.checks.daemon:check``), which is how a built-in check is
-told from a site's own.
+A site's own check is a module named in ``checks.modules``, imported at config load; it
+declares itself the same way (its config sections in ``SECTIONS``) and, without an
+``order``, runs after the built-ins. Targets ("module:function") are imported lazily; a
+built-in's is relative to the package (``.checks.daemon:check``), which tells it apart.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Evaluation stage: what checks say, and how states combine.
 
-States use the Nagios exit codes. When states combine, CRITICAL outranks WARNING,
-which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``):
-a node with one broken daemon and one unreadable fact is broken, not unknown.
+States use the Nagios exit codes; combined, CRITICAL outranks WARNING, which outranks
+UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``): a node with one
+broken daemon and one unreadable fact is broken, not unknown.
 
-A cause is one problem: a finding that only follows from another one (no MPS binaries:
-no daemon made its dirs, no client could ask it anything) is folded under that cause
-(``fold``, after every check ran): it keeps its check, code, state and message, names
-its cause in ``cause`` and loses its action (the cause's action is the one to take). A
-folded finding is not a problem of its own: the report's state, its problems and every
-check's state count only the rest, so the summary, the exit code, Nagios, the metrics
-and the health check agree; text shows folded findings with ``-v``, JSON in each
-check's results with their ``cause``.
+A finding that only follows from another (no MPS binaries: no daemon made its dirs) is
+folded under that cause (``fold``): it keeps check, code, state and message, names its
+cause in ``cause`` and loses its action. It is no problem of its own: the report's state,
+its problems and each check's state count only the rest, so summary, exit code, Nagios,
+metrics and health check agree; text shows folded findings with ``-v``, JSON with ``cause``.
 """
 
 from __future__ import annotations

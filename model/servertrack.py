@@ -1,22 +1,14 @@
 """Identity of control daemons and MPS servers across runs: pure, shared by probe and check.
 
-A process is named by (pid, start ticks), so a reused PID is a new process. Between two
-runs, two things are worth an event:
+A process is named by (pid, start ticks), so a reused PID is a new process. Events between
+two runs: ``daemon-restarted`` (the instance's control daemon changed: its clients lost
+MPS) and ``server-churn`` (a server went away while clients it served last run still live:
+one ending with its job leaves none behind, so it died under running work).
 
-* the control daemon of an instance changed (``daemon-restarted``): it died or was
-  restarted, and every client it served lost MPS;
-* a server went away while clients it served in the previous run still live
-  (``server-churn``): a server that ends with its job leaves no client behind, so this
-  one died (or was killed) under running work, "without a job ending".
-
-Neither is an event when mps-health did it itself (``hostio/planned.py``): a restart it
-recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
-A reset also answers the events reported before it: they are dropped, and the check
-reports only what happened after the repair; so does an operator's ``mps-health ack``
-for the events of its code.
-
-The probe calls :func:`advance` to save the next memory; the check calls it on the same
-facts to know the events, so both agree and the check stays pure.
+Neither is an event when mps-health did it itself (``hostio/planned.py``: a recorded
+restart, servers lost while it ended their daemon). A reset drops the events before it,
+as an operator's ``mps-health ack`` does for its code's. The probe calls :func:`advance`
+to save the next memory, the check on the same facts to know the events: both agree.
 """
 
 from __future__ import annotations

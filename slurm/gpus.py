@@ -1,9 +1,6 @@
-"""The GPUs gres.conf describes, from NVML (``mps_health.probes.nvml``) or a recording.
-
-A recording is either the probe's own format (``mps-health-nvml-record``) or the raw
-dump of tests/gpu/dump_nvml.py (keys ``driver`` and ``gpus``), which is what the GPU
-node captured; :func:`record_from_dump` turns the second into the first, so both run
-through the same interpretation as live NVML.
+"""The GPUs gres.conf describes, from NVML (``mps_health.probes.nvml``) or a recording:
+the probe's own format, or tests/gpu/dump_nvml.py's raw dump (``driver``, ``gpus``), which
+:func:`record_from_dump` turns into the first, so both are read as live NVML is.
 """
 
 import json

@@ -1,9 +1,7 @@
-"""Where the job hooks say what they did: syslog, stderr, and optionally a file.
-
-slurmd keeps no hook output by default, so syslog (facility daemon, ident
-``mps-health-prolog`` and so on) is the record; stderr helps when a hook is run by
-hand. Never stdout: slurmd reads the TaskProlog's stdout as ``export`` lines. Every
-line names the job. A log that cannot be written is skipped, never an error.
+"""Where the job hooks say what they did: syslog (facility daemon, ident
+``mps-health-prolog`` ...: slurmd keeps no hook output), stderr (for a hook run by hand),
+optionally a file. Never stdout: slurmd reads the TaskProlog's as ``export`` lines. Every
+line names the job; a log that cannot be written is skipped, never an error.
 """
 
 import os

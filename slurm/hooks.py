@@ -1,13 +1,10 @@
 """Entry point of the installed Prolog, TaskProlog and Epilog scripts.
 
 ``main("prolog" | "task-prolog" | "epilog", config_path)``. slurmd runs these for every
-job, so a job that holds no GPU costs one environment lookup: no config, no YAML, no
-syslog is loaded for it. Every failure is one logged line, never a traceback; the
-exit code is what Slurm acts on (non-zero drains the node), so only the prolog's
-start-failure policy and an unkillable process in the epilog ever return 1.
-
-Run by hand: ``python3 -m mps_health.slurm.hooks prolog --config FILE`` with the job's
-SLURM_* variables set (that is what tests/gpu/test_slurm_gpu.py does).
+job, so a job holding no GPU costs one environment lookup (no config, YAML or syslog
+loaded). Every failure is one logged line, never a traceback; non-zero drains the node, so
+only the prolog's start-failure policy and an unkillable process in the epilog return 1.
+By hand: ``python3 -m mps_health.slurm.hooks prolog --config FILE`` with SLURM_* set.
 """
 
 from __future__ import annotations

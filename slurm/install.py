@@ -1,11 +1,9 @@
-"""``mps-health slurm install``: write the three hook scripts slurm.conf points at, for the
-per-job layout only: the node and per-GPU layouts' daemons are the node's (systemd
-units), so Slurm runs no hook of ours for them and none is written.
+"""``mps-health slurm install``: the three hook scripts slurm.conf points at, for the
+per-job layout only (the node and per-GPU layouts' daemons are systemd units: no hook).
 
-Each is a four-line Python script (templates/hook.j2) with the interpreter and the
-config file written into it: slurmd starts hooks with no PATH and no arguments. Scripts
-are root's, mode 0755, written to a temporary name and renamed; a file at the target
-name that we did not write is never replaced without ``--force``.
+Each is a four-line Python script (templates/hook.j2) naming the interpreter and the
+config (slurmd gives hooks no PATH, no arguments); root's, mode 0755, written atomically.
+A file there that we did not write is never replaced without ``--force``.
 """
 
 import os

@@ -1,23 +1,21 @@
 """The per-job MPS life cycle: what the Prolog, TaskProlog and Epilog do.
 
-Prolog (root, before the job): for a job that gets MPS, make its log and pipe dirs
-(safedirs: no symlink followed, nothing planted accepted), owned by the job's user
-(the log dir ``mps.log_dir_mode``, 0700: only the job's daemon writes there), its
-control.log and server.log the user's regular files or out of the way (``keep_files``);
-start ``nvidia-cuda-mps-control -d`` as that user with the job's GPUs; wait until it
-answers. On failure, undo what was made, then fail (Slurm drains the node and requeues
-the job) or carry on without MPS, as ``jobs.on_start_failure`` says.
+Prolog (root): for a job that gets MPS, make its log and pipe dirs (safedirs: no symlink
+followed, nothing planted accepted) owned by the job's user (log dir ``mps.log_dir_mode``,
+0700: only the job's daemon writes there), its control.log and server.log the user's
+regular files or out of the way (``keep_files``); start ``nvidia-cuda-mps-control -d`` as
+that user with the job's GPUs and wait until it answers. On failure, undo what was made,
+then fail (Slurm drains the node, requeues the job) or go on without MPS
+(``jobs.on_start_failure``).
 
-TaskProlog (the job's user, before each task): print ``export
-CUDA_MPS_PIPE_DIRECTORY=...`` (and the log dir) when the job's pipe dir exists, is a
-real dir and belongs to this user.
+TaskProlog (the job's user): print ``export CUDA_MPS_PIPE_DIRECTORY=...`` (and the log
+dir) when the job's pipe dir is a real dir of this user.
 
-Epilog (root, after the job, also after scancel): ``quit -t N`` as the job's user, end
-what is left by verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``)
-and drop the job's record (``mps_health.hostio.jobrecords``: the Prolog records each job's
-uid and dirs, so that only those are ever judged orphans). It exits 0 for any problem it can log;
-only a process that survives SIGKILL (stuck in the driver) fails it, because that
-node needs a person.
+Epilog (root, also after scancel): ``quit -t N`` as the job's user, end what is left by
+verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``), drop the job's
+record (``hostio.jobrecords``: only recorded dirs are ever judged orphans). It exits 0 for
+any problem it can log; only a process surviving SIGKILL (stuck in the driver) fails it:
+that node needs a person.
 """
 
 import os

@@ -1,14 +1,11 @@
 """Can every job's user use what slurmd runs as that user?
 
-slurmd runs the TaskProlog as the job's user, not as root. That user must be able to
-search every directory above the interpreter, the hook scripts, the mps_health package
-and the config, read the package's files and the config, and execute the interpreter.
-A virtualenv under /root (mode 0700) passes every test run as root and then fails each
-MPS job with "Permission denied". Only the bits for "others" count: job users are
-arbitrary, so neither the owner's nor the group's bits are theirs.
-
-Each function returns "" when others can use the path, else why not, e.g.
-"/root is mode 0700".
+slurmd runs the TaskProlog as the job's user, who must be able to search every directory
+above the interpreter, the hooks, the package and the config, read the package and the
+config, and execute the interpreter (a venv under /root, mode 0700, passes every test run
+as root, then fails each MPS job with "Permission denied"). Only "others" bits count: job
+users are arbitrary. Each function returns "" when others can use the path, else why not
+("/root is mode 0700").
 """
 
 import os

@@ -1,10 +1,9 @@
-"""gres.conf and slurm.conf lines from the GPUs, and how they differ from what is installed.
+"""gres.conf and slurm.conf lines from the GPUs (templates/*.j2), and how they differ
+from what is installed.
 
-Rendering uses the Jinja2 templates shipped in ``mps_health/slurm/templates``.
-Comparison is by meaning, not by text: comments and blank lines are dropped, keys are
-matched case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges are
-expanded, and only lines for this node count (no NodeName=, or a NodeName= whose
-host list holds it). Everything here is pure; reading the files is the command's job.
+Compared by meaning, not text: comments and blank lines dropped, keys matched
+case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges expanded, only lines
+for this node (no NodeName=, or one whose host list holds it). Pure: no file reads here.
 """
 
 import difflib
