@@ -46,18 +46,12 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             children: Iterable[Tuple[int, int]] = (), acks: Sequence[Ack] = (),
             instance: str = "") -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
-    a server lost while an action of ours ended the daemon; a reset drops the events
-    before it (``hostio/planned.py`` says why).
-    A remembered server the daemon no longer lists but that still lives
-    (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
-    without it, and it stays known as a real daemon's server (``remembered``). Listed
-    servers that /proc shows as the daemon's children (``children``) are marked so.
-    Events an operator acknowledged for ``instance`` (``acks``) are dropped."""
+    Our own daemon changes for ``pipe_dir`` (``planned``) make no event; a reset, or an
+    operator's ack for ``instance``, drops the events before it. A remembered server no
+    longer listed but alive (``servers_alive``) is kept, still known as a real daemon's
+    server; listed servers /proc shows as the daemon's ``children`` are marked so."""
     from mps_health.hostio.planned import acked_until, excused, repaired_at, servers_ended
 
-    # A reset since an event answered it (planned.repaired_at), an ack since it
-    # acknowledged it: only what came after is still worth an operator's time.
     repaired = repaired_at(planned, pipe_dir, now)
     until = {code: max(repaired, acked_until(acks, instance, code)) for code in EVENT_CODES}
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
@@ -82,8 +76,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
-    # Our own action ended the daemon, and with it every server it ran, in between: a
-    # server lost then is the action's consequence, no churn.
+    # Our own action ended the daemon (and its servers) in between: no churn.
     ours = previous is not None and servers_ended(planned, pipe_dir, previous.taken_at, now)
     living = set(servers_alive)
     kept: List[RememberedServer] = []
