@@ -51,20 +51,13 @@ def _split(text: str) -> List[str]:
 
 
 def _typing_text(tp: Any) -> str:
-    """A ``typing`` object (or class) as annotation text."""
-    if isinstance(tp, type):
-        return tp.__name__ if tp is not type(None) else "None"
+    """A class or ``typing`` object no plan was made of (``_typing_node``) as annotation
+    text; a generic of another kind is named without its arguments, and fails as before."""
     if isinstance(tp, typing.ForwardRef):
         return str(tp.__forward_arg__)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
-        return "Any"
-    if origin is None:
-        return getattr(tp, "__name__", "Any")
-    name = {tuple: "Tuple", dict: "Dict", list: "List", typing.Union: "Union"}.get(
-        origin, getattr(origin, "__name__", "Any"))
-    inner = ", ".join("..." if a is Ellipsis else _typing_text(a) for a in args)
-    return f"{name}[{inner}]"
+    if tp is type(None):
+        return "None"
+    return "Any" if tp is typing.Any else getattr(tp, "__name__", "Any")
 
 
 def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:

@@ -48,12 +48,11 @@ def record_from_dump(dump: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError("an NVML dump needs a list 'gpus' of mappings")
     devices = []
     for g in gpus:
-        device: Dict[str, Any] = {}
-        for field, key in (("uuid", "uuid"), ("minor", "minor"), ("name", "name"),
-                           ("compute_mode", "compute_mode"), ("mig_mode", "mig_mode"),
-                           ("persistence_mode", "persistence")):
-            if key in g:
-                device[field] = _answer(g[key])
+        device: Dict[str, Any] = {
+            field: _answer(g[key]) for field, key in (
+                ("uuid", "uuid"), ("minor", "minor"), ("name", "name"),
+                ("compute_mode", "compute_mode"), ("mig_mode", "mig_mode"),
+                ("persistence_mode", "persistence")) if key in g}
         for field in ("compute_processes", "mps_processes"):
             value = _answer(g.get(field, []))
             if isinstance(value, list):
@@ -93,9 +92,8 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
             raise GpusError(f"{recording}: cannot read: {e.strerror}") from None
         if data is None:
             raise GpusError(f"{recording}: cannot read: No such file or directory")
-        text = data.decode("utf-8", "replace")
         try:
-            facts = read_nvml(load_recording(text, recording))
+            facts = read_nvml(load_recording(data.decode("utf-8", "replace"), recording))
         except ValueError as e:
             raise GpusError(str(e)) from None
     if not facts.available:
@@ -105,11 +103,9 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
 
 def parse_choice(text: str) -> Optional[Tuple[str, ...]]:
     """``--mps-gpus``: "all" -> None, "none" -> (), "0,2" or UUIDs -> ('0', '2')."""
-    text = text.strip()
-    if text.lower() == "all":
-        return None
-    if text.lower() == "none":
-        return ()
+    word = text.strip().lower()
+    if word in ("all", "none"):
+        return None if word == "all" else ()
     chosen = tuple(g.strip() for g in text.split(",") if g.strip())
     if not chosen:
         raise GpusError("--mps-gpus takes all, none, or GPU indices/UUIDs such as 0,1")

@@ -63,14 +63,13 @@ def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[
     expected = list(job_dirs(config, job_id, gpus))
     if "{gpu}" in config.mps.pipe_dir:
         parent = os.path.dirname(config.mps.pipe_dir)
+        known = {d.pipe_dir for d in expected}
         for name in _names(parent):
             fields = match(config.mps.pipe_dir, name)
-            if fields is not None and fields[0] == job_id:
-                gpu = fields[1]
-                found = JobDirs(os.path.join(parent, name),
-                                expand(config.mps.log_dir, job_id, gpu), (gpu,))
-                if found.pipe_dir not in {d.pipe_dir for d in expected}:
-                    expected.append(found)
+            pipe = os.path.join(parent, name)
+            if fields is not None and fields[0] == job_id and pipe not in known:
+                expected.append(JobDirs(pipe, expand(config.mps.log_dir, job_id, fields[1]),
+                                        (fields[1],)))
     return tuple(expected)
 
 
@@ -126,8 +125,8 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
         # Recorded before the dirs exist: the health check judges no instance our
         # Prolog is still setting up (mps_health.probes.jobphase).
         _record(config, dirs.pipe_dir, SETUP_START, log)
-        # Whose dirs these are, before they exist (a Prolog killed after its mkdir leaves
-        # no dir that the orphans check could not tell from a stranger's).
+        # Whose dirs these are, before they exist: a Prolog killed after its mkdir leaves
+        # no dir the orphans check could not tell from a stranger's.
         unrecorded = jobrecords.add(config.state_dir, job.job_id, job.uid,
                                     (dirs.log_dir, dirs.pipe_dir), RECORD_WAIT_S)
         if unrecorded:
@@ -140,9 +139,8 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
                 return f"cannot make {path}: {e.strerror or e}"
             if note:
                 log.warning(note)
-        # The daemon appends to these as the job's user, so nothing planted there leads
-        # where that user could not write anyway: a dir we cannot check (the user swapped
-        # their own) is a warning, never a failed prolog (which would drain the node).
+        # The daemon appends to these as the job's user: nothing planted leads where that
+        # user could not write anyway, so a dir we cannot check is a warning, not a drain.
         try:
             for note in safedirs.keep_files(dirs.log_dir, (job.uid,), LOG_FILES):
                 log.warning(note)
