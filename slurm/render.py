@@ -109,20 +109,20 @@ def expand_hostlist(text: str) -> List[str]:
 
 def _tokens(line: str) -> Dict[str, str]:
     canon = {k.lower(): k for k in GRES_KEYS}
-    out: Dict[str, str] = {}
-    for word in line.split():
-        key, _, value = word.partition("=")
-        out[canon.get(key.lower(), key)] = value
-    return out
+    return {canon.get(k.lower(), k): v for k, _, v in (w.partition("=") for w in line.split())}
+
+
+def _meaningful(text: str) -> List[str]:
+    """The lines of a Slurm config file without comments and blank lines."""
+    return [line for line in (raw.split("#", 1)[0].strip() for raw in text.splitlines())
+            if line]
 
 
 def gres_lines(text: str, node: str) -> List[str]:
     """The gres.conf lines that apply to ``node``, one device each, in a canonical form."""
     out: List[str] = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    order = {k: i for i, k in enumerate(GRES_KEYS)}
+    for line in _meaningful(text):
         tokens = _tokens(line)
         hosts = tokens.pop("NodeName", None)
         if hosts is not None and node not in expand_hostlist(hosts):
@@ -135,7 +135,6 @@ def gres_lines(text: str, node: str) -> List[str]:
                 one["File"] = f
             if count and count.isdigit() and len(files) > 1 and tokens.get("Name") == "mps":
                 one["Count"] = str(int(count) // len(files))  # an mps Count is split evenly
-            order = {k: i for i, k in enumerate(GRES_KEYS)}
             out.append(" ".join(f"{k}={v}" for k, v in
                                 sorted(one.items(), key=lambda kv: order.get(kv[0], 99))))
     return out
@@ -191,10 +190,7 @@ def parse_slurm_conf(text: str, node: str) -> Tuple[Dict[str, str], Optional[str
     """Global settings (keys lower-cased, last one wins) and ``node``'s Gres= (None: none)."""
     settings: Dict[str, str] = {}
     gres: Optional[str] = None
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for line in _meaningful(text):
         words = line.split()
         first_key, _, first_value = words[0].partition("=")
         if first_key.lower() == "nodename":
