@@ -62,12 +62,10 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         if previous is None:
             return ServerMemory(now, current.daemon_pid, current.daemon_start, (), tuple(events))
         return previous._replace(events=tuple(events))
-    if previous is not None and previous.daemon_pid is not None \
-            and current.daemon_pid is not None \
-            and (previous.daemon_pid, previous.daemon_start) != (current.daemon_pid,
-                                                                 current.daemon_start) \
-            and not excused(planned, pipe_dir, previous.taken_at, now, current.daemon_pid,
-                            current.daemon_start):
+    daemon = (current.daemon_pid, current.daemon_start)
+    if previous is not None and None not in (previous.daemon_pid, current.daemon_pid) \
+            and (previous.daemon_pid, previous.daemon_start) != daemon \
+            and not excused(planned, pipe_dir, previous.taken_at, now, *daemon):
         events.append(ServerEvent(now, "daemon-restarted",
                                   f"the control daemon changed since the last run "
                                   f"(was {previous.daemon_pid}, now {current.daemon_pid}): "

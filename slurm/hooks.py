@@ -55,7 +55,8 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     except ConfigError as e:
         log.error(f"{e}; fix the config (nothing was done for this job)")
         # A prolog with a broken config cannot give MPS jobs their daemon: say so to Slurm.
-        return 1 if hook == "prolog" and _mps_job(env) else 0
+        mps_job = bool(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+        return 1 if hook == "prolog" and mps_job else 0
     if settings.log_file:
         log.log_file = settings.log_file
     if hook == "task-prolog":
@@ -77,10 +78,6 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     from mps_health.slurm.lifecycle import epilog
 
     return epilog(job, config, settings, log)
-
-
-def _mps_job(env: Mapping[str, str]) -> bool:
-    return bool(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
 
 
 def cli(argv: Optional[List[str]] = None) -> int:
