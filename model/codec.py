@@ -35,8 +35,8 @@ _LEAVES = {"int": int, "float": float, "str": str, "bool": bool}
 _ANY: Node = ("any",)
 
 
-def _split(text: str) -> List[str]:
-    """Top-level comma-separated parts of ``text``."""
+def split_top_level(text: str) -> List[str]:
+    """The comma-separated parts of ``text`` outside brackets, stripped, empty ones dropped."""
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):
         if c == "[":
@@ -95,13 +95,13 @@ def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
         return _ANY
     head, bracket, rest = text.partition("[")
     head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
-    args = [parse(a, ns) for a in _split(rest[:-1])] if bracket else []
+    args = [parse(a, ns) for a in split_top_level(rest[:-1])] if bracket else []
     if head == "Optional":
         return ("union", args, True)
     if head == "Union":
         return ("union", [a for a in args if a != ("none",)], ("none",) in args)
     if head in ("Tuple", "tuple"):
-        if bracket and _split(rest[:-1])[-1:] == ["..."]:
+        if bracket and split_top_level(rest[:-1])[-1:] == ["..."]:
             return ("varlen", args[0])
         return ("tuple", args)
     if head in ("Dict", "dict", "Mapping"):

@@ -25,11 +25,8 @@ class ExitCode:
 
 
 class Failure(Exception):
-    """An expected failure: one line for the user and the exit code it gives.
-
-    Raised anywhere below the commands; the command edge prints it and exits with
-    ``code``, so library code never prints errors or calls ``sys.exit`` itself.
-    """
+    """An expected failure: one line for the user and its exit code. The command edge
+    prints it and exits with ``code``: library code never prints errors or exits itself."""
 
     def __init__(self, message: str, code: int = ExitCode.UNKNOWN) -> None:
         super().__init__(message)

@@ -31,10 +31,6 @@ MAX_EVENTS = 100
 EVENT_CODES = ("daemon-restarted", "server-churn")
 
 
-def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
-    return tuple((c.pid, c.start_ticks) for c in server.clients if c.start_ticks is not None)
-
-
 def _who(server: RememberedServer) -> str:
     return f"server {server.pid}" + (f" ({server.user})" if server.user else "")
 
@@ -96,10 +92,11 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
     for key, server in seen.items():
         was = before.get(key)
         since = was.status_since if was is not None and was.status == server.status else now
+        clients = tuple((c.pid, c.start_ticks) for c in server.clients
+                        if c.start_ticks is not None)
         remembered.append(RememberedServer(server.pid, key[1], server.status, since,
-                                           server.user or "", _clients(server),
-                                           key in child or (was is not None
-                                                            and was.daemon_child)))
+                                           server.user or "", clients,
+                                           key in child or (was is not None and was.daemon_child)))
     return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
                         tuple(events[-MAX_EVENTS:]))
 

@@ -9,6 +9,7 @@ for this node (no NodeName=, or one whose host list holds it). Pure: no file rea
 import difflib
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mps_health.model.codec import split_top_level
 from mps_health.slurm.gpus import GresGpu
 
 HOOK_NAMES = {"prolog": "mps-health-prolog", "task-prolog": "mps-health-task-prolog",
@@ -94,17 +95,7 @@ def expand_brackets(text: str) -> List[str]:
 
 def expand_hostlist(text: str) -> List[str]:
     """``a[1-2],b`` -> a1 a2 b (commas inside brackets belong to the range)."""
-    parts, depth, word = [], 0, ""
-    for c in text:
-        depth += c == "["
-        depth -= c == "]"
-        if c == "," and depth == 0:
-            parts.append(word)
-            word = ""
-        else:
-            word += c
-    parts.append(word)
-    return [h for p in parts if p for h in expand_brackets(p)]
+    return [h for p in split_top_level(text) for h in expand_brackets(p)]
 
 
 def _tokens(line: str) -> Dict[str, str]:
