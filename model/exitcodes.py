@@ -1,10 +1,9 @@
 """Exit codes, named once, and the one exception that carries an expected failure.
 
-Every command exits with a Nagios code: monitoring reads 0 OK, 1 WARNING, 2 CRITICAL,
-3 UNKNOWN. Commands that act (remediate, unit, slurm --diff) give the same numbers
-their own meaning: 0 done or nothing to do, 1 refused or differs (nothing changed),
-2 acted but failed, 3 could not start (bad config or arguments, not root, ...); a
-``--diff`` exits 1 when the files differ.
+Every command exits with a Nagios code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN). Commands
+that act (remediate, unit, slurm --diff) read the same numbers as: 0 done or nothing to
+do, 1 refused or differs (nothing changed), 2 acted but failed, 3 could not start (bad
+config or arguments, not root, ...).
 """
 
 
