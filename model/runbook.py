@@ -69,11 +69,8 @@ def _row(line: str, group: str) -> List[Entry]:
     if not codes or len(cells) < 4:
         return []
     state, meaning, todo = (_plain(c).replace("\\|", "|") for c in cells[1:4])
-    out = []
-    for code in codes:
-        text = f"{code} ({group} check): {state}\n\n{meaning}\n\nWhat to do: {todo}"
-        out.append(Entry(code, text, f"{state}: {_first_sentence(meaning)}"))
-    return out
+    return [Entry(code, f"{code} ({group} check): {state}\n\n{meaning}\n\nWhat to do: {todo}",
+                  f"{state}: {_first_sentence(meaning)}") for code in codes]
 
 
 def _block(heading: str, body: List[str], rows: List[str]) -> List[Entry]:

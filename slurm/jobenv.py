@@ -69,6 +69,4 @@ def parse_job_env(env: Mapping[str, str]) -> JobEnv:
 
 def wants_daemon(job: JobEnv, start_for: str) -> bool:
     """Does this job get an MPS daemon under the site's ``jobs.start_for``?"""
-    if not job.gpus:
-        return False
-    return start_for == "gpu" or job.mps_percentage is not None
+    return bool(job.gpus) and (start_for == "gpu" or job.mps_percentage is not None)

@@ -150,10 +150,8 @@ def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
 
 def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
     """"" when the installed gres.conf says the same for ``node``, else a unified diff.
-
-    Line order does not count (gpu lines first, or each GPU's gpu and mps lines
-    together, describe the same node): both sides are sorted before comparing.
-    """
+    Line order does not count (gpu lines first, or each GPU's gpu and mps lines together,
+    describe the same node): both sides are sorted."""
     want = sorted(gres_lines(expected, node), key=_natural)
     have = sorted(gres_lines(installed, node), key=_natural)
     return "" if want == have else unified(want, have, installed_name, "from NVML")
