@@ -96,10 +96,9 @@ def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
     head, bracket, rest = text.partition("[")
     head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
     args = [parse(a, ns) for a in split_top_level(rest[:-1])] if bracket else []
-    if head == "Optional":
-        return ("union", args, True)
-    if head == "Union":
-        return ("union", [a for a in args if a != ("none",)], ("none",) in args)
+    if head in ("Optional", "Union"):
+        return ("union", [a for a in args if a != ("none",)],
+                head == "Optional" or ("none",) in args)
     if head in ("Tuple", "tuple"):
         if bracket and split_top_level(rest[:-1])[-1:] == ["..."]:
             return ("varlen", args[0])
