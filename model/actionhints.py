@@ -19,8 +19,8 @@ from mps_health.model.results import CheckRun, Result, is_problem
 Options = Tuple[Tuple[str, str], ...]
 
 START = "'mps-health "
-# Subcommand -> the run options it takes (tests/unit/test_actionhints.py checks each
-# against its argparse definition). A subcommand not listed takes none of them (explain).
+# Subcommand -> the run options it takes (the tests check each against its argparse
+# definition); one not listed takes none of them (explain).
 TAKES = {**dict.fromkeys(("check", "snapshot", "clients", "exporter", "healthcheck",
                           "remediate"), ("--config", "--root")),
          "unit": ("--config",), "ack": ("--config",)}
@@ -46,9 +46,8 @@ SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789
 
 def quote(value: str) -> str:
     """``value`` as one shell word, as ``shlex.quote`` writes it (shlex imports ``re``, which
-    a check must not: tests/unit/test_actionhints.py compares the two), made printable
-    as outputs are: a control character in a file name shows escaped, never reaches a
-    terminal."""
+    a check must not; the tests compare the two), made printable as outputs are: a
+    control character in a file name shows escaped, never reaches a terminal."""
     from mps_health.model.printable import printable
 
     if value and all(c in SAFE for c in value):
@@ -112,11 +111,10 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
 
 
 def commands(action: str) -> List[str]:
-    """The commands an action quotes (``'mps-health ...'``), each as a shell command line
-    (``shlex.split`` gives its argv). A word given here may be quoted inside it
-    (``--config '/etc/my site.yaml'``): a quote ends the command only where no such
-    word opens (after a space or a closing double quote) and none closed just before
-    (``shlex.quote`` never writes two single quotes in a row for a file name)."""
+    """The commands an action quotes (``'mps-health ...'``), each a shell command line. A
+    word in it may be quoted (``--config '/etc/my site.yaml'``): a quote ends the command
+    only where no such word opens (after a space or a closing double quote) and none
+    closed just before (``shlex.quote`` never writes two single quotes in a row)."""
     found: List[str] = []
     at = 0
     while True:

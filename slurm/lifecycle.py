@@ -38,7 +38,6 @@ from mps_health.slurm.hooklog import HookLog
 from mps_health.slurm.jobenv import JobEnv, parse_gpus, wants_daemon
 
 CONTROL = "nvidia-cuda-mps-control"
-UNDO = TEARDOWN[1]  # the Prolog undoing a failed start
 # Many jobs ending at once queue for the records' lock; a record lost would let the
 # health check judge a set-up or tear-down, so a hook waits longer than a check would.
 RECORD_WAIT_S = 10.0
@@ -97,7 +96,7 @@ def prolog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     if failure is None:
         return 0
     log.error(failure)
-    leftovers = cleanup(job, config, settings, log, proc_dir, by=UNDO)
+    leftovers = cleanup(job, config, settings, log, proc_dir, by=TEARDOWN[1])  # an undo
     if leftovers:
         log.error("could not clean up after the failed start: " + leftovers)
     if settings.on_start_failure == "fail":
