@@ -1,16 +1,11 @@
 """What a problem line's action ends with: the run's own options, and where to read more.
 
-A check writes the commands it advises as ``'mps-health SUBCOMMAND ...'`` inside its
-action, for the default node. A run given ``--config FILE`` (or ``--root TREE``) judged
-other instances than those, so the command pasted from its output must act on the same
-ones: here, once for every output (text, JSON, check_mps, the health check), each quoted
-command gets the run's options its subcommand takes (``TAKES``), the value quoted for a
-shell as ``shlex.quote`` does and made printable as every output is. The default config
-file adds nothing, nor does ``--root /``. Every problem's action then ends with where its
-runbook entry is: ``(runbook: mps-health explain CODE)``, for the codes mps-health itself
-documents (a site's own check documents its codes itself).
-
-``commands`` reads the commands back out of an action: what an operator would paste.
+A check quotes the commands it advises as ``'mps-health SUBCOMMAND ...'`` for the default
+node. A run given ``--config FILE`` or ``--root TREE`` judged other instances, so every
+output gives each quoted command the run's options its subcommand takes (``TAKES``),
+quoted as ``shlex.quote`` does and made printable (the default config file and
+``--root /`` add nothing). A problem whose code mps-health documents then ends with
+``(runbook: mps-health explain CODE)``. ``commands`` reads the commands back out.
 """
 
 from __future__ import annotations
@@ -19,23 +14,16 @@ import os
 from typing import Iterable, List, Optional, Tuple
 
 from mps_health.model import registry
-from mps_health.model.results import CheckRun, is_problem
+from mps_health.model.results import CheckRun, Result, is_problem
 
 Options = Tuple[Tuple[str, str], ...]
 
 START = "'mps-health "
-# Subcommand -> the run options it takes (tests/unit/test_actionhints.py checks each
-# against its argparse definition). A subcommand not listed takes none of them (explain).
-TAKES = {
-    "check": ("--config", "--root"),
-    "snapshot": ("--config", "--root"),
-    "clients": ("--config", "--root"),
-    "exporter": ("--config", "--root"),
-    "healthcheck": ("--config", "--root"),
-    "remediate": ("--config", "--root"),
-    "unit": ("--config",),
-    "ack": ("--config",),
-}
+# Subcommand -> the run options it takes (the tests check each against its argparse
+# definition); one not listed takes none of them (explain).
+TAKES = {**dict.fromkeys(("check", "snapshot", "clients", "exporter", "healthcheck",
+                          "remediate"), ("--config", "--root")),
+         "unit": ("--config",), "ack": ("--config",)}
 
 
 def run_options(config_path: Optional[str], root: str = "/") -> Options:
@@ -58,9 +46,8 @@ SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789
 
 def quote(value: str) -> str:
     """``value`` as one shell word, as ``shlex.quote`` writes it (shlex imports ``re``, which
-    a check must not: tests/unit/test_actionhints.py compares the two), made printable
-    as outputs are: a control character in a file name shows escaped, never reaches a
-    terminal."""
+    a check must not; the tests compare the two), made printable as outputs are: a
+    control character in a file name shows escaped, never reaches a terminal."""
     from mps_health.model.printable import printable
 
     if value and all(c in SAFE for c in value):
@@ -110,26 +97,24 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
     """The runs with every action given the run's options, and every problem's action
     its runbook entry (``any_check``: codes documented whatever check reports them, the
     engine's)."""
+    def one(r: Result, ours: bool) -> Result:
+        action = with_options(r.action, options)
+        if is_problem(r) and (ours or r.code in any_check):  # folded: no action
+            action = read_more(action, r.code)
+        return r if action == r.action else r._replace(action=action)
+
     out = []
     for run in runs:
         ours = documented(run.name)
-        results = []
-        for r in run.results:
-            action = with_options(r.action, options) if r.action else r.action
-            if is_problem(r) and (ours or r.code in any_check):  # folded: no action
-                action = read_more(action, r.code)
-            results.append(r if action == r.action else r._replace(action=action))
-        changed = any(a is not b for a, b in zip(results, run.results))
-        out.append(run._replace(results=tuple(results)) if changed else run)
+        out.append(run._replace(results=tuple(one(r, ours) for r in run.results)))
     return tuple(out)
 
 
 def commands(action: str) -> List[str]:
-    """The commands an action quotes (``'mps-health ...'``), each as a shell command line
-    (``shlex.split`` gives its argv). A word given here may be quoted inside it
-    (``--config '/etc/my site.yaml'``): a quote ends the command only where no such
-    word opens (after a space or a closing double quote) and none closed just before
-    (``shlex.quote`` never writes two single quotes in a row for a file name)."""
+    """The commands an action quotes (``'mps-health ...'``), each a shell command line. A
+    word in it may be quoted (``--config '/etc/my site.yaml'``): a quote ends the command
+    only where no such word opens (after a space or a closing double quote) and none
+    closed just before (``shlex.quote`` never writes two single quotes in a row)."""
     found: List[str] = []
     at = 0
     while True:

@@ -1,13 +1,10 @@
-"""Facts to JSON and back, driven by the records' own field annotations (snapshots,
-replay, the state the deep checks keep between runs).
+"""Facts to JSON and back, driven by the records' field annotations (snapshots, replay,
+the deep checks' state between runs).
 
-Annotations are read as text (fact modules use ``from __future__ import annotations``,
-and ``typing.NamedTuple`` keeps each field's as a ``ForwardRef``; any other ``typing``
-object is first turned into text) and parsed here, for the forms facts use:
-``int``, ``float``, ``str``, ``bool``, ``Any``/``object``, ``None``, ``Optional[X]``,
-``Union[...]``, ``Tuple[X, ...]``, ``Tuple[A, B]``, ``Dict``/``Mapping[K, V]``,
-``List[X]`` and record classes (NamedTuples), named as the module defining the record
-names them.
+Annotations are read as text (``from __future__ import annotations``; NamedTuple keeps a
+``ForwardRef``; other ``typing`` objects are turned into text) for the forms facts use:
+int, float, str, bool, Any/object, None, Optional, Union, Tuple[X, ...], Tuple[A, B],
+Dict/Mapping, List and records (NamedTuples) named as their defining module names them.
 """
 
 from __future__ import annotations
@@ -38,8 +35,8 @@ _LEAVES = {"int": int, "float": float, "str": str, "bool": bool}
 _ANY: Node = ("any",)
 
 
-def _split(text: str) -> List[str]:
-    """Top-level comma-separated parts of ``text``."""
+def split_top_level(text: str) -> List[str]:
+    """The comma-separated parts of ``text`` outside brackets, stripped, empty ones dropped."""
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):
         if c == "[":
@@ -54,20 +51,13 @@ def _split(text: str) -> List[str]:
 
 
 def _typing_text(tp: Any) -> str:
-    """A ``typing`` object (or class) as annotation text."""
-    if isinstance(tp, type):
-        return tp.__name__ if tp is not type(None) else "None"
+    """A class or ``typing`` object no plan was made of (``_typing_node``) as annotation
+    text; a generic of another kind is named without its arguments, and fails as before."""
     if isinstance(tp, typing.ForwardRef):
         return str(tp.__forward_arg__)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
-        return "Any"
-    if origin is None:
-        return getattr(tp, "__name__", "Any")
-    name = {tuple: "Tuple", dict: "Dict", list: "List", typing.Union: "Union"}.get(
-        origin, getattr(origin, "__name__", "Any"))
-    inner = ", ".join("..." if a is Ellipsis else _typing_text(a) for a in args)
-    return f"{name}[{inner}]"
+    if tp is type(None):
+        return "None"
+    return "Any" if tp is typing.Any else getattr(tp, "__name__", "Any")
 
 
 def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:
@@ -105,13 +95,12 @@ def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
         return _ANY
     head, bracket, rest = text.partition("[")
     head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
-    args = [parse(a, ns) for a in _split(rest[:-1])] if bracket else []
-    if head == "Optional":
-        return ("union", args, True)
-    if head == "Union":
-        return ("union", [a for a in args if a != ("none",)], ("none",) in args)
+    args = [parse(a, ns) for a in split_top_level(rest[:-1])] if bracket else []
+    if head in ("Optional", "Union"):
+        return ("union", [a for a in args if a != ("none",)],
+                head == "Optional" or ("none",) in args)
     if head in ("Tuple", "tuple"):
-        if bracket and _split(rest[:-1])[-1:] == ["..."]:
+        if bracket and split_top_level(rest[:-1])[-1:] == ["..."]:
             return ("varlen", args[0])
         return ("tuple", args)
     if head in ("Dict", "dict", "Mapping"):

@@ -19,12 +19,10 @@ class Context(NamedTuple):
     root: str = "/"
     deadline: float = float("inf")  # time.monotonic() by which every fact must be in
     env: Optional[Mapping[str, str]] = None  # environment for commands (default: ours)
-    # Per-job layout: Slurm's jobs on this node (probes.slurm.JobList), asked once per run
-    # before the instances are known; the slurm source reuses it.
+    # Per-job layout: Slurm's jobs here (probes.slurm.JobList), asked once per run.
     jobs: Any = None
-    # Within a run (the engine's gather): the run's control queries, shared by every probe
-    # that asks a daemon (probes.control.Queries), so a daemon that did not answer one is
-    # asked nothing more and costs one timeout. None elsewhere: each query on its own.
+    # The run's control queries (probes.control.Queries), shared by every probe: a daemon
+    # that did not answer one is asked nothing more and costs one timeout. None elsewhere.
     queries: Any = None
 
     def path(self, absolute: str) -> str:

@@ -1,10 +1,9 @@
 """Exit codes, named once, and the one exception that carries an expected failure.
 
-Every command exits with a Nagios code: monitoring reads 0 OK, 1 WARNING, 2 CRITICAL,
-3 UNKNOWN. Commands that act (remediate, unit, slurm --diff) give the same numbers
-their own meaning: 0 done or nothing to do, 1 refused or differs (nothing changed),
-2 acted but failed, 3 could not start (bad config or arguments, not root, ...); a
-``--diff`` exits 1 when the files differ.
+Every command exits with a Nagios code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN). Commands
+that act (remediate, unit, slurm --diff) read the same numbers as: 0 done or nothing to
+do, 1 refused or differs (nothing changed), 2 acted but failed, 3 could not start (bad
+config or arguments, not root, ...).
 """
 
 
@@ -25,11 +24,8 @@ class ExitCode:
 
 
 class Failure(Exception):
-    """An expected failure: one line for the user and the exit code it gives.
-
-    Raised anywhere below the commands; the command edge prints it and exits with
-    ``code``, so library code never prints errors or calls ``sys.exit`` itself.
-    """
+    """An expected failure: one line for the user and its exit code. The command edge
+    prints it and exits with ``code``: library code never prints errors or exits itself."""
 
     def __init__(self, message: str, code: int = ExitCode.UNKNOWN) -> None:
         super().__init__(message)

@@ -1,9 +1,7 @@
-"""Acquisition stage: the plain, frozen facts one run gathers.
+"""Acquisition stage: the plain, frozen facts one run gathers (``mps_health.probes``).
 
-Everything a check may look at is one of these records, gathered once per run by
-the probes in ``mps_health.probes`` and saved as-is in snapshots. NamedTuples:
-frozen and typed, and a snapshot or state file decodes them from their field
-annotations (``model/codec.py``).
+Everything a check may look at is one of these NamedTuples, saved as-is in snapshots and
+decoded from their field annotations (``model/codec.py``).
 """
 
 from __future__ import annotations
@@ -35,11 +33,10 @@ class ProcessFact(NamedTuple):
     start_ticks: int  # field 22 of stat: with the pid it names the process uniquely
     pipe_dir: Optional[str]  # CUDA_MPS_PIPE_DIRECTORY from environ; None when unreadable
     environ_readable: bool
-    # Does /proc/PID/exe show the configured binary of its role? None: cannot be told
-    # (not root, a --root tree). See mps_health.hostio.process_identity.
+    # /proc/PID/exe is its role's configured binary (hostio.process_identity); None:
+    # cannot be told (not root, a --root tree).
     genuine: Optional[bool] = None
-    # TracerPid is not 0 in /proc/PID/status: someone holds it under ptrace (it may be
-    # held at its exec, none of its code run), so it proves nothing about MPS.
+    # TracerPid is not 0: held under ptrace (maybe at its exec), it proves nothing of MPS.
     traced: bool = False
 
 
@@ -123,8 +120,7 @@ class Facts(NamedTuple):
     durations: Dict[str, float]  # source name -> seconds spent gathering it
     # Per-job instances found beyond mps.max_instances: not judged this run.
     instances_over_cap: int = 0
-    # Per-job instances found but not judged this run (probes/jobphase.py): their job's
-    # MPS is being set up or torn down. (job id, why) pairs.
+    # (job id, why) of per-job instances not judged: MPS set up or torn down (jobphase).
     unjudged: Tuple[Tuple[str, str], ...] = ()
 
     def get(self, source: str) -> Any:

@@ -1,18 +1,16 @@
 """Acquisition stage: the frozen facts of the deep checks (servers, logs, canary).
 
-Kept apart from ``mps_health.model.facts`` so the core stays small; same rules: NamedTuples,
-typed, saved as-is in snapshots. The state the deep checks keep across
-runs (``previous`` below) is part of the facts, so a check stays a pure function of
-what was gathered and a snapshot replays exactly what the run judged.
+Apart from ``mps_health.model.facts`` so the core stays small; same rules. The state the
+deep checks keep across runs (``previous``) is part of the facts: a check stays a pure
+function of what was gathered, and a snapshot replays exactly what the run judged.
 """
 
 from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional, Tuple
 
+
 # --- servers -------------------------------------------------------------------------
-
-
 class ClientFact(NamedTuple):
     """A client PID from ``get_client_list``, with what /proc says about it."""
 
@@ -23,17 +21,16 @@ class ClientFact(NamedTuple):
     # Read from /proc (mps_health.probes.clientinfo): all "" or None where unreadable.
     command: str = ""  # cmdline, NUL as spaces, cut: raw, escape before printing
     job_id: str = ""  # Slurm job id ("" when none was found)
-    # "cgroup": it runs in that job's Slurm cgroup (a Slurm cgroup naming no single job
-    # gives job_id ""); "environ": no Slurm cgroup, and SLURM_JOB_ID names it: the
-    # user's claim, believed only where squeue says the job is this uid's; "": none.
+    # "cgroup": in that job's Slurm cgroup (one naming no single job gives job_id "");
+    # "environ": no Slurm cgroup, SLURM_JOB_ID names it (the user's claim, believed only
+    # where squeue says the job is this uid's); "": none.
     job_from: str = ""
     # "read" | "truncated" (cut at the size cap) | "denied" (not root) | "gone" | "error"
     environ: str = ""
     thread_percentage: Optional[float] = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at exec
     pinned_mem_limit: str = ""  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT at exec, e.g. "0=2G"
     pipe_dir: Optional[str] = None  # CUDA_MPS_PIPE_DIRECTORY at exec (None: not set)
-    # From ``ps``: the GPUs (UUIDs, cut to 22 characters by the daemon) and the client's
-    # PID namespace inode (a container's clients differ from the node's).
+    # From ``ps``: GPUs (UUIDs cut to 22 characters) and PID namespace inode (containers).
     gpus: Tuple[str, ...] = ()
     namespace: str = ""
 
@@ -54,16 +51,14 @@ class ServerFact(NamedTuple):
     """One MPS server from ``get_server_list`` and its ``get_server_status``."""
 
     pid: int
-    # ACTIVE | INITIALIZING | FAULT as the daemon says; "gone" when it answered
-    # "Server PID not found" (exited since the list); "error" when a query failed.
+    # ACTIVE | INITIALIZING | FAULT; "gone": "Server PID not found"; "error": query failed.
     status: str
     detail: str
     uid: Optional[int]
     user: Optional[str]
     start_ticks: Optional[int]
     clients: Tuple[ClientFact, ...]
-    # Asked only while the server runs (get_active_thread_percentage, device_query,
-    # get_device_pinned_mem_limit, get_device_client_list); None/() when not answered.
+    # Asked only while the server runs; None/() when not answered.
     thread_percentage: Optional[float] = None
     devices: Tuple[DeviceFact, ...] = ()
     detail_errors: Tuple[str, ...] = ()  # "command: what went wrong", for the view
@@ -72,20 +67,18 @@ class ServerFact(NamedTuple):
 class InstanceServers(NamedTuple):
     """What one instance's control daemon said about its servers."""
 
-    # "ok": asked; "idle": the daemon has no child process, so no server runs and
-    # nothing was asked; otherwise the control status of the failed query: "absent",
-    # "timeout", "error", "exec-failed", "skipped".
+    # "ok": asked; "idle": the daemon has no child (no server), nothing asked; else the
+    # failed query's control status ("absent", "timeout", "error", "exec-failed", ...).
     query: str
     detail: str
     daemon_pid: Optional[int]
     daemon_start: Optional[int]
     servers: Tuple[ServerFact, ...]
     elapsed_s: float
-    # get_default_device_pinned_mem_limit per device ordinal ("" where none is set),
-    # asked with the servers' details, only while a server runs.
+    # get_default_device_pinned_mem_limit per ordinal ("" none), only while a server runs.
     default_pinned_mem_limits: Tuple[Tuple[int, str], ...] = ()
-    # The daemon's device table (device_query's "Default" section): (ordinal, UUID), asked
-    # with the servers' details: what a limit's device ID is judged by (checks/limits.py).
+    # device_query's "Default" section, (ordinal, UUID): a limit's device ID is judged by
+    # it (checks/limits.py).
     default_devices: Tuple[Tuple[int, str], ...] = ()
 
 
@@ -96,9 +89,8 @@ class RememberedServer(NamedTuple):
     status_since: float  # Unix time this status was first seen for this server
     user: str
     clients: Tuple[Tuple[int, int], ...]  # (pid, start ticks) of its clients
-    # /proc showed it a child of the instance's daemon (the pid file's, the configured
-    # binary of the expected user) when a run saw it listed: what makes it MPS's own
-    # (servertrack.remembered); a listing alone comes from whatever answers the socket.
+    # /proc showed it a child of the instance's real daemon when listed: what makes it
+    # MPS's own (servertrack.remembered); a listing alone is whatever answers the socket.
     daemon_child: bool = False
 
 
@@ -151,10 +143,7 @@ class ServersFacts(NamedTuple):
 
 
 # --- logs ----------------------------------------------------------------------------
-
-
-# What the control daemon opens in its log dir itself (as its own user; servers for
-# other users' clients write nothing there: seen with the real binaries, driver 580).
+# What the control daemon opens in its log dir itself, as its own user (driver 580).
 LOG_FILES = ("control.log", "server.log")
 
 
@@ -189,9 +178,8 @@ class LogMemory(NamedTuple):
 
 class LogFileFact(NamedTuple):
     path: str  # as configured (log_dir/control.log)
-    # "read" | "missing" | "error"; "bad": a log file that is not the daemon's user's
-    # regular file (not read); "foreign": another entry in the log dir that is a link or
-    # another user's (in LogsFacts.foreign)
+    # "read" | "missing" | "error"; "bad": not the daemon's user's regular file (not
+    # read); "foreign": another entry in the log dir, a link or another user's
     status: str
     detail: str = ""  # rotation, truncation, skipped bytes, the error, or what it is
     bytes_read: int = 0
@@ -208,17 +196,13 @@ class LogsFacts(NamedTuple):
 
 
 # --- canary --------------------------------------------------------------------------
-
-
 class CanaryFact(NamedTuple):
     """One run of the CUDA canary through one instance."""
 
-    # "served": its PID was in a server's client list while it held its context;
-    # "not-served": it got a context, but no MPS server listed it (ran without MPS);
-    # "failed": a CUDA call failed; "timeout": no context within the hard timeout;
-    # "no-libcuda": no driver here; "skipped": not run on purpose, another user's
-    # clients are connected (reason in detail); "not-run": our own lock was busy;
-    # "error": the canary could not be run or said something unexpected.
+    # "served": a server listed its PID while it held its context; "not-served": a context
+    # but no server listed it (no MPS); "failed": a CUDA call failed; "timeout": no context
+    # in time; "no-libcuda"; "skipped": another user's clients are connected (detail);
+    # "not-run": our own lock was busy; "error": could not run, or said the unexpected.
     status: str
     detail: str
     uid: int  # the user it ran (or would have run) as

@@ -1,16 +1,12 @@
 """The one rule for text taken from the system before any output shows it.
 
-File names in world-writable dirs, a process's environment, command output and log
-lines are written by whoever wants to: a newline would forge an output line ("OK
-daemon[node]: all good"), an ANSI or OSC escape would reach an operator's terminal or a
-Nagios status line. ``printable`` leaves printable text as it is and writes every other
-character (controls, line and paragraph separators, bidi overrides) as a Python-style
-``\\xNN``/``\\uNNNN`` escape, so the text stays readable and cannot be mistaken for
-anything else. The engine applies it to every result (text, JSON, perfdata, labels and
-drain reasons are made from results); the audit log and drain reasons apply it again to
-their own fields. ``escape`` is the same rule for a value quoted inside a message (a
-client's command line or environment): backslashes doubled so the quote is exact, and
-cut to a length.
+File names in world-writable dirs, environments, command output and log lines are
+written by whoever wants to: a newline would forge an output line ("OK daemon[node]: all
+good"), an ANSI or OSC escape would reach a terminal or a Nagios status line.
+``printable`` writes every non-printable character (controls, line and paragraph
+separators, bidi overrides) as a Python-style ``\\xNN``/``\\uNNNN`` escape. The engine
+applies it to every result; the audit log and drain reasons again to their own fields.
+``escape`` quotes a value inside a message: backslashes doubled, cut to a length.
 """
 
 

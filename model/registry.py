@@ -1,19 +1,16 @@
 """Where fact sources and checks are registered, switched on by name.
 
-The fact sources are the lines at the end of this module. A check declares itself: each
-module of the ``checks`` package calls ``check(...)`` at import, naming the fact sources
-it needs, so a run gathers only those (no NVML unless a GPU check runs, no Slurm call
-unless a Slurm check runs). No list names the built-in checks: ``checks()`` imports
-every module of the package, by name, the first time the table is needed, so adding a
-check is its module, its test file and its runbook entry. Each built-in passes its
-``order`` (the run's and every output's order); the table is kept sorted by it.
+Fact sources are the lines at the end of this module. Each module of the ``checks``
+package declares its check at import (``check(...)``), naming the sources it needs, so a
+run gathers only those (no NVML, no Slurm call unless a check needs it). ``checks()``
+imports every module of the package the first time the table is needed: adding a check
+is its module, its test file and its runbook entry. A built-in passes its ``order`` (the
+run's and every output's order; the table is kept sorted by it).
 
-A site's own check is a module named in the config (``checks.modules``); loading the
-config imports it, and it declares itself with the same ``check(...)`` call (and its
-config sections in a ``SECTIONS`` tuple); without an ``order`` it runs after the
-built-ins. Targets are imported lazily ("module:function"); one in mps-health is kept
-relative to the package (``.checks.daemon:check``), which is how a built-in check is
-told from a site's own.
+A site's own check is a module named in ``checks.modules``, imported at config load; it
+declares itself the same way (its config sections in ``SECTIONS``) and, without an
+``order``, runs after the built-ins. Targets ("module:function") are imported lazily; a
+built-in's is relative to the package (``.checks.daemon:check``), which tells it apart.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ class Source(NamedTuple):
     target: str  # "module:function", called as function(ctx, instances)
     value_type: str  # "module:NAME" of the value's type, for snapshot replay
     blocking: bool = False  # waits on other programs: gathered in a thread of its own
-    # Or "module:function", called as function(ctx, instances) before the other sources
-    # are read: it starts the commands (and threads) the source waits on and returns the
-    # function that collects them, called after them. No thread of the engine's then.
+    # Or "module:function" called as function(ctx, instances) before the other sources are
+    # read: it starts what the source waits on and returns the function that collects it.
     start: str = ""
 
 
@@ -45,8 +41,8 @@ class CheckSpec(NamedTuple):
     needs: Tuple[str, ...]
     default_on: bool = True
     summary: str = ""
-    # Also on by default when the config has one of these sections (GPU/Slurm checks:
-    # a node without NVML or Slurm never pays for them, nor fails them, unless asked).
+    # Also on when the config has one of these sections (a node without NVML or Slurm
+    # never pays for, nor fails, GPU/Slurm checks unless asked).
     when_configured: Tuple[str, ...] = ()
     order: int = LAST  # the run's and the outputs' order, lowest first
 
@@ -58,8 +54,8 @@ SOURCES: Dict[str, Source] = {}
 # Read through checks(), which fills it with the built-ins first; kept sorted by order.
 _CHECKS: Dict[str, CheckSpec] = {}
 _found = False  # whether the built-in checks were imported
-# A thread asking while another imports them waits for the whole table (the exporter's
-# threads); reentrant: a module asking at import gets the table as it stands.
+# A thread asking while another imports them waits for the whole table; reentrant: a
+# module asking at import gets the table as it stands.
 _finding = threading.RLock()
 
 
@@ -100,9 +96,8 @@ def checks() -> Mapping[str, CheckSpec]:
 
 def find_checks(package: str) -> None:
     """Import every module of ``package``: each declares its check at import. One that
-    cannot be imported stands in as a check named after its file, whose run reports the
-    import's error (UNKNOWN check-failed), as before: a broken install is never a check
-    that silently stops running."""
+    cannot be imported stands in as a check named after its file, whose run reports why
+    (UNKNOWN check-failed): a broken install never silently stops a check."""
     for info in pkgutil.iter_modules(module_named(package).__path__):
         if info.ispkg or info.name in HELPERS:
             continue
@@ -157,20 +152,14 @@ source("processes", ".probes.proc:gather_for", ".probes.proc:VALUE_TYPE")
 source("dirs", ".probes.dirs:gather", ".probes.dirs:VALUE_TYPE")
 source("control", ".probes.control:gather", ".probes.control:VALUE_TYPE",
        start=".probes.control:start")
-source("tmpfiles", ".probes.tmpfiles:gather_for",
-       ".probes.tmpfiles:VALUE_TYPE")
+source("tmpfiles", ".probes.tmpfiles:gather_for", ".probes.tmpfiles:VALUE_TYPE")
 source("servers", ".probes.servers:gather", ".probes.servers:VALUE_TYPE",
        start=".probes.servers:start")
 source("logs", ".probes.logs:gather", ".probes.logs:VALUE_TYPE")
-source("canary", ".probes.canary:gather", ".probes.canary:VALUE_TYPE",
-       blocking=True)
+source("canary", ".probes.canary:gather", ".probes.canary:VALUE_TYPE", blocking=True)
 source("nvml", ".probes.nvml:gather", ".probes.nvml:VALUE_TYPE", blocking=True)
-source("slurm", ".probes.slurm:gather", ".probes.slurm:VALUE_TYPE",
-       blocking=True)
+source("slurm", ".probes.slurm:gather", ".probes.slurm:VALUE_TYPE", blocking=True)
 source("gres_conf", ".probes.gres_conf:gather", ".probes.gres_conf:VALUE_TYPE")
 source("jobs", ".probes.jobs:gather", ".probes.jobs:VALUE_TYPE", blocking=True)
 source("job_dirs", ".probes.jobdirs:gather", ".probes.jobdirs:VALUE_TYPE")
-source("job_records", ".probes.jobdirs:gather_records",
-       ".probes.jobdirs:RECORDS_TYPE")
-
-# The checks are not listed here: each module of checks/ declares its own (checks()).
+source("job_records", ".probes.jobdirs:gather_records", ".probes.jobdirs:RECORDS_TYPE")

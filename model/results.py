@@ -1,17 +1,14 @@
 """Evaluation stage: what checks say, and how states combine.
 
-States use the Nagios exit codes. When states combine, CRITICAL outranks WARNING,
-which outranks UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``):
-a node with one broken daemon and one unreadable fact is broken, not unknown.
+States use the Nagios exit codes; combined, CRITICAL outranks WARNING, which outranks
+UNKNOWN, which outranks OK (monitoring-plugins' ``max_state_alt``): a node with one
+broken daemon and one unreadable fact is broken, not unknown.
 
-A cause is one problem: a finding that only follows from another one (no MPS binaries:
-no daemon made its dirs, no client could ask it anything) is folded under that cause
-(``fold``, after every check ran): it keeps its check, code, state and message, names
-its cause in ``cause`` and loses its action (the cause's action is the one to take). A
-folded finding is not a problem of its own: the report's state, its problems and every
-check's state count only the rest, so the summary, the exit code, Nagios, the metrics
-and the health check agree; text shows folded findings with ``-v``, JSON in each
-check's results with their ``cause``.
+A finding that only follows from another (no MPS binaries: no daemon made its dirs) is
+folded under that cause (``fold``): it keeps check, code, state and message, names its
+cause in ``cause`` and loses its action. It is no problem of its own: the report's state,
+its problems and each check's state count only the rest, so summary, exit code, Nagios,
+metrics and health check agree; text shows folded findings with ``-v``, JSON with ``cause``.
 """
 
 from __future__ import annotations
@@ -51,33 +48,29 @@ def is_problem(r: Result) -> bool:
     return r.state != OK and not r.cause
 
 
-# What a cause makes pointless: cause code -> the codes that follow from it on the same
-# instance (and the node's own findings, instance ""). Only consequences belong here,
-# never a finding a user could cause (a link, a foreign entry, an impostor): folding
-# hides nothing an attack shows.
+# Cause code -> the codes that follow from it on the same instance (and the node's own,
+# instance ""). Only consequences, never what a user could cause (a link, a foreign
+# entry, an impostor): folding hides nothing an attack shows.
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
-    # No control binary: no daemon ran, so none made the dirs or answers a query, and
-    # nothing could be asked of servers or clients; "run reset" would refuse.
+    # No control binary: no daemon made the dirs or answers; "run reset" would refuse.
     "mps-not-installed": frozenset((
         "control-client-missing", "pipe-dir-missing", "log-dir-missing",
         "servers-not-asked", "canary-not-served", "canary-not-run", "canary-no-libcuda",
         "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
-    # No control daemon (none ever started, or it died): a CUDA client runs without MPS
-    # or cannot connect, which is all the canary (on by default under Slurm) can say.
+    # No control daemon: a CUDA client runs without MPS or cannot connect, all the canary
+    # can say.
     "daemon-absent": CANARY_WITHOUT_DAEMON,
     "daemon-stale": CANARY_WITHOUT_DAEMON,
 }
 
 
-# While the node is booting (``healthcheck.boot_grace_s`` after boot), what only says that
-# a unit has not come up yet: no daemon, no pipe or log dir yet, nothing answering. Such
-# a finding is marked ``cause=STARTING`` (``starting``): like a folded one it counts for
-# no state and drains nothing, and it is shown as starting (INITIALIZING). A wrong
-# owner, mode, link or stranger is never here: booting explains none of those.
+# Within ``healthcheck.boot_grace_s`` of boot, what only says a unit is not up yet (no
+# daemon, dir or answer) is marked ``cause=STARTING``: like a folded finding it counts for
+# no state, drains nothing, and shows as starting (INITIALIZING). A wrong owner, mode,
+# link or stranger is never here: booting explains none of those.
 STARTING = "starting"
-# healthcheck.boot_grace_s's default (here, so that a check without a config file knows
-# it without importing the health check's settings).
+# healthcheck.boot_grace_s's default, here for a check run without a config file.
 BOOT_GRACE_S = 300.0
 STARTING_CODES: FrozenSet[str] = frozenset((
     "daemon-absent", "daemon-stale", "pipe-dir-missing",
@@ -134,8 +127,8 @@ class Report(NamedTuple):
     version: str
     # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
     instance_gpus: Mapping[str, str] = {}
-    # The run's options that change what a command acts on (--config, --root), as
-    # (option, value): the actions quote them (model/actionhints.py), so may an output.
+    # (option, value) of the run that change what a command acts on (--config, --root):
+    # the actions quote them (model/actionhints.py).
     options: Tuple[Tuple[str, str], ...] = ()
 
     @property

@@ -1,12 +1,9 @@
-"""The runbook on the node: each code's entry, read from the README the package carries.
+"""The runbook on the node: each code's entry, from the README the package carries.
 
-README.md's "Runbook: every code" section is the one text (package data, so an
-installed node has it: ``mps-health explain CODE``). An entry is either a ``####``
-heading (its anchor: the heading as GitHub makes it, plus any ``<a id>`` in its
-first lines, for ``pipe-dir-mode / log-dir-mode``) and the text up to the next heading,
-or a table row whose first cell holds ``<a id="CODE">`` (state, meaning, what to do).
-Also the package's other data files: the docs the README points to and the example
-config (``mps-health config example``).
+README.md's "Runbook: every code" section (package data: ``mps-health explain CODE``). An
+entry is a ``####`` heading (anchor as GitHub makes it, plus any ``<a id>`` in its first
+lines) with its text up to the next heading, or a table row whose first cell holds
+``<a id="CODE">`` (state, meaning, what to do). Also the docs and the example config.
 """
 
 import os
@@ -72,11 +69,8 @@ def _row(line: str, group: str) -> List[Entry]:
     if not codes or len(cells) < 4:
         return []
     state, meaning, todo = (_plain(c).replace("\\|", "|") for c in cells[1:4])
-    out = []
-    for code in codes:
-        text = f"{code} ({group} check): {state}\n\n{meaning}\n\nWhat to do: {todo}"
-        out.append(Entry(code, text, f"{state}: {_first_sentence(meaning)}"))
-    return out
+    return [Entry(code, f"{code} ({group} check): {state}\n\n{meaning}\n\nWhat to do: {todo}",
+                  f"{state}: {_first_sentence(meaning)}") for code in codes]
 
 
 def _block(heading: str, body: List[str], rows: List[str]) -> List[Entry]:

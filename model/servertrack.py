@@ -1,22 +1,14 @@
 """Identity of control daemons and MPS servers across runs: pure, shared by probe and check.
 
-A process is named by (pid, start ticks), so a reused PID is a new process. Between two
-runs, two things are worth an event:
+A process is named by (pid, start ticks), so a reused PID is a new process. Events between
+two runs: ``daemon-restarted`` (the instance's control daemon changed: its clients lost
+MPS) and ``server-churn`` (a server went away while clients it served last run still live:
+one ending with its job leaves none behind, so it died under running work).
 
-* the control daemon of an instance changed (``daemon-restarted``): it died or was
-  restarted, and every client it served lost MPS;
-* a server went away while clients it served in the previous run still live
-  (``server-churn``): a server that ends with its job leaves no client behind, so this
-  one died (or was killed) under running work, "without a job ending".
-
-Neither is an event when mps-health did it itself (``hostio/planned.py``): a restart it
-recorded, servers lost while it ended their daemon (a reset, a unit stop, a tear-down).
-A reset also answers the events reported before it: they are dropped, and the check
-reports only what happened after the repair; so does an operator's ``mps-health ack``
-for the events of its code.
-
-The probe calls :func:`advance` to save the next memory; the check calls it on the same
-facts to know the events, so both agree and the check stays pure.
+Neither is an event when mps-health did it itself (``hostio/planned.py``: a recorded
+restart, servers lost while it ended their daemon). A reset drops the events before it,
+as an operator's ``mps-health ack`` does for its code's. The probe calls :func:`advance`
+to save the next memory, the check on the same facts to know the events: both agree.
 """
 
 from __future__ import annotations
@@ -39,10 +31,6 @@ MAX_EVENTS = 100
 EVENT_CODES = ("daemon-restarted", "server-churn")
 
 
-def _clients(server: ServerFact) -> Tuple[Tuple[int, int], ...]:
-    return tuple((c.pid, c.start_ticks) for c in server.clients if c.start_ticks is not None)
-
-
 def _who(server: RememberedServer) -> str:
     return f"server {server.pid}" + (f" ({server.user})" if server.user else "")
 
@@ -54,18 +42,12 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             children: Iterable[Tuple[int, int]] = (), acks: Sequence[Ack] = (),
             instance: str = "") -> ServerMemory:
     """The memory after this run: statuses with the time first seen, events in window.
-    A daemon change mps-health recorded for ``pipe_dir`` (``planned``) is no event, nor
-    a server lost while an action of ours ended the daemon; a reset drops the events
-    before it (``hostio/planned.py`` says why).
-    A remembered server the daemon no longer lists but that still lives
-    (``servers_alive``: (pid, start ticks)) is kept: its daemon died or was restarted
-    without it, and it stays known as a real daemon's server (``remembered``). Listed
-    servers that /proc shows as the daemon's children (``children``) are marked so.
-    Events an operator acknowledged for ``instance`` (``acks``) are dropped."""
+    Our own daemon changes for ``pipe_dir`` (``planned``) make no event; a reset, or an
+    operator's ack for ``instance``, drops the events before it. A remembered server no
+    longer listed but alive (``servers_alive``) is kept, still known as a real daemon's
+    server; listed servers /proc shows as the daemon's ``children`` are marked so."""
     from mps_health.hostio.planned import acked_until, excused, repaired_at, servers_ended
 
-    # A reset since an event answered it (planned.repaired_at), an ack since it
-    # acknowledged it: only what came after is still worth an operator's time.
     repaired = repaired_at(planned, pipe_dir, now)
     until = {code: max(repaired, acked_until(acks, instance, code)) for code in EVENT_CODES}
     events: List[ServerEvent] = [e for e in (previous.events if previous else ())
@@ -76,12 +58,10 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         if previous is None:
             return ServerMemory(now, current.daemon_pid, current.daemon_start, (), tuple(events))
         return previous._replace(events=tuple(events))
-    if previous is not None and previous.daemon_pid is not None \
-            and current.daemon_pid is not None \
-            and (previous.daemon_pid, previous.daemon_start) != (current.daemon_pid,
-                                                                 current.daemon_start) \
-            and not excused(planned, pipe_dir, previous.taken_at, now, current.daemon_pid,
-                            current.daemon_start):
+    daemon = (current.daemon_pid, current.daemon_start)
+    if previous is not None and None not in (previous.daemon_pid, current.daemon_pid) \
+            and (previous.daemon_pid, previous.daemon_start) != daemon \
+            and not excused(planned, pipe_dir, previous.taken_at, now, *daemon):
         events.append(ServerEvent(now, "daemon-restarted",
                                   f"the control daemon changed since the last run "
                                   f"(was {previous.daemon_pid}, now {current.daemon_pid}): "
@@ -90,8 +70,7 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         (s.pid, s.start_ticks): s for s in current.servers
         if s.start_ticks is not None and s.status != "gone"}
     still: Set[Tuple[int, int]] = set(alive)
-    # Our own action ended the daemon, and with it every server it ran, in between: a
-    # server lost then is the action's consequence, no churn.
+    # Our own action ended the daemon (and its servers) in between: no churn.
     ours = previous is not None and servers_ended(planned, pipe_dir, previous.taken_at, now)
     living = set(servers_alive)
     kept: List[RememberedServer] = []
@@ -113,10 +92,11 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
     for key, server in seen.items():
         was = before.get(key)
         since = was.status_since if was is not None and was.status == server.status else now
+        clients = tuple((c.pid, c.start_ticks) for c in server.clients
+                        if c.start_ticks is not None)
         remembered.append(RememberedServer(server.pid, key[1], server.status, since,
-                                           server.user or "", _clients(server),
-                                           key in child or (was is not None
-                                                            and was.daemon_child)))
+                                           server.user or "", clients,
+                                           key in child or (was is not None and was.daemon_child)))
     return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
                         tuple(events[-MAX_EVENTS:]))
 

@@ -1,9 +1,6 @@
-"""The GPUs gres.conf describes, from NVML (``mps_health.probes.nvml``) or a recording.
-
-A recording is either the probe's own format (``mps-health-nvml-record``) or the raw
-dump of tests/gpu/dump_nvml.py (keys ``driver`` and ``gpus``), which is what the GPU
-node captured; :func:`record_from_dump` turns the second into the first, so both run
-through the same interpretation as live NVML.
+"""The GPUs gres.conf describes, from NVML (``mps_health.probes.nvml``) or a recording:
+the probe's own format, or tests/gpu/dump_nvml.py's raw dump (``driver``, ``gpus``), which
+:func:`record_from_dump` turns into the first, so both are read as live NVML is.
 """
 
 import json
@@ -51,12 +48,11 @@ def record_from_dump(dump: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError("an NVML dump needs a list 'gpus' of mappings")
     devices = []
     for g in gpus:
-        device: Dict[str, Any] = {}
-        for field, key in (("uuid", "uuid"), ("minor", "minor"), ("name", "name"),
-                           ("compute_mode", "compute_mode"), ("mig_mode", "mig_mode"),
-                           ("persistence_mode", "persistence")):
-            if key in g:
-                device[field] = _answer(g[key])
+        device: Dict[str, Any] = {
+            field: _answer(g[key]) for field, key in (
+                ("uuid", "uuid"), ("minor", "minor"), ("name", "name"),
+                ("compute_mode", "compute_mode"), ("mig_mode", "mig_mode"),
+                ("persistence_mode", "persistence")) if key in g}
         for field in ("compute_processes", "mps_processes"):
             value = _answer(g.get(field, []))
             if isinstance(value, list):
@@ -96,9 +92,8 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
             raise GpusError(f"{recording}: cannot read: {e.strerror}") from None
         if data is None:
             raise GpusError(f"{recording}: cannot read: No such file or directory")
-        text = data.decode("utf-8", "replace")
         try:
-            facts = read_nvml(load_recording(text, recording))
+            facts = read_nvml(load_recording(data.decode("utf-8", "replace"), recording))
         except ValueError as e:
             raise GpusError(str(e)) from None
     if not facts.available:
@@ -108,11 +103,9 @@ def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:
 
 def parse_choice(text: str) -> Optional[Tuple[str, ...]]:
     """``--mps-gpus``: "all" -> None, "none" -> (), "0,2" or UUIDs -> ('0', '2')."""
-    text = text.strip()
-    if text.lower() == "all":
-        return None
-    if text.lower() == "none":
-        return ()
+    word = text.strip().lower()
+    if word in ("all", "none"):
+        return None if word == "all" else ()
     chosen = tuple(g.strip() for g in text.split(",") if g.strip())
     if not chosen:
         raise GpusError("--mps-gpus takes all, none, or GPU indices/UUIDs such as 0,1")

@@ -1,15 +1,14 @@
-"""Where the job hooks say what they did: syslog, stderr, and optionally a file.
-
-slurmd keeps no hook output by default, so syslog (facility daemon, ident
-``mps-health-prolog`` and so on) is the record; stderr helps when a hook is run by
-hand. Never stdout: slurmd reads the TaskProlog's stdout as ``export`` lines. Every
-line names the job. A log that cannot be written is skipped, never an error.
+"""Where the job hooks say what they did: syslog (facility daemon, ident
+``mps-health-prolog`` ...: slurmd keeps no hook output), stderr (for a hook run by hand),
+optionally a file. Never stdout: slurmd reads the TaskProlog's as ``export`` lines. Every
+line names the job; a log that cannot be written is skipped, never an error.
 """
 
 import os
 import sys
 import syslog
 import time
+from contextlib import suppress
 from typing import List, Optional
 
 LEVELS = {"info": 6, "warning": 4, "error": 3}  # syslog priorities
@@ -24,25 +23,19 @@ class HookLog:
         self.to_stderr = to_stderr
         self.lines: List[str] = []  # what was said, for the caller (and tests)
         self._syslog = None
-        try:
+        with suppress(OSError):
             syslog.openlog(self.ident, syslog.LOG_PID, syslog.LOG_DAEMON)
             self._syslog = syslog
-        except OSError:
-            pass
 
     def _say(self, level: str, message: str) -> None:
         line = f"job {self.job}: {message}"
         self.lines.append(f"{level}: {line}")
         if self._syslog is not None:
-            try:
+            with suppress(OSError):
                 self._syslog.syslog(LEVELS[level], line)
-            except OSError:
-                pass
         if self.to_stderr:
-            try:
+            with suppress(OSError):
                 print(f"{self.ident}: {level}: {line}", file=sys.stderr, flush=True)
-            except OSError:
-                pass
         if self.log_file:
             self._append(f"{self.ident}[{os.getpid()}]: {level}: {line}\n")
 

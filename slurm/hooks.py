@@ -1,13 +1,10 @@
 """Entry point of the installed Prolog, TaskProlog and Epilog scripts.
 
 ``main("prolog" | "task-prolog" | "epilog", config_path)``. slurmd runs these for every
-job, so a job that holds no GPU costs one environment lookup: no config, no YAML, no
-syslog is loaded for it. Every failure is one logged line, never a traceback; the
-exit code is what Slurm acts on (non-zero drains the node), so only the prolog's
-start-failure policy and an unkillable process in the epilog ever return 1.
-
-Run by hand: ``python3 -m mps_health.slurm.hooks prolog --config FILE`` with the job's
-SLURM_* variables set (that is what tests/gpu/test_slurm_gpu.py does).
+job, so a job holding no GPU costs one environment lookup (no config, YAML or syslog
+loaded). Every failure is one logged line, never a traceback; non-zero drains the node, so
+only the prolog's start-failure policy and an unkillable process in the epilog return 1.
+By hand: ``python3 -m mps_health.slurm.hooks prolog --config FILE`` with SLURM_* set.
 """
 
 from __future__ import annotations
@@ -58,7 +55,8 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     except ConfigError as e:
         log.error(f"{e}; fix the config (nothing was done for this job)")
         # A prolog with a broken config cannot give MPS jobs their daemon: say so to Slurm.
-        return 1 if hook == "prolog" and _mps_job(env) else 0
+        mps_job = bool(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+        return 1 if hook == "prolog" and mps_job else 0
     if settings.log_file:
         log.log_file = settings.log_file
     if hook == "task-prolog":
@@ -80,10 +78,6 @@ def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> 
     from mps_health.slurm.lifecycle import epilog
 
     return epilog(job, config, settings, log)
-
-
-def _mps_job(env: Mapping[str, str]) -> bool:
-    return bool(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
 
 
 def cli(argv: Optional[List[str]] = None) -> int:

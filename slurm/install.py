@@ -1,11 +1,9 @@
-"""``mps-health slurm install``: write the three hook scripts slurm.conf points at, for the
-per-job layout only: the node and per-GPU layouts' daemons are the node's (systemd
-units), so Slurm runs no hook of ours for them and none is written.
+"""``mps-health slurm install``: the three hook scripts slurm.conf points at, for the
+per-job layout only (the node and per-GPU layouts' daemons are systemd units: no hook).
 
-Each is a four-line Python script (templates/hook.j2) with the interpreter and the
-config file written into it: slurmd starts hooks with no PATH and no arguments. Scripts
-are root's, mode 0755, written to a temporary name and renamed; a file at the target
-name that we did not write is never replaced without ``--force``.
+Each is a four-line Python script (templates/hook.j2) naming the interpreter and the
+config (slurmd gives hooks no PATH, no arguments); root's, mode 0755, written atomically.
+A file there that we did not write is never replaced without ``--force``.
 """
 
 import os
@@ -31,15 +29,16 @@ def plan(prefix: str, python: str, config: Optional[str]) -> List[Written]:
             for hook, path in hook_paths(prefix).items()]
 
 
-def _ours(path: str) -> bool:
-    """Nothing there, or a regular file we wrote (a link or anything else is not ours)."""
+def _ours(path: str, absent: bool = True) -> bool:
+    """A regular file we wrote, or nothing there (``absent``); a link or anything else is
+    not ours."""
     from mps_health.hostio.safefiles import read_small
 
     try:
         data = read_small(path)
     except OSError:
         return False
-    return data is None or MARKER in data[:512].decode("utf-8", "replace")
+    return absent if data is None else MARKER in data[:512].decode("utf-8", "replace")
 
 
 # Run by the interpreter the hooks will use: the dirs its mps_health (and the YAML
@@ -61,17 +60,7 @@ def hooks_for(layout: str) -> bool:
 
 def written_before(prefix: str) -> List[str]:
     """Hooks an earlier ``slurm install`` left under ``prefix`` (our regular files)."""
-    from mps_health.hostio.safefiles import read_small
-
-    found = []
-    for path in hook_paths(prefix).values():
-        try:
-            data = read_small(path)
-        except OSError:
-            continue
-        if data is not None and MARKER in data[:512].decode("utf-8", "replace"):
-            found.append(path)
-    return found
+    return [path for path in hook_paths(prefix).values() if _ours(path, absent=False)]
 
 
 def check_python(python: str) -> List[str]:

@@ -1,12 +1,10 @@
 """The job as slurmd describes it to the Prolog, TaskProlog and Epilog (pure, no I/O).
 
-What Slurm 22.05 was seen to give (tests/fixtures/slurm_hook_env__*.txt): the Prolog and
-Epilog run as root with no PATH and ``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
-``SLURM_JOB_GID``, ``SLURM_JOB_USER``; a job holding GPUs also gets ``SLURM_JOB_GPUS``
-and ``CUDA_VISIBLE_DEVICES`` (real indices), and a gres/mps job
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``. The TaskProlog runs as the job's user with the
-task's environment: ``SLURM_STEP_GPUS``/``SLURM_GPUS_ON_NODE`` and
-``CUDA_VISIBLE_DEVICES`` for GPU steps, no ``SLURM_JOB_GPUS``.
+As Slurm 22.05 was seen to give it (tests/fixtures/slurm_hook_env__*.txt): Prolog and
+Epilog run as root with no PATH, ``SLURM_JOB_ID``/``_UID``/``_GID``/``_USER``, for a GPU job
+``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES`` (real indices), for a gres/mps job
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``. The TaskProlog runs as the user with the task's
+environment: ``SLURM_STEP_GPUS``/``SLURM_GPUS_ON_NODE``, ``CUDA_VISIBLE_DEVICES``.
 """
 
 from typing import Mapping, NamedTuple, Optional, Tuple
@@ -71,6 +69,4 @@ def parse_job_env(env: Mapping[str, str]) -> JobEnv:
 
 def wants_daemon(job: JobEnv, start_for: str) -> bool:
     """Does this job get an MPS daemon under the site's ``jobs.start_for``?"""
-    if not job.gpus:
-        return False
-    return start_for == "gpu" or job.mps_percentage is not None
+    return bool(job.gpus) and (start_for == "gpu" or job.mps_percentage is not None)

@@ -1,23 +1,21 @@
 """The per-job MPS life cycle: what the Prolog, TaskProlog and Epilog do.
 
-Prolog (root, before the job): for a job that gets MPS, make its log and pipe dirs
-(safedirs: no symlink followed, nothing planted accepted), owned by the job's user
-(the log dir ``mps.log_dir_mode``, 0700: only the job's daemon writes there), its
-control.log and server.log the user's regular files or out of the way (``keep_files``);
-start ``nvidia-cuda-mps-control -d`` as that user with the job's GPUs; wait until it
-answers. On failure, undo what was made, then fail (Slurm drains the node and requeues
-the job) or carry on without MPS, as ``jobs.on_start_failure`` says.
+Prolog (root): for a job that gets MPS, make its log and pipe dirs (safedirs: no symlink
+followed, nothing planted accepted) owned by the job's user (log dir ``mps.log_dir_mode``,
+0700: only the job's daemon writes there), its control.log and server.log the user's
+regular files or out of the way (``keep_files``); start ``nvidia-cuda-mps-control -d`` as
+that user with the job's GPUs and wait until it answers. On failure, undo what was made,
+then fail (Slurm drains the node, requeues the job) or go on without MPS
+(``jobs.on_start_failure``).
 
-TaskProlog (the job's user, before each task): print ``export
-CUDA_MPS_PIPE_DIRECTORY=...`` (and the log dir) when the job's pipe dir exists, is a
-real dir and belongs to this user.
+TaskProlog (the job's user): print ``export CUDA_MPS_PIPE_DIRECTORY=...`` (and the log
+dir) when the job's pipe dir is a real dir of this user.
 
-Epilog (root, after the job, also after scancel): ``quit -t N`` as the job's user, end
-what is left by verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``)
-and drop the job's record (``mps_health.hostio.jobrecords``: the Prolog records each job's
-uid and dirs, so that only those are ever judged orphans). It exits 0 for any problem it can log;
-only a process that survives SIGKILL (stuck in the driver) fails it, because that
-node needs a person.
+Epilog (root, also after scancel): ``quit -t N`` as the job's user, end what is left by
+verified PID, remove the dirs whatever they hold (``safedirs.remove_tree``), drop the job's
+record (``hostio.jobrecords``: only recorded dirs are ever judged orphans). It exits 0 for
+any problem it can log; only a process surviving SIGKILL (stuck in the driver) fails it:
+that node needs a person.
 """
 
 import os
@@ -40,7 +38,6 @@ from mps_health.slurm.hooklog import HookLog
 from mps_health.slurm.jobenv import JobEnv, parse_gpus, wants_daemon
 
 CONTROL = "nvidia-cuda-mps-control"
-UNDO = TEARDOWN[1]  # the Prolog undoing a failed start
 # Many jobs ending at once queue for the records' lock; a record lost would let the
 # health check judge a set-up or tear-down, so a hook waits longer than a check would.
 RECORD_WAIT_S = 10.0
@@ -65,14 +62,13 @@ def found_job_dirs(config: Config, job_id: str, gpus: Tuple[str, ...]) -> Tuple[
     expected = list(job_dirs(config, job_id, gpus))
     if "{gpu}" in config.mps.pipe_dir:
         parent = os.path.dirname(config.mps.pipe_dir)
+        known = {d.pipe_dir for d in expected}
         for name in _names(parent):
             fields = match(config.mps.pipe_dir, name)
-            if fields is not None and fields[0] == job_id:
-                gpu = fields[1]
-                found = JobDirs(os.path.join(parent, name),
-                                expand(config.mps.log_dir, job_id, gpu), (gpu,))
-                if found.pipe_dir not in {d.pipe_dir for d in expected}:
-                    expected.append(found)
+            pipe = os.path.join(parent, name)
+            if fields is not None and fields[0] == job_id and pipe not in known:
+                expected.append(JobDirs(pipe, expand(config.mps.log_dir, job_id, fields[1]),
+                                        (fields[1],)))
     return tuple(expected)
 
 
@@ -100,7 +96,7 @@ def prolog(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     if failure is None:
         return 0
     log.error(failure)
-    leftovers = cleanup(job, config, settings, log, proc_dir, by=UNDO)
+    leftovers = cleanup(job, config, settings, log, proc_dir, by=TEARDOWN[1])  # an undo
     if leftovers:
         log.error("could not clean up after the failed start: " + leftovers)
     if settings.on_start_failure == "fail":
@@ -128,8 +124,8 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
         # Recorded before the dirs exist: the health check judges no instance our
         # Prolog is still setting up (mps_health.probes.jobphase).
         _record(config, dirs.pipe_dir, SETUP_START, log)
-        # Whose dirs these are, before they exist (a Prolog killed after its mkdir leaves
-        # no dir that the orphans check could not tell from a stranger's).
+        # Whose dirs these are, before they exist: a Prolog killed after its mkdir leaves
+        # no dir the orphans check could not tell from a stranger's.
         unrecorded = jobrecords.add(config.state_dir, job.job_id, job.uid,
                                     (dirs.log_dir, dirs.pipe_dir), RECORD_WAIT_S)
         if unrecorded:
@@ -142,9 +138,8 @@ def _start_all(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog
                 return f"cannot make {path}: {e.strerror or e}"
             if note:
                 log.warning(note)
-        # The daemon appends to these as the job's user, so nothing planted there leads
-        # where that user could not write anyway: a dir we cannot check (the user swapped
-        # their own) is a warning, never a failed prolog (which would drain the node).
+        # The daemon appends to these as the job's user: nothing planted leads where that
+        # user could not write anyway, so a dir we cannot check is a warning, not a drain.
         try:
             for note in safedirs.keep_files(dirs.log_dir, (job.uid,), LOG_FILES):
                 log.warning(note)
@@ -236,7 +231,8 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     pipes = {d.pipe_dir for d in all_dirs}
     procs = sum(processes.of_pipe_dirs(
         read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
-    if not procs and not any(_exists(d.pipe_dir) or _exists(d.log_dir) for d in all_dirs):
+    if not procs and not any(os.path.lexists(p) for d in all_dirs
+                             for p in (d.pipe_dir, d.log_dir)):
         _forget(config, job.job_id, [], log)  # gone already: no name may stay ours
         return ""
     for pipe in sorted(pipes):  # before the first quit: a tear-down is never judged
@@ -263,7 +259,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
             left = remove_job_dir(path, (job.uid, 0))
             if left:
                 log.warning(left)
-                if _exists(path):
+                if os.path.lexists(path):
                     kept.append(path)
     _forget(config, job.job_id, kept, log)
     if procs or all_dirs:
@@ -345,11 +341,3 @@ def _names(parent: str) -> List[str]:
         return safedirs.list_names(fd)
     finally:
         os.close(fd)
-
-
-def _exists(path: str) -> bool:
-    try:
-        os.lstat(path)
-        return True
-    except OSError:
-        return False

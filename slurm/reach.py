@@ -1,19 +1,17 @@
 """Can every job's user use what slurmd runs as that user?
 
-slurmd runs the TaskProlog as the job's user, not as root. That user must be able to
-search every directory above the interpreter, the hook scripts, the mps_health package
-and the config, read the package's files and the config, and execute the interpreter.
-A virtualenv under /root (mode 0700) passes every test run as root and then fails each
-MPS job with "Permission denied". Only the bits for "others" count: job users are
-arbitrary, so neither the owner's nor the group's bits are theirs.
-
-Each function returns "" when others can use the path, else why not, e.g.
-"/root is mode 0700".
+slurmd runs the TaskProlog as the job's user, who must be able to search every directory
+above the interpreter, the hooks, the package and the config, read the package and the
+config, and execute the interpreter (a venv under /root, mode 0700, passes every test run
+as root, then fails each MPS job with "Permission denied"). Only "others" bits count: job
+users are arbitrary. Each function returns "" when others can use the path, else why not
+("/root is mode 0700").
 """
 
 import os
 import stat
-from typing import Iterable, List
+from pathlib import PurePath
+from typing import Iterable
 
 # Bounds the walk of a package tree (the installed mps_health has about 150 entries).
 MAX_ENTRIES = 5000
@@ -27,14 +25,7 @@ def _parents_searchable(path: str) -> str:
     """Each directory from / down to ``path``'s parent must be searchable (o+x); the
     path as written and the path its symlinks lead to are both walked."""
     for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
-        parent = os.path.dirname(candidate)
-        dirs: List[str] = []
-        while True:
-            dirs.append(parent)
-            if parent == os.path.dirname(parent):
-                break
-            parent = os.path.dirname(parent)
-        for d in reversed(dirs):
+        for d in [*reversed(PurePath(candidate).parents)] or [PurePath("/")]:
             st = os.stat(d)
             if not st.st_mode & stat.S_IXOTH:
                 return f"{d} is {_mode(st)}"
@@ -51,12 +42,6 @@ def _has(path: str, bits: int, what: str) -> str:
 def executable(path: str) -> str:
     """``path`` (an interpreter, a script) can be run by others."""
     return _parents_searchable(path) or _has(path, stat.S_IXOTH, "not executable by others")
-
-
-def script(path: str) -> str:
-    """A script the interpreter reads: executable and readable by others."""
-    return _parents_searchable(path) or _has(
-        path, stat.S_IXOTH | stat.S_IROTH, "not readable and executable by others")
 
 
 def readable(path: str) -> str:
@@ -84,13 +69,10 @@ def package_tree(paths: Iterable[str]) -> str:
             if seen > MAX_ENTRIES:
                 return ""
             dirs[:] = [d for d in dirs if d != "__pycache__"]
-            problem = _has(here, stat.S_IROTH | stat.S_IXOTH, "not listable by others")
-            for name in files:
-                if problem:
-                    break
-                if name.endswith(".py"):
-                    problem = _has(os.path.join(here, name), stat.S_IROTH,
-                                   "not readable by others")
+            problem = _has(here, stat.S_IROTH | stat.S_IXOTH, "not listable by others") or next(
+                (p for name in files if name.endswith(".py")
+                 and (p := _has(os.path.join(here, name), stat.S_IROTH,
+                                "not readable by others"))), "")
             if problem:
                 return problem
     return ""

@@ -1,15 +1,15 @@
-"""gres.conf and slurm.conf lines from the GPUs, and how they differ from what is installed.
+"""gres.conf and slurm.conf lines from the GPUs (templates/*.j2), and how they differ
+from what is installed.
 
-Rendering uses the Jinja2 templates shipped in ``mps_health/slurm/templates``.
-Comparison is by meaning, not by text: comments and blank lines are dropped, keys are
-matched case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges are
-expanded, and only lines for this node count (no NodeName=, or a NodeName= whose
-host list holds it). Everything here is pure; reading the files is the command's job.
+Compared by meaning, not text: comments and blank lines dropped, keys matched
+case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges expanded, only lines
+for this node (no NodeName=, or one whose host list holds it). Pure: no file reads here.
 """
 
 import difflib
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from mps_health.model.codec import split_top_level
 from mps_health.slurm.gpus import GresGpu
 
 HOOK_NAMES = {"prolog": "mps-health-prolog", "task-prolog": "mps-health-task-prolog",
@@ -38,8 +38,8 @@ def gres_value(gpus: Sequence[GresGpu], count: int) -> str:
 
 def render_gres_conf(gpus: Sequence[GresGpu], node: str, driver: Optional[str], count: int,
                      dev_dir: str = "/dev", node_prefix: bool = False) -> str:
-    mps = [str(g.gpu_index) for g in sorted(gpus, key=lambda g: g.gpu_index) if g.mps]
     by_index = sorted(gpus, key=lambda g: g.gpu_index)
+    mps = [str(g.gpu_index) for g in by_index if g.mps]
     return template("gres.conf.j2").render(
         gpus=gpus, node=node, driver=driver or "unknown", count=count,
         dev_dir=dev_dir.rstrip("/") or "", prefix=f"NodeName={node} " if node_prefix else "",
@@ -95,35 +95,25 @@ def expand_brackets(text: str) -> List[str]:
 
 def expand_hostlist(text: str) -> List[str]:
     """``a[1-2],b`` -> a1 a2 b (commas inside brackets belong to the range)."""
-    parts, depth, word = [], 0, ""
-    for c in text:
-        depth += c == "["
-        depth -= c == "]"
-        if c == "," and depth == 0:
-            parts.append(word)
-            word = ""
-        else:
-            word += c
-    parts.append(word)
-    return [h for p in parts if p for h in expand_brackets(p)]
+    return [h for p in split_top_level(text) for h in expand_brackets(p)]
 
 
 def _tokens(line: str) -> Dict[str, str]:
     canon = {k.lower(): k for k in GRES_KEYS}
-    out: Dict[str, str] = {}
-    for word in line.split():
-        key, _, value = word.partition("=")
-        out[canon.get(key.lower(), key)] = value
-    return out
+    return {canon.get(k.lower(), k): v for k, _, v in (w.partition("=") for w in line.split())}
+
+
+def _meaningful(text: str) -> List[str]:
+    """The lines of a Slurm config file without comments and blank lines."""
+    return [line for line in (raw.split("#", 1)[0].strip() for raw in text.splitlines())
+            if line]
 
 
 def gres_lines(text: str, node: str) -> List[str]:
     """The gres.conf lines that apply to ``node``, one device each, in a canonical form."""
     out: List[str] = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    order = {k: i for i, k in enumerate(GRES_KEYS)}
+    for line in _meaningful(text):
         tokens = _tokens(line)
         hosts = tokens.pop("NodeName", None)
         if hosts is not None and node not in expand_hostlist(hosts):
@@ -136,7 +126,6 @@ def gres_lines(text: str, node: str) -> List[str]:
                 one["File"] = f
             if count and count.isdigit() and len(files) > 1 and tokens.get("Name") == "mps":
                 one["Count"] = str(int(count) // len(files))  # an mps Count is split evenly
-            order = {k: i for i, k in enumerate(GRES_KEYS)}
             out.append(" ".join(f"{k}={v}" for k, v in
                                 sorted(one.items(), key=lambda kv: order.get(kv[0], 99))))
     return out
@@ -161,34 +150,28 @@ def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
 
 def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
     """"" when the installed gres.conf says the same for ``node``, else a unified diff.
-
-    Line order does not count (gpu lines first, or each GPU's gpu and mps lines
-    together, describe the same node): both sides are sorted before comparing.
-    """
+    Line order does not count (gpu lines first, or each GPU's gpu and mps lines together,
+    describe the same node): both sides are sorted."""
     want = sorted(gres_lines(expected, node), key=_natural)
     have = sorted(gres_lines(installed, node), key=_natural)
     return "" if want == have else unified(want, have, installed_name, "from NVML")
 
 
 # --- slurm.conf ---------------------------------------------------------------------------
-class ConfLine(NamedTuple):
-    key: str  # canonical key as we write it, or "Gres" for the node line's Gres=
-    value: str
-
-
-def conf_settings(rendered: str) -> List[ConfLine]:
-    """The Key=Value settings of our rendered lines, and the node's Gres from the comment."""
-    out: List[ConfLine] = []
+def conf_settings(rendered: str) -> List[Tuple[str, str]]:
+    """(key, value) of our rendered Key=Value lines, and ("Gres", value) of the node's
+    Gres from the comment."""
+    out: List[Tuple[str, str]] = []
     for raw in rendered.splitlines():
         line = raw.strip()
         if line.startswith("#"):
-            rest = line.lstrip("#").strip()
-            if rest.startswith("Gres="):
-                out.append(ConfLine("Gres", rest[len("Gres="):]))
-            continue
-        key, sep, value = line.partition("=")
-        if sep:
-            out.append(ConfLine(key, value))
+            key, sep, value = line.lstrip("#").strip().partition("=")
+            if key == "Gres" and sep:
+                out.append(("Gres", value))
+        else:
+            key, sep, value = line.partition("=")
+            if sep:
+                out.append((key, value))
     return out
 
 
@@ -196,18 +179,13 @@ def parse_slurm_conf(text: str, node: str) -> Tuple[Dict[str, str], Optional[str
     """Global settings (keys lower-cased, last one wins) and ``node``'s Gres= (None: none)."""
     settings: Dict[str, str] = {}
     gres: Optional[str] = None
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for line in _meaningful(text):
         words = line.split()
         first_key, _, first_value = words[0].partition("=")
         if first_key.lower() == "nodename":
             if node in expand_hostlist(first_value):
-                for w in words[1:]:
-                    k, _, v = w.partition("=")
-                    if k.lower() == "gres":
-                        gres = v
+                found = {k.lower(): v for k, _, v in (w.partition("=") for w in words[1:])}
+                gres = found.get("gres", gres)
             continue
         if first_key.lower() in ("partitionname", "nodeset", "frontendname",
                                  "downnodes", "switchname"):
@@ -224,14 +202,14 @@ def diff_slurm_conf(rendered: str, installed: str, node: str, installed_name: st
     settings, gres = parse_slurm_conf(installed, node)
     want: List[str] = []
     have: List[str] = []
-    for line in conf_settings(rendered):
-        if line.key == "Gres":
-            want.append(f"NodeName={node} Gres={line.value}")
+    for key, value in conf_settings(rendered):
+        if key == "Gres":
+            want.append(f"NodeName={node} Gres={value}")
             have.append(f"NodeName={node} Gres={gres}" if gres is not None
                         else f"NodeName={node} (no Gres=)")
             continue
-        want.append(f"{line.key}={line.value}")
-        value = settings.get(line.key.lower())
-        have.append(f"{line.key}={value}" if value is not None else f"({line.key} not set)")
+        want.append(f"{key}={value}")
+        found = settings.get(key.lower())
+        have.append(f"{key}={found}" if found is not None else f"({key} not set)")
     return "" if want == have else unified(want, have, installed_name, "mps-health slurm conf")
 
