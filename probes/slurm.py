@@ -1,23 +1,12 @@
 """Slurm's view of this node, and the one way mps-health calls and reads Slurm.
 
-Every ``scontrol``/``squeue`` call of the suite (checks, health check, remediation)
-goes through ``call``/``answer`` here: bounded, no shell, a failure is ``SlurmError``
-with a code and one line. One parser per format: ``parse_node_line`` (``scontrol show
-node -o``, with or without ``-d``), ``parse_node_json``, ``parse_squeue`` (``SQUEUE_FORMAT``).
-Slurm's ``[user@time]`` stamp is cut off every Reason, so a reason reads as it was set.
-
-The check reads one ``scontrol -d show node NODE -o`` per run.
-
-``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
-holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
-``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+), the JSON
-form is read instead. The version is asked once per scontrol binary (its real path,
-inode, size and mtime): kept in the run dir by a root run (readable by every user, so
-Nagios runs reuse it) and in memory (the exporter asks once), so a run makes one Slurm
-call, not two. With the per-job
-layout the jobs on this node come from one ``squeue -h -w NODE`` started at the same
-time, so both wait on one deadline. slurmctld down or scontrol hanging is an error
-line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
+Every ``scontrol``/``squeue`` call of the suite goes through ``call``/``answer`` here:
+bounded, no shell, a failure is ``SlurmError`` with a code and one line. The check reads
+one ``scontrol -d show node NODE -o`` per run (``-d`` adds GresUsed; ``-o`` puts Reason,
+which holds spaces, last), or ``--json`` where the config or (auto) the client's version,
+cached per binary, says so. With the per-job layout ``squeue -h -w NODE`` runs at the same
+time, on one deadline. slurmctld down or hanging is an error line in the facts after
+``slurm.timeout_s``, never a hang. Slurm's ``[user@time]`` stamp is cut off every Reason.
 """
 
 from __future__ import annotations
@@ -71,13 +60,8 @@ class SlurmJob(NamedTuple):
     @property
     def holds_mps(self) -> bool:
         """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
-        for part in self.gres.split(","):
-            for prefix in ("gres:", "gres/"):
-                if part.startswith(prefix):
-                    part = part[len(prefix):]
-            if part.split(":")[0] == "mps":
-                return True
-        return False
+        return any(part.removeprefix("gres:").removeprefix("gres/").split(":")[0] == "mps"
+                   for part in self.gres.split(","))
 
 
 class SlurmFacts(NamedTuple):
@@ -92,7 +76,7 @@ class SlurmFacts(NamedTuple):
 
 
 class JobList(NamedTuple):
-    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+    """Slurm's jobs on this node, asked once per run for the per-job layout's instances."""
 
     jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
     error: str = ""
@@ -170,9 +154,8 @@ def parse_gres_item(text: str) -> GresItem:
 def parse_gres(text: str) -> Tuple[GresItem, ...]:
     """A node's ``Gres=`` or ``GresUsed=`` value (``(null)`` and empty are no GRES)."""
     t = text.strip()
-    if t in ("", "(null)", "N/A"):
-        return ()
-    return tuple(parse_gres_item(p) for p in split_top(t) if p.strip())
+    return () if t in ("", "(null)", "N/A") else tuple(
+        parse_gres_item(p) for p in split_top(t) if p.strip())
 
 
 def parse_fields(line: str) -> Mapping[str, str]:
@@ -299,7 +282,7 @@ def parse_elapsed(text: str) -> Optional[float]:
 
 def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
     """Lines of ``squeue -h -o SQUEUE_FORMAT``; a garbled line is an error, never skipped
-    (an empty answer would make every per-job instance look orphaned)."""
+    (a missing job would make its per-job instance look orphaned)."""
     jobs: List[SlurmJob] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -317,9 +300,7 @@ def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
 def parse_version(text: str) -> Tuple[int, int]:
     """``slurm 23.02.7`` / ``slurm-wlm 22.05.8`` into (major, minor)."""
     words = text.split()
-    if len(words) < 2:
-        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
-    parts = words[1].split(".")
+    parts = words[1].split(".") if len(words) >= 2 else []
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
         raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
     return int(parts[0]), int(parts[1])
@@ -348,7 +329,7 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
 # --- calling ------------------------------------------------------------------------
 
 class SlurmError(Exception):
-    """A Slurm command gave no usable answer: ``code`` (as ``classify_failure``) and one line."""
+    """A Slurm command gave no usable answer: ``code`` (``classify_failure``'s) and a line."""
 
     def __init__(self, code: str, line: str) -> None:
         super().__init__(line)
@@ -389,12 +370,11 @@ def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
 def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
     """Every node slurmctld knows, by one bounded call (the health check's circuit
     breaker asks it once, just before a drain); SlurmError."""
-    what = "scontrol show node"
-    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, what)
+    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node")
     try:
         return parse_node_lines(text)
     except ParseError as e:
-        raise SlurmError("parse", f"{what}: {e}") from None
+        raise SlurmError("parse", f"scontrol show node: {e}") from None
 
 
 def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
@@ -407,48 +387,37 @@ def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob
 
 
 def with_jobs(ctx: Context) -> Context:
-    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
-    instances (asked once per run; the slurm source then reuses the answer)."""
-    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
-        return ctx
-    return ctx._replace(jobs=read_job_list(ctx))
-
-
-def read_job_list(ctx: Context) -> JobList:
-    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    """``ctx`` with this node's Slurm jobs (one bounded ``squeue``; a failure as one line)
+    where the per-job layout needs them for its instances; the slurm source reuses them."""
     from mps_health.config.slurm import settings
 
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
     timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
-    node = node_name(ctx.config, ctx.env)
     try:
-        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
-                    env=child_env(ctx.env or {}))
-        return JobList(parse_squeue(text))
+        text = call(squeue_argv(ctx.config, node_name(ctx.config, ctx.env)), timeout_s,
+                    "squeue", env=child_env(ctx.env or {}))
+        return ctx._replace(jobs=JobList(parse_squeue(text)))
     except SlurmError as e:
-        return JobList(None, str(e))
+        return ctx._replace(jobs=JobList(None, str(e)))
     except ParseError as e:
-        return JobList(None, f"squeue: {e}")
+        return ctx._replace(jobs=JobList(None, f"squeue: {e}"))
 
 
 # --- which Slurm answers: the client's version, cached per binary -----------------------
 
 VERSION_FILE = "slurm-version"
-# Versions already known in this process, by binary key: the exporter asks once for its
-# whole life, even where it cannot write the run dir.
+# Versions known in this process, by binary key (the exporter asks once in its life).
 _KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
 
 
 def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
-    """The absolute path ``binary`` runs as, found on ``env``'s PATH (the one the runner
-    would otherwise look up on our own PATH)."""
-    if "/" in binary:
-        return binary
-    return shutil.which(binary, path=env.get("PATH", os.defpath))
+    """The absolute path ``binary`` runs as, found on ``env``'s PATH (as the runner would)."""
+    return binary if "/" in binary else shutil.which(binary, path=env.get("PATH", os.defpath))
 
 
 def binary_key(path: str) -> str:
-    """What identifies one installed binary: its real path, inode, size and mtime (an
-    upgrade replaces at least one of them)."""
+    """One installed binary: real path, inode, size and mtime (an upgrade changes one)."""
     real = os.path.realpath(path)
     st = os.stat(real)
     return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
@@ -459,23 +428,16 @@ def _cached_version(path: str, key: str) -> Optional[Tuple[int, int]]:
 
     try:
         data = read_small(path, 4096)
-    except OSError:
-        return None
-    if data is None:
-        return None
-    cached_key, _, version = data.decode("utf-8", "replace").strip().partition("\t")
-    if cached_key != key:
-        return None
-    try:
-        return parse_version(f"slurm {version}")
-    except ParseError:
+        cached_key, _, version = (data or b"").decode("utf-8", "replace").strip().partition("\t")
+        return parse_version(f"slurm {version}") if data and cached_key == key else None
+    except (OSError, ParseError):
         return None
 
 
 def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
                    calls: List[str]) -> Optional[Tuple[int, int]]:
     """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
-    run dir's cache (written by a root run, readable by all), or one ``--version`` call."""
+    run dir's cache (written by a root run, read by all), or one ``--version`` call."""
     try:
         key = binary_key(scontrol)
     except OSError:
@@ -504,15 +466,6 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
     return version
 
 
-def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
-             timeout_s: float, calls: List[str]) -> bool:
-    """Whether to ask for --json: by config, or (auto) by the client's version."""
-    if output != "auto":
-        return output == "json"
-    version = client_version(ctx, scontrol, env, timeout_s, calls)
-    return version is not None and version >= JSON_SINCE
-
-
 # --- reading --------------------------------------------------------------------------
 
 def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
@@ -524,14 +477,15 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     # One binary for the version and the answer: the one the run's PATH finds.
     scontrol = resolve(ctx.config.command("scontrol"), env) or ctx.config.command("scontrol")
     calls: List[str] = []
-    as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
+    # --json by config, or (auto) by the client's version
+    as_json = cfg.output == "json" or (cfg.output == "auto" and (
+        client_version(ctx, scontrol, env, cfg.timeout_s, calls) or (0, 0)) >= JSON_SINCE)
     argv = [scontrol, "--json", "show", "node", node] if as_json else \
         [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
     asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
-    if asked is not None:
-        want_jobs = False
+    want_jobs = want_jobs and asked is None
     if want_jobs:
         squeue = squeue_argv(ctx.config, node)
         squeue[0] = resolve(squeue[0], env) or squeue[0]
