@@ -1,19 +1,17 @@
 """gres.conf as slurmd reads it, for this node, and the device files it names.
 
-Slurm's rules kept here: keys are case-insensitive; ``#`` starts a comment; a trailing
-backslash continues the line; ``Include FILE`` reads another file (relative to the
-including file's dir); a line with ``NodeName=<hostlist>`` applies only to the nodes
-it names, a line without one to every node; ``File=/dev/nvidia[0-3]`` (or a comma
-list) expands to one device per name; ``Count`` takes K/M/G suffixes and, for a
-shared GRES like mps with several files, is spread evenly over them; ``AutoDetect``
-(nvml, nvidia, rsmi, oneapi, off) may stand on a line of its own. gres.conf lives in the
-directory of slurm.conf (``SLURM_CONF``, default /etc/slurm).
+Slurm's rules kept: keys are case-insensitive; ``#`` starts a comment; a trailing
+backslash continues the line; ``Include FILE`` is relative to the including file's dir;
+a ``NodeName=<hostlist>`` line applies only to the nodes it names, others to every node;
+``File=/dev/nvidia[0-3]`` (or a comma list) is one device per name; ``Count`` takes
+K/M/G/T/P suffixes and, for a shared GRES like mps with several files, is spread evenly
+over them; ``AutoDetect`` may stand on a line of its own. It lives beside slurm.conf.
 """
 
 import errno
 import os
 import stat
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context, node_name
 from mps_health.probes.hostlist import ParseError, expand, split_top
@@ -70,8 +68,7 @@ def logical_lines(text: str) -> List[Tuple[int, str]]:
     out: List[Tuple[int, str]] = []
     pending = ""
     start = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw
+    for number, line in enumerate(text.splitlines(), 1):
         hash_at = line.find("#")
         while hash_at > 0 and line[hash_at - 1] == "\\":  # an escaped '#'
             line = line[:hash_at - 1] + line[hash_at:]
@@ -173,17 +170,10 @@ def device_kind(path: str) -> DeviceFile:
         return DeviceFile(path, "missing")
     except OSError:
         return DeviceFile(path, "error")
-    if stat.S_ISCHR(st.st_mode):
-        return DeviceFile(path, "char", os.minor(st.st_rdev))
-    if stat.S_ISBLK(st.st_mode):
-        return DeviceFile(path, "block", os.minor(st.st_rdev))
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return DeviceFile(path, "char" if stat.S_ISCHR(st.st_mode) else "block",
+                          os.minor(st.st_rdev))
     return DeviceFile(path, "file" if stat.S_ISREG(st.st_mode) else "other")
-
-
-def default_path(environ: Mapping[str, str]) -> str:
-    """gres.conf beside slurm.conf: SLURM_CONF's dir, else /etc/slurm."""
-    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return os.path.join(os.path.dirname(conf), "gres.conf")
 
 
 def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
@@ -204,19 +194,18 @@ def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
     except OSError as e:
         return GresConf(path, False, node, errors=(f"{path}: cannot read: {e.strerror}",))
     conf = parse_gres_conf(text, node, path, read)
-    seen: Dict[str, DeviceFile] = {}
-    for line in conf.lines:
-        for f in line.files:
-            if f not in seen:
-                seen[f] = device_kind(ctx.path(f))._replace(path=f)
-    return conf._replace(devices=tuple(seen.values()))
+    files = dict.fromkeys(f for line in conf.lines for f in line.files)
+    return conf._replace(devices=tuple(device_kind(ctx.path(f))._replace(path=f)
+                                       for f in files))
 
 
 def gather(ctx: Context, instances: object) -> GresConf:
     from mps_health.config.slurm import settings
 
     environ = ctx.env if ctx.env is not None else os.environ
-    path = settings(ctx.config).gres_conf or default_path(environ)
+    # beside slurm.conf: SLURM_CONF's dir, else /etc/slurm
+    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    path = settings(ctx.config).gres_conf or os.path.join(os.path.dirname(conf), "gres.conf")
     return read_gres_conf(ctx, path, node_name(ctx.config, ctx.env))
 
 
