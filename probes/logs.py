@@ -136,11 +136,12 @@ class NotTheDaemons(OSError):
         self.what, self.uid = what, uid
 
 
+KINDS = {stat.S_IFLNK: "symlink", stat.S_IFREG: "file", stat.S_IFDIR: "directory",
+         stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
+
+
 def _what(st: os.stat_result) -> str:
-    kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-            else "directory" if stat.S_ISDIR(st.st_mode) else "fifo"
-            if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
-            else "device or other")
+    kind = KINDS.get(stat.S_IFMT(st.st_mode), "device or other")
     links = f" with {st.st_nlink} links" if kind == "file" and st.st_nlink > 1 else ""
     return f"a {kind} owned by uid {st.st_uid}{links}"
 
@@ -359,18 +360,18 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     new: List[LogFinding] = []
     foreign: List[LogFileFact] = []
     for log_dir in dict.fromkeys(i.log_dir for i in instances):
+        both = [os.path.join(log_dir, n) for n in FILES]
         try:
             dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
         except FileNotFoundError:  # the directories check reports a missing log dir
-            files.extend(LogFileFact(os.path.join(log_dir, n), "missing") for n in FILES)
+            files.extend(LogFileFact(p, "missing") for p in both)
             continue
         except OSError as e:
             raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
             # A per-job log dir belongs to a user: never read where a link points as root.
             why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
                 else e.strerror
-            files.extend(LogFileFact(os.path.join(log_dir, n), "error", f"cannot read: {why}")
-                         for n in FILES)
+            files.extend(LogFileFact(p, "error", f"cannot read: {why}") for p in both)
             continue
         try:
             owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
@@ -378,8 +379,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
         except OSError as e:
             os.close(dir_fd)
             raise_if_starved(e, f"list {log_dir}")
-            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
-                                     f"cannot read: {e.strerror}") for n in FILES)
+            files.extend(LogFileFact(p, "error", f"cannot read: {e.strerror}") for p in both)
             continue
         try:
             foreign.extend(foreign_entries(log_dir, entries, owners))

@@ -119,20 +119,12 @@ def parse_gres_item(text: str) -> GresItem:
     parts = body.split(":")
     if not parts[0] or not all(c.isalnum() or c in "_-" for c in parts[0]):
         raise ParseError(f"bad GRES name in {text!r}")
-    name = parts[0]
-    gtype: Optional[str] = None
-    count = 1
-    if len(parts) == 2:
-        if parts[1][:1].isdigit():
-            count = parse_count(parts[1])
-        else:
-            gtype = parts[1]
-    elif len(parts) == 3:
-        gtype, count = parts[1], parse_count(parts[2])
-    elif len(parts) > 3:
+    if len(parts) > 3:
         raise ParseError(f"too many ':' in GRES {text!r}")
-    if gtype in ("(null)", ""):
-        gtype = None
+    if len(parts) == 2 and parts[1][:1].isdigit():
+        parts.insert(1, "")  # name:count
+    gtype = parts[1] if len(parts) > 1 and parts[1] not in ("(null)", "") else None
+    count = parse_count(parts[2]) if len(parts) == 3 else 1
     indices: Optional[Tuple[int, ...]] = None
     per_device: Optional[Tuple[Tuple[int, int], ...]] = None
     if detail.startswith("IDX:"):
@@ -148,7 +140,7 @@ def parse_gres_item(text: str) -> GresItem:
         indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
     elif detail and not detail.startswith("S:"):
         raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
-    return GresItem(name, gtype, count, indices, per_device)
+    return GresItem(parts[0], gtype, count, indices, per_device)
 
 
 def parse_gres(text: str) -> Tuple[GresItem, ...]:
