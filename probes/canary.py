@@ -80,11 +80,9 @@ def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: in
     if kind == "no-libcuda":
         return CanaryFact("no-libcuda", rest, uid, total_s=done.elapsed_s)
     if kind == "cuda-error":
-        name = fields.get("name", "?")
-        return CanaryFact("failed", f"{fields.get('step', '?')} failed: {name} "
-                          f"({fields.get('code', '?')})", uid, pid, context_s, done.elapsed_s,
-                          served_by, f"{name} ({fields.get('code', '?')}) at "
-                          f"{fields.get('step', '?')}")
+        step, code, name = (fields.get(k, "?") for k in ("step", "code", "name"))
+        return CanaryFact("failed", f"{step} failed: {name} ({code})", uid, pid, context_s,
+                          done.elapsed_s, served_by, f"{name} ({code}) at {step}")
     if kind == "ok" and ready is not None:
         latency = float(fields.get("context_s", context_s or 0.0))
         if served_by:

@@ -28,10 +28,6 @@ class CudaError(Exception):
         super().__init__(f"step={step} code={code} name={name}")
 
 
-def load() -> ctypes.CDLL:
-    return ctypes.CDLL("libcuda.so.1")
-
-
 def _fn(lib: ctypes.CDLL, *names: str):  # the versioned symbol the headers map to
     for name in names:
         try:
@@ -71,7 +67,7 @@ def hold(ready: str, hold_s: float, context_s: float) -> None:
 def run(env: dict) -> int:
     t0 = time.monotonic()
     try:
-        lib = load()
+        lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         print(f"{TAG} no-libcuda libcuda.so.1 not found: {e}", flush=True)
         return 3

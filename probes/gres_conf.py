@@ -14,13 +14,12 @@ import stat
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, expand, split_top
+from mps_health.probes.hostlist import ParseError, expand, parse_count, split_top
 
 KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": "CPUs",
         "file": "File", "files": "File", "flags": "Flags", "links": "Links",
         "multiplefiles": "MultipleFiles", "name": "Name", "nodename": "NodeName",
         "type": "Type"}
-SUFFIXES = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 MAX_INCLUDE_DEPTH = 10
 MAX_FILE_BYTES = 4 << 20  # per file: a gres.conf for hundreds of nodes fits
 
@@ -51,16 +50,6 @@ class GresConf(NamedTuple):
     autodetect: Optional[str] = None
     devices: Tuple[DeviceFile, ...] = ()
     errors: Tuple[str, ...] = ()  # "FILE:LINE: what is wrong", one per bad line
-
-
-def parse_count(text: str) -> int:
-    """``Count=`` value: digits with an optional K/M/G/T/P suffix (powers of 1024)."""
-    t = text.strip()
-    factor = SUFFIXES.get(t[-1:].lower(), 1) if t else 1
-    digits = t[:-1] if factor != 1 else t
-    if not digits.isdigit():
-        raise ParseError(f"Count={text!r} is not a number")
-    return int(digits) * factor
 
 
 def logical_lines(text: str) -> List[Tuple[int, str]]:

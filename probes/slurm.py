@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, split_top
+from mps_health.probes.hostlist import ParseError, parse_count, split_top
 
 if TYPE_CHECKING:
     from mps_health.config.load import Config
@@ -84,15 +84,6 @@ class JobList(NamedTuple):
 
 # --- pure parsers ---------------------------------------------------------------------
 
-def parse_count(text: str) -> int:
-    t = text.strip()
-    factor = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:].upper(), 1)
-    digits = t[:-1] if factor != 1 else t
-    if not digits.isdigit():
-        raise ParseError(f"GRES count {text!r} is not a number")
-    return int(digits) * factor
-
-
 def parse_indices(text: str) -> Tuple[int, ...]:
     """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
     if text.strip() in ("N/A", ""):
@@ -124,7 +115,7 @@ def parse_gres_item(text: str) -> GresItem:
     if len(parts) == 2 and parts[1][:1].isdigit():
         parts.insert(1, "")  # name:count
     gtype = parts[1] if len(parts) > 1 and parts[1] not in ("(null)", "") else None
-    count = parse_count(parts[2]) if len(parts) == 3 else 1
+    count = parse_count(parts[2], "GRES count ") if len(parts) == 3 else 1
     indices: Optional[Tuple[int, ...]] = None
     per_device: Optional[Tuple[Tuple[int, int], ...]] = None
     if detail.startswith("IDX:"):
