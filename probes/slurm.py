@@ -377,14 +377,19 @@ def with_jobs(ctx: Context) -> Context:
     if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
         return ctx
     timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
+    done = run(squeue_argv(ctx.config, node_name(ctx.config, ctx.env)), timeout_s,
+               env=child_env(ctx.env or {}))
+    return ctx._replace(jobs=_job_list(done, timeout_s))
+
+
+def _job_list(done: Completed, timeout_s: float) -> JobList:
+    """squeue's answer; the failure as one line, never raised."""
     try:
-        text = call(squeue_argv(ctx.config, node_name(ctx.config, ctx.env)), timeout_s,
-                    "squeue", env=child_env(ctx.env or {}))
-        return ctx._replace(jobs=JobList(parse_squeue(text)))
+        return JobList(parse_squeue(answer(done, "squeue", timeout_s)))
     except SlurmError as e:
-        return ctx._replace(jobs=JobList(None, str(e)))
+        return JobList(None, str(e))
     except ParseError as e:
-        return ctx._replace(jobs=JobList(None, f"squeue: {e}"))
+        return JobList(None, f"squeue: {e}")
 
 
 # --- which Slurm answers: the client's version, cached per binary -----------------------
@@ -467,16 +472,17 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
-    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
-    want_jobs = want_jobs and asked is None
-    if want_jobs:
-        squeue = squeue_argv(ctx.config, node)
+    squeue = squeue_argv(ctx.config, node)
+    if want_jobs and ctx.jobs is None:  # else the run's instances already asked squeue
         squeue[0] = resolve(squeue[0], env) or squeue[0]
         pending.append(Pending(squeue, env=env))
+    if want_jobs or ctx.jobs is not None:
         calls.append(" ".join(squeue))
-    deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
-    done = wait_all(pending, deadline)
+    done = wait_all(pending, min(time.monotonic() + cfg.timeout_s, ctx.deadline))
     facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
+    jobs = _job_list(done[1], cfg.timeout_s) if len(done) > 1 else ctx.jobs
+    if jobs is not None:
+        facts = facts._replace(jobs=jobs.jobs, jobs_error=jobs.error or None)
     shown = "scontrol show node"
     try:
         text = answer(done[0], shown, cfg.timeout_s)
@@ -486,16 +492,6 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         facts = facts._replace(error_code=e.code, error=str(e))
     except ParseError as e:
         facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
-    if want_jobs:
-        try:
-            facts = facts._replace(jobs=parse_squeue(answer(done[1], "squeue", cfg.timeout_s)))
-        except SlurmError as e:
-            facts = facts._replace(jobs_error=str(e))
-        except ParseError as e:
-            facts = facts._replace(jobs_error=f"squeue: {e}")
-    if asked is not None:
-        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
-                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
     return facts
 
 
