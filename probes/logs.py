@@ -214,7 +214,7 @@ def _rotated(dir_fd: int, name: str, pos: LogPosition) -> Optional[str]:
 
 def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int,
               owners: Optional[AbstractSet[int]] = None
-              ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+              ) -> Tuple[List[Tuple[str, str]], LogPosition, str]:
     """New text of ``real_dir/name``: ([(file name, text), ...], next position, note).
     Never through a link; with ``owners``, only their regular file (another user's file
     would forge findings), else NotTheDaemons. OSError when it cannot be read."""
@@ -227,7 +227,7 @@ def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: i
 
 def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
              owners: Optional[AbstractSet[int]]
-             ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+             ) -> Tuple[List[Tuple[str, str]], LogPosition, str]:
     fd, st = _open(name, dir_fd, owners)
     chunks: List[Tuple[str, str]] = []
     notes: List[str] = []
@@ -323,27 +323,21 @@ def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
         try:
             seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
-                files.append(LogFileFact(shown, "bad", _what(seen), 0, seen.st_uid))
-                continue
+                raise NotTheDaemons(_what(seen), seen.st_uid)
             chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
                                          int(cfg.max_read_bytes), owners)
         except FileNotFoundError:
             files.append(LogFileFact(shown, "missing"))
-            continue
-        except NotTheDaemons as e:  # replaced between our look and our open
+        except NotTheDaemons as e:  # not the daemon's, or replaced after our look
             files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
-            continue
         except OSError as e:
             files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
-            continue
-        if pos is not None:
+        else:
             positions[shown] = pos
-        size = 0
-        for file_name, text in chunks:
-            size += len(text)
-            new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
-                                      now))
-        files.append(LogFileFact(shown, "read", note, size))
+            for file_name, text in chunks:
+                new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                          now))
+            files.append(LogFileFact(shown, "read", note, sum(len(t) for _, t in chunks)))
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
