@@ -54,12 +54,6 @@ def parse_verdict(stdout: str) -> Tuple[str, Dict[str, str], str]:
     raise ValueError("no verdict line")
 
 
-def parse_ready(text: str) -> Tuple[int, float]:
-    """The ready file: 'PID SECONDS'."""
-    pid, seconds = text.split()
-    return int(pid), float(seconds)
-
-
 def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: int,
               uid: int, timeout_s: float) -> CanaryFact:
     """One finished canary run as a fact (pure: tested on the canary's own output)."""
@@ -277,9 +271,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
                                   f"it ran (slurmstepd {min(watch.arrived)}); the canary was "
                                   "killed so the job's clients do not wait behind it", uid)
             if os.path.exists(ready_path):
-                try:  # the canary runs as the user: what it leaves is read as hostile
-                    ready = parse_ready(
-                        (read_small(ready_path, 4096) or b"").decode("ascii"))
+                try:  # "PID SECONDS", left by the user's canary: read as hostile
+                    who_pid, at = (read_small(ready_path, 4096) or b"").decode("ascii").split()
+                    ready = (int(who_pid), float(at))
                 except (OSError, ValueError):
                     ready = (pending.pid or 0, 0.0)
                 break

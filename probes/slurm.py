@@ -247,20 +247,15 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
 
 def parse_elapsed(text: str) -> Optional[float]:
     """squeue's ``%M`` (``[days-][hours:]minutes:seconds``) in seconds; None if not a time."""
-    t = text.strip()
-    days = 0
-    if "-" in t:
-        d, _, t = t.partition("-")
-        if not d.isdigit():
-            return None
-        days = int(d)
-    parts = t.split(":")
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    days, sep, t = text.strip().partition("-")
+    parts = (t if sep else days).split(":")
+    if (sep and not days.isdigit()) or not 2 <= len(parts) <= 3 \
+            or not all(p.isdigit() for p in parts):
         return None
     seconds = 0
     for p in parts:
         seconds = seconds * 60 + int(p)
-    return float(days * 86400 + seconds)
+    return float(seconds + (int(days) * 86400 if sep else 0))
 
 
 def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
