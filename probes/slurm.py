@@ -225,15 +225,12 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
     if node is None:
         raise ParseError(f"scontrol --json: no node '{name}' in the answer")
     state: Any = node.get("state", "")
-    if isinstance(state, list):
-        state_text = "+".join(str(s).upper() for s in state)
-    elif isinstance(state, str):
-        state_text = state.upper()
-        flags = node.get("state_flags") or []
-        if isinstance(flags, list) and flags:
-            state_text += "".join(f"+{str(f).upper()}" for f in flags)
-    else:
+    if isinstance(state, str):  # older: the state, then its flags
+        flags = node.get("state_flags")
+        state = [state, *(flags if isinstance(flags, list) else ())]
+    if not isinstance(state, list):
         raise ParseError("scontrol --json: 'state' is neither a string nor a list")
+    state_text = "+".join(str(s).upper() for s in state)
     for key in ("gres", "gres_used", "reason"):
         if not isinstance(node.get(key, ""), str):
             raise ParseError(f"scontrol --json: '{key}' is not a string")
