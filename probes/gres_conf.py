@@ -105,14 +105,13 @@ def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
     for number, line in logical_lines(text):
         at = f"{where}:{number}"
         first, _, rest = line.partition(" ")
-        if first.lower() == "include":
-            sub = _include(rest.strip(), base, read_include, node, depth, at, errors)
-            if sub is not None:
+        try:
+            if first.lower() == "include":
+                sub = _include(rest.strip(), base, read_include, node, depth)
                 lines.extend(sub.lines)
                 errors.extend(sub.errors)
                 autodetect = sub.autodetect or autodetect
-            continue
-        try:
+                continue
             pairs = parse_pairs(line)
             if "NodeName" in pairs and node not in expand(pairs["NodeName"]):
                 continue
@@ -132,22 +131,19 @@ def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
 
 
 def _include(path: str, base: str, read_include: Optional[Callable[[str], str]], node: str,
-             depth: int, at: str, errors: List[str]) -> Optional[GresConf]:
+             depth: int) -> GresConf:
+    """The included file's records; ParseError saying why it was not read."""
     if not path:
-        errors.append(f"{at}: Include without a file")
-        return None
+        raise ParseError("Include without a file")
     if depth >= MAX_INCLUDE_DEPTH:
-        errors.append(f"{at}: Include nested more than {MAX_INCLUDE_DEPTH} deep")
-        return None
+        raise ParseError(f"Include nested more than {MAX_INCLUDE_DEPTH} deep")
     full = path if path.startswith("/") or not base else os.path.join(base, path)
     if read_include is None:
-        errors.append(f"{at}: Include {path} not read")
-        return None
+        raise ParseError(f"Include {path} not read")
     try:
         text = read_include(full)
     except OSError as e:
-        errors.append(f"{at}: Include {full}: {e.strerror or e}")
-        return None
+        raise ParseError(f"Include {full}: {e.strerror or e}") from None
     return parse_gres_conf(text, node, full, read_include, depth + 1)
 
 
