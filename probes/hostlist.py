@@ -90,9 +90,5 @@ def expand_one(expr: str) -> List[str]:
 
 def expand(expr: str) -> List[str]:
     """A comma-separated hostlist (``a[1-2],b``) into every name, in order."""
-    names: List[str] = []
-    for part in split_top(expr.strip()):
-        part = part.strip()
-        if part:
-            names.extend(expand_one(part))
-    return names
+    parts = (part.strip() for part in split_top(expr.strip()))
+    return [name for part in parts if part for name in expand_one(part)]

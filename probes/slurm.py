@@ -291,9 +291,7 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
     err = (done.stderr.strip() or done.stdout.strip()).splitlines()
     first = err[0] if err else f"exit status {done.rc}"
     # Slurm's commands name themselves ("squeue: error: ..."): said once, as ``what``.
-    program = what.split(" ", 1)[0] + ": "
-    if first.startswith(program):
-        first = first[len(program):]
+    first = first.removeprefix(what.split(" ", 1)[0] + ": ")
     if "Unable to contact slurm controller" in first:
         return "unreachable", f"{what}: {first}"
     if "not found" in first or "Invalid node name" in first:
