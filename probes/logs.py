@@ -184,11 +184,9 @@ def scan(dir_fd: int) -> Tuple[List[Tuple[str, os.stat_result]], bool]:
 
 def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:
     """Whole lines of [start, end), at most the last ``max_bytes``: (text, next, note)."""
-    note = ""
     skipped = max(0, end - start - max_bytes)
-    if skipped:
-        note = f"skipped {skipped} bytes (more than {max_bytes} new)"
-        start += skipped
+    note = f"skipped {skipped} bytes (more than {max_bytes} new)" if skipped else ""
+    start += skipped
     data = os.pread(fd, end - start, start) if end > start else b""
     if skipped:
         cut = data.find(b"\n")  # we landed mid-line: drop its tail
@@ -384,9 +382,8 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     # "recent" for ever: dropped, as is nan or infinity (they fail the comparison).
     merged = {f: None for f in (*memory.findings, *new)
               if 0 <= f.at <= now + FUTURE_SLACK_S}
-    pending = [f.pid for f in merged if f.code == "log-pending-client"]
-    alive = tuple(sorted({p for p in pending if p > 0
-                          and os.path.exists(f"{ctx.proc}/{p}")}))
+    alive = tuple(sorted({f.pid for f in merged if f.code == "log-pending-client"
+                          and f.pid > 0 and os.path.exists(f"{ctx.proc}/{f.pid}")}))
     kept = tuple(f for f in merged
                  if now - f.at <= cfg.window_s
                  or (f.code == "log-pending-client" and f.pid in alive
