@@ -193,22 +193,16 @@ def node_busy(ctx: Context) -> str:
 def job_steps(proc: str) -> frozenset:
     """The PIDs of root's ``slurmstepd`` processes (one per job step: a new one is a job
     arriving). By /proc/PID's owner and comm: a user's process so named counts for nothing."""
-    found = set()
     try:
-        names = os.listdir(proc)
+        names = [name for name in os.listdir(proc) if name.isdigit()]
     except OSError:
         return frozenset()
+    found = set()
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"{proc}/{name}").st_uid != 0:
-                continue
-            comm = read_small(f"{proc}/{name}/comm", 64) or b""
-        except OSError:
-            continue
-        if comm.strip() == b"slurmstepd":
-            found.add(int(name))
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.stat(f"{proc}/{name}").st_uid == 0 \
+                    and (read_small(f"{proc}/{name}/comm", 64) or b"").strip() == b"slurmstepd":
+                found.add(int(name))
     return frozenset(found)
 
 
