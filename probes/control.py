@@ -36,12 +36,12 @@ def classify(command: str, done: Completed) -> ControlAnswer:
     if done.timed_out:
         return ControlAnswer(command, "timeout", None, out, err, done.elapsed_s,
                              f"no answer within {done.elapsed_s:.1f}s")
-    first = (out or err).splitlines()[0] if (out or err) else ""
     if done.rc == 1 and NO_DAEMON in out + err:
         return ControlAnswer(command, "absent", 1, out, err, done.elapsed_s, NO_DAEMON)
     if done.rc == 0 and (out or command.split()[0] in EMPTY_OK) and _is_answer(command, out):
         return ControlAnswer(command, "ok", 0, out, err, done.elapsed_s)
-    detail = first or f"no output (exit status {done.rc})"
+    # stripped, so a first line is never empty
+    detail = (out or err).splitlines()[0] if out or err else f"no output (exit status {done.rc})"
     return ControlAnswer(command, "error", done.rc, out, err, done.elapsed_s, detail)
 
 

@@ -143,11 +143,8 @@ def parse_gres(text: str) -> Tuple[GresItem, ...]:
 
 def parse_fields(line: str) -> Mapping[str, str]:
     """``Key=Value`` pairs of one ``scontrol ... -o`` line; Reason= takes the rest."""
-    fields = {}
-    reason_at = line.find(" Reason=")
-    if reason_at >= 0:
-        fields["Reason"] = line[reason_at + len(" Reason="):].strip()
-        line = line[:reason_at]
+    line, sep, reason = line.partition(" Reason=")
+    fields = {"Reason": reason.strip()} if sep else {}
     key = None
     for word in line.split():
         k, sep, v = word.partition("=")
