@@ -302,14 +302,9 @@ def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
                     owners: Optional[AbstractSet[int]]) -> List[LogFileFact]:
     """A log dir's links and entries not of the daemon's user (the two logs apart): only
     the daemon writes there, so anything else is a plant, reported and never read."""
-    out = []
-    for name, st in entries:
-        if name in FILES:
-            continue
-        if stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners):
-            out.append(LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0,
-                                   st.st_uid))
-    return out
+    return [LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0, st.st_uid)
+            for name, st in entries if name not in FILES and (
+                stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners))]
 
 
 def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
