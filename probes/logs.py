@@ -203,11 +203,10 @@ def _rotated(dir_fd: int, name: str, pos: LogPosition) -> Optional[str]:
         entries, _ = scan(dir_fd)
     except OSError:
         return None
-    for other, st in sorted(entries):
-        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")) \
-                and (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
-            return other
-    return None
+    return next((other for other, st in sorted(entries)
+                 if other != name and other.startswith(name)
+                 and not other.endswith((".gz", ".xz"))
+                 and (st.st_dev, st.st_ino) == (pos.dev, pos.inode)), None)
 
 
 def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int,
