@@ -97,10 +97,9 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
     from mps_health.probes.servers import read_daemon
 
     daemon_pid, _start, _busy = read_daemon(ctx, inst)
-    if daemon_pid is not None:
-        ident = identity(ctx.proc, daemon_pid)
-        if ident is not None:
-            return ident[0]
+    ident = identity(ctx.proc, daemon_pid) if daemon_pid is not None else None
+    if ident is not None:
+        return ident[0]
     from mps_health.probes.instances import expected_uid
 
     want = expected_uid(ctx.config.mps.daemon_user, None)
