@@ -398,30 +398,25 @@ def binary_key(path: str) -> str:
     return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _cached_version(path: str, key: str) -> Optional[Tuple[int, int]]:
-    from mps_health.hostio.safefiles import read_small
-
-    try:
-        data = read_small(path, 4096)
-        cached_key, _, version = (data or b"").decode("utf-8", "replace").strip().partition("\t")
-        return parse_version(f"slurm {version}") if data and cached_key == key else None
-    except (OSError, ParseError):
-        return None
-
-
 def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
                    calls: List[str]) -> Optional[Tuple[int, int]]:
     """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
     run dir's cache (written by a root run, read by all), or one ``--version`` call."""
+    from mps_health.hostio.safefiles import read_small, write_atomic
+
     try:
         key = binary_key(scontrol)
     except OSError:
         return None  # not there: the show node call says so
-    known = _KNOWN_VERSIONS.get(key)
-    if known is not None:
-        return known
+    if key in _KNOWN_VERSIONS:
+        return _KNOWN_VERSIONS[key]
     cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
-    version = _cached_version(cache, key)
+    try:  # "KEY\tMAJOR.MINOR"
+        data = read_small(cache, 4096)
+        cached_key, _, text = (data or b"").decode("utf-8", "replace").strip().partition("\t")
+        version = parse_version(f"slurm {text}") if data and cached_key == key else None
+    except (OSError, ParseError):
+        version = None
     if version is None:
         calls.append(f"{scontrol} --version")
         done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
@@ -429,8 +424,6 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
             version = parse_version(done.stdout)
         except ParseError:
             return None  # 24.11 with no config source fails here; text is read then
-        from mps_health.hostio.safefiles import write_atomic
-
         try:
             if not ctx.read_only:  # a --root run writes nothing
                 os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
