@@ -1,18 +1,13 @@
 """Run the CUDA canary through each instance and see whether MPS really served it.
 
-Per instance: ask the servers for their clients first, and skip when another user's
-clients are connected (MPS serves one user per GPU at a time: the canary would queue
-behind that job, and could delay it). Otherwise start ``mps_health/probes/canary_client.py``
-(or the configured ``commands.mps-health-canary``) as the daemon's user, in its own
-process group, with a hard timeout. Once it holds a context it writes a ready file;
-the servers' client lists are read while it waits, and its PID found there means MPS
-served it. Removing the ready file lets it free and exit. A context with no server
-listing it means CUDA clients on this pipe dir silently run without MPS.
-
-``canary.when: idle`` (the default) first asks Slurm once per run (``node_busy``): not
-run unless the node is IDLE, nor on a node Slurm does not manage; then, per instance,
-not run while any MPS client is connected; while it runs, a new root ``slurmstepd``
-(``Watch``: a job step arriving) kills it at once (docs/runbook-deep.md).
+Per instance: skip when another user's clients are connected (MPS serves one user per GPU
+at a time: the canary would queue behind that job). Otherwise start ``canary_client.py``
+(or ``commands.mps-health-canary``) as the daemon's user, in its own process group, with
+a hard timeout. Once it holds a context it writes a ready file; its PID in a server's
+client list means MPS served it (a context no server lists: clients of this pipe dir run
+without MPS). Removing the ready file lets it exit. ``canary.when: idle`` (the default)
+runs it only on a node Slurm says is IDLE, with no MPS client connected, and kills it as
+soon as a root ``slurmstepd`` (a job step) appears (docs/runbook-deep.md).
 """
 
 import contextlib
@@ -39,10 +34,6 @@ TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
 
 
-def settings(config: Config) -> CanaryConfig:
-    return config.get(CANARY)
-
-
 # --- parse (pure) ---------------------------------------------------------------------
 
 def parse_verdict(stdout: str) -> Tuple[str, Dict[str, str], str]:
@@ -61,12 +52,6 @@ def parse_verdict(stdout: str) -> Tuple[str, Dict[str, str], str]:
                     fields["name"] = raw[at + 6:].strip()
             return words[1], fields, raw.split(None, 2)[2] if len(words) > 2 else ""
     raise ValueError("no verdict line")
-
-
-def parse_ready(text: str) -> Tuple[int, float]:
-    """The ready file: 'PID SECONDS'."""
-    pid, seconds = text.split()
-    return int(pid), float(seconds)
 
 
 def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: int,
@@ -89,11 +74,9 @@ def judge_run(done: Completed, ready: Optional[Tuple[int, float]], served_by: in
     if kind == "no-libcuda":
         return CanaryFact("no-libcuda", rest, uid, total_s=done.elapsed_s)
     if kind == "cuda-error":
-        name = fields.get("name", "?")
-        return CanaryFact("failed", f"{fields.get('step', '?')} failed: {name} "
-                          f"({fields.get('code', '?')})", uid, pid, context_s, done.elapsed_s,
-                          served_by, f"{name} ({fields.get('code', '?')}) at "
-                          f"{fields.get('step', '?')}")
+        step, code, name = (fields.get(k, "?") for k in ("step", "code", "name"))
+        return CanaryFact("failed", f"{step} failed: {name} ({code})", uid, pid, context_s,
+                          done.elapsed_s, served_by, f"{name} ({code}) at {step}")
     if kind == "ok" and ready is not None:
         latency = float(fields.get("context_s", context_s or 0.0))
         if served_by:
@@ -114,10 +97,9 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
     from mps_health.probes.servers import read_daemon
 
     daemon_pid, _start, _busy = read_daemon(ctx, inst)
-    if daemon_pid is not None:
-        ident = identity(ctx.proc, daemon_pid)
-        if ident is not None:
-            return ident[0]
+    ident = identity(ctx.proc, daemon_pid) if daemon_pid is not None else None
+    if ident is not None:
+        return ident[0]
     from mps_health.probes.instances import expected_uid
 
     want = expected_uid(ctx.config.mps.daemon_user, None)
@@ -128,7 +110,7 @@ def clients(ctx: Context, inst: Instance, deadline: float
             ) -> Tuple[str, str, List[Tuple[int, int, Optional[int]]]]:
     """(control status, detail, [(server, client pid, client uid)]) under the pipe lock;
     "unanswered" (and why) for a daemon that gave the run's query no answer: not asked
-    again, and still tried by the canary (it shows whether CUDA clients hang)."""
+    again, but the canary still runs (it shows whether CUDA clients hang)."""
     if ctx.queries is not None:
         why = ctx.queries.unanswered(inst.pipe_dir, deadline)
         if why:
@@ -185,13 +167,9 @@ def _remove(directory: str) -> None:
 
 # --- the idle gate (canary.when: idle) ------------------------------------------------
 
-STEPD = "slurmstepd"
-
-
 def node_busy(ctx: Context) -> str:
-    """Why the node is not idle for the canary ('' when Slurm says it is IDLE): one bounded
-    ``scontrol show node`` (slurm.timeout_s). A node Slurm does not know, or no scontrol,
-    is no Slurm node: the canary is not run there (canary.when: always runs it)."""
+    """Why the node is not idle for the canary ('' when Slurm says IDLE), by one bounded
+    ``scontrol show node``; not run where Slurm is absent (canary.when: always runs it)."""
     from mps_health.config.slurm import settings as slurm_settings
     from mps_health.model.context import node_name
     from mps_health.probes.slurm import SlurmError, read_node
@@ -212,34 +190,25 @@ def node_busy(ctx: Context) -> str:
 
 
 def job_steps(proc: str) -> frozenset:
-    """The PIDs of root's ``slurmstepd`` processes: slurmd starts one for every job's
-    extern, batch and srun step, so a new one is a job arriving. By /proc/PID's owner and
-    comm: a user's process named so is not root's and counts for nothing. One scan of
-    the process table (a few ms)."""
-    found = set()
+    """The PIDs of root's ``slurmstepd`` processes (one per job step: a new one is a job
+    arriving). By /proc/PID's owner and comm: a user's process so named counts for nothing."""
     try:
-        names = os.listdir(proc)
+        names = [name for name in os.listdir(proc) if name.isdigit()]
     except OSError:
         return frozenset()
+    found = set()
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"{proc}/{name}").st_uid != 0:
-                continue
-            comm = read_small(f"{proc}/{name}/comm", 64) or b""
-        except OSError:
-            continue
-        if comm.strip() == STEPD.encode():
-            found.add(int(name))
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.stat(f"{proc}/{name}").st_uid == 0 \
+                    and (read_small(f"{proc}/{name}/comm", 64) or b"").strip() == b"slurmstepd":
+                found.add(int(name))
     return frozenset(found)
 
 
 class Watch:
-    """canary.when: idle, while the canary runs: every ``poll_s`` the process table is
-    scanned for a root ``slurmstepd`` that was not there when it started (a job step
-    starting on this node). Cheaper and sooner than asking slurmctld again, and it costs
-    no query of the control daemon, which a job's client may be waiting on."""
+    """canary.when: idle, while the canary runs: every ``poll_s``, a root ``slurmstepd``
+    that was not there at the start (a job step arriving)? Cheaper and sooner than asking
+    slurmctld, and no query of the control daemon a job's client may be waiting on."""
 
     def __init__(self, proc: str, poll_s: float) -> None:
         self.proc, self.poll_s = proc, poll_s
@@ -269,8 +238,7 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
         return CanaryFact("skipped", f"{len(before)} MPS client(s) connected (e.g. {pid}, "
                           f"uid {who if who is not None else '?'}, on server {server}): the "
                           "node is not idle (canary.when: idle)", uid)
-    # A daemon that does not answer is tried anyway: the canary then shows, within its
-    # own timeout, that CUDA clients hang (or not) on this instance.
+    # A daemon that does not answer is tried anyway: do CUDA clients hang on it?
     others = [(s, p, u) for s, p, u in before if u is not None and u != uid]
     if others:
         server, pid, other = others[0]
@@ -284,9 +252,7 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
                MPS_HEALTH_CANARY_DEVICE=str(cfg.device),
                MPS_HEALTH_CANARY_BYTES=str(cfg.alloc_bytes))
     switch = uid != os.geteuid()
-    gid = None
-    if switch:
-        gid = by_uid(uid).gid
+    gid = by_uid(uid).gid if switch else None
     try:
         pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
         ready: Optional[Tuple[int, float]] = None
@@ -298,9 +264,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
                                   f"it ran (slurmstepd {min(watch.arrived)}); the canary was "
                                   "killed so the job's clients do not wait behind it", uid)
             if os.path.exists(ready_path):
-                try:  # the canary runs as the user: what it leaves is read as hostile
-                    ready = parse_ready(
-                        (read_small(ready_path, 4096) or b"").decode("ascii"))
+                try:  # "PID SECONDS", left by the user's canary: read as hostile
+                    who_pid, at = (read_small(ready_path, 4096) or b"").decode("ascii").split()
+                    ready = (int(who_pid), float(at))
                 except (OSError, ValueError):
                     ready = (pending.pid or 0, 0.0)
                 break
@@ -326,7 +292,7 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
-    cfg = settings(ctx.config)
+    cfg: CanaryConfig = ctx.config.get(CANARY)
     facts: Dict[str, CanaryFact] = {}
     if not instances:
         return facts

@@ -1,11 +1,10 @@
 """The CUDA canary: a tiny client that proves MPS serves work, run as its own process.
 
-Driver API through ctypes (libcuda.so.1), no toolkit, no torch: cuInit, cuDeviceGet,
-cuCtxCreate, cuMemAlloc of a little memory; then it writes "PID SECONDS" to the file
-named by MPS_HEALTH_CANARY_READY and holds its context until the checker has looked
-at the servers' client lists and removed that file (or MPS_HEALTH_CANARY_HOLD_S
-passes); then cuMemFree, cuCtxDestroy. CUDA_MPS_PIPE_DIRECTORY, set by the checker,
-points it at the instance. The last stdout line is the verdict:
+Driver API through ctypes (libcuda.so.1): cuInit, cuDeviceGet, cuCtxCreate, cuMemAlloc;
+then it writes "PID SECONDS" to MPS_HEALTH_CANARY_READY and holds its context until the
+checker, having read the servers' client lists, removes that file (or
+MPS_HEALTH_CANARY_HOLD_S passes); then cuMemFree, cuCtxDestroy. The checker's
+CUDA_MPS_PIPE_DIRECTORY points it at the instance. The last stdout line is the verdict:
 
     mps-health-canary ok context_s=0.081234
     mps-health-canary cuda-error step=cuCtxCreate code=805 name=CUDA_ERROR_MPS_CONNECTION_FAILED
@@ -26,10 +25,6 @@ TAG = "mps-health-canary"
 class CudaError(Exception):
     def __init__(self, step: str, code: int, name: str) -> None:
         super().__init__(f"step={step} code={code} name={name}")
-
-
-def load() -> ctypes.CDLL:
-    return ctypes.CDLL("libcuda.so.1")
 
 
 def _fn(lib: ctypes.CDLL, *names: str):  # the versioned symbol the headers map to
@@ -71,7 +66,7 @@ def hold(ready: str, hold_s: float, context_s: float) -> None:
 def run(env: dict) -> int:
     t0 = time.monotonic()
     try:
-        lib = load()
+        lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         print(f"{TAG} no-libcuda libcuda.so.1 not found: {e}", flush=True)
         return 3

@@ -2,20 +2,16 @@
 
 ``echo get_default_active_thread_percentage | nvidia-cuda-mps-control`` with the
 instance's CUDA_MPS_PIPE_DIRECTORY. The client exits 1 only when it cannot reach a
-daemon; every other error exits 0 and must be read from stdout. A stopped daemon makes
-the client hang forever, so every query has a deadline and is killed with its process
-group. All instances are asked at once against one deadline, and a lock file makes our
-own queries to one pipe dir take turns across processes (exporter, slurmd, a human).
-
-Within a run, ``Queries`` (the engine's, in ``ctx.queries``) is shared by every probe
-that asks a daemon: a daemon that gave one query no answer is asked nothing more that
-run, and the servers probe asks an instance only once the run's query of it is in, so a
-wedged daemon costs one timeout, whatever the command (check, check_mps, the health
-check, clients, the exporter).
+daemon; other errors exit 0 and are read from stdout. A stopped daemon makes the client
+hang forever, so every query has a deadline and is killed with its process group; a lock
+file makes our queries to one pipe dir take turns across processes. Within a run,
+``Queries`` (``ctx.queries``) asks a daemon that gave one query no answer nothing more,
+so a wedged daemon costs one timeout, whatever the command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -27,8 +23,7 @@ from mps_health.model.facts import ControlAnswer, Instance
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"
-# Queries whose empty answer means "none" (no server runs, a server has no client, no
-# pinned memory limit is set: the H200's daemon printed nothing then).
+# Queries whose empty answer means "none" (no server, no client, no pinned memory limit).
 EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
             "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
 
@@ -41,12 +36,12 @@ def classify(command: str, done: Completed) -> ControlAnswer:
     if done.timed_out:
         return ControlAnswer(command, "timeout", None, out, err, done.elapsed_s,
                              f"no answer within {done.elapsed_s:.1f}s")
-    first = (out or err).splitlines()[0] if (out or err) else ""
     if done.rc == 1 and NO_DAEMON in out + err:
         return ControlAnswer(command, "absent", 1, out, err, done.elapsed_s, NO_DAEMON)
     if done.rc == 0 and (out or command.split()[0] in EMPTY_OK) and _is_answer(command, out):
         return ControlAnswer(command, "ok", 0, out, err, done.elapsed_s)
-    detail = first or f"no output (exit status {done.rc})"
+    # stripped, so a first line is never empty
+    detail = (out or err).splitlines()[0] if out or err else f"no output (exit status {done.rc})"
     return ControlAnswer(command, "error", done.rc, out, err, done.elapsed_s, detail)
 
 
@@ -61,9 +56,8 @@ def _is_answer(command: str, out: str) -> bool:
 
 
 class _Lock:
-    """The lock our queries to one pipe dir take turns on (``filelock``); skipped, never
-    fatal, where it cannot be made (not root), and under --root (which writes nothing).
-    Pipe dirs come and go with jobs, so the file is removed when the query is done."""
+    """The lock our queries to one pipe dir take turns on; skipped where it cannot be made
+    (not root) and under --root. Pipe dirs come and go with jobs: the file is removed."""
 
     def __init__(self, ctx: Context, pipe_dir: str) -> None:
         from mps_health.hostio.filelock import FileLock
@@ -89,17 +83,17 @@ class _Lock:
 class Queries:
     """One run's control queries, shared by the probes that ask a daemon.
 
-    ``expect`` marks an instance's query as out, ``record`` takes its answer (or any
-    later query's); ``unanswered`` waits for the query that is out and says why the
-    daemon is not to be asked again: it gave a query of this run no answer in time
-    (wedged, or our lock on it never came free). Asking it again would only wait out
-    another timeout. On a terminal, ``waiting`` gives wait_all the one stderr line that
-    says what a wait longer than a second is for; never elsewhere (slurmd, Nagios, a
-    pipe read nothing but our documented output).
+    ``expect`` marks an instance's query as out, ``record`` takes its answer;
+    ``unanswered`` waits for the query that is out and says why the daemon is not to be
+    asked again (a query of this run got no answer: asking again would only wait out
+    another timeout). ``waiting`` says on stderr what a long wait is for, on a terminal
+    only (slurmd, Nagios, a pipe read nothing but our documented output).
     """
 
     def __init__(self) -> None:
-        self.tell = _on_terminal()
+        self.tell = False
+        with contextlib.suppress(OSError):
+            self.tell = os.isatty(2)
         self._out: Dict[str, threading.Event] = {}  # pipe dir -> set once it is answered
         self._unanswered: Dict[str, str] = {}  # pipe dir -> why
 
@@ -146,33 +140,27 @@ class Queries:
             up_to = f"{max(0.0, deadline - min(p.started for p in still)):.1f}"
             line = (f"mps-health: waiting for {whose}{what} "
                     f"(up to {up_to.rstrip('0').rstrip('.')}s)...\n")
-            try:
+            with contextlib.suppress(OSError):
                 os.write(2, line.encode("utf-8", "replace"))
-            except OSError:
-                pass
 
         return say
-
-
-def _on_terminal() -> bool:
-    try:
-        return os.isatty(2)
-    except OSError:
-        return False
 
 
 def ask_all(ctx: Context, instances: Tuple[Instance, ...],
             command: str = QUERY) -> Dict[str, ControlAnswer]:
     """Ask every instance ``command``, at most ``control.max_clients`` clients at once
     (many instances must not mean as many processes); one deadline bounds them all."""
-    return start_asking(ctx, instances, command)()
+    return start(ctx, instances, command)()
 
 
-def start_asking(ctx: Context, instances: Tuple[Instance, ...], command: str = QUERY
-                 ) -> Callable[[], Dict[str, ControlAnswer]]:
-    """Start the first batch of clients now and return the function that collects every
-    answer (and asks the later batches): the clients run while the caller reads the rest
-    of the node. Until then the first batch holds its pipe dirs' locks."""
+gather = ask_all
+
+
+def start(ctx: Context, instances: Tuple[Instance, ...], command: str = QUERY
+          ) -> Callable[[], Dict[str, ControlAnswer]]:
+    """Start the first batch of clients now (the engine collects it after the other
+    sources) and return the function that collects every answer, asking later batches.
+    Until then the first batch holds its pipe dirs' locks."""
     cfg = ctx.config
     deadline = min(time.monotonic() + cfg.control.timeout_s, ctx.deadline)
     step = cfg.control.max_clients
@@ -188,33 +176,29 @@ def start_asking(ctx: Context, instances: Tuple[Instance, ...], command: str = Q
 
     def collect() -> Dict[str, ControlAnswer]:
         try:
-            return collect_all()
+            answers = first.collect()
+            for at in range(step, len(instances), step):
+                batch = instances[at:at + step]
+                if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch
+                    skipped = {inst.name: ControlAnswer(
+                        command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
+                        "control clients run at once (control.max_clients) and the run's "
+                        "time was up") for inst in batch}
+                    answers.update(skipped)
+                    _record(ctx, batch, skipped)
+                    continue
+                answers.update(_Batch(ctx, batch, command, deadline).collect())
+            return answers
         finally:
             if ctx.queries is not None:
                 ctx.queries.settle([inst.pipe_dir for inst in instances])
-
-    def collect_all() -> Dict[str, ControlAnswer]:
-        answers = first.collect()
-        for at in range(step, len(instances), step):
-            batch = instances[at:at + step]
-            if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch took it
-                skipped = {inst.name: ControlAnswer(
-                    command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
-                    "control clients run at once (control.max_clients) and the run's time "
-                    "was up") for inst in batch}
-                answers.update(skipped)
-                _record(ctx, batch, skipped)
-                continue
-            answers.update(_Batch(ctx, batch, command, deadline).collect())
-        return answers
 
     return collect
 
 
 class _Batch:
-    """Clients started at once. One whose pipe dir's lock another query of ours holds
-    is started when the batch is collected, once that lock is free (or never, at the
-    deadline)."""
+    """Clients started at once; one whose pipe dir's lock another query of ours holds is
+    started at collection, once that lock is free (or never, at the deadline)."""
 
     def __init__(self, ctx: Context, instances: Tuple[Instance, ...], command: str,
                  deadline: float) -> None:
@@ -298,12 +282,9 @@ def pipe_lock(ctx: Context, inst: Instance) -> _Lock:
 
 
 def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlAnswer:
-    """One query to ``inst``, bounded by the control timeout and ``deadline``.
-
-    For a series of queries (the server check): the caller holds :func:`pipe_lock`.
-    Within a run, a daemon that gave an earlier query no answer is not asked ("skipped",
-    at once).
-    """
+    """One query to ``inst``, bounded by the control timeout and ``deadline``; for a
+    series of queries the caller holds :func:`pipe_lock`. A daemon that gave an earlier
+    query of the run no answer is not asked ("skipped", at once)."""
     queries = ctx.queries
     if queries is not None:
         why = queries.unanswered(inst.pipe_dir, deadline)
@@ -320,16 +301,6 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
     if queries is not None:
         queries.record(inst.pipe_dir, answer)
     return answer
-
-
-def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, ControlAnswer]:
-    return ask_all(ctx, instances)
-
-
-def start(ctx: Context, instances: Tuple[Instance, ...]
-          ) -> Callable[[], Dict[str, ControlAnswer]]:
-    """The run's query, started at once; the engine collects it after the other sources."""
-    return start_asking(ctx, instances)
 
 
 VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names

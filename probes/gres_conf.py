@@ -1,28 +1,25 @@
 """gres.conf as slurmd reads it, for this node, and the device files it names.
 
-Slurm's rules kept here: keys are case-insensitive; ``#`` starts a comment; a trailing
-backslash continues the line; ``Include FILE`` reads another file (relative to the
-including file's dir); a line with ``NodeName=<hostlist>`` applies only to the nodes
-it names, a line without one to every node; ``File=/dev/nvidia[0-3]`` (or a comma
-list) expands to one device per name; ``Count`` takes K/M/G suffixes and, for a
-shared GRES like mps with several files, is spread evenly over them; ``AutoDetect``
-(nvml, nvidia, rsmi, oneapi, off) may stand on a line of its own. gres.conf lives in the
-directory of slurm.conf (``SLURM_CONF``, default /etc/slurm).
+Slurm's rules kept: keys are case-insensitive; ``#`` starts a comment; a trailing
+backslash continues the line; ``Include FILE`` is relative to the including file's dir;
+a ``NodeName=<hostlist>`` line applies only to the nodes it names, others to every node;
+``File=/dev/nvidia[0-3]`` (or a comma list) is one device per name; ``Count`` takes
+K/M/G/T/P suffixes and, for a shared GRES like mps with several files, is spread evenly
+over them; ``AutoDetect`` may stand on a line of its own. It lives beside slurm.conf.
 """
 
 import errno
 import os
 import stat
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, expand, split_top
+from mps_health.probes.hostlist import ParseError, expand, parse_count, split_top
 
 KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": "CPUs",
         "file": "File", "files": "File", "flags": "Flags", "links": "Links",
         "multiplefiles": "MultipleFiles", "name": "Name", "nodename": "NodeName",
         "type": "Type"}
-SUFFIXES = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 MAX_INCLUDE_DEPTH = 10
 MAX_FILE_BYTES = 4 << 20  # per file: a gres.conf for hundreds of nodes fits
 
@@ -55,23 +52,12 @@ class GresConf(NamedTuple):
     errors: Tuple[str, ...] = ()  # "FILE:LINE: what is wrong", one per bad line
 
 
-def parse_count(text: str) -> int:
-    """``Count=`` value: digits with an optional K/M/G/T/P suffix (powers of 1024)."""
-    t = text.strip()
-    factor = SUFFIXES.get(t[-1:].lower(), 1) if t else 1
-    digits = t[:-1] if factor != 1 else t
-    if not digits.isdigit():
-        raise ParseError(f"Count={text!r} is not a number")
-    return int(digits) * factor
-
-
 def logical_lines(text: str) -> List[Tuple[int, str]]:
     """(first line number, text) with comments removed and backslash continuations joined."""
     out: List[Tuple[int, str]] = []
     pending = ""
     start = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw
+    for number, line in enumerate(text.splitlines(), 1):
         hash_at = line.find("#")
         while hash_at > 0 and line[hash_at - 1] == "\\":  # an escaped '#'
             line = line[:hash_at - 1] + line[hash_at:]
@@ -119,14 +105,13 @@ def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
     for number, line in logical_lines(text):
         at = f"{where}:{number}"
         first, _, rest = line.partition(" ")
-        if first.lower() == "include":
-            sub = _include(rest.strip(), base, read_include, node, depth, at, errors)
-            if sub is not None:
+        try:
+            if first.lower() == "include":
+                sub = _include(rest.strip(), base, read_include, node, depth)
                 lines.extend(sub.lines)
                 errors.extend(sub.errors)
                 autodetect = sub.autodetect or autodetect
-            continue
-        try:
+                continue
             pairs = parse_pairs(line)
             if "NodeName" in pairs and node not in expand(pairs["NodeName"]):
                 continue
@@ -146,22 +131,19 @@ def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
 
 
 def _include(path: str, base: str, read_include: Optional[Callable[[str], str]], node: str,
-             depth: int, at: str, errors: List[str]) -> Optional[GresConf]:
+             depth: int) -> GresConf:
+    """The included file's records; ParseError saying why it was not read."""
     if not path:
-        errors.append(f"{at}: Include without a file")
-        return None
+        raise ParseError("Include without a file")
     if depth >= MAX_INCLUDE_DEPTH:
-        errors.append(f"{at}: Include nested more than {MAX_INCLUDE_DEPTH} deep")
-        return None
+        raise ParseError(f"Include nested more than {MAX_INCLUDE_DEPTH} deep")
     full = path if path.startswith("/") or not base else os.path.join(base, path)
     if read_include is None:
-        errors.append(f"{at}: Include {path} not read")
-        return None
+        raise ParseError(f"Include {path} not read")
     try:
         text = read_include(full)
     except OSError as e:
-        errors.append(f"{at}: Include {full}: {e.strerror or e}")
-        return None
+        raise ParseError(f"Include {full}: {e.strerror or e}") from None
     return parse_gres_conf(text, node, full, read_include, depth + 1)
 
 
@@ -173,17 +155,10 @@ def device_kind(path: str) -> DeviceFile:
         return DeviceFile(path, "missing")
     except OSError:
         return DeviceFile(path, "error")
-    if stat.S_ISCHR(st.st_mode):
-        return DeviceFile(path, "char", os.minor(st.st_rdev))
-    if stat.S_ISBLK(st.st_mode):
-        return DeviceFile(path, "block", os.minor(st.st_rdev))
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return DeviceFile(path, "char" if stat.S_ISCHR(st.st_mode) else "block",
+                          os.minor(st.st_rdev))
     return DeviceFile(path, "file" if stat.S_ISREG(st.st_mode) else "other")
-
-
-def default_path(environ: Mapping[str, str]) -> str:
-    """gres.conf beside slurm.conf: SLURM_CONF's dir, else /etc/slurm."""
-    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return os.path.join(os.path.dirname(conf), "gres.conf")
 
 
 def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
@@ -204,19 +179,18 @@ def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
     except OSError as e:
         return GresConf(path, False, node, errors=(f"{path}: cannot read: {e.strerror}",))
     conf = parse_gres_conf(text, node, path, read)
-    seen: Dict[str, DeviceFile] = {}
-    for line in conf.lines:
-        for f in line.files:
-            if f not in seen:
-                seen[f] = device_kind(ctx.path(f))._replace(path=f)
-    return conf._replace(devices=tuple(seen.values()))
+    files = dict.fromkeys(f for line in conf.lines for f in line.files)
+    return conf._replace(devices=tuple(device_kind(ctx.path(f))._replace(path=f)
+                                       for f in files))
 
 
 def gather(ctx: Context, instances: object) -> GresConf:
     from mps_health.config.slurm import settings
 
     environ = ctx.env if ctx.env is not None else os.environ
-    path = settings(ctx.config).gres_conf or default_path(environ)
+    # beside slurm.conf: SLURM_CONF's dir, else /etc/slurm
+    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    path = settings(ctx.config).gres_conf or os.path.join(os.path.dirname(conf), "gres.conf")
     return read_gres_conf(ctx, path, node_name(ctx.config, ctx.env))
 
 

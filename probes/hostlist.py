@@ -9,10 +9,21 @@ from __future__ import annotations
 from typing import List
 
 MAX_NAMES = 100_000  # a typo like [0-99999999] must not eat the node's memory
+UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 
 class ParseError(ValueError):
     """Text that is not what Slurm would accept, worded for the admin."""
+
+
+def parse_count(text: str, label: str = "Count=") -> int:
+    """A count as Slurm writes it: digits, optionally K/M/G/T/P (powers of 1024)."""
+    t = text.strip()
+    factor = UNITS.get(t[-1:].upper(), 1)
+    digits = t[:-1] if factor != 1 else t
+    if not digits.isdigit():
+        raise ParseError(f"{label}{text!r} is not a number")
+    return int(digits) * factor
 
 
 def split_top(text: str, sep: str = ",") -> List[str]:
@@ -79,9 +90,5 @@ def expand_one(expr: str) -> List[str]:
 
 def expand(expr: str) -> List[str]:
     """A comma-separated hostlist (``a[1-2],b``) into every name, in order."""
-    names: List[str] = []
-    for part in split_top(expr.strip()):
-        part = part.strip()
-        if part:
-            names.extend(expand_one(part))
-    return names
+    parts = (part.strip() for part in split_top(expr.strip()))
+    return [name for part in parts if part for name in expand_one(part)]

@@ -1,21 +1,16 @@
 """control.log and server.log, read incrementally: only the bytes written since last run.
 
-Where reading stopped is saved per file as (device, inode, offset) in
-state_dir/logs.json, so a finding is never reported twice (ordinary lines may be read
-again: an offset alone is saved in steps, ``worth_saving``). A file whose inode
-changed was rotated: the rest of the old file is read from its new name (control.log.1,
-control.log-DATE, found by inode) before the new file from its start; a file shorter
-than the offset was truncated and is read from its start. At most ``max_read_bytes`` are
-read per file and run (the newest), so a log that exploded costs a bounded read, and the
-first run reads only that much of the end, never the whole file.
-
-Notable lines become findings with their own timestamp; findings are remembered for
-``window_s`` and judged by the logs check, like an XID check: reported for a while,
-then cleared.
+Where reading stopped is saved per file as (device, inode, offset) in state_dir/logs.json,
+so a finding is never reported twice. A new inode means rotated: the rest of the old file
+is read from its new name (found by inode) first; a file shorter than the offset was
+truncated. At most ``max_read_bytes`` (the newest) are read per file and run, so an
+exploded log costs a bounded read. Notable lines become findings, remembered for
+``window_s`` and judged by the logs check.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import time
@@ -48,17 +43,12 @@ def settings(config: Config) -> LogsConfig:
 
 def parse_time(date: str, clock: str) -> Optional[float]:
     """'2026-12-02' '12:28:16.570' (local time, as the daemon writes it) -> Unix time."""
-    try:
-        y, mo, d = (int(x) for x in date.split("-"))
-        hh, mm, ss = clock.split(":")
-        whole, _, frac = ss.partition(".")
-        if not (1 <= mo <= 12 and 1 <= d <= 31 and 0 <= int(hh) <= 23 and 0 <= int(mm) <= 59
-                and 0 <= int(whole) <= 60):
-            return None
-        t = time.mktime((y, mo, d, int(hh), int(mm), int(whole), 0, 0, -1))
-        return t + (float("0." + frac) if frac.isdigit() else 0.0)
+    whole, _, frac = clock.partition(".")
+    try:  # strptime checks the ranges; isdst -1: mktime decides
+        t = time.mktime(time.strptime(f"{date} {whole}", "%Y-%m-%d %H:%M:%S"))
     except (ValueError, OverflowError):
         return None
+    return t + (float("0." + frac) if frac.isdigit() else 0.0)
 
 
 def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
@@ -72,48 +62,31 @@ def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
     return head[0], head[1], head[2], line[close + 1:].strip()
 
 
-def parse_line(line: str) -> Optional[Tuple[Optional[float], str, str]]:
-    """``[2026-12-02 12:28:16.570 Control   436] text`` -> (time, role, text)."""
-    fields = split_line(line)
-    if fields is None:
-        return None
-    date, clock, role, text = fields
-    return parse_time(date, clock), role, text
-
-
-def _int_after(text: str, marker: str) -> Optional[int]:
+def _int_after(text: str, marker: str, default: int) -> int:
     at = text.find(marker)
-    if at < 0:
-        return None
-    digits = ""
-    for c in text[at + len(marker):]:
-        if not c.isdigit():
-            break
-        digits += c
-    return int(digits) if digits else None
+    digits = "".join(itertools.takewhile(str.isdigit, text[at + len(marker):])) \
+        if at >= 0 else ""
+    return int(digits) if digits else default
 
 
 def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
     """A message's (code, pid, uid, status), or None when it is not worth keeping."""
     if text.startswith("NEW CLIENT ") and "push client to pending list" in text:
-        uid = _int_after(text, " from user ")
-        return "log-pending-client", _int_after(text, "NEW CLIENT ") or 0, \
-            -1 if uid is None else uid, 0
+        return ("log-pending-client", _int_after(text, "NEW CLIENT ", 0),
+                _int_after(text, " from user ", -1), 0)
     if text.startswith("Starting new server "):
-        uid = _int_after(text, " for user ")
-        return "log-server-start", _int_after(text, "Starting new server ") or 0, \
-            -1 if uid is None else uid, 0
+        return ("log-server-start", _int_after(text, "Starting new server ", 0),
+                _int_after(text, " for user ", -1), 0)
     if text.startswith("Server ") and " exited with status " in text:
-        status = _int_after(text, " exited with status ")
-        if status is None or status == 0:
+        status = _int_after(text, " exited with status ", 0)
+        if not status:
             return None  # a server ending with its clients is the normal case
-        return "log-server-exit", _int_after(text, "Server ") or 0, -1, status
+        return "log-server-exit", _int_after(text, "Server ", 0), -1, status
     if text.startswith("Exit with status "):
-        status = _int_after(text, "Exit with status ")
-        return None if not status else ("log-daemon-exit", 0, -1, status)
+        status = _int_after(text, "Exit with status ", 0)
+        return ("log-daemon-exit", 0, -1, status) if status else None
     if "Failed to start server using uid" in text:
-        uid = _int_after(text, "using uid ")
-        return "log-server-start-failed", 0, -1 if uid is None else uid, 0
+        return "log-server-start-failed", 0, _int_after(text, "using uid ", -1), 0
     if text.startswith("Cmd:set_default_device_pinned_mem_limit "):
         # Kept, not reported: checks/limits.py judges the device IDs the defaults were
         # set on (the daemon's answers give only the value that won) ...
@@ -134,14 +107,11 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
     found: List[LogFinding] = []
     for line in text.splitlines():
         fields = split_line(line)
-        if fields is None:
+        kind = classify(fields[3]) if fields is not None else None
+        if fields is None or kind is None:
             continue
         date, clock, _role, message = fields
-        kind = classify(message)
-        if kind is None:
-            continue
-        # Dated only once it is a finding: mktime costs most of the time a line takes,
-        # and the daemon writes five ordinary lines for every query (ours included).
+        # Dated only once a finding: parsing the time costs most of what a line takes.
         at = parse_time(date, clock)
         if at is None or at > read_at + 86400:
             at = read_at  # a clock or timezone we cannot trust: date it by reading
@@ -152,8 +122,8 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-# A log dir holds the daemon's two logs and their rotations: entries past this many are
-# not looked at (a dir a user filled must not cost a run without bound).
+# Entries of a log dir past this many are not looked at (a dir a user filled must not
+# cost a run without bound).
 MAX_ENTRIES = 1024
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -166,19 +136,19 @@ class NotTheDaemons(OSError):
         self.what, self.uid = what, uid
 
 
+KINDS = {stat.S_IFLNK: "symlink", stat.S_IFREG: "file", stat.S_IFDIR: "directory",
+         stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
+
+
 def _what(st: os.stat_result) -> str:
-    kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-            else "directory" if stat.S_ISDIR(st.st_mode) else "fifo"
-            if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
-            else "device or other")
+    kind = KINDS.get(stat.S_IFMT(st.st_mode), "device or other")
     links = f" with {st.st_nlink} links" if kind == "file" and st.st_nlink > 1 else ""
     return f"a {kind} owned by uid {st.st_uid}{links}"
 
 
 def ours(st: os.stat_result, owners: Optional[AbstractSet[int]]) -> bool:
-    """Is this lstat/fstat the daemon's own log: a regular file of one of ``owners``
-    (its user) with one link? (A hard link to another file of that user would make us
-    read, and the daemon append to, that file.)"""
+    """Is this lstat/fstat the daemon's own log: a regular file of ``owners`` (its user)
+    with one link (a hard link would make the daemon append to another file)?"""
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (
         owners is None or st.st_uid in owners)
 
@@ -195,8 +165,7 @@ def _open(name: str, dir_fd: int, owners: Optional[AbstractSet[int]]
 
 
 def scan(dir_fd: int) -> Tuple[List[Tuple[str, os.stat_result]], bool]:
-    """The first ``MAX_ENTRIES`` entries of a log dir with their lstat, and whether
-    there were more."""
+    """The first ``MAX_ENTRIES`` entries of a log dir with their lstat; were there more?"""
     found: List[Tuple[str, os.stat_result]] = []
     dup = os.dup(dir_fd)  # scandir(fd) rewinds but closes nothing: use a copy
     try:
@@ -215,11 +184,9 @@ def scan(dir_fd: int) -> Tuple[List[Tuple[str, os.stat_result]], bool]:
 
 def _read_range(fd: int, start: int, end: int, max_bytes: int) -> Tuple[str, int, str]:
     """Whole lines of [start, end), at most the last ``max_bytes``: (text, next, note)."""
-    note = ""
     skipped = max(0, end - start - max_bytes)
-    if skipped:
-        note = f"skipped {skipped} bytes (more than {max_bytes} new)"
-        start += skipped
+    note = f"skipped {skipped} bytes (more than {max_bytes} new)" if skipped else ""
+    start += skipped
     data = os.pread(fd, end - start, start) if end > start else b""
     if skipped:
         cut = data.find(b"\n")  # we landed mid-line: drop its tail
@@ -236,28 +203,18 @@ def _rotated(dir_fd: int, name: str, pos: LogPosition) -> Optional[str]:
         entries, _ = scan(dir_fd)
     except OSError:
         return None
-    for other, st in sorted(entries):
-        if other != name and other.startswith(name) and not other.endswith((".gz", ".xz")) \
-                and (st.st_dev, st.st_ino) == (pos.dev, pos.inode):
-            return other
-    return None
-
-
-def _head(fd: int, size: int) -> str:
-    return os.pread(fd, min(size, HEAD_BYTES), 0).decode("latin-1")
+    return next((other for other, st in sorted(entries)
+                 if other != name and other.startswith(name)
+                 and not other.endswith((".gz", ".xz"))
+                 and (st.st_dev, st.st_ino) == (pos.dev, pos.inode)), None)
 
 
 def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: int,
               owners: Optional[AbstractSet[int]] = None
-              ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+              ) -> Tuple[List[Tuple[str, str]], LogPosition, str]:
     """New text of ``real_dir/name``: ([(file name, text), ...], next position, note).
-    The dir and the file are never followed through a link; with ``owners``, only a
-    regular file of one of them is read (the daemon's user: a file anyone else put there
-    would forge findings).
-
-    Raises OSError when the file cannot be read (FileNotFoundError when missing),
-    NotTheDaemons when it is not the daemon's.
-    """
+    Never through a link; with ``owners``, only their regular file (another user's file
+    would forge findings), else NotTheDaemons. OSError when it cannot be read."""
     dir_fd = os.open(real_dir, DIR_FLAGS)
     try:
         return _read_in(dir_fd, name, pos, max_bytes, owners)
@@ -267,13 +224,13 @@ def read_file(real_dir: str, name: str, pos: Optional[LogPosition], max_bytes: i
 
 def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
              owners: Optional[AbstractSet[int]]
-             ) -> Tuple[List[Tuple[str, str]], Optional[LogPosition], str]:
+             ) -> Tuple[List[Tuple[str, str]], LogPosition, str]:
     fd, st = _open(name, dir_fd, owners)
     chunks: List[Tuple[str, str]] = []
     notes: List[str] = []
     try:
         start = 0
-        head = _head(fd, st.st_size)
+        head = os.pread(fd, min(st.st_size, HEAD_BYTES), 0).decode("latin-1")
         if pos is None:
             notes.append("first read")  # from the start, bounded to the newest bytes
         elif (pos.dev, pos.inode) == (st.st_dev, st.st_ino) and st.st_size >= pos.offset \
@@ -290,8 +247,7 @@ def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
                     finally:
                         os.close(ofd)
                     chunks.append((old, text))
-                    notes.append(f"rotated: read the rest of {old}" + (f", {note}" if note
-                                                                        else ""))
+                    notes.append(f"rotated: read the rest of {old}" + (f", {note}" * bool(note)))
                 except OSError:
                     notes.append(f"rotated: {old} unreadable")
             else:
@@ -314,11 +270,8 @@ def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
 FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
 
 
-# The daemon logs every query, ours too, so the offsets move on at every run; writing
-# logs.json each time costs a file written, fsynced and renamed. Offsets alone are
-# saved only once some file moved on this far: the next run reads again what this one
-# read since, and lines that held no finding hold none the next time either (a line
-# that held one changed the findings, which are always saved).
+# The daemon logs every query (ours too): offsets alone are saved only once a file moved
+# on this far, sparing a write per run. Lines read again held no finding the first time.
 SAVE_AFTER_BYTES = 4096
 
 
@@ -335,18 +288,9 @@ def worth_saving(memory: LogMemory, positions: Dict[str, LogPosition],
     return False
 
 
-def _pid_alive(proc_dir: str, pid: int) -> bool:
-    return pid > 0 and os.path.exists(f"{proc_dir}/{pid}")
-
-
-def log_dirs(instances: Sequence[Instance]) -> List[str]:
-    return list(dict.fromkeys(i.log_dir for i in instances))
-
-
 def log_owners(config: Config, dir_uid: int) -> Optional[AbstractSet[int]]:
-    """Who may own the daemon's logs in a log dir owned by ``dir_uid``: the daemon's
-    user (``mps.daemon_user``; "job": the dir's owner, the job's user). With "any", or a
-    user name not known here, root or the dir's owner."""
+    """Who may own the daemon's logs in a dir owned by ``dir_uid``: ``mps.daemon_user``
+    ("job": the dir's owner); with "any", or an unknown user, root or the dir's owner."""
     from mps_health.probes.instances import daemon_uid
 
     uid = daemon_uid(config.mps.daemon_user, dir_uid)
@@ -355,17 +299,11 @@ def log_owners(config: Config, dir_uid: int) -> Optional[AbstractSet[int]]:
 
 def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
                     owners: Optional[AbstractSet[int]]) -> List[LogFileFact]:
-    """The entries of a log dir that are links or not of the daemon's user (the two log
-    files apart: they are judged as files). Only the daemon writes there: anything else
-    is someone's plant, reported and never read."""
-    out = []
-    for name, st in entries:
-        if name in FILES:
-            continue
-        if stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners):
-            out.append(LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0,
-                                   st.st_uid))
-    return out
+    """A log dir's links and entries not of the daemon's user (the two logs apart): only
+    the daemon writes there, so anything else is a plant, reported and never read."""
+    return [LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0, st.st_uid)
+            for name, st in entries if name not in FILES and (
+                stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners))]
 
 
 def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
@@ -377,27 +315,21 @@ def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
         try:
             seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
-                files.append(LogFileFact(shown, "bad", _what(seen), 0, seen.st_uid))
-                continue
+                raise NotTheDaemons(_what(seen), seen.st_uid)
             chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
                                          int(cfg.max_read_bytes), owners)
         except FileNotFoundError:
             files.append(LogFileFact(shown, "missing"))
-            continue
-        except NotTheDaemons as e:  # replaced between our look and our open
+        except NotTheDaemons as e:  # not the daemon's, or replaced after our look
             files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
-            continue
         except OSError as e:
             files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
-            continue
-        if pos is not None:
+        else:
             positions[shown] = pos
-        size = 0
-        for file_name, text in chunks:
-            size += len(text)
-            new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
-                                      now))
-        files.append(LogFileFact(shown, "read", note, size))
+            for file_name, text in chunks:
+                new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                          now))
+            files.append(LogFileFact(shown, "read", note, sum(len(t) for _, t in chunks)))
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
@@ -413,19 +345,19 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     files: List[LogFileFact] = []
     new: List[LogFinding] = []
     foreign: List[LogFileFact] = []
-    for log_dir in log_dirs(instances):
+    for log_dir in dict.fromkeys(i.log_dir for i in instances):
+        both = [os.path.join(log_dir, n) for n in FILES]
         try:
             dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
         except FileNotFoundError:  # the directories check reports a missing log dir
-            files.extend(LogFileFact(os.path.join(log_dir, n), "missing") for n in FILES)
+            files.extend(LogFileFact(p, "missing") for p in both)
             continue
         except OSError as e:
             raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
             # A per-job log dir belongs to a user: never read where a link points as root.
             why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
                 else e.strerror
-            files.extend(LogFileFact(os.path.join(log_dir, n), "error", f"cannot read: {why}")
-                         for n in FILES)
+            files.extend(LogFileFact(p, "error", f"cannot read: {why}") for p in both)
             continue
         try:
             owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
@@ -433,21 +365,19 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
         except OSError as e:
             os.close(dir_fd)
             raise_if_starved(e, f"list {log_dir}")
-            files.extend(LogFileFact(os.path.join(log_dir, n), "error",
-                                     f"cannot read: {e.strerror}") for n in FILES)
+            files.extend(LogFileFact(p, "error", f"cannot read: {e.strerror}") for p in both)
             continue
         try:
             foreign.extend(foreign_entries(log_dir, entries, owners))
             _read_dir(dir_fd, log_dir, owners, memory, cfg, now, files, positions, new)
         finally:
             os.close(dir_fd)
-    # A finding dated in the future (the clock stepped back, or a damaged logs.json with
-    # at: 1e308) would stay "recent" for ever: it is dropped, as is any time not finite
-    # (nan and the infinities fail the range comparison).
+    # A finding dated in the future (clock stepped back, damaged logs.json) would stay
+    # "recent" for ever: dropped, as is nan or infinity (they fail the comparison).
     merged = {f: None for f in (*memory.findings, *new)
               if 0 <= f.at <= now + FUTURE_SLACK_S}
-    pending = [f.pid for f in merged if f.code == "log-pending-client"]
-    alive = tuple(sorted({p for p in pending if _pid_alive(ctx.proc, p)}))
+    alive = tuple(sorted({f.pid for f in merged if f.code == "log-pending-client"
+                          and f.pid > 0 and os.path.exists(f"{ctx.proc}/{f.pid}")}))
     kept = tuple(f for f in merged
                  if now - f.at <= cfg.window_s
                  or (f.code == "log-pending-client" and f.pid in alive

@@ -1,23 +1,12 @@
 """Slurm's view of this node, and the one way mps-health calls and reads Slurm.
 
-Every ``scontrol``/``squeue`` call of the suite (checks, health check, remediation)
-goes through ``call``/``answer`` here: bounded, no shell, a failure is ``SlurmError``
-with a code and one line. One parser per format: ``parse_node_line`` (``scontrol show
-node -o``, with or without ``-d``), ``parse_node_json``, ``parse_squeue`` (``SQUEUE_FORMAT``).
-Slurm's ``[user@time]`` stamp is cut off every Reason, so a reason reads as it was set.
-
-The check reads one ``scontrol -d show node NODE -o`` per run.
-
-``-d`` adds ``GresUsed``; ``-o`` puts every field on one line, ``Reason`` last (it
-holds spaces). Where the installed Slurm has ``--json`` (23.02 on) and the config says
-``slurm.output: json`` (or ``auto`` and ``scontrol --version`` says 23.02+), the JSON
-form is read instead. The version is asked once per scontrol binary (its real path,
-inode, size and mtime): kept in the run dir by a root run (readable by every user, so
-Nagios runs reuse it) and in memory (the exporter asks once), so a run makes one Slurm
-call, not two. With the per-job
-layout the jobs on this node come from one ``squeue -h -w NODE`` started at the same
-time, so both wait on one deadline. slurmctld down or scontrol hanging is an error
-line in the facts after ``slurm.timeout_s``, never a hang and never an exception.
+Every ``scontrol``/``squeue`` call of the suite goes through ``call``/``answer`` here:
+bounded, no shell, a failure is ``SlurmError`` with a code and one line. The check reads
+one ``scontrol -d show node NODE -o`` per run (``-d`` adds GresUsed; ``-o`` puts Reason,
+which holds spaces, last), or ``--json`` where the config or (auto) the client's version,
+cached per binary, says so. With the per-job layout ``squeue -h -w NODE`` runs at the same
+time, on one deadline. slurmctld down or hanging is an error line in the facts after
+``slurm.timeout_s``, never a hang. Slurm's ``[user@time]`` stamp is cut off every Reason.
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, split_top
+from mps_health.probes.hostlist import ParseError, parse_count, split_top
 
 if TYPE_CHECKING:
     from mps_health.config.load import Config
@@ -71,13 +60,8 @@ class SlurmJob(NamedTuple):
     @property
     def holds_mps(self) -> bool:
         """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
-        for part in self.gres.split(","):
-            for prefix in ("gres:", "gres/"):
-                if part.startswith(prefix):
-                    part = part[len(prefix):]
-            if part.split(":")[0] == "mps":
-                return True
-        return False
+        return any(part.removeprefix("gres:").removeprefix("gres/").split(":")[0] == "mps"
+                   for part in self.gres.split(","))
 
 
 class SlurmFacts(NamedTuple):
@@ -92,22 +76,13 @@ class SlurmFacts(NamedTuple):
 
 
 class JobList(NamedTuple):
-    """Slurm's jobs on this node, asked once per run (the per-job layout's instances)."""
+    """Slurm's jobs on this node, asked once per run for the per-job layout's instances."""
 
     jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
     error: str = ""
 
 
 # --- pure parsers ---------------------------------------------------------------------
-
-def parse_count(text: str) -> int:
-    t = text.strip()
-    factor = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:].upper(), 1)
-    digits = t[:-1] if factor != 1 else t
-    if not digits.isdigit():
-        raise ParseError(f"GRES count {text!r} is not a number")
-    return int(digits) * factor
-
 
 def parse_indices(text: str) -> Tuple[int, ...]:
     """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
@@ -135,20 +110,12 @@ def parse_gres_item(text: str) -> GresItem:
     parts = body.split(":")
     if not parts[0] or not all(c.isalnum() or c in "_-" for c in parts[0]):
         raise ParseError(f"bad GRES name in {text!r}")
-    name = parts[0]
-    gtype: Optional[str] = None
-    count = 1
-    if len(parts) == 2:
-        if parts[1][:1].isdigit():
-            count = parse_count(parts[1])
-        else:
-            gtype = parts[1]
-    elif len(parts) == 3:
-        gtype, count = parts[1], parse_count(parts[2])
-    elif len(parts) > 3:
+    if len(parts) > 3:
         raise ParseError(f"too many ':' in GRES {text!r}")
-    if gtype in ("(null)", ""):
-        gtype = None
+    if len(parts) == 2 and parts[1][:1].isdigit():
+        parts.insert(1, "")  # name:count
+    gtype = parts[1] if len(parts) > 1 and parts[1] not in ("(null)", "") else None
+    count = parse_count(parts[2], "GRES count ") if len(parts) == 3 else 1
     indices: Optional[Tuple[int, ...]] = None
     per_device: Optional[Tuple[Tuple[int, int], ...]] = None
     if detail.startswith("IDX:"):
@@ -164,24 +131,20 @@ def parse_gres_item(text: str) -> GresItem:
         indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
     elif detail and not detail.startswith("S:"):
         raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
-    return GresItem(name, gtype, count, indices, per_device)
+    return GresItem(parts[0], gtype, count, indices, per_device)
 
 
 def parse_gres(text: str) -> Tuple[GresItem, ...]:
     """A node's ``Gres=`` or ``GresUsed=`` value (``(null)`` and empty are no GRES)."""
     t = text.strip()
-    if t in ("", "(null)", "N/A"):
-        return ()
-    return tuple(parse_gres_item(p) for p in split_top(t) if p.strip())
+    return () if t in ("", "(null)", "N/A") else tuple(
+        parse_gres_item(p) for p in split_top(t) if p.strip())
 
 
 def parse_fields(line: str) -> Mapping[str, str]:
     """``Key=Value`` pairs of one ``scontrol ... -o`` line; Reason= takes the rest."""
-    fields = {}
-    reason_at = line.find(" Reason=")
-    if reason_at >= 0:
-        fields["Reason"] = line[reason_at + len(" Reason="):].strip()
-        line = line[:reason_at]
+    line, sep, reason = line.partition(" Reason=")
+    fields = {"Reason": reason.strip()} if sep else {}
     key = None
     for word in line.split():
         k, sep, v = word.partition("=")
@@ -259,15 +222,12 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
     if node is None:
         raise ParseError(f"scontrol --json: no node '{name}' in the answer")
     state: Any = node.get("state", "")
-    if isinstance(state, list):
-        state_text = "+".join(str(s).upper() for s in state)
-    elif isinstance(state, str):
-        state_text = state.upper()
-        flags = node.get("state_flags") or []
-        if isinstance(flags, list) and flags:
-            state_text += "".join(f"+{str(f).upper()}" for f in flags)
-    else:
+    if isinstance(state, str):  # older: the state, then its flags
+        flags = node.get("state_flags")
+        state = [state, *(flags if isinstance(flags, list) else ())]
+    if not isinstance(state, list):
         raise ParseError("scontrol --json: 'state' is neither a string nor a list")
+    state_text = "+".join(str(s).upper() for s in state)
     for key in ("gres", "gres_used", "reason"):
         if not isinstance(node.get(key, ""), str):
             raise ParseError(f"scontrol --json: '{key}' is not a string")
@@ -281,25 +241,20 @@ def parse_node_json(text: str, name: str) -> SlurmNode:
 
 def parse_elapsed(text: str) -> Optional[float]:
     """squeue's ``%M`` (``[days-][hours:]minutes:seconds``) in seconds; None if not a time."""
-    t = text.strip()
-    days = 0
-    if "-" in t:
-        d, _, t = t.partition("-")
-        if not d.isdigit():
-            return None
-        days = int(d)
-    parts = t.split(":")
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    days, sep, t = text.strip().partition("-")
+    parts = (t if sep else days).split(":")
+    if (sep and not days.isdigit()) or not 2 <= len(parts) <= 3 \
+            or not all(p.isdigit() for p in parts):
         return None
     seconds = 0
     for p in parts:
         seconds = seconds * 60 + int(p)
-    return float(days * 86400 + seconds)
+    return float(seconds + (int(days) * 86400 if sep else 0))
 
 
 def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
     """Lines of ``squeue -h -o SQUEUE_FORMAT``; a garbled line is an error, never skipped
-    (an empty answer would make every per-job instance look orphaned)."""
+    (a missing job would make its per-job instance look orphaned)."""
     jobs: List[SlurmJob] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -317,9 +272,7 @@ def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
 def parse_version(text: str) -> Tuple[int, int]:
     """``slurm 23.02.7`` / ``slurm-wlm 22.05.8`` into (major, minor)."""
     words = text.split()
-    if len(words) < 2:
-        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
-    parts = words[1].split(".")
+    parts = words[1].split(".") if len(words) >= 2 else []
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
         raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
     return int(parts[0]), int(parts[1])
@@ -335,9 +288,7 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
     err = (done.stderr.strip() or done.stdout.strip()).splitlines()
     first = err[0] if err else f"exit status {done.rc}"
     # Slurm's commands name themselves ("squeue: error: ..."): said once, as ``what``.
-    program = what.split(" ", 1)[0] + ": "
-    if first.startswith(program):
-        first = first[len(program):]
+    first = first.removeprefix(what.split(" ", 1)[0] + ": ")
     if "Unable to contact slurm controller" in first:
         return "unreachable", f"{what}: {first}"
     if "not found" in first or "Invalid node name" in first:
@@ -348,7 +299,7 @@ def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str,
 # --- calling ------------------------------------------------------------------------
 
 class SlurmError(Exception):
-    """A Slurm command gave no usable answer: ``code`` (as ``classify_failure``) and one line."""
+    """A Slurm command gave no usable answer: ``code`` (``classify_failure``'s) and a line."""
 
     def __init__(self, code: str, line: str) -> None:
         super().__init__(line)
@@ -389,12 +340,11 @@ def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
 def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
     """Every node slurmctld knows, by one bounded call (the health check's circuit
     breaker asks it once, just before a drain); SlurmError."""
-    what = "scontrol show node"
-    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, what)
+    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node")
     try:
         return parse_node_lines(text)
     except ParseError as e:
-        raise SlurmError("parse", f"{what}: {e}") from None
+        raise SlurmError("parse", f"scontrol show node: {e}") from None
 
 
 def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
@@ -407,23 +357,22 @@ def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob
 
 
 def with_jobs(ctx: Context) -> Context:
-    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
-    instances (asked once per run; the slurm source then reuses the answer)."""
-    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
-        return ctx
-    return ctx._replace(jobs=read_job_list(ctx))
-
-
-def read_job_list(ctx: Context) -> JobList:
-    """This node's jobs by one bounded ``squeue``; the failure as one line, never raised."""
+    """``ctx`` with this node's Slurm jobs (one bounded ``squeue``; a failure as one line)
+    where the per-job layout needs them for its instances; the slurm source reuses them."""
     from mps_health.config.slurm import settings
 
+    if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
+        return ctx
     timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
-    node = node_name(ctx.config, ctx.env)
+    done = run(squeue_argv(ctx.config, node_name(ctx.config, ctx.env)), timeout_s,
+               env=child_env(ctx.env or {}))
+    return ctx._replace(jobs=_job_list(done, timeout_s))
+
+
+def _job_list(done: Completed, timeout_s: float) -> JobList:
+    """squeue's answer; the failure as one line, never raised."""
     try:
-        text = call(squeue_argv(ctx.config, node), timeout_s, "squeue",
-                    env=child_env(ctx.env or {}))
-        return JobList(parse_squeue(text))
+        return JobList(parse_squeue(answer(done, "squeue", timeout_s)))
     except SlurmError as e:
         return JobList(None, str(e))
     except ParseError as e:
@@ -433,58 +382,41 @@ def read_job_list(ctx: Context) -> JobList:
 # --- which Slurm answers: the client's version, cached per binary -----------------------
 
 VERSION_FILE = "slurm-version"
-# Versions already known in this process, by binary key: the exporter asks once for its
-# whole life, even where it cannot write the run dir.
+# Versions known in this process, by binary key (the exporter asks once in its life).
 _KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
 
 
 def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
-    """The absolute path ``binary`` runs as, found on ``env``'s PATH (the one the runner
-    would otherwise look up on our own PATH)."""
-    if "/" in binary:
-        return binary
-    return shutil.which(binary, path=env.get("PATH", os.defpath))
+    """The absolute path ``binary`` runs as, found on ``env``'s PATH (as the runner would)."""
+    return binary if "/" in binary else shutil.which(binary, path=env.get("PATH", os.defpath))
 
 
 def binary_key(path: str) -> str:
-    """What identifies one installed binary: its real path, inode, size and mtime (an
-    upgrade replaces at least one of them)."""
+    """One installed binary: real path, inode, size and mtime (an upgrade changes one)."""
     real = os.path.realpath(path)
     st = os.stat(real)
     return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _cached_version(path: str, key: str) -> Optional[Tuple[int, int]]:
-    from mps_health.hostio.safefiles import read_small
-
-    try:
-        data = read_small(path, 4096)
-    except OSError:
-        return None
-    if data is None:
-        return None
-    cached_key, _, version = data.decode("utf-8", "replace").strip().partition("\t")
-    if cached_key != key:
-        return None
-    try:
-        return parse_version(f"slurm {version}")
-    except ParseError:
-        return None
-
-
 def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
                    calls: List[str]) -> Optional[Tuple[int, int]]:
     """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
-    run dir's cache (written by a root run, readable by all), or one ``--version`` call."""
+    run dir's cache (written by a root run, read by all), or one ``--version`` call."""
+    from mps_health.hostio.safefiles import read_small, write_atomic
+
     try:
         key = binary_key(scontrol)
     except OSError:
         return None  # not there: the show node call says so
-    known = _KNOWN_VERSIONS.get(key)
-    if known is not None:
-        return known
+    if key in _KNOWN_VERSIONS:
+        return _KNOWN_VERSIONS[key]
     cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
-    version = _cached_version(cache, key)
+    try:  # "KEY\tMAJOR.MINOR"
+        data = read_small(cache, 4096)
+        cached_key, _, text = (data or b"").decode("utf-8", "replace").strip().partition("\t")
+        version = parse_version(f"slurm {text}") if data and cached_key == key else None
+    except (OSError, ParseError):
+        version = None
     if version is None:
         calls.append(f"{scontrol} --version")
         done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
@@ -492,8 +424,6 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
             version = parse_version(done.stdout)
         except ParseError:
             return None  # 24.11 with no config source fails here; text is read then
-        from mps_health.hostio.safefiles import write_atomic
-
         try:
             if not ctx.read_only:  # a --root run writes nothing
                 os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
@@ -502,15 +432,6 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
             pass  # not root: this process remembers it; the next one-shot run asks again
     _KNOWN_VERSIONS[key] = version
     return version
-
-
-def use_json(ctx: Context, output: str, scontrol: str, env: Mapping[str, str],
-             timeout_s: float, calls: List[str]) -> bool:
-    """Whether to ask for --json: by config, or (auto) by the client's version."""
-    if output != "auto":
-        return output == "json"
-    version = client_version(ctx, scontrol, env, timeout_s, calls)
-    return version is not None and version >= JSON_SINCE
 
 
 # --- reading --------------------------------------------------------------------------
@@ -524,22 +445,24 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     # One binary for the version and the answer: the one the run's PATH finds.
     scontrol = resolve(ctx.config.command("scontrol"), env) or ctx.config.command("scontrol")
     calls: List[str] = []
-    as_json = use_json(ctx, cfg.output, scontrol, env, cfg.timeout_s, calls)
+    # --json by config, or (auto) by the client's version
+    as_json = cfg.output == "json" or (cfg.output == "auto" and (
+        client_version(ctx, scontrol, env, cfg.timeout_s, calls) or (0, 0)) >= JSON_SINCE)
     argv = [scontrol, "--json", "show", "node", node] if as_json else \
         [scontrol, "-d", "show", "node", node, "-o"]
     pending = [Pending(argv, env=env)]
     calls.append(" ".join(argv))
-    asked: Optional[JobList] = ctx.jobs  # the run's instances already asked squeue
-    if asked is not None:
-        want_jobs = False
-    if want_jobs:
-        squeue = squeue_argv(ctx.config, node)
+    squeue = squeue_argv(ctx.config, node)
+    if want_jobs and ctx.jobs is None:  # else the run's instances already asked squeue
         squeue[0] = resolve(squeue[0], env) or squeue[0]
         pending.append(Pending(squeue, env=env))
+    if want_jobs or ctx.jobs is not None:
         calls.append(" ".join(squeue))
-    deadline = min(time.monotonic() + cfg.timeout_s, ctx.deadline)
-    done = wait_all(pending, deadline)
+    done = wait_all(pending, min(time.monotonic() + cfg.timeout_s, ctx.deadline))
     facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
+    jobs = _job_list(done[1], cfg.timeout_s) if len(done) > 1 else ctx.jobs
+    if jobs is not None:
+        facts = facts._replace(jobs=jobs.jobs, jobs_error=jobs.error or None)
     shown = "scontrol show node"
     try:
         text = answer(done[0], shown, cfg.timeout_s)
@@ -549,16 +472,6 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         facts = facts._replace(error_code=e.code, error=str(e))
     except ParseError as e:
         facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
-    if want_jobs:
-        try:
-            facts = facts._replace(jobs=parse_squeue(answer(done[1], "squeue", cfg.timeout_s)))
-        except SlurmError as e:
-            facts = facts._replace(jobs_error=str(e))
-        except ParseError as e:
-            facts = facts._replace(jobs_error=f"squeue: {e}")
-    if asked is not None:
-        facts = facts._replace(jobs=asked.jobs, jobs_error=asked.error or None,
-                               calls=(*facts.calls, " ".join(squeue_argv(ctx.config, node))))
     return facts
 
 

@@ -36,13 +36,15 @@ def test_reference_lines_are_classified() -> None:
     assert found[3].text == "Failed to start server using uid 0, error: Operation not permitted"
 
 
-def test_parse_line_needs_the_real_prefix() -> None:
-    assert probe.parse_line("[2026-12-02 12:28:16.570 Server   510] x") == (
-        time.mktime((2026, 12, 2, 12, 28, 16, 0, 0, -1)) + 0.57, "Server", "x")
-    assert probe.parse_line("Unable to accept connection") is None
-    assert probe.parse_line("[garbage] Unable to accept connection") is None
-    at, _, _ = probe.parse_line("[2026-13-45 99:99:99.1 Control 1] x")  # type: ignore[misc]
-    assert at is None  # an impossible date is dated by reading, not trusted
+def test_split_line_needs_the_real_prefix() -> None:
+    assert probe.split_line("[2026-12-02 12:28:16.570 Server   510] x") == (
+        "2026-12-02", "12:28:16.570", "Server", "x")
+    assert probe.parse_time("2026-12-02", "12:28:16.570") == (
+        time.mktime((2026, 12, 2, 12, 28, 16, 0, 0, -1)) + 0.57)
+    assert probe.split_line("Unable to accept connection") is None
+    assert probe.split_line("[garbage] Unable to accept connection") is None
+    date, clock, _, _ = probe.split_line("[2026-13-45 99:99:99.1 Control 1] x")  # type: ignore[misc]
+    assert probe.parse_time(date, clock) is None  # an impossible date is dated by reading
 
 
 # --- incremental reads --------------------------------------------------------------------
