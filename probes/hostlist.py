@@ -21,7 +21,7 @@ def parse_count(text: str, label: str = "Count=") -> int:
     t = text.strip()
     factor = UNITS.get(t[-1:].upper(), 1)
     digits = t[:-1] if factor != 1 else t
-    if not digits.isdigit():
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
         raise ParseError(f"{label}{text!r} is not a number")
     return int(digits) * factor
 

@@ -89,8 +89,10 @@ def test_bad_hostlist(bad: str) -> None:
 
 def test_count_suffixes() -> None:
     assert parse_count("100") == 100 and parse_count("4G") == 4 * 1024**3
-    with pytest.raises(ParseError):
-        parse_count("4X")
+    assert parse_count("2k") == 2048 and parse_count("1P") == 1024**5
+    for bad in ("4X", "", "G", "\u00b2", "9" * 5000):  # a superscript, a digit run int() refuses
+        with pytest.raises(ParseError):
+            parse_count(bad)
 
 
 def test_read_stats_devices_under_root(tmp_path: Path) -> None:

@@ -119,7 +119,9 @@ def test_garbled_squeue_is_an_error_not_an_empty_list() -> None:
 
 
 @pytest.mark.parametrize("text,seconds", [("0:01", 1), ("12:34", 754), ("1:02:03", 3723),
-                                          ("2-01:00:00", 176400), ("INVALID", None)])
+                                          ("2-01:00:00", 176400), ("3-00:00:07", 259207),
+                                          ("x-01:00:00", None), ("1-2", None),
+                                          ("INVALID", None)])
 def test_elapsed(text: str, seconds) -> None:
     assert parse_elapsed(text) == seconds
 
