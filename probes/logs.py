@@ -10,8 +10,8 @@ exploded log costs a bounded read. Notable lines become findings, remembered for
 
 from __future__ import annotations
 
-import itertools
 import os
+import re
 import stat
 import time
 from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
@@ -63,10 +63,12 @@ def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
 
 
 def _int_after(text: str, marker: str, default: int) -> int:
+    """The number right after the first ``marker``: ASCII digits, at most 18 (a per-job
+    daemon's log is its user's file: a superscript or a digit run int() refuses is no
+    number, never an exception)."""
     at = text.find(marker)
-    digits = "".join(itertools.takewhile(str.isdigit, text[at + len(marker):])) \
-        if at >= 0 else ""
-    return int(digits) if digits else default
+    found = re.match(r"[0-9]{1,18}", text[at + len(marker):]) if at >= 0 else None
+    return int(found.group()) if found else default
 
 
 def classify(text: str) -> Optional[Tuple[str, int, int, int]]:

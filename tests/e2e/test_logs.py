@@ -47,6 +47,17 @@ def test_split_line_needs_the_real_prefix() -> None:
     assert probe.parse_time(date, clock) is None  # an impossible date is dated by reading
 
 
+def test_a_forged_number_is_no_number_never_an_exception() -> None:
+    # A per-job daemon's log is its user's file: what it holds is read as hostile.
+    text = "".join(f"[2026-12-02 12:28:16.570 Control   436] {m}\n" for m in (
+        "Exit with status " + "9" * 5000, "Exit with status \u00b2",
+        "Server 1 exited with status \u0663", "Starting new server 7 for user " + "1" * 40))
+    found = probe.parse_findings(text, "/var/log/nvidia-mps", "control.log", read_at=2e9)
+    assert [(f.code, f.pid, f.uid, f.status) for f in found] == [
+        ("log-daemon-exit", 0, -1, 999999999999999999),
+        ("log-server-start", 7, 111111111111111111, 0)]
+
+
 # --- incremental reads --------------------------------------------------------------------
 
 def read(d: Path, pos, max_bytes: int = 1 << 20):
