@@ -10,13 +10,17 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
+from mps_health.hostio import planned
 from mps_health.hostio.filelock import FileLock, LockBusy, node_lock
+from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
 from mps_health.model.context import Context, node_name
+from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts import Instance
+from mps_health.model.printable import escape
 from mps_health.model.results import STATE_NAMES
 from mps_health.probes import instances
-from mps_health.probes.slurm import SlurmError, read_jobs
+from mps_health.probes.slurm import SlurmError, read_jobs, with_jobs
 from mps_health.remediation import reset as reset_mod
 from mps_health.remediation.audit import Audit
 from mps_health.remediation.dirs import DirTarget
@@ -51,44 +55,24 @@ def need_root(dry_run: bool, action: str) -> None:
         raise ActionError(f"{action} must run as root (add --dry-run to see the plan)")
 
 
-def choose(ctx: Context, wanted: Sequence[str], every: bool,
-           found: Optional[Tuple[Instance, ...]] = None) -> Tuple[Instance, ...]:
-    """The instances to act on (those named, in the order given), of ``found`` (the
-    node's, gathered here when not given)."""
-    from mps_health.probes.slurm import with_jobs
-
+def choose(ctx: Context, wanted: Sequence[str], every: bool = True,
+           found: Optional[Tuple[Instance, ...]] = None, doing: str = "") -> Tuple[Instance, ...]:
+    """The instances to act on: those named, in the order given; without names all of
+    ``found`` (the node's, gathered here when not given) if ``every`` or there is one."""
     if found is None:
         found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
+    known = {i.name: i for i in found}
+    for name in wanted:
+        if name not in known:
+            raise ActionError(f"no MPS instance named '{name}' on this node (known: {names})")
     if wanted:
-        known = {i.name: i for i in found}
-        for name in wanted:
-            if name not in known:
-                raise ActionError(f"no MPS instance named '{name}' on this node (known: "
-                                  f"{names})")
         return tuple(known[n] for n in dict.fromkeys(wanted))
     if every or len(found) == 1:
         if not found:
-            raise ActionError("no MPS instance on this node to reset")
+            raise ActionError(f"no MPS instance on this node{doing}")
         return found
-    raise ActionError(f"name the instance to reset ({names}), or give --all")
-
-
-def choose_named(ctx: Context, names: Sequence[str]) -> Tuple[Instance, ...]:
-    """The named instances, in the order given; every instance of the node without names."""
-    from mps_health.probes.slurm import with_jobs
-
-    found = instances.gather(with_jobs(ctx))
-    if not names:
-        if not found:
-            raise ActionError("no MPS instance on this node")
-        return found
-    known = {i.name: i for i in found}
-    for name in names:
-        if name not in known:
-            raise ActionError(f"no MPS instance named '{name}' on this node (known: "
-                              f"{', '.join(known) or 'none'})")
-    return tuple(known[n] for n in dict.fromkeys(names))
+    raise ActionError(f"name the instance{doing} ({names}), or give --all")
 
 
 def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
@@ -139,10 +123,6 @@ def control_binary(config: Config) -> str:
     """The control binary's absolute path (``process_identity.locate``, as the check finds
     it); Failure (CANNOT) up front when there is none: a reset would make the dirs, then
     fail to start a daemon that cannot exist."""
-    from mps_health.hostio.process_identity import locate, not_found
-    from mps_health.model.exitcodes import ExitCode, Failure
-    from mps_health.model.printable import escape
-
     found = locate(config)
     if found is None:
         raise Failure(f"cannot reset: {escape(not_found(config))}: MPS is not installed on "
@@ -153,14 +133,12 @@ def control_binary(config: Config) -> str:
 
 def reset(config: Config, root: str, wanted: Sequence[str], every: bool, force: bool,
           dry_run: bool, say: Say, automatic: bool = False) -> int:
-    from mps_health.probes.slurm import with_jobs
-
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "reset")
     control_binary(config)
     found = instances.gather(with_jobs(ctx))
-    chosen = choose(ctx, wanted, every, found)
+    chosen = choose(ctx, wanted, every, found, " to reset")
     lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
         i.name for i in chosen))
     try:
@@ -179,9 +157,6 @@ def last_reset(ctx: Context, found: Sequence[Instance], say: Say) -> Tuple[float
     """When a reset last acted on any instance of this node (hostio/planned.py's records,
     which every reset writes before it acts) and which one ("instance NAME" among
     ``found``, else its pipe dir); (-inf, '') if never or unreadable (said)."""
-    from mps_health.hostio import planned
-    from mps_health.model.printable import escape
-
     records, error = planned.load(ctx.config.state_dir)  # where the reset records it
     if error:
         say(f"note: the last reset's time is unknown ({error}): no cooldown applies")

@@ -36,7 +36,7 @@ from mps_health.remediation.actions import (
     REFUSED,
     Say,
     audit_for,
-    choose_named,
+    choose,
     lock_node,
     need_root,
     target_for,
@@ -78,7 +78,7 @@ def run(config: Config, root: str, names: Sequence[str], dry_run: bool, say: Say
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "dirs")
-    chosen = choose_named(ctx, names)
+    chosen = choose(ctx, names)
     lock = None if dry_run else lock_node(ctx, settings, "dirs " + ",".join(
         i.name for i in chosen))
     try:

@@ -226,10 +226,6 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
                 os.close(fd)
 
 
-def end(proc_dir: str, fact: ProcessFact, grace_s: float) -> Ended:
-    return end_all(proc_dir, (fact,), grace_s)[0]
-
-
 def describe(p: ProcessFact) -> str:
     state = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}.get(p.state, "")
     return f"{p.role} {p.pid} (uid {p.uid}{', ' + state if state else ''})"

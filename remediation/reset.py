@@ -25,12 +25,18 @@ from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 from mps_health.checks import directories
 from mps_health.config.remediation import RemediationSettings
 from mps_health.engine import run as engine
-from mps_health.hostio.runner import RunAs
-from mps_health.hostio.safedirs import UnsafePath
+from mps_health.hostio.planned import RESET_BEGIN
+from mps_health.hostio.planned import record as record_planned
+from mps_health.hostio.process_identity import CONTROL, locate
+from mps_health.hostio.runner import SAFE_PATH, RunAs
+from mps_health.hostio.safedirs import UnsafePath, keep_files
+from mps_health.hostio.safefiles import read_tail
 from mps_health.hostio.users import ROOT, User, groups_of
 from mps_health.model import registry
 from mps_health.model.context import Context, node_name
 from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from mps_health.model.facts_deep import LOG_FILES
+from mps_health.model.printable import escape
 from mps_health.model.results import CRITICAL, UNKNOWN, Result, is_problem
 from mps_health.probes import control as control_probe
 from mps_health.probes.dirs import read_dir
@@ -106,11 +112,9 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
 
 
 def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
-    """The uids whose control daemon on the pipe dir is this instance's to quit and end
-    (None: any, ``mps.daemon_user: any``): the daemon's user, and root, whose daemon only
-    root can have started (a reset replaces it after ``mps.daemon_user`` changes). A
-    control daemon of any other uid is a stray (``daemon-foreign``): never quit or
-    signalled by a reset, whatever the pid file names."""
+    """The uids whose daemon on the pipe dir a reset may quit and end (None: any): the
+    daemon's user, and root (replaced after ``mps.daemon_user`` changes). Any other uid's
+    is a stray (``daemon-foreign``), never signalled, whatever the pid file names."""
     if ctx.config.mps.daemon_user == "any":
         return None
     return frozenset({0, target.daemon_user.uid})
@@ -127,18 +131,14 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
     # Asked even when the daemon is stopped: the answer (a timeout) is bounded and honest.
     answer = clients_mod.ask(ctx, inst, control_probe.QUERY, ctx.config.control.timeout_s)
     results = judge(ctx, inst, found, {inst.pipe_dir: pipe, inst.log_dir: log}, answer)
-    who = None
-    if with_clients:
-        who = clients_mod.find(ctx, inst, servers, answer.status == "ok",
-                               ctx.config.control.timeout_s)
+    who = clients_mod.find(ctx, inst, servers, answer.status == "ok",
+                           ctx.config.control.timeout_s) if with_clients else None
     return Observed(inst, daemons, servers, pipe, log, answer, results, who)
 
 
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
-    from mps_health.hostio.runner import SAFE_PATH
-
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
     env = {
@@ -186,12 +186,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     """The steps to take, or why none will be taken (pure over the observations, the time
     of the node's last reset ``last``, of instance ``last_of``, and ``now``)."""
     inst = obs.inst
-    notes: List[str] = []
     named = obs.pipe.pid_file
     ignored = procs.pid_file_ignored(int(named) if named and named.isdigit() else None,
                                      obs.daemons, daemon_uids(ctx, target))
-    if ignored:
-        notes.append(ignored)
+    notes: List[str] = [ignored] if ignored else []
     if not obs.problems and not force:
         return Plan(inst, (), nothing=f"{inst.name} is healthy: nothing to do "
                     "(--force restarts it anyway)", notes=tuple(notes))
@@ -296,8 +294,6 @@ Say = Callable[[str], None]
 def _control(ctx: Context) -> str:
     """The control binary the check judged by (process_identity.locate); the reset refused
     up front where there is none (actions.control_binary), so the name is only a fallback."""
-    from mps_health.hostio.process_identity import CONTROL, locate
-
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
@@ -315,40 +311,32 @@ def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
     daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
                                         ctx.root, uids)
     # What we planned on, plus any process of this instance started since (same pipe dir).
-    todo = list(planned) + [p for p in (*daemons, *servers)
-                            if (p.pid, p.start_ticks) not in {(q.pid, q.start_ticks)
-                                                              for q in planned}]
+    seen = {(q.pid, q.start_ticks) for q in planned}
+    todo = [*planned, *(p for p in (*daemons, *servers) if (p.pid, p.start_ticks) not in seen)]
     if not todo:
         return Outcome(True, "no daemon or server of this instance is left")
     ended = procs.end_all(ctx.proc, todo, settings.term_timeout_s)
     text = "; ".join(f"{e.pid}: {e.detail}" for e in ended)
-    alive = [e for e in ended if e.outcome == "alive"]
-    if alive:
+    if any(e.outcome == "alive" for e in ended):
         return Outcome(False, text + " - not touching its pipe dir while it lives", stop=True)
     return Outcome(True, text)
 
 
 def _do_start(ctx: Context, inst: Instance, target: Target,
               settings: RemediationSettings) -> Outcome:
-    from mps_health.hostio.safedirs import keep_files
-    from mps_health.model.facts_deep import LOG_FILES
-
     user = target.daemon_user
     kept = "".join(line + "; " for line in keep_files(inst.log_dir, (user.uid,), LOG_FILES,
                                                       ctx.root))
     env = daemon_env(ctx, inst, user, settings)
-    as_user = None
-    if user.uid != os.geteuid():
-        as_user = RunAs(user.uid, user.gid, groups_of(user), "/")
+    as_user = RunAs(user.uid, user.gid, groups_of(user), "/") if user.uid != os.geteuid() \
+        else None
     started = start_daemon(_control(ctx), ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, f"{kept}{started.detail}; "
                        f"{daemon_logged(ctx.path(inst.log_dir), user.uid)}", stop=True)
-    from mps_health.hostio.planned import record
-
     # A planned restart: the servers check must not report it as daemon-restarted.
-    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+    unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
                         started.start_ticks)
     return Outcome(True, f"{kept}started as {user.name}: daemon {started.pid} answers "
                    f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
@@ -357,9 +345,6 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
 def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
     """What the daemon (of ``uid``) last wrote in control.log, quoted and escaped, for a
     failure line; a file of another owner is not quoted."""
-    from mps_health.hostio.safefiles import read_tail
-    from mps_health.model.printable import escape
-
     path = os.path.join(log_dir, "control.log")
     try:
         data = read_tail(path, 2048, uid)
@@ -399,9 +384,6 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             settings: RemediationSettings, say: Say,
             record: Callable[[str, str, str], None]) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
-    from mps_health.hostio.planned import RESET_BEGIN
-    from mps_health.hostio.planned import record as record_planned
-
     inst = p.inst
     planned = tuple(obs.daemons) + tuple(obs.servers)
     verified = False
@@ -418,14 +400,12 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
                 out = _do_quit(ctx, inst, settings)
             elif step.kind == "end":
                 out = _do_end(ctx, inst, planned, settings, daemon_uids(ctx, target))
-            elif step.kind in ("pipe-dir", "log-dir"):
-                dt = target.pipe if step.kind == "pipe-dir" else target.log
-                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt)))
-            elif step.kind in ("pipe-dir-fix", "log-dir-fix"):
-                # In place only: the daemon's entries kept, nothing swapped from under it.
-                dt = target.pipe if step.kind == "pipe-dir-fix" else target.log
-                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt._replace(clear=False),
-                                                          replace=False)))
+            elif step.kind.startswith(("pipe-dir", "log-dir")):
+                dt = target.pipe if step.kind.startswith("pipe") else target.log
+                # A "-fix" is in place only: the daemon's entries kept, nothing swapped.
+                fix = step.kind.endswith("-fix")
+                out = Outcome(True, "; ".join(dirs.repair(
+                    ctx.root, dt._replace(clear=False) if fix else dt, replace=not fix)))
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
