@@ -1,18 +1,16 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-1. Observe: each dir by lstat, and which control daemons and servers use the instance
-   (``processes.of_instance``, any uid: a user's own daemon on the dir counts too).
-2. Plan (``dirs.plan_fix``, by ``directories.repair_of``, the rule the check's actions
-   follow): a wrong mode or owner of a trusted owner's dir is set through an fd opened
-   ``O_NOFOLLOW|O_DIRECTORY``, a missing log dir made. While a daemon or server uses the
-   instance, a dir that would have to be swapped (a missing, linked, foreign or non-dir
-   pipe dir; a linked, foreign or non-dir log dir) is refused with the reset that fixes
-   it: the daemon itself is broken there. With none running, it is made or moved aside
-   as a reset would (``safedirs``), and no daemon is started.
-3. Act under the node lock, each dir judged again by ``dirs.repair`` (the operation
-   ``unit prepare`` and reset use); a swap is done only if still no daemon or server
-   uses the instance. Verify with the directories check; every step in the audit log.
+1. Observe each dir by lstat, and the control daemons and servers using the instance
+   (``processes.of_instance``, any uid: a user's own daemon counts too).
+2. Plan (``dirs.plan_fix``, by ``directories.repair_of``, the check's own rule): a wrong
+   mode or owner of a trusted owner's dir is set through an fd opened
+   ``O_NOFOLLOW|O_DIRECTORY``, a missing log dir made. While the instance is in use, a
+   dir that would have to be swapped (missing, linked, foreign or not a dir) is refused
+   with the reset that fixes it; with nothing running it is made or moved aside as a
+   reset would, and no daemon is started.
+3. Act under the node lock, each dir judged again by ``dirs.repair``; a swap only if
+   still nothing uses the instance. Verify with the directories check; audit each step.
 
 Exit 0 done or nothing to do, 1 a dir left to a reset (what could be done here was
 done), 2 a step failed, 3 could not start.

@@ -53,21 +53,14 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
         lock.release()
     if view is not None:
         say(f"  was: State={view.state} Reason={view.reason or '(none)'}")
-    result = {"drained": "ok", "resumed": "ok", "already": "ok", "left": "refused"}.get(
-        outcome, "failed")
+    said, code = {"drained": (outcome, DONE), "resumed": (outcome, DONE),
+                  "already": ("nothing to do", DONE), "left": ("refused", REFUSED)
+                  }.get(outcome, ("FAILED", FAILED))
+    result = {DONE: "ok", REFUSED: "refused"}.get(code, "failed")
     audit_for(ctx, settings, action).record(action, result, node_reason=reason
                                             if action == "drain" else "", detail=why)
-    if outcome in ("drained", "resumed"):
-        say(f"  {outcome}: {why}")
-        return DONE
-    if outcome == "already":
-        say(f"  nothing to do: {why}")
-        return DONE
-    if outcome == "left":
-        say(f"  refused: {why}")
-        return REFUSED
-    say(f"  FAILED: {why}")
-    return FAILED
+    say(f"  {said}: {why}")
+    return code
 
 
 def _forget_drain(ctx: Context) -> None:

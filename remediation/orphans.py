@@ -1,18 +1,15 @@
 """``remediate orphans``: stop and remove per-job MPS instances whose job has left the node.
 
-The small interface, for the orphans check to wire in: ``orphans_of(instances, jobs)``
-is pure (an instance is an orphan when Slurm lists no job of its id on this node), and
-``clean(ctx, orphans, ...)`` removes them. The job list comes from one ``squeue`` call;
-if it fails, nothing is an orphan (an empty answer from a broken squeue must never
-look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is skipped: its
-job's prolog may still be setting it up.
+``orphans_of`` is pure (an orphan's job id is not among Slurm's jobs on this node);
+``clean`` removes them. If the one ``squeue`` call fails nothing is an orphan (a broken
+squeue's empty answer must never look like "no jobs"). A pipe dir younger than
+``orphans.min_age_s`` is skipped: its job's prolog may still be setting it up.
 
-Only dirs our Prolog recorded for the job (``mps_health.hostio.jobrecords``), owned by the
-recorded uid or root, are orphans: a dir a user made under a job's name is theirs, left
-alone (a note says so). Each orphan: ``quit -t N`` sent as the daemon's own user; what
-is left of its daemon and servers ended by verified PID; its pipe and log dirs removed
-whatever they hold, without following any symlink (``safedirs.remove_tree``); then the
-job's record is dropped.
+Only dirs our Prolog recorded for the job (``hostio.jobrecords``), owned by the recorded
+uid or root, are orphans: a dir a user made under a job's name is left alone (said).
+Each orphan: ``quit -t N`` as the daemon's own user; what is left ended by verified
+PID; its pipe and log dirs removed without following any symlink
+(``safedirs.remove_tree``); then the job's record dropped.
 """
 
 import os

@@ -1,21 +1,17 @@
 """reset: bring one MPS instance back the careful way, plan first.
 
-1. Observe: the instance's processes (by the pipe dir in their environ; daemons only of
-   the configured daemon user or root, ``processes.daemons_in``), its dirs by lstat, the
-   daemon's answer, the core checks' verdict, and the connected clients.
-2. Plan: nothing for a healthy instance (unless forced); for an instance whose only
-   faults are dir faults the daemon keeps running through (``in_place``: a mode, an
-   owner, a missing log dir), those dirs put right in place and verified, with no
-   restart, so connected clients are no reason to refuse; a refusal while clients are
-   connected or cannot be ruled out (unless forced); otherwise the steps below.
-3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
-   this instance's daemon and servers by verified PID; move aside a symlinked or
-   foreign pipe/log dir, clear stale entries, give the dirs their mode and owner
-   (the log dir ``mps.log_dir_mode``); make sure control.log and server.log are the
-   daemon's user's regular files (``safedirs.keep_files``: a planted link is removed,
-   anything else moved aside, so the daemon never appends where a user chose); start
-   the daemon as the configured user with the instance's environment; verify with a
-   control query and the core checks.
+1. Observe: the instance's processes (daemons only of the daemon user or root,
+   ``processes.daemons_in``), its dirs by lstat, the daemon's answer, the core checks'
+   verdict, and the connected clients.
+2. Plan: nothing for a healthy instance (unless forced); only dir faults the daemon
+   keeps running through (``in_place``) are put right in place, with no restart, so
+   clients are no reason to refuse; refused while clients are connected or cannot be
+   ruled out, or within the cooldown (unless forced); otherwise the steps below.
+3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left by
+   verified PID; move aside a symlinked or foreign pipe/log dir, clear stale entries,
+   set mode and owner; make control.log and server.log the daemon user's regular files
+   (``safedirs.keep_files``: so the daemon never appends where a user chose); start the
+   daemon as the configured user with the instance's environment; verify.
 """
 
 import os

@@ -1,16 +1,14 @@
 """``remediate tmpfiles-guard``: keep systemd-tmpfiles away from every configured instance.
 
-Writes /etc/tmpfiles.d/mps-health.conf (under --root) with one ``x PATH`` line per pipe
-and log dir: ``x`` excludes the path and everything in it from cleaning. Per-job
-templates become globs (``{job}`` and ``{gpu}`` -> ``*``), so tomorrow's jobs are
-covered too. A file of that name not written by us is left alone unless --force.
-The dry run shows the change as a unified diff; the write is atomic (temp file, fsync,
-rename) and is checked afterwards by reading the merged configuration back.
+Writes /etc/tmpfiles.d/mps-health.conf (under --root): one ``x PATH`` line (no cleaning of
+the path and all in it) per pipe and log dir, per-job templates as globs (``{job}``,
+``{gpu}`` -> ``*``) so future jobs are covered. A file of that name not ours is left
+alone unless --force. The dry run shows a unified diff; the write is atomic and checked
+by reading the merged configuration back.
 
-A guard is a file systemd-tmpfiles applies at every boot as root, so nothing else may
-get into it: the rendered text is parsed back before writing and must be exactly one
-``x`` rule per guarded path, and a guard that fails the check after writing is not
-left in place (the previous file is put back, or the new one removed).
+systemd-tmpfiles applies the guard at every boot as root, so nothing else may get into
+it: the text is parsed back before writing and must be exactly one ``x`` rule per path,
+and a guard that fails the check after writing is undone (old file back, or removed).
 """
 
 import difflib
