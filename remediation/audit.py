@@ -18,12 +18,14 @@ import syslog
 import time
 from typing import List, Mapping, Optional
 
+from mps_health.hostio.safefiles import read_small
+from mps_health.hostio.users import name_of
+from mps_health.model.printable import printable
+
 _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    from mps_health.hostio.users import name_of
-
     return name_of(uid) or str(uid)
 
 
@@ -34,8 +36,6 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     acting = _user_name(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
-    from mps_health.hostio.safefiles import read_small
-
     try:
         login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
                     or _UNSET_LOGINUID)
@@ -47,8 +47,6 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    from mps_health.model.printable import printable
-
     value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):
         return value

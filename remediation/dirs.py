@@ -7,6 +7,7 @@ dir swapped into place, what was there moved aside to a random name).
 import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
+from mps_health.checks.directories import repair_of
 from mps_health.hostio import safedirs
 from mps_health.model.facts import DirFact
 
@@ -84,8 +85,6 @@ def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: st
     dir's fd, a missing log dir made); anything that would swap the dir from under them
     is refused, with the reset that fixes it. With none running, the dir is made or
     what is there moved aside as a reset would, and no daemon is started."""
-    from mps_health.checks.directories import repair_of
-
     target = target._replace(clear=False)
     if d.kind == "error":
         return DirFix(role, target, (), f"cannot lstat {d.path}: {d.error}; run it as root")
@@ -115,18 +114,14 @@ def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
     try:
         uid, gid = (target.uid, target.gid) if target.uid is not None and \
             target.gid is not None else (0, 0)
-        keep = target.uid is None or target.gid is None
-
-        def acceptable(e: safedirs.Entry) -> bool:
-            return e.uid in target.trusted
-
-        if keep:  # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
+        if target.uid is None or target.gid is None:
+            # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
             seen = safedirs.look(pfd, name)
-            if seen.kind == "dir" and acceptable(seen):
+            if seen.kind == "dir" and seen.uid in target.trusted:
                 uid, gid = seen.uid, seen.gid
         try:
-            made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid, acceptable,
-                                       replace)
+            made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid,
+                                       lambda e: e.uid in target.trusted, replace)
         except safedirs.UnsafePath as e:
             if replace:
                 raise

@@ -19,12 +19,13 @@ done), 2 a step failed, 3 could not start.
 import time
 from typing import List, Optional, Sequence, Tuple
 
+from mps_health.checks.directories import judge_dir
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.results import OK, STATE_NAMES
-from mps_health.probes.dirs import read_dir
+from mps_health.probes.dirs import blocked_parents, read_dir
 from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
@@ -61,8 +62,6 @@ def plan(ctx: Context, inst: Instance, target: Target, busy: str
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:
     """What the directories check still finds wrong with these dirs (their entries are
     not this repair's business)."""
-    from mps_health.checks.directories import judge_dir
-
     left: List[str] = []
     for role in roles:
         path = inst.pipe_dir if role == "pipe" else inst.log_dir
@@ -95,33 +94,24 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
     say(f"  in use by: {busy or 'no daemon or server'}")
     fixes = plan(ctx, inst, target, busy)
     todo = [f for f in fixes if f.lines and not f.refused]
-    refused = [f for f in fixes if f.refused]
-    parents = parents_left(ctx, inst)
-    for path, why in parents:
+    refused = [("refused", f.target.path, f.refused) for f in fixes if f.refused]
+    refusals = [("parent", path, why) for path, why in parents_left(ctx, inst)] + refused
+    for result, path, why in refusals:
         say(f"  refused: {why}")
         if audit:
-            audit.record("refused", "parent", instance=inst.name, dir=path, why=why)
-    if parents and not todo and not refused:
-        if audit is None:
-            say("  dry run: nothing was changed")
-        return REFUSED
-    if not todo and not refused:
+            audit.record("refused", result, instance=inst.name, dir=path, why=why)
+    if not todo and not refusals:
         say(f"  {inst.name}'s pipe and log dirs are right: nothing to do")
         if audit:
             audit.record("checked", "healthy", instance=inst.name)
         return DONE
-    for f in refused:
-        say(f"  refused: {f.refused}")
-        if audit:
-            audit.record("refused", "refused", instance=inst.name, dir=f.target.path,
-                         why=f.refused)
     if todo:
         say("  plan:")
         for number, f in enumerate(todo, 1):
             say(f"  {number}. {'; then '.join(f.lines)}")
     if audit is None:
         say("  dry run: nothing was changed")
-        return REFUSED if refused else DONE
+        return REFUSED if refused or not todo else DONE
     if not todo:
         return REFUSED
     started = time.monotonic()
@@ -145,7 +135,7 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
             f"after {spent:.1f}s; the daemon was not touched")
     audit.record("finish", "failed" if failed else "ok", instance=inst.name,
                  seconds=f"{spent:.2f}", left="; ".join(left))
-    return FAILED if failed else (REFUSED if refused or parents else DONE)
+    return FAILED if failed else (REFUSED if refusals else DONE)
 
 
 def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
@@ -154,16 +144,11 @@ def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
     only walks them; a package, a tmpfiles.d rule or a person made them), so it has no
     record that one is its own and changes none: a chmod of a dir it did not make could
     open what its owner meant to keep closed. The line says which chmod to run."""
-    from mps_health.probes.dirs import blocked_parents
-
-    out: List[Tuple[str, str]] = []
-    for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir)):
-        for p in blocked_parents(ctx, path):
-            out.append((p.path, f"{role} dir {path}: its parent {p.path} (mode {p.mode:04o}, "
-                        f"uid {p.uid}) is not traversable by other users; mps-health did not "
-                        f"make it and leaves it alone: run 'chmod o+x {p.path}' if nothing "
-                        "needs it closed"))
-    return out
+    return [(p.path, f"{role} dir {path}: its parent {p.path} (mode {p.mode:04o}, uid {p.uid}) "
+             "is not traversable by other users; mps-health did not make it and leaves it "
+             f"alone: run 'chmod o+x {p.path}' if nothing needs it closed")
+            for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir))
+            for p in blocked_parents(ctx, path)]
 
 
 def _act(ctx: Context, inst: Instance, f: dirs.DirFix) -> Tuple[bool, str]:
