@@ -4,14 +4,15 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 --force overrides), 2 acted but failed, 3 could not start (config, usage, lock, rights).
 """
 
+import contextlib
 import os
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.hostio import planned
-from mps_health.hostio.filelock import FileLock, LockBusy, node_lock
+from mps_health.hostio.filelock import LockBusy, node_lock
 from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
 from mps_health.model.context import Context, node_name
@@ -40,7 +41,12 @@ def audit_for(ctx: Context, settings: RemediationSettings, action: str,
                  actor)
 
 
-def lock_node(ctx: Context, settings: RemediationSettings, what: str) -> FileLock:
+def lock_node(ctx: Context, settings: RemediationSettings, what: str, dry_run: bool = False
+              ) -> ContextManager[object]:
+    """The node's remediation lock, released when the ``with`` block ends; none for a dry
+    run, which changes nothing."""
+    if dry_run:
+        return contextlib.nullcontext()
     try:
         return node_lock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
     except LockBusy as e:
@@ -139,18 +145,12 @@ def reset(config: Config, root: str, wanted: Sequence[str], every: bool, force: 
     control_binary(config)
     found = instances.gather(with_jobs(ctx))
     chosen = choose(ctx, wanted, every, found, " to reset")
-    lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
-        i.name for i in chosen))
-    try:
+    with lock_node(ctx, settings, "reset " + ",".join(i.name for i in chosen), dry_run):
         # Read once, before this call acts: the cooldown is per node, and the instances
         # one call resets ('--all') are one reset of the node, not a second one each.
         last = last_reset(ctx, found, say)
-        codes = [_reset_one(ctx, inst, settings, force, dry_run, say, automatic, last)
-                 for inst in chosen]
-    finally:
-        if lock is not None:
-            lock.release()
-    return max(codes)
+        return max(_reset_one(ctx, inst, settings, force, dry_run, say, automatic, last)
+                   for inst in chosen)
 
 
 def last_reset(ctx: Context, found: Sequence[Instance], say: Say) -> Tuple[float, str]:

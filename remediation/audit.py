@@ -80,7 +80,8 @@ class Audit:
         self.lines.append(line)
         self._to_file(line)
         if self.use_syslog:
-            self._to_syslog(line)
+            syslog.openlog("mps-health", syslog.LOG_PID, syslog.LOG_DAEMON)
+            syslog.syslog(syslog.LOG_NOTICE, line)
 
     def _to_file(self, line: str) -> None:
         try:
@@ -99,8 +100,3 @@ class Audit:
                 self.warned = True
                 print(f"mps-health: warning: cannot write the audit log {self.path}: "
                       f"{e.strerror} (the action goes on)", file=sys.stderr)
-
-    @staticmethod
-    def _to_syslog(line: str) -> None:
-        syslog.openlog("mps-health", syslog.LOG_PID, syslog.LOG_DAEMON)
-        syslog.syslog(syslog.LOG_NOTICE, line)

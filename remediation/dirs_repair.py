@@ -76,14 +76,9 @@ def run(config: Config, root: str, names: Sequence[str], dry_run: bool, say: Say
     ctx = Context(config, root)
     need_root(dry_run, "dirs")
     chosen = choose(ctx, names)
-    lock = None if dry_run else lock_node(ctx, settings, "dirs " + ",".join(
-        i.name for i in chosen))
-    try:
+    with lock_node(ctx, settings, "dirs " + ",".join(i.name for i in chosen), dry_run):
         audit = None if dry_run else audit_for(ctx, settings, "dirs")
         return max(_one(ctx, inst, settings, audit, say) for inst in chosen)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Optional[Audit],

@@ -39,18 +39,13 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
         say(f"  would {'' if allowed else 'not '}{action}: {why}")
         say("  dry run: nothing was changed")
         return DONE
-    lock = lock_node(ctx, settings, f"{action} {node}")
-    try:
+    with lock_node(ctx, settings, f"{action} {node}"):
         if action == "drain":
-            outcome, why, view = slurmnode.drain_if_allowed(config, node, tag, reason,
-                                                            timeout_s)
+            outcome, why, view = slurmnode.drain_if_allowed(config, node, tag, reason, timeout_s)
         else:
-            outcome, why, view = slurmnode.resume_if_ours(config, node, tag,
-                                                          timeout_s)
+            outcome, why, view = slurmnode.resume_if_ours(config, node, tag, timeout_s)
             if outcome == "resumed":
                 _forget_drain(ctx)
-    finally:
-        lock.release()
     if view is not None:
         say(f"  was: State={view.state} Reason={view.reason or '(none)'}")
     said, code = {"drained": (outcome, DONE), "resumed": (outcome, DONE),

@@ -47,13 +47,6 @@ def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple
     return tuple(i for i in instances if i.job_id is not None and i.job_id not in job_ids)
 
 
-def _age(ctx: Context, path: str, now: float) -> float:
-    try:
-        return now - os.lstat(ctx.path(path)).st_mtime
-    except OSError:
-        return float("inf")
-
-
 def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
                                                       Tuple[ProcessFact, ...]]:
     return procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)), ctx.root)
@@ -120,17 +113,14 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
     if record is None or not jobrecords.ours(record, inst.pipe_dir,
                                              _owner(ctx, inst.pipe_dir)):
         return False, f"{inst.pipe_dir} is no longer a dir our Prolog made for the job: left"
-    done: List[str] = []
-    daemons, servers = _processes(ctx, inst)
-    for d in daemons:
-        if d.state not in ("T", "t"):
-            done.append(_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s))
+    done = [_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s)
+            for d in _processes(ctx, inst)[0] if d.state not in ("T", "t")]
     daemons, servers = _processes(ctx, inst)
     ended = procs.end_all(ctx.proc, (*daemons, *servers), settings.term_timeout_s)
     done.extend(f"{e.pid}: {e.detail}" for e in ended)
     if any(e.outcome == "alive" for e in ended):
         return False, "; ".join(done) + " - dirs kept while a process lives"
-    state_dir = ctx.path(ctx.config.state_dir)
+    state_dir, failed = ctx.path(ctx.config.state_dir), ""
     for path in dict.fromkeys((inst.pipe_dir, inst.log_dir)):
         if path != inst.pipe_dir and not jobrecords.ours(record, path, _owner(ctx, path)):
             if _owner(ctx, path) >= 0:
@@ -139,14 +129,13 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
         try:
             done.append(_remove(ctx, path, (record.uid, 0)))
         except OSError as e:
-            jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
-                                                       if os.path.lexists(ctx.path(p))])
-            return False, "; ".join(done) + f"; {path}: {e.strerror}"
+            failed = f"{path}: {e.strerror}"
+            break
     unkept = jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
                                                         if os.path.lexists(ctx.path(p))])
-    if unkept:
-        done.append(unkept)
-    return True, "; ".join(done)
+    if failed:
+        return False, "; ".join([*done, failed])
+    return True, "; ".join([*done, unkept] if unkept else done)
 
 
 def clean(ctx: Context, orphans: Sequence[Instance], settings: RemediationSettings,
@@ -181,7 +170,10 @@ def find(ctx: Context, jobs: Mapping[str, object], now: float
             notes.append(f"{inst.name}: {inst.pipe_dir} (owner uid {owner}) was not made by "
                          "our Prolog for that job: not an orphan of ours, left alone")
             continue
-        age = _age(ctx, inst.pipe_dir, now)
+        try:
+            age = now - os.lstat(ctx.path(inst.pipe_dir)).st_mtime
+        except OSError:
+            age = float("inf")
         if age < min_age_s:
             notes.append(f"{inst.name}: its pipe dir is {age:.0f}s old (under "
                          f"{min_age_s:g}s, orphans.min_age_s): left for now")
@@ -217,16 +209,12 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     if dry_run:
         say("  dry run: nothing was changed")
         return DONE
-    lock = lock_node(ctx, settings, "orphans")
-    try:
+    with lock_node(ctx, settings, "orphans"):
         # The job list again, under the lock: a job that arrived meanwhile keeps its dirs.
         try:
             jobs = read_jobs(config, node, settings.term_timeout_s + 5.0)
         except SlurmError as e:
             say(f"  cannot list the jobs again: {e}; nothing removed")
             return CANNOT
-        still = tuple(i for i in orphans if i.job_id not in jobs)
-        return clean(ctx, still, settings, say)
-    finally:
-        lock.release()
+        return clean(ctx, tuple(i for i in orphans if i.job_id not in jobs), settings, say)
 

@@ -159,13 +159,10 @@ def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -
 
 
 def _open_pidfd(pid: int) -> Optional[int]:
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
     try:
-        return opener(pid)
-    except OSError:
-        return None  # gone already, or an old kernel: the /proc check still guards us
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # gone, or no pidfds: the /proc check still guards us
+        return None
 
 
 def _send(proc_dir: str, fact: ProcessFact, pidfd: Optional[int], sig: int) -> None:

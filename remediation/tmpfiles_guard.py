@@ -129,9 +129,8 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
         say("dry run: nothing was changed")
         return DONE
     need_root(dry_run, "tmpfiles-guard")
-    lock = lock_node(ctx, settings, "tmpfiles-guard")
     audit = audit_for(ctx, settings, "tmpfiles-guard")
-    try:
+    with lock_node(ctx, settings, "tmpfiles-guard"):
         try:
             parent = ctx.path(os.path.dirname(GUARD_FILE))
             if not os.path.isdir(parent) and os.path.isdir(os.path.dirname(parent)):
@@ -150,8 +149,6 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
             audit.record("write", "failed", file=GUARD_FILE, detail="not guarded: " +
                          ", ".join(missing) + "; " + undone)
             return FAILED
-    finally:
-        lock.release()
     paths = guarded_paths(config.mps)
     say(f"written; every instance is excluded from cleaning ({len(paths)} paths)")
     audit.record("write", "ok", file=GUARD_FILE, paths=" ".join(paths))
