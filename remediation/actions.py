@@ -100,10 +100,8 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
         daemon_user = resolve(mps.daemon_user, job_uid, "mps.daemon_user")
     except UserError as e:
         raise ActionError(str(e)) from None
-    keep = mps.dir_owner == "any"
     trusted = frozenset({0, owner.uid, daemon_user.uid})
-    uid = None if keep else owner.uid
-    gid = None if keep else owner.gid
+    uid, gid = (None, None) if mps.dir_owner == "any" else (owner.uid, owner.gid)
     # The log dir is the daemon's user's (only the daemon writes there: its mode lets no
     # one else); as the pipe dir when any user may run the daemon.
     log_uid, log_gid = (uid, gid) if mps.daemon_user == "any" else (daemon_user.uid,
@@ -126,9 +124,8 @@ def _show_state(obs: reset_mod.Observed, say: Say) -> None:
 
 
 def control_binary(config: Config) -> str:
-    """The control binary's absolute path (``process_identity.locate``, as the check finds
-    it); Failure (CANNOT) up front when there is none: a reset would make the dirs, then
-    fail to start a daemon that cannot exist."""
+    """The control binary's path as the check finds it; Failure (CANNOT) up front when
+    there is none, rather than make the dirs and fail to start a daemon."""
     found = locate(config)
     if found is None:
         raise Failure(f"cannot reset: {escape(not_found(config))}: MPS is not installed on "

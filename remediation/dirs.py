@@ -11,9 +11,8 @@ from mps_health.checks.directories import repair_of
 from mps_health.hostio import safedirs
 from mps_health.model.facts import DirFact
 
-# What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
-# control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
-# else is removed.
+# What a daemon leaves in its pipe dir (a clean quit leaves control, control_lock and
+# control_privileged; a SIGKILL all five); nothing else is removed.
 STALE_ENTRIES = ("control", "control_privileged", "control_lock", "log",
                  "nvidia-cuda-mps-control.pid")
 
@@ -67,8 +66,7 @@ def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTar
 
 
 class DirFix(NamedTuple):
-    """``remediate dirs``' plan for one dir (and ``remediate reset``'s for a dir fault the
-    daemon can keep running through)."""
+    """The plan for one dir of ``remediate dirs`` (and of a reset that needs no restart)."""
 
     role: str  # "pipe" | "log"
     target: DirTarget  # never ``clear``: the daemon's entries are its own
@@ -79,12 +77,10 @@ class DirFix(NamedTuple):
 
 def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: str,
              instance: str) -> DirFix:
-    """What ``remediate dirs`` does to one dir (pure). ``busy`` names the daemon and
-    servers that use the instance ("" when none run): while one does, only what
-    ``directories.repair_of`` leaves to ``dirs`` is done (a mode or owner through the
-    dir's fd, a missing log dir made); anything that would swap the dir from under them
-    is refused, with the reset that fixes it. With none running, the dir is made or
-    what is there moved aside as a reset would, and no daemon is started."""
+    """What ``remediate dirs`` does to one dir (pure). While ``busy`` (the daemon and
+    servers using the instance) run, only what ``directories.repair_of`` leaves to
+    ``dirs`` is done; a swap from under them is refused, naming the reset that fixes it.
+    With none running, the dir is made or moved aside as a reset would."""
     target = target._replace(clear=False)
     if d.kind == "error":
         return DirFix(role, target, (), f"cannot lstat {d.path}: {d.error}; run it as root")
@@ -105,10 +101,9 @@ def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: st
 
 
 def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
-    """Act on the dir as it is now; returns what was done, one line each. With
-    ``replace`` False only a dir of a trusted owner is repaired (through its fd) or a
-    missing one made: anything else found now raises UnsafePath, left as it is. The one
-    operation of ``unit prepare``, ``remediate dirs`` and ``remediate reset``."""
+    """Act on the dir as it is now (``unit prepare``, ``remediate dirs`` and ``reset``);
+    what was done, one line each. Without ``replace`` only a trusted owner's dir is
+    repaired (through its fd) or a missing one made: else UnsafePath, nothing touched."""
     parent, name = safedirs.split(target.path)
     pfd = safedirs.open_dir(parent, root)
     try:

@@ -50,18 +50,16 @@ class Ended(NamedTuple):
 
 
 def candidates(proc_dir: str, binaries: Optional[Binaries]) -> Tuple[ProcessFact, ...]:
-    """Every live control daemon in ``proc_dir``: started with -d/-f and not shown to run
-    another binary than ``binaries`` (``is_daemon``), of any uid and pipe dir."""
+    """Every live control daemon (``is_daemon``) in ``proc_dir``, of any uid and pipe dir."""
     return tuple(p for p in read_processes(proc_dir, binaries) if is_daemon(p))
 
 
 def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
                uids: Optional[Collection[int]], named: Optional[int] = None
                ) -> Tuple[ProcessFact, ...]:
-    """The control daemons of one of ``uids`` (None: of any uid, ``mps.daemon_user: any``)
-    serving one of ``paths``, by the pipe dir in their environ; where environ cannot be
-    read, the one the pid file names (``named``). Another uid's process is never one of
-    them, whatever the pid file says: anyone may write it."""
+    """The control daemons of ``uids`` (None: any) serving one of ``paths`` by their
+    environ, or where it cannot be read the one the pid file names (``named``); never
+    another uid's, whatever the pid file (anyone's to write) says."""
     wanted = {os.path.normpath(p) for p in paths}
     return tuple(p for p in procs if is_daemon(p) and (uids is None or p.uid in uids)
                  and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
@@ -76,9 +74,8 @@ def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: 
 
 def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
                  ) -> Optional[ProcessFact]:
-    """The control daemon the pid file names, if /proc agrees that it is a daemon of
-    ``uid`` serving ``pipe_dir``. The daemon writes its pid file once its socket is bound,
-    so this says a starting daemon is ready (``daemonctl.start_daemon``)."""
+    """The control daemon the pid file names, if /proc agrees it is ``uid``'s serving
+    ``pipe_dir``: written once its socket is bound, so a starting daemon is ready."""
     pid = read_pid(pipe_dir)
     p = read_process(proc_dir, pid, binaries) if pid is not None else None
     return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
@@ -109,9 +106,9 @@ def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
 def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
                  uids: Optional[Collection[int]] = None
                  ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons of ``uids``, servers) serving ``paths``: by the pipe dir in their
-    environ (``daemons_in``), and for servers also by parentage (a daemon's child is its
-    server whatever its environ). Servers run as their clients' users: no uid rule."""
+    """(control daemons of ``uids``, servers) serving ``paths`` by their environ; a
+    daemon's child is its server whatever its environ. Servers run as their clients'
+    users: no uid rule."""
     procs = tuple(procs)
     wanted = {os.path.normpath(p) for p in paths}
     daemons = daemons_in(procs, wanted, uids)
@@ -133,9 +130,8 @@ def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:
     """The live process ``fact`` describes now, or None: gone, a zombie, or another process
     under the same PID (other start time, uid or role)."""
     now = read_process(proc_dir, fact.pid)
-    if now is None or now.state in GONE_STATES:
-        return None
-    if (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
+    if now is None or now.state in GONE_STATES or \
+            (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
         return None
     return now
 
@@ -150,12 +146,11 @@ def gone(proc_dir: str, fact: ProcessFact) -> bool:
 def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
     """Wait until every process of ``facts`` has ended; False if one is left at the end."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        if all(gone(proc_dir, f) for f in facts):
-            return True
+    while not all(gone(proc_dir, f) for f in facts):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+    return True
 
 
 def _open_pidfd(pid: int) -> Optional[int]:

@@ -102,8 +102,7 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
     facts = Facts(node_name(ctx.config), time.time(), ctx.root, (inst,),
                   {"processes": found, "dirs": dir_facts, "control": {inst.name: answer}}, {}, {})
     table = registry.checks()
-    specs = [table[n] for n in CORE_CHECKS if n in table]
-    runs = engine.judge(facts, ctx.config, specs)
+    runs = engine.judge(facts, ctx.config, [table[n] for n in CORE_CHECKS if n in table])
     return tuple(r for run_ in runs for r in run_.results if r.instance == inst.name)
 
 
@@ -111,9 +110,7 @@ def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
     """The uids whose daemon on the pipe dir a reset may quit and end (None: any): the
     daemon's user, and root (replaced after ``mps.daemon_user`` changes). Any other uid's
     is a stray (``daemon-foreign``), never signalled, whatever the pid file names."""
-    if ctx.config.mps.daemon_user == "any":
-        return None
-    return frozenset({0, target.daemon_user.uid})
+    return None if ctx.config.mps.daemon_user == "any" else frozenset({0, target.daemon_user.uid})
 
 
 def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
@@ -158,10 +155,9 @@ def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
 
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
              automatic: bool, which: str = "") -> Tuple[str, str]:
-    """(refusal, note) of the reset cooldown (pure): a restart within
-    ``remediation.cooldown_s`` of the node's last reset (``last``, of ``which``: "instance
-    gpu0"), whichever instance it acted on, is refused; a manual one goes with
-    --force, an automatic one never does."""
+    """(refusal, note) of the cooldown (pure): a restart within ``remediation.cooldown_s``
+    of the node's last reset (``last``, of ``which``: "instance gpu0"), of any instance,
+    is refused; a manual one goes with --force, an automatic one never does."""
     if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
         return "", ""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
@@ -221,14 +217,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
                           f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
                           f"that are killed), waiting at most {n + 5:g}s"))
-    leftovers = list(obs.daemons) + list(obs.servers)
-    if leftovers:
-        listed = ", ".join(procs.describe(p) for p in leftovers)
-        steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
-                          f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s"))
-    else:
-        steps.append(Step("end", "end any daemon or server of this instance found by then "
-                          "(none now)"))
+    listed = ", ".join(procs.describe(p) for p in (*obs.daemons, *obs.servers))
+    steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
+                      f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s" if listed
+                      else "end any daemon or server of this instance found by then (none now)"))
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
@@ -258,10 +250,8 @@ DIR_CODES = frozenset(c for c in directories.CODES if "-dir-" in c and
 
 
 def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]:
-    """The dir repairs that are all this instance needs (pure): every problem is a fault
-    of its pipe or log dir that ``directories.repair_of`` fixes with the daemon running.
-    None when anything else is wrong, or a dir would have to be swapped: then the
-    daemon is restarted."""
+    """The dir repairs that are all this instance needs (pure), each fixable with the
+    daemon running; None when anything else is wrong or a dir must be swapped: restart."""
     if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
                                for r in obs.problems):
         return None
@@ -288,8 +278,8 @@ Say = Callable[[str], None]
 
 
 def _control(ctx: Context) -> str:
-    """The control binary the check judged by (process_identity.locate); the reset refused
-    up front where there is none (actions.control_binary), so the name is only a fallback."""
+    """The control binary the check judged by (the name is a fallback only: a reset
+    refuses up front where there is none, actions.control_binary)."""
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
@@ -297,9 +287,8 @@ def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Out
     n = settings.quit_timeout_s
     env = daemon_env(ctx, inst, ROOT, settings)
     problem = quit_daemon(_control(ctx), None, env, n, n + 5.0)
-    if problem:
-        return Outcome(True, f"{problem}: ending it by PID instead")
-    return Outcome(True, "the daemon accepted 'quit'")
+    return Outcome(True, f"{problem}: ending it by PID instead" if problem
+                   else "the daemon accepted 'quit'")
 
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
@@ -354,8 +343,7 @@ def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
 
 def _do_verify(ctx: Context, inst: Instance, target: Target, settings: RemediationSettings,
                uids: Optional[FrozenSet[int]]) -> Tuple[Outcome, Optional[Observed]]:
-    deadline = time.monotonic() + settings.verify_timeout_s
-    answer = None
+    deadline, answer = time.monotonic() + settings.verify_timeout_s, None
     while time.monotonic() < deadline:
         answer = clients_mod.ask(ctx, inst, control_probe.QUERY,
                                  min(ctx.config.control.timeout_s, settings.verify_timeout_s))
@@ -363,7 +351,7 @@ def _do_verify(ctx: Context, inst: Instance, target: Target, settings: Remediati
             break
         time.sleep(0.1)
     obs = observe(ctx, inst, settings, with_clients=False, uids=uids)
-    bad = list(obs.problems)
+    bad = obs.problems
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
         return Outcome(False, f"the daemon did not answer within "
@@ -380,9 +368,7 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             settings: RemediationSettings, say: Say,
             record: Callable[[str, str, str], None]) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
-    inst = p.inst
-    planned = tuple(obs.daemons) + tuple(obs.servers)
-    verified = False
+    inst, planned, verified = p.inst, (*obs.daemons, *obs.servers), False
     if any(s.kind in RESTART_STEPS for s in p.steps):
         # Before the first quit, so a run while we act takes what goes for ours: the
         # daemon's change, the servers it ends (hostio/planned.py); and the reset cooldown
