@@ -7,7 +7,7 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 import contextlib
 import os
 import time
-from typing import Callable, ContextManager, Optional, Sequence, Tuple
+from typing import ContextManager, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
@@ -25,11 +25,9 @@ from mps_health.probes.slurm import SlurmError, read_jobs, with_jobs
 from mps_health.remediation import reset as reset_mod
 from mps_health.remediation.audit import Audit
 from mps_health.remediation.dirs import DirTarget
+from mps_health.remediation.reset import Say
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
-
-Say = Callable[[str], None]
-
 
 class ActionError(Exception):
     """The action cannot start; the message is its one line, exit 3."""

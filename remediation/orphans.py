@@ -20,7 +20,6 @@ from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords, safedirs
-from mps_health.hostio.process_identity import CONTROL, locate
 from mps_health.hostio.runner import RunAs
 from mps_health.hostio.users import by_uid, groups_of
 from mps_health.model.context import Context, node_name
@@ -40,6 +39,7 @@ from mps_health.remediation.actions import (
     need_root,
 )
 from mps_health.remediation.daemonctl import quit_daemon
+from mps_health.remediation.reset import control_path
 
 
 def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple[Instance, ...]:
@@ -54,10 +54,8 @@ def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
 
 def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> List[str]:
     daemons, servers = _processes(ctx, inst)
-    lines = []
-    for d in daemons:
-        lines.append(f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its "
-                     f"user (uid {d.uid})")
+    lines = [f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its user "
+             f"(uid {d.uid})" for d in daemons]
     if daemons or servers:
         listed = ", ".join(procs.describe(p) for p in (*daemons, *servers))
         lines.append(f"end what is left of {listed} by verified PID")
@@ -72,8 +70,7 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
            "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
            "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
-    control = locate(ctx.config) or ctx.config.command(CONTROL)  # the check's binary
-    problem = quit_daemon(control, as_user, env, timeout_s, timeout_s + 5.0)
+    problem = quit_daemon(control_path(ctx), as_user, env, timeout_s, timeout_s + 5.0)
     return f"quit as {user.name}: {problem or 'accepted'}"
 
 

@@ -232,7 +232,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     steps.append(Step("start", f"make sure {inst.log_dir}'s control.log and server.log are "
                       f"regular files of {target.daemon_user.name} (a link is removed, anything "
                       f"else moved aside), then start "
-                      f"'{_control(ctx)} -d' as "
+                      f"'{control_path(ctx)} -d' as "
                       f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
     steps.append(_verify_step(settings))
     return Plan(inst, tuple(steps), notes=tuple(notes))
@@ -277,16 +277,16 @@ class Outcome(NamedTuple):
 Say = Callable[[str], None]
 
 
-def _control(ctx: Context) -> str:
-    """The control binary the check judged by (the name is a fallback only: a reset
-    refuses up front where there is none, actions.control_binary)."""
+def control_path(ctx: Context) -> str:
+    """The control binary the check judged by; its configured name where there is none
+    (a reset refuses up front then, actions.control_binary)."""
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
 def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
     n = settings.quit_timeout_s
     env = daemon_env(ctx, inst, ROOT, settings)
-    problem = quit_daemon(_control(ctx), None, env, n, n + 5.0)
+    problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
     return Outcome(True, f"{problem}: ending it by PID instead" if problem
                    else "the daemon accepted 'quit'")
 
@@ -315,7 +315,7 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
     env = daemon_env(ctx, inst, user, settings)
     as_user = RunAs(user.uid, user.gid, groups_of(user), "/") if user.uid != os.geteuid() \
         else None
-    started = start_daemon(_control(ctx), ctx.path(inst.pipe_dir), as_user, env,
+    started = start_daemon(control_path(ctx), ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, f"{kept}{started.detail}; "
