@@ -199,11 +199,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
                  automatic=str(automatic).lower(),
                  plan=" | ".join(s.text for s in plan.steps))
     say("  acting:")
-
-    def record(step: str, result: str, text: str) -> None:
-        audit.record(step, result, instance=inst.name, detail=text)
-
-    ok = reset_mod.execute(ctx, plan, obs, target, settings, say, record)
+    ok = reset_mod.execute(ctx, plan, obs, target, settings, say, audit)
     spent = time.monotonic() - started
     if ok:
         say(f"  result: {inst.name} is healthy again after {spent:.1f}s")

@@ -40,6 +40,7 @@ from mps_health.probes.proc import binaries_here, read_processes, with_named
 from mps_health.remediation import clients as clients_mod
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
+from mps_health.remediation.audit import Audit
 from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 
 CORE_CHECKS = ("daemon", "control", "directories")
@@ -322,7 +323,7 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
                        f"{daemon_logged(ctx.path(inst.log_dir), user.uid)}", stop=True)
     # A planned restart: the servers check must not report it as daemon-restarted.
     unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
-                        started.start_ticks)
+                                started.start_ticks)
     return Outcome(True, f"{kept}started as {user.name}: daemon {started.pid} answers "
                    f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
@@ -342,7 +343,7 @@ def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
 
 
 def _do_verify(ctx: Context, inst: Instance, target: Target, settings: RemediationSettings,
-               uids: Optional[FrozenSet[int]]) -> Tuple[Outcome, Optional[Observed]]:
+               uids: Optional[FrozenSet[int]]) -> Outcome:
     deadline, answer = time.monotonic() + settings.verify_timeout_s, None
     while time.monotonic() < deadline:
         answer = clients_mod.ask(ctx, inst, control_probe.QUERY,
@@ -356,17 +357,16 @@ def _do_verify(ctx: Context, inst: Instance, target: Target, settings: Remediati
         why = answer.detail if answer is not None else "not asked"
         return Outcome(False, f"the daemon did not answer within "
                        f"{settings.verify_timeout_s:g}s ({why}); "
-                       + daemon_logged(ctx.path(inst.log_dir), target.daemon_user.uid)), obs
+                       + daemon_logged(ctx.path(inst.log_dir), target.daemon_user.uid))
     worst = [r for r in bad if r.state in (CRITICAL, UNKNOWN)]
     if worst:
-        return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst)), obs
+        return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst))
     extra = (" (still: " + "; ".join(f"{r.code}: {r.message}" for r in bad) + ")") if bad else ""
-    return Outcome(True, f"answered in {answer.latency_s * 1000:.0f} ms; checks pass{extra}"), obs
+    return Outcome(True, f"answered in {answer.latency_s * 1000:.0f} ms; checks pass{extra}")
 
 
 def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
-            settings: RemediationSettings, say: Say,
-            record: Callable[[str, str, str], None]) -> bool:
+            settings: RemediationSettings, say: Say, audit: Audit) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
     inst, planned, verified = p.inst, (*obs.daemons, *obs.servers), False
     if any(s.kind in RESTART_STEPS for s in p.steps):
@@ -391,12 +391,13 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
-                out, _ = _do_verify(ctx, inst, target, settings, daemon_uids(ctx, target))
+                out = _do_verify(ctx, inst, target, settings, daemon_uids(ctx, target))
                 verified = out.ok
         except OSError as e:
             out = Outcome(False, os_error_text(e), stop=True)
         say(f"  {number}. {'ok' if out.ok else 'FAILED'}: {out.text}")
-        record(f"step-{step.kind}", "ok" if out.ok else "failed", out.text)
+        audit.record(f"step-{step.kind}", "ok" if out.ok else "failed", instance=inst.name,
+                     detail=out.text)
         if not out.ok and (out.stop or step.kind.startswith(("pipe-dir", "log-dir"))):
             return False
     return verified
