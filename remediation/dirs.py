@@ -44,25 +44,18 @@ def actions(kind: str, mode: int, uid: int, target: DirTarget) -> Tuple[str, ...
 
 def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTarget,
              user_name: str) -> List[str]:
-    """The plan's lines for this dir."""
-    lines: List[str] = []
-    acts = actions(kind, mode, uid, target)
+    """The plan's lines for this dir, one per action, in the order they are done."""
     what = {"symlink": f"a symlink to {link}", "dir": f"a dir owned by uid {uid}"}.get(
         kind, f"a {kind}")
-    if "move-aside" in acts:
-        why = "not a real directory" if kind != "dir" else "owned by someone else"
-        lines.append(f"move {target.path} ({what}: {why}) aside to "
-                     f"{target.path}.aside-<time>-<random>, never following it")
-    if "create" in acts:
-        lines.append(f"create {target.path} mode {target.mode:04o} owner {user_name}")
-    if "clear" in acts:
-        lines.append(f"remove stale daemon entries in {target.path} ({', '.join(STALE_ENTRIES)}) "
-                     "once no daemon of it is left")
-    if "chown" in acts:
-        lines.append(f"change owner of {target.path} from uid {uid} to {user_name}")
-    if "chmod" in acts:
-        lines.append(f"change mode of {target.path} from {mode:04o} to {target.mode:04o}")
-    return lines
+    why = "not a real directory" if kind != "dir" else "owned by someone else"
+    said = {"move-aside": f"move {target.path} ({what}: {why}) aside to "
+                          f"{target.path}.aside-<time>-<random>, never following it",
+            "create": f"create {target.path} mode {target.mode:04o} owner {user_name}",
+            "clear": f"remove stale daemon entries in {target.path} "
+                     f"({', '.join(STALE_ENTRIES)}) once no daemon of it is left",
+            "chown": f"change owner of {target.path} from uid {uid} to {user_name}",
+            "chmod": f"change mode of {target.path} from {mode:04o} to {target.mode:04o}"}
+    return [said[act] for act in actions(kind, mode, uid, target)]
 
 
 class DirFix(NamedTuple):

@@ -230,11 +230,11 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
     shown = " ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_"))
+    user = target.daemon_user
     steps.append(Step("start", f"make sure {inst.log_dir}'s control.log and server.log are "
-                      f"regular files of {target.daemon_user.name} (a link is removed, anything "
-                      f"else moved aside), then start "
-                      f"'{control_path(ctx)} -d' as "
-                      f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
+                      f"regular files of {user.name} (a link is removed, anything else moved "
+                      f"aside), then start '{control_path(ctx)} -d' as {user.name} (uid "
+                      f"{user.uid}) with {shown}"))
     steps.append(_verify_step(settings))
     return Plan(inst, tuple(steps), notes=tuple(notes))
 
