@@ -1,11 +1,10 @@
 """The audit trail: who did what to which instance, and how it ended.
 
-Each line goes to syslog (facility daemon, ident ``mps-health``) and is appended to
-the audit file (default /var/log/mps-health/audit.log), as ``key=value`` pairs that
-grep and log shippers read alike. "Who" is the person behind sudo where there is one
-(SUDO_USER, else the login uid the kernel keeps across su and sudo), then the uid
-that acted. A failure to write the audit trail is reported, never fatal: a repair
-must not be blocked because /var/log is full.
+Each line (``key=value`` pairs, for grep and log shippers alike) goes to syslog
+(facility daemon, ident ``mps-health``) and the audit file (default
+/var/log/mps-health/audit.log). "Who" is the person behind sudo (SUDO_USER, else the
+login uid the kernel keeps across su and sudo), then the uid that acted. A failure to
+write it is reported, never fatal: a repair must not be blocked by a full /var/log.
 """
 
 from __future__ import annotations
@@ -73,9 +72,7 @@ class Audit:
     def record(self, event: str, result: str = "", **detail: str) -> None:
         fields = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "node": self.node,
                   "who": self.actor, "action": self.action, "event": event}
-        if result:
-            fields["result"] = result
-        fields.update({k: v for k, v in detail.items() if v != ""})
+        fields.update({k: v for k, v in {"result": result, **detail}.items() if v != ""})
         line = format_line(fields)
         self.lines.append(line)
         self._to_file(line)

@@ -1,10 +1,9 @@
 """Which clients are connected to an instance, as far as can be told, and through what.
 
 The control daemon says it best (``get_server_list``, then ``get_client_list PID``);
-NVML adds the MPS clients of the instance's GPUs where the driver is there. When the
-daemon does not answer and NVML cannot tell, a client is still impossible if no
-nvidia-cuda-mps-server of the instance runs (clients only ever talk to a server);
-otherwise the answer is "unknown", and a reset refuses as if clients were there.
+NVML adds the MPS clients of the instance's GPUs where the driver is there. Without
+either, no client is possible if no server of the instance runs (clients only talk to
+a server); otherwise it is "unknown", and a reset refuses as if clients were there.
 """
 
 import contextlib

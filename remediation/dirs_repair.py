@@ -1,19 +1,16 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-1. Observe each dir by lstat, and the control daemons and servers using the instance
-   (``processes.of_instance``, any uid: a user's own daemon counts too).
-2. Plan (``dirs.plan_fix``, by ``directories.repair_of``, the check's own rule): a wrong
-   mode or owner of a trusted owner's dir is set through an fd opened
-   ``O_NOFOLLOW|O_DIRECTORY``, a missing log dir made. While the instance is in use, a
-   dir that would have to be swapped (missing, linked, foreign or not a dir) is refused
-   with the reset that fixes it; with nothing running it is made or moved aside as a
-   reset would, and no daemon is started.
-3. Act under the node lock, each dir judged again by ``dirs.repair``; a swap only if
-   still nothing uses the instance. Verify with the directories check; audit each step.
+The plan (``dirs.plan_fix``, by the check's own rule ``directories.repair_of``) sets a
+wrong mode or owner of a trusted owner's dir through an fd opened
+``O_NOFOLLOW|O_DIRECTORY`` and makes a missing log dir. While any daemon or server (of
+any uid) uses the instance, a dir that would have to be swapped is refused with the
+reset that fixes it; with none, it is made or moved aside as a reset would. Each dir is
+judged again when acting under the node lock (``dirs.repair``), a swap only if still
+unused; verified by the directories check, every step audited.
 
-Exit 0 done or nothing to do, 1 a dir left to a reset (what could be done here was
-done), 2 a step failed, 3 could not start.
+Exit 0 done or nothing to do, 1 a dir left to a reset (the rest done), 2 a step failed,
+3 could not start.
 """
 
 import time

@@ -178,7 +178,7 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
     facts = [f for f in ordered if f not in refused]
     pidfds: Dict[int, Optional[int]] = {f.pid: _open_pidfd(f.pid) for f in facts}
     try:
-        outcome: Dict[ProcessFact, Ended] = {}
+        outcome: Dict[ProcessFact, Ended] = dict(refused)
         targets: List[ProcessFact] = []
         for f in facts:
             now = read_process(proc_dir, f.pid)
@@ -204,7 +204,6 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
             outcome[f] = Ended(f.pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL") \
                 if gone(proc_dir, f) else \
                 Ended(f.pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
-        outcome.update(refused)
         return [outcome[f] for f in ordered]
     finally:
         for fd in pidfds.values():
