@@ -59,13 +59,10 @@ def plan(ctx: Context, inst: Instance, target: Target, busy: str
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:
     """What the directories check still finds wrong with these dirs (their entries are
     not this repair's business)."""
-    left: List[str] = []
-    for role in roles:
-        path = inst.pipe_dir if role == "pipe" else inst.log_dir
-        fact = read_dir(ctx.path(path), path, False)
-        left += [f"{STATE_NAMES[r.state]} {r.code}: {r.message}"
-                 for r in judge_dir(inst, role, fact, ctx.config) if r.state != OK]
-    return left
+    paths = {"pipe": inst.pipe_dir, "log": inst.log_dir}
+    return [f"{STATE_NAMES[r.state]} {r.code}: {r.message}" for role in roles
+            for r in judge_dir(inst, role, read_dir(ctx.path(paths[role]), paths[role], False),
+                               ctx.config) if r.state != OK]
 
 
 def run(config: Config, root: str, names: Sequence[str], dry_run: bool, say: Say) -> int:
@@ -144,12 +141,10 @@ def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
 
 
 def _act(ctx: Context, inst: Instance, f: dirs.DirFix) -> Tuple[bool, str]:
-    if f.replace:
-        # Judged free under no lock a daemon start takes: look again just before the swap.
-        busy = in_use(ctx, inst)
-        if busy:
-            return False, (f"{f.target.path}: now in use by {busy}: left as it is; run "
-                           f"'mps-health remediate reset {inst.name}'")
+    # Judged free under no lock a daemon start takes: look again just before a swap.
+    if f.replace and (busy := in_use(ctx, inst)):
+        return False, (f"{f.target.path}: now in use by {busy}: left as it is; run "
+                       f"'mps-health remediate reset {inst.name}'")
     try:
         return True, "; ".join(dirs.repair(ctx.root, f.target, f.replace))
     except OSError as e:

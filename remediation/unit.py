@@ -78,8 +78,7 @@ def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], Non
     # The unit names the binary's path; a name is found where every command finds it
     # (process_identity), never on the caller's PATH.
     control = find(control) or control
-    binaries = binaries_of(control)
-    daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), (uid,), named)
+    daemons = daemons_in(candidates("/proc", binaries_of(control)), (pipe_dir,), (uid,), named)
     ignored = pid_file_ignored(named, daemons, (uid,))
     if ignored:
         say(f"{pipe_dir}: {ignored}")
