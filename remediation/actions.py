@@ -79,8 +79,7 @@ def choose(ctx: Context, wanted: Sequence[str], every: bool = True,
     raise ActionError(f"name the instance{doing} ({names}), or give --all")
 
 
-def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
-               ) -> reset_mod.Target:
+def target_for(ctx: Context, inst: Instance, settings: RemediationSettings) -> reset_mod.Target:
     mps = ctx.config.mps
     job_uid = None
     if "job" in (mps.dir_owner, mps.daemon_user) and inst.job_id is not None:
@@ -169,8 +168,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
     obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
-    plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic,
-                          last_of=last[1])
+    plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic, last_of=last[1])
     for note in plan.notes:
         say(f"  note: {note}")
     audit = None if dry_run else audit_for(ctx, settings, "reset")
@@ -201,11 +199,9 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     say("  acting:")
     ok = reset_mod.execute(ctx, plan, obs, target, settings, say, audit)
     spent = time.monotonic() - started
-    if ok:
-        say(f"  result: {inst.name} is healthy again after {spent:.1f}s")
-    else:
-        say(f"  result: {inst.name} is NOT healthy after {spent:.1f}s; see the failed step "
-            "above and the daemon's control.log")
+    say(f"  result: {inst.name} is healthy again after {spent:.1f}s" if ok else
+        f"  result: {inst.name} is NOT healthy after {spent:.1f}s; see the failed step "
+        "above and the daemon's control.log")
     audit.record("finish", "ok" if ok else "failed", instance=inst.name, seconds=f"{spent:.2f}")
     return DONE if ok else FAILED
 

@@ -36,8 +36,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
     try:
-        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
-                    or _UNSET_LOGINUID)
+        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip() or _UNSET_LOGINUID)
     except (OSError, ValueError):
         login = _UNSET_LOGINUID
     if login not in (_UNSET_LOGINUID, uid):

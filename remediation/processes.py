@@ -113,8 +113,7 @@ def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
     wanted = {os.path.normpath(p) for p in paths}
     daemons = daemons_in(procs, wanted, uids)
     pids = {d.pid for d in daemons}
-    servers = tuple(p for p in procs if is_server(p) and (
-        p.pipe_dir in wanted or p.ppid in pids))
+    servers = tuple(p for p in procs if is_server(p) and (p.pipe_dir in wanted or p.ppid in pids))
     return daemons, servers
 
 

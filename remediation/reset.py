@@ -73,8 +73,7 @@ class Target(NamedTuple):
 def log_owner(target: Target) -> User:
     """Who the log dir is made for: the daemon's user, or the dirs' owner when any user
     may run the daemon."""
-    return target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
+    return target.daemon_user if target.log.uid == target.daemon_user.uid else target.dir_owner
 
 
 class Step(NamedTuple):
@@ -135,13 +134,9 @@ def daemon_env(ctx: Context, inst: Instance, user: User,
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
-    env = {
-        "PATH": SAFE_PATH,
-        "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
-        "LANG": "C.UTF-8",
-        "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
-        "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir),
-    }
+    env = {"PATH": SAFE_PATH, "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
+           "LANG": "C.UTF-8", "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+           "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     if inst.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = inst.gpu
     env.update(dict(settings.daemon_env))
