@@ -3,11 +3,9 @@
 
 ``start_daemon``: ``nvidia-cuda-mps-control -d`` as the daemon's user (``runas``: no
 shell, no login, output in unlinked files as a daemon may keep inherited descriptors),
-with the caller's explicit environment; then, bounded, wait until the pid file names a
-live control daemon of that user on this pipe dir (``processes.named_daemon``: proof
-comes from /proc; the daemon writes the file once its socket is bound, so it says when
-to ask) and its socket exists, and ask one query to prove it answers.
-
+with the caller's explicit environment; then, bounded, wait for a live daemon of that
+user on this pipe dir that the pid file names (written once its socket is bound:
+``processes.named_daemon``) and its socket, and prove with one query that it answers.
 ``quit_daemon``: ``quit -t N`` through the control client as the daemon's user (the
 daemon ends servers still busy after N s), bounded by ``timeout_s``.
 """

@@ -2,19 +2,17 @@
 (``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up). Safety rules:
 
 * A process is ours by what /proc says, never because a pid file names it: a control
-  daemon or server (``process_identity.is_daemon``/``is_server``: by command line and
-  binary) whose environ names the pipe dir, or a server whose parent is such a daemon
-  (``of_pipe_dirs``). Only a process proven to run the configured MPS binary is ever
-  signalled (``end_all``), never a user's process that only takes an MPS name.
-* A pipe dir's daemon is found in one place (``daemons_in``): a control daemon of the
-  daemon's uid whose environ names the pipe dir. The pid file (anyone may rewrite it in
-  a 0777 dir) only picks one /proc agrees on (or one whose environ we may not read); a
-  pid file naming anything else is reported and ignored (``pid_file_ignored``).
-* Just before a signal, /proc must still show the very process planned on: the same
-  start time (not a reused PID), uid and MPS role, and not a zombie. Where the kernel
-  offers pidfds (Linux 5.3+) one is opened *before* that check and every signal goes
-  through it, so a PID reused in between cannot be hit; without, the check is repeated
-  before each signal.
+  daemon or server (``process_identity``: by command line and binary) whose environ
+  names the pipe dir, or a server whose parent is such a daemon. Only a process proven
+  to run the configured MPS binary is ever signalled, never one only taking its name.
+* A pipe dir's daemon (``daemons_in``) is one of the daemon's uid whose environ names
+  the pipe dir. The pid file (anyone may rewrite it in a 0777 dir) only picks one /proc
+  agrees on (or one whose environ we may not read); naming anything else, it is
+  reported and ignored (``pid_file_ignored``).
+* Just before a signal /proc must still show the very process planned on (same start
+  time, uid and role; no zombie). A pidfd (Linux 5.3+) opened *before* that check
+  carries every signal, so a PID reused in between cannot be hit; without pidfds the
+  check is repeated before each signal.
 * Never by name, never a process group. SIGTERM with SIGCONT (a stopped process acts on
   TERM only when continued), SIGKILL after the grace time, all targets at once: N
   processes cost one grace time, not N.
