@@ -157,9 +157,8 @@ def cooldown(last: float, now: float, settings: RemediationSettings, force: bool
     if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
         return "", ""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
-    ago = max(0.0, now - last)
     said = (f"cooldown: the last reset on this node was at {when}, of {which or 'an instance'} "
-            f"({ago:.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
+            f"({max(0.0, now - last):.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
     if automatic:
         return f"{said}; an automatic reset never resets the node again within that time", ""
     if force:
