@@ -4,27 +4,30 @@ an audit trail. Exit codes: 0 done (or nothing to do), 1 refused (nothing change
 --force overrides), 2 acted but failed, 3 could not start (config, usage, lock, rights).
 """
 
+import contextlib
 import os
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import ContextManager, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
-from mps_health.hostio.filelock import FileLock, LockBusy, node_lock
+from mps_health.hostio import planned
+from mps_health.hostio.filelock import LockBusy, node_lock
+from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
 from mps_health.model.context import Context, node_name
+from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts import Instance
+from mps_health.model.printable import escape
 from mps_health.model.results import STATE_NAMES
 from mps_health.probes import instances
-from mps_health.probes.slurm import SlurmError, read_jobs
+from mps_health.probes.slurm import SlurmError, read_jobs, with_jobs
 from mps_health.remediation import reset as reset_mod
 from mps_health.remediation.audit import Audit
 from mps_health.remediation.dirs import DirTarget
+from mps_health.remediation.reset import Say
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
-
-Say = Callable[[str], None]
-
 
 class ActionError(Exception):
     """The action cannot start; the message is its one line, exit 3."""
@@ -36,7 +39,12 @@ def audit_for(ctx: Context, settings: RemediationSettings, action: str,
                  actor)
 
 
-def lock_node(ctx: Context, settings: RemediationSettings, what: str) -> FileLock:
+def lock_node(ctx: Context, settings: RemediationSettings, what: str, dry_run: bool = False
+              ) -> ContextManager[object]:
+    """The node's remediation lock, released when the ``with`` block ends; none for a dry
+    run, which changes nothing."""
+    if dry_run:
+        return contextlib.nullcontext()
     try:
         return node_lock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
     except LockBusy as e:
@@ -51,48 +59,27 @@ def need_root(dry_run: bool, action: str) -> None:
         raise ActionError(f"{action} must run as root (add --dry-run to see the plan)")
 
 
-def choose(ctx: Context, wanted: Sequence[str], every: bool,
-           found: Optional[Tuple[Instance, ...]] = None) -> Tuple[Instance, ...]:
-    """The instances to act on (those named, in the order given), of ``found`` (the
-    node's, gathered here when not given)."""
-    from mps_health.probes.slurm import with_jobs
-
+def choose(ctx: Context, wanted: Sequence[str], every: bool = True,
+           found: Optional[Tuple[Instance, ...]] = None, doing: str = "") -> Tuple[Instance, ...]:
+    """The instances to act on: those named, in the order given; without names all of
+    ``found`` (the node's, gathered here when not given) if ``every`` or there is one."""
     if found is None:
         found = instances.gather(with_jobs(ctx))
     names = ", ".join(i.name for i in found) or "none"
+    known = {i.name: i for i in found}
+    for name in wanted:
+        if name not in known:
+            raise ActionError(f"no MPS instance named '{name}' on this node (known: {names})")
     if wanted:
-        known = {i.name: i for i in found}
-        for name in wanted:
-            if name not in known:
-                raise ActionError(f"no MPS instance named '{name}' on this node (known: "
-                                  f"{names})")
         return tuple(known[n] for n in dict.fromkeys(wanted))
     if every or len(found) == 1:
         if not found:
-            raise ActionError("no MPS instance on this node to reset")
+            raise ActionError(f"no MPS instance on this node{doing}")
         return found
-    raise ActionError(f"name the instance to reset ({names}), or give --all")
+    raise ActionError(f"name the instance{doing} ({names}), or give --all")
 
 
-def choose_named(ctx: Context, names: Sequence[str]) -> Tuple[Instance, ...]:
-    """The named instances, in the order given; every instance of the node without names."""
-    from mps_health.probes.slurm import with_jobs
-
-    found = instances.gather(with_jobs(ctx))
-    if not names:
-        if not found:
-            raise ActionError("no MPS instance on this node")
-        return found
-    known = {i.name: i for i in found}
-    for name in names:
-        if name not in known:
-            raise ActionError(f"no MPS instance named '{name}' on this node (known: "
-                              f"{', '.join(known) or 'none'})")
-    return tuple(known[n] for n in dict.fromkeys(names))
-
-
-def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
-               ) -> reset_mod.Target:
+def target_for(ctx: Context, inst: Instance, settings: RemediationSettings) -> reset_mod.Target:
     mps = ctx.config.mps
     job_uid = None
     if "job" in (mps.dir_owner, mps.daemon_user) and inst.job_id is not None:
@@ -110,10 +97,8 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings
         daemon_user = resolve(mps.daemon_user, job_uid, "mps.daemon_user")
     except UserError as e:
         raise ActionError(str(e)) from None
-    keep = mps.dir_owner == "any"
     trusted = frozenset({0, owner.uid, daemon_user.uid})
-    uid = None if keep else owner.uid
-    gid = None if keep else owner.gid
+    uid, gid = (None, None) if mps.dir_owner == "any" else (owner.uid, owner.gid)
     # The log dir is the daemon's user's (only the daemon writes there: its mode lets no
     # one else); as the pipe dir when any user may run the daemon.
     log_uid, log_gid = (uid, gid) if mps.daemon_user == "any" else (daemon_user.uid,
@@ -136,13 +121,8 @@ def _show_state(obs: reset_mod.Observed, say: Say) -> None:
 
 
 def control_binary(config: Config) -> str:
-    """The control binary's absolute path (``process_identity.locate``, as the check finds
-    it); Failure (CANNOT) up front when there is none: a reset would make the dirs, then
-    fail to start a daemon that cannot exist."""
-    from mps_health.hostio.process_identity import locate, not_found
-    from mps_health.model.exitcodes import ExitCode, Failure
-    from mps_health.model.printable import escape
-
+    """The control binary's path as the check finds it; Failure (CANNOT) up front when
+    there is none, rather than make the dirs and fail to start a daemon."""
     found = locate(config)
     if found is None:
         raise Failure(f"cannot reset: {escape(not_found(config))}: MPS is not installed on "
@@ -153,35 +133,24 @@ def control_binary(config: Config) -> str:
 
 def reset(config: Config, root: str, wanted: Sequence[str], every: bool, force: bool,
           dry_run: bool, say: Say, automatic: bool = False) -> int:
-    from mps_health.probes.slurm import with_jobs
-
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "reset")
     control_binary(config)
     found = instances.gather(with_jobs(ctx))
-    chosen = choose(ctx, wanted, every, found)
-    lock = None if dry_run else lock_node(ctx, settings, "reset " + ",".join(
-        i.name for i in chosen))
-    try:
+    chosen = choose(ctx, wanted, every, found, " to reset")
+    with lock_node(ctx, settings, "reset " + ",".join(i.name for i in chosen), dry_run):
         # Read once, before this call acts: the cooldown is per node, and the instances
         # one call resets ('--all') are one reset of the node, not a second one each.
         last = last_reset(ctx, found, say)
-        codes = [_reset_one(ctx, inst, settings, force, dry_run, say, automatic, last)
-                 for inst in chosen]
-    finally:
-        if lock is not None:
-            lock.release()
-    return max(codes)
+        return max(_reset_one(ctx, inst, settings, force, dry_run, say, automatic, last)
+                   for inst in chosen)
 
 
 def last_reset(ctx: Context, found: Sequence[Instance], say: Say) -> Tuple[float, str]:
     """When a reset last acted on any instance of this node (hostio/planned.py's records,
     which every reset writes before it acts) and which one ("instance NAME" among
     ``found``, else its pipe dir); (-inf, '') if never or unreadable (said)."""
-    from mps_health.hostio import planned
-    from mps_health.model.printable import escape
-
     records, error = planned.load(ctx.config.state_dir)  # where the reset records it
     if error:
         say(f"note: the last reset's time is unknown ({error}): no cooldown applies")
@@ -199,8 +168,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
     obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
-    plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic,
-                          last_of=last[1])
+    plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic, last_of=last[1])
     for note in plan.notes:
         say(f"  note: {note}")
     audit = None if dry_run else audit_for(ctx, settings, "reset")
@@ -229,17 +197,11 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
                  automatic=str(automatic).lower(),
                  plan=" | ".join(s.text for s in plan.steps))
     say("  acting:")
-
-    def record(step: str, result: str, text: str) -> None:
-        audit.record(step, result, instance=inst.name, detail=text)
-
-    ok = reset_mod.execute(ctx, plan, obs, target, settings, say, record)
+    ok = reset_mod.execute(ctx, plan, obs, target, settings, say, audit)
     spent = time.monotonic() - started
-    if ok:
-        say(f"  result: {inst.name} is healthy again after {spent:.1f}s")
-    else:
-        say(f"  result: {inst.name} is NOT healthy after {spent:.1f}s; see the failed step "
-            "above and the daemon's control.log")
+    say(f"  result: {inst.name} is healthy again after {spent:.1f}s" if ok else
+        f"  result: {inst.name} is NOT healthy after {spent:.1f}s; see the failed step "
+        "above and the daemon's control.log")
     audit.record("finish", "ok" if ok else "failed", instance=inst.name, seconds=f"{spent:.2f}")
     return DONE if ok else FAILED
 

@@ -1,11 +1,10 @@
 """The audit trail: who did what to which instance, and how it ended.
 
-Each line goes to syslog (facility daemon, ident ``mps-health``) and is appended to
-the audit file (default /var/log/mps-health/audit.log), as ``key=value`` pairs that
-grep and log shippers read alike. "Who" is the person behind sudo where there is one
-(SUDO_USER, else the login uid the kernel keeps across su and sudo), then the uid
-that acted. A failure to write the audit trail is reported, never fatal: a repair
-must not be blocked because /var/log is full.
+Each line (``key=value`` pairs, for grep and log shippers alike) goes to syslog
+(facility daemon, ident ``mps-health``) and the audit file (default
+/var/log/mps-health/audit.log). "Who" is the person behind sudo (SUDO_USER, else the
+login uid the kernel keeps across su and sudo), then the uid that acted. A failure to
+write it is reported, never fatal: a repair must not be blocked by a full /var/log.
 """
 
 from __future__ import annotations
@@ -18,12 +17,14 @@ import syslog
 import time
 from typing import List, Mapping, Optional
 
+from mps_health.hostio.safefiles import read_small
+from mps_health.hostio.users import name_of
+from mps_health.model.printable import printable
+
 _UNSET_LOGINUID = 4294967295
 
 
 def _user_name(uid: int) -> str:
-    from mps_health.hostio.users import name_of
-
     return name_of(uid) or str(uid)
 
 
@@ -34,11 +35,8 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     acting = _user_name(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
-    from mps_health.hostio.safefiles import read_small
-
     try:
-        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip()
-                    or _UNSET_LOGINUID)
+        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip() or _UNSET_LOGINUID)
     except (OSError, ValueError):
         login = _UNSET_LOGINUID
     if login not in (_UNSET_LOGINUID, uid):
@@ -47,8 +45,6 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
 
 
 def _quote(value: str) -> str:
-    from mps_health.model.printable import printable
-
     value = printable(value.replace("\\", "\\\\").replace('"', '\\"'))
     if value and all(c.isalnum() or c in "-_./:@,+" for c in value):
         return value
@@ -75,14 +71,13 @@ class Audit:
     def record(self, event: str, result: str = "", **detail: str) -> None:
         fields = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "node": self.node,
                   "who": self.actor, "action": self.action, "event": event}
-        if result:
-            fields["result"] = result
-        fields.update({k: v for k, v in detail.items() if v != ""})
+        fields.update({k: v for k, v in {"result": result, **detail}.items() if v != ""})
         line = format_line(fields)
         self.lines.append(line)
         self._to_file(line)
         if self.use_syslog:
-            self._to_syslog(line)
+            syslog.openlog("mps-health", syslog.LOG_PID, syslog.LOG_DAEMON)
+            syslog.syslog(syslog.LOG_NOTICE, line)
 
     def _to_file(self, line: str) -> None:
         try:
@@ -101,8 +96,3 @@ class Audit:
                 self.warned = True
                 print(f"mps-health: warning: cannot write the audit log {self.path}: "
                       f"{e.strerror} (the action goes on)", file=sys.stderr)
-
-    @staticmethod
-    def _to_syslog(line: str) -> None:
-        syslog.openlog("mps-health", syslog.LOG_PID, syslog.LOG_DAEMON)
-        syslog.syslog(syslog.LOG_NOTICE, line)

@@ -1,19 +1,19 @@
 """Which clients are connected to an instance, as far as can be told, and through what.
 
 The control daemon says it best (``get_server_list``, then ``get_client_list PID``);
-NVML adds the MPS clients of the instance's GPUs where the driver is there. When the
-daemon does not answer and NVML cannot tell, a client is still impossible if no
-nvidia-cuda-mps-server of the instance runs (clients only ever talk to a server);
-otherwise the answer is "unknown", and a reset refuses as if clients were there.
+NVML adds the MPS clients of the instance's GPUs where the driver is there. Without
+either, no client is possible if no server of the instance runs (clients only talk to
+a server); otherwise it is "unknown", and a reset refuses as if clients were there.
 """
 
 import contextlib
 import time
 import warnings
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance, ProcessFact
+from mps_health.probes.clientinfo import read_client
 from mps_health.probes.control import NO_DAEMON, ask_all
 
 
@@ -47,12 +47,12 @@ def from_control(ctx: Context, inst: Instance, timeout_s: float) -> Optional[Cli
     if not answered(servers_answer):
         return None
     servers = pid_lines(servers_answer.stdout)
-    pids: List[int] = []
+    pids: Dict[int, None] = {}
     for server in servers:
         a = ask(ctx, inst, f"get_client_list {server}", timeout_s)
         if not answered(a):
             return None
-        pids.extend(p for p in pid_lines(a.stdout) if p not in pids)
+        pids.update(dict.fromkeys(pid_lines(a.stdout)))
     return Clients(True, servers, tuple(pids), "asked the control daemon")
 
 
@@ -66,22 +66,11 @@ def nvml_clients(gpus: Sequence[str]) -> Optional[Tuple[int, ...]]:
     except Exception:
         return None
     try:
-        handles = []
-        if gpus:
-            for g in gpus:
-                if g.isdigit():
-                    handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(g)))
-                else:
-                    handles.append(pynvml.nvmlDeviceGetHandleByUUID(g))
-        else:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                       for i in range(pynvml.nvmlDeviceGetCount())]
-        pids: List[int] = []
-        for h in handles:
-            for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h):
-                if p.pid not in pids:
-                    pids.append(p.pid)
-        return tuple(pids)
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(int(g)) if g.isdigit()
+                   else pynvml.nvmlDeviceGetHandleByUUID(g) for g in gpus] or \
+            [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return tuple(dict.fromkeys(p.pid for h in handles
+                                   for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)))
     except Exception:
         return None
     finally:
@@ -113,8 +102,6 @@ def job_of(proc_dir: str, pid: int) -> str:
     """How to name a process's Slurm job in a refusal: "job N" for the job cgroup it runs
     in, "says job N" for a SLURM_JOB_ID outside any (its user's word: no squeue is asked
     here to hold it against), "" for none. The probe's bounded read and strict parse."""
-    from mps_health.probes.clientinfo import read_client
-
     info = read_client(proc_dir, pid, None)
     if not info.job_id:
         return ""
@@ -122,10 +109,7 @@ def job_of(proc_dir: str, pid: int) -> str:
 
 
 def describe(proc_dir: str, pids: Sequence[int]) -> str:
-    parts = []
-    for pid in pids[:8]:
-        job = job_of(proc_dir, pid)
-        parts.append(f"{pid}" + (f" ({job})" if job else ""))
-    more = f", +{len(pids) - 8} more" if len(pids) > 8 else ""
-    return ", ".join(parts) + more
+    """Up to 8 client PIDs, each with its job where one is known."""
+    parts = [f"{pid} ({job})" if (job := job_of(proc_dir, pid)) else str(pid) for pid in pids[:8]]
+    return ", ".join(parts) + (f", +{len(pids) - 8} more" if len(pids) > 8 else "")
 

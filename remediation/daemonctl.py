@@ -1,17 +1,13 @@
 """Starting and quitting an MPS control daemon: the one way, for ``remediate reset`` and
 ``orphans``, ``unit stop`` and the Slurm Prolog/Epilog.
 
-``start_daemon``: ``nvidia-cuda-mps-control -d`` as the daemon's user (``runas``: no shell, no
-login, output in unlinked files because a daemon may keep inherited descriptors), with
-the environment the caller gives (never the caller's whole one); then, bounded, wait
-until the pid file names a live control daemon of that user on this pipe dir
-(``processes.named_daemon``: the pid file alone proves nothing, but a daemon writes it
-once its socket is bound, so it says when to ask) and its control socket exists, and
-ask one query to prove it answers.
-
-``quit_daemon``: ``quit -t N`` through the control client as the daemon's user: the daemon
-ends servers still busy after N s itself; the client is bounded by ``timeout_s``. What
-is left afterwards is ended by ``processes.end_all``.
+``start_daemon``: ``nvidia-cuda-mps-control -d`` as the daemon's user (``runas``: no
+shell, no login, output in unlinked files as a daemon may keep inherited descriptors),
+with the caller's explicit environment; then, bounded, wait for a live daemon of that
+user on this pipe dir that the pid file names (written once its socket is bound:
+``processes.named_daemon``) and its socket, and prove with one query that it answers.
+``quit_daemon``: ``quit -t N`` through the control client as the daemon's user (the
+daemon ends servers still busy after N s), bounded by ``timeout_s``.
 """
 
 from __future__ import annotations

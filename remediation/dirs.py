@@ -7,12 +7,12 @@ dir swapped into place, what was there moved aside to a random name).
 import os
 from typing import FrozenSet, List, NamedTuple, Optional, Tuple
 
+from mps_health.checks.directories import repair_of
 from mps_health.hostio import safedirs
 from mps_health.model.facts import DirFact
 
-# What a daemon leaves in its pipe dir (seen on a real daemon: after a clean quit
-# control, control_lock and control_privileged remain; after a SIGKILL all five); nothing
-# else is removed.
+# What a daemon leaves in its pipe dir (a clean quit leaves control, control_lock and
+# control_privileged; a SIGKILL all five); nothing else is removed.
 STALE_ENTRIES = ("control", "control_privileged", "control_lock", "log",
                  "nvidia-cuda-mps-control.pid")
 
@@ -44,30 +44,22 @@ def actions(kind: str, mode: int, uid: int, target: DirTarget) -> Tuple[str, ...
 
 def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTarget,
              user_name: str) -> List[str]:
-    """The plan's lines for this dir."""
-    lines: List[str] = []
-    acts = actions(kind, mode, uid, target)
+    """The plan's lines for this dir, one per action, in the order they are done."""
     what = {"symlink": f"a symlink to {link}", "dir": f"a dir owned by uid {uid}"}.get(
         kind, f"a {kind}")
-    if "move-aside" in acts:
-        why = "not a real directory" if kind != "dir" else "owned by someone else"
-        lines.append(f"move {target.path} ({what}: {why}) aside to "
-                     f"{target.path}.aside-<time>-<random>, never following it")
-    if "create" in acts:
-        lines.append(f"create {target.path} mode {target.mode:04o} owner {user_name}")
-    if "clear" in acts:
-        lines.append(f"remove stale daemon entries in {target.path} ({', '.join(STALE_ENTRIES)}) "
-                     "once no daemon of it is left")
-    if "chown" in acts:
-        lines.append(f"change owner of {target.path} from uid {uid} to {user_name}")
-    if "chmod" in acts:
-        lines.append(f"change mode of {target.path} from {mode:04o} to {target.mode:04o}")
-    return lines
+    why = "not a real directory" if kind != "dir" else "owned by someone else"
+    said = {"move-aside": f"move {target.path} ({what}: {why}) aside to "
+                          f"{target.path}.aside-<time>-<random>, never following it",
+            "create": f"create {target.path} mode {target.mode:04o} owner {user_name}",
+            "clear": f"remove stale daemon entries in {target.path} "
+                     f"({', '.join(STALE_ENTRIES)}) once no daemon of it is left",
+            "chown": f"change owner of {target.path} from uid {uid} to {user_name}",
+            "chmod": f"change mode of {target.path} from {mode:04o} to {target.mode:04o}"}
+    return [said[act] for act in actions(kind, mode, uid, target)]
 
 
 class DirFix(NamedTuple):
-    """``remediate dirs``' plan for one dir (and ``remediate reset``'s for a dir fault the
-    daemon can keep running through)."""
+    """The plan for one dir of ``remediate dirs`` (and of a reset that needs no restart)."""
 
     role: str  # "pipe" | "log"
     target: DirTarget  # never ``clear``: the daemon's entries are its own
@@ -78,14 +70,10 @@ class DirFix(NamedTuple):
 
 def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: str,
              instance: str) -> DirFix:
-    """What ``remediate dirs`` does to one dir (pure). ``busy`` names the daemon and
-    servers that use the instance ("" when none run): while one does, only what
-    ``directories.repair_of`` leaves to ``dirs`` is done (a mode or owner through the
-    dir's fd, a missing log dir made); anything that would swap the dir from under them
-    is refused, with the reset that fixes it. With none running, the dir is made or
-    what is there moved aside as a reset would, and no daemon is started."""
-    from mps_health.checks.directories import repair_of
-
+    """What ``remediate dirs`` does to one dir (pure). While ``busy`` (the daemon and
+    servers using the instance) run, only what ``directories.repair_of`` leaves to
+    ``dirs`` is done; a swap from under them is refused, naming the reset that fixes it.
+    With none running, the dir is made or moved aside as a reset would."""
     target = target._replace(clear=False)
     if d.kind == "error":
         return DirFix(role, target, (), f"cannot lstat {d.path}: {d.error}; run it as root")
@@ -106,27 +94,22 @@ def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: st
 
 
 def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
-    """Act on the dir as it is now; returns what was done, one line each. With
-    ``replace`` False only a dir of a trusted owner is repaired (through its fd) or a
-    missing one made: anything else found now raises UnsafePath, left as it is. The one
-    operation of ``unit prepare``, ``remediate dirs`` and ``remediate reset``."""
+    """Act on the dir as it is now (``unit prepare``, ``remediate dirs`` and ``reset``);
+    what was done, one line each. Without ``replace`` only a trusted owner's dir is
+    repaired (through its fd) or a missing one made: else UnsafePath, nothing touched."""
     parent, name = safedirs.split(target.path)
     pfd = safedirs.open_dir(parent, root)
     try:
         uid, gid = (target.uid, target.gid) if target.uid is not None and \
             target.gid is not None else (0, 0)
-        keep = target.uid is None or target.gid is None
-
-        def acceptable(e: safedirs.Entry) -> bool:
-            return e.uid in target.trusted
-
-        if keep:  # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
+        if target.uid is None or target.gid is None:
+            # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
             seen = safedirs.look(pfd, name)
-            if seen.kind == "dir" and acceptable(seen):
+            if seen.kind == "dir" and seen.uid in target.trusted:
                 uid, gid = seen.uid, seen.gid
         try:
-            made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid, acceptable,
-                                       replace)
+            made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid,
+                                       lambda e: e.uid in target.trusted, replace)
         except safedirs.UnsafePath as e:
             if replace:
                 raise

@@ -1,32 +1,28 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-1. Observe: each dir by lstat, and which control daemons and servers use the instance
-   (``processes.of_instance``, any uid: a user's own daemon on the dir counts too).
-2. Plan (``dirs.plan_fix``, by ``directories.repair_of``, the rule the check's actions
-   follow): a wrong mode or owner of a trusted owner's dir is set through an fd opened
-   ``O_NOFOLLOW|O_DIRECTORY``, a missing log dir made. While a daemon or server uses the
-   instance, a dir that would have to be swapped (a missing, linked, foreign or non-dir
-   pipe dir; a linked, foreign or non-dir log dir) is refused with the reset that fixes
-   it: the daemon itself is broken there. With none running, it is made or moved aside
-   as a reset would (``safedirs``), and no daemon is started.
-3. Act under the node lock, each dir judged again by ``dirs.repair`` (the operation
-   ``unit prepare`` and reset use); a swap is done only if still no daemon or server
-   uses the instance. Verify with the directories check; every step in the audit log.
+The plan (``dirs.plan_fix``, by the check's own rule ``directories.repair_of``) sets a
+wrong mode or owner of a trusted owner's dir through an fd opened
+``O_NOFOLLOW|O_DIRECTORY`` and makes a missing log dir. While any daemon or server (of
+any uid) uses the instance, a dir that would have to be swapped is refused with the
+reset that fixes it; with none, it is made or moved aside as a reset would. Each dir is
+judged again when acting under the node lock (``dirs.repair``), a swap only if still
+unused; verified by the directories check, every step audited.
 
-Exit 0 done or nothing to do, 1 a dir left to a reset (what could be done here was
-done), 2 a step failed, 3 could not start.
+Exit 0 done or nothing to do, 1 a dir left to a reset (the rest done), 2 a step failed,
+3 could not start.
 """
 
 import time
 from typing import List, Optional, Sequence, Tuple
 
+from mps_health.checks.directories import judge_dir
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.results import OK, STATE_NAMES
-from mps_health.probes.dirs import read_dir
+from mps_health.probes.dirs import blocked_parents, read_dir
 from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
@@ -36,7 +32,7 @@ from mps_health.remediation.actions import (
     REFUSED,
     Say,
     audit_for,
-    choose_named,
+    choose,
     lock_node,
     need_root,
     target_for,
@@ -63,30 +59,20 @@ def plan(ctx: Context, inst: Instance, target: Target, busy: str
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:
     """What the directories check still finds wrong with these dirs (their entries are
     not this repair's business)."""
-    from mps_health.checks.directories import judge_dir
-
-    left: List[str] = []
-    for role in roles:
-        path = inst.pipe_dir if role == "pipe" else inst.log_dir
-        fact = read_dir(ctx.path(path), path, False)
-        left += [f"{STATE_NAMES[r.state]} {r.code}: {r.message}"
-                 for r in judge_dir(inst, role, fact, ctx.config) if r.state != OK]
-    return left
+    paths = {"pipe": inst.pipe_dir, "log": inst.log_dir}
+    return [f"{STATE_NAMES[r.state]} {r.code}: {r.message}" for role in roles
+            for r in judge_dir(inst, role, read_dir(ctx.path(paths[role]), paths[role], False),
+                               ctx.config) if r.state != OK]
 
 
 def run(config: Config, root: str, names: Sequence[str], dry_run: bool, say: Say) -> int:
     settings = remediation(config)
     ctx = Context(config, root)
     need_root(dry_run, "dirs")
-    chosen = choose_named(ctx, names)
-    lock = None if dry_run else lock_node(ctx, settings, "dirs " + ",".join(
-        i.name for i in chosen))
-    try:
+    chosen = choose(ctx, names)
+    with lock_node(ctx, settings, "dirs " + ",".join(i.name for i in chosen), dry_run):
         audit = None if dry_run else audit_for(ctx, settings, "dirs")
         return max(_one(ctx, inst, settings, audit, say) for inst in chosen)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Optional[Audit],
@@ -97,33 +83,24 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
     say(f"  in use by: {busy or 'no daemon or server'}")
     fixes = plan(ctx, inst, target, busy)
     todo = [f for f in fixes if f.lines and not f.refused]
-    refused = [f for f in fixes if f.refused]
-    parents = parents_left(ctx, inst)
-    for path, why in parents:
+    refused = [("refused", f.target.path, f.refused) for f in fixes if f.refused]
+    refusals = [("parent", path, why) for path, why in parents_left(ctx, inst)] + refused
+    for result, path, why in refusals:
         say(f"  refused: {why}")
         if audit:
-            audit.record("refused", "parent", instance=inst.name, dir=path, why=why)
-    if parents and not todo and not refused:
-        if audit is None:
-            say("  dry run: nothing was changed")
-        return REFUSED
-    if not todo and not refused:
+            audit.record("refused", result, instance=inst.name, dir=path, why=why)
+    if not todo and not refusals:
         say(f"  {inst.name}'s pipe and log dirs are right: nothing to do")
         if audit:
             audit.record("checked", "healthy", instance=inst.name)
         return DONE
-    for f in refused:
-        say(f"  refused: {f.refused}")
-        if audit:
-            audit.record("refused", "refused", instance=inst.name, dir=f.target.path,
-                         why=f.refused)
     if todo:
         say("  plan:")
         for number, f in enumerate(todo, 1):
             say(f"  {number}. {'; then '.join(f.lines)}")
     if audit is None:
         say("  dry run: nothing was changed")
-        return REFUSED if refused else DONE
+        return REFUSED if refused or not todo else DONE
     if not todo:
         return REFUSED
     started = time.monotonic()
@@ -147,7 +124,7 @@ def _one(ctx: Context, inst: Instance, settings: RemediationSettings, audit: Opt
             f"after {spent:.1f}s; the daemon was not touched")
     audit.record("finish", "failed" if failed else "ok", instance=inst.name,
                  seconds=f"{spent:.2f}", left="; ".join(left))
-    return FAILED if failed else (REFUSED if refused or parents else DONE)
+    return FAILED if failed else (REFUSED if refusals else DONE)
 
 
 def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
@@ -156,25 +133,18 @@ def parents_left(ctx: Context, inst: Instance) -> List[Tuple[str, str]]:
     only walks them; a package, a tmpfiles.d rule or a person made them), so it has no
     record that one is its own and changes none: a chmod of a dir it did not make could
     open what its owner meant to keep closed. The line says which chmod to run."""
-    from mps_health.probes.dirs import blocked_parents
-
-    out: List[Tuple[str, str]] = []
-    for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir)):
-        for p in blocked_parents(ctx, path):
-            out.append((p.path, f"{role} dir {path}: its parent {p.path} (mode {p.mode:04o}, "
-                        f"uid {p.uid}) is not traversable by other users; mps-health did not "
-                        f"make it and leaves it alone: run 'chmod o+x {p.path}' if nothing "
-                        "needs it closed"))
-    return out
+    return [(p.path, f"{role} dir {path}: its parent {p.path} (mode {p.mode:04o}, uid {p.uid}) "
+             "is not traversable by other users; mps-health did not make it and leaves it "
+             f"alone: run 'chmod o+x {p.path}' if nothing needs it closed")
+            for role, path in (("pipe", inst.pipe_dir), ("log", inst.log_dir))
+            for p in blocked_parents(ctx, path)]
 
 
 def _act(ctx: Context, inst: Instance, f: dirs.DirFix) -> Tuple[bool, str]:
-    if f.replace:
-        # Judged free under no lock a daemon start takes: look again just before the swap.
-        busy = in_use(ctx, inst)
-        if busy:
-            return False, (f"{f.target.path}: now in use by {busy}: left as it is; run "
-                           f"'mps-health remediate reset {inst.name}'")
+    # Judged free under no lock a daemon start takes: look again just before a swap.
+    if f.replace and (busy := in_use(ctx, inst)):
+        return False, (f"{f.target.path}: now in use by {busy}: left as it is; run "
+                       f"'mps-health remediate reset {inst.name}'")
     try:
         return True, "; ".join(dirs.repair(ctx.root, f.target, f.replace))
     except OSError as e:

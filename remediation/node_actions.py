@@ -39,35 +39,23 @@ def run(config: Config, root: str, action: str, text: str, dry_run: bool, say: S
         say(f"  would {'' if allowed else 'not '}{action}: {why}")
         say("  dry run: nothing was changed")
         return DONE
-    lock = lock_node(ctx, settings, f"{action} {node}")
-    try:
+    with lock_node(ctx, settings, f"{action} {node}"):
         if action == "drain":
-            outcome, why, view = slurmnode.drain_if_allowed(config, node, tag, reason,
-                                                            timeout_s)
+            outcome, why, view = slurmnode.drain_if_allowed(config, node, tag, reason, timeout_s)
         else:
-            outcome, why, view = slurmnode.resume_if_ours(config, node, tag,
-                                                          timeout_s)
+            outcome, why, view = slurmnode.resume_if_ours(config, node, tag, timeout_s)
             if outcome == "resumed":
                 _forget_drain(ctx)
-    finally:
-        lock.release()
     if view is not None:
         say(f"  was: State={view.state} Reason={view.reason or '(none)'}")
-    result = {"drained": "ok", "resumed": "ok", "already": "ok", "left": "refused"}.get(
-        outcome, "failed")
+    said, code = {"drained": (outcome, DONE), "resumed": (outcome, DONE),
+                  "already": ("nothing to do", DONE), "left": ("refused", REFUSED)
+                  }.get(outcome, ("FAILED", FAILED))
+    result = {DONE: "ok", REFUSED: "refused"}.get(code, "failed")
     audit_for(ctx, settings, action).record(action, result, node_reason=reason
                                             if action == "drain" else "", detail=why)
-    if outcome in ("drained", "resumed"):
-        say(f"  {outcome}: {why}")
-        return DONE
-    if outcome == "already":
-        say(f"  nothing to do: {why}")
-        return DONE
-    if outcome == "left":
-        say(f"  refused: {why}")
-        return REFUSED
-    say(f"  FAILED: {why}")
-    return FAILED
+    say(f"  {said}: {why}")
+    return code
 
 
 def _forget_drain(ctx: Context) -> None:

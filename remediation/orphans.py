@@ -1,18 +1,15 @@
 """``remediate orphans``: stop and remove per-job MPS instances whose job has left the node.
 
-The small interface, for the orphans check to wire in: ``orphans_of(instances, jobs)``
-is pure (an instance is an orphan when Slurm lists no job of its id on this node), and
-``clean(ctx, orphans, ...)`` removes them. The job list comes from one ``squeue`` call;
-if it fails, nothing is an orphan (an empty answer from a broken squeue must never
-look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is skipped: its
-job's prolog may still be setting it up.
+``orphans_of`` is pure (an orphan's job id is not among Slurm's jobs on this node);
+``clean`` removes them. If the one ``squeue`` call fails nothing is an orphan (a broken
+squeue's empty answer must never look like "no jobs"). A pipe dir younger than
+``orphans.min_age_s`` is skipped: its job's prolog may still be setting it up.
 
-Only dirs our Prolog recorded for the job (``mps_health.hostio.jobrecords``), owned by the
-recorded uid or root, are orphans: a dir a user made under a job's name is theirs, left
-alone (a note says so). Each orphan: ``quit -t N`` sent as the daemon's own user; what
-is left of its daemon and servers ended by verified PID; its pipe and log dirs removed
-whatever they hold, without following any symlink (``safedirs.remove_tree``); then the
-job's record is dropped.
+Only dirs our Prolog recorded for the job (``hostio.jobrecords``), owned by the recorded
+uid or root, are orphans: a dir a user made under a job's name is left alone (said).
+Each orphan: ``quit -t N`` as the daemon's own user; what is left ended by verified
+PID; its pipe and log dirs removed without following any symlink
+(``safedirs.remove_tree``); then the job's record dropped.
 """
 
 import os
@@ -23,7 +20,6 @@ from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords, safedirs
-from mps_health.hostio.process_identity import CONTROL, locate
 from mps_health.hostio.runner import RunAs
 from mps_health.hostio.users import by_uid, groups_of
 from mps_health.model.context import Context, node_name
@@ -43,18 +39,12 @@ from mps_health.remediation.actions import (
     need_root,
 )
 from mps_health.remediation.daemonctl import quit_daemon
+from mps_health.remediation.reset import control_path
 
 
 def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple[Instance, ...]:
     """Per-job instances whose job Slurm does not list on this node (pure)."""
     return tuple(i for i in instances if i.job_id is not None and i.job_id not in job_ids)
-
-
-def _age(ctx: Context, path: str, now: float) -> float:
-    try:
-        return now - os.lstat(ctx.path(path)).st_mtime
-    except OSError:
-        return float("inf")
 
 
 def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
@@ -64,10 +54,8 @@ def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
 
 def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> List[str]:
     daemons, servers = _processes(ctx, inst)
-    lines = []
-    for d in daemons:
-        lines.append(f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its "
-                     f"user (uid {d.uid})")
+    lines = [f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its user "
+             f"(uid {d.uid})" for d in daemons]
     if daemons or servers:
         listed = ", ".join(procs.describe(p) for p in (*daemons, *servers))
         lines.append(f"end what is left of {listed} by verified PID")
@@ -82,8 +70,7 @@ def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> 
            "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
            "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
-    control = locate(ctx.config) or ctx.config.command(CONTROL)  # the check's binary
-    problem = quit_daemon(control, as_user, env, timeout_s, timeout_s + 5.0)
+    problem = quit_daemon(control_path(ctx), as_user, env, timeout_s, timeout_s + 5.0)
     return f"quit as {user.name}: {problem or 'accepted'}"
 
 
@@ -123,17 +110,14 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
     if record is None or not jobrecords.ours(record, inst.pipe_dir,
                                              _owner(ctx, inst.pipe_dir)):
         return False, f"{inst.pipe_dir} is no longer a dir our Prolog made for the job: left"
-    done: List[str] = []
-    daemons, servers = _processes(ctx, inst)
-    for d in daemons:
-        if d.state not in ("T", "t"):
-            done.append(_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s))
+    done = [_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s)
+            for d in _processes(ctx, inst)[0] if d.state not in ("T", "t")]
     daemons, servers = _processes(ctx, inst)
     ended = procs.end_all(ctx.proc, (*daemons, *servers), settings.term_timeout_s)
     done.extend(f"{e.pid}: {e.detail}" for e in ended)
     if any(e.outcome == "alive" for e in ended):
         return False, "; ".join(done) + " - dirs kept while a process lives"
-    state_dir = ctx.path(ctx.config.state_dir)
+    state_dir, failed = ctx.path(ctx.config.state_dir), ""
     for path in dict.fromkeys((inst.pipe_dir, inst.log_dir)):
         if path != inst.pipe_dir and not jobrecords.ours(record, path, _owner(ctx, path)):
             if _owner(ctx, path) >= 0:
@@ -142,14 +126,13 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
         try:
             done.append(_remove(ctx, path, (record.uid, 0)))
         except OSError as e:
-            jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
-                                                       if os.path.lexists(ctx.path(p))])
-            return False, "; ".join(done) + f"; {path}: {e.strerror}"
+            failed = f"{path}: {e.strerror}"
+            break
     unkept = jobrecords.drop(state_dir, record.job_id, [p for p in record.dirs
                                                         if os.path.lexists(ctx.path(p))])
-    if unkept:
-        done.append(unkept)
-    return True, "; ".join(done)
+    if failed:
+        return False, "; ".join([*done, failed])
+    return True, "; ".join([*done, unkept] if unkept else done)
 
 
 def clean(ctx: Context, orphans: Sequence[Instance], settings: RemediationSettings,
@@ -184,7 +167,10 @@ def find(ctx: Context, jobs: Mapping[str, object], now: float
             notes.append(f"{inst.name}: {inst.pipe_dir} (owner uid {owner}) was not made by "
                          "our Prolog for that job: not an orphan of ours, left alone")
             continue
-        age = _age(ctx, inst.pipe_dir, now)
+        try:
+            age = now - os.lstat(ctx.path(inst.pipe_dir)).st_mtime
+        except OSError:
+            age = float("inf")
         if age < min_age_s:
             notes.append(f"{inst.name}: its pipe dir is {age:.0f}s old (under "
                          f"{min_age_s:g}s, orphans.min_age_s): left for now")
@@ -220,16 +206,12 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     if dry_run:
         say("  dry run: nothing was changed")
         return DONE
-    lock = lock_node(ctx, settings, "orphans")
-    try:
+    with lock_node(ctx, settings, "orphans"):
         # The job list again, under the lock: a job that arrived meanwhile keeps its dirs.
         try:
             jobs = read_jobs(config, node, settings.term_timeout_s + 5.0)
         except SlurmError as e:
             say(f"  cannot list the jobs again: {e}; nothing removed")
             return CANNOT
-        still = tuple(i for i in orphans if i.job_id not in jobs)
-        return clean(ctx, still, settings, say)
-    finally:
-        lock.release()
+        return clean(ctx, tuple(i for i in orphans if i.job_id not in jobs), settings, say)
 

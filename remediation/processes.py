@@ -1,29 +1,21 @@
-"""Ending MPS processes by verified PID: the one way mps-health signals a process.
-
-Used by ``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up.
-
-Safety rules, all here:
+"""Ending MPS processes by verified PID: the one way mps-health signals a process
+(``remediate reset``/``orphans``, the Slurm Epilog and Prolog clean-up). Safety rules:
 
 * A process is ours by what /proc says, never because a pid file names it: a control
-  daemon or server (``is_daemon``, ``is_server`` of ``mps_health.hostio.process_identity``: by
-  command line and the binary it runs) whose environment names the pipe dir, or a server
-  whose parent is such a daemon (``of_pipe_dirs``). Only a process proven to run the
-  configured MPS binary is ever signalled (``end_all``): never a user's process that
-  only takes an MPS name.
-* A pipe dir's daemon is found in one place (``daemons_in``, over the processes
-  ``candidates`` reads): a control daemon of the daemon's uid whose environ names the pipe
-  dir. The pid file (anyone may rewrite or delete it in a 0777 dir) is a hint that must
-  agree: it picks a daemon only where /proc shows that same daemon (or one whose environ
-  we may not read), and a pid file naming anything else is reported and ignored
-  (``pid_file_ignored``), never acted on.
-* Just before a signal, /proc must still show the very process we planned on: the same
-  start time (so not a reused PID), the same uid and MPS role, and not a zombie.
-* Where the kernel offers pidfds (``os.pidfd_open``, Linux 5.3+) one is opened *before*
-  that check and every signal goes through it, so a PID reused between the check and the
-  signal cannot be hit. Without pidfds the check is repeated before each signal.
+  daemon or server (``process_identity``: by command line and binary) whose environ
+  names the pipe dir, or a server whose parent is such a daemon. Only a process proven
+  to run the configured MPS binary is ever signalled, never one only taking its name.
+* A pipe dir's daemon (``daemons_in``) is one of the daemon's uid whose environ names
+  the pipe dir. The pid file (anyone may rewrite it in a 0777 dir) only picks one /proc
+  agrees on (or one whose environ we may not read); naming anything else, it is
+  reported and ignored (``pid_file_ignored``).
+* Just before a signal /proc must still show the very process planned on (same start
+  time, uid and role; no zombie). A pidfd (Linux 5.3+) opened *before* that check
+  carries every signal, so a PID reused in between cannot be hit; without pidfds the
+  check is repeated before each signal.
 * Never by name, never a process group. SIGTERM with SIGCONT (a stopped process acts on
-  TERM only when continued), then SIGKILL after the grace time, all targets at once, so
-  N processes cost one grace time, not N.
+  TERM only when continued), SIGKILL after the grace time, all targets at once: N
+  processes cost one grace time, not N.
 """
 
 import contextlib
@@ -56,18 +48,16 @@ class Ended(NamedTuple):
 
 
 def candidates(proc_dir: str, binaries: Optional[Binaries]) -> Tuple[ProcessFact, ...]:
-    """Every live control daemon in ``proc_dir``: started with -d/-f and not shown to run
-    another binary than ``binaries`` (``is_daemon``), of any uid and pipe dir."""
+    """Every live control daemon (``is_daemon``) in ``proc_dir``, of any uid and pipe dir."""
     return tuple(p for p in read_processes(proc_dir, binaries) if is_daemon(p))
 
 
 def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
                uids: Optional[Collection[int]], named: Optional[int] = None
                ) -> Tuple[ProcessFact, ...]:
-    """The control daemons of one of ``uids`` (None: of any uid, ``mps.daemon_user: any``)
-    serving one of ``paths``, by the pipe dir in their environ; where environ cannot be
-    read, the one the pid file names (``named``). Another uid's process is never one of
-    them, whatever the pid file says: anyone may write it."""
+    """The control daemons of ``uids`` (None: any) serving one of ``paths`` by their
+    environ, or where it cannot be read the one the pid file names (``named``); never
+    another uid's, whatever the pid file (anyone's to write) says."""
     wanted = {os.path.normpath(p) for p in paths}
     return tuple(p for p in procs if is_daemon(p) and (uids is None or p.uid in uids)
                  and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
@@ -82,9 +72,8 @@ def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: 
 
 def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
                  ) -> Optional[ProcessFact]:
-    """The control daemon the pid file names, if /proc agrees that it is a daemon of
-    ``uid`` serving ``pipe_dir``. The daemon writes its pid file once its socket is bound,
-    so this says a starting daemon is ready (``daemonctl.start_daemon``)."""
+    """The control daemon the pid file names, if /proc agrees it is ``uid``'s serving
+    ``pipe_dir``: written once its socket is bound, so a starting daemon is ready."""
     pid = read_pid(pipe_dir)
     p = read_process(proc_dir, pid, binaries) if pid is not None else None
     return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
@@ -115,15 +104,14 @@ def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
 def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
                  uids: Optional[Collection[int]] = None
                  ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
-    """(control daemons of ``uids``, servers) serving ``paths``: by the pipe dir in their
-    environ (``daemons_in``), and for servers also by parentage (a daemon's child is its
-    server whatever its environ). Servers run as their clients' users: no uid rule."""
+    """(control daemons of ``uids``, servers) serving ``paths`` by their environ; a
+    daemon's child is its server whatever its environ. Servers run as their clients'
+    users: no uid rule."""
     procs = tuple(procs)
     wanted = {os.path.normpath(p) for p in paths}
     daemons = daemons_in(procs, wanted, uids)
     pids = {d.pid for d in daemons}
-    servers = tuple(p for p in procs if is_server(p) and (
-        p.pipe_dir in wanted or p.ppid in pids))
+    servers = tuple(p for p in procs if is_server(p) and (p.pipe_dir in wanted or p.ppid in pids))
     return daemons, servers
 
 
@@ -139,9 +127,8 @@ def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:
     """The live process ``fact`` describes now, or None: gone, a zombie, or another process
     under the same PID (other start time, uid or role)."""
     now = read_process(proc_dir, fact.pid)
-    if now is None or now.state in GONE_STATES:
-        return None
-    if (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
+    if now is None or now.state in GONE_STATES or \
+            (now.start_ticks, now.uid, now.role) != (fact.start_ticks, fact.uid, fact.role):
         return None
     return now
 
@@ -156,22 +143,18 @@ def gone(proc_dir: str, fact: ProcessFact) -> bool:
 def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
     """Wait until every process of ``facts`` has ended; False if one is left at the end."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        if all(gone(proc_dir, f) for f in facts):
-            return True
+    while not all(gone(proc_dir, f) for f in facts):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+    return True
 
 
 def _open_pidfd(pid: int) -> Optional[int]:
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
     try:
-        return opener(pid)
-    except OSError:
-        return None  # gone already, or an old kernel: the /proc check still guards us
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # gone, or no pidfds: the /proc check still guards us
+        return None
 
 
 def _send(proc_dir: str, fact: ProcessFact, pidfd: Optional[int], sig: int) -> None:
@@ -192,7 +175,7 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
     facts = [f for f in ordered if f not in refused]
     pidfds: Dict[int, Optional[int]] = {f.pid: _open_pidfd(f.pid) for f in facts}
     try:
-        outcome: Dict[ProcessFact, Ended] = {}
+        outcome: Dict[ProcessFact, Ended] = dict(refused)
         targets: List[ProcessFact] = []
         for f in facts:
             now = read_process(proc_dir, f.pid)
@@ -218,16 +201,11 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
             outcome[f] = Ended(f.pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL") \
                 if gone(proc_dir, f) else \
                 Ended(f.pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
-        outcome.update(refused)
         return [outcome[f] for f in ordered]
     finally:
         for fd in pidfds.values():
             if fd is not None:
                 os.close(fd)
-
-
-def end(proc_dir: str, fact: ProcessFact, grace_s: float) -> Ended:
-    return end_all(proc_dir, (fact,), grace_s)[0]
 
 
 def describe(p: ProcessFact) -> str:

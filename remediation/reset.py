@@ -1,21 +1,17 @@
 """reset: bring one MPS instance back the careful way, plan first.
 
-1. Observe: the instance's processes (by the pipe dir in their environ; daemons only of
-   the configured daemon user or root, ``processes.daemons_in``), its dirs by lstat, the
-   daemon's answer, the core checks' verdict, and the connected clients.
-2. Plan: nothing for a healthy instance (unless forced); for an instance whose only
-   faults are dir faults the daemon keeps running through (``in_place``: a mode, an
-   owner, a missing log dir), those dirs put right in place and verified, with no
-   restart, so connected clients are no reason to refuse; a refusal while clients are
-   connected or cannot be ruled out (unless forced); otherwise the steps below.
-3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left of
-   this instance's daemon and servers by verified PID; move aside a symlinked or
-   foreign pipe/log dir, clear stale entries, give the dirs their mode and owner
-   (the log dir ``mps.log_dir_mode``); make sure control.log and server.log are the
-   daemon's user's regular files (``safedirs.keep_files``: a planted link is removed,
-   anything else moved aside, so the daemon never appends where a user chose); start
-   the daemon as the configured user with the instance's environment; verify with a
-   control query and the core checks.
+1. Observe: the instance's processes (daemons only of the daemon user or root,
+   ``processes.daemons_in``), its dirs by lstat, the daemon's answer, the core checks'
+   verdict, and the connected clients.
+2. Plan: nothing for a healthy instance (unless forced); only dir faults the daemon
+   keeps running through (``in_place``) are put right in place, with no restart, so
+   clients are no reason to refuse; refused while clients are connected or cannot be
+   ruled out, or within the cooldown (unless forced); otherwise the steps below.
+3. Act, each step re-checking what it acts on: ``quit -t N``; end what is left by
+   verified PID; move aside a symlinked or foreign pipe/log dir, clear stale entries,
+   set mode and owner; make control.log and server.log the daemon user's regular files
+   (``safedirs.keep_files``: so the daemon never appends where a user chose); start the
+   daemon as the configured user with the instance's environment; verify.
 """
 
 import os
@@ -25,12 +21,18 @@ from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 from mps_health.checks import directories
 from mps_health.config.remediation import RemediationSettings
 from mps_health.engine import run as engine
-from mps_health.hostio.runner import RunAs
-from mps_health.hostio.safedirs import UnsafePath
+from mps_health.hostio.planned import RESET_BEGIN
+from mps_health.hostio.planned import record as record_planned
+from mps_health.hostio.process_identity import CONTROL, locate
+from mps_health.hostio.runner import SAFE_PATH, RunAs
+from mps_health.hostio.safedirs import UnsafePath, keep_files
+from mps_health.hostio.safefiles import read_tail
 from mps_health.hostio.users import ROOT, User, groups_of
 from mps_health.model import registry
 from mps_health.model.context import Context, node_name
 from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
+from mps_health.model.facts_deep import LOG_FILES
+from mps_health.model.printable import escape
 from mps_health.model.results import CRITICAL, UNKNOWN, Result, is_problem
 from mps_health.probes import control as control_probe
 from mps_health.probes.dirs import read_dir
@@ -38,6 +40,7 @@ from mps_health.probes.proc import binaries_here, read_processes, with_named
 from mps_health.remediation import clients as clients_mod
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
+from mps_health.remediation.audit import Audit
 from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 
 CORE_CHECKS = ("daemon", "control", "directories")
@@ -70,8 +73,7 @@ class Target(NamedTuple):
 def log_owner(target: Target) -> User:
     """Who the log dir is made for: the daemon's user, or the dirs' owner when any user
     may run the daemon."""
-    return target.daemon_user if target.log.uid == target.daemon_user.uid \
-        else target.dir_owner
+    return target.daemon_user if target.log.uid == target.daemon_user.uid else target.dir_owner
 
 
 class Step(NamedTuple):
@@ -100,20 +102,15 @@ def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
     facts = Facts(node_name(ctx.config), time.time(), ctx.root, (inst,),
                   {"processes": found, "dirs": dir_facts, "control": {inst.name: answer}}, {}, {})
     table = registry.checks()
-    specs = [table[n] for n in CORE_CHECKS if n in table]
-    runs = engine.judge(facts, ctx.config, specs)
+    runs = engine.judge(facts, ctx.config, [table[n] for n in CORE_CHECKS if n in table])
     return tuple(r for run_ in runs for r in run_.results if r.instance == inst.name)
 
 
 def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
-    """The uids whose control daemon on the pipe dir is this instance's to quit and end
-    (None: any, ``mps.daemon_user: any``): the daemon's user, and root, whose daemon only
-    root can have started (a reset replaces it after ``mps.daemon_user`` changes). A
-    control daemon of any other uid is a stray (``daemon-foreign``): never quit or
-    signalled by a reset, whatever the pid file names."""
-    if ctx.config.mps.daemon_user == "any":
-        return None
-    return frozenset({0, target.daemon_user.uid})
+    """The uids whose daemon on the pipe dir a reset may quit and end (None: any): the
+    daemon's user, and root (replaced after ``mps.daemon_user`` changes). Any other uid's
+    is a stray (``daemon-foreign``), never signalled, whatever the pid file names."""
+    return None if ctx.config.mps.daemon_user == "any" else frozenset({0, target.daemon_user.uid})
 
 
 def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
@@ -127,27 +124,19 @@ def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
     # Asked even when the daemon is stopped: the answer (a timeout) is bounded and honest.
     answer = clients_mod.ask(ctx, inst, control_probe.QUERY, ctx.config.control.timeout_s)
     results = judge(ctx, inst, found, {inst.pipe_dir: pipe, inst.log_dir: log}, answer)
-    who = None
-    if with_clients:
-        who = clients_mod.find(ctx, inst, servers, answer.status == "ok",
-                               ctx.config.control.timeout_s)
+    who = clients_mod.find(ctx, inst, servers, answer.status == "ok",
+                           ctx.config.control.timeout_s) if with_clients else None
     return Observed(inst, daemons, servers, pipe, log, answer, results, who)
 
 
 def daemon_env(ctx: Context, inst: Instance, user: User,
                settings: RemediationSettings) -> Dict[str, str]:
     """A small, explicit environment: never the caller's whole one (SUDO_*, secrets)."""
-    from mps_health.hostio.runner import SAFE_PATH
-
     # A fixed PATH and locale: the daemon finds nvidia-cuda-mps-server through PATH, and
     # a caller's PATH (a user's bin first, a conda env) must not decide which one runs.
-    env = {
-        "PATH": SAFE_PATH,
-        "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
-        "LANG": "C.UTF-8",
-        "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
-        "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir),
-    }
+    env = {"PATH": SAFE_PATH, "HOME": user.home, "USER": user.name, "LOGNAME": user.name,
+           "LANG": "C.UTF-8", "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
+           "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     if inst.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = inst.gpu
     env.update(dict(settings.daemon_env))
@@ -162,16 +151,14 @@ def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
 
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
              automatic: bool, which: str = "") -> Tuple[str, str]:
-    """(refusal, note) of the reset cooldown (pure): a restart within
-    ``remediation.cooldown_s`` of the node's last reset (``last``, of ``which``: "instance
-    gpu0"), whichever instance it acted on, is refused; a manual one goes with
-    --force, an automatic one never does."""
+    """(refusal, note) of the cooldown (pure): a restart within ``remediation.cooldown_s``
+    of the node's last reset (``last``, of ``which``: "instance gpu0"), of any instance,
+    is refused; a manual one goes with --force, an automatic one never does."""
     if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
         return "", ""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
-    ago = max(0.0, now - last)
     said = (f"cooldown: the last reset on this node was at {when}, of {which or 'an instance'} "
-            f"({ago:.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
+            f"({max(0.0, now - last):.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
     if automatic:
         return f"{said}; an automatic reset never resets the node again within that time", ""
     if force:
@@ -186,12 +173,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     """The steps to take, or why none will be taken (pure over the observations, the time
     of the node's last reset ``last``, of instance ``last_of``, and ``now``)."""
     inst = obs.inst
-    notes: List[str] = []
     named = obs.pipe.pid_file
     ignored = procs.pid_file_ignored(int(named) if named and named.isdigit() else None,
                                      obs.daemons, daemon_uids(ctx, target))
-    if ignored:
-        notes.append(ignored)
+    notes: List[str] = [ignored] if ignored else []
     if not obs.problems and not force:
         return Plan(inst, (), nothing=f"{inst.name} is healthy: nothing to do "
                     "(--force restarts it anyway)", notes=tuple(notes))
@@ -227,14 +212,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         steps.append(Step("quit", f"ask control daemon {', '.join(str(d.pid) for d in running)} "
                           f"to quit ('quit -t {max(1, round(n))}': servers still busy after "
                           f"that are killed), waiting at most {n + 5:g}s"))
-    leftovers = list(obs.daemons) + list(obs.servers)
-    if leftovers:
-        listed = ", ".join(procs.describe(p) for p in leftovers)
-        steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
-                          f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s"))
-    else:
-        steps.append(Step("end", "end any daemon or server of this instance found by then "
-                          "(none now)"))
+    listed = ", ".join(procs.describe(p) for p in (*obs.daemons, *obs.servers))
+    steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
+                      f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s" if listed
+                      else "end any daemon or server of this instance found by then (none now)"))
     pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
@@ -243,11 +224,11 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
     shown = " ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_"))
+    user = target.daemon_user
     steps.append(Step("start", f"make sure {inst.log_dir}'s control.log and server.log are "
-                      f"regular files of {target.daemon_user.name} (a link is removed, anything "
-                      f"else moved aside), then start "
-                      f"'{_control(ctx)} -d' as "
-                      f"{target.daemon_user.name} (uid {target.daemon_user.uid}) with {shown}"))
+                      f"regular files of {user.name} (a link is removed, anything else moved "
+                      f"aside), then start '{control_path(ctx)} -d' as {user.name} (uid "
+                      f"{user.uid}) with {shown}"))
     steps.append(_verify_step(settings))
     return Plan(inst, tuple(steps), notes=tuple(notes))
 
@@ -264,10 +245,8 @@ DIR_CODES = frozenset(c for c in directories.CODES if "-dir-" in c and
 
 
 def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]:
-    """The dir repairs that are all this instance needs (pure): every problem is a fault
-    of its pipe or log dir that ``directories.repair_of`` fixes with the daemon running.
-    None when anything else is wrong, or a dir would have to be swapped: then the
-    daemon is restarted."""
+    """The dir repairs that are all this instance needs (pure), each fixable with the
+    daemon running; None when anything else is wrong or a dir must be swapped: restart."""
     if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
                                for r in obs.problems):
         return None
@@ -293,21 +272,18 @@ class Outcome(NamedTuple):
 Say = Callable[[str], None]
 
 
-def _control(ctx: Context) -> str:
-    """The control binary the check judged by (process_identity.locate); the reset refused
-    up front where there is none (actions.control_binary), so the name is only a fallback."""
-    from mps_health.hostio.process_identity import CONTROL, locate
-
+def control_path(ctx: Context) -> str:
+    """The control binary the check judged by; its configured name where there is none
+    (a reset refuses up front then, actions.control_binary)."""
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
 def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
     n = settings.quit_timeout_s
     env = daemon_env(ctx, inst, ROOT, settings)
-    problem = quit_daemon(_control(ctx), None, env, n, n + 5.0)
-    if problem:
-        return Outcome(True, f"{problem}: ending it by PID instead")
-    return Outcome(True, "the daemon accepted 'quit'")
+    problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
+    return Outcome(True, f"{problem}: ending it by PID instead" if problem
+                   else "the daemon accepted 'quit'")
 
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
@@ -315,41 +291,33 @@ def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
     daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
                                         ctx.root, uids)
     # What we planned on, plus any process of this instance started since (same pipe dir).
-    todo = list(planned) + [p for p in (*daemons, *servers)
-                            if (p.pid, p.start_ticks) not in {(q.pid, q.start_ticks)
-                                                              for q in planned}]
+    seen = {(q.pid, q.start_ticks) for q in planned}
+    todo = [*planned, *(p for p in (*daemons, *servers) if (p.pid, p.start_ticks) not in seen)]
     if not todo:
         return Outcome(True, "no daemon or server of this instance is left")
     ended = procs.end_all(ctx.proc, todo, settings.term_timeout_s)
     text = "; ".join(f"{e.pid}: {e.detail}" for e in ended)
-    alive = [e for e in ended if e.outcome == "alive"]
-    if alive:
+    if any(e.outcome == "alive" for e in ended):
         return Outcome(False, text + " - not touching its pipe dir while it lives", stop=True)
     return Outcome(True, text)
 
 
 def _do_start(ctx: Context, inst: Instance, target: Target,
               settings: RemediationSettings) -> Outcome:
-    from mps_health.hostio.safedirs import keep_files
-    from mps_health.model.facts_deep import LOG_FILES
-
     user = target.daemon_user
     kept = "".join(line + "; " for line in keep_files(inst.log_dir, (user.uid,), LOG_FILES,
                                                       ctx.root))
     env = daemon_env(ctx, inst, user, settings)
-    as_user = None
-    if user.uid != os.geteuid():
-        as_user = RunAs(user.uid, user.gid, groups_of(user), "/")
-    started = start_daemon(_control(ctx), ctx.path(inst.pipe_dir), as_user, env,
+    as_user = RunAs(user.uid, user.gid, groups_of(user), "/") if user.uid != os.geteuid() \
+        else None
+    started = start_daemon(control_path(ctx), ctx.path(inst.pipe_dir), as_user, env,
                            max(10.0, settings.verify_timeout_s), ctx.proc)
     if started.pid is None:
         return Outcome(False, f"{kept}{started.detail}; "
                        f"{daemon_logged(ctx.path(inst.log_dir), user.uid)}", stop=True)
-    from mps_health.hostio.planned import record
-
     # A planned restart: the servers check must not report it as daemon-restarted.
-    unrecorded = record(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
-                        started.start_ticks)
+    unrecorded = record_planned(ctx.config.state_dir, inst.pipe_dir, "reset", started.pid,
+                                started.start_ticks)
     return Outcome(True, f"{kept}started as {user.name}: daemon {started.pid} answers "
                    f"({started.elapsed_s:.2f}s)" + (f"; {unrecorded}" if unrecorded else ""))
 
@@ -357,9 +325,6 @@ def _do_start(ctx: Context, inst: Instance, target: Target,
 def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
     """What the daemon (of ``uid``) last wrote in control.log, quoted and escaped, for a
     failure line; a file of another owner is not quoted."""
-    from mps_health.hostio.safefiles import read_tail
-    from mps_health.model.printable import escape
-
     path = os.path.join(log_dir, "control.log")
     try:
         data = read_tail(path, 2048, uid)
@@ -372,9 +337,8 @@ def daemon_logged(log_dir: str, uid: Optional[int], lines: int = 3) -> str:
 
 
 def _do_verify(ctx: Context, inst: Instance, target: Target, settings: RemediationSettings,
-               uids: Optional[FrozenSet[int]]) -> Tuple[Outcome, Optional[Observed]]:
-    deadline = time.monotonic() + settings.verify_timeout_s
-    answer = None
+               uids: Optional[FrozenSet[int]]) -> Outcome:
+    deadline, answer = time.monotonic() + settings.verify_timeout_s, None
     while time.monotonic() < deadline:
         answer = clients_mod.ask(ctx, inst, control_probe.QUERY,
                                  min(ctx.config.control.timeout_s, settings.verify_timeout_s))
@@ -382,29 +346,23 @@ def _do_verify(ctx: Context, inst: Instance, target: Target, settings: Remediati
             break
         time.sleep(0.1)
     obs = observe(ctx, inst, settings, with_clients=False, uids=uids)
-    bad = list(obs.problems)
+    bad = obs.problems
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
         return Outcome(False, f"the daemon did not answer within "
                        f"{settings.verify_timeout_s:g}s ({why}); "
-                       + daemon_logged(ctx.path(inst.log_dir), target.daemon_user.uid)), obs
+                       + daemon_logged(ctx.path(inst.log_dir), target.daemon_user.uid))
     worst = [r for r in bad if r.state in (CRITICAL, UNKNOWN)]
     if worst:
-        return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst)), obs
+        return Outcome(False, "; ".join(f"{r.code}: {r.message}" for r in worst))
     extra = (" (still: " + "; ".join(f"{r.code}: {r.message}" for r in bad) + ")") if bad else ""
-    return Outcome(True, f"answered in {answer.latency_s * 1000:.0f} ms; checks pass{extra}"), obs
+    return Outcome(True, f"answered in {answer.latency_s * 1000:.0f} ms; checks pass{extra}")
 
 
 def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
-            settings: RemediationSettings, say: Say,
-            record: Callable[[str, str, str], None]) -> bool:
+            settings: RemediationSettings, say: Say, audit: Audit) -> bool:
     """Run the plan's steps in order; True when the instance verified healthy."""
-    from mps_health.hostio.planned import RESET_BEGIN
-    from mps_health.hostio.planned import record as record_planned
-
-    inst = p.inst
-    planned = tuple(obs.daemons) + tuple(obs.servers)
-    verified = False
+    inst, planned, verified = p.inst, (*obs.daemons, *obs.servers), False
     if any(s.kind in RESTART_STEPS for s in p.steps):
         # Before the first quit, so a run while we act takes what goes for ours: the
         # daemon's change, the servers it ends (hostio/planned.py); and the reset cooldown
@@ -418,23 +376,22 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
                 out = _do_quit(ctx, inst, settings)
             elif step.kind == "end":
                 out = _do_end(ctx, inst, planned, settings, daemon_uids(ctx, target))
-            elif step.kind in ("pipe-dir", "log-dir"):
-                dt = target.pipe if step.kind == "pipe-dir" else target.log
-                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt)))
-            elif step.kind in ("pipe-dir-fix", "log-dir-fix"):
-                # In place only: the daemon's entries kept, nothing swapped from under it.
-                dt = target.pipe if step.kind == "pipe-dir-fix" else target.log
-                out = Outcome(True, "; ".join(dirs.repair(ctx.root, dt._replace(clear=False),
-                                                          replace=False)))
+            elif step.kind.startswith(("pipe-dir", "log-dir")):
+                dt = target.pipe if step.kind.startswith("pipe") else target.log
+                # A "-fix" is in place only: the daemon's entries kept, nothing swapped.
+                fix = step.kind.endswith("-fix")
+                out = Outcome(True, "; ".join(dirs.repair(
+                    ctx.root, dt._replace(clear=False) if fix else dt, replace=not fix)))
             elif step.kind == "start":
                 out = _do_start(ctx, inst, target, settings)
             else:
-                out, _ = _do_verify(ctx, inst, target, settings, daemon_uids(ctx, target))
+                out = _do_verify(ctx, inst, target, settings, daemon_uids(ctx, target))
                 verified = out.ok
         except OSError as e:
             out = Outcome(False, os_error_text(e), stop=True)
         say(f"  {number}. {'ok' if out.ok else 'FAILED'}: {out.text}")
-        record(f"step-{step.kind}", "ok" if out.ok else "failed", out.text)
+        audit.record(f"step-{step.kind}", "ok" if out.ok else "failed", instance=inst.name,
+                     detail=out.text)
         if not out.ok and (out.stop or step.kind.startswith(("pipe-dir", "log-dir"))):
             return False
     return verified

@@ -1,27 +1,28 @@
 """``remediate tmpfiles-guard``: keep systemd-tmpfiles away from every configured instance.
 
-Writes /etc/tmpfiles.d/mps-health.conf (under --root) with one ``x PATH`` line per pipe
-and log dir: ``x`` excludes the path and everything in it from cleaning. Per-job
-templates become globs (``{job}`` and ``{gpu}`` -> ``*``), so tomorrow's jobs are
-covered too. A file of that name not written by us is left alone unless --force.
-The dry run shows the change as a unified diff; the write is atomic (temp file, fsync,
-rename) and is checked afterwards by reading the merged configuration back.
+Writes /etc/tmpfiles.d/mps-health.conf (under --root): one ``x PATH`` line (no cleaning of
+the path and all in it) per pipe and log dir, per-job templates as globs (``{job}``,
+``{gpu}`` -> ``*``) so future jobs are covered. A file of that name not ours is left
+alone unless --force. The dry run shows a unified diff; the write is atomic and checked
+by reading the merged configuration back.
 
-A guard is a file systemd-tmpfiles applies at every boot as root, so nothing else may
-get into it: the rendered text is parsed back before writing and must be exactly one
-``x`` rule per guarded path, and a guard that fails the check after writing is not
-left in place (the previous file is put back, or the new one removed).
+systemd-tmpfiles applies the guard at every boot as root, so nothing else may get into
+it: the text is parsed back before writing and must be exactly one ``x`` rule per path,
+and a guard that fails the check after writing is undone (old file back, or removed).
 """
 
 import difflib
 import os
 from typing import List, Optional
 
+from mps_health.checks.tmpfiles import guarded
 from mps_health.config.load import Config, MpsConfig
 from mps_health.config.remediation import remediation
 from mps_health.config.templates import expand, glob
+from mps_health.hostio.safedirs import open_dir, split
 from mps_health.hostio.safefiles import read_small, write_atomic
 from mps_health.model.context import Context
+from mps_health.probes.tmpfiles import gather, parse_tmpfiles
 from mps_health.remediation.actions import (
     DONE,
     FAILED,
@@ -61,8 +62,6 @@ def render(mps: MpsConfig) -> str:
 
 def rendered_rules_ok(text: str, mps: MpsConfig) -> bool:
     """``text`` holds nothing but one ``x`` rule per guarded path, in order."""
-    from mps_health.probes.tmpfiles import parse_tmpfiles
-
     rules, errors = parse_tmpfiles(text, GUARD_FILE)
     return not errors and [(r.type, r.path) for r in rules] == \
         [("x", p) for p in guarded_paths(mps)]
@@ -72,8 +71,6 @@ def _put_back(old: Optional[str], root: str) -> str:
     """Undo our write: the previous content again, or no file; what was done."""
     try:
         if old is None:
-            from mps_health.hostio.safedirs import open_dir, split
-
             parent, name = split(GUARD_FILE)
             fd = open_dir(parent, root)
             try:
@@ -97,15 +94,10 @@ def diff(old: Optional[str], new: str) -> str:
 
 def verify(ctx: Context) -> List[str]:
     """Instances the merged tmpfiles.d configuration still does not guard."""
-    from mps_health.checks.tmpfiles import guarded
-    from mps_health.probes.tmpfiles import gather
-
     facts = gather(ctx)
     mps = ctx.config.mps
-    if mps.layout == "per-job":
-        samples = [mps.pipe_dir.format(job="1", gpu="0"), mps.log_dir.format(job="1", gpu="0")]
-    else:
-        samples = guarded_paths(mps)
+    samples = [p.format(job="1", gpu="0") for p in (mps.pipe_dir, mps.log_dir)] \
+        if mps.layout == "per-job" else guarded_paths(mps)
     return [p for p in samples if not guarded(facts.rules, p)]
 
 
@@ -137,19 +129,17 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
         say("dry run: nothing was changed")
         return DONE
     need_root(dry_run, "tmpfiles-guard")
-    lock = lock_node(ctx, settings, "tmpfiles-guard")
     audit = audit_for(ctx, settings, "tmpfiles-guard")
-    try:
-        parent = ctx.path(os.path.dirname(GUARD_FILE))
-        if not os.path.isdir(parent) and os.path.isdir(os.path.dirname(parent)):
-            os.mkdir(parent, 0o755)
-        write_atomic(GUARD_FILE, new.encode(), 0o644, root=root)
-    except OSError as e:
-        lock.release()
-        say(f"FAILED: cannot write {GUARD_FILE}: {e.strerror}")
-        audit.record("write", "failed", file=GUARD_FILE, detail=str(e.strerror))
-        return FAILED
-    try:
+    with lock_node(ctx, settings, "tmpfiles-guard"):
+        try:
+            parent = ctx.path(os.path.dirname(GUARD_FILE))
+            if not os.path.isdir(parent) and os.path.isdir(os.path.dirname(parent)):
+                os.mkdir(parent, 0o755)
+            write_atomic(GUARD_FILE, new.encode(), 0o644, root=root)
+        except OSError as e:
+            say(f"FAILED: cannot write {GUARD_FILE}: {e.strerror}")
+            audit.record("write", "failed", file=GUARD_FILE, detail=str(e.strerror))
+            return FAILED
         missing = verify(ctx)
         if missing:  # undone under the same lock
             undone = _put_back(old, root)
@@ -159,9 +149,7 @@ def run(config: Config, root: str, force: bool, dry_run: bool, say: Say) -> int:
             audit.record("write", "failed", file=GUARD_FILE, detail="not guarded: " +
                          ", ".join(missing) + "; " + undone)
             return FAILED
-    finally:
-        lock.release()
-    say(f"written; every instance is excluded from cleaning ({len(guarded_paths(config.mps))} "
-        "paths)")
-    audit.record("write", "ok", file=GUARD_FILE, paths=" ".join(guarded_paths(config.mps)))
+    paths = guarded_paths(config.mps)
+    say(f"written; every instance is excluded from cleaning ({len(paths)} paths)")
+    audit.record("write", "ok", file=GUARD_FILE, paths=" ".join(paths))
     return DONE

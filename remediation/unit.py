@@ -1,43 +1,49 @@
 """The two steps of contrib/systemd/nvidia-mps@.service that a plain command line cannot
-do safely (``mps-health unit prepare|stop``).
+do safely (``mps-health unit prepare|stop``, from mps_health.cli.unit).
 
-* ``prepare`` (ExecStartPre) makes the unit's pipe and log dirs real directories of
-  root (pipe dir mode 0777, ``--mode``; log dir 0755, ``--log-mode``: only the daemon
-  writes there) without following a symlink: a link, a file or a foreign-owned dir in
-  their place is moved aside (as ``remediate reset`` does). ``install -d -m 0777``
-  would follow a link planted in the world-writable /tmp. Then control.log and
-  server.log in the log dir must be root's regular files (``safedirs.keep_files``): a
-  link is removed, anything else moved aside, so the root daemon the unit starts next
-  never appends to a file a user chose. Stale daemon entries are left:
-  ``nvidia-cuda-mps-control -d`` starts fine in a stale dir (seen on a real daemon).
-* ``stop`` (ExecStop) sends ``quit -t N`` through the control client with no shell
-  (``echo quit |`` would need one) and waits, bounded, for the unit's daemon to exit:
-  systemd sends SIGTERM to what is left as soon as ExecStop returns, which would cut the
-  daemon's own clean shutdown of its servers short. The daemon is found in /proc
-  (``processes.daemons_in``: the configured binary started with ``-d``, of the unit's
-  uid, its environ naming the pipe dir), not through the pid file, which any user may
-  delete or point at a process of theirs in the 0777 pipe dir: a pid file that names
-  another process is said and ignored, and only the daemons found are waited on.
+* ``prepare`` (ExecStartPre) makes the pipe dir (``--mode``, 0777) and the log dir
+  (``--log-mode``, 0755: only the daemon writes there) real directories of root without
+  following a symlink (``install -d`` would follow one planted in the world-writable
+  /tmp): what else is in their place is moved aside, as a reset does. control.log and
+  server.log must then be root's regular files (``safedirs.keep_files``), so the root
+  daemon never appends to a file a user chose. Stale daemon entries are left: the
+  daemon starts fine among them.
+* ``stop`` (ExecStop) sends ``quit -t N`` through the control client (no shell) and
+  waits, bounded, for the daemon to exit: systemd SIGTERMs what is left once ExecStop
+  returns, cutting its own shutdown of its servers short. The daemon is found in /proc
+  (``processes.daemons_in``), not through the pid file, which any user may delete or
+  point elsewhere in the 0777 pipe dir: a pid file naming another process is said and
+  ignored; only the daemons found are waited on.
 
-The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
-CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
-The command is ``mps-health unit`` (mps_health.cli.unit). Exit 0 done, 2 failed
-(systemd then marks the start or stop failed), 3 could not start: a failure raises
-``Failure`` with that code.
+The dirs come from the unit's ``Environment=``, so the unit file interpolates nothing
+into a command line. Exit 0 done; a failure raises ``Failure``: 2 failed (systemd marks
+the start or stop failed), 3 could not start.
 """
 
 import os
 from typing import Callable
 
+from mps_health.hostio import runner
+from mps_health.hostio.pidfile import read_pid
+from mps_health.hostio.planned import record
+from mps_health.hostio.process_identity import find
+from mps_health.hostio.safedirs import keep_files
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.facts_deep import LOG_FILES
+from mps_health.remediation.daemonctl import quit_daemon
+from mps_health.remediation.dirs import DirTarget, repair
+from mps_health.remediation.processes import (
+    binaries_of,
+    candidates,
+    daemons_in,
+    gone,
+    pid_file_ignored,
+    wait_gone,
+)
 
 
 def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
             state_dir: str, log_mode: int = 0o755) -> int:
-    from mps_health.hostio.safedirs import keep_files
-    from mps_health.model.facts_deep import LOG_FILES
-    from mps_health.remediation.dirs import DirTarget, repair
-
     if os.geteuid() != 0:
         raise Failure("unit prepare must run as root (it is the unit's ExecStartPre)",
                       ExitCode.CANNOT)
@@ -58,8 +64,6 @@ def prepare(pipe_dir: str, log_dir: str, mode: int, say: Callable[[str], None],
 
 def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None]) -> None:
     """Record the unit's start or stop as planned (never fails the unit)."""
-    from mps_health.hostio.planned import record
-
     unrecorded = record(state_dir, pipe_dir, by) if state_dir else ""
     if unrecorded:
         say(unrecorded)
@@ -67,27 +71,13 @@ def _planned(state_dir: str, pipe_dir: str, by: str, say: Callable[[str], None])
 
 def stop(pipe_dir: str, control: str, timeout_s: float, say: Callable[[str], None],
          state_dir: str) -> int:
-    from mps_health.hostio import runner
-    from mps_health.hostio.pidfile import read_pid
-    from mps_health.hostio.process_identity import find
-    from mps_health.remediation.daemonctl import quit_daemon
-    from mps_health.remediation.processes import (
-        binaries_of,
-        candidates,
-        daemons_in,
-        gone,
-        pid_file_ignored,
-        wait_gone,
-    )
-
     # systemd runs ExecStop as the unit's User=, as it ran ExecStart: the daemon's uid.
     uid = os.geteuid()
     named = read_pid(pipe_dir)
     # The unit names the binary's path; a name is found where every command finds it
     # (process_identity), never on the caller's PATH.
     control = find(control) or control
-    binaries = binaries_of(control)
-    daemons = daemons_in(candidates("/proc", binaries), (pipe_dir,), (uid,), named)
+    daemons = daemons_in(candidates("/proc", binaries_of(control)), (pipe_dir,), (uid,), named)
     ignored = pid_file_ignored(named, daemons, (uid,))
     if ignored:
         say(f"{pipe_dir}: {ignored}")

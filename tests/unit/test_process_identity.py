@@ -107,7 +107,7 @@ def test_an_impostor_is_never_signalled(bindir: Path, tmp_path: Path, started) -
     pid = start(started, [str(theirs), "60"], str(theirs))
     fact = read_process("/proc", pid, binaries_of(str(bindir / "nvidia-cuda-mps-control")))
     assert fact is not None and fact.role == "server" and fact.genuine is False
-    assert processes.end("/proc", fact, 0.5).outcome == "refused"
+    assert processes.end_all("/proc", [fact], 0.5)[0].outcome == "refused"
     assert started[0].poll() is None
 
 

@@ -252,11 +252,11 @@ def test_a_pid_reused_by_another_process_is_left_alone(site) -> None:
     fact = read_process("/proc", pid, fake_binaries())
     assert fact is not None
     reused = fact._replace(start_ticks=fact.start_ticks + 1)  # "the same PID, another start"
-    assert procs.end("/proc", reused, 1.0).outcome == "replaced"
+    assert procs.end_all("/proc", [reused], 1.0)[0].outcome == "replaced"
     other_user = fact._replace(uid=fact.uid + 1)  # "the same PID, another owner"
-    assert procs.end("/proc", other_user, 1.0).outcome == "replaced"
+    assert procs.end_all("/proc", [other_user], 1.0)[0].outcome == "replaced"
     assert alive(pid)
-    assert procs.end("/proc", fact, 1.0).outcome == "terminated"
+    assert procs.end_all("/proc", [fact], 1.0)[0].outcome == "terminated"
     assert not alive(pid)
 
 
@@ -308,9 +308,9 @@ def test_a_non_mps_process_is_never_signalled() -> None:
         fact = ProcessFact(sleeper.pid, 1, "S", 0, "control", ("nvidia-cuda-mps-control",),
                            0, "/tmp/nvidia-mps", True)
         # Not proven to run the MPS binary: refused before /proc is even read again.
-        assert procs.end("/proc", fact, 0.5).outcome == "refused"
+        assert procs.end_all("/proc", [fact], 0.5)[0].outcome == "refused"
         # Claimed proven: /proc shows no MPS process under that PID.
-        assert procs.end("/proc", fact._replace(genuine=True), 0.5).outcome == "gone"
+        assert procs.end_all("/proc", [fact._replace(genuine=True)], 0.5)[0].outcome == "gone"
         assert sleeper.poll() is None
     finally:
         sleeper.kill()
