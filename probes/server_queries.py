@@ -1,16 +1,12 @@
 """What a busy instance's daemon says of its servers, through the real client.
 
-``get_server_list``, then ``get_server_status PID`` and ``get_client_list PID`` for
-each server; while a server runs, also its limits and devices
-(``get_active_thread_percentage``, ``device_query``, ``get_device_pinned_mem_limit``,
-``get_device_client_list``, ``ps``) and who each client is
-(mps_health.probes.clientinfo): one client run each (the client's exit status says
-nothing, so each answer is parsed), all while holding the pipe dir's lock that the
-control probe takes, so our queries to one daemon never overlap. Users come from /proc.
-
-Only an instance whose daemon has a child process is asked (probes/servers.py), so
-an idle node never loads this module. Within a run an instance is asked once the run's
-control query of it is in, and not at all when that query went unanswered
+``get_server_list``, then each server's status and clients; while it runs, its limits
+and devices (``get_active_thread_percentage``, ``device_query``, ``ps``,
+``get_device_pinned_mem_limit``, ``get_device_client_list``) and who each client is
+(probes.clientinfo). One client run each (its exit status says nothing: each answer is
+parsed), all under the pipe dir's lock the control probe takes, so our queries to one
+daemon never overlap. Only an instance whose daemon has a child is asked
+(probes/servers.py), and not when the run's control query of it went unanswered
 (``control.Queries``): a wedged daemon costs the run one timeout, not two.
 """
 
@@ -74,25 +70,16 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     return tuple(out)
 
 
-def _answer(ctx: Context, inst: Instance, command: str, deadline: float,
-            errors: List[str]) -> Optional[str]:
-    """stdout of one detail query, or None with a note in ``errors``."""
-    answer = control.ask(ctx, inst, command, deadline)
-    if answer.status != "ok":
-        errors.append(f"{command}: {answer.detail or answer.status}")
-        return None
-    return answer.stdout
-
-
 def _parsed(ctx: Context, inst: Instance, command: str, deadline: float, errors: List[str],
             parse: Callable[[str], T], empty: T, label: str = "") -> T:
     """One detail query's answer through ``parse``; ``empty`` with a note in ``errors``
     when the query failed or its answer did not parse (``label: why``, or just why)."""
-    text = _answer(ctx, inst, command, deadline, errors)
-    if text is None:
+    answer = control.ask(ctx, inst, command, deadline)
+    if answer.status != "ok":
+        errors.append(f"{command}: {answer.detail or answer.status}")
         return empty
     try:
-        return parse(text)
+        return parse(answer.stdout)
     except clientinfo.ParseError as e:
         errors.append(f"{label}: {e}" if label else str(e))
         return empty
@@ -160,28 +147,27 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
 def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
     ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
+    fact = ServerFact(pid, "error", "", uid, name_of(uid), start, ())
+    gone = fact._replace(status="gone", detail="exited since the server list")
     status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
     if status_answer.status != "ok":
-        return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
-                          name_of(uid), start, ())
+        return fact._replace(detail=f"get_server_status: {status_answer.detail}")
     try:
         status = parse_server_status(status_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, "error", f"get_server_status: {e}", uid, name_of(uid), start, ())
+        return fact._replace(detail=f"get_server_status: {e}")
     if status == "gone":
-        return ServerFact(pid, "gone", "exited since the server list", uid, name_of(uid),
-                          start, ())
+        return gone
     clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
     try:
         if clients_answer.status != "ok":
             raise ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
-            return ServerFact(pid, "gone", "exited since the server list", uid,
-                              name_of(uid), start, ())
+            return gone
         pids = parse_pid_list(clients_answer.stdout)
     except ParseError as e:
-        return ServerFact(pid, status, f"get_client_list: {e}", uid, name_of(uid), start, ())
-    return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
+        return fact._replace(status=status, detail=f"get_client_list: {e}")
+    return fact._replace(status=status, clients=read_clients(ctx, pids))
 
 
 def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Optional[int]]
@@ -189,31 +175,29 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
     """The servers of an instance whose daemon (pid, start ticks: ``read_daemon``) may run
     some: asked of the daemon, one query at a time."""
     t0 = time.monotonic()
-    daemon_pid, daemon_start = daemon
-    timeout = ctx.config.control.timeout_s
+
+    def ended(status: str, detail: str) -> InstanceServers:
+        return InstanceServers(status, detail, *daemon, (), time.monotonic() - t0)
+
     if ctx.queries is not None:
         # The run's control query of this daemon first: once it went unanswered, asking
         # for the servers would only wait out a second timeout (servers-not-asked says why).
         why = ctx.queries.unanswered(inst.pipe_dir, ctx.deadline)
         if why:
-            return InstanceServers("skipped", "not asked: " + why, daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
+            return ended("skipped", "not asked: " + why)
     lock = control.pipe_lock(ctx, inst)
-    if not lock.acquire(min(time.monotonic() + timeout, ctx.deadline)):
-        return InstanceServers("skipped", "another mps-health query to this pipe dir did not "
-                               "finish in time", daemon_pid, daemon_start, (),
-                               time.monotonic() - t0)
+    if not lock.acquire(min(time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)):
+        return ended("skipped", "another mps-health query to this pipe dir did not finish "
+                     "in time")
     try:
         # Each query gets the control timeout; all of them together the run's deadline.
         listing = control.ask(ctx, inst, "get_server_list", ctx.deadline)
         if listing.status != "ok":
-            return InstanceServers(listing.status, listing.detail, daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
+            return ended(listing.status, listing.detail)
         try:
             pids = parse_pid_list(listing.stdout)
         except ParseError as e:
-            return InstanceServers("error", f"get_server_list: {e}", daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
+            return ended("error", f"get_server_list: {e}")
         servers = []
         wedged = False
         for pid in pids:
@@ -226,7 +210,7 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
         devices: Tuple[Tuple[int, str], ...] = ()
         if servers and not wedged:
             servers, defaults, devices = read_instance_details(ctx, inst, servers)
-        return InstanceServers("ok", "", daemon_pid, daemon_start, tuple(servers),
-                               time.monotonic() - t0, defaults, devices)
+        return InstanceServers("ok", "", *daemon, tuple(servers), time.monotonic() - t0,
+                               defaults, devices)
     finally:
         lock.release()
