@@ -1,11 +1,6 @@
-"""The systemd-tmpfiles configuration, merged as systemd merges it.
-
-A file in /etc/tmpfiles.d masks the file of the same name in /run/tmpfiles.d, which
-masks /usr/local/lib and /usr/lib (and /lib on hosts without merged /usr); the
-surviving files are then read in file-name order, whatever their directory.
-
-Every run reads and parses the files it finds (each bounded, ``MAX_FILE_BYTES``), so
-the rules judged are those on the disk now; a --root run reads them in the tree.
+"""The systemd-tmpfiles configuration, merged as systemd merges it: a file in an earlier
+``SEARCH_DIRS`` dir masks one of the same name in a later one, and the surviving files
+are read in file-name order. Every run reads them now (each at most ``MAX_FILE_BYTES``).
 """
 
 from __future__ import annotations
@@ -37,17 +32,13 @@ def _split_quoted(line: str) -> List[str]:
     current: List[str] = []
     quote = ""
     in_field = False
-    i = 0
-    while i < len(line):
-        c = line[i]
+    chars = iter(line)
+    for c in chars:
         if quote:
             if c == quote:
                 quote = ""
-            elif c == "\\" and i + 1 < len(line):
-                i += 1
-                current.append(line[i])
-            else:
-                current.append(c)
+            else:  # a backslash takes the next character as it is
+                current.append(next(chars, c) if c == "\\" else c)
         elif c in "\"'":
             quote, in_field = c, True
         elif c.isspace():
@@ -57,7 +48,6 @@ def _split_quoted(line: str) -> List[str]:
         else:
             current.append(c)
             in_field = True
-        i += 1
     if quote:
         raise ValueError("unterminated quote")
     if in_field:
@@ -116,11 +106,6 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
 
 def gather(ctx: Context) -> TmpfilesFacts:
     """The merged rules, read and parsed now."""
-    return read_all(ctx)
-
-
-def read_all(ctx: Context) -> TmpfilesFacts:
-    """Every file read and parsed."""
     listing: Dict[str, List[str]] = {}
     links = set()
     for directory in SEARCH_DIRS:
@@ -154,8 +139,7 @@ def read_all(ctx: Context) -> TmpfilesFacts:
         except OSError as e:
             errors.append(f"{path}: cannot read: {e.strerror}")
             continue
-        text = (data or b"").decode("utf-8", "replace")
-        file_rules, file_errors = parse_tmpfiles(text, path)
+        file_rules, file_errors = parse_tmpfiles((data or b"").decode("utf-8", "replace"), path)
         rules.extend(file_rules)
         errors.extend(file_errors)
     return TmpfilesFacts(True, tuple(files), tuple(rules), tuple(errors))
