@@ -19,9 +19,6 @@ CMDLINE_CAP = 4096
 CGROUP_CAP = 8192
 COMMAND_KEEP = 200  # characters of the command line kept for the view
 
-WANTED = ("SLURM_JOB_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
-
 UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -161,13 +158,10 @@ def parse_device_clients(text: str) -> Dict[int, int]:
     return counts
 
 
-JOB_DIGITS = 10  # a Slurm job id (and a uid) is a uint32: at most 10 digits
-
-
 def _number(text: str) -> Optional[str]:
     """``text`` if it is a number as Slurm's ``%u`` prints it (ASCII digits, no sign, no
-    leading zero, at most 10 digits), else None."""
-    if not 0 < len(text) <= JOB_DIGITS or not text.isascii() or not text.isdigit():
+    leading zero, at most 10 digits: a job id and a uid are uint32), else None."""
+    if not 0 < len(text) <= 10 or not text.isascii() or not text.isdigit():
         return None
     return text if text == "0" or text[0] != "0" else None
 
@@ -251,20 +245,6 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
                       environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
-def parse_environ(data: bytes, truncated: bool) -> Dict[str, str]:
-    """The wanted variables of a NUL-separated environ; a cut last entry is dropped."""
-    items = data.split(b"\0")
-    if truncated:
-        items = items[:-1]
-    env: Dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition(b"=")
-        name = key.decode("ascii", "replace")
-        if sep and name in WANTED:
-            env[name] = value.decode("utf-8", "replace")[:4096]
-    return env
-
-
 # --- reads (I/O, bounded) --------------------------------------------------------------
 
 def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
@@ -290,7 +270,7 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
 
 def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientProc:
     """What /proc says about client ``pid`` (started at ``start_ticks``); never raises."""
-    from mps_health.probes.proc import identity
+    from mps_health.probes.proc import identity, parse_environ
 
     base = f"{proc_dir}/{pid}"
     cmdline, _ = _read_capped(f"{base}/cmdline", CMDLINE_CAP)

@@ -189,6 +189,14 @@ class RecordedApi:
         return self._answer(devices[index].get(field, {"error": "FUNCTION_NOT_FOUND"}))
 
 
+def _asked(ask: Callable[..., Any], *args: Any) -> Any:
+    """``ask(*args)``, or ``{"error": NAME}`` where NVML failed: as a recording keeps it."""
+    try:
+        return ask(*args)
+    except NvmlError as e:
+        return {"error": e.name}
+
+
 def record(api: Any) -> Dict[str, Any]:
     """Ask ``api`` every question and keep the raw answers and errors as JSON-able data."""
     out: Dict[str, Any] = {"format": RECORD_FORMAT, "format_version": RECORD_VERSION,
@@ -199,35 +207,20 @@ def record(api: Any) -> Dict[str, Any]:
         out["init_error"] = e.name
         return out
     try:
-        for key, ask in (("driver_version", api.driver_version),
-                         ("device_count", api.device_count)):
-            try:
-                out[key] = ask()
-            except NvmlError as e:
-                out[key] = {"error": e.name}
-        count = out["device_count"] if isinstance(out["device_count"], int) else 0
-        for index in range(count):
-            device: Dict[str, Any] = {}
-            for field in FIELDS:
-                try:
-                    device[field] = api.query(index, field)
-                except NvmlError as e:
-                    device[field] = {"error": e.name}
-            out["devices"].append(device)
+        out["driver_version"] = _asked(api.driver_version)
+        out["device_count"] = count = _asked(api.device_count)
+        out["devices"] = [{field: _asked(api.query, index, field) for field in FIELDS}
+                          for index in range(count if isinstance(count, int) else 0)]
     finally:
         api.shutdown()
     return out
 
 
 def _processes(value: Any) -> Tuple[ProcessUse, ...]:
-    if not isinstance(value, list):
+    if not isinstance(value, list) or not all(
+            isinstance(i, list) and len(i) == 2 and isinstance(i[0], int) for i in value):
         raise NvmlError("INVALID_ANSWER")
-    found: List[ProcessUse] = []
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
-            raise NvmlError("INVALID_ANSWER")
-        found.append(ProcessUse(item[0], item[1] if isinstance(item[1], int) else None))
-    return tuple(found)
+    return tuple(ProcessUse(pid, mem if isinstance(mem, int) else None) for pid, mem in value)
 
 
 def read_gpu(api: Any, index: int) -> GpuFact:

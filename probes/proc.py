@@ -25,6 +25,9 @@ DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PI
 # environ and cmdline are at most ARG_MAX-sized on a real /proc (6 MiB with an unlimited
 # stack); a --root tree's files are cut off there.
 PROC_FILE_LIMIT = 8 << 20
+# The variables of a process's environ that matter here (read by root and the owner only).
+WANTED = ("SLURM_JOB_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
 
 
 class ParseError(ValueError):
@@ -64,12 +67,15 @@ def parse_status_traced(text: str) -> bool:
     return False
 
 
-def parse_environ(data: bytes) -> Dict[str, str]:
-    env = {}
-    for item in data.split(b"\0"):
+def parse_environ(data: bytes, truncated: bool = False) -> Dict[str, str]:
+    """The ``WANTED`` variables of a NUL-separated environ; a cut last entry is dropped."""
+    items = data.split(b"\0")[:-1] if truncated else data.split(b"\0")
+    env: Dict[str, str] = {}
+    for item in items:
         key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        name = key.decode("ascii", "replace")
+        if sep and name in WANTED:
+            env[name] = value.decode("utf-8", "replace")[:4096]
     return env
 
 
