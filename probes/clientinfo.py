@@ -12,6 +12,7 @@ printed (``mps_health.exporters.text.escape``).
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
@@ -99,14 +100,8 @@ def parse_mem_limit(text: str) -> Tuple[str, Optional[int]]:
 
 def mem_bytes(value: str) -> Optional[int]:
     """``4G`` -> bytes; None when it is no size (the raw text is kept by the caller)."""
-    v = value.strip().upper()
-    if v.endswith("B"):
-        v = v[:-1]
-    unit = v[-1] if v and v[-1] in "KMGT" else ""
-    digits = v[:-1] if unit else v
-    if not digits.isdigit():
-        return None
-    return int(digits) * UNITS[unit]
+    m = re.fullmatch(r"([0-9]+)([KMGT]?)B?", value.strip().upper())
+    return int(m[1]) * UNITS[m[2]] if m else None
 
 
 def parse_device_query(text: str) -> Dict[str, Tuple[DeviceRow, ...]]:

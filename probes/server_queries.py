@@ -64,44 +64,42 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
         uid, start = ident if ident else (None, None)
         fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
-            info = clientinfo.read_client(ctx.proc, pid, start)
-            fact = fact._replace(**info._asdict())
+            fact = fact._replace(**clientinfo.read_client(ctx.proc, pid, start)._asdict())
         out.append(fact)
     return tuple(out)
 
 
-def _parsed(ctx: Context, inst: Instance, command: str, deadline: float, errors: List[str],
-            parse: Callable[[str], T], empty: T, label: str = "") -> T:
+def _parsed(ctx: Context, inst: Instance, command: str, errors: List[str],
+            parse: Callable[[str], T], empty: T) -> T:
     """One detail query's answer through ``parse``; ``empty`` with a note in ``errors``
-    when the query failed or its answer did not parse (``label: why``, or just why)."""
-    answer = control.ask(ctx, inst, command, deadline)
+    when the query failed or its answer did not parse (named by the query's verb)."""
+    answer = control.ask(ctx, inst, command, ctx.deadline)
     if answer.status != "ok":
         errors.append(f"{command}: {answer.detail or answer.status}")
         return empty
     try:
         return parse(answer.stdout)
     except clientinfo.ParseError as e:
-        errors.append(f"{label}: {e}" if label else str(e))
+        verb = command.split()[0]
+        errors.append(str(e) if str(e).startswith(f"{verb}: ") else f"{verb}: {e}")
         return empty
 
 
 def read_details(ctx: Context, inst: Instance, server: ServerFact,
-                 devices: Tuple[clientinfo.DeviceRow, ...], deadline: float) -> ServerFact:
+                 devices: Tuple[clientinfo.DeviceRow, ...]) -> ServerFact:
     """The limits and devices of a running server: thread percentage, pinned memory
     limit and client contexts per device. A failed query leaves its field empty."""
     errors: List[str] = []
-    pct: Optional[float] = _parsed(
-        ctx, inst, f"get_active_thread_percentage {server.pid}", deadline, errors,
-        clientinfo.parse_percentage, None, "get_active_thread_percentage")
-    contexts: Dict[int, int] = _parsed(
-        ctx, inst, f"get_device_client_list {server.pid}", deadline, errors,
-        clientinfo.parse_device_clients, {})
+    pct: Optional[float] = _parsed(ctx, inst, f"get_active_thread_percentage {server.pid}",
+                                   errors, clientinfo.parse_percentage, None)
+    contexts: Dict[int, int] = _parsed(ctx, inst, f"get_device_client_list {server.pid}",
+                                       errors, clientinfo.parse_device_clients, {})
     facts = []
     no_limit: Tuple[str, Optional[int]] = ("", None)
     for row in devices:
         limit, limit_bytes = _parsed(
-            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", deadline,
-            errors, clientinfo.parse_mem_limit, no_limit, "get_device_pinned_mem_limit")
+            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
+            clientinfo.parse_mem_limit, no_limit)
         facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
                                 contexts.get(row.ordinal)))
     return server._replace(thread_percentage=pct, devices=tuple(facts),
@@ -114,17 +112,15 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
     """Per-server details, each client's GPUs from ``ps``, the default memory limits and
     the daemon's device table ((ordinal, UUID) of device_query's Default section)."""
     errors: List[str] = []
-    deadline = ctx.deadline
     table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = _parsed(
-        ctx, inst, "device_query", deadline, errors, clientinfo.parse_device_query, {})
-    rows: Tuple[clientinfo.PsRow, ...] = _parsed(
-        ctx, inst, "ps", deadline, errors, clientinfo.parse_ps, ())
+        ctx, inst, "device_query", errors, clientinfo.parse_device_query, {})
+    rows: Tuple[clientinfo.PsRow, ...] = _parsed(ctx, inst, "ps", errors, clientinfo.parse_ps, ())
     out = []
     for server in servers:
         if server.status in ("gone", "error"):
             out.append(server)
             continue
-        server = read_details(ctx, inst, server, table.get(str(server.pid), ()), deadline)
+        server = read_details(ctx, inst, server, table.get(str(server.pid), ()))
         clients = []
         for c in server.clients:
             mine = [r for r in rows if r.pid == c.pid and r.server == server.pid]
@@ -136,8 +132,8 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
     for row in table.get("default", ()):
         # A default limit that cannot be read or parsed is left out, without a note: the
         # servers' notes are taken above.
-        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
-                        deadline, [], clientinfo.parse_mem_limit, None)
+        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}", [],
+                        clientinfo.parse_mem_limit, None)
         if limit is not None:
             defaults.append((row.ordinal, limit[0]))
     devices = tuple((row.ordinal, row.uuid) for row in table.get("default", ()))

@@ -99,12 +99,10 @@ def still_live(ctx: Context, procs: Iterable[Tuple[int, int]]) -> Tuple[Tuple[in
                          if (ident := proc.identity(ctx.proc, pid)) and ident[1] == start}))
 
 
-def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemory]) -> bool:
-    """Worth a write? Not when only the time moved (an idle node writes nothing)."""
-    def strip(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
-        return {k: v._replace(taken_at=0.0) for k, v in m.items()}
-
-    return strip(before) != strip(after)
+def _untimed(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
+    """The memory less its time: only a change beside the time is worth a write (an idle
+    node writes nothing)."""
+    return {k: v._replace(taken_at=0.0) for k, v in m.items()}
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
@@ -185,7 +183,7 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
             elif any((s.pid, s.start_ticks) in living for s in old.servers):
                 memory[name] = old._replace(servers=tuple(
                     s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
-        saved = state.save(memory) if _changed(previous, memory) else ""
+        saved = state.save(memory) if _untimed(previous) != _untimed(memory) else ""
         state.unlock()
         if saved:
             facts = facts._replace(state_error=saved)

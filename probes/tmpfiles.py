@@ -6,7 +6,7 @@ are read in file-name order. Every run reads them now (each at most ``MAX_FILE_B
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.hostio.safefiles import read_small
@@ -107,24 +107,20 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
 def gather(ctx: Context) -> TmpfilesFacts:
     """The merged rules, read and parsed now."""
     listing: Dict[str, List[str]] = {}
-    links = set()
+    links: Set[str] = set()
     for directory in SEARCH_DIRS:
         real = ctx.path(directory)
         if directory == "/lib/tmpfiles.d" and os.path.realpath(real) == os.path.realpath(
                 ctx.path("/usr/lib/tmpfiles.d")):
             continue  # merged /usr: the same directory twice
         try:
-            with os.scandir(real) as entries:
-                names = []
-                for entry in entries:
-                    if entry.name.endswith(".conf"):
-                        names.append(entry.name)
-                        if entry.is_symlink():
-                            links.add(f"{directory}/{entry.name}")
+            with os.scandir(real) as it:
+                confs = [entry for entry in it if entry.name.endswith(".conf")]
+            links.update(f"{directory}/{entry.name}" for entry in confs if entry.is_symlink())
         except OSError as e:  # out of fds: our trouble, not a missing dir
             raise_if_starved(e, f"list {real}")
             continue
-        listing[directory] = names
+        listing[directory] = [entry.name for entry in confs]
     if not listing:
         return TmpfilesFacts(False, (), ())
     files = effective_files(listing)
