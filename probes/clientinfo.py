@@ -55,8 +55,6 @@ class ClientProc(NamedTuple):
     pipe_dir: Optional[str] = None
 
 
-# --- parsers (pure) ------------------------------------------------------------------
-
 def parse_ps(text: str) -> Tuple[PsRow, ...]:
     """``ps``: a header ``PID ID SERVER DEVICE NAMESPACE COMMAND`` and one row a client;
     ``Server not found`` when no server runs. The command (last) may hold spaces."""
@@ -239,8 +237,6 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
                       environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")[:100],
                       environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
-
-# --- reads (I/O, bounded) --------------------------------------------------------------
 
 def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
     """(up to ``cap`` bytes, status): "read", "truncated", "denied", "gone", "error"."""

@@ -25,11 +25,8 @@ def configured(config: Config) -> Tuple[Instance, ...]:
     if mps.layout == "per-gpu":
         from mps_health.config.templates import expand  # the node layout has no template
 
-        return tuple(
-            Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g), expand(mps.log_dir, gpu=g),
-                     gpu=g)
-            for g in mps.gpus
-        )
+        return tuple(Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g),
+                              expand(mps.log_dir, gpu=g), gpu=g) for g in mps.gpus)
     return ()
 
 

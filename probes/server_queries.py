@@ -26,12 +26,6 @@ T = TypeVar("T")
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
 
-class ParseError(ValueError):
-    pass
-
-
-# --- parse (pure) ---------------------------------------------------------------------
-
 def parse_pid_list(text: str) -> Tuple[int, ...]:
     """``get_server_list`` / ``get_client_list``: one PID a line; empty means none."""
     pids = []
@@ -40,7 +34,7 @@ def parse_pid_list(text: str) -> Tuple[int, ...]:
         if not line:
             continue
         if not line.isdigit():
-            raise ParseError(f"expected one PID a line, got {line[:60]!r}")
+            raise clientinfo.ParseError(f"expected one PID a line, got {line[:60]!r}")
         pids.append(int(line))
     return tuple(pids)
 
@@ -52,10 +46,8 @@ def parse_server_status(text: str) -> str:
         return first
     if first.startswith("Server ") and first.endswith(" not found"):
         return "gone"
-    raise ParseError(f"unexpected status {first[:60]!r}")
+    raise clientinfo.ParseError(f"unexpected status {first[:60]!r}")
 
-
-# --- read (I/O) -----------------------------------------------------------------------
 
 def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     out: List[ClientFact] = []
@@ -140,28 +132,28 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
     return out, tuple(defaults), devices
 
 
-def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
+def read_server(ctx: Context, inst: Instance, pid: int) -> ServerFact:
     ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
     fact = ServerFact(pid, "error", "", uid, name_of(uid), start, ())
     gone = fact._replace(status="gone", detail="exited since the server list")
-    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
-    if status_answer.status != "ok":
-        return fact._replace(detail=f"get_server_status: {status_answer.detail}")
+    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", ctx.deadline)
     try:
+        if status_answer.status != "ok":
+            raise clientinfo.ParseError(status_answer.detail)
         status = parse_server_status(status_answer.stdout)
-    except ParseError as e:
+    except clientinfo.ParseError as e:
         return fact._replace(detail=f"get_server_status: {e}")
     if status == "gone":
         return gone
-    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
+    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", ctx.deadline)
     try:
         if clients_answer.status != "ok":
-            raise ParseError(clients_answer.detail)
+            raise clientinfo.ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
             return gone
         pids = parse_pid_list(clients_answer.stdout)
-    except ParseError as e:
+    except clientinfo.ParseError as e:
         return fact._replace(status=status, detail=f"get_client_list: {e}")
     return fact._replace(status=status, clients=read_clients(ctx, pids))
 
@@ -192,20 +184,18 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
             return ended(listing.status, listing.detail)
         try:
             pids = parse_pid_list(listing.stdout)
-        except ParseError as e:
+        except clientinfo.ParseError as e:
             return ended("error", f"get_server_list: {e}")
-        servers = []
-        wedged = False
-        for pid in pids:
-            server = read_server(ctx, inst, pid, ctx.deadline)
-            servers.append(server)
-            if server.status == "error" and "no answer" in server.detail:
-                wedged = True
-                break  # wedged since the list: the next query would hang as well
+        servers: List[ServerFact] = []
         defaults: Tuple[Tuple[int, str], ...] = ()
         devices: Tuple[Tuple[int, str], ...] = ()
-        if servers and not wedged:
-            servers, defaults, devices = read_instance_details(ctx, inst, servers)
+        for pid in pids:
+            servers.append(read_server(ctx, inst, pid))
+            if servers[-1].status == "error" and "no answer" in servers[-1].detail:
+                break  # wedged since the list: the next query would hang as well
+        else:
+            if servers:
+                servers, defaults, devices = read_instance_details(ctx, inst, servers)
         return InstanceServers("ok", "", *daemon, tuple(servers), time.monotonic() - t0,
                                defaults, devices)
     finally:

@@ -37,8 +37,6 @@ def parse_children(text: str) -> Tuple[int, ...]:
     return tuple(int(w) for w in text.split() if w.isdigit())
 
 
-# --- read (I/O) -----------------------------------------------------------------------
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
