@@ -103,10 +103,9 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
                   ) -> List[registry.CheckSpec]:
     chosen = config.checks  # its names were checked when the config was loaded
     table = registry.checks()
-    for name in (*only, *skip):
-        if name not in table:
-            known = ", ".join(sorted(table))
-            raise SelectionError(f"unknown check '{name}' (known: {known})")
+    unknown = [name for name in (*only, *skip) if name not in table]
+    if unknown:
+        raise SelectionError(f"unknown check '{unknown[0]}' (known: {', '.join(sorted(table))})")
     if only or chosen.only:
         names = list(only or chosen.only)
     else:  # the defaults, those whose config section is present, and checks.enable

@@ -90,10 +90,6 @@ def unjudged(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float]
     jobs = {j.job_id: j for j in (ctx.jobs.jobs or ())} if ctx.jobs is not None else {}
     records, _error = load(ctx.path(ctx.config.state_dir))  # unreadable: Slurm's view only
     now = time.time()
-    why: Dict[str, str] = {}
-    for inst in per_job:
-        reason = slurm_phase(jobs.get(inst.job_id or ""), grace) \
-            or hook_phase(records, inst.pipe_dir, since, now, grace)
-        if reason:
-            why[inst.name] = reason
-    return why
+    return {inst.name: why for inst in per_job
+            if (why := slurm_phase(jobs.get(inst.job_id or ""), grace)
+                or hook_phase(records, inst.pipe_dir, since, now, grace))}

@@ -272,14 +272,12 @@ def read_nvml(api: Any) -> NvmlFacts:
             return unavailable(e.name)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 1024:
             return unavailable("INVALID_ANSWER")
-        try:
-            driver: Optional[str] = api.driver_version()
-        except NvmlError:
-            driver = None
+        driver = _asked(api.driver_version)  # {"error": NAME} where NVML could not say
         gpus = tuple(read_gpu(api, i) for i in range(count))
     finally:
         api.shutdown()
-    return NvmlFacts(True, driver_version=driver, gpus=gpus)
+    return NvmlFacts(True, driver_version=None if isinstance(driver, dict) else driver,
+                     gpus=gpus)
 
 
 def unavailable(code: str) -> NvmlFacts:

@@ -174,13 +174,11 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
         # still lives, so that strays knows it for a real daemon's server.
         living = set(servers_alive)
         for name, old in previous.items():
-            if name in memory:
-                continue
-            if now - old.taken_at <= cfg.event_window_s:
+            kept = tuple(s for s in old.servers if (s.pid, s.start_ticks) in living)
+            if name not in memory and now - old.taken_at <= cfg.event_window_s:
                 memory[name] = old
-            elif any((s.pid, s.start_ticks) in living for s in old.servers):
-                memory[name] = old._replace(servers=tuple(
-                    s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
+            elif name not in memory and kept:
+                memory[name] = old._replace(servers=kept, events=())
         saved = state.save(memory) if _untimed(previous) != _untimed(memory) else ""
         state.unlock()
         if saved:

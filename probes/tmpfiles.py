@@ -65,15 +65,13 @@ def parse_tmpfiles(text: str, file: str) -> Tuple[List[TmpfilesRule], List[str]]
             continue
         try:
             fields = split_line(line)
+            if len(fields) < 2:
+                raise ValueError("a type and a path are needed")
+            rtype = fields[0].rstrip("!-=~^+")  # modifiers do not change what a rule covers
+            if not rtype:
+                raise ValueError("no rule type")
         except ValueError as e:
             errors.append(f"{file}:{number}: {e}")
-            continue
-        if len(fields) < 2:
-            errors.append(f"{file}:{number}: a type and a path are needed")
-            continue
-        rtype = fields[0].rstrip("!-=~^+")  # modifiers do not change what a rule covers
-        if not rtype:
-            errors.append(f"{file}:{number}: no rule type")
             continue
         age = fields[5] if len(fields) > 5 else "-"
         rules.append(TmpfilesRule(file, number, rtype[0], fields[1], age))
