@@ -109,14 +109,12 @@ def parse_device_query(text: str) -> Dict[str, Tuple[DeviceRow, ...]]:
     section: Optional[str] = None
     for line in text.splitlines():
         s = line.strip()
-        if not s:
+        if not s or s.startswith("Device Ordinal"):
             continue
         if s == "Default":
             section = "default"
         elif s.startswith("Server ") and s[7:].strip().isdigit():
             section = s[7:].strip()
-        elif s.startswith("Device Ordinal"):
-            continue
         elif section is not None and s.split(None, 1)[0].isdigit():
             parts = s.split()
             if len(parts) < 4 or not parts[2].startswith(("GPU-", "MIG-")):
@@ -181,10 +179,7 @@ def job_of_cgroup_path(path: str) -> Optional[str]:
     if not (v1 or v2):
         return None
     job = _number(name[4:]) if name.startswith("job_") else None
-    if job is None or job == "0":
-        return None
-    rest = parts[4:]
-    if rest and not rest[0].startswith("step_"):
+    if job == "0" or (len(parts) > 4 and not parts[4].startswith("step_")):
         return None  # below a job, Slurm makes step_* only
     return job
 
@@ -194,9 +189,7 @@ def parse_cgroup(text: str, truncated: bool = False) -> Tuple[str, bool]:
     (``ID:CONTROLLERS:PATH`` lines). Whoever may create cgroups names them, so another
     line is skipped, a cut last line dropped, and lines naming different jobs give no job
     (yet count as a Slurm cgroup: the environment is then not asked)."""
-    lines = text.split("\n")
-    if truncated:
-        lines = lines[:-1]
+    lines = text.split("\n")[:-1] if truncated else text.split("\n")
     found: Optional[str] = None
     slurm = False
     for line in lines:

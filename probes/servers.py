@@ -51,16 +51,12 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
         # daemon is named, so nothing listed is remembered as its server.
         return None, None, True
     try:
-        tids = os.listdir(f"{ctx.proc}/{pid}/task")
-    except OSError:
-        return pid, fact.start_ticks, True
-    for tid in tids:
-        try:
+        for tid in os.listdir(f"{ctx.proc}/{pid}/task"):
             children = read_small(f"{ctx.proc}/{pid}/task/{tid}/children", 65536)
-        except OSError:
-            children = None
-        if children is None or parse_children(children.decode("ascii", "replace")):
-            return pid, fact.start_ticks, True
+            if children is None or parse_children(children.decode("ascii", "replace")):
+                return pid, fact.start_ticks, True
+    except OSError:  # a thread or the daemon gone meanwhile: ask rather than assume idle
+        return pid, fact.start_ticks, True
     return pid, fact.start_ticks, False
 
 
