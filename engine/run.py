@@ -11,6 +11,7 @@ and every command it started is killed (``Overrun``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -301,14 +302,13 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
     budget = budget_s if budget_s is not None else config.budget_s
     limit = limit_s if limit_s is not None else limit_for(budget)
 
-    def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
-        return _run(config, root, checks, budget, replay, t0, in_flight, boot_grace_s)
-
-    if replay is None:
-        return bounded(limit, work, since=t0)
+    work = functools.partial(_run, config, root, checks, budget, replay, t0,
+                             boot_grace_s=boot_grace_s)
     try:
         return bounded(limit, work, since=t0)
     except Overrun as e:
+        if replay is None:
+            raise
         raise Overrun(limit, e.waiting_on, f"judging the replayed snapshot "
                       f"({len(replay.instances)} instances) did not finish within {limit:g}s: "
                       "a snapshot this large needs more time: give --budget SECONDS (up to "
@@ -332,11 +332,8 @@ def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: floa
     """``gather`` for the commands that keep the facts themselves (snapshot, clients),
     under the same hard limit as a run."""
     wanted = list(needs)
-
-    def work(in_flight: Set[str]) -> Facts:
-        return gather(Context(config, root, time.monotonic() + budget_s), wanted, in_flight)
-
-    return bounded(limit_for(budget_s), work)
+    return bounded(limit_for(budget_s), lambda in_flight: gather(
+        Context(config, root, time.monotonic() + budget_s), wanted, in_flight))
 
 
 def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,

@@ -172,9 +172,8 @@ VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
-    """The node's MPS processes, less the control clients this run itself started (the
-    control and servers queries run while /proc is read; any client, ours or not, is
-    told from a daemon by its missing -d/-f anyway)."""
+    """The node's MPS processes, less the control clients this run started (its queries
+    run while /proc is read)."""
     own = os.getpid() if ctx.root in ("", "/") else None
     return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
 
