@@ -148,18 +148,14 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
 def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,
                    not_children_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
     """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
-    found: List[ProcessFact] = []
     try:
         names = os.listdir(proc_dir)
     except OSError as e:
         raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
-    for name in names:
-        if name.isdigit() and _comm_matches(proc_dir, int(name)):
-            fact = read_process(proc_dir, int(name), binaries)
-            if fact is not None and (not_children_of is None or fact.ppid != not_children_of):
-                found.append(fact)
-    found.sort(key=lambda p: p.pid)
-    return tuple(found)
+    facts = (read_process(proc_dir, int(name), binaries) for name in names
+             if name.isdigit() and _comm_matches(proc_dir, int(name)))
+    return tuple(sorted((f for f in facts if f is not None and f.ppid != not_children_of),
+                        key=lambda p: p.pid))
 
 
 def binaries_here(ctx: Context) -> Optional[Binaries]:
