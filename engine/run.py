@@ -1,22 +1,17 @@
 """The run: gather the facts the chosen checks need, then judge them.
 
-Sources that wait on other programs are not read in turn. The control query and the
-servers probe start their clients first and are collected after the sources read
-inline, so the clients run meanwhile and a healthy run starts no thread for them; the
-others (scontrol, NVML, the canary) run in threads of their own. All are bound by the
-run's deadline; a source that misses it, or fails, leaves one line in ``Facts.errors``
-and makes only the checks that need it UNKNOWN, so one wedged daemon never hides the
-other results.
-
-The whole run has a hard limit too (``bounded``): it runs in a thread the caller walks
-away from at the limit, whatever blocks it (a read stuck in a hung file system, a
-process in D state, a bug), and every command the run started is killed then. The
-caller says so in its documented line (``Overrun``); the budget (gathering) and the
-limit (the whole run) are decided here, for every command, once.
+Sources that wait on other programs are not read in turn: the control query and the
+servers probe start their clients first and are collected last; scontrol, NVML and the
+canary run in threads. All are bound by the run's deadline; a source that misses it, or
+fails, leaves one line in ``Facts.errors`` and makes only the checks needing it UNKNOWN.
+The whole run also has a hard limit (``bounded``): past it the caller walks away from it
+and every command it started is killed (``Overrun``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 import threading
 import time
@@ -25,34 +20,23 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 from mps_health import __version__
 from mps_health.config.load import Config
 from mps_health.hostio.resources import OutOfResources
-from mps_health.model import actionhints, registry
+from mps_health.model import actionhints, registry, results
 from mps_health.model.context import Context, joined, node_name
 from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import printable
-from mps_health.model.results import (
-    CRITICAL,
-    UNKNOWN,
-    WARNING,
-    CheckRun,
-    Report,
-    Result,
-    fold,
-    starting,
-)
+from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold
 from mps_health.probes import instances
 
 T = TypeVar("T")
 
-# A blocking source bounds its own commands by ctx.deadline (the runner kills them then)
-# and needs a moment after that to turn "no answer" into a fact: a wedged daemon must be
-# judged CRITICAL (control-wedged), not UNKNOWN because its thread was given up on first.
+# A blocking source needs a moment after ctx.deadline to turn "no answer" into a fact: a
+# wedged daemon is CRITICAL (control-wedged), not UNKNOWN because its thread was given up.
 JOIN_GRACE_S = 1.0
-# The control query ends this long before the budget, so killing the client and
-# collecting its answer fit inside it: a wedged daemon is judged, not lost to the deadline.
+# The control query ends this long before the budget, so killing the client and taking
+# its answer fit inside it.
 CONTROL_MARGIN_S = 0.3
-# Where no outer limit is given (check --budget, the health check), the whole run is
-# abandoned this long after its gathering budget: room for JOIN_GRACE_S and judging.
+# With no outer limit the run is abandoned this long after its gathering budget.
 OVERRUN_GRACE_S = 2.0
 # The codes the engine itself reports for any check (runbook entries in README.md).
 CODES = ("facts-unavailable", "check-failed")
@@ -64,9 +48,7 @@ class SelectionError(Failure, ValueError):
 
 class Overrun(Failure):
     """The run did not end within its hard limit and was abandoned (its commands killed):
-    exit 3, one line. Something below Python hung: a read on a hung file system, a
-    process stuck in the kernel. ``waiting_on`` names what was still being done then.
-    (A replay reads no file and starts nothing while it judges: its line says so.)"""
+    exit 3, one line. ``waiting_on`` names what was still being done then."""
 
     def __init__(self, limit_s: float, waiting_on: Sequence[str], line: str = "") -> None:
         self.limit_s = limit_s
@@ -86,16 +68,11 @@ def limit_for(budget_s: float) -> float:
 def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float] = None
             ) -> T:
     """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
-    ``time.monotonic()``; default now).
-
-    ``work`` runs in a daemon thread of its own, so nothing it blocks on (a
-    FIFO, a hung NFS read, a process in D state) can hold the caller; ``in_flight`` is a
-    set it keeps the names of what it is doing in, for the Overrun's line. At the limit
-    every command started meanwhile (``runner``) is killed with its process group; the
-    thread itself is left behind and dies with the process. A signal (SIGALRM) cannot do
-    this: the handler's exception would be caught as a probe's failure, and it runs only
-    in the main thread.
-    """
+    ``time.monotonic()``; default now). ``work`` runs in a daemon thread, so nothing it
+    blocks on (a FIFO, a hung NFS read, D state) holds the caller; it keeps the names of
+    what it does in ``in_flight``. At the limit every command started meanwhile is killed
+    and the thread left behind. (SIGALRM cannot do this: its exception would be caught as
+    a probe's failure, and it runs only in the main thread.)"""
     started = time.monotonic() if since is None else since
     in_flight: Set[str] = set()
     box: List[T] = []
@@ -111,8 +88,7 @@ def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float
 
     thread = threading.Thread(target=target, name="mps-health run", daemon=True)
     thread.start()
-    # Work that ended past the limit (a thread may run to its end before this one looks)
-    # did not finish within it either.
+    # Work that ended past the limit (before this thread looked) did not finish within it.
     if not joined(thread, limit_s - (time.monotonic() - started)) \
             or ended[0] - started > limit_s:
         runner = sys.modules.get("mps_health.hostio.runner")  # not loaded: nothing was started
@@ -128,10 +104,9 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
                   ) -> List[registry.CheckSpec]:
     chosen = config.checks  # its names were checked when the config was loaded
     table = registry.checks()
-    for name in (*only, *skip):
-        if name not in table:
-            known = ", ".join(sorted(table))
-            raise SelectionError(f"unknown check '{name}' (known: {known})")
+    unknown = [name for name in (*only, *skip) if name not in table]
+    if unknown:
+        raise SelectionError(f"unknown check '{unknown[0]}' (known: {', '.join(sorted(table))})")
     if only or chosen.only:
         names = list(only or chosen.only)
     else:  # the defaults, those whose config section is present, and checks.enable
@@ -149,9 +124,8 @@ def budget_within(limit_s: float, configured_s: float) -> float:
 
 
 def fit_control(config: Config, budget_s: float) -> Config:
-    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``:
-    a budget shorter than the control timeout still sees a wedged daemon as wedged
-    (CRITICAL control-wedged), not as a source that missed the deadline (UNKNOWN)."""
+    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``,
+    so a short budget still sees a wedged daemon as wedged, not as a missed deadline."""
     limit = round(max(0.1, budget_s - CONTROL_MARGIN_S), 3)
     if config.control.timeout_s <= limit:
         return config
@@ -168,9 +142,8 @@ def _one_line(exc: BaseException) -> str:
 def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = None,
            meanwhile: Optional[Callable[[], None]] = None) -> Facts:
     """Gather every needed source once; never raises, never outlives ``ctx.deadline``
-    unless a read blocks below Python (``bounded`` ends that). ``in_flight`` is kept
-    holding the names of the sources being gathered. ``meanwhile`` runs once the inline
-    sources are read, while the started commands and threads finish."""
+    unless a read blocks below Python (``bounded`` ends that). ``in_flight`` holds the
+    sources being gathered; ``meanwhile`` runs once the inline sources are read."""
     started = time.time()
     doing: Set[str] = set() if in_flight is None else in_flight
     needed = set(needs)
@@ -213,22 +186,19 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     def call(target: str) -> Callable[[], object]:
         return lambda: registry.load(target)(ctx, insts)
 
-    # A source with a start has its commands started first, so they run while the rest
-    # is read, and is collected last, in the registry's order (the control query's pipe
-    # dir locks are let go before the servers probe waits on them).
+    # A source with a start has its commands started first and is collected last, in the
+    # registry's order (the control query's pipe dir locks go before the servers wait).
     split = [src for src in wanted if src.start]
     for src in split:
         collect(src, call(src.start))
     ending = {src.name: values.pop(src.name) for src in split if src.name in values}
-    # Each source gathered in a thread has its modules imported here, before its thread
-    # starts: two threads importing at once only hand the GIL back and forth.
+    # A thread's modules are imported before it starts: two threads importing at once
+    # only hand the GIL back and forth.
     threads = []
     for src in wanted:
         if src.blocking:
-            try:
+            with contextlib.suppress(Exception):  # its thread's collect() says what is wrong
                 registry.load(src.target)
-            except Exception:
-                pass  # its thread's collect() says what is wrong
             t = threading.Thread(target=collect, args=(src, call(src.target)),
                                  name=f"source {src.name}", daemon=True)
             t.start()
@@ -250,11 +220,9 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         from mps_health.probes.proc import with_named
 
         t0 = time.monotonic()
-        try:
+        with contextlib.suppress(Exception):  # else the scan stands: at worst a stale verdict
             values["processes"] = with_named(ctx, values["processes"],  # type: ignore[arg-type]
                                              values["dirs"])  # type: ignore[arg-type]
-        except Exception:  # the scan stands: at worst a stale verdict, as before
-            pass
         durations["processes"] = durations.get("processes", 0.0) + time.monotonic() - t0
     # Once more with every fact in: a hook that changed an instance meanwhile recorded it
     # before acting, so what the facts saw of that change is never judged.
@@ -279,12 +247,11 @@ def _judged_now(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float
     return tuple(i for i in insts if i.name not in why), why
 
 
-def job_scoped(results: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
-    """Where a per-job instance's dirs or daemon belong to the job's user, that user can
-    break them at will; it hurts only their own job, so it is at most a WARNING, never a
-    drain."""
+def job_scoped(found: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ...]:
+    """Where a per-job instance's dirs or daemon are the job's user's, that user can break
+    them at will, hurting only their own job: at most a WARNING, never a drain."""
     return tuple(r._replace(state=WARNING) if r.state == CRITICAL and r.instance in per_job
-                 else r for r in results)
+                 else r for r in found)
 
 
 def shown(r: Result) -> Result:
@@ -313,8 +280,8 @@ def judge(facts: Facts, config: Config,
             continue
         try:
             fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
-            results = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
-            runs.append(CheckRun(spec.name, results, time.monotonic() - t0))
+            found = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
+            runs.append(CheckRun(spec.name, found, time.monotonic() - t0))
         except Exception as e:
             result = Result(spec.name, UNKNOWN, "check-failed", "",
                             f"the check itself failed: {_one_line(e)}",
@@ -326,23 +293,22 @@ def judge(facts: Facts, config: Config,
 def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
         budget_s: Optional[float] = None, replay: Optional[Facts] = None,
         limit_s: Optional[float] = None, boot_grace_s: float = 0.0) -> Tuple[Facts, Report]:
-    """Gather (or replay) and judge, all over within ``limit_s`` (default: the budget plus
-    OVERRUN_GRACE_S). Within ``boot_grace_s`` of the node's boot (``uptime_s``; never for a
-    replay) what only says a unit is not up yet is marked starting (``results.starting``).
-    Raises SelectionError for unknown check names, Overrun when the limit passes first."""
+    """Gather (or replay) and judge, all within ``limit_s`` (default: budget plus
+    OVERRUN_GRACE_S). Within ``boot_grace_s`` of boot (not for a replay), what only says a
+    unit is not up yet is marked starting. SelectionError for unknown check names,
+    Overrun when the limit passes first."""
     t0 = time.monotonic()
     checks = select_checks(config, only, skip)
     budget = budget_s if budget_s is not None else config.budget_s
     limit = limit_s if limit_s is not None else limit_for(budget)
 
-    def work(in_flight: Set[str]) -> Tuple[Facts, Report]:
-        return _run(config, root, checks, budget, replay, t0, in_flight, boot_grace_s)
-
-    if replay is None:
-        return bounded(limit, work, since=t0)
+    work = functools.partial(_run, config, root, checks, budget, replay, t0,
+                             boot_grace_s=boot_grace_s)
     try:
         return bounded(limit, work, since=t0)
     except Overrun as e:
+        if replay is None:
+            raise
         raise Overrun(limit, e.waiting_on, f"judging the replayed snapshot "
                       f"({len(replay.instances)} instances) did not finish within {limit:g}s: "
                       "a snapshot this large needs more time: give --budget SECONDS (up to "
@@ -350,8 +316,8 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
 
 
 def uptime_s(root: str) -> Optional[float]:
-    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None when
-    it cannot be read (then there is no boot grace: findings count as always)."""
+    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None (no
+    boot grace) when it cannot be read."""
     from mps_health.hostio.safefiles import read_small
 
     where = "/proc/uptime" if root in ("", "/") else f"{root.rstrip('/')}/proc/uptime"
@@ -366,11 +332,8 @@ def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: floa
     """``gather`` for the commands that keep the facts themselves (snapshot, clients),
     under the same hard limit as a run."""
     wanted = list(needs)
-
-    def work(in_flight: Set[str]) -> Facts:
-        return gather(Context(config, root, time.monotonic() + budget_s), wanted, in_flight)
-
-    return bounded(limit_for(budget_s), work)
+    return bounded(limit_for(budget_s), lambda in_flight: gather(
+        Context(config, root, time.monotonic() + budget_s), wanted, in_flight))
 
 
 def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: float,
@@ -393,7 +356,7 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
     if boot_grace_s > 0 and replay is None:
         up = uptime_s(root)
         if up is not None and up < boot_grace_s:
-            runs = starting(runs)
+            runs = results.starting(runs)
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
     runs = actionhints.applied(runs, options, CODES)

@@ -1,9 +1,8 @@
 """Snapshots: the gathered facts as JSON, to judge later (support bundles, replay).
 
-A snapshot may come from anyone, so reading one is bounded: ``read`` takes a regular
-file only, never through a symlink, of at most MAX_BYTES (``mps_health.config.inputs``); a
-document nested past ``inputs.MAX_DEPTH`` is refused; every error line quotes a cut
-value. Replay judges at most ``mps.max_instances`` instances, as a live run does.
+A snapshot may come from anyone: ``read`` takes a regular file only, not through a
+symlink, of at most MAX_BYTES; nesting past ``inputs.MAX_DEPTH`` is refused; error lines
+quote cut values. Replay judges at most ``mps.max_instances`` instances, as a live run.
 """
 
 import importlib
@@ -17,8 +16,7 @@ from mps_health.model.printable import escape
 
 FORMAT = "mps-health-snapshot"
 FORMAT_VERSION = 1
-# mps-health writes about 2 KB a per-job instance: the largest mps.max_instances allows
-# (100000) fits. The parsed facts take about ten times the file's size in memory.
+# About 2 KB a per-job instance: the largest mps.max_instances (100000) fits.
 MAX_BYTES = 256 << 20
 
 
@@ -27,7 +25,7 @@ class SnapshotError(ValueError):
 
 
 def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
-    data = {
+    return json.dumps({
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "mps_health_version": __version__,
@@ -41,8 +39,7 @@ def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
         "instances_over_cap": facts.instances_over_cap,
         "unjudged": codec.encode(facts.unjudged),
         "config": dict(config_raw),
-    }
-    return json.dumps(data, indent=1, sort_keys=True)
+    }, indent=1, sort_keys=True)
 
 
 def capped(facts: Facts, cap: int) -> Facts:

@@ -1,32 +1,24 @@
 """Who an MPS client is, and the per-server details the control client gives.
 
-Pure parsers of what the real ``nvidia-cuda-mps-control`` prints (captured on an H200,
-CUDA 13.0; fixtures ``tests/fixtures/mps-control_*__h200-cuda13.0_clients.txt``), and
-bounded reads of a client's /proc files.
-
-A client's ``/proc/PID/environ`` is readable by root and its owner only, and may be
-large: at most ``ENVIRON_CAP`` bytes are read, through O_NOFOLLOW|O_NONBLOCK, and the
-process's start time is compared before and after, so a PID reused in between is never
-taken for the client. Only the few variables that matter are kept. A client's job is
-the Slurm job cgroup it runs in (``/proc/PID/cgroup``, read up to ``CGROUP_CAP`` and
-parsed strictly); its own ``SLURM_JOB_ID`` only where it is in no Slurm cgroup, and then
-as a claim the checks hold against squeue. Everything read here
-comes from users' processes: it is kept raw and escaped where it is printed
-(``mps_health.exporters.text.escape``).
+Pure parsers of what the real ``nvidia-cuda-mps-control`` prints (fixtures
+``tests/fixtures/mps-control_*_clients.txt``), and bounded reads of a client's /proc files.
+``environ`` is read at most ``ENVIRON_CAP`` bytes through O_NOFOLLOW|O_NONBLOCK, and the
+start time compared before and after, so a reused PID is never taken for the client. A
+client's job is its Slurm job cgroup; its own ``SLURM_JOB_ID`` only where it is in none,
+as a claim checked against squeue. All of it comes from users: kept raw, escaped where
+printed (``mps_health.exporters.text.escape``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 ENVIRON_CAP = 256 * 1024  # bytes of /proc/PID/environ read at most
 CMDLINE_CAP = 4096
 CGROUP_CAP = 8192
 COMMAND_KEEP = 200  # characters of the command line kept for the view
-
-WANTED = ("SLURM_JOB_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
 
 UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
@@ -62,8 +54,6 @@ class ClientProc(NamedTuple):
     pinned_mem_limit: str = ""
     pipe_dir: Optional[str] = None
 
-
-# --- parsers (pure) ------------------------------------------------------------------
 
 def parse_ps(text: str) -> Tuple[PsRow, ...]:
     """``ps``: a header ``PID ID SERVER DEVICE NAMESPACE COMMAND`` and one row a client;
@@ -108,14 +98,8 @@ def parse_mem_limit(text: str) -> Tuple[str, Optional[int]]:
 
 def mem_bytes(value: str) -> Optional[int]:
     """``4G`` -> bytes; None when it is no size (the raw text is kept by the caller)."""
-    v = value.strip().upper()
-    if v.endswith("B"):
-        v = v[:-1]
-    unit = v[-1] if v and v[-1] in "KMGT" else ""
-    digits = v[:-1] if unit else v
-    if not digits.isdigit():
-        return None
-    return int(digits) * UNITS[unit]
+    m = re.fullmatch(r"([0-9]+)([KMGT]?)B?", value.strip().upper())
+    return int(m[1]) * UNITS[m[2]] if m else None
 
 
 def parse_device_query(text: str) -> Dict[str, Tuple[DeviceRow, ...]]:
@@ -125,14 +109,12 @@ def parse_device_query(text: str) -> Dict[str, Tuple[DeviceRow, ...]]:
     section: Optional[str] = None
     for line in text.splitlines():
         s = line.strip()
-        if not s:
+        if not s or s.startswith("Device Ordinal"):
             continue
         if s == "Default":
             section = "default"
         elif s.startswith("Server ") and s[7:].strip().isdigit():
             section = s[7:].strip()
-        elif s.startswith("Device Ordinal"):
-            continue
         elif section is not None and s.split(None, 1)[0].isdigit():
             parts = s.split()
             if len(parts) < 4 or not parts[2].startswith(("GPU-", "MIG-")):
@@ -167,13 +149,10 @@ def parse_device_clients(text: str) -> Dict[int, int]:
     return counts
 
 
-JOB_DIGITS = 10  # a Slurm job id (and a uid) is a uint32: at most 10 digits
-
-
 def _number(text: str) -> Optional[str]:
     """``text`` if it is a number as Slurm's ``%u`` prints it (ASCII digits, no sign, no
-    leading zero, at most 10 digits), else None."""
-    if not 0 < len(text) <= JOB_DIGITS or not text.isascii() or not text.isdigit():
+    leading zero, at most 10 digits: a job id and a uid are uint32), else None."""
+    if not 0 < len(text) <= 10 or not text.isascii() or not text.isdigit():
         return None
     return text if text == "0" or text[0] != "0" else None
 
@@ -187,13 +166,9 @@ def _stepd_scope(name: str) -> bool:
 
 
 def job_of_cgroup_path(path: str) -> Optional[str]:
-    """The Slurm job whose cgroup ``path`` (one line's third field) is, or None.
-
-    Only the places Slurm itself makes, from the hierarchy's root (slurm.schedmd.com
-    cgroup_v2.html and cgroups.html; the same in 22.05 and 24.11):
-    v2 ``/system.slice/slurmstepd.scope/job_N[/step_S/...]``;
-    v1 ``/slurm/uid_U/job_N[/step_S/...]`` (``/slurm_NODENAME/...`` with several slurmd).
-    """
+    """The Slurm job whose cgroup ``path`` is, or None. Only the places Slurm makes
+    (22.05 to 24.11): v2 ``/system.slice/slurmstepd.scope/job_N[/step_S/...]``;
+    v1 ``/slurm/uid_U/job_N[/step_S/...]`` (``/slurm_NODENAME/...`` with several slurmd)."""
     parts = path.split("/")
     if len(parts) < 4 or parts[0] != "":
         return None
@@ -204,24 +179,17 @@ def job_of_cgroup_path(path: str) -> Optional[str]:
     if not (v1 or v2):
         return None
     job = _number(name[4:]) if name.startswith("job_") else None
-    if job is None or job == "0":
-        return None
-    rest = parts[4:]
-    if rest and not rest[0].startswith("step_"):
+    if job == "0" or (len(parts) > 4 and not parts[4].startswith("step_")):
         return None  # below a job, Slurm makes step_* only
     return job
 
 
 def parse_cgroup(text: str, truncated: bool = False) -> Tuple[str, bool]:
-    """(Slurm job id, whether any line is a Slurm job cgroup) of ``/proc/PID/cgroup``.
-
-    Each line is ``ID:CONTROLLERS:PATH`` (v2: ``0::PATH``; v1: one line a hierarchy).
-    The path names are made by whoever may create cgroups there, so a line that is not of
-    that form is skipped, a cut last line dropped, and lines naming different jobs give
-    no job at all (yet count as a Slurm cgroup: the environment is then not asked)."""
-    lines = text.split("\n")
-    if truncated:
-        lines = lines[:-1]
+    """(Slurm job id, whether any line is a Slurm job cgroup) of ``/proc/PID/cgroup``
+    (``ID:CONTROLLERS:PATH`` lines). Whoever may create cgroups names them, so another
+    line is skipped, a cut last line dropped, and lines naming different jobs give no job
+    (yet count as a Slurm cgroup: the environment is then not asked)."""
+    lines = text.split("\n")[:-1] if truncated else text.split("\n")
     found: Optional[str] = None
     slurm = False
     for line in lines:
@@ -237,20 +205,12 @@ def parse_cgroup(text: str, truncated: bool = False) -> Tuple[str, bool]:
     return found or "", slurm
 
 
-def job_from_cgroup(text: str) -> str:
-    """The Slurm job id in ``/proc/PID/cgroup`` ("" when none): see ``parse_cgroup``."""
-    return parse_cgroup(text)[0]
-
-
 def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
               cgroup_truncated: bool = False) -> ClientProc:
-    """A ClientProc from the parts read (pure).
-
-    The job is the Slurm job cgroup the process runs in: Slurm puts it there and its
-    user cannot move it into another user's job. ``SLURM_JOB_ID`` is only the user's
-    say-so (anyone can set it): taken only where no Slurm cgroup exists, marked
-    "environ", and believed by the checks only where squeue says that job is the
-    process's uid's (``mps_health.checks.clients.attribute``)."""
+    """A ClientProc from the parts read (pure). The job is the Slurm job cgroup (its user
+    cannot move it into another user's job); ``SLURM_JOB_ID`` is the user's say-so, taken
+    only outside any Slurm cgroup, marked "environ", and believed only where squeue says
+    the job is the process's uid's (``mps_health.checks.clients.attribute``)."""
     args = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
     command = " ".join(args)[:COMMAND_KEEP]
     job, in_slurm = parse_cgroup(cgroup, cgroup_truncated)
@@ -260,34 +220,16 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
         if _number(claimed) not in (None, "0"):
             job, job_from = claimed, "environ"
     pct: Optional[float] = None
-    raw = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if raw is not None:
-        try:
-            pct = float(raw)
-        except ValueError:
-            pct = None
-        if pct is not None and not 0.0 <= pct <= 100.0:
-            pct = None
+    try:
+        pct = float(environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+    except (KeyError, ValueError):
+        pass
+    if pct is not None and not 0.0 <= pct <= 100.0:
+        pct = None
     return ClientProc(command, job, job_from if job else "", status, pct,
                       environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")[:100],
                       environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
-
-def parse_environ(data: bytes, truncated: bool) -> Dict[str, str]:
-    """The wanted variables of a NUL-separated environ; a cut last entry is dropped."""
-    items = data.split(b"\0")
-    if truncated:
-        items = items[:-1]
-    env: Dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition(b"=")
-        name = key.decode("ascii", "replace")
-        if sep and name in WANTED:
-            env[name] = value.decode("utf-8", "replace")[:4096]
-    return env
-
-
-# --- reads (I/O, bounded) --------------------------------------------------------------
 
 def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
     """(up to ``cap`` bytes, status): "read", "truncated", "denied", "gone", "error"."""
@@ -295,22 +237,16 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
 
     try:
         fd, _st = open_regular(path)
+        try:
+            data = read_upto(fd, cap)
+        finally:
+            os.close(fd)
     except PermissionError:
         return None, "denied"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return None, "gone"
     except OSError:
         return None, "error"
-    try:
-        data = read_upto(fd, cap)
-    except PermissionError:
-        return None, "denied"
-    except ProcessLookupError:
-        return None, "gone"
-    except OSError:
-        return None, "error"
-    finally:
-        os.close(fd)
     if len(data) > cap:
         return data[:cap], "truncated"
     return data, "read"
@@ -318,7 +254,7 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
 
 def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientProc:
     """What /proc says about client ``pid`` (started at ``start_ticks``); never raises."""
-    from mps_health.probes.proc import identity
+    from mps_health.probes.proc import identity, parse_environ
 
     base = f"{proc_dir}/{pid}"
     cmdline, _ = _read_capped(f"{base}/cmdline", CMDLINE_CAP)

@@ -11,19 +11,12 @@ from mps_health.hostio.resources import raise_if_starved
 from mps_health.model.context import Context
 from mps_health.model.facts import DirFact, EntryFact, Instance, ParentFact
 
+KINDS = {stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFREG: "file",
+         stat.S_IFSOCK: "socket", stat.S_IFIFO: "fifo"}
+
 
 def kind_of(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    return "other"
+    return KINDS.get(stat.S_IFMT(mode), "other")
 
 
 def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
@@ -41,17 +34,13 @@ def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
             target = os.readlink(path)
         except OSError:
             target = "?"
-    entries: Tuple[EntryFact, ...] = ()
-    pid_file = None
-    if kind == "dir" and with_entries:
-        entries, pid_file = _read_entries(path)
+    entries, pid_file = _read_entries(path) if kind == "dir" and with_entries else ((), None)
     return DirFact(shown_as, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
-                   _name_of(st.st_uid), target, None, entries, pid_file)
+                   owner_name(st.st_uid), target, None, entries, pid_file)
 
 
 def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
     found: List[EntryFact] = []
-    pid_file = None
     try:
         with os.scandir(path) as it:
             for entry in it:
@@ -64,10 +53,9 @@ def _read_entries(path: str) -> Tuple[Tuple[EntryFact, ...], Optional[str]]:
     except OSError as e:  # out of fds: our trouble, not an empty pipe dir
         raise_if_starved(e, f"list {path}")
         return (), None
-    if any(e.name == PID_FILE and e.kind == "file" for e in found):
-        pid_file = read_text(path)
-    found.sort()
-    return tuple(found), pid_file
+    pid_file = read_text(path) if any(e.name == PID_FILE and e.kind == "file" for e in found) \
+        else None
+    return tuple(sorted(found)), pid_file
 
 
 # Path components walked above a dir at most: a configured path is short, and the walk
@@ -76,12 +64,10 @@ MAX_PARENTS = 64
 
 
 def blocked_parents(ctx: Context, path: str) -> Tuple[ParentFact, ...]:
-    """The parents of ``path`` (as configured; "/" and, under --root, the tree's own
-    parents excluded) that users other than their owner and group cannot traverse: no
-    execute bit for others. A 0700 /run/nvidia above a 0777 pipe dir fails every non-root
-    client while the pipe dir itself looks right. Each by lstat (never followed), in order
-    from the top; the walk stops at a parent that is missing or cannot be looked at (a
-    run as a non-root user stops below the first blocked one: that one is named)."""
+    """The parents of ``path`` (as configured, not "/" nor a --root tree's own) with no
+    execute bit for others: a 0700 /run/nvidia above a 0777 pipe dir fails every non-root
+    client while the pipe dir looks right. By lstat, from the top; the walk stops at a
+    parent that is missing or cannot be looked at (for a non-root run, the first blocked)."""
     found: List[ParentFact] = []
     parts = [p for p in path.split("/") if p not in ("", ".")][:-1][:MAX_PARENTS]
     walked = ""
@@ -118,9 +104,8 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
 VALUE_TYPE = "Dict[str, DirFact]"  # read by codec, in this module's names
 
 
-def _name_of(uid: int) -> Optional[str]:
-    from mps_health.hostio.users import (
-        name_of,  # lazy: no NamedTuple built on the plain check's path
-    )
+def owner_name(uid: int) -> Optional[str]:
+    """The user name of ``uid`` (hostio.users loaded lazily: not on the plain check's path)."""
+    from mps_health.hostio.users import name_of
 
     return name_of(uid)

@@ -1,14 +1,10 @@
 """Which MPS instances this node should have, from the config's layout.
 
-node: one daemon for the node. per-gpu: one per listed GPU. per-job: one per pipe dir
-a prolog created, found on disk by the configured template (``{job}``, and ``{gpu}``
-where a job holds several GPUs, in the last path component).
-
-Per-job dirs live in a parent every user can write (/tmp), so a name alone proves
-nothing: a dir is an instance only when Slurm says its job runs on this node (the run's
-one ``squeue``) and the dir is owned as ``mps.dir_owner`` says (``job``: that job's
-user). Anything else is not judged as MPS here (the orphans check names dirs whose job
-is gone).
+node: one daemon. per-gpu: one per listed GPU. per-job: one per pipe dir a prolog made,
+found on disk by the template (``{job}``, and ``{gpu}``, in the last path component).
+Per-job dirs live where every user can write (/tmp), so a name proves nothing: a dir is
+an instance only when the run's ``squeue`` says its job runs here and it is owned as
+``mps.dir_owner`` says (``job``: that job's user); the orphans check names the rest.
 """
 
 from __future__ import annotations
@@ -29,11 +25,8 @@ def configured(config: Config) -> Tuple[Instance, ...]:
     if mps.layout == "per-gpu":
         from mps_health.config.templates import expand  # the node layout has no template
 
-        return tuple(
-            Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g), expand(mps.log_dir, gpu=g),
-                     gpu=g)
-            for g in mps.gpus
-        )
+        return tuple(Instance(f"gpu{g}", "per-gpu", expand(mps.pipe_dir, gpu=g),
+                              expand(mps.log_dir, gpu=g), gpu=g) for g in mps.gpus)
     return ()
 
 
@@ -78,9 +71,7 @@ def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, .
         raise SlurmUnavailable(f"per-job instances need Slurm's job list: {why}")
     uid_of = {j.job_id: j.uid for j in ctx.jobs.jobs}
     owner = ctx.config.mps.dir_owner
-    from mps_health.hostio.users import uid_of as user_uid
-
-    fixed = None if owner in ("job", "any") else user_uid(owner)
+    fixed = daemon_uid(owner, None)  # a named user's uid; None for "job" and "any"
     return tuple(i for i in found if i.job_id in uid_of
                  and (owner == "any" or _owner_uid(ctx, i.pipe_dir)
                       == (uid_of[i.job_id] if owner == "job" else fixed)))
@@ -106,13 +97,9 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
 
 def daemon_uid(user: str, dir_uid: Optional[int]) -> Optional[int]:
     """``expected_uid`` from the owner of the instance's dir (None: unknown)."""
-    if user == "any":
-        return None
-    if user == "job":
-        return dir_uid
-    from mps_health.hostio.users import (
-        uid_of,  # lazy: the passwd lookup only where a name is configured
-    )
+    if user in ("any", "job"):
+        return None if user == "any" else dir_uid
+    from mps_health.hostio.users import uid_of  # the passwd lookup only for a name
 
     return uid_of(user)
 

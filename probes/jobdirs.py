@@ -1,9 +1,8 @@
 """Per-job pipe and log dirs on disk, with owner and age, for the orphans check.
 
-Both templates' parent dirs are listed (a job's log dir can outlive its pipe dir).
-Entries are lstat'ed, never followed: a symlink is reported as one, not as its target.
-With them, the Prolog's records of which job and uid each dir was made for
-(``job_records``): a name alone makes no dir ours.
+Both templates' parent dirs are listed (a log dir can outlive its pipe dir), entries by
+lstat (a symlink is reported as one). With them, the Prolog's records of which job and
+uid each dir was made for (``job_records``): a name alone makes no dir ours.
 """
 
 import os
@@ -13,7 +12,7 @@ from mps_health.config.templates import match
 from mps_health.hostio.jobrecords import JobRecord
 from mps_health.hostio.jobrecords import load as load_records
 from mps_health.model.context import Context
-from mps_health.probes.dirs import kind_of
+from mps_health.probes.dirs import kind_of, owner_name
 
 
 class JobDir(NamedTuple):
@@ -26,7 +25,7 @@ class JobDir(NamedTuple):
     mtime: float  # Unix time of the last change: the dir's age for the orphans check
 
 
-def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
+def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
     mps = ctx.config.mps
     if mps.layout != "per-job":
         return ()
@@ -49,12 +48,8 @@ def read_job_dirs(ctx: Context) -> Tuple[JobDir, ...]:
             except OSError:
                 continue  # removed while we looked
             found.append(JobDir(fields[0], role, path, kind_of(st.st_mode), st.st_uid,
-                                _name_of(st.st_uid), st.st_mtime))
+                                owner_name(st.st_uid), st.st_mtime))
     return tuple(found)
-
-
-def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
-    return read_job_dirs(ctx)
 
 
 VALUE_TYPE = Tuple[JobDir, ...]
@@ -77,11 +72,3 @@ def gather_records(ctx: Context, instances: object) -> JobRecords:
 
 
 RECORDS_TYPE = JobRecords
-
-
-def _name_of(uid: int) -> Optional[str]:
-    from mps_health.hostio.users import (
-        name_of,  # lazy: no NamedTuple built on the plain check's path
-    )
-
-    return name_of(uid)

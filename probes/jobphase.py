@@ -1,27 +1,21 @@
 """When a per-job MPS instance is judged: never while its job's MPS is set up or torn down.
 
-The Prolog makes a job's dirs and then starts its daemon; the Epilog quits the daemon
-and then removes the dirs. In between, the dirs exist without a daemon, and a check
-would see ``control-absent`` or a missing pipe dir: false alarms that fail health-check
-runs and drain nodes under job churn. So a per-job instance (a dir of a job Slurm runs
-here, ``instances.running_jobs``) is judged only when all of these hold:
+The Prolog makes a job's dirs, then starts its daemon; the Epilog quits it, then removes
+the dirs. In between, a check would see ``control-absent`` or a missing pipe dir: false
+alarms that drain nodes under job churn. So a per-job instance is judged only when:
 
-1. the run's one ``squeue`` lists its job as RUNNING: not CONFIGURING (the Prolog runs
-   under ``PrologFlags=Alloc``), not COMPLETING (the Epilog runs), nor any other state;
-2. the job has run at least ``slurm.job_grace_s`` by Slurm's clock (squeue's time used,
-   counted from the job's start; a Prolog starts after that, so the grace is the time a
-   Prolog has to start the daemon);
+1. the run's ``squeue`` lists its job as RUNNING (not CONFIGURING: the Prolog runs under
+   ``PrologFlags=Alloc``; not COMPLETING: the Epilog runs; nor any other state);
+2. the job has run at least ``slurm.job_grace_s`` by Slurm's clock (the time a Prolog
+   has to start the daemon);
 3. no hook of ours is changing its MPS: each records its step in ``planned.py`` *before*
-   it acts ("prolog start" before making the dirs, "prolog" once the daemon answers,
-   "epilog" or "prolog undo" before quitting it). The newest record for the pipe dir
-   being a tear-down, or a "prolog start" (a Prolog at work, however late it started;
-   for at most ``PROLOG_LIMIT_S`` or the grace), or any such record made since the run
-   began, means not judged. The records are read again once every fact is in, so a
-   change any fact saw is found.
+   it acts ("prolog start", "prolog" once the daemon answers, "epilog" or "prolog undo").
+   The newest record being a tear-down, a "prolog start" (for at most
+   ``PROLOG_LIMIT_S`` or the grace), or any record made since the run began, means not
+   judged. The records are read again once every fact is in.
 
-Not judged is not hidden: the gres-drift check says a job's MPS is being set up or torn
-down, and an Epilog that leaves dirs behind is named by the orphans check once Slurm no
-longer lists the job. The rule lives here alone.
+Not judged is not hidden: gres-drift says the job's MPS is being set up or torn down,
+and orphans names dirs an Epilog leaves once Slurm no longer lists the job.
 """
 
 from __future__ import annotations
@@ -96,10 +90,6 @@ def unjudged(ctx: Context, insts: Tuple[Instance, ...], since: Optional[float]
     jobs = {j.job_id: j for j in (ctx.jobs.jobs or ())} if ctx.jobs is not None else {}
     records, _error = load(ctx.path(ctx.config.state_dir))  # unreadable: Slurm's view only
     now = time.time()
-    why: Dict[str, str] = {}
-    for inst in per_job:
-        reason = slurm_phase(jobs.get(inst.job_id or ""), grace) \
-            or hook_phase(records, inst.pipe_dir, since, now, grace)
-        if reason:
-            why[inst.name] = reason
-    return why
+    return {inst.name: why for inst in per_job
+            if (why := slurm_phase(jobs.get(inst.job_id or ""), grace)
+                or hook_phase(records, inst.pipe_dir, since, now, grace))}

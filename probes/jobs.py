@@ -1,10 +1,7 @@
-"""The Slurm jobs running on this node, and what each asked for: one ``squeue`` per run.
-
-``squeue -h -w NODE -o SQUEUE_FORMAT`` (the slurm probe's call and parser), bounded by
-``slurm.timeout_s`` and the run's deadline. Used to judge MPS clients against their
-job's request (``--gres=mps:N`` or ``gpu``). Without Slurm (no squeue, slurmctld down)
-the facts say why. Not asked at all while no instance's daemon has a server (two small
-/proc reads each, as the servers probe).
+"""The Slurm jobs running on this node, and what each asked for: one ``squeue`` per run
+(the slurm probe's call and parser, bounded by ``slurm.timeout_s`` and the deadline),
+to judge MPS clients against their job's ``--gres=mps:N`` or ``gpu``. Without Slurm the
+facts say why. Not asked while no daemon has a server (two small /proc reads each).
 """
 
 import time
@@ -28,15 +25,10 @@ def gres_count(job: SlurmJob, name: str) -> Optional[int]:
     """How much of GRES ``name`` the job asked per node (``gres:mps:50``, 23.x
     ``gres/mps:50``, typed ``gres:mps:a100:50``); None when it asked for none."""
     for part in job.gres.split(","):
-        for prefix in ("gres:", "gres/"):
-            if part.startswith(prefix):
-                part = part[len(prefix):]
-        fields = part.split(":")
-        if fields[0] != name:
-            continue
-        count = fields[-1] if len(fields) > 1 else "1"
-        count = count.split("(")[0]
-        return int(count) if count.isdigit() else 1
+        fields = part.removeprefix("gres:").removeprefix("gres/").split(":")
+        if fields[0] == name:
+            count = fields[-1].split("(")[0] if len(fields) > 1 else "1"
+            return int(count) if count.isdigit() else 1
     return None
 
 

@@ -1,18 +1,16 @@
 """NVML facts: every GPU's identity, compute mode, MIG and persistence mode, processes.
 
-All NVML access goes through a small object with one method per question
-(:class:`PynvmlApi` in production, :class:`RecordedApi` replaying a JSON recording in
-tests), so the interpretation below runs unchanged on recorded device facts. Every
-NVML error becomes data: a library or driver problem is one fact-level error line
-(``NvmlFacts.error``), a field a GPU cannot answer is None with a note in
-``GpuFact.errors``; nothing here raises. pynvml (package nvidia-ml-py) is imported
-only when this source runs.
+NVML is asked through :class:`PynvmlApi` (pynvml, imported only when this source runs)
+or :class:`RecordedApi` (a JSON recording), so the same interpretation runs on both.
+Every NVML error becomes data: a library or driver problem one line
+(``NvmlFacts.error``), a field a GPU cannot answer None with a note in
+``GpuFact.errors``; nothing here raises.
 """
 
 import contextlib
 import json
 import warnings
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context
 
@@ -21,10 +19,6 @@ RECORD_VERSION = 1
 
 # nvmlDeviceGetComputeMode values (NVML_COMPUTEMODE_*); 1 is obsolete but still named.
 COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
-
-# The questions asked of each GPU, in the order they are recorded.
-FIELDS = ("uuid", "minor", "name", "compute_mode", "mig_mode", "persistence_mode",
-          "compute_processes", "mps_processes")
 
 # What a fact-level NVML error means for the admin, by NVML_ERROR_* name.
 INIT_ERRORS = {
@@ -80,6 +74,31 @@ class NvmlFacts(NamedTuple):
     gpus: Tuple[GpuFact, ...] = ()
 
 
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _uses(value: Any) -> List[List[Any]]:
+    # pynvml gives None (or NVML_VALUE_NOT_AVAILABLE, 2**64-1) where memory is hidden.
+    return [[int(p.pid), m if isinstance(m := getattr(p, "usedGpuMemory", None), int)
+             and m < 2**63 else None] for p in value]
+
+
+# The questions asked of each GPU, in the order they are recorded: pynvml's function and
+# how its answer is kept.
+QUERIES: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
+    "uuid": ("nvmlDeviceGetUUID", _text),
+    "minor": ("nvmlDeviceGetMinorNumber", int),
+    "name": ("nvmlDeviceGetName", _text),
+    "compute_mode": ("nvmlDeviceGetComputeMode", int),
+    "mig_mode": ("nvmlDeviceGetMigMode", lambda v: [int(x) for x in v]),
+    "persistence_mode": ("nvmlDeviceGetPersistenceMode", int),
+    "compute_processes": ("nvmlDeviceGetComputeRunningProcesses", _uses),
+    "mps_processes": ("nvmlDeviceGetMPSComputeRunningProcesses", _uses),
+}
+FIELDS = tuple(QUERIES)
+
+
 class PynvmlApi:
     """The real NVML through pynvml; answers are plain values, failures NvmlError."""
 
@@ -98,54 +117,36 @@ class PynvmlApi:
         self._nvml = pynvml
         self._names = {getattr(pynvml, n): n[len("NVML_ERROR_"):]
                        for n in dir(pynvml) if n.startswith("NVML_ERROR_")}
-        self._call(pynvml.nvmlInit)
+        self._call("nvmlInit")
 
     def shutdown(self) -> None:
         if self._nvml is not None:
             with contextlib.suppress(NvmlError):
-                self._call(self._nvml.nvmlShutdown)
+                self._call("nvmlShutdown")
 
-    def _call(self, fn: Any, *args: Any) -> Any:
+    def _call(self, name: str, *args: Any) -> Any:
+        fn = getattr(self._nvml, name, None)
+        if fn is None:  # an nvidia-ml-py too old for this question
+            raise NvmlError("FUNCTION_NOT_FOUND")
         try:
             return fn(*args)
         except self._nvml.NVMLError as e:
             value = getattr(e, "value", -1)
             raise NvmlError(self._names.get(value, f"ERROR_{value}")) from None
 
-    def _fn(self, name: str) -> Any:
-        fn = getattr(self._nvml, name, None)
-        if fn is None:  # an nvidia-ml-py too old for this question
-            raise NvmlError("FUNCTION_NOT_FOUND")
-        return fn
-
     def driver_version(self) -> str:
-        return _text(self._call(self._nvml.nvmlSystemGetDriverVersion))
+        return _text(self._call("nvmlSystemGetDriverVersion"))
 
     def device_count(self) -> int:
-        return int(self._call(self._nvml.nvmlDeviceGetCount))
+        return int(self._call("nvmlDeviceGetCount"))
 
     def query(self, index: int, field: str) -> Any:
+        if field not in QUERIES:
+            raise NvmlError("INVALID_ARGUMENT")
         if index not in self._handles:
-            self._handles[index] = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
-        h = self._handles[index]
-        if field == "uuid":
-            return _text(self._call(self._fn("nvmlDeviceGetUUID"), h))
-        if field == "minor":
-            return int(self._call(self._fn("nvmlDeviceGetMinorNumber"), h))
-        if field == "name":
-            return _text(self._call(self._fn("nvmlDeviceGetName"), h))
-        if field == "compute_mode":
-            return int(self._call(self._fn("nvmlDeviceGetComputeMode"), h))
-        if field == "mig_mode":
-            return [int(v) for v in self._call(self._fn("nvmlDeviceGetMigMode"), h)]
-        if field == "persistence_mode":
-            return int(self._call(self._fn("nvmlDeviceGetPersistenceMode"), h))
-        if field in ("compute_processes", "mps_processes"):
-            name = ("nvmlDeviceGetComputeRunningProcesses" if field == "compute_processes"
-                    else "nvmlDeviceGetMPSComputeRunningProcesses")
-            return [[int(p.pid), _memory(getattr(p, "usedGpuMemory", None))]
-                    for p in self._call(self._fn(name), h)]
-        raise NvmlError("INVALID_ARGUMENT")
+            self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+        name, keep = QUERIES[field]
+        return keep(self._call(name, self._handles[index]))
 
 
 class RecordedApi:
@@ -188,15 +189,12 @@ class RecordedApi:
         return self._answer(devices[index].get(field, {"error": "FUNCTION_NOT_FOUND"}))
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _memory(value: Any) -> Optional[int]:
-    # pynvml gives None (or NVML_VALUE_NOT_AVAILABLE, 2**64-1) where memory is hidden.
-    if value is None or not isinstance(value, int) or value >= 2**63:
-        return None
-    return value
+def _asked(ask: Callable[..., Any], *args: Any) -> Any:
+    """``ask(*args)``, or ``{"error": NAME}`` where NVML failed: as a recording keeps it."""
+    try:
+        return ask(*args)
+    except NvmlError as e:
+        return {"error": e.name}
 
 
 def record(api: Any) -> Dict[str, Any]:
@@ -209,51 +207,34 @@ def record(api: Any) -> Dict[str, Any]:
         out["init_error"] = e.name
         return out
     try:
-        for key, ask in (("driver_version", api.driver_version),
-                         ("device_count", api.device_count)):
-            try:
-                out[key] = ask()
-            except NvmlError as e:
-                out[key] = {"error": e.name}
-        count = out["device_count"] if isinstance(out["device_count"], int) else 0
-        for index in range(count):
-            device: Dict[str, Any] = {}
-            for field in FIELDS:
-                try:
-                    device[field] = api.query(index, field)
-                except NvmlError as e:
-                    device[field] = {"error": e.name}
-            out["devices"].append(device)
+        out["driver_version"] = _asked(api.driver_version)
+        out["device_count"] = count = _asked(api.device_count)
+        out["devices"] = [{field: _asked(api.query, index, field) for field in FIELDS}
+                          for index in range(count if isinstance(count, int) else 0)]
     finally:
         api.shutdown()
     return out
 
 
 def _processes(value: Any) -> Tuple[ProcessUse, ...]:
-    if not isinstance(value, list):
+    if not isinstance(value, list) or not all(
+            isinstance(i, list) and len(i) == 2 and isinstance(i[0], int) for i in value):
         raise NvmlError("INVALID_ANSWER")
-    found: List[ProcessUse] = []
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
-            raise NvmlError("INVALID_ANSWER")
-        found.append(ProcessUse(item[0], item[1] if isinstance(item[1], int) else None))
-    return tuple(found)
+    return tuple(ProcessUse(pid, mem if isinstance(mem, int) else None) for pid, mem in value)
 
 
 def read_gpu(api: Any, index: int) -> GpuFact:
     """One GPU's facts; a question that fails leaves its field None and a note."""
     values: Dict[str, Any] = {}
     errors: List[str] = []
-    lost = False
     for field in FIELDS:
         try:
             values[field] = api.query(index, field)
         except NvmlError as e:
             errors.append(f"{field}: {e.name}")
-            lost = lost or e.name == "GPU_IS_LOST"
             if e.name == "GPU_IS_LOST":
                 break  # every other question would fail the same way, slowly
-    fact = GpuFact(index, lost=lost)
+    fact = GpuFact(index, lost=bool(errors) and errors[-1].endswith(": GPU_IS_LOST"))
     try:
         fact = _interpret(fact, values)
     except (NvmlError, TypeError, ValueError, LookupError):
@@ -291,14 +272,12 @@ def read_nvml(api: Any) -> NvmlFacts:
             return unavailable(e.name)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 1024:
             return unavailable("INVALID_ANSWER")
-        try:
-            driver: Optional[str] = api.driver_version()
-        except NvmlError:
-            driver = None
+        driver = _asked(api.driver_version)  # {"error": NAME} where NVML could not say
         gpus = tuple(read_gpu(api, i) for i in range(count))
     finally:
         api.shutdown()
-    return NvmlFacts(True, driver_version=driver, gpus=gpus)
+    return NvmlFacts(True, driver_version=None if isinstance(driver, dict) else driver,
+                     gpus=gpus)
 
 
 def unavailable(code: str) -> NvmlFacts:

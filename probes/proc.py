@@ -1,10 +1,8 @@
 """The MPS processes in the process table, read from /proc (under --root).
 
-``comm`` of both the control daemon and its servers is truncated by the kernel to
-``nvidia-cuda-mps``, so the role comes from ``/proc/PID/cmdline``, and whether the process
-runs the configured binary from ``/proc/PID/exe``: both by the one rule in
-``mps_health.hostio.process_identity``. A zombie has an empty cmdline; it keeps role "unknown" and
-state "Z".
+The kernel cuts daemon's and servers' ``comm`` to ``nvidia-cuda-mps``, so the role comes
+from ``cmdline`` and the binary from ``exe`` (``mps_health.hostio.process_identity``). A
+zombie has an empty cmdline: role "unknown", state "Z".
 """
 
 from __future__ import annotations
@@ -13,13 +11,12 @@ import errno
 import os
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
-from mps_health.hostio.process_identity import genuine, role_of
+from mps_health.hostio.process_identity import Binaries, binaries_for, genuine, role_of
 from mps_health.hostio.safefiles import open_regular, read_small
 from mps_health.model.context import Context
 from mps_health.model.facts import ProcessFact
 
 if TYPE_CHECKING:
-    from mps_health.hostio.process_identity import Binaries
     from mps_health.model.facts import DirFact
 
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters
@@ -28,6 +25,9 @@ DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # what the daemon uses with no CUDA_MPS_PI
 # environ and cmdline are at most ARG_MAX-sized on a real /proc (6 MiB with an unlimited
 # stack); a --root tree's files are cut off there.
 PROC_FILE_LIMIT = 8 << 20
+# The variables of a process's environ that matter here (read by root and the owner only).
+WANTED = ("SLURM_JOB_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY")
 
 
 class ParseError(ValueError):
@@ -67,27 +67,29 @@ def parse_status_traced(text: str) -> bool:
     return False
 
 
-def parse_cmdline(data: bytes) -> Tuple[str, ...]:
-    return tuple(a.decode("utf-8", "replace") for a in data.split(b"\0") if a)
-
-
-def parse_environ(data: bytes) -> Dict[str, str]:
-    env = {}
-    for item in data.split(b"\0"):
+def parse_environ(data: bytes, truncated: bool = False) -> Dict[str, str]:
+    """The ``WANTED`` variables of a NUL-separated environ; a cut last entry is dropped."""
+    items = data.split(b"\0")[:-1] if truncated else data.split(b"\0")
+    env: Dict[str, str] = {}
+    for item in items:
         key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        name = key.decode("ascii", "replace")
+        if sep and name in WANTED:
+            env[name] = value.decode("utf-8", "replace")[:4096]
     return env
 
 
 def _read(path: str) -> bytes:
-    """A /proc file, whole (the kernel bounds them; under --root a tree's file is bounded
-    by PROC_FILE_LIMIT). Non-blocking and regular files only: a FIFO planted in a --root
-    tree cannot block the run."""
+    """A /proc file, whole (a --root tree's cut at PROC_FILE_LIMIT). Non-blocking, regular
+    files only: a FIFO planted in a --root tree cannot block the run."""
     data = read_small(path, PROC_FILE_LIMIT)
     if data is None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
     return data
+
+
+def _text(path: str) -> str:
+    return _read(path).decode("utf-8", "replace")
 
 
 def _comm_matches(proc_dir: str, pid: int) -> bool:
@@ -104,26 +106,15 @@ def _comm_matches(proc_dir: str, pid: int) -> bool:
         os.close(fd)
 
 
-def identity(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
-    """(uid, start ticks) of any process, or None when it is gone or unreadable."""
+def identity(proc_dir: str, pid: int, uid: bool = True) -> Optional[Tuple[int, int]]:
+    """(uid, or with ``uid=False`` the parent pid; start ticks) of any live process, or
+    None when it is gone or unreadable."""
     try:
-        _comm, state, _ppid, start = parse_stat(
-            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
-        uid = parse_status_uid(_read(f"{proc_dir}/{pid}/status").decode("utf-8", "replace"))
+        _comm, state, ppid, start = parse_stat(_text(f"{proc_dir}/{pid}/stat"))
+        who = parse_status_uid(_text(f"{proc_dir}/{pid}/status")) if uid else ppid
     except (OSError, ParseError):
         return None
-    return None if state in ("Z", "X") else (uid, start)
-
-
-def parent(proc_dir: str, pid: int) -> Optional[Tuple[int, int]]:
-    """(parent pid, start ticks) of any live process, or None when gone or unreadable."""
-    try:
-        _comm, state, ppid, start = parse_stat(
-            _read(f"{proc_dir}/{pid}/stat").decode("utf-8", "replace"))
-    except (OSError, ParseError):
-        return None
-    return None if state in ("Z", "X") else (ppid, start)
-
+    return None if state in ("Z", "X") else (who, start)
 
 def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
                  ) -> Optional[ProcessFact]:
@@ -131,11 +122,12 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
     the configured binary is told only when ``binaries`` is given."""
     base = f"{proc_dir}/{pid}"
     try:
-        comm, state, ppid, start = parse_stat(_read(f"{base}/stat").decode("utf-8", "replace"))
+        comm, state, ppid, start = parse_stat(_text(f"{base}/stat"))
         if not comm.startswith(COMM_PREFIX):
             return None
-        cmdline = parse_cmdline(_read(f"{base}/cmdline"))
-        status = _read(f"{base}/status").decode("utf-8", "replace")
+        cmdline = tuple(a.decode("utf-8", "replace") for a in _read(f"{base}/cmdline")
+                        .split(b"\0") if a)
+        status = _text(f"{base}/status")
         uid = parse_status_uid(status)
     except (OSError, ParseError):
         return None  # exited while we looked, or not readable: not ours to judge
@@ -156,39 +148,28 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
 def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,
                    not_children_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
     """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
-    found: List[ProcessFact] = []
     try:
         names = os.listdir(proc_dir)
     except OSError as e:
         raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
-    for name in names:
-        if name.isdigit() and _comm_matches(proc_dir, int(name)):
-            fact = read_process(proc_dir, int(name), binaries)
-            if fact is not None and (not_children_of is None or fact.ppid != not_children_of):
-                found.append(fact)
-    found.sort(key=lambda p: p.pid)
-    return tuple(found)
+    facts = (read_process(proc_dir, int(name), binaries) for name in names
+             if name.isdigit() and _comm_matches(proc_dir, int(name)))
+    return tuple(sorted((f for f in facts if f is not None and f.ppid != not_children_of),
+                        key=lambda p: p.pid))
 
 
 def binaries_here(ctx: Context) -> Optional[Binaries]:
     """The configured binaries to judge processes by; None under ``--root``, whose /proc
     is a copy (its binaries are not this host's)."""
-    from mps_health.hostio.process_identity import binaries_for
-
     return binaries_for(ctx.config) if ctx.root in ("", "/") else None
-
-
-def gather(ctx: Context) -> Tuple[ProcessFact, ...]:
-    return read_processes(ctx.proc, binaries_here(ctx))
 
 
 VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
-    """The node's MPS processes, less the control clients this run itself started (the
-    control and servers queries run while /proc is read; any client, ours or not, is
-    told from a daemon by its missing -d/-f anyway)."""
+    """The node's MPS processes, less the control clients this run started (its queries
+    run while /proc is read)."""
     own = os.getpid() if ctx.root in ("", "/") else None
     return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
 
@@ -196,14 +177,9 @@ def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
 def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact]
                ) -> Tuple[ProcessFact, ...]:
     """``procs`` plus the live MPS process each pipe dir's pid file names, where the scan
-    missed it.
-
-    /proc is scanned before the pipe dirs are read: a daemon started in between (a
-    restart) is named by the pid file it just wrote but was not in the scan, and would be
-    judged ``daemon-stale`` while it serves. Each named pid missing from the scan is read
-    once more, by the same reader, so the same identity rules judge it (the binary, -d,
-    its uid, its environ naming the dir); one still not there is not a live daemon. A
-    healthy node reads nothing more: its daemon is in the scan."""
+    missed it: a daemon started (restarted) between the /proc scan and the pipe dir read
+    would be judged ``daemon-stale`` while it serves. Each is read by the same reader, so
+    the same identity rules judge it; a healthy node reads nothing more."""
     have = {p.pid for p in procs}
     own = os.getpid() if ctx.root in ("", "/") else None
     added: List[ProcessFact] = []

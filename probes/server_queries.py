@@ -1,16 +1,12 @@
 """What a busy instance's daemon says of its servers, through the real client.
 
-``get_server_list``, then ``get_server_status PID`` and ``get_client_list PID`` for
-each server; while a server runs, also its limits and devices
-(``get_active_thread_percentage``, ``device_query``, ``get_device_pinned_mem_limit``,
-``get_device_client_list``, ``ps``) and who each client is
-(mps_health.probes.clientinfo): one client run each (the client's exit status says
-nothing, so each answer is parsed), all while holding the pipe dir's lock that the
-control probe takes, so our queries to one daemon never overlap. Users come from /proc.
-
-Only an instance whose daemon has a child process is asked (probes/servers.py), so
-an idle node never loads this module. Within a run an instance is asked once the run's
-control query of it is in, and not at all when that query went unanswered
+``get_server_list``, then each server's status and clients; while it runs, its limits
+and devices (``get_active_thread_percentage``, ``device_query``, ``ps``,
+``get_device_pinned_mem_limit``, ``get_device_client_list``) and who each client is
+(probes.clientinfo). One client run each (its exit status says nothing: each answer is
+parsed), all under the pipe dir's lock the control probe takes, so our queries to one
+daemon never overlap. Only an instance whose daemon has a child is asked
+(probes/servers.py), and not when the run's control query of it went unanswered
 (``control.Queries``): a wedged daemon costs the run one timeout, not two.
 """
 
@@ -30,12 +26,6 @@ T = TypeVar("T")
 STATUSES = ("ACTIVE", "INITIALIZING", "FAULT")
 
 
-class ParseError(ValueError):
-    pass
-
-
-# --- parse (pure) ---------------------------------------------------------------------
-
 def parse_pid_list(text: str) -> Tuple[int, ...]:
     """``get_server_list`` / ``get_client_list``: one PID a line; empty means none."""
     pids = []
@@ -44,7 +34,7 @@ def parse_pid_list(text: str) -> Tuple[int, ...]:
         if not line:
             continue
         if not line.isdigit():
-            raise ParseError(f"expected one PID a line, got {line[:60]!r}")
+            raise clientinfo.ParseError(f"expected one PID a line, got {line[:60]!r}")
         pids.append(int(line))
     return tuple(pids)
 
@@ -56,10 +46,8 @@ def parse_server_status(text: str) -> str:
         return first
     if first.startswith("Server ") and first.endswith(" not found"):
         return "gone"
-    raise ParseError(f"unexpected status {first[:60]!r}")
+    raise clientinfo.ParseError(f"unexpected status {first[:60]!r}")
 
-
-# --- read (I/O) -----------------------------------------------------------------------
 
 def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
     out: List[ClientFact] = []
@@ -68,53 +56,42 @@ def read_clients(ctx: Context, pids: Tuple[int, ...]) -> Tuple[ClientFact, ...]:
         uid, start = ident if ident else (None, None)
         fact = ClientFact(pid, uid, name_of(uid), start)
         if ident is not None:
-            info = clientinfo.read_client(ctx.proc, pid, start)
-            fact = fact._replace(**info._asdict())
+            fact = fact._replace(**clientinfo.read_client(ctx.proc, pid, start)._asdict())
         out.append(fact)
     return tuple(out)
 
 
-def _answer(ctx: Context, inst: Instance, command: str, deadline: float,
-            errors: List[str]) -> Optional[str]:
-    """stdout of one detail query, or None with a note in ``errors``."""
-    answer = control.ask(ctx, inst, command, deadline)
+def _parsed(ctx: Context, inst: Instance, command: str, errors: List[str],
+            parse: Callable[[str], T], empty: T) -> T:
+    """One detail query's answer through ``parse``; ``empty`` with a note in ``errors``
+    when the query failed or its answer did not parse (named by the query's verb)."""
+    answer = control.ask(ctx, inst, command, ctx.deadline)
     if answer.status != "ok":
         errors.append(f"{command}: {answer.detail or answer.status}")
-        return None
-    return answer.stdout
-
-
-def _parsed(ctx: Context, inst: Instance, command: str, deadline: float, errors: List[str],
-            parse: Callable[[str], T], empty: T, label: str = "") -> T:
-    """One detail query's answer through ``parse``; ``empty`` with a note in ``errors``
-    when the query failed or its answer did not parse (``label: why``, or just why)."""
-    text = _answer(ctx, inst, command, deadline, errors)
-    if text is None:
         return empty
     try:
-        return parse(text)
+        return parse(answer.stdout)
     except clientinfo.ParseError as e:
-        errors.append(f"{label}: {e}" if label else str(e))
+        verb = command.split()[0]
+        errors.append(str(e) if str(e).startswith(f"{verb}: ") else f"{verb}: {e}")
         return empty
 
 
 def read_details(ctx: Context, inst: Instance, server: ServerFact,
-                 devices: Tuple[clientinfo.DeviceRow, ...], deadline: float) -> ServerFact:
+                 devices: Tuple[clientinfo.DeviceRow, ...]) -> ServerFact:
     """The limits and devices of a running server: thread percentage, pinned memory
     limit and client contexts per device. A failed query leaves its field empty."""
     errors: List[str] = []
-    pct: Optional[float] = _parsed(
-        ctx, inst, f"get_active_thread_percentage {server.pid}", deadline, errors,
-        clientinfo.parse_percentage, None, "get_active_thread_percentage")
-    contexts: Dict[int, int] = _parsed(
-        ctx, inst, f"get_device_client_list {server.pid}", deadline, errors,
-        clientinfo.parse_device_clients, {})
+    pct: Optional[float] = _parsed(ctx, inst, f"get_active_thread_percentage {server.pid}",
+                                   errors, clientinfo.parse_percentage, None)
+    contexts: Dict[int, int] = _parsed(ctx, inst, f"get_device_client_list {server.pid}",
+                                       errors, clientinfo.parse_device_clients, {})
     facts = []
     no_limit: Tuple[str, Optional[int]] = ("", None)
     for row in devices:
         limit, limit_bytes = _parsed(
-            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", deadline,
-            errors, clientinfo.parse_mem_limit, no_limit, "get_device_pinned_mem_limit")
+            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
+            clientinfo.parse_mem_limit, no_limit)
         facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
                                 contexts.get(row.ordinal)))
     return server._replace(thread_percentage=pct, devices=tuple(facts),
@@ -127,17 +104,15 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
     """Per-server details, each client's GPUs from ``ps``, the default memory limits and
     the daemon's device table ((ordinal, UUID) of device_query's Default section)."""
     errors: List[str] = []
-    deadline = ctx.deadline
     table: Dict[str, Tuple[clientinfo.DeviceRow, ...]] = _parsed(
-        ctx, inst, "device_query", deadline, errors, clientinfo.parse_device_query, {})
-    rows: Tuple[clientinfo.PsRow, ...] = _parsed(
-        ctx, inst, "ps", deadline, errors, clientinfo.parse_ps, ())
+        ctx, inst, "device_query", errors, clientinfo.parse_device_query, {})
+    rows: Tuple[clientinfo.PsRow, ...] = _parsed(ctx, inst, "ps", errors, clientinfo.parse_ps, ())
     out = []
     for server in servers:
         if server.status in ("gone", "error"):
             out.append(server)
             continue
-        server = read_details(ctx, inst, server, table.get(str(server.pid), ()), deadline)
+        server = read_details(ctx, inst, server, table.get(str(server.pid), ()))
         clients = []
         for c in server.clients:
             mine = [r for r in rows if r.pid == c.pid and r.server == server.pid]
@@ -149,39 +124,38 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
     for row in table.get("default", ()):
         # A default limit that cannot be read or parsed is left out, without a note: the
         # servers' notes are taken above.
-        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
-                        deadline, [], clientinfo.parse_mem_limit, None)
+        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}", [],
+                        clientinfo.parse_mem_limit, None)
         if limit is not None:
             defaults.append((row.ordinal, limit[0]))
     devices = tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
     return out, tuple(defaults), devices
 
 
-def read_server(ctx: Context, inst: Instance, pid: int, deadline: float) -> ServerFact:
+def read_server(ctx: Context, inst: Instance, pid: int) -> ServerFact:
     ident = proc.identity(ctx.proc, pid)
     uid, start = ident if ident else (None, None)
-    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", deadline)
-    if status_answer.status != "ok":
-        return ServerFact(pid, "error", f"get_server_status: {status_answer.detail}", uid,
-                          name_of(uid), start, ())
+    fact = ServerFact(pid, "error", "", uid, name_of(uid), start, ())
+    gone = fact._replace(status="gone", detail="exited since the server list")
+    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", ctx.deadline)
     try:
+        if status_answer.status != "ok":
+            raise clientinfo.ParseError(status_answer.detail)
         status = parse_server_status(status_answer.stdout)
-    except ParseError as e:
-        return ServerFact(pid, "error", f"get_server_status: {e}", uid, name_of(uid), start, ())
+    except clientinfo.ParseError as e:
+        return fact._replace(detail=f"get_server_status: {e}")
     if status == "gone":
-        return ServerFact(pid, "gone", "exited since the server list", uid, name_of(uid),
-                          start, ())
-    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", deadline)
+        return gone
+    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", ctx.deadline)
     try:
         if clients_answer.status != "ok":
-            raise ParseError(clients_answer.detail)
+            raise clientinfo.ParseError(clients_answer.detail)
         if clients_answer.stdout.strip().endswith("not found"):
-            return ServerFact(pid, "gone", "exited since the server list", uid,
-                              name_of(uid), start, ())
+            return gone
         pids = parse_pid_list(clients_answer.stdout)
-    except ParseError as e:
-        return ServerFact(pid, status, f"get_client_list: {e}", uid, name_of(uid), start, ())
-    return ServerFact(pid, status, "", uid, name_of(uid), start, read_clients(ctx, pids))
+    except clientinfo.ParseError as e:
+        return fact._replace(status=status, detail=f"get_client_list: {e}")
+    return fact._replace(status=status, clients=read_clients(ctx, pids))
 
 
 def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Optional[int]]
@@ -189,44 +163,40 @@ def read_instance(ctx: Context, inst: Instance, daemon: Tuple[Optional[int], Opt
     """The servers of an instance whose daemon (pid, start ticks: ``read_daemon``) may run
     some: asked of the daemon, one query at a time."""
     t0 = time.monotonic()
-    daemon_pid, daemon_start = daemon
-    timeout = ctx.config.control.timeout_s
+
+    def ended(status: str, detail: str) -> InstanceServers:
+        return InstanceServers(status, detail, *daemon, (), time.monotonic() - t0)
+
     if ctx.queries is not None:
         # The run's control query of this daemon first: once it went unanswered, asking
         # for the servers would only wait out a second timeout (servers-not-asked says why).
         why = ctx.queries.unanswered(inst.pipe_dir, ctx.deadline)
         if why:
-            return InstanceServers("skipped", "not asked: " + why, daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
+            return ended("skipped", "not asked: " + why)
     lock = control.pipe_lock(ctx, inst)
-    if not lock.acquire(min(time.monotonic() + timeout, ctx.deadline)):
-        return InstanceServers("skipped", "another mps-health query to this pipe dir did not "
-                               "finish in time", daemon_pid, daemon_start, (),
-                               time.monotonic() - t0)
+    if not lock.acquire(min(time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)):
+        return ended("skipped", "another mps-health query to this pipe dir did not finish "
+                     "in time")
     try:
         # Each query gets the control timeout; all of them together the run's deadline.
         listing = control.ask(ctx, inst, "get_server_list", ctx.deadline)
         if listing.status != "ok":
-            return InstanceServers(listing.status, listing.detail, daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
+            return ended(listing.status, listing.detail)
         try:
             pids = parse_pid_list(listing.stdout)
-        except ParseError as e:
-            return InstanceServers("error", f"get_server_list: {e}", daemon_pid, daemon_start,
-                                   (), time.monotonic() - t0)
-        servers = []
-        wedged = False
-        for pid in pids:
-            server = read_server(ctx, inst, pid, ctx.deadline)
-            servers.append(server)
-            if server.status == "error" and "no answer" in server.detail:
-                wedged = True
-                break  # wedged since the list: the next query would hang as well
+        except clientinfo.ParseError as e:
+            return ended("error", f"get_server_list: {e}")
+        servers: List[ServerFact] = []
         defaults: Tuple[Tuple[int, str], ...] = ()
         devices: Tuple[Tuple[int, str], ...] = ()
-        if servers and not wedged:
-            servers, defaults, devices = read_instance_details(ctx, inst, servers)
-        return InstanceServers("ok", "", daemon_pid, daemon_start, tuple(servers),
-                               time.monotonic() - t0, defaults, devices)
+        for pid in pids:
+            servers.append(read_server(ctx, inst, pid))
+            if servers[-1].status == "error" and "no answer" in servers[-1].detail:
+                break  # wedged since the list: the next query would hang as well
+        else:
+            if servers:
+                servers, defaults, devices = read_instance_details(ctx, inst, servers)
+        return InstanceServers("ok", "", *daemon, tuple(servers), time.monotonic() - t0,
+                               defaults, devices)
     finally:
         lock.release()

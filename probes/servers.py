@@ -1,14 +1,12 @@
 """Every MPS server of every instance: status, user and clients, through the real client.
 
-The queries to a daemon with servers are in mps_health.probes.server_queries.
-Cheap when idle: a server is a child of its control daemon, so when the daemon the pid
-file names has no child process at all, no server runs and nothing is asked (the fast
-tier pays two small /proc reads, not a client run). The previous run's memory
-(state_dir/servers.json) is read into the facts and the next one written here, after
-gathering: replay never writes. The memory is also what tells strays a real daemon's
-server from anyone's run of the server binary (``servertrack.remembered``): a server is
-marked only when it is the child of the daemon the pid file names, running as
-``mps.daemon_user``, and kept while it lives.
+The queries are in mps_health.probes.server_queries. Cheap when idle: a server is a
+child of its daemon, so when the daemon the pid file names has no child, nothing is
+asked (two small /proc reads). The previous run's memory (state_dir/servers.json) is
+read into the facts and the next one written after gathering (replay never writes). It
+also tells strays a real daemon's server from anyone's run of the binary
+(``servertrack.remembered``): a server is marked only as the child of the pid file's
+daemon running as ``mps.daemon_user``, and kept while it lives.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import os
 import stat
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from mps_health.config.deep_checks import SERVERS, ServersConfig
 from mps_health.config.load import Config
@@ -39,16 +37,6 @@ def parse_children(text: str) -> Tuple[int, ...]:
     return tuple(int(w) for w in text.split() if w.isdigit())
 
 
-# --- read (I/O) -----------------------------------------------------------------------
-
-def _read_small(path: str) -> Optional[str]:
-    try:
-        data = read_small(path, 65536)
-    except OSError:
-        return None
-    return None if data is None else data.decode("ascii", "replace")
-
-
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
     """(daemon pid, start ticks, has children) from the pid file and /proc.
 
@@ -63,23 +51,21 @@ def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[i
         # daemon is named, so nothing listed is remembered as its server.
         return None, None, True
     try:
-        tids = os.listdir(f"{ctx.proc}/{pid}/task")
-    except OSError:
+        for tid in os.listdir(f"{ctx.proc}/{pid}/task"):
+            children = read_small(f"{ctx.proc}/{pid}/task/{tid}/children", 65536)
+            if children is None or parse_children(children.decode("ascii", "replace")):
+                return pid, fact.start_ticks, True
+    except OSError:  # a thread or the daemon gone meanwhile: ask rather than assume idle
         return pid, fact.start_ticks, True
-    for tid in tids:
-        children = _read_small(f"{ctx.proc}/{pid}/task/{tid}/children")
-        if children is None or parse_children(children):
-            return pid, fact.start_ticks, True
     return pid, fact.start_ticks, False
 
 
 def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
     """Does ``uid`` run the instance's daemon as ``mps.daemon_user`` says? ("job": the
     pipe dir's owner, by lstat.)"""
-    from mps_health.model.facts import DirFact
-    from mps_health.probes.instances import expected_uid
+    from mps_health.probes.instances import daemon_uid
 
-    pipe: Optional[DirFact] = None
+    dir_uid: Optional[int] = None
     if ctx.config.mps.daemon_user == "job":
         try:
             st = os.lstat(ctx.path(inst.pipe_dir))
@@ -87,8 +73,8 @@ def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
             return False
         if not stat.S_ISDIR(st.st_mode):
             return False
-        pipe = DirFact(inst.pipe_dir, "dir", uid=st.st_uid)
-    want = expected_uid(ctx.config.mps.daemon_user, pipe)
+        dir_uid = st.st_uid
+    want = daemon_uid(ctx.config.mps.daemon_user, dir_uid)
     return want is None or want == uid
 
 
@@ -96,44 +82,21 @@ def daemon_children(ctx: Context, found: InstanceServers) -> Tuple[Tuple[int, in
     """The listed servers that /proc shows as children of the instance's daemon."""
     if found.daemon_pid is None:
         return ()
-    out = []
-    for server in found.servers:
-        if server.start_ticks is not None \
-                and proc.parent(ctx.proc, server.pid) == (found.daemon_pid, server.start_ticks):
-            out.append((server.pid, server.start_ticks))
-    return tuple(out)
+    return tuple((s.pid, s.start_ticks) for s in found.servers if s.start_ticks is not None
+                 and proc.identity(ctx.proc, s.pid, uid=False)
+                 == (found.daemon_pid, s.start_ticks))
 
 
-def read_alive(ctx: Context, previous: Mapping[str, ServerMemory]) -> Tuple[Tuple[int, int], ...]:
-    """Which clients of the previous run's servers still live (same pid and start)."""
-    alive = []
-    for memory in previous.values():
-        for server in memory.servers:
-            for pid, start in server.clients:
-                ident = proc.identity(ctx.proc, pid)
-                if ident is not None and ident[1] == start:
-                    alive.append((pid, start))
-    return tuple(sorted(set(alive)))
+def still_live(ctx: Context, procs: Iterable[Tuple[int, int]]) -> Tuple[Tuple[int, int], ...]:
+    """Which of ``procs`` (pid, start ticks) still live: the same pid, started then."""
+    return tuple(sorted({(pid, start) for pid, start in procs
+                         if (ident := proc.identity(ctx.proc, pid)) and ident[1] == start}))
 
 
-def read_servers_alive(ctx: Context, previous: Mapping[str, ServerMemory]
-                       ) -> Tuple[Tuple[int, int], ...]:
-    """Which servers of the previous runs still live (same pid and start), daemon or not."""
-    alive = []
-    for memory in previous.values():
-        for server in memory.servers:
-            ident = proc.identity(ctx.proc, server.pid)
-            if ident is not None and ident[1] == server.start_ticks:
-                alive.append((server.pid, server.start_ticks))
-    return tuple(sorted(set(alive)))
-
-
-def _changed(before: Mapping[str, ServerMemory], after: Mapping[str, ServerMemory]) -> bool:
-    """Worth a write? Not when only the time moved (an idle node writes nothing)."""
-    def strip(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
-        return {k: v._replace(taken_at=0.0) for k, v in m.items()}
-
-    return strip(before) != strip(after)
+def _untimed(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
+    """The memory less its time: only a change beside the time is worth a write (an idle
+    node writes nothing)."""
+    return {k: v._replace(taken_at=0.0) for k, v in m.items()}
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
@@ -183,8 +146,9 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
     previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
         if not ctx.read_only else ({}, "")
-    alive = read_alive(ctx, previous)
-    servers_alive = read_servers_alive(ctx, previous)
+    old_servers = [s for memory in previous.values() for s in memory.servers]
+    alive = still_live(ctx, (c for s in old_servers for c in s.clients))
+    servers_alive = still_live(ctx, ((s.pid, s.start_ticks) for s in old_servers))
     for t in threads:
         joined(t, ctx.remaining())
     for inst in instances:
@@ -206,14 +170,12 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
         # still lives, so that strays knows it for a real daemon's server.
         living = set(servers_alive)
         for name, old in previous.items():
-            if name in memory:
-                continue
-            if now - old.taken_at <= cfg.event_window_s:
+            kept = tuple(s for s in old.servers if (s.pid, s.start_ticks) in living)
+            if name not in memory and now - old.taken_at <= cfg.event_window_s:
                 memory[name] = old
-            elif any((s.pid, s.start_ticks) in living for s in old.servers):
-                memory[name] = old._replace(servers=tuple(
-                    s for s in old.servers if (s.pid, s.start_ticks) in living), events=())
-        saved = state.save(memory) if _changed(previous, memory) else ""
+            elif name not in memory and kept:
+                memory[name] = old._replace(servers=kept, events=())
+        saved = state.save(memory) if _untimed(previous) != _untimed(memory) else ""
         state.unlock()
         if saved:
             facts = facts._replace(state_error=saved)

@@ -1,17 +1,12 @@
-"""The systemd-tmpfiles configuration, merged as systemd merges it.
-
-A file in /etc/tmpfiles.d masks the file of the same name in /run/tmpfiles.d, which
-masks /usr/local/lib and /usr/lib (and /lib on hosts without merged /usr); the
-surviving files are then read in file-name order, whatever their directory.
-
-Every run reads and parses the files it finds (each bounded, ``MAX_FILE_BYTES``), so
-the rules judged are those on the disk now; a --root run reads them in the tree.
+"""The systemd-tmpfiles configuration, merged as systemd merges it: a file in an earlier
+``SEARCH_DIRS`` dir masks one of the same name in a later one, and the surviving files
+are read in file-name order. Every run reads them now (each at most ``MAX_FILE_BYTES``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.hostio.safefiles import read_small
@@ -37,17 +32,13 @@ def _split_quoted(line: str) -> List[str]:
     current: List[str] = []
     quote = ""
     in_field = False
-    i = 0
-    while i < len(line):
-        c = line[i]
+    chars = iter(line)
+    for c in chars:
         if quote:
             if c == quote:
                 quote = ""
-            elif c == "\\" and i + 1 < len(line):
-                i += 1
-                current.append(line[i])
-            else:
-                current.append(c)
+            else:  # a backslash takes the next character as it is
+                current.append(next(chars, c) if c == "\\" else c)
         elif c in "\"'":
             quote, in_field = c, True
         elif c.isspace():
@@ -57,7 +48,6 @@ def _split_quoted(line: str) -> List[str]:
         else:
             current.append(c)
             in_field = True
-        i += 1
     if quote:
         raise ValueError("unterminated quote")
     if in_field:
@@ -75,15 +65,13 @@ def parse_tmpfiles(text: str, file: str) -> Tuple[List[TmpfilesRule], List[str]]
             continue
         try:
             fields = split_line(line)
+            if len(fields) < 2:
+                raise ValueError("a type and a path are needed")
+            rtype = fields[0].rstrip("!-=~^+")  # modifiers do not change what a rule covers
+            if not rtype:
+                raise ValueError("no rule type")
         except ValueError as e:
             errors.append(f"{file}:{number}: {e}")
-            continue
-        if len(fields) < 2:
-            errors.append(f"{file}:{number}: a type and a path are needed")
-            continue
-        rtype = fields[0].rstrip("!-=~^+")  # modifiers do not change what a rule covers
-        if not rtype:
-            errors.append(f"{file}:{number}: no rule type")
             continue
         age = fields[5] if len(fields) > 5 else "-"
         rules.append(TmpfilesRule(file, number, rtype[0], fields[1], age))
@@ -116,30 +104,21 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
 
 def gather(ctx: Context) -> TmpfilesFacts:
     """The merged rules, read and parsed now."""
-    return read_all(ctx)
-
-
-def read_all(ctx: Context) -> TmpfilesFacts:
-    """Every file read and parsed."""
     listing: Dict[str, List[str]] = {}
-    links = set()
+    links: Set[str] = set()
     for directory in SEARCH_DIRS:
         real = ctx.path(directory)
         if directory == "/lib/tmpfiles.d" and os.path.realpath(real) == os.path.realpath(
                 ctx.path("/usr/lib/tmpfiles.d")):
             continue  # merged /usr: the same directory twice
         try:
-            with os.scandir(real) as entries:
-                names = []
-                for entry in entries:
-                    if entry.name.endswith(".conf"):
-                        names.append(entry.name)
-                        if entry.is_symlink():
-                            links.add(f"{directory}/{entry.name}")
+            with os.scandir(real) as it:
+                confs = [entry for entry in it if entry.name.endswith(".conf")]
+            links.update(f"{directory}/{entry.name}" for entry in confs if entry.is_symlink())
         except OSError as e:  # out of fds: our trouble, not a missing dir
             raise_if_starved(e, f"list {real}")
             continue
-        listing[directory] = names
+        listing[directory] = [entry.name for entry in confs]
     if not listing:
         return TmpfilesFacts(False, (), ())
     files = effective_files(listing)
@@ -154,8 +133,7 @@ def read_all(ctx: Context) -> TmpfilesFacts:
         except OSError as e:
             errors.append(f"{path}: cannot read: {e.strerror}")
             continue
-        text = (data or b"").decode("utf-8", "replace")
-        file_rules, file_errors = parse_tmpfiles(text, path)
+        file_rules, file_errors = parse_tmpfiles((data or b"").decode("utf-8", "replace"), path)
         rules.extend(file_rules)
         errors.extend(file_errors)
     return TmpfilesFacts(True, tuple(files), tuple(rules), tuple(errors))

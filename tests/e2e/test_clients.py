@@ -120,7 +120,7 @@ def test_job_from_environ_or_cgroup() -> None:
     assert clientinfo.interpret({}, "read", b"", v2)[1:3] == ("123", "cgroup")
     assert clientinfo.interpret({}, "read", b"", v1)[1:3] == ("77", "cgroup")
     # The H200's own cgroup names no job (no Slurm there).
-    assert clientinfo.job_from_cgroup("0::/process_api/75d440ef7471afb4ffa1cdcf72022331\n") == ""
+    assert clientinfo.parse_cgroup("0::/process_api/75d440ef7471afb4ffa1cdcf72022331\n")[0] == ""
     # A job id that is not a number is not taken; a bad percentage is no percentage.
     bad = clientinfo.interpret({"SLURM_JOB_ID": "1;rm", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE":
                                 "lots"}, "read", b"", "")

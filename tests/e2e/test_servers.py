@@ -12,6 +12,7 @@ from clirun import mps_health, results
 from conftest import fixture_text
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact
 from mps_health.model.servertrack import advance
+from mps_health.probes import clientinfo
 from mps_health.probes import server_queries as probe
 from mps_health.probes.servers import parse_children
 
@@ -46,9 +47,9 @@ def test_parse_real_answers() -> None:
 
 
 def test_parse_rejects_what_is_not_an_answer() -> None:
-    with pytest.raises(probe.ParseError, match="unexpected status 'Unknown command"):
+    with pytest.raises(clientinfo.ParseError, match="unexpected status 'Unknown command"):
         probe.parse_server_status('Unknown command "get_server_status"\n')
-    with pytest.raises(probe.ParseError, match="one PID a line"):
+    with pytest.raises(clientinfo.ParseError, match="one PID a line"):
         probe.parse_pid_list(fixture_text(
             "nvidia-cuda-mps-control_get_client_list__h200-cuda13.0_unknown-pid.txt"))
 
