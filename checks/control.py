@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping
 
+from mps_health.checks.common import reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts
@@ -24,7 +25,7 @@ registry.check(NAME, f"{__name__}:check", ("control",), order=30,
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
-    reset = f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+    reset = reset_action(name)
     latency = (("latency_s", answer.latency_s),)
     if answer.status == "exec-failed":
         return Result(NAME, UNKNOWN, "control-client-missing", name, answer.detail,

@@ -9,8 +9,9 @@ see ``mps_health.model.servertrack``) stay reported for ``servers.event_window_s
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
+from mps_health.checks.common import group, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
@@ -34,10 +35,6 @@ registry.check(NAME, f"{__name__}:check", ("servers",), order=60,
                summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
 
 
-def _reset(name: str) -> str:
-    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
-
-
 def describe(server: ServerFact) -> str:
     who = server.user or (f"uid {server.uid}" if server.uid is not None else "user unknown")
     if not server.clients:
@@ -46,14 +43,6 @@ def describe(server: ServerFact) -> str:
                       for c in server.clients[:8])
     more = f", +{len(server.clients) - 8} more" if len(server.clients) > 8 else ""
     return f"server {server.pid} ({who}) with clients {shown}{more}"
-
-
-def _by_code(events: Tuple[ServerEvent, ...]) -> List[Tuple[str, List[ServerEvent]]]:
-    """Events grouped by code, oldest first within each: one finding per code."""
-    groups: Dict[str, List[ServerEvent]] = {}
-    for e in sorted(events, key=lambda e: e.at):
-        groups.setdefault(e.code, []).append(e)
-    return list(groups.items())
 
 
 def _repeated(group: List[ServerEvent], now: float) -> str:
@@ -84,7 +73,7 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
             yield Result(NAME, CRITICAL, "server-fault", inst.name,
                          f"{describe(server)} is in FAULT: new clients get "
                          "CUDA_ERROR_MPS_SERVER_NOT_READY until its clients exit",
-                         _reset(inst.name) + "; it ends the faulted clients' MPS session",
+                         reset_action(inst.name) + "; it ends the faulted clients' MPS session",
                          values)
         elif server.status == "INITIALIZING":
             since: Optional[float] = status_since(memory, server)
@@ -94,18 +83,19 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
                 yield Result(NAME, CRITICAL, "server-stuck-initializing", inst.name,
                              f"{describe(server)} has been INITIALIZING for {waited:.0f}s "
                              f"(limit {cfg.init_stuck_s:g}s): its clients wait forever",
-                             _reset(inst.name), (*values, ("initializing_s", waited)))
+                             reset_action(inst.name), (*values, ("initializing_s", waited)))
         elif server.status == "error":
             found = True
             yield Result(NAME, UNKNOWN, "server-unreadable", inst.name,
                          f"server {server.pid}: {server.detail}",
                          "see the control check; run 'mps-health check -v' as root", values)
-    for code, group in _by_code(memory.events):
+    # One finding per code, its events oldest first.
+    for code, events in group(sorted(memory.events, key=lambda e: e.at), lambda e: e.code).items():
         found = True
-        yield Result(NAME, WARNING, code, inst.name, _repeated(group, now),
+        yield Result(NAME, WARNING, code, inst.name, _repeated(events, now),
                      "read the instance's control.log around that time (see the logs "
                      f"check); once explained, run 'mps-health ack {code} {inst.name}'",
-                     (*values, ("events", float(len(group)))))
+                     (*values, ("events", float(len(events)))))
     if not found:
         live = [s for s in cur.servers if s.status != "gone"]
         text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
@@ -129,9 +119,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
                          f"cannot list the servers ({cur.query}: {cur.detail})",
                          "see the daemon and control checks")
-            events: List[Result] = [r for r in judge(inst, cur._replace(servers=()), memory,
-                                                     sf.taken_at, config) if r.state]
-            yield from events
+            yield from (r for r in judge(inst, cur._replace(servers=()), memory, sf.taken_at,
+                                         config) if r.state)
             continue
         yield from judge(inst, cur, memory, sf.taken_at, config)
     if not facts.instances:
