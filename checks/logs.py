@@ -19,6 +19,7 @@ import os
 import time
 from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
 
+from mps_health.checks.common import group, some
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts
@@ -94,19 +95,15 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
                      "check which jobs share the GPU ('mps-health check -v', squeue -w "
                      "this node); MPS GPUs should be allocated to one user at a time",
                      (*values, ("pending_wait_s", now - p.at)))
-    by_code: Dict[str, List[LogFinding]] = {}
-    for f in recent:
-        if f.code in MEANING:
-            by_code.setdefault(f.code, []).append(f)
-    for code, group in by_code.items():
+    for code, same in group((f for f in recent if f.code in MEANING), lambda f: f.code).items():
         found = True
         state, meaning, action = MEANING[code]
-        last = max(group, key=lambda f: f.at)
+        last = max(same, key=lambda f: f.at)
         yield Result(NAME, state, code, name,
-                     f"{len(group)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
+                     f"{len(same)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
                      f"{_clock(last.at)} in {last.file}: {last.text}",
                      action.format(name=name), (*values, (code.replace("-", "_"),
-                                                          float(len(group)))))
+                                                          float(len(same)))))
     if not found:
         yield Result(NAME, OK, "ok", name, f"nothing notable in the last "
                      f"{cfg.window_s / 60:g} min", "", values)
@@ -124,13 +121,12 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
                          f"and make the log dir {log_dir} writable by no one else",
                          (("log_files_bad", 1.0),))
     if foreign:
-        shown = "; ".join(f"{f.path} ({f.detail})" for f in foreign[:SHOWN_FOREIGN])
-        more = len(foreign) - SHOWN_FOREIGN
+        shown = some([f"{f.path} ({f.detail})" for f in foreign], SHOWN_FOREIGN, "; ")
         owners = ", ".join(f"uid {u}" for u in sorted({f.uid for f in foreign}))
         yield Result(NAME, WARNING, "log-entry-foreign", name,
                      f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} in log dir "
                      f"{log_dir} not the daemon's (links or other users', never read): "
-                     f"{shown}" + (f" and {more} more" if more > 0 else ""),
+                     f"{shown}",
                      f"ask {owners} why they are there and remove them; make the log dir "
                      "writable by no one else (mps.log_dir_mode)",
                      (("log_entries_foreign", float(len(foreign))),))
@@ -140,15 +136,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
     done = set()
     # By dir once, not a scan of every file and finding per instance.
-    files_in: Dict[str, List[LogFileFact]] = {}
-    for lfile in lf.files:
-        files_in.setdefault(os.path.dirname(lfile.path), []).append(lfile)
-    foreign_in: Dict[str, List[LogFileFact]] = {}
-    for entry in lf.foreign:
-        foreign_in.setdefault(os.path.dirname(entry.path), []).append(entry)
-    findings_in: Dict[str, List[LogFinding]] = {}
-    for finding in lf.findings:
-        findings_in.setdefault(finding.log_dir, []).append(finding)
+    files_in = group(lf.files, lambda f: os.path.dirname(f.path))
+    foreign_in = group(lf.foreign, lambda f: os.path.dirname(f.path))
+    findings_in = group(lf.findings, lambda f: f.log_dir)
     for inst in facts.instances:
         if inst.log_dir in done:
             continue
@@ -161,8 +151,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             continue
         yield from planted(inst.name, inst.log_dir, files,
                            foreign_in.get(inst.log_dir.rstrip("/") or "/", []))
-        mine = findings_in.get(inst.log_dir, [])
-        yield from judge(inst.name, mine, lf, config)
+        yield from judge(inst.name, findings_in.get(inst.log_dir, []), lf, config)
     if lf.state_error:
         yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")
     if not facts.instances:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
-from mps_health.checks.common import slurm_unavailable
+from mps_health.checks.common import group, reset_action, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
@@ -105,7 +105,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         head = f"job {job_id} (owner {owner}) no longer runs here but left {where}, " \
                f"{age_text(age)} old"
         values = (("age_s", float(age)),)
-        action = f"run 'mps-health remediate reset job{job_id}' (dry run first: --dry-run)"
+        action = reset_action(f"job{job_id}")
         # A genuine binary alone proves nothing (anyone may run it, held): CRITICAL only for
         # a server a daemon was seen with (its child, or in the servers' memory).
         held = [p for p in servers if p.genuine and not proves_nothing(p)
@@ -141,33 +141,22 @@ def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
     from mps_health.hostio import jobrecords  # only where the check runs
 
     record_of = jobrecords.by_job(records.records)
-    ours: Dict[str, List[JobDir]] = {}
-    strangers: List[JobDir] = []
-    for d in dirs:
-        if d.job_id in alive:
-            continue
-        if jobrecords.ours(record_of.get(d.job_id), d.path, d.uid):
-            ours.setdefault(d.job_id, []).append(d)
-        else:
-            strangers.append(d)
-    return ours, strangers
+    ended = group((d for d in dirs if d.job_id not in alive),
+                  lambda d: jobrecords.ours(record_of.get(d.job_id), d.path, d.uid))
+    return group(ended.get(True, []), lambda d: d.job_id), ended.get(False, [])
 
 
 def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[Result]:
     """One WARNING per owner of dirs named like ended jobs' that our Prolog did not make
     for that job and user: theirs, not judged, never removed by root."""
-    by_owner: Dict[int, List[JobDir]] = {}
-    for d in strangers:
-        if now - d.mtime >= min_age:
-            by_owner.setdefault(d.uid, []).append(d)
-    for uid, jds in sorted(by_owner.items()):
+    old = (d for d in strangers if now - d.mtime >= min_age)
+    for uid, jds in sorted(group(old, lambda d: d.uid).items()):
         owner = jds[0].owner or str(uid)
         paths = sorted(d.path for d in jds)
-        more = f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else ""
         yield Result(NAME, WARNING, "orphan-unrecorded", "",
                      f"{len(paths)} entr{'y' if len(paths) == 1 else 'ies'} named like an "
                      f"ended job's MPS dir but not made for that job by our Prolog, owned by "
-                     f"{owner} (uid {uid}): {', '.join(paths[:SHOWN])}{more}; not judged, "
+                     f"{owner} (uid {uid}): {some(paths, SHOWN)}; not judged, "
                      "never removed by mps-health",
                      f"ask {owner} what they are; if unwanted, remove them by hand "
                      f"('rm -rf --one-file-system -- {paths[0]}')",

@@ -27,11 +27,8 @@ registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
 AGING_TYPES = frozenset("dDevqQ")
 
 
-GLOB = "*?["
-
-
 def _literal(pattern: str) -> bool:
-    return "*" not in pattern and "?" not in pattern and "[" not in pattern
+    return not any(c in pattern for c in "*?[")
 
 
 def path_match(pattern: str, path: str) -> bool:
@@ -41,19 +38,7 @@ def path_match(pattern: str, path: str) -> bool:
     pat_parts = pattern.rstrip("/").split("/")
     path_parts = path.rstrip("/").split("/")
     return len(pat_parts) == len(path_parts) and all(
-        _part_match(pat, name) for name, pat in zip(path_parts, pat_parts))
-
-
-def _part_match(pattern: str, name: str) -> bool:
-    """One component. A glob is compiled to a regex only when the literal text before its
-    first wildcard fits: most rules (/tmp/systemd-private-*) are ruled out for free."""
-    first = min((i for i in map(pattern.find, GLOB) if i >= 0), default=-1)
-    if first < 0:
-        return pattern == name
-    if not name.startswith(pattern[:first]):
-        return False
-
-    return fnmatchcase(name, pattern)
+        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
 
 
 def _ancestors_and_self(path: str) -> Tuple[str, ...]:
@@ -78,11 +63,8 @@ class _Paths:
 def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
     """The rule that would age ``path`` (a rule with an age on one of its parents)."""
     parents = _Paths(_ancestors_and_self(path)[:-1] or ("/",))
-    for rule in rules:
-        if rule.type in AGING_TYPES and rule.age not in ("-", "", "0") \
-                and parents.any_match(rule.path):
-            return rule
-    return None
+    return next((r for r in rules if r.type in AGING_TYPES and r.age not in ("-", "", "0")
+                 and parents.any_match(r.path)), None)
 
 
 def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
