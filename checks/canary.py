@@ -19,7 +19,6 @@ from mps_health.model.facts_deep import CanaryFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, Result
 
 NAME = "canary"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("canary-error", "canary-failed", "canary-no-libcuda", "canary-not-run",
          "canary-not-served", "canary-skipped", "canary-timeout")
 

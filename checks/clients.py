@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from mps_health.checks.common import some
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # fact types only: every run imports this module, few run the
     from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",
          "server-spans-gpus", "servers-not-asked", "slurm-jobs-unavailable")
 
@@ -51,10 +51,6 @@ registry.check(NAME, f"{__name__}:check", ("servers", "jobs"), default_on=False,
                        "one GPU")
 
 MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest counted
-
-
-def settings(config: Config) -> ClientsConfig:
-    return config.get(SECTION)
 
 
 def who(c: ClientFact) -> str:
@@ -88,14 +84,12 @@ def mismatches(inst: Instance, wrong: Dict[int, List[Tuple[ClientFact, str]]]
     for uid in sorted(wrong):
         found = wrong[uid]
         user = escape(found[0][0].user) if found[0][0].user else "?"
-        pids = ", ".join(str(c.pid) for c, _why in found[:MISMATCH_PIDS_SHOWN])
-        more = (f" and {len(found) - MISMATCH_PIDS_SHOWN} more"
-                if len(found) > MISMATCH_PIDS_SHOWN else "")
+        pids = some([str(c.pid) for c, _why in found], MISMATCH_PIDS_SHOWN)
         many = len(found) != 1
         yield Result(NAME, WARNING, "client-job-mismatch", inst.name,
                      f"uid {uid} ({user}): {len(found)} MPS client{'s' if many else ''} of "
                      f"instance {inst.name} belong{'' if many else 's'} to no job of theirs "
-                     f"(pid {pids}{more}; pid {found[0][0].pid} {found[0][1]}): not charged "
+                     f"(pid {pids}; pid {found[0][0].pid} {found[0][1]}): not charged "
                      "to that job",
                      f"ask uid {uid} why their processes claim another user's job "
                      f"(ps -o pid,user,args -p {found[0][0].pid}; cat /proc/"
@@ -246,7 +240,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     from mps_health.config.slurm import settings as slurm_settings
 
-    cfg = settings(config)
+    cfg: ClientsConfig = config.get(SECTION)
     mps_per_gpu = slurm_settings(config).mps_per_gpu
     isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \
         else config.mps.layout == "per-gpu"

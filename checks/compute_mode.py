@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # fact types only: every run imports this module, few run the
     from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-change-pending",
          "mig-on-mps-gpu", "mps-gpu-missing", "no-gpus", "nvml-unavailable")
 

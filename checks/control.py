@@ -16,7 +16,6 @@ from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 NAME = "control"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
          "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 

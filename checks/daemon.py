@@ -23,7 +23,6 @@ from mps_health.model.results import CRITICAL, OK, WARNING, Result
 from mps_health.probes.instances import expected_uid
 
 NAME = "daemon"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-absent", "daemon-duplicate", "daemon-root", "daemon-stale", "daemon-stopped",
          "daemon-uninterruptible", "daemon-foreign", "instances-capped", "mps-not-installed")
 

@@ -34,7 +34,6 @@ from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
 
 NAME = "directories"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
            for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
          "pipe-dir-parent", "log-dir-parent",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
+from mps_health.checks.common import live_daemons, nvml_unavailable, reset_action, slurm_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
 from mps_health.model import registry
@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # fact types only: every run imports this module, few run the
     from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-minor",
          "gres-file-missing", "gres-file-not-device", "gres-gpu-count", "gres-mps-count",
          "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
@@ -172,13 +171,13 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
     if gres_total(node, "mps") == 0:
         return
     devices = {d.path: d for d in conf.devices}
+    files, ids = _files(conf, "mps"), mps_gpu_ids(config)
     offered: List[str] = []
-    for path in _files(conf, "mps"):
+    for path in files:
         index = _index_of_minor(nvml, file_minor(devices.get(path, DeviceFile(path, "?"))))
         if index is not None and index not in offered:
             offered.append(index)
     if not offered:  # no File= for mps (AutoDetect): the GPUs MPS serves, or every GPU
-        ids = mps_gpu_ids(config)
         offered = list(ids) if ids is not None else \
             [str(g.gpu_index) for g in (nvml.gpus if nvml else ())]
     for gpu in offered:
@@ -193,25 +192,20 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
             yield Result(NAME, CRITICAL, "mps-gpu-no-daemon", f"gpu{gpu}",
                          f"Slurm offers mps on GPU {gpu} but the control daemon of {inst.name} "
                          f"({inst.pipe_dir}) is not running: mps jobs there run without MPS",
-                         f"run 'mps-health remediate reset {inst.name}' (dry run first: "
-                         "--dry-run)")
+                         reset_action(inst.name))
         else:
             yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by "
                      f"{inst.name}")
-    ids = mps_gpu_ids(config)
-    if _files(conf, "mps"):
-        for gpu in ids or ():
-            if gpu.isdigit() and gpu not in offered:
-                yield Result(NAME, WARNING, "mps-gpu-not-offered", f"gpu{gpu}",
-                             f"MPS serves GPU {gpu} but gres.conf offers no mps on it: Slurm "
-                             "never places mps jobs there", RECONFIGURE)
+    for gpu in ids or () if files else ():
+        if gpu.isdigit() and gpu not in offered:
+            yield Result(NAME, WARNING, "mps-gpu-not-offered", f"gpu{gpu}",
+                         f"MPS serves GPU {gpu} but gres.conf offers no mps on it: Slurm "
+                         "never places mps jobs there", RECONFIGURE)
 
 
 def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...],
                   procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact], root: str,
-                  cfg: SlurmSettings, unjudged: Optional[Mapping[str, str]] = None
-                  ) -> Iterator[Result]:
-    unjudged = unjudged or {}
+                  cfg: SlurmSettings, unjudged: Mapping[str, str]) -> Iterator[Result]:
     live: Dict[str, List[int]] = {}
     for inst in insts:
         if inst.job_id:
@@ -251,8 +245,7 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
                 else f"job {job_id} does not run on {node.name}"
             yield Result(NAME, WARNING, "mps-daemon-no-job", f"job{job_id}",
                          f"MPS daemon {pids[0]} serves job {job_id}, but {why}",
-                         f"run 'mps-health remediate reset job{job_id}' (dry run first: "
-                         "--dry-run)")
+                         reset_action(f"job{job_id}"))
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from mps_health.checks.common import some
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from mps_health.probes.jobs import JobsFacts
 
 NAME = "limits"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device")
 
 registry.check(NAME, f"{__name__}:check", ("servers", "control", "logs"), order=70,
@@ -83,18 +83,16 @@ def default_percentage(answer: Optional[ControlAnswer]) -> Optional[float]:
 def job_share(inst: Instance, jobs: Optional[JobsFacts], mps_per_gpu: int
               ) -> Optional[Tuple[float, str]]:
     """A per-job instance's ``--gres=mps:N`` as a percentage, and how to say it."""
-    if inst.job_id is None or jobs is None or not jobs.jobs:
+    if inst.job_id is None or jobs is None or not jobs.jobs or mps_per_gpu <= 0:
         return None
     from mps_health.probes.jobs import gres_count  # only for a per-job instance
 
-    for job in jobs.jobs:
-        if job.job_id == inst.job_id:
-            asked = gres_count(job, "mps")
-            if asked is None or mps_per_gpu <= 0:
-                return None
-            return (min(100.0, asked * 100.0 / mps_per_gpu),
-                    f"job {escape(job.job_id)}'s --gres=mps:{asked}")
-    return None
+    job = next((j for j in jobs.jobs if j.job_id == inst.job_id), None)
+    asked = gres_count(job, "mps") if job is not None else None
+    if job is None or asked is None:
+        return None
+    return (min(100.0, asked * 100.0 / mps_per_gpu),
+            f"job {escape(job.job_id)}'s --gres=mps:{asked}")
 
 
 def _restart(inst: Instance, server: ServerFact) -> str:
@@ -125,14 +123,11 @@ def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
 def judge_pinned(inst: Instance, server: ServerFact, defaults: Dict[str, str]
                  ) -> Iterator[Result]:
     for d in server.devices:
-        if d.uuid not in defaults:
-            continue
-        default = defaults[d.uuid]
-        if d.pinned_mem_limit != default:
+        if d.uuid in defaults and d.pinned_mem_limit != defaults[d.uuid]:
             yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
                          f"{_who(server)} applies a pinned memory limit of "
                          f"{_limit(d.pinned_mem_limit)} on GPU {escape(d.uuid)}, the default "
-                         f"is {_limit(default)} (set after it started)",
+                         f"is {_limit(defaults[d.uuid])} (set after it started)",
                          _restart(inst, server), (), (("UUID", d.uuid),))
 
 
@@ -165,19 +160,16 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
                       settings: List[Tuple[str, str, float]]) -> Iterator[Result]:
     if not cur.default_devices or not settings:
         return  # no device table to judge the IDs by (asked only while a server runs)
-    by_index = {str(o): (o, uuid) for o, uuid in cur.default_devices}
-    by_uuid = {uuid.lower(): (o, uuid) for o, uuid in cur.default_devices}
+    by_index = {str(o): o for o, _uuid in cur.default_devices}
+    by_uuid = {uuid.lower(): o for o, uuid in cur.default_devices}
     seen: Dict[int, Dict[str, Tuple[str, str]]] = {}  # ordinal -> form -> (ID, value)
-    unknown: List[Tuple[str, str]] = []
+    unknown: List[str] = []
     for dev, value, _at in settings:
-        if dev in by_index:
-            ordinal, _uuid = by_index[dev]
-            seen.setdefault(ordinal, {})["index"] = (dev, value)
-        elif dev.lower() in by_uuid:
-            ordinal, _uuid = by_uuid[dev.lower()]
-            seen.setdefault(ordinal, {})["uuid"] = (dev, value)
+        ordinal = by_index[dev] if dev in by_index else by_uuid.get(dev.lower())
+        if ordinal is None:
+            unknown.append(f"{escape(dev)} {escape(value)}")
         else:
-            unknown.append((dev, value))
+            seen.setdefault(ordinal, {})["index" if dev in by_index else "uuid"] = (dev, value)
     for ordinal in sorted(seen):
         forms = seen[ordinal]
         if "index" in forms and "uuid" in forms:
@@ -191,12 +183,10 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
                          "set each GPU's default by one ID only (its UUID) with "
                          "set_default_device_pinned_mem_limit; see the runbook")
     if unknown:
-        shown = ", ".join(f"{escape(dev)} {escape(value)}" for dev, value in unknown[:4])
-        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
         known = ", ".join(f"{o} / {escape(uuid)}" for o, uuid in cur.default_devices[:4])
         yield Result(NAME, WARNING, "pinned-limit-unknown-device", inst.name,
                      f"default pinned memory limits were set in control.log on IDs that name "
-                     f"no GPU of the daemon ({shown}{more}): the daemon ignores them; its "
+                     f"no GPU of the daemon ({some(unknown, 4)}): the daemon ignores them; its "
                      f"GPUs are {known}",
                      "set the limit again by the GPU's index or UUID "
                      "(set_default_device_pinned_mem_limit; device_query lists them); "

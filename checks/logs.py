@@ -28,7 +28,6 @@ from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
 from mps_health.probes.logs import settings
 
 NAME = "logs"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-entry-foreign",
          "log-fatal", "log-file-bad", "log-server-exit", "log-server-start-failed",
          "logs-unreadable")

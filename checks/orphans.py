@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # fact types only: every run imports this module, few run the
     from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",
          "job-records-unreadable", "slurm-unavailable")
 

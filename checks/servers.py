@@ -27,7 +27,6 @@ from mps_health.model.servertrack import advance, status_since
 from mps_health.probes.servers import settings
 
 NAME = "servers"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
          "daemon-restarted", "server-churn")  # the last two: events of model/servertrack.py
 

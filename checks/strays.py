@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from mps_health.model.facts_deep import ServersFacts
 
 NAME = "strays"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "mps-impostor")
 
 registry.check(NAME, f"{__name__}:check", ("processes", "servers"), order=20,

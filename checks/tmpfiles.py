@@ -18,7 +18,6 @@ from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
 
 NAME = "tmpfiles"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("tmpfiles-unguarded",)
 
 registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
