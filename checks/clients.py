@@ -1,24 +1,18 @@
-"""clients: who MPS serves, judged against what their Slurm jobs asked for.
+"""clients: who MPS serves, judged against what their Slurm jobs asked for (facts: the
+servers probe, each client's job id and CUDA_MPS_* environment from /proc, one squeue).
 
-Facts: the servers probe (each server's clients, thread percentage, devices, client
-contexts; each client's job id and CUDA_MPS_* environment from /proc) and one squeue.
-
-* ``client-not-mps-job``: a client whose job asked for no ``mps`` (a ``gres/gpu`` job)
-  is served by MPS: a CUDA client reaches the default pipe dir unless told otherwise,
-  so a node-wide daemon captures jobs that asked for a GPU of their own.
-* ``client-over-limit``: a client may use more of the GPU than its job's
-  ``--gres=mps:N``. Its ceiling is the lower of its own
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (as it was at exec: /proc/PID/environ) and its
-  server's active thread percentage (a client can only lower its limit; seen on the
-  H200, docs/clients.md). A program that changes its environment after exec is not seen.
-* ``client-job-mismatch``: a client's job is not its own: it runs in the Slurm cgroup
-  of a job squeue gives to another uid, or (in no Slurm cgroup) its ``SLURM_JOB_ID``
-  names another uid's job. Reported against the process's owner, one line per uid;
+* ``client-not-mps-job``: MPS serves a client whose job asked for no ``mps``: a CUDA
+  client reaches the default pipe dir unless told otherwise, so a node-wide daemon
+  captures jobs that asked for a GPU of their own.
+* ``client-over-limit``: a client may use more of the GPU than its ``--gres=mps:N``: the
+  lower of its own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at exec (/proc/PID/environ) and
+  its server's (a client can only lower its limit: docs/clients.md).
+* ``client-job-mismatch``: a client runs in the Slurm cgroup of, or (in none) names in
+  ``SLURM_JOB_ID``, a job squeue gives to another uid: one line per process owner, and
   the job named is never judged by that client (``attribute``).
-* ``clients-near-cap``: a server's client contexts on one GPU near the MPS limit
-  (48 per device on Volta and newer, NVIDIA's MPS guide: docs/clients.md).
-* ``server-spans-gpus``: one server uses several GPUs where each instance should serve
-  one (per-gpu layout, or ``clients.per_gpu_isolation: true``).
+* ``clients-near-cap``: a server's contexts on one GPU near the MPS limit (48 per device
+  on Volta and newer: docs/clients.md).
+* ``server-spans-gpus``: a server uses several GPUs where each instance should serve one.
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, WARNING, Result, ok
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.jobs import JobsFacts
     from mps_health.probes.slurm import SlurmJob
 
@@ -61,11 +55,9 @@ def who(c: ClientFact) -> str:
 
 def attribute(c: ClientFact, by_id: Dict[str, SlurmJob]) -> Tuple[Optional[SlurmJob], str]:
     """The Slurm job a client belongs to, and why the job it names is not its own ("" when
-    it is, or names none squeue lists) (pure; the one rule for the check and the view).
-
-    A job counts only when squeue gives it to the client's uid: SLURM_JOB_ID is anyone's
-    to set, so a user with no job (or a non-MPS job) could otherwise put another user's
-    job up for judging, or hide behind it."""
+    it is, or names none squeue lists): the one rule for the check and the view. A job
+    counts only when squeue gives it to the client's uid: SLURM_JOB_ID is anyone's to set,
+    so a user could otherwise put another user's job up for judging, or hide behind it."""
     if not c.job_id:
         return None, ""
     job = by_id.get(c.job_id)

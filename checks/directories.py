@@ -1,24 +1,16 @@
 """directories: pipe and log dirs are real directories with the expected mode and owner.
 
-A symlinked pipe dir lets whoever planted it redirect every client's socket, so it is
-CRITICAL. A pipe path too long for AF_UNIX (108 bytes with the NUL, and the daemon
-adds '/control_privileged') makes the daemon fail to start.
+A symlinked pipe dir lets whoever planted it redirect every client's socket: CRITICAL.
+A pipe path too long for AF_UNIX (108 bytes with the NUL, plus '/control_privileged')
+makes the daemon fail to start. Pipe dirs have ``mps.dir_mode`` (0777: every user's
+clients connect); log dirs ``mps.log_dir_mode`` (0755, else a WARNING): only the daemon
+writes there, and a dir others can write lets them plant the control.log the root daemon
+appends to. Each fault names the repair that changes only what is wrong (``repair_of``).
 
-Pipe dirs have ``mps.dir_mode`` (0777: every user's clients connect). Log dirs have
-``mps.log_dir_mode`` (0755): only the daemon writes there, and a dir others can write
-lets them plant the control.log the root daemon appends to. A log dir of another mode
-is a WARNING.
-
-Each fault names the repair that changes only what is wrong (``repair_of``): ``remediate
-dirs`` where the daemon and its clients can keep running (a mode or owner set through
-the dir's fd, a missing log dir made), ``remediate reset`` where the daemon itself is
-broken.
-
-Pipe dirs are world-writable, so entries are judged by name, kind and owner. MPS's own
-names (``OWN_ENTRIES``) of the wrong kind, or owned by anyone but the daemon's user,
-mean clients or root's queries may reach someone else: CRITICAL, naming the owner (a
-user who renames ``control`` and binds their own socket answers every query). Any other
-entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
+Pipe dirs are world-writable, so entries are judged by name, kind and owner: MPS's own
+names (``OWN_ENTRIES``) of the wrong kind or owner mean clients or root's queries may
+reach someone else (a user who renames ``control`` and binds their own socket answers
+every query): CRITICAL. Any other entry touches nothing MPS uses: a WARNING, no drain.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """gres-drift: Slurm's view of the node's GPUs and MPS agrees with the node itself.
 
-When they drift apart the scheduler places jobs where MPS is gone, or on GPUs that are
-not there ("Resource temporarily unavailable"). Compared here:
-
-* GPU count: Slurm's ``Gres=gpu:N`` vs NVML vs the gpu devices gres.conf lists here;
-* mps count: Slurm's ``mps:M`` vs ``slurm.mps_per_gpu`` times the GPUs that offer mps;
-* gres.conf ``File=`` devices: missing, not a device node, or a minor no GPU has;
-* resident MPS (node, per-gpu layouts): every GPU Slurm offers mps on has an instance
-  whose control daemon lives;
-* per-job MPS: every running job holding mps (older than ``slurm.job_grace_s``) has a
-  live daemon, and every live per-job daemon has such a job.
-
-The node's state and reason are reported as context, never as a failure: a node that
-mps-health drained (reason starting with ``slurm.drain_tag``) is not a new problem.
-Slurm unreachable is UNKNOWN (never CRITICAL): what can be judged without it still is.
+Drifted apart, the scheduler places jobs where MPS is gone, or on GPUs that are not
+there. Compared: Slurm's ``gpu:N`` with NVML and gres.conf; its ``mps:M`` with
+``slurm.mps_per_gpu`` times the GPUs offering mps; gres.conf ``File=`` devices (missing,
+not a device, a minor no GPU has); every GPU offered mps has an instance with a live
+daemon (node, per-gpu layouts); every running mps job past ``slurm.job_grace_s`` has a
+live daemon and every per-job daemon such a job. The node's state is context, never a
+failure (a drain by mps-health is no new problem); Slurm unreachable is UNKNOWN.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.gres_conf import DeviceFile, GresConf
     from mps_health.probes.nvml import NvmlFacts
     from mps_health.probes.slurm import SlurmFacts, SlurmNode

@@ -1,27 +1,19 @@
 """limits: the limits each running MPS server applies are the ones the operator set.
 
-NVIDIA's MPS guide: ``set_default_active_thread_percentage`` and
-``set_default_device_pinned_mem_limit`` only shape the NEXT server the daemon starts. A
-default changed while a server runs is silently not in force for that server's
-clients (seen on the H200: docs/gpu-validation.md). Facts, all gathered once per run:
-the servers probe (each server's ``get_active_thread_percentage`` and
-``get_device_pinned_mem_limit`` per GPU, the daemon's default pinned limits and its
-device table), the control probe's ``get_default_active_thread_percentage`` (the run's
-one control query: nothing is asked twice) and, in the per-job layout, the job's
-``--gres=mps:N`` share (the Prolog makes it the job daemon's default).
+``set_default_active_thread_percentage`` and ``set_default_device_pinned_mem_limit`` only
+shape the NEXT server the daemon starts: a default changed while a server runs is
+silently not in force for its clients (docs/gpu-validation.md). Facts: the servers probe
+(each server's applied limits, the daemon's default pinned limits and device table), the
+run's one control query (the default percentage) and, per job, its ``--gres=mps:N``.
 
 * ``limits-not-in-force``: a server applies another thread percentage or pinned memory
   limit than the daemon's default (or, per job, than the job's share).
-* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: the control.log lines
-  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` (the daemon logs every command
-  it is given) set one GPU's default both by UUID and by index (the daemon keeps both;
-  on an H200, driver 580, a new server applied the one set by index, though the UUID
-  one came later), or name an ID that is no GPU of the daemon (the daemon keeps it and
-  no server uses it). The daemon's answers for a server show only the value it applies. The
-  log is the daemon's own (the logs probe reads only its user's regular file), but a
-  local user can make it log a command it then refuses, so both are WARNINGs a user
-  could cause (never a drain), judged only against the device table of a daemon with a
-  running server (asked only then).
+* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: control.log's
+  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines set one GPU's default both
+  by UUID and by index (the daemon keeps both; on an H200 a new server applied the one
+  set by index, though set first), or name no GPU of the daemon (kept, used by none).
+  A local user can make the daemon log a command it then refuses, so both are WARNINGs
+  (never a drain), judged only against the device table of a daemon with a server.
 """
 
 from __future__ import annotations

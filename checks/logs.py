@@ -1,16 +1,12 @@
 """logs: what the MPS logs said lately: pending clients, failed servers, refused connections.
 
-Findings come from ``mps_health.probes.logs`` with their own time and stay reported for
-``logs.window_s`` after it (an XID-style window), then clear by themselves. A client
-pushed to the pending list is reported once it has waited ``logs.pending_warn_s``,
-until it exits or a server starts for its user (MPS serves one user per GPU at a time,
-so another user's job blocks it).
+Findings (``probes.logs``) stay reported for ``logs.window_s`` after their time, then
+clear. A pending client is reported once it waited ``logs.pending_warn_s``, until it
+exits or a server starts for its user (MPS serves one user per GPU at a time).
 
-Only the control daemon writes in its log dir (as its user). A control.log or server.log
-that is not that user's regular file (a link, a FIFO, a dir, another user's file: a
-forged log) is never read and is a WARNING naming its owner (``log-file-bad``), as is
-any other link or other user's entry there (``log-entry-foreign``): never CRITICAL, and
-what they say is never a finding.
+Only the daemon writes in its log dir. A control.log or server.log that is not its
+user's regular file (a forged log) is never read and is a WARNING (``log-file-bad``), as
+is any other link or other user's entry there (``log-entry-foreign``): never CRITICAL.
 """
 
 from __future__ import annotations

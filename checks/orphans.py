@@ -1,21 +1,15 @@
 """orphans: per-job MPS dirs and daemons whose job no longer runs on this node.
 
-With the per-job layout the prolog makes a pipe and a log dir per job and starts the
-job user's daemon; an epilog that failed, or a node that rebooted mid-job, leaves them
-behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any state:
-a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
-not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
-EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
-configured server binary (``mps_health.hostio.process_identity``; a process only named like
-one is no server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
-job id, owner and age.
+The per-job Prolog makes a pipe and a log dir per job and starts its user's daemon; a
+failed epilog or a reboot mid-job leaves them behind. Jobs alive here: the run's one
+``squeue -h -w NODE`` (any state: COMPLETING is no orphan); a dir younger than
+``orphans.min_age_s`` is not judged. A leftover server running the configured binary
+still holds the GPU: CRITICAL; a leftover daemon or dirs alone: WARNING.
 
-A dir is an orphan of ours only when the Prolog recorded it for that job
-(``mps_health.hostio.jobrecords``) and it belongs to the recorded uid (or root): anyone can
-make a dir named like an ended job's in /tmp, back-date it and start a fake server in
-it. Such a dir is not judged (never CRITICAL, never removed by ``remediate orphans``);
-old enough, it is one WARNING per owner (``orphan-unrecorded``), so that an admin sees
-a stranger's squat, or a leftover from before job records existed, and removes it.
+A dir is ours only when the Prolog recorded it for that job (``hostio.jobrecords``) and
+it belongs to the recorded uid or root: anyone can make a back-dated dir named like an
+ended job's in /tmp with a fake server in it. Such a dir is never judged nor removed;
+old enough, it is one WARNING per owner (``orphan-unrecorded``) for an admin to see.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.model.servertrack import remembered
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.jobdirs import JobDir, JobRecords
     from mps_health.probes.slurm import SlurmFacts
 
@@ -136,7 +130,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
 def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
                ) -> Tuple[Dict[str, List[JobDir]], List[JobDir]]:
     """({job id: its dirs the Prolog recorded, of the recorded uid or root}, the other
-    dirs named like an ended job's). Dirs of jobs Slurm runs here are in neither."""
+    ended jobs' dirs)."""
     from mps_health.hostio import jobrecords  # only where the check runs
 
     record_of = jobrecords.by_job(records.records)

@@ -1,21 +1,15 @@
-"""strays: MPS processes that belong to no configured instance.
+"""strays: MPS processes that belong to no configured instance (node-wide findings).
 
-An ``nvidia-cuda-mps-server`` whose control daemon is gone holds GPU memory and takes
-no new clients; a control daemon on a pipe dir the config does not know was started by
-hand or by an out-of-date script. Both are node-wide findings (instance "").
+A server whose daemon is gone holds GPU memory and takes no new clients; a daemon on a
+pipe dir the config does not know was started by hand or an out-of-date script. What is
+a daemon or server is the configured binary (``hostio.process_identity``), not a name:
+a process named like one is at most the WARNING ``mps-impostor``.
 
-What is a daemon or a server is decided by ``mps_health.hostio.process_identity`` (the configured
-binary, not the name anyone can give a process): a user's process named like a server is
-at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL.
-
-The genuine server binary is world-executable, so a user can run it too: held at its exec
-under ptrace (none of its code runs) or paused by an LD_PRELOAD constructor, with the pipe
-dir of their choice. Its binary proves only what it is, not that MPS started it. So a
-daemon-less server is ``server-orphaned`` CRITICAL only when it was a real daemon's server
-(the servers probe's memory remembers it, ``servertrack.remembered``), runs the configured
-binary, and is neither traced nor stopped; any other (never seen with a daemon, held, or
-its binary unreadable: not root, a --root tree) is at most the WARNING
-``server-unclaimed``, one line per uid.
+The server binary is world-executable: a user can run it too, held under ptrace or an
+LD_PRELOAD constructor, in a pipe dir of their choice. So a daemon-less server is
+``server-orphaned`` CRITICAL only when it was a real daemon's server
+(``servertrack.remembered``), is genuine and neither traced nor stopped; any other is at
+most the WARNING ``server-unclaimed``, one line per uid.
 """
 
 from __future__ import annotations
