@@ -1,17 +1,14 @@
 """canary: a real CUDA client through each instance is served by MPS, quickly.
 
-The deepest check (it starts a CUDA context): on by default only where Slurm manages
-the node (a ``slurm:`` section), elsewhere with ``--only canary``
-or ``checks.enable``. ``canary.when`` (default ``idle``) lets it run only where Slurm
-says the node is IDLE and no MPS client is connected, and kills it when a job step
-starts meanwhile. With no daemon or no MPS, what it finds is folded under that cause
-(``model/results.py`` FOLDS). See ``mps_health.probes.canary`` for how it runs and
-when it skips.
+The deepest check (it starts a CUDA context): on by default only where Slurm manages the
+node, elsewhere with ``--only canary`` or ``checks.enable``; ``canary.when: idle`` (the
+default) runs it only on an IDLE node with no MPS client, killed when a job step starts
+(``probes.canary``). With no daemon or no MPS it is folded under that cause (FOLDS).
 """
 
 from typing import Iterator, Mapping
 
-from mps_health.checks.common import reset_action
+from mps_health.checks.common import present, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts
@@ -28,10 +25,9 @@ registry.check(NAME, f"{__name__}:check", ("canary",), default_on=False,
 
 
 def judge(name: str, c: CanaryFact) -> Result:
-    values = tuple((k, v) for k, v in (
-        ("canary_served", 1.0 if c.status == "served" else 0.0),
-        ("canary_skipped", 1.0 if c.status == "skipped" else 0.0),
-        ("canary_latency_s", c.latency_s), ("canary_total_s", c.total_s)) if v is not None)
+    values = present(("canary_served", 1.0 if c.status == "served" else 0.0),
+                     ("canary_skipped", 1.0 if c.status == "skipped" else 0.0),
+                     ("canary_latency_s", c.latency_s), ("canary_total_s", c.total_s))
     ms = f"{(c.latency_s or 0) * 1000:.0f} ms"
     reset = reset_action(name)
     code, state, message, action = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import some
+from mps_health.checks.common import present, some
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
@@ -161,19 +161,16 @@ def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
                    ) -> Iterator[Result]:
     """One OK result per GPU a server uses: its numbers, labelled by the GPU's UUID."""
     for d in server.devices:
-        values: List[Tuple[str, float]] = [("contexts_limit", float(cfg.max_contexts_per_device))]
-        if d.contexts is not None:
-            values.append(("contexts", float(d.contexts)))
-        if server.thread_percentage is not None:
-            values.append(("server_thread_percentage", server.thread_percentage))
-        if d.pinned_mem_limit_bytes is not None:
-            values.append(("server_pinned_mem_limit_bytes", float(d.pinned_mem_limit_bytes)))
+        values = present(("contexts_limit", cfg.max_contexts_per_device),
+                         ("contexts", d.contexts),
+                         ("server_thread_percentage", server.thread_percentage),
+                         ("server_pinned_mem_limit_bytes", d.pinned_mem_limit_bytes))
         limit = d.pinned_mem_limit or "no pinned memory limit"
         pct = (f"{server.thread_percentage:g}% threads" if server.thread_percentage is not None
                else "threads unknown")
         yield Result(NAME, 0, "ok", inst.name,
                      f"server {server.pid} on GPU {escape(d.uuid)}: {d.contexts} client "
-                     f"contexts, {pct}, {escape(limit)}", "", tuple(values),
+                     f"contexts, {pct}, {escape(limit)}", "", values,
                      (("UUID", d.uuid),))
 
 

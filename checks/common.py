@@ -32,6 +32,11 @@ def group(items: Iterable[T], key: Callable[[T], K]) -> Dict[K, List[T]]:
     return out
 
 
+def present(*pairs: Tuple[str, Optional[float]]) -> Tuple[Tuple[str, float], ...]:
+    """A Result's values: the (name, number) pairs whose number is known."""
+    return tuple((k, float(v)) for k, v in pairs if v is not None)
+
+
 def some(names: List[str], shown: int, sep: str = ", ") -> str:
     """The first ``shown`` of ``names`` and how many more ("1, 2 and 3 more")."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""

@@ -1,13 +1,10 @@
 """compute-mode: each GPU's compute mode is what the site expects; no MIG under MPS.
 
-Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
-instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
-stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
-own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
-the per-gpu layout's ``mps.gpus``, else every GPU (a mixed node, MPS on GPU 0 and
-exclusive jobs on GPU 1, is ``mps: {layout: per-gpu, gpus: [0]}``). PROHIBITED where something
-else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
-other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
+Expected (section ``gpu``): EXCLUSIVE_PROCESS on GPUs MPS serves (``gpu.mps_gpus``, else
+the per-gpu layout's ``mps.gpus``, else all: then only the MPS server holds a context),
+DEFAULT on others; any GPU may have its own mode by index or UUID, or ``any``. An
+unexpected PROHIBITED is CRITICAL (no CUDA context at all), any other difference a
+WARNING; no NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"

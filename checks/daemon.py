@@ -1,14 +1,9 @@
 """daemon: a live (not zombie) nvidia-cuda-mps-control serves each instance.
 
-Neither the control socket nor the pid file proves a daemon is alive (both survive a
-SIGKILL), so liveness comes from the process table: a control process whose
-CUDA_MPS_PIPE_DIRECTORY is the instance's pipe dir, or, where environ is unreadable,
-the live control process the pid file names.
-
-``daemon_up`` (perfdata, the exporter, the fleet alert's ``count(daemon_up == 0)``) is 1
-only for a daemon that can serve: 0 when none runs, when it is stopped (SIGSTOP: every
-client hangs), and when this run's control query got no answer from it (wedged; the
-control check reports ``control-wedged``), so a fleet-wide wedge counts as daemons down.
+The control socket and the pid file both survive a SIGKILL, so liveness comes from the
+process table (``common.live_daemons``). ``daemon_up`` (the fleet alert counts its 0s) is
+1 only for a daemon that can serve: 0 when none runs, it is stopped (every client hangs)
+or this run's control query got no answer (wedged), so a fleet-wide wedge counts too.
 """
 
 from __future__ import annotations

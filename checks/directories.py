@@ -42,8 +42,7 @@ OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_loc
 
 
 def log_dir_owner(config: Config) -> str:
-    """Who owns a log dir: the daemon's user, who alone writes there (its mode lets no one
-    else); ``mps.dir_owner`` when any user may run the daemon."""
+    """The daemon's user, who alone writes there; ``mps.dir_owner`` when any user may."""
     return config.mps.dir_owner if config.mps.daemon_user == "any" else config.mps.daemon_user
 
 
@@ -73,8 +72,7 @@ def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
 
 
 def trusted_uids(config: Config) -> FrozenSet[int]:
-    """Owners whose dir is repaired in place (as ``remediate`` trusts them): root, and
-    ``mps.dir_owner`` and ``mps.daemon_user`` where they name one user."""
+    """Owners whose dir is repaired in place: root, ``mps.dir_owner``, ``mps.daemon_user``."""
     uids = map(expected_owner, (config.mps.dir_owner, config.mps.daemon_user))
     return frozenset({0, *(uid for uid in uids if uid is not None)})
 
@@ -86,10 +84,9 @@ def _fix(inst: Instance, role: str, d: DirFact, config: Config) -> str:
 
 
 def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
-    """A parent others cannot traverse (``DirFact.blocked``): every client of another user
-    fails to reach the pipe dir however right the dir itself is (CRITICAL, as a wrong
-    pipe dir mode); for a log dir, a WARNING as ``log-dir-mode``. mps-health never makes
-    these parents, so it never changes them: the action is the chmod, by hand."""
+    """A parent others cannot traverse (``DirFact.blocked``): every other user's client
+    fails to reach the pipe dir (CRITICAL; a log dir's: WARNING). mps-health never made
+    these parents, so it never changes them: the chmod is by hand."""
     for parent in d.blocked:
         if role == "pipe":
             state, why = CRITICAL, "every client of another user than its owner fails"
@@ -153,10 +150,8 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
 
 
 def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Result:
-    """A log dir of another mode than ``mps.log_dir_mode``: a WARNING whose fix is a chmod
-    through the dir's fd (``remediate dirs``: the daemon need not stop). Only the daemon
-    writes there: an entry anyone else can make is a link the root daemon would append
-    to, or a forged log line."""
+    """A log dir of another mode than ``mps.log_dir_mode``: a WARNING (only the daemon
+    writes there: anyone else's entry is a link it would append to, or a forged line)."""
     if d.mode & 0o022 & ~want:
         why = ": other users can create entries in it (a control.log link the daemon " \
               "would append to, or forged log lines)"

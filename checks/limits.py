@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import some
+from mps_health.checks.common import present, some
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
@@ -188,11 +188,9 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
 def _applied(servers: List[ServerFact], default: Optional[float]) -> Optional[float]:
     """The applied percentage shown for the instance: the one farthest from the default."""
     known = [s.thread_percentage for s in servers if s.thread_percentage is not None]
-    if not known:
-        return None
     if default is None:
-        return known[0]
-    return max(known, key=lambda p: abs(p - default))
+        return known[0] if known else None
+    return max(known, key=lambda p: abs(p - default), default=None)
 
 
 def judge_instance(inst: Instance, cur: InstanceServers, default: Optional[float],
@@ -206,17 +204,13 @@ def judge_instance(inst: Instance, cur: InstanceServers, default: Optional[float
         problems += judge_pinned(inst, server, defaults)
     problems += judge_identifiers(inst, cur, settings)
     yield from problems
-    values: List[Tuple[str, float]] = [
-        ("limits_not_in_force",
-         float(sum(r.code == "limits-not-in-force" for r in problems)))]
-    applied = _applied(live, default)
-    if default is not None:
-        values.append(("default_thread_percentage", default))
-    if applied is not None:
-        values.append(("applied_thread_percentage", applied))
+    values = present(("limits_not_in_force", sum(r.code == "limits-not-in-force"
+                                                 for r in problems)),
+                     ("default_thread_percentage", default),
+                     ("applied_thread_percentage", _applied(live, default)))
     text = (f"{len(live)} server{'s' if len(live) != 1 else ''} apply the daemon's defaults"
             if live else "no server runs")
-    yield Result(NAME, 0, "ok", inst.name, text, "", tuple(values))
+    yield Result(NAME, 0, "ok", inst.name, text, "", values)
     yield from gpu_values(inst, live, defaults)
 
 
@@ -234,17 +228,13 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
             if d.uuid not in applied or d.pinned_mem_limit != defaults.get(d.uuid):
                 applied[d.uuid] = d.pinned_mem_limit
     for uuid in sorted(set(applied) | set(defaults)):
-        values: List[Tuple[str, float]] = []
-        for key, text in (("default_pinned_mem_limit_bytes", defaults.get(uuid)),
-                          ("applied_pinned_mem_limit_bytes", applied.get(uuid))):
-            size = mem_bytes(text) if text else None
-            if size is not None:
-                values.append((key, float(size)))
+        want, now = defaults.get(uuid), applied.get(uuid)
+        values = present(("default_pinned_mem_limit_bytes", mem_bytes(want) if want else None),
+                         ("applied_pinned_mem_limit_bytes", mem_bytes(now) if now else None))
         if values:
             yield Result(NAME, 0, "ok", inst.name,
-                         f"GPU {escape(uuid)}: default pinned memory "
-                         f"{_limit(defaults.get(uuid, ''))}, applied "
-                         f"{_limit(applied.get(uuid, ''))}", "", tuple(values),
+                         f"GPU {escape(uuid)}: default pinned memory {_limit(want or '')}, "
+                         f"applied {_limit(now or '')}", "", values,
                          (("UUID", uuid),))
 
 

@@ -1,10 +1,9 @@
 """servers: no MPS server in FAULT, none stuck INITIALIZING, no restart or churn lately.
 
 A daemon that answers does not prove MPS serves work: a server in FAULT refuses new
-clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until the affected clients exit, and one stuck
-INITIALIZING holds its clients forever. Both are named with the server's PID, user and
-clients. Restarts of the daemon and servers that vanished under live clients (churn,
-see ``mps_health.model.servertrack``) stay reported for ``servers.event_window_s``.
+clients until its clients exit; one stuck INITIALIZING holds its clients forever. Daemon
+restarts and servers gone under live clients (``model.servertrack``) stay reported for
+``servers.event_window_s``.
 """
 
 from __future__ import annotations

@@ -104,8 +104,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
 
 
 def _unread(tf: TmpfilesFacts) -> str:
-    """What could not be read (a FIFO or a device planted in tmpfiles.d, a bad line): a
-    rule in it could still age the path."""
+    """What could not be read (a planted FIFO, a bad line) might still age the path."""
     if not tf.errors:
         return ""
     more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
