@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 from mps_health.checks.common import group, some
 from mps_health.config.load import Config
@@ -55,29 +55,23 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def _resolved(p: LogFinding, started: Mapping[Tuple[str, int], float],
-              alive: AbstractSet[int]) -> bool:
-    """A pending client is no longer waiting: it exited, or a server of its user started
-    in its log dir since (``started``: the last such start per log dir and uid)."""
-    if p.pid not in alive:
-        return True  # the client exited (served, gave up, or killed)
-    return started.get((p.log_dir, p.uid), float("-inf")) >= p.at
-
-
 def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
           config: Config) -> Iterator[Result]:
     cfg = settings(config)
     now = lf.taken_at
     recent = [f for f in findings if now - f.at <= cfg.window_s]
-    # Indexed once: many findings stay linear.
+    # The last server start per log dir and uid, indexed once: many findings stay linear.
     started: Dict[Tuple[str, int], float] = {}
     for f in findings:
         if f.code == "log-server-start":
             key = (f.log_dir, f.uid)
             started[key] = max(f.at, started.get(key, f.at))
     alive = set(lf.alive)
-    waiting = [p for p in findings if p.code == "log-pending-client"
-               and not _resolved(p, started, alive) and now - p.at >= cfg.pending_warn_s]
+    # Still waiting: the client runs (not served, given up or killed), no server of its
+    # user started in its log dir since, and it waited long enough to tell.
+    waiting = [p for p in findings if p.code == "log-pending-client" and p.pid in alive
+               and started.get((p.log_dir, p.uid), float("-inf")) < p.at
+               and now - p.at >= cfg.pending_warn_s]
     values = (("log_findings", float(sum(f.code in MEANING for f in recent))),
               ("pending_clients", float(len(waiting))))
     found = False

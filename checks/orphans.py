@@ -97,27 +97,20 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         where = ", ".join(f"{d.role} dir {d.path}" for d in jds)
         head = f"job {job_id} (owner {owner}) no longer runs here but left {where}, " \
                f"{age_text(age)} old"
-        values = (("age_s", float(age)),)
-        action = reset_action(f"job{job_id}")
+        action, values = reset_action(f"job{job_id}"), (("age_s", float(age)),)
         # A genuine binary alone proves nothing (anyone may run it, held): CRITICAL only for
         # a server a daemon was seen with (its child, or in the servers' memory).
         held = [p for p in servers if p.genuine and not proves_nothing(p)
                 and (p.ppid in daemons or (p.pid, p.start_ticks) in known)]
-        if held:
-            yield Result(NAME, CRITICAL, "orphan-server", f"job{job_id}",
-                         f"{head}; its MPS server {held[0].pid} still holds the GPU",
-                         action, values)
-        elif servers:  # no daemon vouches for it, or its binary could not be read
-            yield Result(NAME, WARNING, "orphan-server", f"job{job_id}",
-                         f"{head}; a process named like its MPS server ({servers[0].pid}) "
-                         "still runs (no daemon was seen with it, it is held, or its binary "
-                         "could not be checked)", action, values)
-        elif controls:
-            yield Result(NAME, WARNING, "orphan-daemon", f"job{job_id}",
-                         f"{head}; its control daemon {controls[0].pid} still runs", action,
-                         values)
-        else:
-            yield Result(NAME, WARNING, "orphan-dir", f"job{job_id}", head, action, values)
+        state, code, tail = (
+            (CRITICAL, "orphan-server", f"; its MPS server {held[0].pid} still holds the GPU")
+            if held else  # else no daemon vouches for it, or its binary could not be read
+            (WARNING, "orphan-server", f"; a process named like its MPS server "
+             f"({servers[0].pid}) still runs (no daemon was seen with it, it is held, or its "
+             "binary could not be checked)") if servers else
+            (WARNING, "orphan-daemon", f"; its control daemon {controls[0].pid} still runs")
+            if controls else (WARNING, "orphan-dir", ""))
+        yield Result(NAME, state, code, f"job{job_id}", head + tail, action, values)
     for result in unrecorded(strangers, facts.taken_at, min_age):
         found += 1
         yield result

@@ -8,9 +8,9 @@ restarts and servers gone under live clients (``model.servertrack``) stay report
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
-from mps_health.checks.common import group, reset_action
+from mps_health.checks.common import group, present, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
@@ -52,18 +52,13 @@ def _repeated(group: List[ServerEvent], now: float) -> str:
             f"{(now - last.at) / 60:.0f} min ago; the last: {last.message}")
 
 
-def counts(cur: InstanceServers) -> Tuple[Tuple[str, float], ...]:
-    live = [s for s in cur.servers if s.status != "gone"]
-    return (("servers", float(len(live))),
-            ("clients", float(sum(len(s.clients) for s in live))),
-            ("servers_fault", float(sum(s.status == "FAULT" for s in live))),
-            ("servers_initializing", float(sum(s.status == "INITIALIZING" for s in live))))
-
-
 def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float,
           config: Config) -> Iterator[Result]:
     cfg = settings(config)
-    values = counts(cur)
+    live = [s for s in cur.servers if s.status != "gone"]
+    values = present(("servers", len(live)), ("clients", sum(len(s.clients) for s in live)),
+                     ("servers_fault", sum(s.status == "FAULT" for s in live)),
+                     ("servers_initializing", sum(s.status == "INITIALIZING" for s in live)))
     found = False
     for server in cur.servers:
         if server.status == "FAULT":
@@ -95,7 +90,6 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
                      f"check); once explained, run 'mps-health ack {code} {inst.name}'",
                      (*values, ("events", float(len(events)))))
     if not found:
-        live = [s for s in cur.servers if s.status != "gone"]
         text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
         yield Result(NAME, 0, "ok", inst.name, text, "", values)
 
