@@ -42,15 +42,12 @@ def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
     return gs.mode_mps if mps else gs.mode_other
 
 
-def _gpu_name(gpu: GpuFact) -> str:
-    return f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
-
-
 def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     inst = f"gpu{gpu.gpu_index}"
+    name = f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
     if gpu.lost:
         yield Result(NAME, CRITICAL, "gpu-lost", inst,
-                     f"{_gpu_name(gpu)} has fallen off the bus (NVML: GPU_IS_LOST)",
+                     f"{name} has fallen off the bus (NVML: GPU_IS_LOST)",
                      "drain the node and reset the GPU or reboot; look at dmesg (Xid 79)")
         return
     want = expected_mode(gpu, mps, gs)
@@ -58,23 +55,23 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     if gpu.compute_mode is None:
         why = ", ".join(e for e in gpu.errors if e.startswith("compute_mode")) or "no answer"
         yield Result(NAME, UNKNOWN, "compute-mode-unreadable", inst,
-                     f"cannot read the compute mode of {_gpu_name(gpu)}: {why}",
+                     f"cannot read the compute mode of {name}: {why}",
                      "run mps-health as root; check nvidia-smi -q -d COMPUTE")
     elif want != "any" and gpu.compute_mode != want:
         severity = CRITICAL if gpu.compute_mode == "PROHIBITED" else WARNING
         yield Result(NAME, severity, "compute-mode-mismatch", inst,
-                     f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode}, expected "
+                     f"{name} is in compute mode {gpu.compute_mode}, expected "
                      f"{want} ({role})",
                      f"run: nvidia-smi -i {gpu.gpu_index} -c {want} (as root, while no job uses "
                      "it), or set gpu.compute_mode in the config",
                      (("compute_mode_ok", 0.0),))
     else:
-        yield ok(NAME, inst, f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode} "
+        yield ok(NAME, inst, f"{name} is in compute mode {gpu.compute_mode} "
                  f"({role}{'' if want != 'any' else ', any mode accepted'})",
                  compute_mode_ok=1.0)
     if mps and gpu.mig_current and gs.mig == "warn":
         yield Result(NAME, WARNING, "mig-on-mps-gpu", inst,
-                     f"{_gpu_name(gpu)} has MIG enabled but MPS is configured to serve it: "
+                     f"{name} has MIG enabled but MPS is configured to serve it: "
                      "clients reach MIG instances, not the GPU the site planned for",
                      f"disable MIG (nvidia-smi -i {gpu.gpu_index} -mig 0, then reset the GPU), "
                      "take the GPU out of gpu.mps_gpus, or set gpu.mig: allow if MPS on MIG "
@@ -82,7 +79,7 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     if gpu.mig_current is not None and gpu.mig_pending is not None \
             and gpu.mig_current != gpu.mig_pending:
         yield Result(NAME, WARNING, "mig-change-pending", inst,
-                     f"{_gpu_name(gpu)} has a MIG mode change pending "
+                     f"{name} has a MIG mode change pending "
                      f"({'on' if gpu.mig_current else 'off'} -> "
                      f"{'on' if gpu.mig_pending else 'off'}) until it is reset",
                      f"drain the node, then nvidia-smi -i {gpu.gpu_index} -r")

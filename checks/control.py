@@ -26,25 +26,20 @@ registry.check(NAME, f"{__name__}:check", ("control",), order=30,
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
     reset = reset_action(name)
     latency = (("latency_s", answer.latency_s),)
-    if answer.status == "exec-failed":
-        return Result(NAME, UNKNOWN, "control-client-missing", name, answer.detail,
-                      "install the CUDA MPS binaries or set commands.nvidia-cuda-mps-control "
-                      "in the config")
-    if answer.status == "skipped":
-        return Result(NAME, UNKNOWN, "control-busy", name, answer.detail,
-                      "another mps-health run is querying this daemon; if this persists, "
-                      "look for a hung mps-health process")
-    if answer.status == "timeout":
-        return Result(NAME, CRITICAL, "control-wedged", name,
-                      f"the control daemon did not answer within {answer.latency_s:.1f}s "
-                      "(wedged: clients and queries hang)", reset, latency)
-    if answer.status == "absent":
-        return Result(NAME, CRITICAL, "control-absent", name,
-                      "the client cannot find a control daemon for this pipe dir", reset, latency)
+    failed = {
+        "exec-failed": ("control-client-missing", UNKNOWN, answer.detail, "install the CUDA "
+                        "MPS binaries or set commands.nvidia-cuda-mps-control in the config", ()),
+        "skipped": ("control-busy", UNKNOWN, answer.detail, "another mps-health run is querying "
+                    "this daemon; if this persists, look for a hung mps-health process", ()),
+        "timeout": ("control-wedged", CRITICAL, f"the control daemon did not answer within "
+                    f"{answer.latency_s:.1f}s (wedged: clients and queries hang)", reset, latency),
+        "absent": ("control-absent", CRITICAL, "the client cannot find a control daemon for "
+                   "this pipe dir", reset, latency),
+    }.get(answer.status, ("control-error", CRITICAL, "the control daemon answered with an "
+                          f"error: {answer.detail}", reset, latency))
     if answer.status != "ok":
-        return Result(NAME, CRITICAL, "control-error", name,
-                      f"the control daemon answered with an error: {answer.detail}", reset,
-                      latency)
+        code, state, message, action, values = failed
+        return Result(NAME, state, code, name, message, action, values)
     percentage = float(answer.stdout.splitlines()[0])
     values = (("latency_s", answer.latency_s), ("thread_percentage", percentage))
     expected = config.control.expected_thread_percentage

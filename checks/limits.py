@@ -48,10 +48,6 @@ SET_PINNED = "Cmd:set_default_device_pinned_mem_limit "
 TOLERANCE = 0.05  # the daemon prints one decimal
 
 
-def _pct(value: float) -> str:
-    return f"{value:g}%"
-
-
 def _limit(text: str) -> str:
     return escape(text) if text else "no limit"
 
@@ -101,14 +97,14 @@ def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
         return
     if default is not None and abs(applied - default) > TOLERANCE:
         yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {_pct(applied)} active threads, the default is "
-                     f"{_pct(default)} (set after it started)", _restart(inst, server),
+                     f"{_who(server)} applies {applied:g}% active threads, the default is "
+                     f"{default:g}% (set after it started)", _restart(inst, server),
                      (("applied_thread_percentage", applied),
                       ("default_thread_percentage", default)))
     elif share is not None and applied > share[0] + 0.5:
         yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {_pct(applied)} active threads, {share[1]} is "
-                     f"{_pct(share[0])}", _restart(inst, server),
+                     f"{_who(server)} applies {applied:g}% active threads, {share[1]} is "
+                     f"{share[0]:g}%", _restart(inst, server),
                      (("applied_thread_percentage", applied),))
 
 

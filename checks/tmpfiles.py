@@ -98,14 +98,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          f"{path} is not excluded from systemd-tmpfiles cleaning ({why}): "
                          "idle MPS sockets will be deleted",
                          "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
-        else:
-            yield ok(NAME, name, f"{path} is not under an aged path{_unread(tf)}",
-                     guarded=0.0)
-
-
-def _unread(tf: TmpfilesFacts) -> str:
-    """What could not be read (a planted FIFO, a bad line) might still age the path."""
-    if not tf.errors:
-        return ""
-    more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
-    return f", as far as could be read: {tf.errors[0]}{more}"
+        else:  # what could not be read (a planted FIFO, a bad line) might still age it
+            more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
+            unread = f", as far as could be read: {tf.errors[0]}{more}" if tf.errors else ""
+            yield ok(NAME, name, f"{path} is not under an aged path{unread}", guarded=0.0)
