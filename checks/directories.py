@@ -39,6 +39,7 @@ LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.
 OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_lock": "file",
                "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
+BAD = (("dir_ok", 0.0),)  # the values of a finding that the dir is not right
 
 
 def log_dir_owner(config: Config) -> str:
@@ -98,18 +99,18 @@ def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
                      f"by other users: {why}",
                      f"run 'chmod o+x {parent.path}' (and find what made it so: a package or "
                      "a tmpfiles.d rule may make it again); mps-health did not make it and "
-                     "leaves it alone", (("dir_ok", 0.0),))
+                     "leaves it alone", BAD)
 
 
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
     """Findings for one dir; ``role`` is "pipe" or "log"."""
     if d is not None and d.blocked:
         yield from judge_parents(inst, role, d)
+    reset = reset_action(inst.name)
     if d is None or d.kind == "missing":
-        severity = CRITICAL if role == "pipe" else WARNING
-        yield Result(NAME, severity, f"{role}-dir-missing", inst.name,
-                     f"{role} dir {d.path if d else '?'} does not exist",
-                     reset_action(inst.name) if role == "pipe" else _dirs(inst), (("dir_ok", 0.0),))
+        yield Result(NAME, CRITICAL if role == "pipe" else WARNING, f"{role}-dir-missing",
+                     inst.name, f"{role} dir {d.path if d else '?'} does not exist",
+                     reset if role == "pipe" else _dirs(inst), BAD)
         return
     if d.kind == "error":
         yield Result(NAME, WARNING, f"{role}-dir-unreadable", inst.name,
@@ -118,20 +119,18 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if d.kind == "symlink":
         yield Result(NAME, CRITICAL, f"{role}-dir-symlink", inst.name,
                      f"{role} dir {d.path} is a symlink to {d.link_target}: it may redirect "
-                     "MPS sockets or logs", reset_action(inst.name) + "; it moves the link aside",
-                     (("dir_ok", 0.0),))
+                     "MPS sockets or logs", reset + "; it moves the link aside", BAD)
         return
     if d.kind != "dir":
         yield Result(NAME, CRITICAL, f"{role}-dir-not-dir", inst.name,
-                     f"{role} dir {d.path} is a {d.kind}, not a directory", reset_action(inst.name),
-                     (("dir_ok", 0.0),))
+                     f"{role} dir {d.path} is a {d.kind}, not a directory", reset, BAD)
         return
     problems: List[Result] = []
     if role == "pipe" and d.mode != config.mps.dir_mode:
         problems.append(Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
                                f"pipe dir {d.path} has mode {d.mode:04o}, expected "
                                f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
-                               _fix(inst, role, d, config), (("dir_ok", 0.0),)))
+                               _fix(inst, role, d, config), BAD))
     if role == "log" and d.mode != config.mps.log_dir_mode:
         problems.append(log_mode_result(inst, d, config.mps.log_dir_mode,
                                         _fix(inst, role, d, config)))
@@ -140,7 +139,7 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if want_uid is not None and d.uid != want_uid:
         problems.append(Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                                f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                               f"{owner}", _fix(inst, role, d, config), (("dir_ok", 0.0),)))
+                               f"{owner}", _fix(inst, role, d, config), BAD))
     if role == "pipe":
         problems += judge_entries(inst, d, config)
     yield from problems
@@ -161,7 +160,7 @@ def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Resul
         why = ""
     return Result(NAME, WARNING, "log-dir-mode", inst.name,
                   f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
-                  f"(mps.log_dir_mode){why}", action, (("dir_ok", 0.0),))
+                  f"(mps.log_dir_mode){why}", action, BAD)
 
 
 def _owner_name(uid: int) -> str:
@@ -185,12 +184,12 @@ def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result
         elif e.kind != want_kind:
             yield Result(NAME, CRITICAL, "pipe-entry-bad", inst.name,
                          f"{where} is a {e.kind} owned by {_owner_name(e.uid)}, expected a "
-                         f"{want_kind}", reset_action(inst.name), (("dir_ok", 0.0),))
+                         f"{want_kind}", reset_action(inst.name), BAD)
         elif want_uid is not None and e.uid != want_uid:
             yield Result(NAME, CRITICAL, "pipe-entry-owner", inst.name,
                          f"{where} is owned by {_owner_name(e.uid)}, not by the daemon's user "
                          f"({_owner_name(want_uid)}): clients and queries may reach them",
-                         reset_action(inst.name), (("dir_ok", 0.0),))
+                         reset_action(inst.name), BAD)
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
