@@ -24,6 +24,7 @@ from mps_health.checks.common import present, some
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
+from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
@@ -161,8 +162,7 @@ def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
                    ) -> Iterator[Result]:
     """One OK result per GPU a server uses: its numbers, labelled by the GPU's UUID."""
     for d in server.devices:
-        values = present(("contexts_limit", cfg.max_contexts_per_device),
-                         ("contexts", d.contexts),
+        values = present(("contexts_limit", cfg.max_contexts_per_device), ("contexts", d.contexts),
                          ("server_thread_percentage", server.thread_percentage),
                          ("server_pinned_mem_limit_bytes", d.pinned_mem_limit_bytes))
         limit = d.pinned_mem_limit or "no pinned memory limit"
@@ -170,8 +170,7 @@ def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
                else "threads unknown")
         yield Result(NAME, 0, "ok", inst.name,
                      f"server {server.pid} on GPU {escape(d.uuid)}: {d.contexts} client "
-                     f"contexts, {pct}, {escape(limit)}", "", values,
-                     (("UUID", d.uuid),))
+                     f"contexts, {pct}, {escape(limit)}", "", values, (("UUID", d.uuid),))
 
 
 def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFacts],
@@ -207,18 +206,18 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
         job_ids = set(owned)
     yield from problems
     codes = [r.code for r in problems]
-    values = (("clients", float(len(clients))),
-              ("clients_not_mps_job", float(codes.count("client-not-mps-job"))),
-              ("clients_over_limit", float(codes.count("client-over-limit"))),
-              ("jobs", float(len(job_ids))),
-              ("clients_job_mismatch", float(sum(len(w) for w in wrong.values()))))
+    values = present(("clients", len(clients)),
+                     ("clients_not_mps_job", codes.count("client-not-mps-job")),
+                     ("clients_over_limit", codes.count("client-over-limit")),
+                     ("jobs", len(job_ids)),
+                     ("clients_job_mismatch", sum(map(len, wrong.values()))))
     if cur.query == "idle":
         text = "no server runs, so no client"
     elif not clients:
         text = "no client connected"
     else:
         unread = sum(c.environ not in ("read", "truncated") for _s, c in clients)
-        text = (f"{len(clients)} clients of {int(values[3][1])} jobs through "
+        text = (f"{len(clients)} clients of {len(job_ids)} jobs through "
                 f"{len(live)} server{'s' if len(live) != 1 else ''}"
                 + (f"; {unread} environments unreadable (run as root)" if unread else ""))
     yield Result(NAME, 0, "ok", inst.name, text, "", values)
@@ -227,8 +226,6 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from mps_health.config.slurm import settings as slurm_settings
-
     cfg: ClientsConfig = config.get(SECTION)
     mps_per_gpu = slurm_settings(config).mps_per_gpu
     isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \

@@ -94,5 +94,4 @@ def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
                         "(or run under slurmd, which sets SLURMD_NODENAME)",
         "exec-failed": "install the Slurm client or set commands.scontrol in the config",
     }.get(slurm.error_code or "", "run the command by hand to see what Slurm says")
-    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts",
-                  action)
+    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts", action)

@@ -63,12 +63,10 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
                      f"{name} is in compute mode {gpu.compute_mode}, expected "
                      f"{want} ({role})",
                      f"run: nvidia-smi -i {gpu.gpu_index} -c {want} (as root, while no job uses "
-                     "it), or set gpu.compute_mode in the config",
-                     (("compute_mode_ok", 0.0),))
+                     "it), or set gpu.compute_mode in the config", (("compute_mode_ok", 0.0),))
     else:
         yield ok(NAME, inst, f"{name} is in compute mode {gpu.compute_mode} "
-                 f"({role}{'' if want != 'any' else ', any mode accepted'})",
-                 compute_mode_ok=1.0)
+                 f"({role}{'' if want != 'any' else ', any mode accepted'})", compute_mode_ok=1.0)
     if mps and gpu.mig_current and gs.mig == "warn":
         yield Result(NAME, WARNING, "mig-on-mps-gpu", inst,
                      f"{name} has MIG enabled but MPS is configured to serve it: "

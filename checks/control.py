@@ -53,8 +53,7 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
         return Result(NAME, WARNING, "control-slow", name,
                       f"the control daemon took {answer.latency_s:.2f}s to answer "
                       f"(warning above {config.control.warn_latency_s:g}s)",
-                      "look for a loaded or swapping node; check the daemon's control.log",
-                      values)
+                      "look for a loaded or swapping node; check the daemon's control.log", values)
     return ok(NAME, name, f"answered in {answer.latency_s * 1000:.0f} ms "
               f"(default active thread percentage {percentage:g})",
               latency_s=answer.latency_s, thread_percentage=percentage)

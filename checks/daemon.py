@@ -52,8 +52,7 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
                      f"serve {inst.pipe_dir}",
                      "install the NVIDIA driver's MPS binaries (nvidia-cuda-mps-control, "
                      "nvidia-cuda-mps-server), or set commands.nvidia-cuda-mps-control to "
-                     "the binary's path; a reset cannot help before that",
-                     (("daemon_up", 0.0),))
+                     "the binary's path; a reset cannot help before that", (("daemon_up", 0.0),))
         return
     if not live:
         stale = []
@@ -104,8 +103,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     answers = facts.sources.get("control")  # there when the control check runs too
     for inst in facts.instances:
         answer = answers.get(inst.name) if isinstance(answers, dict) else None
-        yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root,
-                                   answer)
+        yield from _judge_instance(inst, procs, dirs.get(inst.pipe_dir), config, facts.root, answer)
     if facts.instances_over_cap:
         yield Result(NAME, WARNING, "instances-capped", "",
                      f"{facts.instances_over_cap} more per-job instances than mps.max_instances "

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from mps_health.checks.common import present, some
 from mps_health.config.load import Config
+from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
 from mps_health.model.facts_deep import (
@@ -230,13 +231,10 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
         if values:
             yield Result(NAME, 0, "ok", inst.name,
                          f"GPU {escape(uuid)}: default pinned memory {_limit(want or '')}, "
-                         f"applied {_limit(now or '')}", "", values,
-                         (("UUID", uuid),))
+                         f"applied {_limit(now or '')}", "", values, (("UUID", uuid),))
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from mps_health.config.slurm import settings as slurm_settings
-
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
     control = facts.sources.get("control")
     logs: Optional[LogsFacts] = facts.sources.get("logs")  # type: ignore[assignment]
@@ -250,7 +248,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             continue
         answer = control.get(inst.name) if isinstance(control, dict) else None
         yield from judge_instance(inst, cur, default_percentage(answer),
-                                  job_share(inst, jobs, mps_per_gpu),
-                                  settings_in_log(inst, logs))
+                                  job_share(inst, jobs, mps_per_gpu), settings_in_log(inst, logs))
     if not facts.instances:
         yield ok(NAME, "", "no MPS instance on this node")

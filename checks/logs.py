@@ -55,8 +55,7 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
-          config: Config) -> Iterator[Result]:
+def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) -> Iterator[Result]:
     cfg = settings(config)
     now = lf.taken_at
     recent = [f for f in findings if now - f.at <= cfg.window_s]
@@ -135,8 +134,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         files = files_in.get(inst.log_dir.rstrip("/") or "/", [])
         if files and all(f.status == "error" for f in files):
             yield Result(NAME, UNKNOWN, "logs-unreadable", inst.name,
-                         "; ".join(f"{f.path}: {f.detail}" for f in files),
-                         "run the check as root")
+                         "; ".join(f"{f.path}: {f.detail}" for f in files), "run the check as root")
             continue
         yield from planted(inst.name, inst.log_dir, files,
                            foreign_in.get(inst.log_dir.rstrip("/") or "/", []))

@@ -89,8 +89,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     for name, path in paths:
         rule = aging_rule(tf.rules, path)
         if guarded(tf.rules, path):
-            yield ok(NAME, name, f"{path} is excluded from systemd-tmpfiles cleaning",
-                     guarded=1.0)
+            yield ok(NAME, name, f"{path} is excluded from systemd-tmpfiles cleaning", guarded=1.0)
         elif rule is not None or config.tmpfiles.require_guard:
             why = (f"{rule.file}:{rule.line} ages {rule.path} after {rule.age}" if rule
                    else "the config requires a guard")
