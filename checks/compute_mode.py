@@ -36,10 +36,8 @@ def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:
 
 
 def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
-    for key, mode in gs.modes:
-        if key == str(gpu.gpu_index) or key == gpu.uuid:
-            return mode
-    return gs.mode_mps if mps else gs.mode_other
+    return next((mode for key, mode in gs.modes if key in (str(gpu.gpu_index), gpu.uuid)),
+                gs.mode_mps if mps else gs.mode_other)
 
 
 def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:

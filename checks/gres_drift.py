@@ -187,8 +187,7 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
                          f"({inst.pipe_dir}) is not running: mps jobs there run without MPS",
                          reset_action(inst.name))
         else:
-            yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by "
-                     f"{inst.name}")
+            yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by {inst.name}")
     for gpu in ids or () if files else ():
         if gpu.isdigit() and gpu not in offered:
             yield Result(NAME, WARNING, "mps-gpu-not-offered", f"gpu{gpu}",
@@ -201,10 +200,8 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
                   cfg: SlurmSettings, unjudged: Mapping[str, str]) -> Iterator[Result]:
     live: Dict[str, List[int]] = {}
     for inst in insts:
-        if inst.job_id:
-            pids = [p.pid for p in live_daemons(inst, procs, dirs.get(inst.pipe_dir), root)]
-            if pids:
-                live.setdefault(inst.job_id, []).extend(pids)
+        for p in live_daemons(inst, procs, dirs.get(inst.pipe_dir), root) if inst.job_id else ():
+            live.setdefault(inst.job_id or "", []).append(p.pid)
     if slurm.jobs is None:
         used = [g for g in node.gres_used or () if g.name == "mps" and g.quantity > 0]
         if used and not live:

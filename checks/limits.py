@@ -27,7 +27,6 @@ from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
 from mps_health.model.facts_deep import (
     InstanceServers,
-    LogFinding,
     LogsFacts,
     ServerFact,
     ServersFacts,
@@ -129,13 +128,9 @@ def default_limits(cur: InstanceServers) -> Dict[str, str]:
 def settings_in_log(inst: Instance, logs: Optional[LogsFacts]) -> List[Tuple[str, str, float]]:
     """(device ID, value, time) of each default pinned limit set in the instance's
     control.log, oldest first."""
-    if logs is None:
-        return []
     out: List[Tuple[str, str, float]] = []
-    found: List[LogFinding] = sorted(
-        (f for f in logs.findings if f.log_dir == inst.log_dir and f.file == "control.log"),
-        key=lambda f: f.at)
-    for f in found:
+    for f in sorted((f for f in (logs.findings if logs else ())
+                     if f.log_dir == inst.log_dir and f.file == "control.log"), key=lambda f: f.at):
         if f.code == "log-daemon-start":
             out = []  # a new daemon starts with no default limit: the earlier ones are gone
         elif f.code == "log-pinned-limit-set" and f.text.startswith(SET_PINNED):

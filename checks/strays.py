@@ -45,14 +45,11 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]
     control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
     unclaimed: List[ProcessFact] = []
     for p in procs:
-        if not is_server(p):
-            continue
-        if p.ppid in live_controls or p.pipe_dir in control_dirs:
+        if not is_server(p) or p.ppid in live_controls or p.pipe_dir in control_dirs:
             continue
         if p.genuine is not True or proves_nothing(p) or (p.pid, p.start_ticks) not in known:
-            # No daemon was seen with it, or it is held (a daemon's server held since
-            # proves nothing either), or its binary could not be read: anyone may have
-            # started it.
+            # No daemon was seen with it, it is held (even a daemon's server held since),
+            # or its binary could not be read: anyone may have started it.
             unclaimed.append(p)
             continue
         yield Result(NAME, CRITICAL, "server-orphaned", "",
