@@ -25,12 +25,7 @@ from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
-from mps_health.model.facts_deep import (
-    InstanceServers,
-    LogsFacts,
-    ServerFact,
-    ServersFacts,
-)
+from mps_health.model.facts_deep import InstanceServers, LogsFacts, ServerFact, ServersFacts
 from mps_health.model.printable import escape
 from mps_health.model.results import WARNING, Result, ok
 

@@ -150,12 +150,10 @@ def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[
 
 
 def _unreadable(records: JobRecords) -> Result:
-    """The Prolog's records could not be read: no leftover can be told to be ours."""
-    if records.denied:  # an unprivileged run (check_mps as nagios): root's runs can tell
-        return Result(NAME, UNKNOWN, "job-records-unreadable", "",
-                      f"cannot tell which per-job dirs are ours: {records.error}",
-                      "run the check as root (the health check does)")
-    return Result(NAME, WARNING, "job-records-unreadable", "",
+    """The Prolog's records could not be read: no leftover can be told to be ours. Denied
+    is an unprivileged run (check_mps as nagios): root's runs can tell (UNKNOWN)."""
+    return Result(NAME, UNKNOWN if records.denied else WARNING, "job-records-unreadable", "",
                   f"cannot tell which per-job dirs are ours: {records.error}",
+                  "run the check as root (the health check does)" if records.denied else
                   "look at the file (who wrote it?), then move it aside; the next Prolog "
                   "writes it afresh, and leftovers meanwhile show as orphan-unrecorded")
