@@ -10,7 +10,7 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
 from mps_health.model import registry
@@ -45,33 +45,27 @@ def _ancestors_and_self(path: str) -> Tuple[str, ...]:
     return tuple("/".join(parts[:i]) or "/" for i in range(2, len(parts) + 1))
 
 
-class _Paths:
-    """Paths one rule after another is matched against: a rule without a wildcard (most
-    of them) is one set lookup, not a match per path."""
-
-    def __init__(self, paths: Tuple[str, ...]) -> None:
-        self.paths = paths
-        self.plain = frozenset(p.rstrip("/") for p in paths)
-
-    def any_match(self, pattern: str) -> bool:
-        if _literal(pattern):
-            return pattern.rstrip("/") in self.plain
-        return any(path_match(pattern, p) for p in self.paths)
+def _matcher(paths: Tuple[str, ...]) -> Callable[[str], bool]:
+    """Does a rule's pattern match one of ``paths``? One rule after another is asked: a
+    rule without a wildcard (most of them) is one set lookup, not a match per path."""
+    plain = frozenset(p.rstrip("/") for p in paths)
+    return lambda pattern: (pattern.rstrip("/") in plain if _literal(pattern)
+                            else any(path_match(pattern, p) for p in paths))
 
 
 def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
     """The rule that would age ``path`` (a rule with an age on one of its parents)."""
-    parents = _Paths(_ancestors_and_self(path)[:-1] or ("/",))
+    parents = _matcher(_ancestors_and_self(path)[:-1] or ("/",))
     return next((r for r in rules if r.type in AGING_TYPES and r.age not in ("-", "", "0")
-                 and parents.any_match(r.path)), None)
+                 and parents(r.path)), None)
 
 
 def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
     lower_x = [r.path for r in rules if r.type == "x"]
-    if any(map(_Paths(_ancestors_and_self(path)).any_match, lower_x)):
+    if any(map(_matcher(_ancestors_and_self(path)), lower_x)):
         return True  # the dir or a parent, with everything under it
-    contents = any(map(_Paths((path + "/control",)).any_match, lower_x))
-    itself = any(map(_Paths((path,)).any_match, [r.path for r in rules if r.type == "X"]))
+    contents = any(map(_matcher((path + "/control",)), lower_x))
+    itself = any(map(_matcher((path,)), [r.path for r in rules if r.type == "X"]))
     return contents and itself
 
 
