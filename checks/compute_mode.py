@@ -9,7 +9,7 @@ WARNING; no NVML (no driver) is UNKNOWN, never CRITICAL.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator
 
 from mps_health.checks.common import nvml_unavailable
 from mps_health.config.load import Config
@@ -28,11 +28,6 @@ CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-ch
 registry.check(NAME, f"{__name__}:check", ("nvml",), default_on=False,
                when_configured=("gpu",), order=100,
                summary="each GPU's compute mode is the expected one; no MIG under MPS")
-
-
-def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:
-    return mps_ids is None or str(gpu.gpu_index) in mps_ids or \
-        (gpu.uuid is not None and gpu.uuid in mps_ids)
 
 
 def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
@@ -92,8 +87,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         yield Result(NAME, CRITICAL if mps_ids else WARNING, "no-gpus", "",
                      "NVML sees no GPU on this node", "look at nvidia-smi and dmesg")
         return
-    for gpu in nvml.gpus:
-        yield from judge_gpu(gpu, serves_mps(gpu, mps_ids), gs)
+    for gpu in nvml.gpus:  # served by MPS: by index or UUID, or every GPU where none named
+        mps = mps_ids is None or str(gpu.gpu_index) in mps_ids or gpu.uuid in mps_ids
+        yield from judge_gpu(gpu, mps, gs)
     for wanted in mps_ids or ():
         if not any(str(g.gpu_index) == wanted or g.uuid == wanted for g in nvml.gpus):
             yield Result(NAME, CRITICAL, "mps-gpu-missing", f"gpu{wanted}",
