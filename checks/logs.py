@@ -73,9 +73,8 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) 
                and now - p.at >= cfg.pending_warn_s]
     values = (("log_findings", float(sum(f.code in MEANING for f in recent))),
               ("pending_clients", float(len(waiting))))
-    found = False
+    by_code = group((f for f in recent if f.code in MEANING), lambda f: f.code)
     for p in waiting[:8]:
-        found = True
         yield Result(NAME, WARNING, "client-pending", name,
                      f"client {p.pid} of uid {p.uid} was pushed to the pending list at "
                      f"{_clock(p.at)} and has waited {now - p.at:.0f}s: another user's "
@@ -83,18 +82,17 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) 
                      "check which jobs share the GPU ('mps-health check -v', squeue -w "
                      "this node); MPS GPUs should be allocated to one user at a time",
                      (*values, ("pending_wait_s", now - p.at)))
-    for code, same in group((f for f in recent if f.code in MEANING), lambda f: f.code).items():
-        found = True
+    for code, same in by_code.items():
         state, meaning, action = MEANING[code]
         last = max(same, key=lambda f: f.at)
         yield Result(NAME, state, code, name,
                      f"{len(same)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
                      f"{_clock(last.at)} in {last.file}: {last.text}",
-                     action.format(name=name), (*values, (code.replace("-", "_"),
-                                                          float(len(same)))))
-    if not found:
-        yield Result(NAME, OK, "ok", name, f"nothing notable in the last "
-                     f"{cfg.window_s / 60:g} min", "", values)
+                     action.format(name=name),
+                     (*values, (code.replace("-", "_"), float(len(same)))))
+    if not waiting and not by_code:
+        yield Result(NAME, OK, "ok", name, f"nothing notable in the last {cfg.window_s / 60:g} min",
+                     "", values)
 
 
 def planted(name: str, log_dir: str, files: List[LogFileFact],
@@ -113,8 +111,7 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
         owners = ", ".join(f"uid {u}" for u in sorted({f.uid for f in foreign}))
         yield Result(NAME, WARNING, "log-entry-foreign", name,
                      f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} in log dir "
-                     f"{log_dir} not the daemon's (links or other users', never read): "
-                     f"{shown}",
+                     f"{log_dir} not the daemon's (links or other users', never read): {shown}",
                      f"ask {owners} why they are there and remove them; make the log dir "
                      "writable by no one else (mps.log_dir_mode)",
                      (("log_entries_foreign", float(len(foreign))),))
