@@ -53,11 +53,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     found: Mapping[str, CanaryFact] = facts.sources["canary"]  # type: ignore[assignment]
     for inst in facts.instances:
         fact = found.get(inst.name)
-        if fact is None:
-            yield Result(NAME, UNKNOWN, "canary-not-run", inst.name,
-                         "the canary did not finish within the run's budget",
-                         "raise budget_s or lower canary.timeout_s")
-        else:
-            yield judge(inst.name, fact)
+        yield judge(inst.name, fact) if fact is not None else Result(
+            NAME, UNKNOWN, "canary-not-run", inst.name,
+            "the canary did not finish within the run's budget",
+            "raise budget_s or lower canary.timeout_s")
     if not facts.instances:
         yield Result(NAME, OK, "ok", "", "no MPS instance on this node")

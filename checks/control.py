@@ -63,8 +63,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     answers: Mapping[str, ControlAnswer] = facts.get("control")
     for inst in facts.instances:
         answer = answers.get(inst.name)
-        if answer is None:
-            yield Result(NAME, UNKNOWN, "control-not-asked", inst.name,
-                         "no control query was made for this instance", "")
-        else:
-            yield judge(inst.name, answer, config)
+        yield judge(inst.name, answer, config) if answer is not None else Result(
+            NAME, UNKNOWN, "control-not-asked", inst.name,
+            "no control query was made for this instance", "")
