@@ -1,24 +1,18 @@
-"""clients: who MPS serves, judged against what their Slurm jobs asked for.
+"""clients: who MPS serves, judged against what their Slurm jobs asked for (facts: the
+servers probe, each client's job id and CUDA_MPS_* environment from /proc, one squeue).
 
-Facts: the servers probe (each server's clients, thread percentage, devices, client
-contexts; each client's job id and CUDA_MPS_* environment from /proc) and one squeue.
-
-* ``client-not-mps-job``: a client whose job asked for no ``mps`` (a ``gres/gpu`` job)
-  is served by MPS: a CUDA client reaches the default pipe dir unless told otherwise,
-  so a node-wide daemon captures jobs that asked for a GPU of their own.
-* ``client-over-limit``: a client may use more of the GPU than its job's
-  ``--gres=mps:N``. Its ceiling is the lower of its own
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (as it was at exec: /proc/PID/environ) and its
-  server's active thread percentage (a client can only lower its limit; seen on the
-  H200, docs/clients.md). A program that changes its environment after exec is not seen.
-* ``client-job-mismatch``: a client's job is not its own: it runs in the Slurm cgroup
-  of a job squeue gives to another uid, or (in no Slurm cgroup) its ``SLURM_JOB_ID``
-  names another uid's job. Reported against the process's owner, one line per uid;
+* ``client-not-mps-job``: MPS serves a client whose job asked for no ``mps``: a CUDA
+  client reaches the default pipe dir unless told otherwise, so a node-wide daemon
+  captures jobs that asked for a GPU of their own.
+* ``client-over-limit``: a client may use more of the GPU than its ``--gres=mps:N``: the
+  lower of its own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at exec (/proc/PID/environ) and
+  its server's (a client can only lower its limit: docs/clients.md).
+* ``client-job-mismatch``: a client runs in the Slurm cgroup of, or (in none) names in
+  ``SLURM_JOB_ID``, a job squeue gives to another uid: one line per process owner, and
   the job named is never judged by that client (``attribute``).
-* ``clients-near-cap``: a server's client contexts on one GPU near the MPS limit
-  (48 per device on Volta and newer, NVIDIA's MPS guide: docs/clients.md).
-* ``server-spans-gpus``: one server uses several GPUs where each instance should serve
-  one (per-gpu layout, or ``clients.per_gpu_isolation: true``).
+* ``clients-near-cap``: a server's contexts on one GPU near the MPS limit (48 per device
+  on Volta and newer: docs/clients.md).
+* ``server-spans-gpus``: a server uses several GPUs where each instance should serve one.
 """
 
 from __future__ import annotations
@@ -26,9 +20,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from mps_health.checks.common import present, some
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
+from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
@@ -36,12 +32,11 @@ from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, WARNING, Result, ok
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.jobs import JobsFacts
     from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",
          "server-spans-gpus", "servers-not-asked", "slurm-jobs-unavailable")
 
@@ -53,10 +48,6 @@ registry.check(NAME, f"{__name__}:check", ("servers", "jobs"), default_on=False,
 MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest counted
 
 
-def settings(config: Config) -> ClientsConfig:
-    return config.get(SECTION)
-
-
 def who(c: ClientFact) -> str:
     user = escape(c.user) if c.user else (f"uid {c.uid}" if c.uid is not None else "gone")
     job = f", job {escape(c.job_id)}" if c.job_id else ""
@@ -65,11 +56,9 @@ def who(c: ClientFact) -> str:
 
 def attribute(c: ClientFact, by_id: Dict[str, SlurmJob]) -> Tuple[Optional[SlurmJob], str]:
     """The Slurm job a client belongs to, and why the job it names is not its own ("" when
-    it is, or names none squeue lists) (pure; the one rule for the check and the view).
-
-    A job counts only when squeue gives it to the client's uid: SLURM_JOB_ID is anyone's
-    to set, so a user with no job (or a non-MPS job) could otherwise put another user's
-    job up for judging, or hide behind it."""
+    it is, or names none squeue lists): the one rule for the check and the view. A job
+    counts only when squeue gives it to the client's uid: SLURM_JOB_ID is anyone's to set,
+    so a user could otherwise put another user's job up for judging, or hide behind it."""
     if not c.job_id:
         return None, ""
     job = by_id.get(c.job_id)
@@ -88,14 +77,12 @@ def mismatches(inst: Instance, wrong: Dict[int, List[Tuple[ClientFact, str]]]
     for uid in sorted(wrong):
         found = wrong[uid]
         user = escape(found[0][0].user) if found[0][0].user else "?"
-        pids = ", ".join(str(c.pid) for c, _why in found[:MISMATCH_PIDS_SHOWN])
-        more = (f" and {len(found) - MISMATCH_PIDS_SHOWN} more"
-                if len(found) > MISMATCH_PIDS_SHOWN else "")
+        pids = some([str(c.pid) for c, _why in found], MISMATCH_PIDS_SHOWN)
         many = len(found) != 1
         yield Result(NAME, WARNING, "client-job-mismatch", inst.name,
                      f"uid {uid} ({user}): {len(found)} MPS client{'s' if many else ''} of "
                      f"instance {inst.name} belong{'' if many else 's'} to no job of theirs "
-                     f"(pid {pids}{more}; pid {found[0][0].pid} {found[0][1]}): not charged "
+                     f"(pid {pids}; pid {found[0][0].pid} {found[0][1]}): not charged "
                      "to that job",
                      f"ask uid {uid} why their processes claim another user's job "
                      f"(ps -o pid,user,args -p {found[0][0].pid}; cat /proc/"
@@ -175,20 +162,15 @@ def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
                    ) -> Iterator[Result]:
     """One OK result per GPU a server uses: its numbers, labelled by the GPU's UUID."""
     for d in server.devices:
-        values: List[Tuple[str, float]] = [("contexts_limit", float(cfg.max_contexts_per_device))]
-        if d.contexts is not None:
-            values.append(("contexts", float(d.contexts)))
-        if server.thread_percentage is not None:
-            values.append(("server_thread_percentage", server.thread_percentage))
-        if d.pinned_mem_limit_bytes is not None:
-            values.append(("server_pinned_mem_limit_bytes", float(d.pinned_mem_limit_bytes)))
+        values = present(("contexts_limit", cfg.max_contexts_per_device), ("contexts", d.contexts),
+                         ("server_thread_percentage", server.thread_percentage),
+                         ("server_pinned_mem_limit_bytes", d.pinned_mem_limit_bytes))
         limit = d.pinned_mem_limit or "no pinned memory limit"
         pct = (f"{server.thread_percentage:g}% threads" if server.thread_percentage is not None
                else "threads unknown")
         yield Result(NAME, 0, "ok", inst.name,
                      f"server {server.pid} on GPU {escape(d.uuid)}: {d.contexts} client "
-                     f"contexts, {pct}, {escape(limit)}", "", tuple(values),
-                     (("UUID", d.uuid),))
+                     f"contexts, {pct}, {escape(limit)}", "", values, (("UUID", d.uuid),))
 
 
 def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFacts],
@@ -224,18 +206,18 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
         job_ids = set(owned)
     yield from problems
     codes = [r.code for r in problems]
-    values = (("clients", float(len(clients))),
-              ("clients_not_mps_job", float(codes.count("client-not-mps-job"))),
-              ("clients_over_limit", float(codes.count("client-over-limit"))),
-              ("jobs", float(len(job_ids))),
-              ("clients_job_mismatch", float(sum(len(w) for w in wrong.values()))))
+    values = present(("clients", len(clients)),
+                     ("clients_not_mps_job", codes.count("client-not-mps-job")),
+                     ("clients_over_limit", codes.count("client-over-limit")),
+                     ("jobs", len(job_ids)),
+                     ("clients_job_mismatch", sum(map(len, wrong.values()))))
     if cur.query == "idle":
         text = "no server runs, so no client"
     elif not clients:
         text = "no client connected"
     else:
         unread = sum(c.environ not in ("read", "truncated") for _s, c in clients)
-        text = (f"{len(clients)} clients of {int(values[3][1])} jobs through "
+        text = (f"{len(clients)} clients of {len(job_ids)} jobs through "
                 f"{len(live)} server{'s' if len(live) != 1 else ''}"
                 + (f"; {unread} environments unreadable (run as root)" if unread else ""))
     yield Result(NAME, 0, "ok", inst.name, text, "", values)
@@ -244,9 +226,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from mps_health.config.slurm import settings as slurm_settings
-
-    cfg = settings(config)
+    cfg: ClientsConfig = config.get(SECTION)
     mps_per_gpu = slurm_settings(config).mps_per_gpu
     isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \
         else config.mps.layout == "per-gpu"

@@ -1,10 +1,10 @@
-"""Helpers several checks share: finding an instance's live daemons, and the one UNKNOWN
-line each for facts that come from NVML or Slurm. Checks import this module and never
-one another."""
+"""Helpers several checks share: an instance's live daemons, the one UNKNOWN line each for
+facts from NVML or Slurm, and the pieces many findings are built of. Checks import this
+module and never one another."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from mps_health.hostio.process_identity import is_daemon
 from mps_health.model.facts import DirFact, Instance, ProcessFact
@@ -15,10 +15,36 @@ if TYPE_CHECKING:
     from mps_health.probes.nvml import NvmlFacts
     from mps_health.probes.slurm import SlurmFacts
 
+T = TypeVar("T")
+K = TypeVar("K")
+
+
+def reset_action(name: str) -> str:
+    """The action that restarts instance ``name``'s MPS, its dry run first."""
+    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+
+
+def group(items: Iterable[T], key: Callable[[T], K]) -> Dict[K, List[T]]:
+    """``items`` by ``key``, each list in their order (one finding per group)."""
+    out: Dict[K, List[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def present(*pairs: Tuple[str, Optional[float]]) -> Tuple[Tuple[str, float], ...]:
+    """A Result's values: the (name, number) pairs whose number is known."""
+    return tuple((k, float(v)) for k, v in pairs if v is not None)
+
+
+def some(names: List[str], shown: int, sep: str = ", ") -> str:
+    """The first ``shown`` of ``names`` and how many more ("1, 2 and 3 more")."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return sep.join(names[:shown]) + more
+
 
 # The last process list indexed, and its index: every instance of a run is judged
-# against the same tuple, so it is indexed once per run, not scanned once per instance
-# (quadratic with many instances, e.g. a replayed snapshot of thousands).
+# against the same tuple, so it is indexed once per run, not scanned per instance.
 _indexed: List[Any] = [None, None]
 
 
@@ -27,13 +53,9 @@ def _controls(procs: Tuple[ProcessFact, ...]) -> Tuple[Dict[Optional[str], List[
     """Positions in ``procs`` of the live control daemons (``is_daemon``), by pipe dir and
     by pid."""
     if _indexed[0] is not procs:
-        by_dir: Dict[Optional[str], List[int]] = {}
-        by_pid: Dict[int, List[int]] = {}
-        for i, p in enumerate(procs):
-            if is_daemon(p):
-                by_dir.setdefault(p.pipe_dir, []).append(i)
-                by_pid.setdefault(p.pid, []).append(i)
-        _indexed[:] = [procs, (by_dir, by_pid)]
+        at = [i for i, p in enumerate(procs) if is_daemon(p)]
+        _indexed[:] = [procs, (group(at, lambda i: procs[i].pipe_dir),
+                               group(at, lambda i: procs[i].pid))]
     return _indexed[1]
 
 
@@ -72,5 +94,4 @@ def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
                         "(or run under slurmd, which sets SLURMD_NODENAME)",
         "exec-failed": "install the Slurm client or set commands.scontrol in the config",
     }.get(slurm.error_code or "", "run the command by hand to see what Slurm says")
-    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts",
-                  action)
+    return Result(check, UNKNOWN, "slurm-unavailable", "", slurm.error or "no Slurm facts", action)

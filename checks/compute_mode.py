@@ -1,18 +1,15 @@
 """compute-mode: each GPU's compute mode is what the site expects; no MIG under MPS.
 
-Default expectation (config section ``gpu``): EXCLUSIVE_PROCESS on GPUs an MPS
-instance serves (NVIDIA's advice: only the MPS server then holds a context, so no
-stray non-MPS process shares the GPU), DEFAULT on the others; any GPU can be given its
-own mode by index or UUID, or ``any``. Which GPUs MPS serves: ``gpu.mps_gpus``, else
-the per-gpu layout's ``mps.gpus``, else every GPU (a mixed node, MPS on GPU 0 and
-exclusive jobs on GPU 1, is ``mps: {layout: per-gpu, gpus: [0]}``). PROHIBITED where something
-else is expected is CRITICAL (no CUDA context can be made, MPS server included); any
-other difference is a WARNING. No NVML (no driver) is UNKNOWN, never CRITICAL.
+Expected (section ``gpu``): EXCLUSIVE_PROCESS on GPUs MPS serves (``gpu.mps_gpus``, else
+the per-gpu layout's ``mps.gpus``, else all: then only the MPS server holds a context),
+DEFAULT on others; any GPU may have its own mode by index or UUID, or ``any``. An
+unexpected PROHIBITED is CRITICAL (no CUDA context at all), any other difference a
+WARNING; no NVML (no driver) is UNKNOWN, never CRITICAL.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator
 
 from mps_health.checks.common import nvml_unavailable
 from mps_health.config.load import Config
@@ -21,11 +18,10 @@ from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.nvml import GpuFact, NvmlFacts
 
 NAME = "compute-mode"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("compute-mode-mismatch", "compute-mode-unreadable", "gpu-lost", "mig-change-pending",
          "mig-on-mps-gpu", "mps-gpu-missing", "no-gpus", "nvml-unavailable")
 
@@ -34,27 +30,17 @@ registry.check(NAME, f"{__name__}:check", ("nvml",), default_on=False,
                summary="each GPU's compute mode is the expected one; no MIG under MPS")
 
 
-def serves_mps(gpu: GpuFact, mps_ids: Optional[Tuple[str, ...]]) -> bool:
-    return mps_ids is None or str(gpu.gpu_index) in mps_ids or \
-        (gpu.uuid is not None and gpu.uuid in mps_ids)
-
-
 def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
-    for key, mode in gs.modes:
-        if key == str(gpu.gpu_index) or key == gpu.uuid:
-            return mode
-    return gs.mode_mps if mps else gs.mode_other
-
-
-def _gpu_name(gpu: GpuFact) -> str:
-    return f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
+    return next((mode for key, mode in gs.modes if key in (str(gpu.gpu_index), gpu.uuid)),
+                gs.mode_mps if mps else gs.mode_other)
 
 
 def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     inst = f"gpu{gpu.gpu_index}"
+    name = f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
     if gpu.lost:
         yield Result(NAME, CRITICAL, "gpu-lost", inst,
-                     f"{_gpu_name(gpu)} has fallen off the bus (NVML: GPU_IS_LOST)",
+                     f"{name} has fallen off the bus (NVML: GPU_IS_LOST)",
                      "drain the node and reset the GPU or reboot; look at dmesg (Xid 79)")
         return
     want = expected_mode(gpu, mps, gs)
@@ -62,23 +48,21 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     if gpu.compute_mode is None:
         why = ", ".join(e for e in gpu.errors if e.startswith("compute_mode")) or "no answer"
         yield Result(NAME, UNKNOWN, "compute-mode-unreadable", inst,
-                     f"cannot read the compute mode of {_gpu_name(gpu)}: {why}",
+                     f"cannot read the compute mode of {name}: {why}",
                      "run mps-health as root; check nvidia-smi -q -d COMPUTE")
     elif want != "any" and gpu.compute_mode != want:
         severity = CRITICAL if gpu.compute_mode == "PROHIBITED" else WARNING
         yield Result(NAME, severity, "compute-mode-mismatch", inst,
-                     f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode}, expected "
+                     f"{name} is in compute mode {gpu.compute_mode}, expected "
                      f"{want} ({role})",
                      f"run: nvidia-smi -i {gpu.gpu_index} -c {want} (as root, while no job uses "
-                     "it), or set gpu.compute_mode in the config",
-                     (("compute_mode_ok", 0.0),))
+                     "it), or set gpu.compute_mode in the config", (("compute_mode_ok", 0.0),))
     else:
-        yield ok(NAME, inst, f"{_gpu_name(gpu)} is in compute mode {gpu.compute_mode} "
-                 f"({role}{'' if want != 'any' else ', any mode accepted'})",
-                 compute_mode_ok=1.0)
+        yield ok(NAME, inst, f"{name} is in compute mode {gpu.compute_mode} "
+                 f"({role}{'' if want != 'any' else ', any mode accepted'})", compute_mode_ok=1.0)
     if mps and gpu.mig_current and gs.mig == "warn":
         yield Result(NAME, WARNING, "mig-on-mps-gpu", inst,
-                     f"{_gpu_name(gpu)} has MIG enabled but MPS is configured to serve it: "
+                     f"{name} has MIG enabled but MPS is configured to serve it: "
                      "clients reach MIG instances, not the GPU the site planned for",
                      f"disable MIG (nvidia-smi -i {gpu.gpu_index} -mig 0, then reset the GPU), "
                      "take the GPU out of gpu.mps_gpus, or set gpu.mig: allow if MPS on MIG "
@@ -86,7 +70,7 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     if gpu.mig_current is not None and gpu.mig_pending is not None \
             and gpu.mig_current != gpu.mig_pending:
         yield Result(NAME, WARNING, "mig-change-pending", inst,
-                     f"{_gpu_name(gpu)} has a MIG mode change pending "
+                     f"{name} has a MIG mode change pending "
                      f"({'on' if gpu.mig_current else 'off'} -> "
                      f"{'on' if gpu.mig_pending else 'off'}) until it is reset",
                      f"drain the node, then nvidia-smi -i {gpu.gpu_index} -r")
@@ -103,8 +87,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         yield Result(NAME, CRITICAL if mps_ids else WARNING, "no-gpus", "",
                      "NVML sees no GPU on this node", "look at nvidia-smi and dmesg")
         return
-    for gpu in nvml.gpus:
-        yield from judge_gpu(gpu, serves_mps(gpu, mps_ids), gs)
+    for gpu in nvml.gpus:  # served by MPS: by index or UUID, or every GPU where none named
+        mps = mps_ids is None or str(gpu.gpu_index) in mps_ids or gpu.uuid in mps_ids
+        yield from judge_gpu(gpu, mps, gs)
     for wanted in mps_ids or ():
         if not any(str(g.gpu_index) == wanted or g.uuid == wanted for g in nvml.gpus):
             yield Result(NAME, CRITICAL, "mps-gpu-missing", f"gpu{wanted}",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping
 
+from mps_health.checks.common import reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 NAME = "control"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
          "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 
@@ -24,27 +24,22 @@ registry.check(NAME, f"{__name__}:check", ("control",), order=30,
 
 
 def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
-    reset = f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+    reset = reset_action(name)
     latency = (("latency_s", answer.latency_s),)
-    if answer.status == "exec-failed":
-        return Result(NAME, UNKNOWN, "control-client-missing", name, answer.detail,
-                      "install the CUDA MPS binaries or set commands.nvidia-cuda-mps-control "
-                      "in the config")
-    if answer.status == "skipped":
-        return Result(NAME, UNKNOWN, "control-busy", name, answer.detail,
-                      "another mps-health run is querying this daemon; if this persists, "
-                      "look for a hung mps-health process")
-    if answer.status == "timeout":
-        return Result(NAME, CRITICAL, "control-wedged", name,
-                      f"the control daemon did not answer within {answer.latency_s:.1f}s "
-                      "(wedged: clients and queries hang)", reset, latency)
-    if answer.status == "absent":
-        return Result(NAME, CRITICAL, "control-absent", name,
-                      "the client cannot find a control daemon for this pipe dir", reset, latency)
+    failed = {
+        "exec-failed": ("control-client-missing", UNKNOWN, answer.detail, "install the CUDA "
+                        "MPS binaries or set commands.nvidia-cuda-mps-control in the config", ()),
+        "skipped": ("control-busy", UNKNOWN, answer.detail, "another mps-health run is querying "
+                    "this daemon; if this persists, look for a hung mps-health process", ()),
+        "timeout": ("control-wedged", CRITICAL, f"the control daemon did not answer within "
+                    f"{answer.latency_s:.1f}s (wedged: clients and queries hang)", reset, latency),
+        "absent": ("control-absent", CRITICAL, "the client cannot find a control daemon for "
+                   "this pipe dir", reset, latency),
+    }.get(answer.status, ("control-error", CRITICAL, "the control daemon answered with an "
+                          f"error: {answer.detail}", reset, latency))
     if answer.status != "ok":
-        return Result(NAME, CRITICAL, "control-error", name,
-                      f"the control daemon answered with an error: {answer.detail}", reset,
-                      latency)
+        code, state, message, action, values = failed
+        return Result(NAME, state, code, name, message, action, values)
     percentage = float(answer.stdout.splitlines()[0])
     values = (("latency_s", answer.latency_s), ("thread_percentage", percentage))
     expected = config.control.expected_thread_percentage
@@ -58,8 +53,7 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
         return Result(NAME, WARNING, "control-slow", name,
                       f"the control daemon took {answer.latency_s:.2f}s to answer "
                       f"(warning above {config.control.warn_latency_s:g}s)",
-                      "look for a loaded or swapping node; check the daemon's control.log",
-                      values)
+                      "look for a loaded or swapping node; check the daemon's control.log", values)
     return ok(NAME, name, f"answered in {answer.latency_s * 1000:.0f} ms "
               f"(default active thread percentage {percentage:g})",
               latency_s=answer.latency_s, thread_percentage=percentage)
@@ -69,8 +63,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     answers: Mapping[str, ControlAnswer] = facts.get("control")
     for inst in facts.instances:
         answer = answers.get(inst.name)
-        if answer is None:
-            yield Result(NAME, UNKNOWN, "control-not-asked", inst.name,
-                         "no control query was made for this instance", "")
-        else:
-            yield judge(inst.name, answer, config)
+        yield judge(inst.name, answer, config) if answer is not None else Result(
+            NAME, UNKNOWN, "control-not-asked", inst.name,
+            "no control query was made for this instance", "")

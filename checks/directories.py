@@ -1,31 +1,24 @@
 """directories: pipe and log dirs are real directories with the expected mode and owner.
 
-A symlinked pipe dir lets whoever planted it redirect every client's socket, so it is
-CRITICAL. A pipe path too long for AF_UNIX (108 bytes with the NUL, and the daemon
-adds '/control_privileged') makes the daemon fail to start.
+A symlinked pipe dir lets whoever planted it redirect every client's socket: CRITICAL.
+A pipe path too long for AF_UNIX (108 bytes with the NUL, plus '/control_privileged')
+makes the daemon fail to start. Pipe dirs have ``mps.dir_mode`` (0777: every user's
+clients connect); log dirs ``mps.log_dir_mode`` (0755, else a WARNING): only the daemon
+writes there, and a dir others can write lets them plant the control.log the root daemon
+appends to. Each fault names the repair that changes only what is wrong (``repair_of``).
 
-Pipe dirs have ``mps.dir_mode`` (0777: every user's clients connect). Log dirs have
-``mps.log_dir_mode`` (0755): only the daemon writes there, and a dir others can write
-lets them plant the control.log the root daemon appends to. A log dir of another mode
-is a WARNING.
-
-Each fault names the repair that changes only what is wrong (``repair_of``): ``remediate
-dirs`` where the daemon and its clients can keep running (a mode or owner set through
-the dir's fd, a missing log dir made), ``remediate reset`` where the daemon itself is
-broken.
-
-Pipe dirs are world-writable, so entries are judged by name, kind and owner. MPS's own
-names (``OWN_ENTRIES``) of the wrong kind, or owned by anyone but the daemon's user,
-mean clients or root's queries may reach someone else: CRITICAL, naming the owner (a
-user who renames ``control`` and binds their own socket answers every query). Any other
-entry touches nothing MPS uses: a WARNING naming its owner, never a drain.
+Pipe dirs are world-writable, so entries are judged by name, kind and owner: MPS's own
+names (``OWN_ENTRIES``) of the wrong kind or owner mean clients or root's queries may
+reach someone else (a user who renames ``control`` and binds their own socket answers
+every query): CRITICAL. Any other entry touches nothing MPS uses: a WARNING, no drain.
 """
 
 from __future__ import annotations
 
 import pwd
-from typing import FrozenSet, Iterator, Mapping, Optional
+from typing import FrozenSet, Iterator, List, Mapping, Optional
 
+from mps_health.checks.common import reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance
@@ -33,7 +26,6 @@ from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
 
 NAME = "directories"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
            for what in ("missing", "mode", "not-dir", "owner", "symlink", "unreadable")),
          "pipe-dir-parent", "log-dir-parent",
@@ -47,11 +39,11 @@ LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.
 OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_lock": "file",
                "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
+BAD = (("dir_ok", 0.0),)  # the values of a finding that the dir is not right
 
 
 def log_dir_owner(config: Config) -> str:
-    """Who owns a log dir: the daemon's user, who alone writes there (its mode lets no one
-    else); ``mps.dir_owner`` when any user may run the daemon."""
+    """The daemon's user, who alone writes there; ``mps.dir_owner`` when any user may."""
     return config.mps.dir_owner if config.mps.daemon_user == "any" else config.mps.daemon_user
 
 
@@ -63,54 +55,39 @@ def expected_owner(owner: str) -> Optional[int]:
     return uid_of(owner)
 
 
-def _reset(inst: Instance) -> str:
-    return f"run 'mps-health remediate reset {inst.name}' (dry run first: --dry-run)"
-
-
 def _dirs(inst: Instance) -> str:
     return (f"run 'mps-health remediate dirs {inst.name}' (dry run first: --dry-run); the "
             "daemon and its clients keep running")
 
 
 def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
-    """Which repair puts a dir fault right: the one rule for this check's actions,
-    ``remediate dirs`` and ``remediate reset``'s plan. "dirs" where the daemon can keep
-    running: a dir of a trusted owner (root, ``mps.dir_owner``, the daemon's user) gets
-    its mode and owner through its fd, and a missing log dir is made (a running daemon
-    keeps its open logs). "reset" where the daemon itself is broken: its pipe dir is
-    missing, a link, not a dir, or another user's (its sockets are gone or in that
-    user's hands: the dir is moved aside, never adopted), or its log dir, which it
-    opened its logs through, is a link, not a dir, or another user's (only a restart
-    makes it open them anew)."""
-    if kind == "dir" and trusted_owner:
-        return "dirs"
-    if role == "log" and kind == "missing":
-        return "dirs"
-    return "reset"
+    """Which repair puts a dir fault right (the one rule for this check, ``remediate dirs``
+    and ``remediate reset``'s plan). "dirs" where the daemon can keep running: a trusted
+    owner's dir gets its mode and owner through its fd; a missing log dir is made (the
+    daemon keeps its open logs). "reset" where the daemon itself is broken: its pipe dir
+    is missing, a link, not a dir or another user's (sockets gone or in that user's
+    hands: moved aside, never adopted), or its log dir is a link, not a dir or another
+    user's (only a restart makes it open its logs anew)."""
+    return "dirs" if (kind == "dir" and trusted_owner) or (role, kind) == ("log", "missing") \
+        else "reset"
 
 
 def trusted_uids(config: Config) -> FrozenSet[int]:
-    """Owners whose dir is repaired in place (as ``remediate`` trusts them): root, and
-    ``mps.dir_owner`` and ``mps.daemon_user`` where they name one user."""
-    found = {0}
-    for owner in (config.mps.dir_owner, config.mps.daemon_user):
-        uid = expected_owner(owner)
-        if uid is not None:
-            found.add(uid)
-    return frozenset(found)
+    """Owners whose dir is repaired in place: root, ``mps.dir_owner``, ``mps.daemon_user``."""
+    uids = map(expected_owner, (config.mps.dir_owner, config.mps.daemon_user))
+    return frozenset({0, *(uid for uid in uids if uid is not None)})
 
 
 def _fix(inst: Instance, role: str, d: DirFact, config: Config) -> str:
     trusted = expected_owner(config.mps.dir_owner if role == "pipe" else log_dir_owner(config)) \
         is None or d.uid in trusted_uids(config)
-    return _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else _reset(inst)
+    return _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else reset_action(inst.name)
 
 
 def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
-    """A parent others cannot traverse (``DirFact.blocked``): every client of another user
-    fails to reach the pipe dir however right the dir itself is (CRITICAL, as a wrong
-    pipe dir mode); for a log dir, a WARNING as ``log-dir-mode``. mps-health never makes
-    these parents, so it never changes them: the action is the chmod, by hand."""
+    """A parent others cannot traverse (``DirFact.blocked``): every other user's client
+    fails to reach the pipe dir (CRITICAL; a log dir's: WARNING). mps-health never made
+    these parents, so it never changes them: the chmod is by hand."""
     for parent in d.blocked:
         if role == "pipe":
             state, why = CRITICAL, "every client of another user than its owner fails"
@@ -122,18 +99,18 @@ def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
                      f"by other users: {why}",
                      f"run 'chmod o+x {parent.path}' (and find what made it so: a package or "
                      "a tmpfiles.d rule may make it again); mps-health did not make it and "
-                     "leaves it alone", (("dir_ok", 0.0),))
+                     "leaves it alone", BAD)
 
 
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
     """Findings for one dir; ``role`` is "pipe" or "log"."""
     if d is not None and d.blocked:
         yield from judge_parents(inst, role, d)
+    reset = reset_action(inst.name)
     if d is None or d.kind == "missing":
-        severity = CRITICAL if role == "pipe" else WARNING
-        yield Result(NAME, severity, f"{role}-dir-missing", inst.name,
-                     f"{role} dir {d.path if d else '?'} does not exist",
-                     _reset(inst) if role == "pipe" else _dirs(inst), (("dir_ok", 0.0),))
+        yield Result(NAME, CRITICAL if role == "pipe" else WARNING, f"{role}-dir-missing",
+                     inst.name, f"{role} dir {d.path if d else '?'} does not exist",
+                     reset if role == "pipe" else _dirs(inst), BAD)
         return
     if d.kind == "error":
         yield Result(NAME, WARNING, f"{role}-dir-unreadable", inst.name,
@@ -142,45 +119,38 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if d.kind == "symlink":
         yield Result(NAME, CRITICAL, f"{role}-dir-symlink", inst.name,
                      f"{role} dir {d.path} is a symlink to {d.link_target}: it may redirect "
-                     "MPS sockets or logs", _reset(inst) + "; it moves the link aside",
-                     (("dir_ok", 0.0),))
+                     "MPS sockets or logs", reset + "; it moves the link aside", BAD)
         return
     if d.kind != "dir":
         yield Result(NAME, CRITICAL, f"{role}-dir-not-dir", inst.name,
-                     f"{role} dir {d.path} is a {d.kind}, not a directory", _reset(inst),
-                     (("dir_ok", 0.0),))
+                     f"{role} dir {d.path} is a {d.kind}, not a directory", reset, BAD)
         return
-    found = False
+    problems: List[Result] = []
     if role == "pipe" and d.mode != config.mps.dir_mode:
-        found = True
-        yield Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
-                     f"pipe dir {d.path} has mode {d.mode:04o}, expected "
-                     f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
-                     _fix(inst, role, d, config), (("dir_ok", 0.0),))
+        problems.append(Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
+                               f"pipe dir {d.path} has mode {d.mode:04o}, expected "
+                               f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
+                               _fix(inst, role, d, config), BAD))
     if role == "log" and d.mode != config.mps.log_dir_mode:
-        found = True
-        yield log_mode_result(inst, d, config.mps.log_dir_mode, _fix(inst, role, d, config))
+        problems.append(log_mode_result(inst, d, config.mps.log_dir_mode,
+                                        _fix(inst, role, d, config)))
     owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
     want_uid = expected_owner(owner)
     if want_uid is not None and d.uid != want_uid:
-        found = True
-        yield Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
-                     f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                     f"{owner}", _fix(inst, role, d, config), (("dir_ok", 0.0),))
+        problems.append(Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
+                               f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
+                               f"{owner}", _fix(inst, role, d, config), BAD))
     if role == "pipe":
-        for result in judge_entries(inst, d, config):
-            found = True
-            yield result
-    if not found and not d.blocked:
+        problems += judge_entries(inst, d, config)
+    yield from problems
+    if not problems and not d.blocked:
         yield ok(NAME, inst.name, f"{role} dir {d.path} is a directory, mode {d.mode:04o}, "
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
 
 
-def log_mode_result(inst: Instance, d: DirFact, want: int, action: str = "") -> Result:
-    """A log dir of another mode than ``mps.log_dir_mode``: a WARNING whose fix is a chmod
-    through the dir's fd (``remediate dirs``: the daemon need not stop). Only the daemon
-    writes there: an entry anyone else can make is a link the root daemon would append
-    to, or a forged log line."""
+def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Result:
+    """A log dir of another mode than ``mps.log_dir_mode``: a WARNING (only the daemon
+    writes there: anyone else's entry is a link it would append to, or a forged line)."""
     if d.mode & 0o022 & ~want:
         why = ": other users can create entries in it (a control.log link the daemon " \
               "would append to, or forged log lines)"
@@ -190,7 +160,7 @@ def log_mode_result(inst: Instance, d: DirFact, want: int, action: str = "") -> 
         why = ""
     return Result(NAME, WARNING, "log-dir-mode", inst.name,
                   f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
-                  f"(mps.log_dir_mode){why}", action or _dirs(inst), (("dir_ok", 0.0),))
+                  f"(mps.log_dir_mode){why}", action, BAD)
 
 
 def _owner_name(uid: int) -> str:
@@ -214,12 +184,12 @@ def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result
         elif e.kind != want_kind:
             yield Result(NAME, CRITICAL, "pipe-entry-bad", inst.name,
                          f"{where} is a {e.kind} owned by {_owner_name(e.uid)}, expected a "
-                         f"{want_kind}", _reset(inst), (("dir_ok", 0.0),))
+                         f"{want_kind}", reset_action(inst.name), BAD)
         elif want_uid is not None and e.uid != want_uid:
             yield Result(NAME, CRITICAL, "pipe-entry-owner", inst.name,
                          f"{where} is owned by {_owner_name(e.uid)}, not by the daemon's user "
                          f"({_owner_name(want_uid)}): clients and queries may reach them",
-                         _reset(inst), (("dir_ok", 0.0),))
+                         reset_action(inst.name), BAD)
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

@@ -1,19 +1,12 @@
 """gres-drift: Slurm's view of the node's GPUs and MPS agrees with the node itself.
 
-When they drift apart the scheduler places jobs where MPS is gone, or on GPUs that are
-not there ("Resource temporarily unavailable"). Compared here:
-
-* GPU count: Slurm's ``Gres=gpu:N`` vs NVML vs the gpu devices gres.conf lists here;
-* mps count: Slurm's ``mps:M`` vs ``slurm.mps_per_gpu`` times the GPUs that offer mps;
-* gres.conf ``File=`` devices: missing, not a device node, or a minor no GPU has;
-* resident MPS (node, per-gpu layouts): every GPU Slurm offers mps on has an instance
-  whose control daemon lives;
-* per-job MPS: every running job holding mps (older than ``slurm.job_grace_s``) has a
-  live daemon, and every live per-job daemon has such a job.
-
-The node's state and reason are reported as context, never as a failure: a node that
-mps-health drained (reason starting with ``slurm.drain_tag``) is not a new problem.
-Slurm unreachable is UNKNOWN (never CRITICAL): what can be judged without it still is.
+Drifted apart, the scheduler places jobs where MPS is gone, or on GPUs that are not
+there. Compared: Slurm's ``gpu:N`` with NVML and gres.conf; its ``mps:M`` with
+``slurm.mps_per_gpu`` times the GPUs offering mps; gres.conf ``File=`` devices (missing,
+not a device, a minor no GPU has); every GPU offered mps has an instance with a live
+daemon (node, per-gpu layouts); every running mps job past ``slurm.job_grace_s`` has a
+live daemon and every per-job daemon such a job. The node's state is context, never a
+failure (a drain by mps-health is no new problem); Slurm unreachable is UNKNOWN.
 """
 
 from __future__ import annotations
@@ -21,20 +14,19 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from mps_health.checks.common import live_daemons, nvml_unavailable, slurm_unavailable
+from mps_health.checks.common import live_daemons, nvml_unavailable, reset_action, slurm_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
 from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.gres_conf import DeviceFile, GresConf
     from mps_health.probes.nvml import NvmlFacts
     from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-minor",
          "gres-file-missing", "gres-file-not-device", "gres-gpu-count", "gres-mps-count",
          "mps-daemon-no-job", "mps-gpu-no-daemon", "mps-gpu-not-offered", "mps-gpu-unserved",
@@ -172,13 +164,13 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
     if gres_total(node, "mps") == 0:
         return
     devices = {d.path: d for d in conf.devices}
+    files, ids = _files(conf, "mps"), mps_gpu_ids(config)
     offered: List[str] = []
-    for path in _files(conf, "mps"):
+    for path in files:
         index = _index_of_minor(nvml, file_minor(devices.get(path, DeviceFile(path, "?"))))
         if index is not None and index not in offered:
             offered.append(index)
     if not offered:  # no File= for mps (AutoDetect): the GPUs MPS serves, or every GPU
-        ids = mps_gpu_ids(config)
         offered = list(ids) if ids is not None else \
             [str(g.gpu_index) for g in (nvml.gpus if nvml else ())]
     for gpu in offered:
@@ -193,31 +185,23 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
             yield Result(NAME, CRITICAL, "mps-gpu-no-daemon", f"gpu{gpu}",
                          f"Slurm offers mps on GPU {gpu} but the control daemon of {inst.name} "
                          f"({inst.pipe_dir}) is not running: mps jobs there run without MPS",
-                         f"run 'mps-health remediate reset {inst.name}' (dry run first: "
-                         "--dry-run)")
+                         reset_action(inst.name))
         else:
-            yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by "
-                     f"{inst.name}")
-    ids = mps_gpu_ids(config)
-    if _files(conf, "mps"):
-        for gpu in ids or ():
-            if gpu.isdigit() and gpu not in offered:
-                yield Result(NAME, WARNING, "mps-gpu-not-offered", f"gpu{gpu}",
-                             f"MPS serves GPU {gpu} but gres.conf offers no mps on it: Slurm "
-                             "never places mps jobs there", RECONFIGURE)
+            yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by {inst.name}")
+    for gpu in ids or () if files else ():
+        if gpu.isdigit() and gpu not in offered:
+            yield Result(NAME, WARNING, "mps-gpu-not-offered", f"gpu{gpu}",
+                         f"MPS serves GPU {gpu} but gres.conf offers no mps on it: Slurm "
+                         "never places mps jobs there", RECONFIGURE)
 
 
 def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...],
                   procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact], root: str,
-                  cfg: SlurmSettings, unjudged: Optional[Mapping[str, str]] = None
-                  ) -> Iterator[Result]:
-    unjudged = unjudged or {}
+                  cfg: SlurmSettings, unjudged: Mapping[str, str]) -> Iterator[Result]:
     live: Dict[str, List[int]] = {}
     for inst in insts:
-        if inst.job_id:
-            pids = [p.pid for p in live_daemons(inst, procs, dirs.get(inst.pipe_dir), root)]
-            if pids:
-                live.setdefault(inst.job_id, []).extend(pids)
+        for p in live_daemons(inst, procs, dirs.get(inst.pipe_dir), root) if inst.job_id else ():
+            live.setdefault(inst.job_id or "", []).append(p.pid)
     if slurm.jobs is None:
         used = [g for g in node.gres_used or () if g.name == "mps" and g.quantity > 0]
         if used and not live:
@@ -251,8 +235,7 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
                 else f"job {job_id} does not run on {node.name}"
             yield Result(NAME, WARNING, "mps-daemon-no-job", f"job{job_id}",
                          f"MPS daemon {pids[0]} serves job {job_id}, but {why}",
-                         f"run 'mps-health remediate reset job{job_id}' (dry run first: "
-                         "--dry-run)")
+                         reset_action(f"job{job_id}"))
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

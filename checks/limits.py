@@ -1,43 +1,31 @@
 """limits: the limits each running MPS server applies are the ones the operator set.
 
-NVIDIA's MPS guide: ``set_default_active_thread_percentage`` and
-``set_default_device_pinned_mem_limit`` only shape the NEXT server the daemon starts. A
-default changed while a server runs is silently not in force for that server's
-clients (seen on the H200: docs/gpu-validation.md). Facts, all gathered once per run:
-the servers probe (each server's ``get_active_thread_percentage`` and
-``get_device_pinned_mem_limit`` per GPU, the daemon's default pinned limits and its
-device table), the control probe's ``get_default_active_thread_percentage`` (the run's
-one control query: nothing is asked twice) and, in the per-job layout, the job's
-``--gres=mps:N`` share (the Prolog makes it the job daemon's default).
+``set_default_active_thread_percentage`` and ``set_default_device_pinned_mem_limit`` only
+shape the NEXT server the daemon starts: a default changed while a server runs is
+silently not in force for its clients (docs/gpu-validation.md). Facts: the servers probe
+(each server's applied limits, the daemon's default pinned limits and device table), the
+run's one control query (the default percentage) and, per job, its ``--gres=mps:N``.
 
 * ``limits-not-in-force``: a server applies another thread percentage or pinned memory
   limit than the daemon's default (or, per job, than the job's share).
-* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: the control.log lines
-  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` (the daemon logs every command
-  it is given) set one GPU's default both by UUID and by index (the daemon keeps both;
-  on an H200, driver 580, a new server applied the one set by index, though the UUID
-  one came later), or name an ID that is no GPU of the daemon (the daemon keeps it and
-  no server uses it). The daemon's answers for a server show only the value it applies. The
-  log is the daemon's own (the logs probe reads only its user's regular file), but a
-  local user can make it log a command it then refuses, so both are WARNINGs a user
-  could cause (never a drain), judged only against the device table of a daemon with a
-  running server (asked only then).
+* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: control.log's
+  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines set one GPU's default both
+  by UUID and by index (the daemon keeps both; on an H200 a new server applied the one
+  set by index, though set first), or name no GPU of the daemon (kept, used by none).
+  A local user can make the daemon log a command it then refuses, so both are WARNINGs
+  (never a drain), judged only against the device table of a daemon with a server.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from mps_health.checks.common import present, some
 from mps_health.config.load import Config
+from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
-from mps_health.model.facts_deep import (
-    InstanceServers,
-    LogFinding,
-    LogsFacts,
-    ServerFact,
-    ServersFacts,
-)
+from mps_health.model.facts_deep import InstanceServers, LogsFacts, ServerFact, ServersFacts
 from mps_health.model.printable import escape
 from mps_health.model.results import WARNING, Result, ok
 
@@ -45,7 +33,6 @@ if TYPE_CHECKING:
     from mps_health.probes.jobs import JobsFacts
 
 NAME = "limits"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("limits-not-in-force", "pinned-limit-ambiguous", "pinned-limit-unknown-device")
 
 registry.check(NAME, f"{__name__}:check", ("servers", "control", "logs"), order=70,
@@ -54,10 +41,6 @@ registry.check(NAME, f"{__name__}:check", ("servers", "control", "logs"), order=
 
 SET_PINNED = "Cmd:set_default_device_pinned_mem_limit "
 TOLERANCE = 0.05  # the daemon prints one decimal
-
-
-def _pct(value: float) -> str:
-    return f"{value:g}%"
 
 
 def _limit(text: str) -> str:
@@ -83,18 +66,16 @@ def default_percentage(answer: Optional[ControlAnswer]) -> Optional[float]:
 def job_share(inst: Instance, jobs: Optional[JobsFacts], mps_per_gpu: int
               ) -> Optional[Tuple[float, str]]:
     """A per-job instance's ``--gres=mps:N`` as a percentage, and how to say it."""
-    if inst.job_id is None or jobs is None or not jobs.jobs:
+    if inst.job_id is None or jobs is None or not jobs.jobs or mps_per_gpu <= 0:
         return None
     from mps_health.probes.jobs import gres_count  # only for a per-job instance
 
-    for job in jobs.jobs:
-        if job.job_id == inst.job_id:
-            asked = gres_count(job, "mps")
-            if asked is None or mps_per_gpu <= 0:
-                return None
-            return (min(100.0, asked * 100.0 / mps_per_gpu),
-                    f"job {escape(job.job_id)}'s --gres=mps:{asked}")
-    return None
+    job = next((j for j in jobs.jobs if j.job_id == inst.job_id), None)
+    asked = gres_count(job, "mps") if job is not None else None
+    if job is None or asked is None:
+        return None
+    return (min(100.0, asked * 100.0 / mps_per_gpu),
+            f"job {escape(job.job_id)}'s --gres=mps:{asked}")
 
 
 def _restart(inst: Instance, server: ServerFact) -> str:
@@ -111,28 +92,25 @@ def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
         return
     if default is not None and abs(applied - default) > TOLERANCE:
         yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {_pct(applied)} active threads, the default is "
-                     f"{_pct(default)} (set after it started)", _restart(inst, server),
+                     f"{_who(server)} applies {applied:g}% active threads, the default is "
+                     f"{default:g}% (set after it started)", _restart(inst, server),
                      (("applied_thread_percentage", applied),
                       ("default_thread_percentage", default)))
     elif share is not None and applied > share[0] + 0.5:
         yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {_pct(applied)} active threads, {share[1]} is "
-                     f"{_pct(share[0])}", _restart(inst, server),
+                     f"{_who(server)} applies {applied:g}% active threads, {share[1]} is "
+                     f"{share[0]:g}%", _restart(inst, server),
                      (("applied_thread_percentage", applied),))
 
 
 def judge_pinned(inst: Instance, server: ServerFact, defaults: Dict[str, str]
                  ) -> Iterator[Result]:
     for d in server.devices:
-        if d.uuid not in defaults:
-            continue
-        default = defaults[d.uuid]
-        if d.pinned_mem_limit != default:
+        if d.uuid in defaults and d.pinned_mem_limit != defaults[d.uuid]:
             yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
                          f"{_who(server)} applies a pinned memory limit of "
                          f"{_limit(d.pinned_mem_limit)} on GPU {escape(d.uuid)}, the default "
-                         f"is {_limit(default)} (set after it started)",
+                         f"is {_limit(defaults[d.uuid])} (set after it started)",
                          _restart(inst, server), (), (("UUID", d.uuid),))
 
 
@@ -145,13 +123,9 @@ def default_limits(cur: InstanceServers) -> Dict[str, str]:
 def settings_in_log(inst: Instance, logs: Optional[LogsFacts]) -> List[Tuple[str, str, float]]:
     """(device ID, value, time) of each default pinned limit set in the instance's
     control.log, oldest first."""
-    if logs is None:
-        return []
     out: List[Tuple[str, str, float]] = []
-    found: List[LogFinding] = sorted(
-        (f for f in logs.findings if f.log_dir == inst.log_dir and f.file == "control.log"),
-        key=lambda f: f.at)
-    for f in found:
+    for f in sorted((f for f in (logs.findings if logs else ())
+                     if f.log_dir == inst.log_dir and f.file == "control.log"), key=lambda f: f.at):
         if f.code == "log-daemon-start":
             out = []  # a new daemon starts with no default limit: the earlier ones are gone
         elif f.code == "log-pinned-limit-set" and f.text.startswith(SET_PINNED):
@@ -165,19 +139,16 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
                       settings: List[Tuple[str, str, float]]) -> Iterator[Result]:
     if not cur.default_devices or not settings:
         return  # no device table to judge the IDs by (asked only while a server runs)
-    by_index = {str(o): (o, uuid) for o, uuid in cur.default_devices}
-    by_uuid = {uuid.lower(): (o, uuid) for o, uuid in cur.default_devices}
+    by_index = {str(o): o for o, _uuid in cur.default_devices}
+    by_uuid = {uuid.lower(): o for o, uuid in cur.default_devices}
     seen: Dict[int, Dict[str, Tuple[str, str]]] = {}  # ordinal -> form -> (ID, value)
-    unknown: List[Tuple[str, str]] = []
+    unknown: List[str] = []
     for dev, value, _at in settings:
-        if dev in by_index:
-            ordinal, _uuid = by_index[dev]
-            seen.setdefault(ordinal, {})["index"] = (dev, value)
-        elif dev.lower() in by_uuid:
-            ordinal, _uuid = by_uuid[dev.lower()]
-            seen.setdefault(ordinal, {})["uuid"] = (dev, value)
+        ordinal = by_index[dev] if dev in by_index else by_uuid.get(dev.lower())
+        if ordinal is None:
+            unknown.append(f"{escape(dev)} {escape(value)}")
         else:
-            unknown.append((dev, value))
+            seen.setdefault(ordinal, {})["index" if dev in by_index else "uuid"] = (dev, value)
     for ordinal in sorted(seen):
         forms = seen[ordinal]
         if "index" in forms and "uuid" in forms:
@@ -191,12 +162,10 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
                          "set each GPU's default by one ID only (its UUID) with "
                          "set_default_device_pinned_mem_limit; see the runbook")
     if unknown:
-        shown = ", ".join(f"{escape(dev)} {escape(value)}" for dev, value in unknown[:4])
-        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
         known = ", ".join(f"{o} / {escape(uuid)}" for o, uuid in cur.default_devices[:4])
         yield Result(NAME, WARNING, "pinned-limit-unknown-device", inst.name,
                      f"default pinned memory limits were set in control.log on IDs that name "
-                     f"no GPU of the daemon ({shown}{more}): the daemon ignores them; its "
+                     f"no GPU of the daemon ({some(unknown, 4)}): the daemon ignores them; its "
                      f"GPUs are {known}",
                      "set the limit again by the GPU's index or UUID "
                      "(set_default_device_pinned_mem_limit; device_query lists them); "
@@ -206,11 +175,9 @@ def judge_identifiers(inst: Instance, cur: InstanceServers,
 def _applied(servers: List[ServerFact], default: Optional[float]) -> Optional[float]:
     """The applied percentage shown for the instance: the one farthest from the default."""
     known = [s.thread_percentage for s in servers if s.thread_percentage is not None]
-    if not known:
-        return None
     if default is None:
-        return known[0]
-    return max(known, key=lambda p: abs(p - default))
+        return known[0] if known else None
+    return max(known, key=lambda p: abs(p - default), default=None)
 
 
 def judge_instance(inst: Instance, cur: InstanceServers, default: Optional[float],
@@ -224,17 +191,13 @@ def judge_instance(inst: Instance, cur: InstanceServers, default: Optional[float
         problems += judge_pinned(inst, server, defaults)
     problems += judge_identifiers(inst, cur, settings)
     yield from problems
-    values: List[Tuple[str, float]] = [
-        ("limits_not_in_force",
-         float(sum(r.code == "limits-not-in-force" for r in problems)))]
-    applied = _applied(live, default)
-    if default is not None:
-        values.append(("default_thread_percentage", default))
-    if applied is not None:
-        values.append(("applied_thread_percentage", applied))
+    values = present(("limits_not_in_force", sum(r.code == "limits-not-in-force"
+                                                 for r in problems)),
+                     ("default_thread_percentage", default),
+                     ("applied_thread_percentage", _applied(live, default)))
     text = (f"{len(live)} server{'s' if len(live) != 1 else ''} apply the daemon's defaults"
             if live else "no server runs")
-    yield Result(NAME, 0, "ok", inst.name, text, "", tuple(values))
+    yield Result(NAME, 0, "ok", inst.name, text, "", values)
     yield from gpu_values(inst, live, defaults)
 
 
@@ -252,23 +215,16 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
             if d.uuid not in applied or d.pinned_mem_limit != defaults.get(d.uuid):
                 applied[d.uuid] = d.pinned_mem_limit
     for uuid in sorted(set(applied) | set(defaults)):
-        values: List[Tuple[str, float]] = []
-        for key, text in (("default_pinned_mem_limit_bytes", defaults.get(uuid)),
-                          ("applied_pinned_mem_limit_bytes", applied.get(uuid))):
-            size = mem_bytes(text) if text else None
-            if size is not None:
-                values.append((key, float(size)))
+        want, now = defaults.get(uuid), applied.get(uuid)
+        values = present(("default_pinned_mem_limit_bytes", mem_bytes(want) if want else None),
+                         ("applied_pinned_mem_limit_bytes", mem_bytes(now) if now else None))
         if values:
             yield Result(NAME, 0, "ok", inst.name,
-                         f"GPU {escape(uuid)}: default pinned memory "
-                         f"{_limit(defaults.get(uuid, ''))}, applied "
-                         f"{_limit(applied.get(uuid, ''))}", "", tuple(values),
-                         (("UUID", uuid),))
+                         f"GPU {escape(uuid)}: default pinned memory {_limit(want or '')}, "
+                         f"applied {_limit(now or '')}", "", values, (("UUID", uuid),))
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
-    from mps_health.config.slurm import settings as slurm_settings
-
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
     control = facts.sources.get("control")
     logs: Optional[LogsFacts] = facts.sources.get("logs")  # type: ignore[assignment]
@@ -282,7 +238,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             continue
         answer = control.get(inst.name) if isinstance(control, dict) else None
         yield from judge_instance(inst, cur, default_percentage(answer),
-                                  job_share(inst, jobs, mps_per_gpu),
-                                  settings_in_log(inst, logs))
+                                  job_share(inst, jobs, mps_per_gpu), settings_in_log(inst, logs))
     if not facts.instances:
         yield ok(NAME, "", "no MPS instance on this node")

@@ -1,24 +1,21 @@
 """logs: what the MPS logs said lately: pending clients, failed servers, refused connections.
 
-Findings come from ``mps_health.probes.logs`` with their own time and stay reported for
-``logs.window_s`` after it (an XID-style window), then clear by themselves. A client
-pushed to the pending list is reported once it has waited ``logs.pending_warn_s``,
-until it exits or a server starts for its user (MPS serves one user per GPU at a time,
-so another user's job blocks it).
+Findings (``probes.logs``) stay reported for ``logs.window_s`` after their time, then
+clear. A pending client is reported once it waited ``logs.pending_warn_s``, until it
+exits or a server starts for its user (MPS serves one user per GPU at a time).
 
-Only the control daemon writes in its log dir (as its user). A control.log or server.log
-that is not that user's regular file (a link, a FIFO, a dir, another user's file: a
-forged log) is never read and is a WARNING naming its owner (``log-file-bad``), as is
-any other link or other user's entry there (``log-entry-foreign``): never CRITICAL, and
-what they say is never a finding.
+Only the daemon writes in its log dir. A control.log or server.log that is not its
+user's regular file (a forged log) is never read and is a WARNING (``log-file-bad``), as
+is any other link or other user's entry there (``log-entry-foreign``): never CRITICAL.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import AbstractSet, Dict, Iterator, List, Mapping, Tuple
+from typing import Dict, Iterator, List, Tuple
 
+from mps_health.checks.common import group, some
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts
@@ -27,7 +24,6 @@ from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
 from mps_health.probes.logs import settings
 
 NAME = "logs"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-entry-foreign",
          "log-fatal", "log-file-bad", "log-server-exit", "log-server-start-failed",
          "logs-unreadable")
@@ -59,34 +55,26 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def _resolved(p: LogFinding, started: Mapping[Tuple[str, int], float],
-              alive: AbstractSet[int]) -> bool:
-    """A pending client is no longer waiting: it exited, or a server of its user started
-    in its log dir since (``started``: the last such start per log dir and uid)."""
-    if p.pid not in alive:
-        return True  # the client exited (served, gave up, or killed)
-    return started.get((p.log_dir, p.uid), float("-inf")) >= p.at
-
-
-def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
-          config: Config) -> Iterator[Result]:
+def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) -> Iterator[Result]:
     cfg = settings(config)
     now = lf.taken_at
     recent = [f for f in findings if now - f.at <= cfg.window_s]
-    # Indexed once: many findings stay linear.
+    # The last server start per log dir and uid, indexed once: many findings stay linear.
     started: Dict[Tuple[str, int], float] = {}
     for f in findings:
         if f.code == "log-server-start":
             key = (f.log_dir, f.uid)
             started[key] = max(f.at, started.get(key, f.at))
     alive = set(lf.alive)
-    waiting = [p for p in findings if p.code == "log-pending-client"
-               and not _resolved(p, started, alive) and now - p.at >= cfg.pending_warn_s]
+    # Still waiting: the client runs (not served, given up or killed), no server of its
+    # user started in its log dir since, and it waited long enough to tell.
+    waiting = [p for p in findings if p.code == "log-pending-client" and p.pid in alive
+               and started.get((p.log_dir, p.uid), float("-inf")) < p.at
+               and now - p.at >= cfg.pending_warn_s]
     values = (("log_findings", float(sum(f.code in MEANING for f in recent))),
               ("pending_clients", float(len(waiting))))
-    found = False
+    by_code = group((f for f in recent if f.code in MEANING), lambda f: f.code)
     for p in waiting[:8]:
-        found = True
         yield Result(NAME, WARNING, "client-pending", name,
                      f"client {p.pid} of uid {p.uid} was pushed to the pending list at "
                      f"{_clock(p.at)} and has waited {now - p.at:.0f}s: another user's "
@@ -94,22 +82,17 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts,
                      "check which jobs share the GPU ('mps-health check -v', squeue -w "
                      "this node); MPS GPUs should be allocated to one user at a time",
                      (*values, ("pending_wait_s", now - p.at)))
-    by_code: Dict[str, List[LogFinding]] = {}
-    for f in recent:
-        if f.code in MEANING:
-            by_code.setdefault(f.code, []).append(f)
-    for code, group in by_code.items():
-        found = True
+    for code, same in by_code.items():
         state, meaning, action = MEANING[code]
-        last = max(group, key=lambda f: f.at)
+        last = max(same, key=lambda f: f.at)
         yield Result(NAME, state, code, name,
-                     f"{len(group)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
+                     f"{len(same)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
                      f"{_clock(last.at)} in {last.file}: {last.text}",
-                     action.format(name=name), (*values, (code.replace("-", "_"),
-                                                          float(len(group)))))
-    if not found:
-        yield Result(NAME, OK, "ok", name, f"nothing notable in the last "
-                     f"{cfg.window_s / 60:g} min", "", values)
+                     action.format(name=name),
+                     (*values, (code.replace("-", "_"), float(len(same)))))
+    if not waiting and not by_code:
+        yield Result(NAME, OK, "ok", name, f"nothing notable in the last {cfg.window_s / 60:g} min",
+                     "", values)
 
 
 def planted(name: str, log_dir: str, files: List[LogFileFact],
@@ -124,13 +107,11 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
                          f"and make the log dir {log_dir} writable by no one else",
                          (("log_files_bad", 1.0),))
     if foreign:
-        shown = "; ".join(f"{f.path} ({f.detail})" for f in foreign[:SHOWN_FOREIGN])
-        more = len(foreign) - SHOWN_FOREIGN
+        shown = some([f"{f.path} ({f.detail})" for f in foreign], SHOWN_FOREIGN, "; ")
         owners = ", ".join(f"uid {u}" for u in sorted({f.uid for f in foreign}))
         yield Result(NAME, WARNING, "log-entry-foreign", name,
                      f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} in log dir "
-                     f"{log_dir} not the daemon's (links or other users', never read): "
-                     f"{shown}" + (f" and {more} more" if more > 0 else ""),
+                     f"{log_dir} not the daemon's (links or other users', never read): {shown}",
                      f"ask {owners} why they are there and remove them; make the log dir "
                      "writable by no one else (mps.log_dir_mode)",
                      (("log_entries_foreign", float(len(foreign))),))
@@ -140,15 +121,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
     done = set()
     # By dir once, not a scan of every file and finding per instance.
-    files_in: Dict[str, List[LogFileFact]] = {}
-    for lfile in lf.files:
-        files_in.setdefault(os.path.dirname(lfile.path), []).append(lfile)
-    foreign_in: Dict[str, List[LogFileFact]] = {}
-    for entry in lf.foreign:
-        foreign_in.setdefault(os.path.dirname(entry.path), []).append(entry)
-    findings_in: Dict[str, List[LogFinding]] = {}
-    for finding in lf.findings:
-        findings_in.setdefault(finding.log_dir, []).append(finding)
+    files_in = group(lf.files, lambda f: os.path.dirname(f.path))
+    foreign_in = group(lf.foreign, lambda f: os.path.dirname(f.path))
+    findings_in = group(lf.findings, lambda f: f.log_dir)
     for inst in facts.instances:
         if inst.log_dir in done:
             continue
@@ -156,13 +131,11 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         files = files_in.get(inst.log_dir.rstrip("/") or "/", [])
         if files and all(f.status == "error" for f in files):
             yield Result(NAME, UNKNOWN, "logs-unreadable", inst.name,
-                         "; ".join(f"{f.path}: {f.detail}" for f in files),
-                         "run the check as root")
+                         "; ".join(f"{f.path}: {f.detail}" for f in files), "run the check as root")
             continue
         yield from planted(inst.name, inst.log_dir, files,
                            foreign_in.get(inst.log_dir.rstrip("/") or "/", []))
-        mine = findings_in.get(inst.log_dir, [])
-        yield from judge(inst.name, mine, lf, config)
+        yield from judge(inst.name, findings_in.get(inst.log_dir, []), lf, config)
     if lf.state_error:
         yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")
     if not facts.instances:

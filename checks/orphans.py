@@ -1,28 +1,22 @@
 """orphans: per-job MPS dirs and daemons whose job no longer runs on this node.
 
-With the per-job layout the prolog makes a pipe and a log dir per job and starts the
-job user's daemon; an epilog that failed, or a node that rebooted mid-job, leaves them
-behind. The jobs alive here come from the run's one ``squeue -h -w NODE`` (any state:
-a job still COMPLETING is not an orphan). A dir younger than ``orphans.min_age_s`` is
-not judged (its job may be starting). A leftover MPS *server* still holds the GPU (in
-EXCLUSIVE_PROCESS mode no one else can use it): CRITICAL, when /proc shows it runs the
-configured server binary (``mps_health.hostio.process_identity``; a process only named like
-one is no server); a leftover control daemon or dirs alone: WARNING. Each orphan is named with its
-job id, owner and age.
+The per-job Prolog makes a pipe and a log dir per job and starts its user's daemon; a
+failed epilog or a reboot mid-job leaves them behind. Jobs alive here: the run's one
+``squeue -h -w NODE`` (any state: COMPLETING is no orphan); a dir younger than
+``orphans.min_age_s`` is not judged. A leftover server running the configured binary
+still holds the GPU: CRITICAL; a leftover daemon or dirs alone: WARNING.
 
-A dir is an orphan of ours only when the Prolog recorded it for that job
-(``mps_health.hostio.jobrecords``) and it belongs to the recorded uid (or root): anyone can
-make a dir named like an ended job's in /tmp, back-date it and start a fake server in
-it. Such a dir is not judged (never CRITICAL, never removed by ``remediate orphans``);
-old enough, it is one WARNING per owner (``orphan-unrecorded``), so that an admin sees
-a stranger's squat, or a leftover from before job records existed, and removes it.
+A dir is ours only when the Prolog recorded it for that job (``hostio.jobrecords``) and
+it belongs to the recorded uid or root: anyone can make a back-dated dir named like an
+ended job's in /tmp with a fake server in it. Such a dir is never judged nor removed;
+old enough, it is one WARNING per owner (``orphan-unrecorded``) for an admin to see.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
-from mps_health.checks.common import slurm_unavailable
+from mps_health.checks.common import group, reset_action, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
@@ -31,12 +25,11 @@ from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.model.servertrack import remembered
 
-if TYPE_CHECKING:  # fact types only: every run imports this module, few run the check
+if TYPE_CHECKING:  # fact types only: few runs run the check
     from mps_health.probes.jobdirs import JobDir, JobRecords
     from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",
          "job-records-unreadable", "slurm-unavailable")
 
@@ -104,27 +97,20 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         where = ", ".join(f"{d.role} dir {d.path}" for d in jds)
         head = f"job {job_id} (owner {owner}) no longer runs here but left {where}, " \
                f"{age_text(age)} old"
-        values = (("age_s", float(age)),)
-        action = f"run 'mps-health remediate reset job{job_id}' (dry run first: --dry-run)"
+        action, values = reset_action(f"job{job_id}"), (("age_s", float(age)),)
         # A genuine binary alone proves nothing (anyone may run it, held): CRITICAL only for
         # a server a daemon was seen with (its child, or in the servers' memory).
         held = [p for p in servers if p.genuine and not proves_nothing(p)
                 and (p.ppid in daemons or (p.pid, p.start_ticks) in known)]
-        if held:
-            yield Result(NAME, CRITICAL, "orphan-server", f"job{job_id}",
-                         f"{head}; its MPS server {held[0].pid} still holds the GPU",
-                         action, values)
-        elif servers:  # no daemon vouches for it, or its binary could not be read
-            yield Result(NAME, WARNING, "orphan-server", f"job{job_id}",
-                         f"{head}; a process named like its MPS server ({servers[0].pid}) "
-                         "still runs (no daemon was seen with it, it is held, or its binary "
-                         "could not be checked)", action, values)
-        elif controls:
-            yield Result(NAME, WARNING, "orphan-daemon", f"job{job_id}",
-                         f"{head}; its control daemon {controls[0].pid} still runs", action,
-                         values)
-        else:
-            yield Result(NAME, WARNING, "orphan-dir", f"job{job_id}", head, action, values)
+        state, code, tail = (
+            (CRITICAL, "orphan-server", f"; its MPS server {held[0].pid} still holds the GPU")
+            if held else  # else no daemon vouches for it, or its binary could not be read
+            (WARNING, "orphan-server", f"; a process named like its MPS server "
+             f"({servers[0].pid}) still runs (no daemon was seen with it, it is held, or its "
+             "binary could not be checked)") if servers else
+            (WARNING, "orphan-daemon", f"; its control daemon {controls[0].pid} still runs")
+            if controls else (WARNING, "orphan-dir", ""))
+        yield Result(NAME, state, code, f"job{job_id}", head + tail, action, values)
     for result in unrecorded(strangers, facts.taken_at, min_age):
         found += 1
         yield result
@@ -137,37 +123,26 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
 def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
                ) -> Tuple[Dict[str, List[JobDir]], List[JobDir]]:
     """({job id: its dirs the Prolog recorded, of the recorded uid or root}, the other
-    dirs named like an ended job's). Dirs of jobs Slurm runs here are in neither."""
+    ended jobs' dirs)."""
     from mps_health.hostio import jobrecords  # only where the check runs
 
     record_of = jobrecords.by_job(records.records)
-    ours: Dict[str, List[JobDir]] = {}
-    strangers: List[JobDir] = []
-    for d in dirs:
-        if d.job_id in alive:
-            continue
-        if jobrecords.ours(record_of.get(d.job_id), d.path, d.uid):
-            ours.setdefault(d.job_id, []).append(d)
-        else:
-            strangers.append(d)
-    return ours, strangers
+    ended = group((d for d in dirs if d.job_id not in alive),
+                  lambda d: jobrecords.ours(record_of.get(d.job_id), d.path, d.uid))
+    return group(ended.get(True, []), lambda d: d.job_id), ended.get(False, [])
 
 
 def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[Result]:
     """One WARNING per owner of dirs named like ended jobs' that our Prolog did not make
     for that job and user: theirs, not judged, never removed by root."""
-    by_owner: Dict[int, List[JobDir]] = {}
-    for d in strangers:
-        if now - d.mtime >= min_age:
-            by_owner.setdefault(d.uid, []).append(d)
-    for uid, jds in sorted(by_owner.items()):
+    old = (d for d in strangers if now - d.mtime >= min_age)
+    for uid, jds in sorted(group(old, lambda d: d.uid).items()):
         owner = jds[0].owner or str(uid)
         paths = sorted(d.path for d in jds)
-        more = f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else ""
         yield Result(NAME, WARNING, "orphan-unrecorded", "",
                      f"{len(paths)} entr{'y' if len(paths) == 1 else 'ies'} named like an "
                      f"ended job's MPS dir but not made for that job by our Prolog, owned by "
-                     f"{owner} (uid {uid}): {', '.join(paths[:SHOWN])}{more}; not judged, "
+                     f"{owner} (uid {uid}): {some(paths, SHOWN)}; not judged, "
                      "never removed by mps-health",
                      f"ask {owner} what they are; if unwanted, remove them by hand "
                      f"('rm -rf --one-file-system -- {paths[0]}')",
@@ -175,12 +150,10 @@ def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[
 
 
 def _unreadable(records: JobRecords) -> Result:
-    """The Prolog's records could not be read: no leftover can be told to be ours."""
-    if records.denied:  # an unprivileged run (check_mps as nagios): root's runs can tell
-        return Result(NAME, UNKNOWN, "job-records-unreadable", "",
-                      f"cannot tell which per-job dirs are ours: {records.error}",
-                      "run the check as root (the health check does)")
-    return Result(NAME, WARNING, "job-records-unreadable", "",
+    """The Prolog's records could not be read: no leftover can be told to be ours. Denied
+    is an unprivileged run (check_mps as nagios): root's runs can tell (UNKNOWN)."""
+    return Result(NAME, UNKNOWN if records.denied else WARNING, "job-records-unreadable", "",
                   f"cannot tell which per-job dirs are ours: {records.error}",
+                  "run the check as root (the health check does)" if records.denied else
                   "look at the file (who wrote it?), then move it aside; the next Prolog "
                   "writes it afresh, and leftovers meanwhile show as orphan-unrecorded")

@@ -1,16 +1,16 @@
 """servers: no MPS server in FAULT, none stuck INITIALIZING, no restart or churn lately.
 
 A daemon that answers does not prove MPS serves work: a server in FAULT refuses new
-clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until the affected clients exit, and one stuck
-INITIALIZING holds its clients forever. Both are named with the server's PID, user and
-clients. Restarts of the daemon and servers that vanished under live clients (churn,
-see ``mps_health.model.servertrack``) stay reported for ``servers.event_window_s``.
+clients until its clients exit; one stuck INITIALIZING holds its clients forever. Daemon
+restarts and servers gone under live clients (``model.servertrack``) stay reported for
+``servers.event_window_s``.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
+from mps_health.checks.common import group, present, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
@@ -26,16 +26,11 @@ from mps_health.model.servertrack import advance, status_since
 from mps_health.probes.servers import settings
 
 NAME = "servers"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
          "daemon-restarted", "server-churn")  # the last two: events of model/servertrack.py
 
 registry.check(NAME, f"{__name__}:check", ("servers",), order=60,
                summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
-
-
-def _reset(name: str) -> str:
-    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
 
 
 def describe(server: ServerFact) -> str:
@@ -48,14 +43,6 @@ def describe(server: ServerFact) -> str:
     return f"server {server.pid} ({who}) with clients {shown}{more}"
 
 
-def _by_code(events: Tuple[ServerEvent, ...]) -> List[Tuple[str, List[ServerEvent]]]:
-    """Events grouped by code, oldest first within each: one finding per code."""
-    groups: Dict[str, List[ServerEvent]] = {}
-    for e in sorted(events, key=lambda e: e.at):
-        groups.setdefault(e.code, []).append(e)
-    return list(groups.items())
-
-
 def _repeated(group: List[ServerEvent], now: float) -> str:
     """One line for one or many events of a code: the latest, how many, first and last."""
     last = group[-1]
@@ -65,18 +52,13 @@ def _repeated(group: List[ServerEvent], now: float) -> str:
             f"{(now - last.at) / 60:.0f} min ago; the last: {last.message}")
 
 
-def counts(cur: InstanceServers) -> Tuple[Tuple[str, float], ...]:
-    live = [s for s in cur.servers if s.status != "gone"]
-    return (("servers", float(len(live))),
-            ("clients", float(sum(len(s.clients) for s in live))),
-            ("servers_fault", float(sum(s.status == "FAULT" for s in live))),
-            ("servers_initializing", float(sum(s.status == "INITIALIZING" for s in live))))
-
-
 def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float,
           config: Config) -> Iterator[Result]:
     cfg = settings(config)
-    values = counts(cur)
+    live = [s for s in cur.servers if s.status != "gone"]
+    values = present(("servers", len(live)), ("clients", sum(len(s.clients) for s in live)),
+                     ("servers_fault", sum(s.status == "FAULT" for s in live)),
+                     ("servers_initializing", sum(s.status == "INITIALIZING" for s in live)))
     found = False
     for server in cur.servers:
         if server.status == "FAULT":
@@ -84,7 +66,7 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
             yield Result(NAME, CRITICAL, "server-fault", inst.name,
                          f"{describe(server)} is in FAULT: new clients get "
                          "CUDA_ERROR_MPS_SERVER_NOT_READY until its clients exit",
-                         _reset(inst.name) + "; it ends the faulted clients' MPS session",
+                         reset_action(inst.name) + "; it ends the faulted clients' MPS session",
                          values)
         elif server.status == "INITIALIZING":
             since: Optional[float] = status_since(memory, server)
@@ -94,20 +76,20 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
                 yield Result(NAME, CRITICAL, "server-stuck-initializing", inst.name,
                              f"{describe(server)} has been INITIALIZING for {waited:.0f}s "
                              f"(limit {cfg.init_stuck_s:g}s): its clients wait forever",
-                             _reset(inst.name), (*values, ("initializing_s", waited)))
+                             reset_action(inst.name), (*values, ("initializing_s", waited)))
         elif server.status == "error":
             found = True
             yield Result(NAME, UNKNOWN, "server-unreadable", inst.name,
                          f"server {server.pid}: {server.detail}",
                          "see the control check; run 'mps-health check -v' as root", values)
-    for code, group in _by_code(memory.events):
+    # One finding per code, its events oldest first.
+    for code, events in group(sorted(memory.events, key=lambda e: e.at), lambda e: e.code).items():
         found = True
-        yield Result(NAME, WARNING, code, inst.name, _repeated(group, now),
+        yield Result(NAME, WARNING, code, inst.name, _repeated(events, now),
                      "read the instance's control.log around that time (see the logs "
                      f"check); once explained, run 'mps-health ack {code} {inst.name}'",
-                     (*values, ("events", float(len(group)))))
+                     (*values, ("events", float(len(events)))))
     if not found:
-        live = [s for s in cur.servers if s.status != "gone"]
         text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
         yield Result(NAME, 0, "ok", inst.name, text, "", values)
 
@@ -129,9 +111,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             yield Result(NAME, UNKNOWN, "servers-not-asked", inst.name,
                          f"cannot list the servers ({cur.query}: {cur.detail})",
                          "see the daemon and control checks")
-            events: List[Result] = [r for r in judge(inst, cur._replace(servers=()), memory,
-                                                     sf.taken_at, config) if r.state]
-            yield from events
+            yield from (r for r in judge(inst, cur._replace(servers=()), memory, sf.taken_at,
+                                         config) if r.state)
             continue
         yield from judge(inst, cur, memory, sf.taken_at, config)
     if not facts.instances:

@@ -1,27 +1,22 @@
-"""strays: MPS processes that belong to no configured instance.
+"""strays: MPS processes that belong to no configured instance (node-wide findings).
 
-An ``nvidia-cuda-mps-server`` whose control daemon is gone holds GPU memory and takes
-no new clients; a control daemon on a pipe dir the config does not know was started by
-hand or by an out-of-date script. Both are node-wide findings (instance "").
+A server whose daemon is gone holds GPU memory and takes no new clients; a daemon on a
+pipe dir the config does not know was started by hand or an out-of-date script. What is
+a daemon or server is the configured binary (``hostio.process_identity``), not a name:
+a process named like one is at most the WARNING ``mps-impostor``.
 
-What is a daemon or a server is decided by ``mps_health.hostio.process_identity`` (the configured
-binary, not the name anyone can give a process): a user's process named like a server is
-at most the WARNING ``mps-impostor``, naming its owner, never a CRITICAL.
-
-The genuine server binary is world-executable, so a user can run it too: held at its exec
-under ptrace (none of its code runs) or paused by an LD_PRELOAD constructor, with the pipe
-dir of their choice. Its binary proves only what it is, not that MPS started it. So a
-daemon-less server is ``server-orphaned`` CRITICAL only when it was a real daemon's server
-(the servers probe's memory remembers it, ``servertrack.remembered``), runs the configured
-binary, and is neither traced nor stopped; any other (never seen with a daemon, held, or
-its binary unreadable: not root, a --root tree) is at most the WARNING
-``server-unclaimed``, one line per uid.
+The server binary is world-executable: a user can run it too, held under ptrace or an
+LD_PRELOAD constructor, in a pipe dir of their choice. So a daemon-less server is
+``server-orphaned`` CRITICAL only when it was a real daemon's server
+(``servertrack.remembered``), is genuine and neither traced nor stopped; any other is at
+most the WARNING ``server-unclaimed``, one line per uid.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Set, Tuple
 
+from mps_health.checks.common import group, some
 from mps_health.config.load import Config
 from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
 from mps_health.model import registry
@@ -34,7 +29,6 @@ if TYPE_CHECKING:
     from mps_health.model.facts_deep import ServersFacts
 
 NAME = "strays"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "mps-impostor")
 
 registry.check(NAME, f"{__name__}:check", ("processes", "servers"), order=20,
@@ -51,16 +45,11 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]
     control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
     unclaimed: List[ProcessFact] = []
     for p in procs:
-        if not is_server(p):
-            continue
-        parent_alive = p.ppid in live_controls
-        same_dir = p.pipe_dir in control_dirs
-        if parent_alive or same_dir:
+        if not is_server(p) or p.ppid in live_controls or p.pipe_dir in control_dirs:
             continue
         if p.genuine is not True or proves_nothing(p) or (p.pid, p.start_ticks) not in known:
-            # No daemon was seen with it, or it is held (a daemon's server held since
-            # proves nothing either), or its binary could not be read: anyone may have
-            # started it.
+            # No daemon was seen with it, it is held (even a daemon's server held since),
+            # or its binary could not be read: anyone may have started it.
             unclaimed.append(p)
             continue
         yield Result(NAME, CRITICAL, "server-orphaned", "",
@@ -71,25 +60,26 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]
     yield from _unclaimed(unclaimed)
 
 
+def _listed(mine: List[ProcessFact]) -> Tuple[str, str]:
+    """The pids of one owner's processes ("1, 2 and 3 more"), and the pipe dirs they name."""
+    dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
+    return (some([str(p.pid) for p in mine], SHOWN_PIDS),
+            f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else "")
+
+
 def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
     """Servers no daemon was seen with (or held: traced, stopped): one line per owner,
     never CRITICAL and never a reset (a user may start thousands, and what they run
     is theirs to end)."""
-    by_uid: Dict[int, List[ProcessFact]] = {}
-    for p in found:
-        by_uid.setdefault(p.uid, []).append(p)
-    for uid, mine in sorted(by_uid.items()):
-        pids = ", ".join(str(p.pid) for p in mine[:SHOWN_PIDS])
-        more = f" and {len(mine) - SHOWN_PIDS} more" if len(mine) > SHOWN_PIDS else ""
-        dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
-        on = f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else ""
+    for uid, mine in sorted(group(found, lambda p: p.uid).items()):
+        pids, on = _listed(mine)
         held = sum(1 for p in mine if proves_nothing(p))
         how = f"; {held} of them traced or stopped" if held else ""
         unread = " (their binary could not be checked: not run as root, or a --root " \
             "tree)" if any(p.genuine is None for p in mine) else ""
         yield Result(NAME, WARNING, "server-unclaimed", "",
                      f"{len(mine)} nvidia-cuda-mps-server process(es) of uid {uid} run with "
-                     f"no control daemon that vouches for them (pids {pids}{more}{how}){on}"
+                     f"no control daemon that vouches for them (pids {pids}{how}){on}"
                      f"{unread}: not counted as MPS's servers",
                      f"look at what they are ('ls -l /proc/{mine[0].pid}/exe', 'ps -o "
                      f"pid,user,lstart,stat,args -p {mine[0].pid}'); a user may run the "
@@ -99,18 +89,11 @@ def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
     """Processes named like a daemon or server that run another binary: one line per
     owner (a user can start thousands), never counted as MPS, never ended by us."""
-    by_uid: Dict[int, List[ProcessFact]] = {}
-    for p in procs:
-        if is_impostor(p):
-            by_uid.setdefault(p.uid, []).append(p)
-    for uid, found in sorted(by_uid.items()):
-        pids = ", ".join(str(p.pid) for p in found[:SHOWN_PIDS])
-        more = f" and {len(found) - SHOWN_PIDS} more" if len(found) > SHOWN_PIDS else ""
-        dirs = sorted({p.pipe_dir for p in found if p.pipe_dir is not None})
-        on = f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else ""
+    for uid, found in sorted(group(filter(is_impostor, procs), lambda p: p.uid).items()):
+        pids, on = _listed(found)
         yield Result(NAME, WARNING, "mps-impostor", "",
                      f"{len(found)} process(es) of uid {uid} named like an MPS daemon or "
-                     f"server run another binary than the configured one (pids {pids}{more})"
+                     f"server run another binary than the configured one (pids {pids})"
                      f"{on}: not counted as MPS",
                      f"see what they are ('ls -l /proc/{found[0].pid}/exe', 'ps -o "
                      f"pid,user,lstart,args -p {found[0].pid}'); after an update of the MPS "

@@ -10,7 +10,7 @@ contents. Globs match one path component at a time, as systemd's FNM_PATHNAME do
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
 from mps_health.model import registry
@@ -18,7 +18,6 @@ from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
 
 NAME = "tmpfiles"
-# Every code this check reports besides ok (each has a runbook entry in README.md).
 CODES = ("tmpfiles-unguarded",)
 
 registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
@@ -27,11 +26,8 @@ registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
 AGING_TYPES = frozenset("dDevqQ")
 
 
-GLOB = "*?["
-
-
 def _literal(pattern: str) -> bool:
-    return "*" not in pattern and "?" not in pattern and "[" not in pattern
+    return not any(c in pattern for c in "*?[")
 
 
 def path_match(pattern: str, path: str) -> bool:
@@ -41,19 +37,7 @@ def path_match(pattern: str, path: str) -> bool:
     pat_parts = pattern.rstrip("/").split("/")
     path_parts = path.rstrip("/").split("/")
     return len(pat_parts) == len(path_parts) and all(
-        _part_match(pat, name) for name, pat in zip(path_parts, pat_parts))
-
-
-def _part_match(pattern: str, name: str) -> bool:
-    """One component. A glob is compiled to a regex only when the literal text before its
-    first wildcard fits: most rules (/tmp/systemd-private-*) are ruled out for free."""
-    first = min((i for i in map(pattern.find, GLOB) if i >= 0), default=-1)
-    if first < 0:
-        return pattern == name
-    if not name.startswith(pattern[:first]):
-        return False
-
-    return fnmatchcase(name, pattern)
+        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
 
 
 def _ancestors_and_self(path: str) -> Tuple[str, ...]:
@@ -61,36 +45,27 @@ def _ancestors_and_self(path: str) -> Tuple[str, ...]:
     return tuple("/".join(parts[:i]) or "/" for i in range(2, len(parts) + 1))
 
 
-class _Paths:
-    """Paths one rule after another is matched against: a rule without a wildcard (most
-    of them) is one set lookup, not a match per path."""
-
-    def __init__(self, paths: Tuple[str, ...]) -> None:
-        self.paths = paths
-        self.plain = frozenset(p.rstrip("/") for p in paths)
-
-    def any_match(self, pattern: str) -> bool:
-        if _literal(pattern):
-            return pattern.rstrip("/") in self.plain
-        return any(path_match(pattern, p) for p in self.paths)
+def _matcher(paths: Tuple[str, ...]) -> Callable[[str], bool]:
+    """Does a rule's pattern match one of ``paths``? One rule after another is asked: a
+    rule without a wildcard (most of them) is one set lookup, not a match per path."""
+    plain = frozenset(p.rstrip("/") for p in paths)
+    return lambda pattern: (pattern.rstrip("/") in plain if _literal(pattern)
+                            else any(path_match(pattern, p) for p in paths))
 
 
 def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
     """The rule that would age ``path`` (a rule with an age on one of its parents)."""
-    parents = _Paths(_ancestors_and_self(path)[:-1] or ("/",))
-    for rule in rules:
-        if rule.type in AGING_TYPES and rule.age not in ("-", "", "0") \
-                and parents.any_match(rule.path):
-            return rule
-    return None
+    parents = _matcher(_ancestors_and_self(path)[:-1] or ("/",))
+    return next((r for r in rules if r.type in AGING_TYPES and r.age not in ("-", "", "0")
+                 and parents(r.path)), None)
 
 
 def guarded(rules: Tuple[TmpfilesRule, ...], path: str) -> bool:
     lower_x = [r.path for r in rules if r.type == "x"]
-    if any(map(_Paths(_ancestors_and_self(path)).any_match, lower_x)):
+    if any(map(_matcher(_ancestors_and_self(path)), lower_x)):
         return True  # the dir or a parent, with everything under it
-    contents = any(map(_Paths((path + "/control",)).any_match, lower_x))
-    itself = any(map(_Paths((path,)).any_match, [r.path for r in rules if r.type == "X"]))
+    contents = any(map(_matcher((path + "/control",)), lower_x))
+    itself = any(map(_matcher((path,)), [r.path for r in rules if r.type == "X"]))
     return contents and itself
 
 
@@ -108,8 +83,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     for name, path in paths:
         rule = aging_rule(tf.rules, path)
         if guarded(tf.rules, path):
-            yield ok(NAME, name, f"{path} is excluded from systemd-tmpfiles cleaning",
-                     guarded=1.0)
+            yield ok(NAME, name, f"{path} is excluded from systemd-tmpfiles cleaning", guarded=1.0)
         elif rule is not None or config.tmpfiles.require_guard:
             why = (f"{rule.file}:{rule.line} ages {rule.path} after {rule.age}" if rule
                    else "the config requires a guard")
@@ -117,15 +91,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          f"{path} is not excluded from systemd-tmpfiles cleaning ({why}): "
                          "idle MPS sockets will be deleted",
                          "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
-        else:
-            yield ok(NAME, name, f"{path} is not under an aged path{_unread(tf)}",
-                     guarded=0.0)
-
-
-def _unread(tf: TmpfilesFacts) -> str:
-    """What could not be read (a FIFO or a device planted in tmpfiles.d, a bad line): a
-    rule in it could still age the path."""
-    if not tf.errors:
-        return ""
-    more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
-    return f", as far as could be read: {tf.errors[0]}{more}"
+        else:  # what could not be read (a planted FIFO, a bad line) might still age it
+            more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
+            unread = f", as far as could be read: {tf.errors[0]}{more}" if tf.errors else ""
+            yield ok(NAME, name, f"{path} is not under an aged path{unread}", guarded=0.0)

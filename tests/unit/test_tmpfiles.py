@@ -149,9 +149,9 @@ def test_matching_against_a_set_of_paths_is_matching_each(paths) -> None:
     patterns = ["/"] + ["/" + "/".join(p) + tail for tail in ("", "/")
                         for p in [(a,) for a in PATTERN_PARTS]
                         + [(a, b) for a in PATTERN_PARTS[:7] for b in PATTERN_PARTS]]
-    many = guard._Paths(paths)
+    many = guard._matcher(paths)
     for pattern in patterns:
-        assert many.any_match(pattern) == any(guard.path_match(pattern, p) for p in paths), \
+        assert many(pattern) == any(guard.path_match(pattern, p) for p in paths), \
             (pattern, paths)
 
 
