@@ -1,21 +1,14 @@
 """Which per-job dirs are ours: what the Prolog made, for which job and which user.
 
-A per-job dir lives in a public sticky dir (``/tmp``), where anyone can make a dir named
-like any job's, back-date it and start a process in it. A name proves nothing, so the
-Prolog records each job it sets up in ``state_dir/jobs.json`` (root's): the job id, the
-job's uid as Slurm gave it to the Prolog, and the dirs it made. The Epilog drops the
-record once those dirs are gone; ``remediate orphans`` does the same after removing
-them. The orphans check and ``remediate orphans`` judge a leftover dir only when the
-record names it and it belongs to the recorded uid (or to root: the Prolog made it, or
-a removal that stopped half-way left it root's). Anything else named like a job is not
-an orphan of ours: never CRITICAL, never removed by root (``ours`` is the one rule).
-
-The file is bounded (``MAX_RECORDS`` jobs, ``MAX_DIRS`` dirs each, ``MAX_BYTES``),
-written by ``state.StateFile`` (flock, random ``O_EXCL`` temp name, rename), and read
-only when it is a regular file (no link followed) in a dir walked by ``safedirs``
-(root's or ours, not writable by others), owned by root or us and writable by no one
-else: a file anyone else could have written is ignored, with one line saying why.
-Recording is best effort for the hooks: a failure is one line to log, never fatal.
+Anyone can make a dir in ``/tmp`` named like any job's, so a name proves nothing: the
+Prolog records each job in ``state_dir/jobs.json`` (the job id, its uid as Slurm gave
+it, the dirs made); the Epilog and ``remediate orphans`` drop the record once those
+dirs are gone. A leftover dir is judged only when the record names it and it belongs to
+the recorded uid or root (``ours``, the one rule); anything else is never CRITICAL,
+never removed by root. The file is bounded (``MAX_RECORDS``, ``MAX_DIRS``, ``MAX_BYTES``),
+written by ``state.StateFile``, and read only when a regular file (no link followed) in
+a dir walked by ``safedirs``, owned by root or us and writable by no one else. Recording
+is best effort for the hooks: a failure is one line to log, never fatal.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Run a command as another user (a job's, a daemon's): no shell, no ``su -``, bounded.
 
-Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups to the
-user's groups, setgid, setuid, umask, cwd), so nothing is interpolated into a command
-line and no login shell or PAM stack runs. The command leads its own session and is
-killed with its whole process group at the timeout. Output goes to unlinked temporary
-files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
+Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups,
+setgid, setuid, umask, cwd): nothing is interpolated into a command line, no login shell
+or PAM stack runs. The command leads its own session and is killed with its process
+group at the timeout. Output goes to unlinked temporary files, not pipes (hence not the
+core runner's loop): ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
 its inherited descriptors, and a pipe would then never reach end-of-file.
-
-It takes the core runner's ``RunAs``. It keeps its own loop because starting a daemon
-wants the output in files, not pipes, whatever the daemon does with them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,9 +33,8 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     from mps_health.hostio.users import by_uid
 
     home = by_uid(as_user.uid).home
-    env = {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C"}
-    env.update(extra)
-    return env
+    return {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C",
+            **extra}
 
 
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
@@ -66,10 +63,8 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
             proc.communicate((stdin or "").encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             proc.wait()
         elapsed = time.monotonic() - started
         texts = []

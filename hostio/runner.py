@@ -1,27 +1,24 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command starts in a new session (its own process group: ``subprocess.Popen(...,
-start_new_session=True)``), so a client that forks, or hangs on a stopped MPS daemon,
-is killed with everything it started. Nothing here uses a shell.
+Every command starts in a new session (its own process group), so a client that forks,
+or hangs on a stopped MPS daemon, is killed with everything it started. No shell.
 
 No command outlives the run: a new session is out of reach of a SIGKILL sent to us or
 of slurmd's kill of our process group, so each command is started through util-linux's
-``setpriv --pdeathsig KILL``, which asks the kernel (PR_SET_PDEATHSIG) to SIGKILL it the
-moment the thread that started it dies, and then execs it (the setting survives exec;
-a daemon that ``-d`` forks off is a new process and keeps running). The command is
-looked up on PATH here first, so "not found" still names it, not setpriv.
+``setpriv --pdeathsig KILL`` (PR_SET_PDEATHSIG: the kernel SIGKILLs it when the thread
+that started it dies; it survives exec, while a daemon that ``-d`` forks off keeps
+running). The command is looked up on PATH here first, so "not found" names it.
 
-Several commands can be started at once and collected against one deadline
-(``wait_all``): each is read with ``communicate`` in a thread of its own (the first in
-the caller's), so N wedged daemons cost one timeout, not N, and each command is still
-timed to its own end. A command still running at the deadline is killed with its
-process group and reaped. A command that exited while something it started
-(``nvidia-cuda-mps-control -d``'s daemon) still holds its stdout is collected shortly
-after its exit, not at end-of-file, and is not killed: it did not time out.
+``wait_all`` collects several commands against one deadline, each in a thread of its
+own, so N wedged daemons cost one timeout, not N. A command still running at the
+deadline is killed with its process group and reaped. One that exited while something
+it started (``nvidia-cuda-mps-control -d``'s daemon) still holds its stdout is collected
+shortly after its exit, not at end-of-file, and not killed: it did not time out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -159,11 +156,9 @@ class Pending:
         # Feed stdin now, not at collection time: the client reads its command first and
         # must not wait on us while we collect another command. Commands are small.
         assert proc.stdin is not None
-        try:
+        with contextlib.suppress(OSError):  # it exited without reading: its output says why
             proc.stdin.write(stdin.encode())
             proc.stdin.close()
-        except OSError:  # it exited without reading: its output says why
-            pass
         proc.stdin = None  # fed and closed: communicate has nothing to send
 
     def finished(self) -> bool:
@@ -172,12 +167,9 @@ class Pending:
 
     def kill(self) -> None:
         """SIGKILL the command's whole process group (it leads its own session)."""
-        if self.pid is None:
-            return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def collect(self, deadline: float) -> None:
         """Read the command's output until it ends; at ``deadline`` kill it if it still
@@ -189,12 +181,10 @@ class Pending:
         while True:
             # A little grace past the deadline collects a command that already finished.
             wait_s = min(max(0.0, deadline - time.monotonic()), POLL_S) + 0.001
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._out = proc.communicate(timeout=wait_s)
                 self.ended = time.monotonic()
                 break
-            except subprocess.TimeoutExpired:
-                pass
             now = time.monotonic()
             if proc.poll() is not None:
                 # It exited, and something it started still holds its pipes: stop
@@ -235,11 +225,10 @@ def _collector(p: Pending, deadline: float) -> Optional[threading.Thread]:
     caller collects it in turn then."""
     t = threading.Thread(target=p.collect, args=(deadline,), name=f"collect {p.argv[0]}",
                          daemon=True)
-    try:
+    with contextlib.suppress(RuntimeError):
         t.start()
-    except RuntimeError:
-        return None
-    return t
+        return t
+    return None
 
 
 def wait_all(pending: Sequence[Pending], deadline: float,
@@ -290,6 +279,4 @@ def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
 
 def child_env(extra: Mapping[str, str]) -> Dict[str, str]:
     """This process's environment plus ``extra`` (for CUDA_MPS_* and friends)."""
-    env = dict(os.environ)
-    env.update(extra)
-    return env
+    return {**os.environ, **extra}

@@ -1,35 +1,29 @@
-"""Directories in places other users can write (/tmp, 0777 pipe dirs): the one library.
-
-Used by ``remediate reset``/``orphans``, ``unit prepare``, the Slurm Prolog/Epilog and
-the atomic file writer. The rules, each written once here:
+"""Directories in places other users can write (/tmp, 0777 pipe dirs): the one library
+(``remediate reset``/``orphans``, ``unit prepare``, the Slurm hooks, the atomic writer).
 
 * **Walk, never look up a path twice.** A dir is reached from ``/`` (or ``--root``) one
-  component at a time with ``O_NOFOLLOW|O_DIRECTORY``; every later step works relative
-  to the parent's fd, so nothing can be swapped between our look and our act.
+  component at a time with ``O_NOFOLLOW|O_DIRECTORY``; every later step is relative to
+  the parent's fd, so nothing can be swapped between our look and our act.
 * **One symlink policy.** A symlink among the parents is followed only when root owns it
-  and nobody else can replace it (its dir is not writable by others, or is sticky), as
-  systemd's CHASE_SAFE does (``/var/run -> /run``). The entry we act on is never
-  followed. Where we make or repair a dir that MPS or a job will use, every directory
-  walked through must also belong to root (or us) and not be writable by others without
-  the sticky bit (``guard``): its owner could otherwise swap our dir after we checked
-  it. The atomic file writer needs only the link rule: it creates and renames within
-  the parent's fd, so a service account's dir (``/var/lib/prometheus``) is fine.
+  and its dir is not writable by others (or is sticky), as systemd's CHASE_SAFE does
+  (``/var/run -> /run``); the entry we act on is never followed. With ``guard`` (dirs
+  MPS or a job will use) every dir walked through must also be root's (or ours) and not
+  writable by others without the sticky bit: its owner could swap our dir after we
+  checked it. The atomic writer needs only the link rule (it works within the parent's
+  fd), so a service account's dir (``/var/lib/prometheus``) is fine.
 * **Create under a random name, swap into place.** A new dir is made 0700 under a random
-  name, checked through its fd to be the one we made, given its owner and mode, and only
-  then put in place with ``renameat2(RENAME_NOREPLACE)`` or, over an entry that is not
-  acceptable, ``renameat2(RENAME_EXCHANGE)``: one atomic step, so a racing user can make
-  us retry but never give up, and never makes us adopt what they planted.
-* **Move aside to random, O_EXCL-checked names.** What was in the way goes to
-  ``NAME.aside-<time>-<random>`` with ``RENAME_NOREPLACE``: it is never entered, never
-  removed, never overwritten, and its name cannot be pre-empted.
+  name, checked through its fd, given its owner and mode, then put in place with
+  ``renameat2(RENAME_NOREPLACE)`` or, over an unacceptable entry, ``RENAME_EXCHANGE``:
+  a racing user can make us retry, never give up, never adopt what they planted.
+* **Move aside to random, O_EXCL-checked names** (``NAME.aside-<time>-<random>``,
+  ``RENAME_NOREPLACE``): never entered, removed or overwritten; the name cannot be
+  pre-empted.
 * **Remove whatever is inside, entering no link** (``remove_tree``): each dir is first
   made root's 0700 through its fd (its user can add nothing more), then emptied with
-  ``*at`` calls relative to it; symlinks, FIFOs and sockets are unlinked as entries;
-  depth (open dirs), entry count and the file system are bounded; only a top entry of
-  the given owners is removed; a tree that cannot go is one line with the command that
-  removes it.
-* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files it
-  opens in its log dir are regular files of its user or are put out of the way.
+  ``*at`` calls; depth, entry count and the file system are bounded; a tree that cannot
+  go is one line with the command that removes it.
+* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files
+  it opens in its log dir are regular files of its user or are put out of the way.
 
 Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run with plain
 renames after a fresh look: still no link followed, only the race window is wider.
@@ -37,11 +31,13 @@ renames after a fresh look: still no link followed, only the race window is wide
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
 import stat
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -156,27 +152,14 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
 
 # --- renames ------------------------------------------------------------------------------
 
-_renameat2: Optional[Callable[..., int]] = None
-
-
 def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
     """renameat2 within one dir; NotImplementedError where the kernel, libc or file system
     lacks it (the caller then takes the plain-rename path)."""
-    global _renameat2
-    if _renameat2 is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = getattr(libc, "renameat2", None)
-        if func is None:
-            raise NotImplementedError("renameat2 is not in this libc")
-        func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                         ctypes.c_uint]
-        _renameat2 = func
-    if _renameat2(parent_fd, os.fsencode(old), parent_fd, os.fsencode(new), flags) == 0:
+    func = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if func is None:
+        raise NotImplementedError("renameat2 is not in this libc")
+    if func(parent_fd, os.fsencode(old), parent_fd, os.fsencode(new), flags) == 0:
         return
-    import ctypes
-
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL):
         raise NotImplementedError(os.strerror(err))
@@ -261,12 +244,11 @@ class Made(NamedTuple):
 
 def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
                acceptable: Callable[[Entry], bool], replace: bool = True) -> Made:
-    """Make ``name`` a real dir with ``mode`` and ``uid``:``gid``. A dir that is
-    ``acceptable`` is kept (owner and mode set through its fd); anything else there is
-    swapped out for a fresh dir in one step and left beside it under a random name.
-    With ``replace`` False nothing is swapped out: a missing name is still made, but
-    anything else than an acceptable dir is left as it is (UnsafePath naming it), for a
-    caller that must not pull a dir from under a daemon that runs in it."""
+    """Make ``name`` a real dir with ``mode`` and ``uid``:``gid``. An ``acceptable`` dir is
+    kept (owner and mode set through its fd); anything else is swapped out for a fresh
+    dir in one step and left beside it under a random name. With ``replace`` False (a
+    daemon may run in it) nothing is swapped: only a missing name is made, anything else
+    is left as it is (UnsafePath naming it)."""
     if "/" in name or name in ("", ".", ".."):
         raise UnsafePath(errno.EINVAL, f"{name!r} is not a plain directory name")
     for _ in range(TRIES):
@@ -332,13 +314,11 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
 
 def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable[int]] = None
                 ) -> List[str]:
-    """Remove ``name`` and whatever it holds, following no link. With ``owners``, only an
-    entry one of them owns is removed. Before anything inside is touched, each dir is made
-    root's (ours) and 0700 through its fd: its user can then neither add, rename nor swap
-    anything in it, even from a shell already inside. At most ``MAX_DEPTH`` dirs are open
-    at once and ``MAX_ENTRIES`` entries removed; the walk stays on the top dir's file
-    system. Returns the problems: none, or ONE line naming the first thing that stopped
-    it and a command an admin can run."""
+    """Remove ``name`` and whatever it holds, following no link; with ``owners``, only an
+    entry one of them owns. Each dir is made root's 0700 through its fd before anything
+    inside is touched, so its user cannot add, rename or swap anything, even from a shell
+    inside. Bounded by ``MAX_DEPTH`` open dirs, ``MAX_ENTRIES`` entries and the top dir's
+    file system. Returns no problem, or ONE line naming the first and a command to run."""
     entry = look(parent_fd, name)
     if entry.kind == "missing":
         return []
@@ -381,13 +361,13 @@ def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable
 MAX_ENTRIES = 100000  # a job's MPS dirs hold a handful; more is a user filling them
 
 
+@dataclass
 class _Walk:
     """One removal's budget and its first problem ("" while there is none)."""
 
-    def __init__(self, dev: int) -> None:
-        self.dev = dev
-        self.count = 0
-        self.problem = ""
+    dev: int
+    count: int = 0
+    problem: str = ""
 
 
 def _left(shown: str, why: str) -> str:
@@ -409,7 +389,7 @@ def _seize(fd: int) -> None:
         pass
 
 
-def _listing(fd: int, room: int) -> List[Tuple[str, bool]]:
+def _listing(fd: int, room: float = float("inf")) -> List[Tuple[str, bool]]:
     """(name, is a dir) of at most ``room`` entries of the dir (lstat-like: never follows)."""
     dup = os.dup(fd)  # scandir(fd) rewinds the offset on close: use a copy
     found: List[Tuple[str, bool]] = []
@@ -491,16 +471,14 @@ def remove_entries(dir_fd: int, names: Iterable[str]) -> Tuple[List[str], List[s
 
 def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str = "/"
                ) -> List[str]:
-    """Before a daemon that opens ``names`` in dir ``path`` (its log dir) starts: each
-    must be missing or a regular file of one of ``uids`` (the daemon's user) with one
-    link, or the daemon would append to whatever it leads to (a link to /etc/shadow, a
-    hard link, a FIFO that blocks it) or go on with a log another user forged. Anything
-    else is put out of the way, never followed: a symlink is unlinked (removing a link
-    touches nothing it points to), any other entry renamed within the dir to
-    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``), kept for the admin. The dir
-    is reached by the walk (its parents guarded) and is itself never followed. Returns
-    one line per entry moved or removed, naming what it was and its owner; OSError (or
-    UnsafePath) when the dir cannot be reached."""
+    """Before a daemon that opens ``names`` in its log dir ``path`` starts: each must be
+    missing or a regular file of one of ``uids`` with one link, or the daemon would append
+    to whatever it leads to (a link to /etc/shadow, a hard link, a blocking FIFO) or go on
+    with a forged log. Anything else is put out of the way, never followed: a symlink is
+    unlinked (its target untouched), any other entry renamed within the dir to
+    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``) for the admin. The dir is
+    reached by the guarded walk, itself never followed. Returns one line per entry moved
+    or removed; OSError (or UnsafePath) when the dir cannot be reached."""
     wanted = set(uids)
     parent, name = split(path)
     pfd = open_dir(parent, root)
@@ -537,12 +515,7 @@ def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str =
 
 
 def list_names(dir_fd: int) -> List[str]:
-    dup = os.dup(dir_fd)  # scandir(fd) closes nothing, but rewinds: use a copy
-    try:
-        with os.scandir(dup) as it:
-            return sorted(e.name for e in it)
-    finally:
-        os.close(dup)
+    return sorted(name for name, _ in _listing(dir_fd))
 
 
 def owned_dir(path: str, uid: int) -> bool:

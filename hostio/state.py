@@ -1,10 +1,7 @@
-"""What the deep checks remember between runs: small JSON files under ``state_dir``.
-
-Read and written only by the probes that gather (never by checks, never in replay),
-under an flock so the exporter, slurmd's health check and a human's run take turns.
-A file that cannot be read or decoded starts the memory afresh, with one line saying
-why; a state dir that cannot be written (not root) makes each run start from nothing,
-which costs accuracy (no offsets, no history), never correctness of what is reported.
+"""What the deep checks remember between runs: small JSON files under ``state_dir``,
+used by the probes that gather (never by checks or replay) under an flock. A file that
+cannot be read starts the memory afresh, with one line saying why; a state dir that
+cannot be written (not root) costs accuracy (no history), never correctness.
 """
 
 from __future__ import annotations
