@@ -70,24 +70,20 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
         return (), f"job records not read: {state_dir}: {e.strerror}"
     path = os.path.join(state_dir, NAME + ".json")
     try:
-        try:
-            fd, st = open_regular(NAME + ".json", dfd)
-        except FileNotFoundError:
-            return (), ""
-        except OSError as e:
-            return (), f"job records not read: {path}: {e.strerror or e} (a link or not a file?)"
-        try:
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return (), (f"job records not read: {path} is owned by uid {st.st_uid} with "
-                            f"mode {stat.S_IMODE(st.st_mode):04o}: only root's own file is "
-                            "trusted")
-            if st.st_size > MAX_BYTES:
-                return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
-            raw = read_upto(fd, MAX_BYTES, st.st_size)
-        finally:
-            os.close(fd)
+        fd, st = open_regular(NAME + ".json", dfd)
+    except FileNotFoundError:
+        return (), ""
+    except OSError as e:
+        return (), f"job records not read: {path}: {e.strerror or e} (a link or not a file?)"
     finally:
         os.close(dfd)
+    try:
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return (), (f"job records not read: {path} is owned by uid {st.st_uid} with "
+                        f"mode {stat.S_IMODE(st.st_mode):04o}: only root's own file is trusted")
+        raw = read_upto(fd, MAX_BYTES, st.st_size)  # at most one byte too many
+    finally:
+        os.close(fd)
     if len(raw) > MAX_BYTES:
         return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
     try:

@@ -88,8 +88,7 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
 
 def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
     """The records (read only, no lock: the file is replaced atomically), and any error."""
-    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (),
-                                                   globals())
+    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (), globals())
     return keep(records, time.time()), error
 
 
@@ -150,13 +149,12 @@ def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5
     """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
     now = time.time()
     state = StateFile(state_dir, ACKS)
-    if not state.lock(time.monotonic() + wait_s):
-        return f"not acknowledged: {state.error}"
-    try:
+
+    def changed() -> Tuple[Ack, ...]:
         old, _ = state.load("Tuple[Ack, ...]", (), globals())
-        problem = state.save(keep_acks((*old, Ack(code, instance, now)), now))
-    finally:
-        state.unlock()
+        return keep_acks((*old, Ack(code, instance, now)), now)
+
+    problem = state.update(wait_s, changed)
     return f"not acknowledged: {problem}" if problem else ""
 
 

@@ -31,6 +31,7 @@ renames after a fresh look: still no link followed, only the race window is wide
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -64,12 +65,12 @@ class Entry(NamedTuple):
     dev_ino: Tuple[int, int] = (0, 0)
 
 
+KINDS = {stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFREG: "file",
+         stat.S_IFSOCK: "socket", stat.S_IFIFO: "fifo"}
+
+
 def kind_of(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"), (stat.S_ISREG, "file"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISFIFO, "fifo")):
-        if test(mode):
-            return name
-    return "other"
+    return KINDS.get(stat.S_IFMT(mode), "other")
 
 
 def look(parent_fd: int, name: str) -> Entry:
@@ -286,10 +287,8 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
         finally:
             if not placed:
                 os.close(fd)
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(tmp, dir_fd=parent_fd)
-                except OSError:
-                    pass
     raise UnsafePath(errno.EAGAIN, f"{name}: replaced {TRIES} times while we made it")
 
 
@@ -299,10 +298,8 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
     rename onto a non-empty dir or a non-dir fails, so nothing planted is adopted)."""
     aside = None
     if entry.kind != "missing":
-        try:
+        with contextlib.suppress(FileNotFoundError):
             aside = (move_aside(parent_fd, name), entry)
-        except FileNotFoundError:
-            pass
     try:
         os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
     except OSError as e:
@@ -322,11 +319,10 @@ def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable
     entry = look(parent_fd, name)
     if entry.kind == "missing":
         return []
-    if owners is not None:
-        allowed = set(owners)
-        if entry.uid not in allowed:
-            return [f"{shown} is owned by uid {entry.uid}, not by uid "
-                    f"{'/'.join(map(str, sorted(allowed)))}: left alone"]
+    allowed = None if owners is None else sorted(set(owners))
+    if allowed is not None and entry.uid not in allowed:
+        return [f"{shown} is owned by uid {entry.uid}, not by uid "
+                f"{'/'.join(map(str, allowed))}: left alone"]
     if entry.kind != "dir":
         try:
             os.unlink(name, dir_fd=parent_fd)  # a link is unlinked, its target untouched
@@ -381,12 +377,10 @@ def _left(shown: str, why: str) -> str:
 def _seize(fd: int) -> None:
     """Make the dir root's and 0700 through its fd, so its user can no longer change what
     is in it while we empty it (best effort: an unprivileged run removes what it may)."""
-    try:
+    with contextlib.suppress(OSError):
         if os.geteuid() == 0:
             os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o700)
-    except OSError:
-        pass
 
 
 def _listing(fd: int, room: float = float("inf")) -> List[Tuple[str, bool]]:
@@ -412,41 +406,30 @@ def _empty(fd: int, walk: _Walk, depth: int, where: str) -> None:
         if walk.count > MAX_ENTRIES:
             walk.problem = f"more than {MAX_ENTRIES} entries"
             return
-        if not is_dir:
-            try:
-                os.unlink(child, dir_fd=fd)  # unlink never follows a link
-                continue
-            except FileNotFoundError:
-                continue
-            except IsADirectoryError:
-                pass  # a dir now (only root can change a seized dir): walk it below
-            except OSError as e:
-                walk.problem = f".{sub}: {e.strerror}"
-                return
-        if depth >= MAX_DEPTH:
-            walk.problem = f"nested more than {MAX_DEPTH} deep at .{sub}"
-            return
         try:
+            if not is_dir:
+                try:
+                    os.unlink(child, dir_fd=fd)  # unlink never follows a link
+                    continue
+                except IsADirectoryError:
+                    pass  # a dir now (only root can change a seized dir): walk it below
+            if depth >= MAX_DEPTH:
+                walk.problem = f"nested more than {MAX_DEPTH} deep at .{sub}"
+                return
             cfd = os.open(child, DIR_FLAGS, dir_fd=fd)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            walk.problem = f".{sub}: {e.strerror}"
-            return
-        try:
-            if os.fstat(cfd).st_dev != walk.dev:
-                walk.problem = f".{sub} is another file system mounted there: unmount it first"
+            try:
+                if os.fstat(cfd).st_dev != walk.dev:
+                    walk.problem = f".{sub} is another file system mounted there: unmount it first"
+                    return
+                _seize(cfd)
+                _empty(cfd, walk, depth + 1, sub)
+            finally:
+                os.close(cfd)
+            if walk.problem:
                 return
-            _seize(cfd)
-            _empty(cfd, walk, depth + 1, sub)
-        finally:
-            os.close(cfd)
-        if walk.problem:
-            return
-        try:
             os.rmdir(child, dir_fd=fd)
         except FileNotFoundError:
-            pass
+            continue
         except OSError as e:
             walk.problem = f".{sub}: {e.strerror}"
             return
@@ -501,14 +484,12 @@ def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str =
             try:
                 if kind == "symlink":
                     os.unlink(file, dir_fd=fd)
-                    done.append(f"{path}/{file} was {what}, not the daemon's log: removed "
-                                "the link (its target untouched)")
+                    how = "removed the link (its target untouched)"
                 else:
-                    new = move_aside(fd, file, f".{file}", "foreign")
-                    done.append(f"{path}/{file} was {what}, not the daemon's log: moved "
-                                f"aside to {path}/{new}")
+                    how = f"moved aside to {path}/{move_aside(fd, file, f'.{file}', 'foreign')}"
             except FileNotFoundError:
                 continue  # gone meanwhile: the daemon makes its own
+            done.append(f"{path}/{file} was {what}, not the daemon's log: {how}")
         return done
     finally:
         os.close(fd)
