@@ -43,8 +43,6 @@ GONE_STATES = ("Z", "X")
 STOPPED_STATES = ("T", "t")
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
-ROLES = {CONTROL: "control", SERVER: "server"}
-DAEMON_FLAGS = ("-d", "-f")  # background, foreground: the two ways to run the daemon
 
 
 class Binary(NamedTuple):
@@ -64,8 +62,8 @@ def role_of(cmdline: Sequence[str]) -> str:
     """"control" (a daemon), "client", "server" or "unknown", by the command line."""
     if not cmdline:
         return "unknown"
-    role = ROLES.get(os.path.basename(cmdline[0]), "unknown")
-    if role == "control" and not any(a in DAEMON_FLAGS for a in cmdline[1:]):
+    role = {CONTROL: "control", SERVER: "server"}.get(os.path.basename(cmdline[0]), "unknown")
+    if role == "control" and not {"-d", "-f"} & set(cmdline[1:]):  # background, foreground
         return "client"
     return role
 

@@ -67,10 +67,7 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         elapsed = time.monotonic() - started
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read(1 << 20).decode("utf-8", "replace"))
+        texts = [os.pread(f.fileno(), 1 << 20, 0).decode("utf-8", "replace") for f in (out, err)]
     return Completed(list(argv), None if timed_out else proc.returncode, texts[0], texts[1],
                      elapsed, timed_out)
 

@@ -28,9 +28,8 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from mps_health.hostio.resources import STARVED, OutOfResources, starved_line
 
-# The PATH root's commands are found on and daemons and job commands are started with:
-# slurmd gives its programs and hooks an almost empty environment, and a user's PATH is
-# never trusted. Only root-owned system dirs.
+# The PATH (root-owned system dirs only) of root's commands, daemons and job commands:
+# slurmd gives its hooks an almost empty environment, and a user's PATH is never trusted.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # The commands started and not yet reaped: a run abandoned at its hard limit kills those it
@@ -41,8 +40,7 @@ _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p,
                 None)
 
 LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
-# How often a wait wakes up to notice a command that exited with its pipes held open.
-POLL_S = 0.05
+POLL_S = 0.05  # how often a wait wakes up to notice one that exited, its pipes held open
 # A person at a terminal is told what a run waits for once a command has run this long
 # (the ``waiting`` callback of wait_all); a healthy daemon answers in milliseconds.
 WAITING_AFTER_S = 1.0
@@ -50,17 +48,13 @@ WAITING_AFTER_S = 1.0
 
 def _resolve(name: str, env: Mapping[str, str]) -> str:
     """``name`` as execvp would find it; FileNotFoundError/PermissionError as it would."""
-    if "/" in name:
-        candidates = [name]
-    else:
-        candidates = [os.path.join(d or ".", name)
-                      for d in env.get("PATH", os.defpath).split(os.pathsep)]
+    paths = [name] if "/" in name else [
+        os.path.join(d or ".", name) for d in env.get("PATH", os.defpath).split(os.pathsep)]
     denied = False
-    for path in candidates:
-        if os.path.isfile(path):
-            if os.access(path, os.X_OK):
-                return path
-            denied = True
+    for path in filter(os.path.isfile, paths):
+        if os.access(path, os.X_OK):
+            return path
+        denied = True
     if denied:
         raise PermissionError(13, "Permission denied", name)
     raise FileNotFoundError(2, "No such file or directory", name)
@@ -68,10 +62,9 @@ def _resolve(name: str, env: Mapping[str, str]) -> str:
 
 def dies_with_us(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     """``argv`` wrapped so the kernel kills it when the thread that starts it dies."""
-    path = _resolve(argv[0], env)
-    if _SETPRIV is None:  # no util-linux: the deadline's group kill is all there is
-        return [path, *argv[1:]]
-    return [_SETPRIV, "--pdeathsig", "KILL", "--", path, *argv[1:]]
+    # Without util-linux's setpriv the deadline's group kill is all there is.
+    wrap = [] if _SETPRIV is None else [_SETPRIV, "--pdeathsig", "KILL", "--"]
+    return [*wrap, _resolve(argv[0], env), *argv[1:]]
 
 
 class Completed(NamedTuple):

@@ -96,15 +96,6 @@ def _others_can_swap(st: os.stat_result) -> bool:
     return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
 
 
-def _check_component(st: os.stat_result, shown: str) -> None:
-    if st.st_uid not in (0, os.geteuid()):
-        raise UnsafePath(errno.EPERM, f"{shown} is owned by uid {st.st_uid}: another user "
-                         "could replace what is inside it")
-    if _others_can_swap(st):
-        raise UnsafePath(errno.EPERM, f"{shown} is writable by others without the sticky bit "
-                         f"(mode {stat.S_IMODE(st.st_mode):04o})")
-
-
 def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
     """An fd on directory ``path`` (absolute, as configured) under ``root``, reached by the
     rules above; UnsafePath with one line otherwise. The caller closes the fd."""
@@ -143,8 +134,13 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
             os.close(fd)
             fd = nfd
             walked += "/" + name
-            if guard:
-                _check_component(os.fstat(fd), walked)
+            at = os.fstat(fd) if guard else None
+            if at is not None and at.st_uid not in (0, os.geteuid()):
+                raise UnsafePath(errno.EPERM, f"{walked} is owned by uid {at.st_uid}: another "
+                                 "user could replace what is inside it")
+            if at is not None and _others_can_swap(at):
+                raise UnsafePath(errno.EPERM, f"{walked} is writable by others without the "
+                                 f"sticky bit (mode {stat.S_IMODE(at.st_mode):04o})")
         return fd
     except BaseException:
         os.close(fd)
