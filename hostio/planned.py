@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from mps_health.hostio.state import StateFile
 from mps_health.model.facts_deep import Ack, PlannedRestart
@@ -74,16 +74,20 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
            daemon_start: Optional[int] = None, wait_s: float = 2.0) -> str:
     """Add a record, waiting up to ``wait_s`` for the lock; '' or one line saying why it
     could not be kept."""
-    now = time.time()
-    state = StateFile(state_dir, NAME)
-
-    def changed() -> Tuple[PlannedRestart, ...]:
-        old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
-        new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
-        return keep((*old, new), now)
-
-    problem = state.update(wait_s, changed)
+    new = PlannedRestart(os.path.normpath(pipe_dir), time.time(), daemon_pid, daemon_start, by)
+    problem = _add(StateFile(state_dir, NAME), "Tuple[PlannedRestart, ...]", new, keep, wait_s)
     return f"planned restart not recorded: {problem}" if problem else ""
+
+
+def _add(state: StateFile, value_type: str, new: T,
+         keep_new: Callable[[Sequence[T], float], Tuple[T, ...]], wait_s: float) -> str:
+    """Save ``new`` with the kept old ones under the file's lock; '' or why not."""
+
+    def changed() -> Tuple[T, ...]:
+        old, _ = state.load(value_type, (), globals())
+        return keep_new((*old, new), new.at)
+
+    return state.update(wait_s, changed)
 
 
 def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
@@ -147,14 +151,8 @@ def keep_acks(records: Sequence[Ack], now: float) -> Tuple[Ack, ...]:
 
 def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5.0) -> str:
     """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
-    now = time.time()
-    state = StateFile(state_dir, ACKS)
-
-    def changed() -> Tuple[Ack, ...]:
-        old, _ = state.load("Tuple[Ack, ...]", (), globals())
-        return keep_acks((*old, Ack(code, instance, now)), now)
-
-    problem = state.update(wait_s, changed)
+    new = Ack(code, instance, time.time())
+    problem = _add(StateFile(state_dir, ACKS), "Tuple[Ack, ...]", new, keep_acks, wait_s)
     return f"not acknowledged: {problem}" if problem else ""
 
 

@@ -179,10 +179,9 @@ def move_aside(parent_fd: int, name: str, called: Optional[str] = None,
         except FileExistsError:
             continue
         except NotImplementedError:
-            if look(parent_fd, new).kind != "missing":
-                continue
-            os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-            return new
+            if look(parent_fd, new).kind == "missing":
+                os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                return new
     raise OSError(errno.EEXIST, f"no free name to move {name} aside")
 
 
@@ -223,12 +222,11 @@ def _fresh(parent_fd: int, name: str, mode: int, uid: int, gid: int) -> Tuple[in
         except FileExistsError:
             continue
         fd = _open_as_seen(parent_fd, tmp, look(parent_fd, tmp))
-        if fd is None or os.fstat(fd).st_uid != os.geteuid():
-            if fd is not None:
-                os.close(fd)
-            continue  # swapped under us: leave it, take another name
-        set_owner_mode(fd, mode, uid, gid)
-        return fd, tmp
+        if fd is not None and os.fstat(fd).st_uid == os.geteuid():
+            set_owner_mode(fd, mode, uid, gid)
+            return fd, tmp
+        if fd is not None:
+            os.close(fd)  # swapped under us: leave it, take another name
     raise OSError(errno.EEXIST, f"no free name to create {name} under")
 
 
