@@ -100,13 +100,10 @@ def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now:
             daemon_pid: Optional[int], daemon_start: Optional[int]) -> bool:
     """Was the daemon change seen between ``since`` and ``now`` made by us?"""
     pipe_dir = os.path.normpath(pipe_dir)
-    for r in records:
-        if r.pipe_dir != pipe_dir or not since <= r.at <= now:
-            continue
-        if r.daemon_pid is None or (r.daemon_pid, r.daemon_start) == (daemon_pid,
-                                                                      daemon_start):
-            return True
-    return False
+    return any(r.pipe_dir == pipe_dir and since <= r.at <= now
+               and (r.daemon_pid is None
+                    or (r.daemon_pid, r.daemon_start) == (daemon_pid, daemon_start))
+               for r in records)
 
 
 def servers_ended(records: Sequence[PlannedRestart], pipe_dir: str, since: float,

@@ -91,9 +91,8 @@ def _candidates(command: str, dirs: Sequence[str]) -> List[str]:
 
 def binaries_of(control: str, server: Optional[str] = None,
                 dirs: Sequence[str] = MPS_BINARY_DIRS) -> Binaries:
-    """The configured binaries: ``control`` as configured (a name: found in ``dirs``), and
-    ``server`` if configured, else the ``nvidia-cuda-mps-server`` beside each control and
-    in ``dirs`` (Debian's package puts the control in /usr/bin, the server in /usr/sbin)."""
+    """The configured binaries: ``control`` (a name: found in ``dirs``), and ``server`` if
+    configured, else the ``nvidia-cuda-mps-server`` beside each control and in ``dirs``."""
     controls = [b for b in map(_binary, _candidates(control, dirs)) if b is not None]
     if server:
         servers = [_binary(p) for p in _candidates(server, dirs)]
@@ -112,8 +111,7 @@ def binaries_for(config: Config) -> Binaries:
 
 
 def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
-    """The file ``command`` runs: itself if an absolute path, else the first executable
-    ``command`` in ``dirs``; None when there is none."""
+    """The first executable file ``command`` names (``_candidates``); None if none."""
     for path in _candidates(command, dirs):
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path

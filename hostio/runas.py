@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mps_health.hostio.runner import SAFE_PATH, Completed, RunAs
+from mps_health.hostio.runner import SAFE_PATH, Completed, RunAs, start_error
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
@@ -52,12 +52,8 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=out, stderr=err,
                                     env=dict(env) if env is not None else None,
                                     start_new_session=True, close_fds=True, **drop)
-        except FileNotFoundError:
-            return _failed(argv, f"{argv[0]}: command not found")
-        except PermissionError:
-            return _failed(argv, f"{argv[0]}: permission denied")
         except (OSError, subprocess.SubprocessError) as e:
-            return _failed(argv, f"{argv[0]}: cannot run: {getattr(e, 'strerror', None) or e}")
+            return Completed(list(argv), None, "", "", 0.0, exec_error=start_error(argv[0], e))
         timed_out = False
         try:
             proc.communicate((stdin or "").encode(), timeout=timeout_s)
@@ -70,7 +66,3 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
         texts = [os.pread(f.fileno(), 1 << 20, 0).decode("utf-8", "replace") for f in (out, err)]
     return Completed(list(argv), None if timed_out else proc.returncode, texts[0], texts[1],
                      elapsed, timed_out)
-
-
-def _failed(argv: Sequence[str], why: str) -> Completed:
-    return Completed(list(argv), None, "", "", 0.0, exec_error=why)

@@ -87,6 +87,15 @@ class RunAs(NamedTuple):
     umask: int = 0o022
 
 
+def start_error(name: str, e: Exception) -> str:
+    """The one line saying why command ``name`` could not start."""
+    if isinstance(e, FileNotFoundError):
+        return f"{name}: command not found"
+    if isinstance(e, PermissionError):
+        return f"{name}: permission denied"
+    return f"{name}: cannot run: {getattr(e, 'strerror', None) or e}"
+
+
 def _taken(proc: subprocess.Popen[bytes], timeout_s: float) -> Tuple[bytes, bytes]:
     """What ``proc`` wrote, read for at most ``timeout_s`` more: all of it once its pipes
     closed, what came so far while something still holds them."""
@@ -120,16 +129,10 @@ class Pending:
                 as_user = RunAs(user if user is not None else os.getuid(),
                                 group if group is not None else os.getgid())
             self._start(stdin or "", env, as_user)
-        except FileNotFoundError:
-            self.error = f"{self.argv[0]}: command not found"
-        except PermissionError:
-            self.error = f"{self.argv[0]}: permission denied"
-        except OSError as e:
-            self.error = f"{self.argv[0]}: cannot run: {e.strerror}"
-            if e.errno in STARVED:
+        except (OSError, subprocess.SubprocessError) as e:
+            self.error = start_error(self.argv[0], e)
+            if isinstance(e, OSError) and e.errno in STARVED:
                 self.starved = (e.errno, e.strerror or "")
-        except subprocess.SubprocessError as e:
-            self.error = f"{self.argv[0]}: cannot run: {e}"
         if self.pid is not None:
             _LIVE.add(self)
 
@@ -227,13 +230,10 @@ def _collector(p: Pending, deadline: float) -> Optional[threading.Thread]:
 def wait_all(pending: Sequence[Pending], deadline: float,
              waiting: Optional[Callable[[List[Pending]], None]] = None) -> List[Completed]:
     """Collect several commands against one deadline, killing what still runs there.
-
-    ``waiting``, if given, is called once with the commands still running when the first
-    of them has run ``WAITING_AFTER_S`` (and the deadline is not yet there).
-    """
+    ``waiting``, if given, is called once with those still running when the first has run
+    ``WAITING_AFTER_S`` (before the deadline)."""
     todo = [p for p in pending if p.proc is not None and not p.collected]
-    # The first is collected in this thread, unless someone must be told what a long
-    # wait is for meanwhile.
+    # The first is collected in this thread, unless someone must be told of a long wait.
     here = todo[:1] if waiting is None else []
     helpers = [(p, _collector(p, deadline)) for p in todo[len(here):]]
     threads = [t for _, t in helpers if t is not None]

@@ -254,8 +254,7 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
                 continue  # replaced between look and open: judge again
             return Made(fd, False, None, tuple(set_owner_mode(fd, mode, uid, gid)))
         if not replace and entry.kind != "missing":
-            what = f"a dir owned by uid {entry.uid}" if entry.kind == "dir" else \
-                f"a {entry.kind}"
+            what = f"a {entry.kind}" if entry.kind != "dir" else f"a dir owned by uid {entry.uid}"
             raise UnsafePath(errno.EEXIST, f"{name} is now {what}: left as it is")
         fd, tmp = _fresh(parent_fd, name, mode, uid, gid)
         placed = False

@@ -64,9 +64,8 @@ class StateFile:
             self._lock.release()
 
     def update(self, wait_s: float, change: Callable[[], Any]) -> str:
-        """Save ``change()`` under the lock, waiting up to ``wait_s`` for it (``change``
-        reads what is saved itself, under the lock); '' or why not. The state dir is made
-        (0755) when missing: the Prolog may be the first to keep something."""
+        """Save ``change()`` (which reads the old value itself) under the lock, waiting up
+        to ``wait_s``; '' or why not. A missing state dir is made (0755) for the Prolog."""
         try:
             os.makedirs(self.dir, mode=0o755, exist_ok=True)
         except OSError as e:

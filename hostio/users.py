@@ -43,9 +43,8 @@ def _uid_by_name(name: str) -> int:
 
 
 def uid_of(spec: str) -> Optional[int]:
-    """The uid a user name or number names; None if nobody. A name found is kept for
-    the process (each check asks for the daemon's user, and every lookup reads the
-    passwd file anew); a name not found is asked again, as it may be added meanwhile."""
+    """The uid a user name or number names; None if nobody. A name found is kept for the
+    process (each lookup reads the passwd file anew); one not found is asked again."""
     if spec.isdigit():
         return int(spec)
     try:
