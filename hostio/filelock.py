@@ -101,11 +101,9 @@ def node_lock(run_dir: str, name: str = "remediate") -> FileLock:
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(fd))
     except OSError:
         return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(fd: int) -> str:
