@@ -1,19 +1,16 @@
-"""File locks: the one flock loop of mps-health (remediation, the health check, the
-probes' state files, queries to one pipe dir).
+"""File locks: the one flock loop of mps-health.
 
-A lock is a file under a root-owned dir (``run_dir``, ``state_dir``), opened
-``O_NOFOLLOW`` and flocked; waiting is bounded by a deadline, never forever. The lock
-dies with its process (closing the fd drops it): no stale lock to clean after a crash.
-The holder may write who it is into the file, so a waiter can name it.
-
-A lock named after something users create (one per pipe dir) would pile up forever, so
-such a lock is made ``transient``: its holder removes the file before letting go. A
-waiter that then wins the flock on the removed file notices (the path no longer names
-the file it holds) and starts over on the new one, so two holders never overlap.
+A lock is a file under a root-owned dir, opened ``O_NOFOLLOW`` and flocked; waiting is
+bounded by a deadline. The lock dies with its process (no stale lock after a crash);
+the holder may write who it is into the file, so a waiter can name it. A lock named
+after something users create (one per pipe dir) is ``transient``: its holder removes
+the file before letting go, and a waiter that then wins the flock on the removed file
+notices and starts over on the new one, so two holders never overlap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -51,12 +48,10 @@ class FileLock:
                 break
             os.close(fd)  # its holder removed it while we waited: take the new one
         if what:  # a note for waiters; a full disk loses the note, never the lock
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
                 os.write(fd, f"pid {os.getpid()}: {what}, since "
                          f"{time.strftime('%H:%M:%S')}\n".encode())
-            except OSError:
-                pass
         self.fd = fd
         return True
 
@@ -85,10 +80,8 @@ class FileLock:
     def release(self) -> None:
         if self.fd is not None:
             if self.transient:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(self.path)  # still ours: we hold the flock on this very file
-                except OSError:
-                    pass
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
@@ -108,11 +101,9 @@ def node_lock(run_dir: str, name: str = "remediate") -> FileLock:
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(fd))
     except OSError:
         return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(fd: int) -> str:

@@ -1,21 +1,14 @@
 """Which per-job dirs are ours: what the Prolog made, for which job and which user.
 
-A per-job dir lives in a public sticky dir (``/tmp``), where anyone can make a dir named
-like any job's, back-date it and start a process in it. A name proves nothing, so the
-Prolog records each job it sets up in ``state_dir/jobs.json`` (root's): the job id, the
-job's uid as Slurm gave it to the Prolog, and the dirs it made. The Epilog drops the
-record once those dirs are gone; ``remediate orphans`` does the same after removing
-them. The orphans check and ``remediate orphans`` judge a leftover dir only when the
-record names it and it belongs to the recorded uid (or to root: the Prolog made it, or
-a removal that stopped half-way left it root's). Anything else named like a job is not
-an orphan of ours: never CRITICAL, never removed by root (``ours`` is the one rule).
-
-The file is bounded (``MAX_RECORDS`` jobs, ``MAX_DIRS`` dirs each, ``MAX_BYTES``),
-written by ``state.StateFile`` (flock, random ``O_EXCL`` temp name, rename), and read
-only when it is a regular file (no link followed) in a dir walked by ``safedirs``
-(root's or ours, not writable by others), owned by root or us and writable by no one
-else: a file anyone else could have written is ignored, with one line saying why.
-Recording is best effort for the hooks: a failure is one line to log, never fatal.
+Anyone can make a dir in ``/tmp`` named like any job's, so a name proves nothing: the
+Prolog records each job in ``state_dir/jobs.json`` (the job id, its uid as Slurm gave
+it, the dirs made); the Epilog and ``remediate orphans`` drop the record once those
+dirs are gone. A leftover dir is judged only when the record names it and it belongs to
+the recorded uid or root (``ours``, the one rule); anything else is never CRITICAL,
+never removed by root. The file is bounded (``MAX_RECORDS``, ``MAX_DIRS``, ``MAX_BYTES``),
+written by ``state.StateFile``, and read only when a regular file (no link followed) in
+a dir walked by ``safedirs``, owned by root or us and writable by no one else. Recording
+is best effort for the hooks: a failure is one line to log, never fatal.
 """
 
 from __future__ import annotations
@@ -77,24 +70,20 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
         return (), f"job records not read: {state_dir}: {e.strerror}"
     path = os.path.join(state_dir, NAME + ".json")
     try:
-        try:
-            fd, st = open_regular(NAME + ".json", dfd)
-        except FileNotFoundError:
-            return (), ""
-        except OSError as e:
-            return (), f"job records not read: {path}: {e.strerror or e} (a link or not a file?)"
-        try:
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return (), (f"job records not read: {path} is owned by uid {st.st_uid} with "
-                            f"mode {stat.S_IMODE(st.st_mode):04o}: only root's own file is "
-                            "trusted")
-            if st.st_size > MAX_BYTES:
-                return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
-            raw = read_upto(fd, MAX_BYTES, st.st_size)
-        finally:
-            os.close(fd)
+        fd, st = open_regular(NAME + ".json", dfd)
+    except FileNotFoundError:
+        return (), ""
+    except OSError as e:
+        return (), f"job records not read: {path}: {e.strerror or e} (a link or not a file?)"
     finally:
         os.close(dfd)
+    try:
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return (), (f"job records not read: {path} is owned by uid {st.st_uid} with "
+                        f"mode {stat.S_IMODE(st.st_mode):04o}: only root's own file is trusted")
+        raw = read_upto(fd, MAX_BYTES, st.st_size)  # at most one byte too many
+    finally:
+        os.close(fd)
     if len(raw) > MAX_BYTES:
         return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
     try:

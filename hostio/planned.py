@@ -1,41 +1,35 @@
 """Restarts mps-health makes itself: recorded so that only unplanned ones warn.
 
-``remediate reset`` (quit, end, start; recorded before it acts and once it started a
-daemon), ``unit prepare``/``unit stop`` (the systemd unit
-starting or stopping its daemon) and the Slurm Prolog starting a job's daemon all change
-an instance's control daemon on purpose. Each records it here; the servers check then
-does not report that change as ``daemon-restarted`` ("its clients lost MPS"), which
-would raise an alarm for every careful repair.
+``remediate reset`` (recorded before it acts and once it started a daemon), ``unit
+prepare``/``unit stop`` and the Slurm Prolog change an instance's control daemon on
+purpose. Each records it here, so the servers check does not report the change as
+``daemon-restarted``, an alarm for every careful repair.
 
 ``state_dir/planned.json`` holds the newest ``MAX_RECORDS`` records of the last
-``KEEP_S`` seconds, written by ``state.StateFile`` (flock, atomic write). A record names
-the pipe dir and, where the caller knows it, the daemon it started (pid, start time):
-then only that daemon's appearance is excused; without one (unit stop, a quit) any
-change of the daemon between the run before the record and the run after it is.
-Recording is best effort: a failure is one line for the caller to show, never fatal.
+``KEEP_S`` seconds (``state.StateFile``: flock, atomic write). A record names the pipe
+dir and, where known, the daemon started (pid, start time): then only that daemon's
+appearance is excused; without one (unit stop, a quit) any change of the daemon between
+the run before the record and the run after it is. Recording is best effort: a failure
+is one line for the caller to show, never fatal.
 
-Servers are the daemon's: an action that ends the daemon (``ENDS_SERVERS``: a reset's
-quit and end, a unit stop, the Epilog's or an undone Prolog's tear-down) ends every
-server it runs, so a server lost between the run before such a record and the run after
-it is no ``server-churn``, whatever clients it leaves. And a reset is the repair the
-servers check's events ask for: once it started a daemon that answers, what was reported
-of the instance before it (restarts, churn) is answered (``repaired_at``), and only what
-happens after it is reported.
+An action that ends the daemon (``ENDS_SERVERS``) ends every server it runs, so a server
+lost across such a record is no ``server-churn``. A reset that started a daemon that
+answers is the repair the servers check's events ask for: what was reported of the
+instance before it is answered (``repaired_at``).
 
-An event that no action of ours explains and that needs no repair (a person restarted
-the daemon by hand, on purpose) is acknowledged by an operator, ``mps-health ack CODE
-[INSTANCE]``: the events of that code (on that instance, or on every one) up to the ack
-are no longer reported, and the next one is. ``state_dir/acks.json`` holds the newest
-``MAX_ACKS`` acks of the last ``KEEP_S`` seconds, kept as the records are. Both live here,
-in the one module the servers probe loads for them (a module more costs every check).
+An event no action of ours explains (a person restarted the daemon on purpose) is
+acknowledged with ``mps-health ack CODE [INSTANCE]``: the events of that code up to the
+ack are no longer reported, the next one is. ``state_dir/acks.json`` keeps the newest
+``MAX_ACKS`` acks of the last ``KEEP_S`` seconds.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
+from mps_health.hostio.state import StateFile
 from mps_health.model.facts_deep import Ack, PlannedRestart
 
 NAME = "planned"
@@ -49,14 +43,20 @@ REPAIR = "reset"
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
 MAX_KEPT_RESETS = 64  # instances whose last reset is kept beyond MAX_RECORDS
+T = TypeVar("T", bound=Union[PlannedRestart, Ack])
+
+
+def _fresh(records: Sequence[T], now: float) -> List[T]:
+    """Those with a valid time of the last KEEP_S seconds, oldest first (nan and the
+    infinities fail the range comparison)."""
+    return sorted((r for r in records
+                   if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0),
+                  key=lambda r: r.at)
 
 
 def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart, ...]:
     """The records worth keeping: valid times, not too old, the newest MAX_RECORDS."""
-    # nan and the infinities fail the range comparison.
-    fresh = sorted((r for r in records
-                    if isinstance(r.at, float) and now - KEEP_S <= r.at <= now + 60.0),
-                   key=lambda r: r.at)
+    fresh = _fresh(records, now)
     kept = fresh[-MAX_RECORDS:]
     # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
     # cooldown (last_reset, the node's newest) reads them. Bounded, newest first.
@@ -74,26 +74,25 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
            daemon_start: Optional[int] = None, wait_s: float = 2.0) -> str:
     """Add a record, waiting up to ``wait_s`` for the lock; '' or one line saying why it
     could not be kept."""
-    from mps_health.hostio.state import StateFile
-
-    now = time.time()
-    state = StateFile(state_dir, NAME)
-
-    def changed() -> Tuple[PlannedRestart, ...]:
-        old, _ = state.load("Tuple[PlannedRestart, ...]", (), globals())
-        new = PlannedRestart(os.path.normpath(pipe_dir), now, daemon_pid, daemon_start, by)
-        return keep((*old, new), now)
-
-    problem = state.update(wait_s, changed)
+    new = PlannedRestart(os.path.normpath(pipe_dir), time.time(), daemon_pid, daemon_start, by)
+    problem = _add(StateFile(state_dir, NAME), "Tuple[PlannedRestart, ...]", new, keep, wait_s)
     return f"planned restart not recorded: {problem}" if problem else ""
+
+
+def _add(state: StateFile, value_type: str, new: T,
+         keep_new: Callable[[Sequence[T], float], Tuple[T, ...]], wait_s: float) -> str:
+    """Save ``new`` with the kept old ones under the file's lock; '' or why not."""
+
+    def changed() -> Tuple[T, ...]:
+        old, _ = state.load(value_type, (), globals())
+        return keep_new((*old, new), new.at)
+
+    return state.update(wait_s, changed)
 
 
 def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
     """The records (read only, no lock: the file is replaced atomically), and any error."""
-    from mps_health.hostio.state import StateFile
-
-    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (),
-                                                   globals())
+    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (), globals())
     return keep(records, time.time()), error
 
 
@@ -101,13 +100,10 @@ def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now:
             daemon_pid: Optional[int], daemon_start: Optional[int]) -> bool:
     """Was the daemon change seen between ``since`` and ``now`` made by us?"""
     pipe_dir = os.path.normpath(pipe_dir)
-    for r in records:
-        if r.pipe_dir != pipe_dir or not since <= r.at <= now:
-            continue
-        if r.daemon_pid is None or (r.daemon_pid, r.daemon_start) == (daemon_pid,
-                                                                      daemon_start):
-            return True
-    return False
+    return any(r.pipe_dir == pipe_dir and since <= r.at <= now
+               and (r.daemon_pid is None
+                    or (r.daemon_pid, r.daemon_start) == (daemon_pid, daemon_start))
+               for r in records)
 
 
 def servers_ended(records: Sequence[PlannedRestart], pipe_dir: str, since: float,
@@ -128,12 +124,10 @@ def repaired_at(records: Sequence[PlannedRestart], pipe_dir: str, now: float) ->
 
 
 def last_reset(records: Sequence[PlannedRestart]) -> Tuple[float, str]:
-    """When a reset last acted on any instance of this node, and that instance's pipe dir
-    (its begin record: one that failed counts too, so a cure that does not work is not
-    retried in a loop); (-inf, '') if never. The records are the node's own
-    (``state_dir``), so this is the node's last reset: the cooldown is per node, so that
-    automatic resets of a node whose MPS keeps breaking do not walk through its
-    instances one after another, each costing that GPU's jobs their servers."""
+    """When a reset (its begin record: a failed cure is not retried in a loop) last acted
+    on any instance of this node, and that pipe dir; (-inf, '') if never. The cooldown is
+    per node, so automatic resets of a node whose MPS keeps breaking do not walk through
+    its instances one after another, each costing that GPU's jobs their servers."""
     resets = [r for r in records if r.by in (RESET_BEGIN, REPAIR)]
     if not resets:
         return float("-inf"), ""
@@ -149,31 +143,18 @@ MAX_ACKS = 64
 
 def keep_acks(records: Sequence[Ack], now: float) -> Tuple[Ack, ...]:
     """The acks worth keeping: valid times, not too old (KEEP_S), the newest MAX_ACKS."""
-    # nan and the infinities fail the range comparison.
-    fresh = [a for a in records if isinstance(a.at, float) and now - KEEP_S <= a.at <= now + 60.0]
-    return tuple(sorted(fresh, key=lambda a: a.at)[-MAX_ACKS:])
+    return tuple(_fresh(records, now)[-MAX_ACKS:])
 
 
 def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5.0) -> str:
     """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
-    from mps_health.hostio.state import StateFile
-
-    now = time.time()
-    state = StateFile(state_dir, ACKS)
-    if not state.lock(time.monotonic() + wait_s):
-        return f"not acknowledged: {state.error}"
-    try:
-        old, _ = state.load("Tuple[Ack, ...]", (), globals())
-        problem = state.save(keep_acks((*old, Ack(code, instance, now)), now))
-    finally:
-        state.unlock()
+    new = Ack(code, instance, time.time())
+    problem = _add(StateFile(state_dir, ACKS), "Tuple[Ack, ...]", new, keep_acks, wait_s)
     return f"not acknowledged: {problem}" if problem else ""
 
 
 def load_acks(state_dir: str) -> Tuple[Tuple[Ack, ...], str]:
     """The acks (read only, no lock: the file is replaced atomically), and any error."""
-    from mps_health.hostio.state import StateFile
-
     records, error = StateFile(state_dir, ACKS).load("Tuple[Ack, ...]", (), globals())
     return keep_acks(records, time.time()), error
 

@@ -1,40 +1,30 @@
 """What an MPS process is: the one rule for telling a control daemon, a client and a
-server from a process that only takes their name.
+server from a process that only takes their name (the /proc probe, the checks that judge
+processes, the actions that end one). argv0 and ``comm`` are anyone's to set, so they
+only pick candidates:
 
-Used by the /proc probe (``probes.proc`` records the verdict in each ``ProcessFact``),
-every check that judges processes, and every action that ends one (``processes``).
-
-argv0 and ``comm`` are anyone's to set, so they only pick candidates:
-
-* The role comes from the command line: ``nvidia-cuda-mps-control`` started with ``-d``
-  or ``-f`` is a control daemon ("control"; the real daemon keeps its ``-d``: seen on an
-  H200, cmdline ``nvidia-cuda-mps-control -d``); without either it is a client
-  ("client": ``echo CMD | nvidia-cuda-mps-control``, ours or an admin's, whose cmdline
-  name, ``comm`` and environment are otherwise a daemon's); ``nvidia-cuda-mps-server``
-  is a server.
-* It must run the configured binary (``genuine``): ``/proc/PID/exe`` names the configured
-  binary's real path (``readlink``, which asks no filesystem, so a user's FUSE mount
-  cannot stall us) and then has its device and inode (``stat``, the one access that goes
-  through the process's file). MPS servers run as their clients' users, so their uid
-  proves nothing; their binary does. A process that runs another binary is an impostor:
+* The role comes from the command line: ``nvidia-cuda-mps-control`` with ``-d`` or
+  ``-f`` is a control daemon (the real daemon keeps its ``-d``); without either it is a
+  client (``echo CMD | nvidia-cuda-mps-control``, whose name, ``comm`` and environment
+  are otherwise a daemon's); ``nvidia-cuda-mps-server`` is a server.
+* It must run the configured binary (``genuine``): ``/proc/PID/exe`` names its real path
+  (``readlink`` asks no filesystem, so a user's FUSE mount cannot stall us), then has its
+  device and inode (``stat``). MPS servers run as their clients' users, so their uid
+  proves nothing; their binary does. A process running another binary is an impostor:
   never a daemon or a server, never signalled.
-* Where ``exe`` cannot be read (not root, a ``--root`` tree) ``genuine`` is None: the name
-  decides whether it counts, and the checks soften verdicts that would need the binary.
-* The daemon starts the server beside its own binary (seen: started by its full path with
-  PATH=/usr/bin:/bin, it ran ``/usr/local/nvidia/bin/nvidia-cuda-mps-server``), so that is
-  the server binary unless ``commands.nvidia-cuda-mps-server`` names one (the one in
-  ``mps.binary_dirs`` counts too: Debian puts the server in /usr/sbin).
-* Where the binaries are is one rule too (``locate``, ``binaries_for``):
-  ``commands.NAME`` if a path, else NAME in ``mps.binary_dirs``, never the caller's PATH,
-  so the check, the health check, a reset, ``unit`` and the Slurm hooks agree.
+* Where ``exe`` cannot be read (not root, a ``--root`` tree) ``genuine`` is None: the
+  name decides, and the checks soften verdicts that would need the binary.
+* The daemon starts the server beside its own binary, so that is the server binary
+  unless ``commands.nvidia-cuda-mps-server`` names one (the one in ``mps.binary_dirs``
+  counts too: Debian puts the server in /usr/sbin).
+* Binaries are found by one rule (``locate``, ``binaries_for``): ``commands.NAME`` if a
+  path, else NAME in ``mps.binary_dirs``, never the caller's PATH.
 
-A genuine binary proves only what the process *is*, not who started it: the binaries are
-world-executable, so a user can run one held at its exec under ptrace (none of its code
-runs) or paused by an LD_PRELOAD constructor. ``proves_nothing`` names such processes; a
-server counts as MPS's only when tied to a daemon (``checks.strays``).
-
-A binary replaced on disk (a driver update) while its daemon runs no longer matches:
-``exe`` then reads ``PATH (deleted)``; restart MPS after updating its binaries.
+A genuine binary proves only what the process *is*, not who started it: a user can run
+the world-executable binary held at its exec under ptrace or paused by an LD_PRELOAD
+constructor (``proves_nothing``); a server counts as MPS's only when tied to a daemon.
+A binary replaced on disk while its daemon runs no longer matches (``exe`` reads ``PATH
+(deleted)``): restart MPS after updating its binaries.
 """
 
 from __future__ import annotations
@@ -53,8 +43,6 @@ GONE_STATES = ("Z", "X")
 STOPPED_STATES = ("T", "t")
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
-ROLES = {CONTROL: "control", SERVER: "server"}
-DAEMON_FLAGS = ("-d", "-f")  # background, foreground: the two ways to run the daemon
 
 
 class Binary(NamedTuple):
@@ -74,8 +62,8 @@ def role_of(cmdline: Sequence[str]) -> str:
     """"control" (a daemon), "client", "server" or "unknown", by the command line."""
     if not cmdline:
         return "unknown"
-    role = ROLES.get(os.path.basename(cmdline[0]), "unknown")
-    if role == "control" and not any(a in DAEMON_FLAGS for a in cmdline[1:]):
+    role = {CONTROL: "control", SERVER: "server"}.get(os.path.basename(cmdline[0]), "unknown")
+    if role == "control" and not {"-d", "-f"} & set(cmdline[1:]):  # background, foreground
         return "client"
     return role
 
@@ -103,9 +91,8 @@ def _candidates(command: str, dirs: Sequence[str]) -> List[str]:
 
 def binaries_of(control: str, server: Optional[str] = None,
                 dirs: Sequence[str] = MPS_BINARY_DIRS) -> Binaries:
-    """The configured binaries: ``control`` as configured (a name: found in ``dirs``), and
-    ``server`` if configured, else the ``nvidia-cuda-mps-server`` beside each control and
-    in ``dirs`` (Debian's package puts the control in /usr/bin, the server in /usr/sbin)."""
+    """The configured binaries: ``control`` (a name: found in ``dirs``), and ``server`` if
+    configured, else the ``nvidia-cuda-mps-server`` beside each control and in ``dirs``."""
     controls = [b for b in map(_binary, _candidates(control, dirs)) if b is not None]
     if server:
         servers = [_binary(p) for p in _candidates(server, dirs)]
@@ -124,8 +111,7 @@ def binaries_for(config: Config) -> Binaries:
 
 
 def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
-    """The file ``command`` runs: itself if an absolute path, else the first executable
-    ``command`` in ``dirs``; None when there is none."""
+    """The first executable file ``command`` names (``_candidates``); None if none."""
     for path in _candidates(command, dirs):
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
@@ -133,10 +119,9 @@ def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
 
 
 def locate(config: Config, name: str = CONTROL) -> Optional[str]:
-    """The file to run for MPS binary ``name``: ``commands.NAME`` if a path, else the first
-    executable ``NAME`` in ``mps.binary_dirs``; None when there is none. The one rule: the
-    check, the health check, every remediation, ``unit`` and the Slurm hooks run what this
-    finds, so a check never advises a reset that would find no binary."""
+    """The file to run for MPS binary ``name`` (``find`` in the config's terms); None when
+    there is none. The check, every remediation, ``unit`` and the Slurm hooks run what
+    this finds, so a check never advises a reset that would find no binary."""
     return find(config.command(name), config.mps.binary_dirs)
 
 
@@ -177,18 +162,14 @@ def genuine(proc_dir: str, pid: int, role: str, binaries: Optional[Binaries]
                        else binaries.control)
 
 
-def _live(p: ProcessFact) -> bool:
-    return p.state not in GONE_STATES
-
-
 def is_daemon(p: ProcessFact) -> bool:
     """A live control daemon: started with -d/-f, not shown to run another binary."""
-    return p.role == "control" and _live(p) and p.genuine is not False
+    return p.role == "control" and p.state not in GONE_STATES and p.genuine is not False
 
 
 def is_server(p: ProcessFact) -> bool:
     """A live MPS server, not shown to run another binary."""
-    return p.role == "server" and _live(p) and p.genuine is not False
+    return p.role == "server" and p.state not in GONE_STATES and p.genuine is not False
 
 
 def proves_nothing(p: ProcessFact) -> bool:
@@ -200,6 +181,6 @@ def proves_nothing(p: ProcessFact) -> bool:
 
 def is_impostor(p: ProcessFact) -> bool:
     """A live process that claims to be a daemon or server but runs another binary."""
-    return p.role in ("control", "server") and _live(p) and p.genuine is False
+    return p.role in ("control", "server") and p.state not in GONE_STATES and p.genuine is False
 
 

@@ -1,13 +1,10 @@
 """Our own process running out of file descriptors or memory is never a fact about the node.
 
-``open()``, ``pipe()`` or starting a command failing with EMFILE, ENFILE, ENOMEM (or, for
-a spawn, EAGAIN) says
-that this mps-health process (an exporter under a connection flood, a run started with
-a low ``ulimit -n``) has nothing left, not that a file is unreadable, a process gone or
-the control client missing. Such a failure raises ``OutOfResources``, which is not an
-OSError on purpose: the many ``except OSError`` that turn a missing file into a fact
-cannot swallow it. The engine turns it into one UNKNOWN line for the sources it hit
-(facts-unavailable): never a CRITICAL, never a drain.
+EMFILE, ENFILE, ENOMEM (or, for a spawn, EAGAIN) say this process (an exporter under a
+connection flood, a low ``ulimit -n``) has nothing left, not that a file is unreadable or
+a client missing. Such a failure raises ``OutOfResources``, on purpose no OSError (the
+many ``except OSError`` cannot swallow it); the engine makes it one UNKNOWN line for the
+sources it hit: never a CRITICAL, never a drain.
 """
 
 from __future__ import annotations

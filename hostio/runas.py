@@ -1,18 +1,16 @@
 """Run a command as another user (a job's, a daemon's): no shell, no ``su -``, bounded.
 
-Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups to the
-user's groups, setgid, setuid, umask, cwd), so nothing is interpolated into a command
-line and no login shell or PAM stack runs. The command leads its own session and is
-killed with its whole process group at the timeout. Output goes to unlinked temporary
-files, not pipes: ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
+Privileges are dropped by ``subprocess`` itself between fork and exec (setgroups,
+setgid, setuid, umask, cwd): nothing is interpolated into a command line, no login shell
+or PAM stack runs. The command leads its own session and is killed with its process
+group at the timeout. Output goes to unlinked temporary files, not pipes (hence not the
+core runner's loop): ``nvidia-cuda-mps-control -d`` leaves a daemon behind that may keep
 its inherited descriptors, and a pipe would then never reach end-of-file.
-
-It takes the core runner's ``RunAs``. It keeps its own loop because starting a daemon
-wants the output in files, not pipes, whatever the daemon does with them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +18,7 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mps_health.hostio.runner import SAFE_PATH, Completed, RunAs
+from mps_health.hostio.runner import SAFE_PATH, Completed, RunAs, start_error
 
 
 def for_user(uid: int, gid: int, user: str) -> RunAs:
@@ -35,9 +33,8 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     from mps_health.hostio.users import by_uid
 
     home = by_uid(as_user.uid).home
-    env = {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C"}
-    env.update(extra)
-    return env
+    return {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C",
+            **extra}
 
 
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
@@ -55,30 +52,17 @@ def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=out, stderr=err,
                                     env=dict(env) if env is not None else None,
                                     start_new_session=True, close_fds=True, **drop)
-        except FileNotFoundError:
-            return _failed(argv, f"{argv[0]}: command not found")
-        except PermissionError:
-            return _failed(argv, f"{argv[0]}: permission denied")
         except (OSError, subprocess.SubprocessError) as e:
-            return _failed(argv, f"{argv[0]}: cannot run: {getattr(e, 'strerror', None) or e}")
+            return Completed(list(argv), None, "", "", 0.0, exec_error=start_error(argv[0], e))
         timed_out = False
         try:
             proc.communicate((stdin or "").encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             proc.wait()
         elapsed = time.monotonic() - started
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read(1 << 20).decode("utf-8", "replace"))
+        texts = [os.pread(f.fileno(), 1 << 20, 0).decode("utf-8", "replace") for f in (out, err)]
     return Completed(list(argv), None if timed_out else proc.returncode, texts[0], texts[1],
                      elapsed, timed_out)
-
-
-def _failed(argv: Sequence[str], why: str) -> Completed:
-    return Completed(list(argv), None, "", "", 0.0, exec_error=why)

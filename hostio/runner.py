@@ -1,27 +1,24 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command starts in a new session (its own process group: ``subprocess.Popen(...,
-start_new_session=True)``), so a client that forks, or hangs on a stopped MPS daemon,
-is killed with everything it started. Nothing here uses a shell.
+Every command starts in a new session (its own process group), so a client that forks,
+or hangs on a stopped MPS daemon, is killed with everything it started. No shell.
 
 No command outlives the run: a new session is out of reach of a SIGKILL sent to us or
 of slurmd's kill of our process group, so each command is started through util-linux's
-``setpriv --pdeathsig KILL``, which asks the kernel (PR_SET_PDEATHSIG) to SIGKILL it the
-moment the thread that started it dies, and then execs it (the setting survives exec;
-a daemon that ``-d`` forks off is a new process and keeps running). The command is
-looked up on PATH here first, so "not found" still names it, not setpriv.
+``setpriv --pdeathsig KILL`` (PR_SET_PDEATHSIG: the kernel SIGKILLs it when the thread
+that started it dies; it survives exec, while a daemon that ``-d`` forks off keeps
+running). The command is looked up on PATH here first, so "not found" names it.
 
-Several commands can be started at once and collected against one deadline
-(``wait_all``): each is read with ``communicate`` in a thread of its own (the first in
-the caller's), so N wedged daemons cost one timeout, not N, and each command is still
-timed to its own end. A command still running at the deadline is killed with its
-process group and reaped. A command that exited while something it started
-(``nvidia-cuda-mps-control -d``'s daemon) still holds its stdout is collected shortly
-after its exit, not at end-of-file, and is not killed: it did not time out.
+``wait_all`` collects several commands against one deadline, each in a thread of its
+own, so N wedged daemons cost one timeout, not N. A command still running at the
+deadline is killed with its process group and reaped. One that exited while something
+it started (``nvidia-cuda-mps-control -d``'s daemon) still holds its stdout is collected
+shortly after its exit, not at end-of-file, and not killed: it did not time out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,9 +28,8 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from mps_health.hostio.resources import STARVED, OutOfResources, starved_line
 
-# The PATH root's commands are found on and daemons and job commands are started with:
-# slurmd gives its programs and hooks an almost empty environment, and a user's PATH is
-# never trusted. Only root-owned system dirs.
+# The PATH (root-owned system dirs only) of root's commands, daemons and job commands:
+# slurmd gives its hooks an almost empty environment, and a user's PATH is never trusted.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # The commands started and not yet reaped: a run abandoned at its hard limit kills those it
@@ -44,8 +40,7 @@ _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p,
                 None)
 
 LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
-# How often a wait wakes up to notice a command that exited with its pipes held open.
-POLL_S = 0.05
+POLL_S = 0.05  # how often a wait wakes up to notice one that exited, its pipes held open
 # A person at a terminal is told what a run waits for once a command has run this long
 # (the ``waiting`` callback of wait_all); a healthy daemon answers in milliseconds.
 WAITING_AFTER_S = 1.0
@@ -53,17 +48,13 @@ WAITING_AFTER_S = 1.0
 
 def _resolve(name: str, env: Mapping[str, str]) -> str:
     """``name`` as execvp would find it; FileNotFoundError/PermissionError as it would."""
-    if "/" in name:
-        candidates = [name]
-    else:
-        candidates = [os.path.join(d or ".", name)
-                      for d in env.get("PATH", os.defpath).split(os.pathsep)]
+    paths = [name] if "/" in name else [
+        os.path.join(d or ".", name) for d in env.get("PATH", os.defpath).split(os.pathsep)]
     denied = False
-    for path in candidates:
-        if os.path.isfile(path):
-            if os.access(path, os.X_OK):
-                return path
-            denied = True
+    for path in filter(os.path.isfile, paths):
+        if os.access(path, os.X_OK):
+            return path
+        denied = True
     if denied:
         raise PermissionError(13, "Permission denied", name)
     raise FileNotFoundError(2, "No such file or directory", name)
@@ -71,10 +62,9 @@ def _resolve(name: str, env: Mapping[str, str]) -> str:
 
 def dies_with_us(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     """``argv`` wrapped so the kernel kills it when the thread that starts it dies."""
-    path = _resolve(argv[0], env)
-    if _SETPRIV is None:  # no util-linux: the deadline's group kill is all there is
-        return [path, *argv[1:]]
-    return [_SETPRIV, "--pdeathsig", "KILL", "--", path, *argv[1:]]
+    # Without util-linux's setpriv the deadline's group kill is all there is.
+    wrap = [] if _SETPRIV is None else [_SETPRIV, "--pdeathsig", "KILL", "--"]
+    return [*wrap, _resolve(argv[0], env), *argv[1:]]
 
 
 class Completed(NamedTuple):
@@ -95,6 +85,15 @@ class RunAs(NamedTuple):
     groups: Tuple[int, ...] = ()
     cwd: str = "/"
     umask: int = 0o022
+
+
+def start_error(name: str, e: Exception) -> str:
+    """The one line saying why command ``name`` could not start."""
+    if isinstance(e, FileNotFoundError):
+        return f"{name}: command not found"
+    if isinstance(e, PermissionError):
+        return f"{name}: permission denied"
+    return f"{name}: cannot run: {getattr(e, 'strerror', None) or e}"
 
 
 def _taken(proc: subprocess.Popen[bytes], timeout_s: float) -> Tuple[bytes, bytes]:
@@ -130,16 +129,10 @@ class Pending:
                 as_user = RunAs(user if user is not None else os.getuid(),
                                 group if group is not None else os.getgid())
             self._start(stdin or "", env, as_user)
-        except FileNotFoundError:
-            self.error = f"{self.argv[0]}: command not found"
-        except PermissionError:
-            self.error = f"{self.argv[0]}: permission denied"
-        except OSError as e:
-            self.error = f"{self.argv[0]}: cannot run: {e.strerror}"
-            if e.errno in STARVED:
+        except (OSError, subprocess.SubprocessError) as e:
+            self.error = start_error(self.argv[0], e)
+            if isinstance(e, OSError) and e.errno in STARVED:
                 self.starved = (e.errno, e.strerror or "")
-        except subprocess.SubprocessError as e:
-            self.error = f"{self.argv[0]}: cannot run: {e}"
         if self.pid is not None:
             _LIVE.add(self)
 
@@ -159,11 +152,9 @@ class Pending:
         # Feed stdin now, not at collection time: the client reads its command first and
         # must not wait on us while we collect another command. Commands are small.
         assert proc.stdin is not None
-        try:
+        with contextlib.suppress(OSError):  # it exited without reading: its output says why
             proc.stdin.write(stdin.encode())
             proc.stdin.close()
-        except OSError:  # it exited without reading: its output says why
-            pass
         proc.stdin = None  # fed and closed: communicate has nothing to send
 
     def finished(self) -> bool:
@@ -172,12 +163,9 @@ class Pending:
 
     def kill(self) -> None:
         """SIGKILL the command's whole process group (it leads its own session)."""
-        if self.pid is None:
-            return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     def collect(self, deadline: float) -> None:
         """Read the command's output until it ends; at ``deadline`` kill it if it still
@@ -189,12 +177,10 @@ class Pending:
         while True:
             # A little grace past the deadline collects a command that already finished.
             wait_s = min(max(0.0, deadline - time.monotonic()), POLL_S) + 0.001
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._out = proc.communicate(timeout=wait_s)
                 self.ended = time.monotonic()
                 break
-            except subprocess.TimeoutExpired:
-                pass
             now = time.monotonic()
             if proc.poll() is not None:
                 # It exited, and something it started still holds its pipes: stop
@@ -235,23 +221,19 @@ def _collector(p: Pending, deadline: float) -> Optional[threading.Thread]:
     caller collects it in turn then."""
     t = threading.Thread(target=p.collect, args=(deadline,), name=f"collect {p.argv[0]}",
                          daemon=True)
-    try:
+    with contextlib.suppress(RuntimeError):
         t.start()
-    except RuntimeError:
-        return None
-    return t
+        return t
+    return None
 
 
 def wait_all(pending: Sequence[Pending], deadline: float,
              waiting: Optional[Callable[[List[Pending]], None]] = None) -> List[Completed]:
     """Collect several commands against one deadline, killing what still runs there.
-
-    ``waiting``, if given, is called once with the commands still running when the first
-    of them has run ``WAITING_AFTER_S`` (and the deadline is not yet there).
-    """
+    ``waiting``, if given, is called once with those still running when the first has run
+    ``WAITING_AFTER_S`` (before the deadline)."""
     todo = [p for p in pending if p.proc is not None and not p.collected]
-    # The first is collected in this thread, unless someone must be told what a long
-    # wait is for meanwhile.
+    # The first is collected in this thread, unless someone must be told of a long wait.
     here = todo[:1] if waiting is None else []
     helpers = [(p, _collector(p, deadline)) for p in todo[len(here):]]
     threads = [t for _, t in helpers if t is not None]
@@ -290,6 +272,4 @@ def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
 
 def child_env(extra: Mapping[str, str]) -> Dict[str, str]:
     """This process's environment plus ``extra`` (for CUDA_MPS_* and friends)."""
-    env = dict(os.environ)
-    env.update(extra)
-    return env
+    return {**os.environ, **extra}

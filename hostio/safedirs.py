@@ -1,35 +1,29 @@
-"""Directories in places other users can write (/tmp, 0777 pipe dirs): the one library.
-
-Used by ``remediate reset``/``orphans``, ``unit prepare``, the Slurm Prolog/Epilog and
-the atomic file writer. The rules, each written once here:
+"""Directories in places other users can write (/tmp, 0777 pipe dirs): the one library
+(``remediate reset``/``orphans``, ``unit prepare``, the Slurm hooks, the atomic writer).
 
 * **Walk, never look up a path twice.** A dir is reached from ``/`` (or ``--root``) one
-  component at a time with ``O_NOFOLLOW|O_DIRECTORY``; every later step works relative
-  to the parent's fd, so nothing can be swapped between our look and our act.
+  component at a time with ``O_NOFOLLOW|O_DIRECTORY``; every later step is relative to
+  the parent's fd, so nothing can be swapped between our look and our act.
 * **One symlink policy.** A symlink among the parents is followed only when root owns it
-  and nobody else can replace it (its dir is not writable by others, or is sticky), as
-  systemd's CHASE_SAFE does (``/var/run -> /run``). The entry we act on is never
-  followed. Where we make or repair a dir that MPS or a job will use, every directory
-  walked through must also belong to root (or us) and not be writable by others without
-  the sticky bit (``guard``): its owner could otherwise swap our dir after we checked
-  it. The atomic file writer needs only the link rule: it creates and renames within
-  the parent's fd, so a service account's dir (``/var/lib/prometheus``) is fine.
+  and its dir is not writable by others (or is sticky), as systemd's CHASE_SAFE does
+  (``/var/run -> /run``); the entry we act on is never followed. With ``guard`` (dirs
+  MPS or a job will use) every dir walked through must also be root's (or ours) and not
+  writable by others without the sticky bit: its owner could swap our dir after we
+  checked it. The atomic writer needs only the link rule (it works within the parent's
+  fd), so a service account's dir (``/var/lib/prometheus``) is fine.
 * **Create under a random name, swap into place.** A new dir is made 0700 under a random
-  name, checked through its fd to be the one we made, given its owner and mode, and only
-  then put in place with ``renameat2(RENAME_NOREPLACE)`` or, over an entry that is not
-  acceptable, ``renameat2(RENAME_EXCHANGE)``: one atomic step, so a racing user can make
-  us retry but never give up, and never makes us adopt what they planted.
-* **Move aside to random, O_EXCL-checked names.** What was in the way goes to
-  ``NAME.aside-<time>-<random>`` with ``RENAME_NOREPLACE``: it is never entered, never
-  removed, never overwritten, and its name cannot be pre-empted.
+  name, checked through its fd, given its owner and mode, then put in place with
+  ``renameat2(RENAME_NOREPLACE)`` or, over an unacceptable entry, ``RENAME_EXCHANGE``:
+  a racing user can make us retry, never give up, never adopt what they planted.
+* **Move aside to random, O_EXCL-checked names** (``NAME.aside-<time>-<random>``,
+  ``RENAME_NOREPLACE``): never entered, removed or overwritten; the name cannot be
+  pre-empted.
 * **Remove whatever is inside, entering no link** (``remove_tree``): each dir is first
   made root's 0700 through its fd (its user can add nothing more), then emptied with
-  ``*at`` calls relative to it; symlinks, FIFOs and sockets are unlinked as entries;
-  depth (open dirs), entry count and the file system are bounded; only a top entry of
-  the given owners is removed; a tree that cannot go is one line with the command that
-  removes it.
-* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files it
-  opens in its log dir are regular files of its user or are put out of the way.
+  ``*at`` calls; depth, entry count and the file system are bounded; a tree that cannot
+  go is one line with the command that removes it.
+* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files
+  it opens in its log dir are regular files of its user or are put out of the way.
 
 Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run with plain
 renames after a fresh look: still no link followed, only the race window is wider.
@@ -37,11 +31,14 @@ renames after a fresh look: still no link followed, only the race window is wide
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import secrets
 import stat
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -68,12 +65,12 @@ class Entry(NamedTuple):
     dev_ino: Tuple[int, int] = (0, 0)
 
 
+KINDS = {stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFREG: "file",
+         stat.S_IFSOCK: "socket", stat.S_IFIFO: "fifo"}
+
+
 def kind_of(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"), (stat.S_ISREG, "file"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISFIFO, "fifo")):
-        if test(mode):
-            return name
-    return "other"
+    return KINDS.get(stat.S_IFMT(mode), "other")
 
 
 def look(parent_fd: int, name: str) -> Entry:
@@ -97,15 +94,6 @@ def split(path: str) -> Tuple[str, str]:
 
 def _others_can_swap(st: os.stat_result) -> bool:
     return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
-
-
-def _check_component(st: os.stat_result, shown: str) -> None:
-    if st.st_uid not in (0, os.geteuid()):
-        raise UnsafePath(errno.EPERM, f"{shown} is owned by uid {st.st_uid}: another user "
-                         "could replace what is inside it")
-    if _others_can_swap(st):
-        raise UnsafePath(errno.EPERM, f"{shown} is writable by others without the sticky bit "
-                         f"(mode {stat.S_IMODE(st.st_mode):04o})")
 
 
 def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
@@ -146,8 +134,13 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
             os.close(fd)
             fd = nfd
             walked += "/" + name
-            if guard:
-                _check_component(os.fstat(fd), walked)
+            at = os.fstat(fd) if guard else None
+            if at is not None and at.st_uid not in (0, os.geteuid()):
+                raise UnsafePath(errno.EPERM, f"{walked} is owned by uid {at.st_uid}: another "
+                                 "user could replace what is inside it")
+            if at is not None and _others_can_swap(at):
+                raise UnsafePath(errno.EPERM, f"{walked} is writable by others without the "
+                                 f"sticky bit (mode {stat.S_IMODE(at.st_mode):04o})")
         return fd
     except BaseException:
         os.close(fd)
@@ -156,27 +149,14 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
 
 # --- renames ------------------------------------------------------------------------------
 
-_renameat2: Optional[Callable[..., int]] = None
-
-
 def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
     """renameat2 within one dir; NotImplementedError where the kernel, libc or file system
     lacks it (the caller then takes the plain-rename path)."""
-    global _renameat2
-    if _renameat2 is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = getattr(libc, "renameat2", None)
-        if func is None:
-            raise NotImplementedError("renameat2 is not in this libc")
-        func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                         ctypes.c_uint]
-        _renameat2 = func
-    if _renameat2(parent_fd, os.fsencode(old), parent_fd, os.fsencode(new), flags) == 0:
+    func = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if func is None:
+        raise NotImplementedError("renameat2 is not in this libc")
+    if func(parent_fd, os.fsencode(old), parent_fd, os.fsencode(new), flags) == 0:
         return
-    import ctypes
-
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL):
         raise NotImplementedError(os.strerror(err))
@@ -199,10 +179,9 @@ def move_aside(parent_fd: int, name: str, called: Optional[str] = None,
         except FileExistsError:
             continue
         except NotImplementedError:
-            if look(parent_fd, new).kind != "missing":
-                continue
-            os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-            return new
+            if look(parent_fd, new).kind == "missing":
+                os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                return new
     raise OSError(errno.EEXIST, f"no free name to move {name} aside")
 
 
@@ -243,12 +222,11 @@ def _fresh(parent_fd: int, name: str, mode: int, uid: int, gid: int) -> Tuple[in
         except FileExistsError:
             continue
         fd = _open_as_seen(parent_fd, tmp, look(parent_fd, tmp))
-        if fd is None or os.fstat(fd).st_uid != os.geteuid():
-            if fd is not None:
-                os.close(fd)
-            continue  # swapped under us: leave it, take another name
-        set_owner_mode(fd, mode, uid, gid)
-        return fd, tmp
+        if fd is not None and os.fstat(fd).st_uid == os.geteuid():
+            set_owner_mode(fd, mode, uid, gid)
+            return fd, tmp
+        if fd is not None:
+            os.close(fd)  # swapped under us: leave it, take another name
     raise OSError(errno.EEXIST, f"no free name to create {name} under")
 
 
@@ -261,12 +239,11 @@ class Made(NamedTuple):
 
 def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
                acceptable: Callable[[Entry], bool], replace: bool = True) -> Made:
-    """Make ``name`` a real dir with ``mode`` and ``uid``:``gid``. A dir that is
-    ``acceptable`` is kept (owner and mode set through its fd); anything else there is
-    swapped out for a fresh dir in one step and left beside it under a random name.
-    With ``replace`` False nothing is swapped out: a missing name is still made, but
-    anything else than an acceptable dir is left as it is (UnsafePath naming it), for a
-    caller that must not pull a dir from under a daemon that runs in it."""
+    """Make ``name`` a real dir with ``mode`` and ``uid``:``gid``. An ``acceptable`` dir is
+    kept (owner and mode set through its fd); anything else is swapped out for a fresh
+    dir in one step and left beside it under a random name. With ``replace`` False (a
+    daemon may run in it) nothing is swapped: only a missing name is made, anything else
+    is left as it is (UnsafePath naming it)."""
     if "/" in name or name in ("", ".", ".."):
         raise UnsafePath(errno.EINVAL, f"{name!r} is not a plain directory name")
     for _ in range(TRIES):
@@ -277,8 +254,7 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
                 continue  # replaced between look and open: judge again
             return Made(fd, False, None, tuple(set_owner_mode(fd, mode, uid, gid)))
         if not replace and entry.kind != "missing":
-            what = f"a dir owned by uid {entry.uid}" if entry.kind == "dir" else \
-                f"a {entry.kind}"
+            what = f"a {entry.kind}" if entry.kind != "dir" else f"a dir owned by uid {entry.uid}"
             raise UnsafePath(errno.EEXIST, f"{name} is now {what}: left as it is")
         fd, tmp = _fresh(parent_fd, name, mode, uid, gid)
         placed = False
@@ -304,10 +280,8 @@ def ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int,
         finally:
             if not placed:
                 os.close(fd)
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(tmp, dir_fd=parent_fd)
-                except OSError:
-                    pass
     raise UnsafePath(errno.EAGAIN, f"{name}: replaced {TRIES} times while we made it")
 
 
@@ -317,10 +291,8 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
     rename onto a non-empty dir or a non-dir fails, so nothing planted is adopted)."""
     aside = None
     if entry.kind != "missing":
-        try:
+        with contextlib.suppress(FileNotFoundError):
             aside = (move_aside(parent_fd, name), entry)
-        except FileNotFoundError:
-            pass
     try:
         os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
     except OSError as e:
@@ -332,21 +304,18 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
 
 def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable[int]] = None
                 ) -> List[str]:
-    """Remove ``name`` and whatever it holds, following no link. With ``owners``, only an
-    entry one of them owns is removed. Before anything inside is touched, each dir is made
-    root's (ours) and 0700 through its fd: its user can then neither add, rename nor swap
-    anything in it, even from a shell already inside. At most ``MAX_DEPTH`` dirs are open
-    at once and ``MAX_ENTRIES`` entries removed; the walk stays on the top dir's file
-    system. Returns the problems: none, or ONE line naming the first thing that stopped
-    it and a command an admin can run."""
+    """Remove ``name`` and whatever it holds, following no link; with ``owners``, only an
+    entry one of them owns. Each dir is made root's 0700 through its fd before anything
+    inside is touched, so its user cannot add, rename or swap anything, even from a shell
+    inside. Bounded by ``MAX_DEPTH`` open dirs, ``MAX_ENTRIES`` entries and the top dir's
+    file system. Returns no problem, or ONE line naming the first and a command to run."""
     entry = look(parent_fd, name)
     if entry.kind == "missing":
         return []
-    if owners is not None:
-        allowed = set(owners)
-        if entry.uid not in allowed:
-            return [f"{shown} is owned by uid {entry.uid}, not by uid "
-                    f"{'/'.join(map(str, sorted(allowed)))}: left alone"]
+    allowed = None if owners is None else sorted(set(owners))
+    if allowed is not None and entry.uid not in allowed:
+        return [f"{shown} is owned by uid {entry.uid}, not by uid "
+                f"{'/'.join(map(str, allowed))}: left alone"]
     if entry.kind != "dir":
         try:
             os.unlink(name, dir_fd=parent_fd)  # a link is unlinked, its target untouched
@@ -381,13 +350,13 @@ def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable
 MAX_ENTRIES = 100000  # a job's MPS dirs hold a handful; more is a user filling them
 
 
+@dataclass
 class _Walk:
     """One removal's budget and its first problem ("" while there is none)."""
 
-    def __init__(self, dev: int) -> None:
-        self.dev = dev
-        self.count = 0
-        self.problem = ""
+    dev: int
+    count: int = 0
+    problem: str = ""
 
 
 def _left(shown: str, why: str) -> str:
@@ -401,15 +370,13 @@ def _left(shown: str, why: str) -> str:
 def _seize(fd: int) -> None:
     """Make the dir root's and 0700 through its fd, so its user can no longer change what
     is in it while we empty it (best effort: an unprivileged run removes what it may)."""
-    try:
+    with contextlib.suppress(OSError):
         if os.geteuid() == 0:
             os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o700)
-    except OSError:
-        pass
 
 
-def _listing(fd: int, room: int) -> List[Tuple[str, bool]]:
+def _listing(fd: int, room: float = float("inf")) -> List[Tuple[str, bool]]:
     """(name, is a dir) of at most ``room`` entries of the dir (lstat-like: never follows)."""
     dup = os.dup(fd)  # scandir(fd) rewinds the offset on close: use a copy
     found: List[Tuple[str, bool]] = []
@@ -432,41 +399,30 @@ def _empty(fd: int, walk: _Walk, depth: int, where: str) -> None:
         if walk.count > MAX_ENTRIES:
             walk.problem = f"more than {MAX_ENTRIES} entries"
             return
-        if not is_dir:
-            try:
-                os.unlink(child, dir_fd=fd)  # unlink never follows a link
-                continue
-            except FileNotFoundError:
-                continue
-            except IsADirectoryError:
-                pass  # a dir now (only root can change a seized dir): walk it below
-            except OSError as e:
-                walk.problem = f".{sub}: {e.strerror}"
-                return
-        if depth >= MAX_DEPTH:
-            walk.problem = f"nested more than {MAX_DEPTH} deep at .{sub}"
-            return
         try:
+            if not is_dir:
+                try:
+                    os.unlink(child, dir_fd=fd)  # unlink never follows a link
+                    continue
+                except IsADirectoryError:
+                    pass  # a dir now (only root can change a seized dir): walk it below
+            if depth >= MAX_DEPTH:
+                walk.problem = f"nested more than {MAX_DEPTH} deep at .{sub}"
+                return
             cfd = os.open(child, DIR_FLAGS, dir_fd=fd)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            walk.problem = f".{sub}: {e.strerror}"
-            return
-        try:
-            if os.fstat(cfd).st_dev != walk.dev:
-                walk.problem = f".{sub} is another file system mounted there: unmount it first"
+            try:
+                if os.fstat(cfd).st_dev != walk.dev:
+                    walk.problem = f".{sub} is another file system mounted there: unmount it first"
+                    return
+                _seize(cfd)
+                _empty(cfd, walk, depth + 1, sub)
+            finally:
+                os.close(cfd)
+            if walk.problem:
                 return
-            _seize(cfd)
-            _empty(cfd, walk, depth + 1, sub)
-        finally:
-            os.close(cfd)
-        if walk.problem:
-            return
-        try:
             os.rmdir(child, dir_fd=fd)
         except FileNotFoundError:
-            pass
+            continue
         except OSError as e:
             walk.problem = f".{sub}: {e.strerror}"
             return
@@ -491,16 +447,14 @@ def remove_entries(dir_fd: int, names: Iterable[str]) -> Tuple[List[str], List[s
 
 def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str = "/"
                ) -> List[str]:
-    """Before a daemon that opens ``names`` in dir ``path`` (its log dir) starts: each
-    must be missing or a regular file of one of ``uids`` (the daemon's user) with one
-    link, or the daemon would append to whatever it leads to (a link to /etc/shadow, a
-    hard link, a FIFO that blocks it) or go on with a log another user forged. Anything
-    else is put out of the way, never followed: a symlink is unlinked (removing a link
-    touches nothing it points to), any other entry renamed within the dir to
-    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``), kept for the admin. The dir
-    is reached by the walk (its parents guarded) and is itself never followed. Returns
-    one line per entry moved or removed, naming what it was and its owner; OSError (or
-    UnsafePath) when the dir cannot be reached."""
+    """Before a daemon that opens ``names`` in its log dir ``path`` starts: each must be
+    missing or a regular file of one of ``uids`` with one link, or the daemon would append
+    to whatever it leads to (a link to /etc/shadow, a hard link, a blocking FIFO) or go on
+    with a forged log. Anything else is put out of the way, never followed: a symlink is
+    unlinked (its target untouched), any other entry renamed within the dir to
+    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``) for the admin. The dir is
+    reached by the guarded walk, itself never followed. Returns one line per entry moved
+    or removed; OSError (or UnsafePath) when the dir cannot be reached."""
     wanted = set(uids)
     parent, name = split(path)
     pfd = open_dir(parent, root)
@@ -523,26 +477,19 @@ def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str =
             try:
                 if kind == "symlink":
                     os.unlink(file, dir_fd=fd)
-                    done.append(f"{path}/{file} was {what}, not the daemon's log: removed "
-                                "the link (its target untouched)")
+                    how = "removed the link (its target untouched)"
                 else:
-                    new = move_aside(fd, file, f".{file}", "foreign")
-                    done.append(f"{path}/{file} was {what}, not the daemon's log: moved "
-                                f"aside to {path}/{new}")
+                    how = f"moved aside to {path}/{move_aside(fd, file, f'.{file}', 'foreign')}"
             except FileNotFoundError:
                 continue  # gone meanwhile: the daemon makes its own
+            done.append(f"{path}/{file} was {what}, not the daemon's log: {how}")
         return done
     finally:
         os.close(fd)
 
 
 def list_names(dir_fd: int) -> List[str]:
-    dup = os.dup(dir_fd)  # scandir(fd) closes nothing, but rewinds: use a copy
-    try:
-        with os.scandir(dup) as it:
-            return sorted(e.name for e in it)
-    finally:
-        os.close(dup)
+    return sorted(name for name, _ in _listing(dir_fd))
 
 
 def owned_dir(path: str, uid: int) -> bool:

@@ -1,24 +1,21 @@
 """Small files root writes or reads: the one atomic writer and the one bounded reader.
 
-``write_atomic``: every file mps-health writes (snapshots, state, the textfile exporter's
-output, the tmpfiles guard, the Slurm hooks, caches) goes through it. The parent is
-reached by ``safedirs.open_dir`` (no untrusted link followed); the data
-goes to a random name in that dir created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name planted
-in advance, link or not, is never opened), is fsynced and renamed over the target. A
-reader sees the old file or the new one, never half of one, and nothing planted at the
-target is followed: the rename replaces the entry itself.
+``write_atomic`` (every file mps-health writes): the parent is reached by
+``safedirs.open_dir`` (no untrusted link followed); the data goes to a random name
+created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name planted in advance is never opened), is
+fsynced and renamed over the target: a reader sees the old file or the new one, and
+nothing planted at the target is followed (the rename replaces the entry itself).
 
-``open_regular`` / ``read_small``: every read of a file, system or shared (pid files in
-0777 pipe dirs, state, caches, tmpfiles.d, gres.conf, /proc, logs, the last textfile),
-opens it ``O_NONBLOCK`` (a FIFO planted anywhere cannot block the run), takes regular
-files only, and reads at most ``limit`` bytes. Links are refused (``O_NOFOLLOW``)
-except where an admin's or root's own file may be a link (``follow``: the config file,
-tmpfiles.d, gres.conf). The config and snapshots are read through it too
-(``mps_health.config.inputs``).
+``open_regular`` / ``read_small`` (every read, system or shared: pid files in 0777 pipe
+dirs, state, /proc, logs, the config): ``O_NONBLOCK`` (a planted FIFO cannot block the
+run), regular files only, at most ``limit`` bytes; links refused (``O_NOFOLLOW``) except
+where an admin's or root's own file may be a link (``follow``: the config file,
+tmpfiles.d, gres.conf).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -33,10 +30,7 @@ READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
                  owner: Optional[tuple] = None) -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
-    from mps_health.hostio.safedirs import (  # lazy: readers on the check's path never need it
-        open_dir,
-        split,
-    )
+    from mps_health.hostio.safedirs import open_dir, split  # lazy: readers never need it
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
@@ -55,15 +49,11 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        try:
-            os.fsync(pfd)  # the rename itself, durable (some file systems refuse: fine)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # some file systems refuse: fine
+            os.fsync(pfd)  # the rename itself, durable
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=pfd)
-        except OSError:
-            pass
         raise
     finally:
         os.close(pfd)
@@ -71,11 +61,10 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
 
 def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
                  ) -> Tuple[int, os.stat_result]:
-    """(fd, stat) of regular file ``path``, opened ``O_NONBLOCK`` (a FIFO, a socket or a
-    device planted there cannot block us) and, unless ``follow``, ``O_NOFOLLOW`` (a
-    symlink is refused with ELOOP). FileNotFoundError if it does not exist; OSError if it
-    is not a regular file or cannot be opened; OutOfResources when this process has no
-    file descriptor (or memory) left: that is our trouble, never a fact about the file."""
+    """(fd, stat) of regular file ``path``, opened ``O_NONBLOCK`` and, unless ``follow``,
+    ``O_NOFOLLOW`` (a symlink: ELOOP). FileNotFoundError if missing; OSError if not a
+    regular file or not openable; OutOfResources when this process has no descriptor (or
+    memory) left: our trouble, never a fact about the file."""
     flags = READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -94,10 +83,9 @@ def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
 
 
 def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
-    """At most ``limit + 1`` bytes from ``fd`` (one more than allowed tells "too long");
-    loops because procfs and some file systems return short reads. Reads are sized by
-    ``size_hint`` (st_size; procfs says 0): a small file under a large limit never costs
-    a buffer of the limit's size."""
+    """At most ``limit + 1`` bytes from ``fd`` (one more tells "too long"), looping over
+    short reads (procfs); reads are sized by ``size_hint`` (st_size), so a small file
+    under a large limit never costs a buffer of the limit's size."""
     chunks: List[bytes] = []
     got = 0
     while got <= limit:
@@ -112,9 +100,8 @@ def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
 def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
                follow: bool = False) -> Optional[bytes]:
     """The content of regular file ``path``; None if it does not exist. OSError if it is a
-    link (ELOOP), not a regular file, longer than ``limit``, or unreadable. ``follow``
-    only for a path an admin or root chose (the config file, tmpfiles.d, gres.conf): a
-    symlink is then followed."""
+    link (ELOOP, unless ``follow``: a path an admin or root chose), not a regular file,
+    longer than ``limit``, or unreadable."""
     try:
         fd, st = open_regular(path, dir_fd, follow)
     except FileNotFoundError:

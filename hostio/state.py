@@ -1,10 +1,7 @@
-"""What the deep checks remember between runs: small JSON files under ``state_dir``.
-
-Read and written only by the probes that gather (never by checks, never in replay),
-under an flock so the exporter, slurmd's health check and a human's run take turns.
-A file that cannot be read or decoded starts the memory afresh, with one line saying
-why; a state dir that cannot be written (not root) makes each run start from nothing,
-which costs accuracy (no offsets, no history), never correctness of what is reported.
+"""What the deep checks remember between runs: small JSON files under ``state_dir``,
+used by the probes that gather (never by checks or replay) under an flock. A file that
+cannot be read starts the memory afresh, with one line saying why; a state dir that
+cannot be written (not root) costs accuracy (no history), never correctness.
 """
 
 from __future__ import annotations
@@ -67,9 +64,8 @@ class StateFile:
             self._lock.release()
 
     def update(self, wait_s: float, change: Callable[[], Any]) -> str:
-        """Save ``change()`` under the lock, waiting up to ``wait_s`` for it (``change``
-        reads what is saved itself, under the lock); '' or why not. The state dir is made
-        (0755) when missing: the Prolog may be the first to keep something."""
+        """Save ``change()`` (which reads the old value itself) under the lock, waiting up
+        to ``wait_s``; '' or why not. A missing state dir is made (0755) for the Prolog."""
         try:
             os.makedirs(self.dir, mode=0o755, exist_ok=True)
         except OSError as e:

@@ -8,9 +8,10 @@ what we create). A uid without a passwd entry is still a user (its own group, ho
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 
 class User(NamedTuple):
@@ -25,44 +26,42 @@ class UserError(ValueError):
 
 
 ROOT = User(0, 0, "root", "/root")
-_names: Dict[int, Optional[str]] = {}
 
 
+@functools.cache
 def name_of(uid: Optional[int]) -> Optional[str]:
     """The user name of ``uid``; None without a passwd entry (cached for the run)."""
-    if uid is None:
+    try:
+        return None if uid is None else pwd.getpwuid(uid).pw_name
+    except KeyError:
         return None
-    if uid not in _names:
-        try:
-            _names[uid] = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            _names[uid] = None
-    return _names[uid]
 
 
-_uids: Dict[str, int] = {}
+@functools.cache
+def _uid_by_name(name: str) -> int:
+    return pwd.getpwnam(name).pw_uid  # KeyError: not cached, asked again next time
 
 
 def uid_of(spec: str) -> Optional[int]:
-    """The uid a user name or number names; None if nobody. A name found is kept for
-    the process (each check asks for the daemon's user, and every lookup reads the
-    passwd file anew); a name not found is asked again, as it may be added meanwhile."""
+    """The uid a user name or number names; None if nobody. A name found is kept for the
+    process (each lookup reads the passwd file anew); one not found is asked again."""
     if spec.isdigit():
         return int(spec)
-    if spec not in _uids:
-        try:
-            _uids[spec] = pwd.getpwnam(spec).pw_uid
-        except KeyError:
-            return None
-    return _uids[spec]
+    try:
+        return _uid_by_name(spec)
+    except KeyError:
+        return None
+
+
+def _user(pw: pwd.struct_passwd) -> User:
+    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir or "/")
 
 
 def by_uid(uid: int) -> User:
     try:
-        pw = pwd.getpwuid(uid)
+        return _user(pwd.getpwuid(uid))
     except KeyError:
         return User(uid, uid, str(uid), "/")  # no passwd entry: its own group, as useradd does
-    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir or "/")
 
 
 def resolve(spec: str, job_uid: Optional[int] = None, key: str = "mps.daemon_user") -> User:
@@ -76,10 +75,9 @@ def resolve(spec: str, job_uid: Optional[int] = None, key: str = "mps.daemon_use
     if spec.isdigit():
         return by_uid(int(spec))
     try:
-        pw = pwd.getpwnam(spec)
+        return _user(pwd.getpwnam(spec))
     except KeyError:
         raise UserError(f"{key} names user '{spec}', who does not exist on this node") from None
-    return User(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir or "/")
 
 
 def groups_of(user: User) -> Tuple[int, ...]:
