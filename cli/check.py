@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from mps_health.cli.common import add_common, boot_grace, load_config, names, written
+from mps_health.cli.common import add_common, boot_grace, load_config, names, warn, written
+from mps_health.config.load import Config, from_mapping
+from mps_health.engine import run as engine
+from mps_health.engine.snapshot import SnapshotError, capped, read
+from mps_health.exporters import json as json_out
+from mps_health.exporters import text
+from mps_health.hostio.state import is_fault
 from mps_health.model.exitcodes import Failure
-
-if TYPE_CHECKING:
-    import argparse
-
-    from mps_health.config.load import Config
-    from mps_health.model.facts import Facts
+from mps_health.model.facts import Facts
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -36,9 +37,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
-    from mps_health.config.load import from_mapping
-    from mps_health.engine.snapshot import SnapshotError, capped, read
-
     try:
         facts, saved_config = read(args.replay)
     except SnapshotError as e:
@@ -53,8 +51,6 @@ def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.engine import run as engine
-
     replay = None
     if args.replay:
         replay, config = replayed(args)
@@ -66,12 +62,8 @@ def run(args: argparse.Namespace) -> int:
                                boot_grace_s=boot_grace(config))
     # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
-        from mps_health.exporters import json as json_out
-
         written(lambda out: json_out.write(report, out))
     else:
-        from mps_health.exporters import text
-
         written(lambda out: text.write(report, out, args.verbose, *terminal(out)))
     if replay is None:
         say_state_faults(facts)
@@ -99,15 +91,8 @@ def terminal(out: object) -> tuple[int, bool]:
 def say_state_faults(facts: Facts) -> None:
     """One line on stderr per state file that could not be saved (a full or broken
     state dir): the verdict above stands, only history is lost until it can be saved."""
-    from mps_health.hostio.state import is_fault
-    from mps_health.model.printable import printable
-
     for name in sorted(facts.sources):
         note = getattr(facts.sources[name], "state_error", "")
-        if isinstance(note, str) and is_fault(note) and sys.stderr is not None:
-            try:
-                print(printable(f"mps-health: warning: {note} (the {name} check's history is "
-                                "not kept until it can be saved; the verdict is not affected)"),
-                      file=sys.stderr, flush=True)
-            except (OSError, ValueError):
-                pass
+        if isinstance(note, str) and is_fault(note):
+            warn(f"mps-health: warning: {note} (the {name} check's history is not kept until "
+                 "it can be saved; the verdict is not affected)")

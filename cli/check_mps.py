@@ -14,8 +14,9 @@ abandons it at ``-t`` and kills what it started.
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, Tuple
+from typing import List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
 from mps_health.cli.common import (
@@ -28,10 +29,8 @@ from mps_health.cli.common import (
     names,
     standard_fds,
 )
+from mps_health.engine import run as engine
 from mps_health.model.exitcodes import ExitCode, Failure
-
-if TYPE_CHECKING:
-    import argparse
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
@@ -43,18 +42,18 @@ MAX_SECONDS = 3600
 
 
 def check_range(text: str) -> str:
-    """ValueError unless ``text`` is a monitoring-plugins range of seconds, 0..3600."""
-    from mps_health.exporters.nagios import Range
+    """argparse type: a monitoring-plugins range of seconds, 0..3600."""
+    from mps_health.exporters.nagios import Range  # imported (or refused) by run()
 
     try:
         rng = Range(text)
     except ValueError:
-        raise ValueError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, 10:20, "
-                         "@10:20)") from None
+        raise argparse.ArgumentTypeError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, "
+                                         "10:20, @10:20)") from None
     given = [v for v in (rng.start, rng.end) if v not in (float("-inf"), float("inf"))]
     if any(not 0 <= v <= MAX_SECONDS for v in given):
-        raise ValueError(f"range {text[:40]!r} out of bounds: latency thresholds are "
-                         f"seconds from 0 to {MAX_SECONDS}")
+        raise argparse.ArgumentTypeError(f"range {text[:40]!r} out of bounds: latency "
+                                         f"thresholds are seconds from 0 to {MAX_SECONDS}")
     return text
 
 
@@ -62,27 +61,17 @@ def check_timeout(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"invalid timeout {text!r}: whole seconds") from None
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds") from None
     if not 1 <= value <= 3600:
-        raise ValueError(f"timeout {value} out of range 1..3600")
+        raise argparse.ArgumentTypeError(f"timeout {value} out of range 1..3600")
     return value
 
 
 def parser() -> argparse.ArgumentParser:
     """The whole interface: every option, its help, and a bad one as one UNKNOWN line."""
-    import argparse
-
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
             raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
-
-    def typed(check: Callable[[str], Any]) -> Callable[[str], Any]:
-        def convert(text: str) -> Any:
-            try:
-                return check(text)
-            except ValueError as e:
-                raise argparse.ArgumentTypeError(str(e)) from None
-        return convert
 
     p = Parser(prog=PROG, add_help=False, description=(
         "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
@@ -91,13 +80,13 @@ def parser() -> argparse.ArgumentParser:
                "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
                "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
                "within it is CRITICAL (control-wedged).")
-    p.add_argument("-w", "--warning", type=typed(check_range), metavar="RANGE",
+    p.add_argument("-w", "--warning", type=check_range, metavar="RANGE",
                    help="control latency warning range in seconds (default: the config's "
                         "control.warn_latency_s, 0.5)")
-    p.add_argument("-c", "--critical", type=typed(check_range), metavar="RANGE",
+    p.add_argument("-c", "--critical", type=check_range, metavar="RANGE",
                    help="control latency critical range in seconds (default: twice the "
                         "warning threshold, 1)")
-    p.add_argument("-t", "--timeout", type=typed(check_timeout), default=DEFAULT_TIMEOUT,
+    p.add_argument("-t", "--timeout", type=check_timeout, default=DEFAULT_TIMEOUT,
                    metavar="SECONDS", help=f"the plugin's own time limit (default "
                    f"{DEFAULT_TIMEOUT}); the checks get a budget below it")
     p.add_argument("--only", type=names, default=[], metavar="A,B",
@@ -116,8 +105,6 @@ def parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
-    from mps_health.engine import run as engine
-
     try:
         from mps_health.exporters import nagios
     except ImportError as e:  # installed without its dependencies

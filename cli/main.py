@@ -12,24 +12,12 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from mps_health.cli.common import edge, flushed, standard_fds
+from mps_health.cli.common import edge, flushed, standard_fds, warn
+from mps_health.cli.parser import build
 from mps_health.model.exitcodes import ExitCode
 
 
-def _say(line: str) -> None:
-    from mps_health.model.printable import printable
-
-    if sys.stderr is None:  # started with stderr closed (print would fall back to stdout)
-        return
-    try:
-        print(printable(line), file=sys.stderr, flush=True)  # one line: may quote a path
-    except (OSError, ValueError):
-        pass  # stderr gone too: the exit code says it
-
-
 def dispatch(argv: List[str]) -> int:
-    from mps_health.cli.parser import build
-
     parser = build(argv)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -42,7 +30,7 @@ def dispatch(argv: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     standard_fds()
-    code = edge(lambda: dispatch(args), _say, "mps-health: ")
+    code = edge(lambda: dispatch(args), warn, "mps-health: ")
     flushed()
     return code
 

@@ -9,8 +9,9 @@ not start.
 import argparse
 from typing import Callable
 
-from mps_health.cli.common import add_common, load_config
+from mps_health.cli.common import add_common, load_config, say
 from mps_health.model.exitcodes import Failure
+from mps_health.remediation import actions, dirs_repair, node_actions, orphans, tmpfiles_guard
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
@@ -54,34 +55,18 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.remediation import actions
-
     config = load_config(args)
-
-    from mps_health.model.printable import lines
-
-    def say(line: str) -> None:
-        print(lines(line), flush=True)
-
     try:
         if args.action == "reset":
             return actions.reset(config, args.root, args.instance, args.all, args.force,
                                  args.dry_run, say, args.automatic)
         if args.action == "dirs":
-            from mps_health.remediation import dirs_repair
-
             return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
         if args.action in ("drain", "resume"):
-            from mps_health.remediation import node_actions
-
             return node_actions.run(config, args.root, args.action,
                                     getattr(args, "reason", ""), args.dry_run, say)
         if args.action == "orphans":
-            from mps_health.remediation import orphans
-
             return orphans.run(config, args.root, args.dry_run, say)
-        from mps_health.remediation import tmpfiles_guard
-
         return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
     except actions.ActionError as e:
         raise Failure(str(e)) from None

@@ -10,7 +10,10 @@ import argparse
 import os
 from typing import Callable
 
+from mps_health.cli.common import load_config, say
+from mps_health.config.load import ConfigError
 from mps_health.model.exitcodes import Failure
+from mps_health.remediation.unit import prepare, stop
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -40,8 +43,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.remediation.unit import prepare, stop
-
     if not args.pipe_dir or not os.path.isabs(args.pipe_dir):
         raise Failure(f"unit {args.step}: set CUDA_MPS_PIPE_DIRECTORY (an absolute path) in "
                       "the unit's Environment=, or give --pipe-dir")
@@ -71,18 +72,8 @@ def _mode(option: str, value: str) -> int:
 def _state_dir(args: argparse.Namespace) -> str:
     """Where to record the planned start or stop; "" (with a line) when the config is bad:
     the unit must still start and stop."""
-    from mps_health.cli.common import load_config
-    from mps_health.config.load import ConfigError
-
     try:
         return load_config(args).state_dir
     except ConfigError as e:
         say(f"not recorded as a planned restart: {e}")
         return ""
-
-
-def say(line: str) -> None:
-    """What the unit's steps print, with names from the pipe dir escaped."""
-    from mps_health.model.printable import lines
-
-    print(lines(line), flush=True)
