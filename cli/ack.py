@@ -12,12 +12,13 @@ import argparse
 from typing import Callable
 
 from mps_health.cli.common import load_config
+from mps_health.hostio.planned import acknowledge
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.printable import escape
+from mps_health.model.servertrack import EVENT_CODES
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    from mps_health.model.servertrack import EVENT_CODES
-
     p.add_argument("code", choices=EVENT_CODES, help="the event to acknowledge")
     p.add_argument("instance", nargs="?", default="",
                    help="the instance (as the check names it; default: every instance)")
@@ -28,9 +29,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.hostio.planned import acknowledge
-    from mps_health.model.printable import escape
-
     config = load_config(args)
     instance = args.instance
     if instance and (not instance.isprintable() or len(instance) > 200):

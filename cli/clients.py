@@ -8,22 +8,25 @@ gathered within the run's budget, or read from a snapshot (``--replay``). Everyt
 taken from users' processes is escaped before it is printed.
 """
 
+import argparse
 import json
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from mps_health.checks.clients import attribute, ceiling
+from mps_health.checks.limits import default_percentage
+from mps_health.cli.check import replayed
 from mps_health.cli.common import add_common, load_config
+from mps_health.config.load import Config
+from mps_health.engine import run as engine
 from mps_health.model.exitcodes import Failure
-
-if TYPE_CHECKING:
-    import argparse
-
-    from mps_health.config.load import Config
-    from mps_health.model.facts import Facts
+from mps_health.model.facts import Facts
+from mps_health.model.printable import escape as e
+from mps_health.probes.jobs import gres_count
 
 SOURCES = ("servers", "jobs", "nvml", "control")
 
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: a table per server (default); json: the same data")
@@ -33,11 +36,8 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
+def gather(args: argparse.Namespace) -> Tuple[Facts, Config]:
     """This node's facts within the budget, or a snapshot's (Failure: one line, exit 3)."""
-    from mps_health.cli.check import replayed
-    from mps_health.engine import run as engine
-
     if args.replay:
         return replayed(args)
     config = load_config(args)
@@ -47,7 +47,7 @@ def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
     return engine.facts_within(config, args.root, SOURCES, budget), config
 
 
-def gpu_memory(facts: "Facts") -> Dict[int, int]:
+def gpu_memory(facts: Facts) -> Dict[int, int]:
     """Client PID -> GPU memory in bytes over all GPUs (NVML's MPS process lists)."""
     nv: Any = facts.sources.get("nvml")
     used: Dict[int, int] = {}
@@ -58,13 +58,9 @@ def gpu_memory(facts: "Facts") -> Dict[int, int]:
     return used
 
 
-def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
+def view(facts: Facts, config: Config) -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
-    from mps_health.checks.clients import attribute, ceiling
-    from mps_health.checks.limits import default_percentage
-    from mps_health.probes.jobs import gres_count
-
     servers: Any = facts.sources.get("servers")
     jobs: Any = facts.sources.get("jobs")
     control: Any = facts.sources.get("control") or {}
@@ -129,8 +125,6 @@ def _pct(value: Optional[float]) -> str:
 
 
 def render_text(data: Dict[str, Any]) -> str:
-    from mps_health.model.printable import escape as e
-
     lines: List[str] = [f"MPS clients on {e(data['node'])}"]
     for inst in data["instances"]:
         limits = ", ".join(f"{o}={e(v) or 'none'}" for o, v in
@@ -182,7 +176,7 @@ def render_text(data: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: "argparse.Namespace") -> int:
+def run(args: argparse.Namespace) -> int:
     facts, config = gather(args)
     data = view(facts, config)
     if args.format == "json":

@@ -9,6 +9,7 @@ from typing import Callable
 
 from mps_health.cli.common import written
 from mps_health.model.exitcodes import ExitCode
+from mps_health.model.runbook import EXAMPLE_CONFIG, read_data
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -20,8 +21,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.model.runbook import EXAMPLE_CONFIG, read_data
-
     text = read_data(EXAMPLE_CONFIG)
     written(lambda out: out.write(text))
     return ExitCode.OK

@@ -10,7 +10,12 @@ import importlib
 from typing import Callable, Dict, List
 
 from mps_health.cli.common import emit
+from mps_health.engine import run as engine
+from mps_health.healthcheck import run as healthcheck
+from mps_health.model import registry
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.printable import escape
+from mps_health.model.runbook import entries
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -21,10 +26,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def declared() -> List[str]:
     """Every code mps-health reports, check by check, as the checks declare them."""
-    from mps_health.engine import run as engine
-    from mps_health.healthcheck import run as healthcheck
-    from mps_health.model import registry
-
     codes: Dict[str, None] = {}
     for spec in registry.checks().values():
         if spec.target.startswith("."):  # a site's own check documents its codes itself
@@ -35,9 +36,6 @@ def declared() -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.model.printable import escape
-    from mps_health.model.runbook import entries
-
     found = entries()
     if args.code is None:
         # The codes the checks report, then the runbook's other entries (alerts, limits).

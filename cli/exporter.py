@@ -9,12 +9,13 @@ the file is written (the node's health is in the metrics), 3 when it cannot be.
 Its config section and listen address parsing are in mps_health.config.exporter.
 """
 
+import argparse
 import os
 import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from mps_health.cli.common import add_common, boot_grace, load_config, names, one_line
 from mps_health.config.exporter import (
@@ -25,12 +26,16 @@ from mps_health.config.exporter import (
     parse_listen,
 )
 from mps_health.config.load import Config
+from mps_health.engine import run as engine
+from mps_health.exporters import prometheus
+from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
+from mps_health.exporters.http import Limits
+from mps_health.exporters.http import serve as serve_http
+from mps_health.healthcheck import state as hcstate
 from mps_health.model.exitcodes import Failure
 
-if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
-    import argparse
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
@@ -49,9 +54,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def run(args: "argparse.Namespace") -> int:
-    from mps_health.engine import run as engine
-
+def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     settings = exporter_config(config)
     engine.select_checks(config, args.only, args.skip)
@@ -71,19 +74,14 @@ class Refresher:
     only reads ``page``. When runs stop finishing, ``mps_health_last_run_timestamp_seconds``
     stops moving: that is what the alert watches."""
 
-    def __init__(self, config: Config, args: "argparse.Namespace", interval_s: float,
+    def __init__(self, config: Config, args: argparse.Namespace, interval_s: float,
                  budget_s: float) -> None:
-        from mps_health.exporters import prometheus
-
         self.config, self.root, self.only, self.skip = config, args.root, args.only, args.skip
         self.interval_s, self.budget_s = interval_s, budget_s
         self.record: Optional[prometheus.RunRecord] = None
         self.page: bytes = prometheus.exposition(None)  # build info until the first run
 
-    def run_once(self):  # -> prometheus.RunRecord
-        from mps_health.engine import run as engine
-        from mps_health.exporters import prometheus
-
+    def run_once(self) -> prometheus.RunRecord:
         previous = self.record.last_success_at if self.record is not None else None
         try:
             _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s,
@@ -110,17 +108,13 @@ class Refresher:
 
 def healthcheck_duration(config: Config, root: str) -> Optional[float]:
     """The last health check run's duration from its state file; None where none ran."""
-    from mps_health.healthcheck import state as hcstate
-
     base = config.state_dir if root in ("", "/") else \
         os.path.join(root, config.state_dir.lstrip("/"))
     state = hcstate.load(os.path.join(base, hcstate.STATE_FILE))
     return state.duration_s if state.known and state.duration_s > 0 else None
 
 
-def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
-    from mps_health.exporters import prometheus
-
+def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:
     if not os.path.isdir(directory):
         raise Failure(f"{directory}: no such directory (create it, or point --textfile at "
                       "node_exporter's --collector.textfile.directory)")
@@ -138,12 +132,9 @@ def write_once(config: Config, args: "argparse.Namespace", directory: str) -> in
     return 0 if record.report is not None else 3
 
 
-def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
+def http_limits(settings: ExporterConfig) -> Tuple[Limits, str]:
     """The server's limits, with the connection cap the open-file limit allows, and a note
     for the start line when that is below exporter.max_connections."""
-    from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
-    from mps_health.exporters.http import Limits
-
     budget = connection_budget(settings.max_connections)
     if budget.cap < 1:
         raise Failure(f"the open-file limit ({budget.limit}) leaves no room for connections "
@@ -159,10 +150,7 @@ def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
     return limits, note
 
 
-def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
-    from mps_health.engine import run as engine
-    from mps_health.exporters.http import serve as serve_http
-
+def serve(config: Config, args: argparse.Namespace, listen: str, interval: float) -> int:
     try:
         address = parse_listen(listen)
     except ValueError as e:

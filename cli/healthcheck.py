@@ -10,13 +10,14 @@ logs the output of a run that fails.
 
 from __future__ import annotations
 
+import argparse
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from mps_health.cli.common import add_common, emit, load_config
-
-if TYPE_CHECKING:
-    import argparse
+from mps_health.healthcheck.run import main_run
+from mps_health.hostio.runner import SAFE_PATH
+from mps_health.model.printable import printable
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -33,14 +34,8 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.healthcheck.run import main_run
-
     if not os.environ.get("PATH"):  # slurmd's: find scontrol and the MPS client
-        from mps_health.hostio.runner import SAFE_PATH
-
         os.environ["PATH"] = SAFE_PATH
     result = main_run(load_config(args), args.root, args.dry_run, args.mode)
-    from mps_health.model.printable import printable
-
     emit("\n".join(printable(line) for line in result.lines))
     return result.rc

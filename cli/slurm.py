@@ -9,31 +9,47 @@
 unified diff when not, 3 when it cannot tell (as every other failure here).
 """
 
+import argparse
 import os
 import sys
 import sysconfig
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Any, Callable, Tuple
 
 from mps_health.cli.common import load_config
+from mps_health.config.load import Config
+from mps_health.config.slurm import mps_gpu_ids, settings
+from mps_health.hostio.safefiles import read_small
+from mps_health.model.context import node_name
 from mps_health.model.exitcodes import ExitCode, Failure
-
-if TYPE_CHECKING:
-    import argparse
-
-    from mps_health.config.load import Config
+from mps_health.slurm.gpus import (
+    GpusError,
+    GresGpu,
+    NvmlUnavailable,
+    gres_gpus,
+    nvml_facts,
+    parse_choice,
+)
+from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan, written_before
+from mps_health.slurm.install import install as write
+from mps_health.slurm.render import (
+    diff_gres_conf,
+    diff_slurm_conf,
+    render_gres_conf,
+    render_slurm_conf,
+)
 
 DEFAULT_PREFIX = "/etc/slurm"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     sub = p.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", parser_class=type(p))
 
-    def common(q: "argparse.ArgumentParser") -> None:
+    def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--config", metavar="FILE",
                        help="config file (default /etc/mps-health/config.yaml if it exists)")
 
-    def gpu_options(q: "argparse.ArgumentParser") -> None:
+    def gpu_options(q: argparse.ArgumentParser) -> None:
         common(q)
         q.add_argument("--mps-gpus", metavar="all|none|0,1",
                        help="GPUs (indices or UUIDs) that get Name=mps lines (default: the "
@@ -46,7 +62,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                        help="this node's Slurm name (default: SLURMD_NODENAME, node_name, "
                             "the short hostname)")
 
-    def diff_options(q: "argparse.ArgumentParser", installed: str, default: str) -> None:
+    def diff_options(q: argparse.ArgumentParser, installed: str, default: str) -> None:
         """--diff against the installed file, and --gres-conf/--slurm-conf naming it."""
         q.add_argument("--diff", action="store_true",
                        help=f"compare with the installed {installed}; exit 1 when it differs")
@@ -87,7 +103,7 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     i.add_argument("--dry-run", action="store_true", help="print the scripts, write nothing")
     i.set_defaults(slurm_handler=install)
 
-    def run(args: "argparse.Namespace") -> int:
+    def run(args: argparse.Namespace) -> int:
         handler = getattr(args, "slurm_handler", None)
         if handler is None:
             p.print_help()
@@ -98,40 +114,21 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 
 # --- settings shared with the checks' config --------------------------------------------
-def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
-    from mps_health.config.slurm import mps_gpu_ids
-    from mps_health.slurm.gpus import parse_choice
-
-    if args.mps_gpus is not None:
-        return parse_choice(args.mps_gpus)
-    return mps_gpu_ids(config)
-
-
-def mps_count(args: "argparse.Namespace", config: "Config") -> int:
-    from mps_health.config.slurm import settings
-
+def mps_count(args: argparse.Namespace, config: Config) -> int:
     count = args.count if args.count is not None else settings(config).mps_per_gpu
     if count < 1:
         raise ValueError(f"mps Count must be a whole number of at least 1 (got {count!r})")
     return int(count)
 
 
-def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
-    from mps_health.slurm.gpus import gres_gpus, nvml_facts
-
+def _gpus(args: argparse.Namespace, config: Config) -> Tuple[Tuple[GresGpu, ...], Any]:
+    """(the GPUs gres.conf names, with Name=mps on the chosen ones; NVML's driver version)."""
     facts = nvml_facts(args.nvml_record)
-    return gres_gpus(facts, mps_choice(args, config)), facts.driver_version
-
-
-def _node(args: "argparse.Namespace", config: "Config") -> str:
-    from mps_health.model.context import node_name
-
-    return args.node_name or node_name(config)
+    choice = parse_choice(args.mps_gpus) if args.mps_gpus is not None else mps_gpu_ids(config)
+    return gres_gpus(facts, choice), facts.driver_version
 
 
 def _read(path: str) -> str:
-    from mps_health.hostio.safefiles import read_small
-
     try:
         data = read_small(path, 64 << 20, follow=True)  # slurm.conf may be a link
     except OSError as e:
@@ -141,9 +138,7 @@ def _read(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
-    from mps_health.slurm.gpus import GpusError
-
+def gres_conf(args: argparse.Namespace) -> int:
     config = load_config(args)
     try:
         gpus, driver = _gpus(args, config)
@@ -152,20 +147,11 @@ def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
         raise Failure(str(e)) from None
     if not gpus:
         raise Failure("NVML sees no GPU on this node: nothing to write")
-    return config, gpus, driver, count
-
-
-def gres_conf(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.render import diff_gres_conf, render_gres_conf
-
-    config, gpus, driver, count = _prepare(args)
-    node = _node(args, config)
+    node = args.node_name or node_name(config)
     text = render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
-    from mps_health.config.slurm import settings
-
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
     return _report_diff(diff_gres_conf(text, _read(path), node, path),
@@ -204,10 +190,7 @@ def health_check_default(link_dirs: Tuple[str, ...] = LINK_DIRS) -> Tuple[str, s
                  f"{' or '.join(link_dirs)} (README, Install on a node): its own path")
 
 
-def conf(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.gpus import GpusError, NvmlUnavailable
-    from mps_health.slurm.render import diff_slurm_conf, render_slurm_conf
-
+def conf(args: argparse.Namespace) -> int:
     if not 1 <= args.health_check_interval <= 86400:
         raise Failure("--health-check-interval must be between 1 and 86400 seconds")
     config = load_config(args)
@@ -223,7 +206,7 @@ def conf(args: "argparse.Namespace") -> int:
         raise Failure(str(e)) from None
     if no_gpus:
         print(f"mps-health: note: {no_gpus}: the node's Gres= is left out", file=sys.stderr)
-    node = _node(args, config)
+    node = args.node_name or node_name(config)
     program, note = (args.health_check_program, "") if args.health_check_program \
         else health_check_default()
     text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
@@ -237,10 +220,7 @@ def conf(args: "argparse.Namespace") -> int:
                         f"{path} has every setting mps-health needs for {node}")
 
 
-def install(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan
-    from mps_health.slurm.install import install as write
-
+def install(args: argparse.Namespace) -> int:
     config = os.path.abspath(args.config) if args.config else None
     # The hooks would refuse a bad one at every job: say so now. Its layout says
     # whether Slurm needs our hooks at all.
@@ -264,8 +244,6 @@ def install(args: "argparse.Namespace") -> int:
 
 def _no_hooks(prefix: str, layout: str) -> int:
     """``slurm install`` for a layout whose daemons are the node's: nothing to write."""
-    from mps_health.slurm.install import written_before
-
     print(f"mps.layout is {layout}: its MPS daemons are the node's (systemd units), not the "
           "jobs', so Slurm needs no Prolog, TaskProlog or Epilog of mps-health: wrote nothing")
     for path in written_before(prefix):

@@ -5,6 +5,10 @@ import os
 from typing import Callable
 
 from mps_health.cli.common import add_common, load_config
+from mps_health.engine import run as engine
+from mps_health.engine.snapshot import dumps
+from mps_health.hostio.safefiles import write_atomic
+from mps_health.model import registry
 from mps_health.model.exitcodes import Failure
 
 
@@ -18,10 +22,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.engine import run as engine
-    from mps_health.engine.snapshot import dumps
-    from mps_health.model import registry
-
     config = load_config(args)
     if args.all:
         needs = list(registry.SOURCES)
@@ -32,8 +32,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         print(text)
         return 0
-    from mps_health.hostio.safefiles import write_atomic
-
     try:
         write_atomic(os.path.abspath(args.output), (text + "\n").encode(), 0o644)
     except OSError as e:
