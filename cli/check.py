@@ -9,8 +9,6 @@ from typing import Callable
 from mps_health.cli.common import add_common, boot_grace, load_config, names, warn, written
 from mps_health.config.load import Config, from_mapping
 from mps_health.engine import run as engine
-from mps_health.engine.snapshot import SnapshotError, capped, read
-from mps_health.exporters import json as json_out
 from mps_health.exporters import text
 from mps_health.hostio.state import is_fault
 from mps_health.model.exitcodes import Failure
@@ -37,6 +35,8 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
     """The facts of a snapshot, and the config to judge them by (--config, else its own)."""
+    from mps_health.engine.snapshot import SnapshotError, capped, read  # only for --replay
+
     try:
         facts, saved_config = read(args.replay)
     except SnapshotError as e:
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
                                boot_grace_s=boot_grace(config))
     # Written as it is formatted: many instances never make one huge string.
     if args.format == "json":
+        from mps_health.exporters import json as json_out
+
         written(lambda out: json_out.write(report, out))
     else:
         written(lambda out: text.write(report, out, args.verbose, *terminal(out)))

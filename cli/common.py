@@ -16,7 +16,6 @@ import sys
 from typing import Callable, List, TextIO
 
 from mps_health.config.load import Config, ConfigError, load
-from mps_health.config.remediation import healthcheck
 from mps_health.hostio.resources import OutOfResources
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape, lines, printable
@@ -142,8 +141,12 @@ def _discard(out: object) -> None:
 
 def boot_grace(config: Config) -> float:
     """``healthcheck.boot_grace_s``, for the runs of check, check_mps and the exporter;
-    without that section its default."""
-    return healthcheck(config).boot_grace_s if "healthcheck" in config.given else BOOT_GRACE_S
+    without that section its default, the health check's settings not imported."""
+    if "healthcheck" not in config.given:
+        return BOOT_GRACE_S
+    from mps_health.config.remediation import healthcheck
+
+    return healthcheck(config).boot_grace_s
 
 
 def load_config(args: argparse.Namespace) -> Config:
