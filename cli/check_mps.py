@@ -1,15 +1,12 @@
 """``check_mps``: the Nagios/Icinga plugin, in monitoring-plugins' conventions.
 
-A nagiosplugin check (``exporters.nagios``) whose Resource makes the engine run
-``mps-health check`` makes: ``MPS <STATE> - summary | perfdata``, long output with
-``-v``; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V``
-exit 3 as monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one
-UNKNOWN line on stdout, never a traceback.
-
-Time: the run's budget is below ``-t`` (``engine.budget_within``), so a wedged daemon
-is CRITICAL (control-wedged) inside it; only a run overrunning ``-t`` (a probe stuck in
-the kernel) is UNKNOWN: the engine's hard limit (``engine.bounded``, no SIGALRM)
-abandons it at ``-t`` and kills what it started.
+A nagiosplugin check (``exporters.nagios``) over the engine run ``mps-health check``
+makes: ``MPS <STATE> - summary | perfdata``, long output with ``-v``; exit 0 OK, 1
+WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit 3 as
+monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one UNKNOWN
+line on stdout, never a traceback. The run's budget is below ``-t``, so a wedged daemon
+is CRITICAL (control-wedged); only a run overrunning ``-t`` (a probe stuck in the
+kernel) is UNKNOWN: ``engine.bounded`` (no SIGALRM) abandons it and kills what it started.
 """
 
 from __future__ import annotations
@@ -19,23 +16,12 @@ import sys
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
-from mps_health.cli.common import (
-    UsageError,
-    boot_grace,
-    edge,
-    emit,
-    flushed,
-    load_config,
-    names,
-    standard_fds,
-)
+from mps_health.cli import common
 from mps_health.engine import run as engine
 from mps_health.model.exitcodes import ExitCode, Failure
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
-
-
 # -w/-c judge the control daemon's answer time: seconds, and no answer takes longer
 # than the plugin's own limit (-t, at most 3600).
 MAX_SECONDS = 3600
@@ -71,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     """The whole interface: every option, its help, and a bad one as one UNKNOWN line."""
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
-            raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
+            raise common.UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
 
     p = Parser(prog=PROG, add_help=False, description=(
         "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
@@ -89,9 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--timeout", type=check_timeout, default=DEFAULT_TIMEOUT,
                    metavar="SECONDS", help=f"the plugin's own time limit (default "
                    f"{DEFAULT_TIMEOUT}); the checks get a budget below it")
-    p.add_argument("--only", type=names, default=[], metavar="A,B",
+    p.add_argument("--only", type=common.names, default=[], metavar="A,B",
                    help="run only these checks (mps-health's names)")
-    p.add_argument("--skip", type=names, default=[], metavar="A,B",
+    p.add_argument("--skip", type=common.names, default=[], metavar="A,B",
                    help="do not run these checks")
     p.add_argument("--config", metavar="FILE",
                    help="config file (default /etc/mps-health/config.yaml if it exists)")
@@ -117,14 +103,14 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
         return p.format_help(), ExitCode.UNKNOWN
     if args.version:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
-    config = load_config(args)
+    config = common.load_config(args)
     engine.select_checks(config, args.only, args.skip)
     warning, critical = nagios.thresholds(args.warning, args.critical,
                                           config.control.warn_latency_s)
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
-    grace = boot_grace(config)
+    grace = common.boot_grace(config)
     probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
                                             limit_s=args.timeout,
                                             boot_grace_s=grace)[1])  # Overrun past -t
@@ -149,11 +135,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     def say(line: str) -> None:  # one line, no '|' (it would start perfdata)
         out.append(" ".join(line.replace("|", "/").split()) + "\n")
 
-    standard_fds()
-    code = edge(body, say, "MPS UNKNOWN - ")
+    common.standard_fds()
+    code = common.edge(body, say, "MPS UNKNOWN - ")
     if out:
-        emit("".join(out).rstrip("\n"))
-    flushed()
+        common.emit("".join(out).rstrip("\n"))
+    common.flushed()
     return code
 
 

@@ -10,7 +10,7 @@ taken from users' processes is escaped before it is printed.
 
 import argparse
 import json
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from mps_health.checks.clients import attribute, ceiling
 from mps_health.checks.limits import default_percentage
@@ -36,41 +36,23 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def gather(args: argparse.Namespace) -> Tuple[Facts, Config]:
-    """This node's facts within the budget, or a snapshot's (Failure: one line, exit 3)."""
-    if args.replay:
-        return replayed(args)
-    config = load_config(args)
-    budget = args.budget if args.budget is not None else config.budget_s
-    if not 0.1 <= budget <= 300:
-        raise Failure("--budget must be between 0.1 and 300 seconds")
-    return engine.facts_within(config, args.root, SOURCES, budget), config
-
-
-def gpu_memory(facts: Facts) -> Dict[int, int]:
-    """Client PID -> GPU memory in bytes over all GPUs (NVML's MPS process lists)."""
-    nv: Any = facts.sources.get("nvml")
-    used: Dict[int, int] = {}
-    for gpu in getattr(nv, "gpus", ()) or ():
-        for p in gpu.mps_processes or ():
-            if p.used_memory_bytes is not None:
-                used[p.pid] = used.get(p.pid, 0) + p.used_memory_bytes
-    return used
-
-
 def view(facts: Facts, config: Config) -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
     servers: Any = facts.sources.get("servers")
     jobs: Any = facts.sources.get("jobs")
     control: Any = facts.sources.get("control") or {}
+    nv: Any = facts.sources.get("nvml")
     by_id = {j.job_id: j for j in (getattr(jobs, "jobs", None) or ())}
-    memory = gpu_memory(facts)
+    memory: Dict[int, int] = {}  # client PID -> GPU memory over all GPUs (NVML's MPS lists)
+    for gpu in getattr(nv, "gpus", ()) or ():
+        for p in gpu.mps_processes or ():
+            if p.used_memory_bytes is not None:
+                memory[p.pid] = memory.get(p.pid, 0) + p.used_memory_bytes
     out: Dict[str, Any] = {"node": facts.node, "taken_at": facts.taken_at, "instances": [],
                            "errors": dict(facts.errors)}
     if jobs is not None and jobs.error:
         out["errors"]["jobs"] = jobs.error
-    nv: Any = facts.sources.get("nvml")
     if nv is not None and not nv.available:
         out["errors"]["nvml"] = nv.error
     for inst in facts.instances:
@@ -177,7 +159,14 @@ def render_text(data: Dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    facts, config = gather(args)
+    if args.replay:  # a snapshot's facts, else this node's within the budget
+        facts, config = replayed(args)
+    else:
+        config = load_config(args)
+        budget = args.budget if args.budget is not None else config.budget_s
+        if not 0.1 <= budget <= 300:
+            raise Failure("--budget must be between 0.1 and 300 seconds")
+        facts = engine.facts_within(config, args.root, SOURCES, budget)
     data = view(facts, config)
     if args.format == "json":
         print(json.dumps(data, indent=1, sort_keys=True))

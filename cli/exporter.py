@@ -60,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
     engine.select_checks(config, args.only, args.skip)
     if args.budget is not None and not 0.1 <= args.budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
-    textfile = args.textfile or None
-    if textfile is not None:
-        return write_once(config, args, textfile)
+    if args.textfile:
+        return write_once(config, args, args.textfile)
     interval = args.interval if args.interval is not None else settings.interval_s
     if not 1.0 <= interval <= 3600.0:
         raise Failure("--interval must be between 1 and 3600 seconds")
@@ -88,15 +87,14 @@ class Refresher:
                                    boot_grace_s=boot_grace(self.config))
         except Exception as e:  # the engine never raises for a bad node; say so and go on
             print(f"mps-health exporter: run failed: {one_line(e)}", file=sys.stderr)
-            record = prometheus.RunRecord(None, time.time(), False, previous,
-                                          error=one_line(e))
+            record = prometheus.RunRecord(None, time.time(), False, previous, error=one_line(e))
         else:
             now = time.time()
             ok = prometheus.run_success(report)
             record = prometheus.RunRecord(report, now, ok, now if ok else previous)
         record = record._replace(healthcheck_s=healthcheck_duration(self.config, self.root))
-        page = prometheus.exposition(record)
-        self.record, self.page = record, page  # one reference each: a scrape sees either
+        # One reference each, set once the page is rendered: a scrape sees either.
+        self.record, self.page = record, prometheus.exposition(record)
         return record
 
     def loop(self, stop: threading.Event) -> None:

@@ -21,22 +21,10 @@ from mps_health.config.slurm import mps_gpu_ids, settings
 from mps_health.hostio.safefiles import read_small
 from mps_health.model.context import node_name
 from mps_health.model.exitcodes import ExitCode, Failure
-from mps_health.slurm.gpus import (
-    GpusError,
-    GresGpu,
-    NvmlUnavailable,
-    gres_gpus,
-    nvml_facts,
-    parse_choice,
-)
+from mps_health.slurm import gpus as nvml
+from mps_health.slurm import render
 from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan, written_before
 from mps_health.slurm.install import install as write
-from mps_health.slurm.render import (
-    diff_gres_conf,
-    diff_slurm_conf,
-    render_gres_conf,
-    render_slurm_conf,
-)
 
 DEFAULT_PREFIX = "/etc/slurm"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -121,11 +109,11 @@ def mps_count(args: argparse.Namespace, config: Config) -> int:
     return int(count)
 
 
-def _gpus(args: argparse.Namespace, config: Config) -> Tuple[Tuple[GresGpu, ...], Any]:
+def _gpus(args: argparse.Namespace, config: Config) -> Tuple[Tuple[nvml.GresGpu, ...], Any]:
     """(the GPUs gres.conf names, with Name=mps on the chosen ones; NVML's driver version)."""
-    facts = nvml_facts(args.nvml_record)
-    choice = parse_choice(args.mps_gpus) if args.mps_gpus is not None else mps_gpu_ids(config)
-    return gres_gpus(facts, choice), facts.driver_version
+    facts = nvml.nvml_facts(args.nvml_record)
+    choice = nvml.parse_choice(args.mps_gpus) if args.mps_gpus is not None else mps_gpu_ids(config)
+    return nvml.gres_gpus(facts, choice), facts.driver_version
 
 
 def _read(path: str) -> str:
@@ -143,18 +131,18 @@ def gres_conf(args: argparse.Namespace) -> int:
     try:
         gpus, driver = _gpus(args, config)
         count = mps_count(args, config)
-    except (GpusError, ValueError) as e:
+    except (nvml.GpusError, ValueError) as e:
         raise Failure(str(e)) from None
     if not gpus:
         raise Failure("NVML sees no GPU on this node: nothing to write")
     node = args.node_name or node_name(config)
-    text = render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
+    text = render.render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
-    return _report_diff(diff_gres_conf(text, _read(path), node, path),
+    return _report_diff(render.diff_gres_conf(text, _read(path), node, path),
                         f"{path} differs from NVML for {node}", f"{path} matches NVML for {node}")
 
 
@@ -200,22 +188,22 @@ def conf(args: argparse.Namespace) -> int:
         count = mps_count(args, config)
         gpus, _ = _gpus(args, config)
         no_gpus = "" if gpus else "NVML sees no GPU on this node"
-    except NvmlUnavailable as e:
+    except nvml.NvmlUnavailable as e:
         gpus, no_gpus = (), str(e).rstrip(".")
-    except (GpusError, ValueError) as e:
+    except (nvml.GpusError, ValueError) as e:
         raise Failure(str(e)) from None
     if no_gpus:
         print(f"mps-health: note: {no_gpus}: the node's Gres= is left out", file=sys.stderr)
     node = args.node_name or node_name(config)
     program, note = (args.health_check_program, "") if args.health_check_program \
         else health_check_default()
-    text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
+    text = render.render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
                              args.health_check_interval, no_gpus, note)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
     path = args.slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
-    return _report_diff(diff_slurm_conf(text, _read(path), node, path),
+    return _report_diff(render.diff_slurm_conf(text, _read(path), node, path),
                         f"{path} lacks settings mps-health needs",
                         f"{path} has every setting mps-health needs for {node}")
 
