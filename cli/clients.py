@@ -1,11 +1,10 @@
 """``mps-health clients``: who MPS serves on this node, as a table or JSON.
 
-For each instance: its daemon and defaults; each server (PID, user, status, active
-thread percentage, GPUs by UUID with the pinned memory limit and client contexts of
-each); each client (PID, user, Slurm job and what it asked, command, thread ceiling,
-GPU memory from NVML). The same facts as ``check`` (servers, jobs, NVML, control),
-gathered within the run's budget, or read from a snapshot (``--replay``). Everything
-taken from users' processes is escaped before it is printed.
+Per instance its daemon and defaults; per server PID, user, status, active thread
+percentage, GPUs (UUID, pinned memory limit, client contexts); per client PID, user, Slurm
+job and what it asked, command, thread ceiling, GPU memory (NVML). The facts are check's
+(servers, jobs, NVML, control) within the run's budget, or a snapshot's (``--replay``).
+Everything taken from users' processes is escaped before it is printed.
 """
 
 import argparse
@@ -58,12 +57,12 @@ def view(facts: Facts, config: Config) -> Dict[str, Any]:
     for inst in facts.instances:
         cur = servers.instances.get(inst.name) if servers is not None else None
         answer = control.get(inst.name) if isinstance(control, dict) else None
-        default_pct = default_percentage(answer)  # read as the limits check reads it
         entry: Dict[str, Any] = {
             "name": inst.name, "pipe_dir": inst.pipe_dir, "gpu": inst.gpu,
             "query": cur.query if cur else "not-gathered", "detail": cur.detail if cur else "",
             "daemon_pid": cur.daemon_pid if cur else None,
-            "default_thread_percentage": default_pct,
+            # read as the limits check reads it
+            "default_thread_percentage": default_percentage(answer),
             "default_pinned_mem_limits": {str(o): v for o, v in
                                           (cur.default_pinned_mem_limits if cur else ())},
             "servers": []}
@@ -81,16 +80,13 @@ def view(facts: Facts, config: Config) -> Dict[str, Any]:
                 server["clients"].append({
                     "pid": c.pid, "user": c.user, "uid": c.uid, "command": c.command,
                     "job_id": None if mismatch else (c.job_id or None),
-                    "job_from": c.job_from or None,
+                    "job_from": c.job_from or None, "job_mismatch": mismatch or None,
                     "job_claimed": c.job_id if mismatch else None,
-                    "job_mismatch": mismatch or None,
                     "job_gres": job.gres if job else None,
                     "job_mps": gres_count(job, "mps") if job else None,
-                    "environ": c.environ or None,
-                    "env_thread_percentage": c.thread_percentage,
+                    "environ": c.environ or None, "env_thread_percentage": c.thread_percentage,
                     "thread_ceiling": ceiling(c, s)[0] if known else None,
-                    "env_pinned_mem_limit": c.pinned_mem_limit or None,
-                    "env_pipe_dir": c.pipe_dir,
+                    "env_pinned_mem_limit": c.pinned_mem_limit or None, "env_pipe_dir": c.pipe_dir,
                     "gpus": list(c.gpus), "pid_namespace": c.namespace or None,
                     "gpu_memory_bytes": memory.get(c.pid)})
             entry["servers"].append(server)

@@ -1,7 +1,6 @@
 """``mps-health config example``: the example config, every key with its default.
 
-contrib/config.example.yaml is the source; the package carries it, so a node without
-the source tree has it too.
+The package carries contrib/config.example.yaml, so a node without the source has it.
 """
 
 import argparse

@@ -1,12 +1,10 @@
 """``mps-health exporter``: Prometheus metrics over HTTP, or once into a textfile.
 
-Served: ``mps-health exporter [--listen :10102]`` runs the checks every ``--interval``
-seconds in a background thread and answers scrapes from the last run's results.
-Textfile: ``mps-health exporter --textfile DIR`` runs once and writes DIR/mps_health.prom
-atomically, for node_exporter's textfile collector and a systemd timer; it exits 0 once
-the file is written (the node's health is in the metrics), 3 when it cannot be.
-
-Its config section and listen address parsing are in mps_health.config.exporter.
+Served (``--listen :10102``): the checks run every ``--interval`` seconds in a background
+thread; scrapes get the last run's results. ``--textfile DIR``: one run writes
+DIR/mps_health.prom atomically (node_exporter's textfile collector, a systemd timer);
+exit 0 once it is written (the node's health is in the metrics), 3 when it cannot be.
+The config section and listen address parsing are in mps_health.config.exporter.
 """
 
 import argparse

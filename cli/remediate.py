@@ -1,9 +1,8 @@
 """``mps-health remediate ACTION``: careful repair, each action planned before it acts.
 
-reset [INSTANCE...], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
-action prints its plan and stops there with --dry-run. Exit 0 done or nothing to do, 1
-refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3 could
-not start.
+Every action prints its plan, and stops there with --dry-run. Exit 0 done or nothing to
+do, 1 refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3
+could not start.
 """
 
 import argparse

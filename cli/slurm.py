@@ -33,12 +33,14 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     sub = p.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", parser_class=type(p))
 
-    def common(q: argparse.ArgumentParser) -> None:
+    g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
+    c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
+    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
+                       "(the per-job layout's; none for the node and per-gpu layouts)")
+    for q in (g, c, i):
         q.add_argument("--config", metavar="FILE",
                        help="config file (default /etc/mps-health/config.yaml if it exists)")
-
-    def gpu_options(q: argparse.ArgumentParser) -> None:
-        common(q)
+    for q in (g, c):  # the GPUs, from NVML
         q.add_argument("--mps-gpus", metavar="all|none|0,1",
                        help="GPUs (indices or UUIDs) that get Name=mps lines (default: the "
                             "config's gpu.mps_gpus, else every GPU)")
@@ -49,25 +51,10 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         q.add_argument("--node-name", metavar="NAME",
                        help="this node's Slurm name (default: SLURMD_NODENAME, node_name, "
                             "the short hostname)")
-
-    def diff_options(q: argparse.ArgumentParser, installed: str, default: str) -> None:
-        """--diff against the installed file, and --gres-conf/--slurm-conf naming it."""
-        q.add_argument("--diff", action="store_true",
-                       help=f"compare with the installed {installed}; exit 1 when it differs")
-        q.add_argument("--" + installed.replace(".", "-"), metavar="FILE",
-                       help=f"the installed {installed} (default: {default})")
-
-    g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
-    gpu_options(g)
     g.add_argument("--dev-dir", default="/dev", metavar="DIR",
                    help="where the nvidiaN device files are (default /dev)")
     g.add_argument("--with-node-name", action="store_true",
                    help="start each line with NodeName=NODE (for a cluster-wide gres.conf)")
-    diff_options(g, "gres.conf", "slurm.gres_conf, else beside slurm.conf")
-    g.set_defaults(slurm_handler=gres_conf)
-
-    c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
-    gpu_options(c)
     c.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
     c.add_argument("--health-check-program", metavar="PATH",
@@ -76,12 +63,13 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
                    "beside this Python's scripts")
     c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS",
                    help="HealthCheckInterval: how often slurmd runs it (default 300)")
-    diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
-    c.set_defaults(slurm_handler=conf)
-
-    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
-                       "(the per-job layout's; none for the node and per-gpu layouts)")
-    common(i)
+    # --diff against the installed file, and --gres-conf/--slurm-conf naming it.
+    for q, installed, default in ((g, "gres.conf", "slurm.gres_conf, else beside slurm.conf"),
+                                  (c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")):
+        q.add_argument("--diff", action="store_true",
+                       help=f"compare with the installed {installed}; exit 1 when it differs")
+        q.add_argument("--" + installed.replace(".", "-"), metavar="FILE",
+                       help=f"the installed {installed} (default: {default})")
     i.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="directory for mps-health-{prolog,task-prolog,epilog} (default "
                         "/etc/slurm)")
@@ -89,6 +77,8 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
                    help="interpreter the scripts run with (default: this one)")
     i.add_argument("--force", action="store_true", help="replace files we did not write")
     i.add_argument("--dry-run", action="store_true", help="print the scripts, write nothing")
+    g.set_defaults(slurm_handler=gres_conf)
+    c.set_defaults(slurm_handler=conf)
     i.set_defaults(slurm_handler=install)
 
     def run(args: argparse.Namespace) -> int:

@@ -1,13 +1,11 @@
 """This node as slurmctld sees it, and draining/resuming it under NHC's rules.
 
-The node is read by ``probes.slurm.read_node`` (State, and Reason without Slurm's
-``[user@time]``), scontrol is called by ``probes.slurm.call``. We drain only a node in
-service (not drained by anyone, not held by Slurm); we resume only a node whose reason's
-first word is still our tag, read just before resuming. A node in service may still
-show a Reason: Slurm 24.11 keeps the last one after RESUME (22.05 clears it), so there
-it is history, not someone's hold, and never stops a drain. DOWN, FAIL, maintenance, reboot-pending
-and not-responding nodes are left alone. Every scontrol call is bounded; a failure is
-reported, never fatal.
+Read by ``probes.slurm.read_node`` (State, and Reason without Slurm's ``[user@time]``);
+scontrol called by ``probes.slurm.call``, bounded, a failure reported, never fatal. We
+drain only a node in service (not drained by anyone, not held by Slurm: ``HANDS_OFF``);
+we resume only a node whose reason's first word is still our tag, read just before. A
+Reason on a node in service is history (Slurm 24.11 keeps the last one after RESUME,
+22.05 clears it), not someone's hold: it never stops a drain.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, Result
 from mps_health.probes.slurm import (
     SlurmError,
@@ -102,8 +101,6 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
 
 def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
-    from mps_health.model.printable import printable
-
     body = printable(" ".join(f"{code} {text}".split()))
     full = f"{tag} {body}"
     return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
