@@ -11,6 +11,7 @@ path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Callable, List, TextIO
@@ -103,12 +104,9 @@ def written(produce: Callable[[TextIO], object]) -> None:
 def warn(line: str) -> None:
     """One line on stderr, made printable (it may quote a path); a closed or gone stderr
     loses it, never the exit code."""
-    if sys.stderr is None:  # started with stderr closed (print would fall back to stdout)
-        return
-    try:
-        print(printable(line), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    if sys.stderr is not None:  # None: started closed (print would fall back to stdout)
+        with contextlib.suppress(OSError, ValueError):
+            print(printable(line), file=sys.stderr, flush=True)
 
 
 def say(text: str) -> None:
@@ -131,12 +129,10 @@ def flushed() -> None:
 def _discard(out: object) -> None:
     """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
     interpreter's last flush must not fail again."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, out.fileno())  # type: ignore[attr-defined]
         os.close(null)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def boot_grace(config: Config) -> float:

@@ -30,6 +30,7 @@ from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
 from mps_health.exporters.http import Limits
 from mps_health.exporters.http import serve as serve_http
 from mps_health.healthcheck import state as hcstate
+from mps_health.model.context import Context
 from mps_health.model.exitcodes import Failure
 
 
@@ -104,9 +105,8 @@ class Refresher:
 
 def healthcheck_duration(config: Config, root: str) -> Optional[float]:
     """The last health check run's duration from its state file; None where none ran."""
-    base = config.state_dir if root in ("", "/") else \
-        os.path.join(root, config.state_dir.lstrip("/"))
-    state = hcstate.load(os.path.join(base, hcstate.STATE_FILE))
+    state = hcstate.load(os.path.join(Context(config, root).path(config.state_dir),
+                                      hcstate.STATE_FILE))
     return state.duration_s if state.known and state.duration_s > 0 else None
 
 

@@ -10,6 +10,7 @@ unified diff when not, 3 when it cannot tell (as every other failure here).
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import sysconfig
@@ -159,11 +160,9 @@ def health_check_default(link_dirs: Tuple[str, ...] = LINK_DIRS) -> Tuple[str, s
     own = os.path.join(sysconfig.get_path("scripts"), HEALTH_CHECK)
     for where in link_dirs:
         linked = os.path.join(where, HEALTH_CHECK)
-        try:
+        with contextlib.suppress(OSError):
             if os.path.samefile(linked, own):
                 return linked, ""
-        except OSError:
-            continue
     return own, (f"{HEALTH_CHECK} of this installation is not linked into "
                  f"{' or '.join(link_dirs)} (README, Install on a node): its own path")
 

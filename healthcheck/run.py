@@ -9,6 +9,7 @@ never overlap (a flock); and slurmctld is asked nothing unless something must ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import List, NamedTuple, Optional, Tuple
@@ -29,7 +30,7 @@ from mps_health.healthcheck import detach, slurmnode
 from mps_health.healthcheck import state as hcstate
 from mps_health.hostio.filelock import node_lock
 from mps_health.model.actionhints import read_more
-from mps_health.model.context import node_name
+from mps_health.model.context import Context, node_name
 from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, worst
 from mps_health.remediation.audit import Audit, who
@@ -126,6 +127,7 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     environ = dict(os.environ) if environ is None else environ
     hc, rem, slurm = healthcheck(config), remediation(config), slurm_settings(config)
     node = node_name(config, environ)
+    rooted = Context(config, root).path  # a path as seen under --root
     report, budget = run_checks(config, root, hc)
     if report is None:
         state_code, booting, judged = CRITICAL, [], None
@@ -141,9 +143,9 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     if booting and verdict == "pass":
         verdict = "starting"  # not clean either: a drain of ours is not resumed on it
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
-    state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
+    state_path = os.path.join(rooted(config.state_dir), hcstate.STATE_FILE)
     # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
-    fallback = os.path.join(_path(root, config.run_dir), hcstate.STATE_FILE)
+    fallback = os.path.join(rooted(config.run_dir), hcstate.STATE_FILE)
     state = hcstate.count(hcstate.load_either(state_path, fallback), verdict, code)
     healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
     now = time.time()
@@ -196,7 +198,7 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                                f"was not done ({why}); the next run tries again",
                                "healthcheck-slurm-failed"))
     if outcome in ("drained", "resumed", "error", "held"):
-        audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
+        audit = Audit(rooted(rem.audit_log), rem.syslog, node, "healthcheck",
                       f"{who(environ)} via healthcheck")
         audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
                      reason=reason if need.action == "drain" else "", detail=why)
@@ -244,13 +246,9 @@ def _said(action: str, outcome: str, why: str) -> str:
         outcome, f"{'not drained' if action == 'drain' else 'not resumed'}: {why}")
 
 
-def _path(root: str, absolute: str) -> str:
-    return absolute if root in ("", "/") else os.path.join(root, absolute.lstrip("/"))
-
-
 def locked_run(config: Config, root: str, dry_run: bool) -> RunResult:
     """run_once under the health check lock; a run still going elsewhere wins."""
-    run_dir = _path(root, config.run_dir)
+    run_dir = Context(config, root).path(config.run_dir)
     lock = node_lock(run_dir, LOCK_NAME)
     try:
         got = lock.try_acquire("healthcheck")
@@ -264,11 +262,9 @@ def locked_run(config: Config, root: str, dry_run: bool) -> RunResult:
         result = run_once(config, root, dry_run)
         if not dry_run:
             # The stored answer is a convenience for detached mode: never fatal.
-            try:
+            with contextlib.suppress(OSError):
                 detach.write_result(os.path.join(run_dir, detach.RESULT_FILE), result.rc,
                                     detach.boot_id(), "\n".join(result.lines))
-            except OSError:
-                pass
         return result
     finally:
         lock.release()
@@ -276,7 +272,7 @@ def locked_run(config: Config, root: str, dry_run: bool) -> RunResult:
 
 def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
     """Answer with the stored result and refresh it in a detached child."""
-    run_dir = _path(root, config.run_dir)
+    run_dir = Context(config, root).path(config.run_dir)
     stored = detach.current(detach.read_result(os.path.join(run_dir, detach.RESULT_FILE)),
                             detach.boot_id(), time.time(), hc.result_ttl_s)
     busy = node_lock(run_dir, LOCK_NAME)
