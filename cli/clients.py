@@ -111,13 +111,10 @@ def render_text(data: Dict[str, Any]) -> str:
         lines.append(f"instance {e(inst['name'])}: pipe dir {e(inst['pipe_dir'])}, daemon "
                      f"{daemon}, default threads {_pct(inst['default_thread_percentage'])}, "
                      f"default pinned memory {limits}")
-        if inst["query"] == "idle":
-            lines.append("  no server runs")
-            continue
-        if inst["query"] != "ok":
+        if inst["query"] not in ("ok", "idle"):
             lines.append(f"  servers not listed: {e(inst['query'])}: {e(inst['detail'])}")
             continue
-        if not inst["servers"]:
+        if not inst["servers"]:  # idle: the control daemon has no server process
             lines.append("  no server runs")
         for s in inst["servers"]:
             gpus = "; ".join(f"{e(d['uuid'])} (dev {d['ordinal']}: pinned "

@@ -141,9 +141,8 @@ def http_limits(settings: ExporterConfig) -> Tuple[Limits, str]:
         note = (f"; at most {budget.cap} connections, not exporter.max_connections "
                 f"{settings.max_connections}: the open-file limit {budget.limit} keeps "
                 f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
-    limits = Limits(budget.cap, settings.header_timeout_s, settings.write_timeout_s,
-                    settings.idle_timeout_s, settings.log_interval_s)
-    return limits, note
+    return Limits(budget.cap, settings.header_timeout_s, settings.write_timeout_s,
+                  settings.idle_timeout_s, settings.log_interval_s), note
 
 
 def serve(config: Config, args: argparse.Namespace, listen: str, interval: float) -> int:
@@ -158,11 +157,8 @@ def serve(config: Config, args: argparse.Namespace, listen: str, interval: float
     stop = threading.Event()
     checks = threading.Thread(target=refresher.loop, args=(stop,), name="checks", daemon=True)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
 
     def listening(url: str) -> None:
         print(f"mps-health exporter: serving {url}, checks every {interval:g}s "

@@ -144,9 +144,11 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
         verdict = "starting"  # not clean either: a drain of ours is not resumed on it
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
     state_path = os.path.join(rooted(config.state_dir), hcstate.STATE_FILE)
-    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
+    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot):
+    # written only then, removed once the state dir takes it again; read while it exists.
     fallback = os.path.join(rooted(config.run_dir), hcstate.STATE_FILE)
-    state = hcstate.count(hcstate.load_either(state_path, fallback), verdict, code)
+    before = hcstate.load(fallback if os.path.lexists(fallback) else state_path)
+    state = hcstate.count(before, verdict, code)
     healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
     now = time.time()
     fail_runs = hc.fail_runs

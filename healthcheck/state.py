@@ -100,12 +100,6 @@ def load(path: str) -> HcState:
     return HcState(known=False) if data is None else parse(data.decode("utf-8", "replace"))
 
 
-def load_either(path: str, fallback: str) -> HcState:
-    """The state from ``fallback`` (the run dir) while it exists: it is written only when
-    ``path`` (the state dir) cannot be, and removed once it can; else from ``path``."""
-    return load(fallback if os.path.lexists(fallback) else path)
-
-
 def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
     """Save to ``path``, else to ``fallback``: (where it went or "", the error or "")."""
     try:
