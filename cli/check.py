@@ -67,8 +67,13 @@ def run(args: argparse.Namespace) -> int:
         written(lambda out: json_out.write(report, out))
     else:
         written(lambda out: text.write(report, out, args.verbose, *terminal(out)))
-    if replay is None:
-        say_state_faults(facts)
+    # One line on stderr per state file that could not be saved (a full or broken state
+    # dir): the verdict above stands, only history is lost until it can be saved.
+    for name in sorted(facts.sources) if replay is None else ():  # a replay saves none
+        note = getattr(facts.sources[name], "state_error", "")
+        if isinstance(note, str) and is_fault(note):
+            warn(f"mps-health: warning: {note} (the {name} check's history is not kept until "
+                 "it can be saved; the verdict is not affected)")
     return report.state
 
 
@@ -89,12 +94,3 @@ def terminal(out: object) -> tuple[int, bool]:
     colour = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
     return width or 80, colour
 
-
-def say_state_faults(facts: Facts) -> None:
-    """One line on stderr per state file that could not be saved (a full or broken
-    state dir): the verdict above stands, only history is lost until it can be saved."""
-    for name in sorted(facts.sources):
-        note = getattr(facts.sources[name], "state_error", "")
-        if isinstance(note, str) and is_fault(note):
-            warn(f"mps-health: warning: {note} (the {name} check's history is not kept until "
-                 "it can be saved; the verdict is not affected)")

@@ -94,10 +94,6 @@ def view(facts: Facts, config: Config) -> Dict[str, Any]:
     return out
 
 
-def _mib(value: Optional[int]) -> str:
-    return "-" if value is None else f"{value / 2**20:.0f} MiB"
-
-
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:g}%"
 
@@ -142,10 +138,12 @@ def render_text(data: Dict[str, Any]) -> str:
                                                           else "")
                 else:
                     threads = f"? ({c['environ'] or 'unread'})"
+                mem = c["gpu_memory_bytes"]
+                mib = "-" if mem is None else f"{mem / 2**20:.0f} MiB"
                 lines.append(f"    {c['pid']:<8} {e(c['user'] or str(c['uid']), 12):<12} "
                              f"{job:<9} {asked:<12} {threads:<14} "
                              f"{e(c['env_pinned_mem_limit'] or '-', 8):<8} "
-                             f"{_mib(c['gpu_memory_bytes']):<9} {e(c['command'] or '?', 60)}")
+                             f"{mib:<9} {e(c['command'] or '?', 60)}")
     for source, why in sorted(data["errors"].items()):
         lines.append(f"note: {e(source)}: {e(why or '')}")
     return "\n".join(lines)

@@ -47,20 +47,6 @@ class RunResult(NamedTuple):
     lines: Tuple[str, ...]
 
 
-def run_checks(config: Config, root: str, hc: HealthcheckSettings
-               ) -> Tuple[Optional[Report], float]:
-    """(the report, or None if the run hung past its hard limit; the budget: what is left
-    after the scontrol calls and a margin). The engine walks away from a hung run
-    (``engine.bounded``) and kills what it started."""
-    spare = hc.timeout_s - SLURM_CALLS * slurm_settings(config).timeout_s - 1.0
-    budget = max(0.5, min(config.budget_s, spare))
-    try:
-        return engine.run(config, root, budget_s=budget,
-                          boot_grace_s=hc.boot_grace_s)[1], budget
-    except engine.Overrun:
-        return None, budget
-
-
 def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
                ) -> Tuple[str, str]:
     """(failure code, drain reason starting with ``tag``) for this run: its worst problem."""
@@ -128,7 +114,11 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     hc, rem, slurm = healthcheck(config), remediation(config), slurm_settings(config)
     node = node_name(config, environ)
     rooted = Context(config, root).path  # a path as seen under --root
-    report, budget = run_checks(config, root, hc)
+    # The checks' budget: what is left after the scontrol calls and a margin.
+    budget = max(0.5, min(config.budget_s, hc.timeout_s - SLURM_CALLS * slurm.timeout_s - 1.0))
+    report: Optional[Report] = None  # None: the run hung past its hard limit, the budget
+    with contextlib.suppress(engine.Overrun):  # walked away from, what it started killed
+        report = engine.run(config, root, budget_s=budget, boot_grace_s=hc.boot_grace_s)[1]
     if report is None:
         state_code, booting, judged = CRITICAL, [], None
         lines = [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
