@@ -1,11 +1,10 @@
 """``mps-health ack CODE [INSTANCE]``: acknowledge the servers check's events.
 
-``daemon-restarted`` and ``server-churn`` are reported for ``servers.event_window_s``.
-mps-health's own actions never raise them and a reset answers them (hostio/planned.py);
-one that needs no repair (a person restarted the daemon on purpose) is acknowledged
-here: the events of CODE up to now, on INSTANCE or on every instance, are no longer
-reported; the next one is. Root only (the state dir is root's). Exit 0 done, 2 failed,
-3 bad usage.
+``daemon-restarted`` and ``server-churn`` are reported for ``servers.event_window_s``;
+mps-health's own actions never raise them and a reset answers them (hostio/planned.py).
+One that needs no repair (a daemon restarted on purpose) is acknowledged here: CODE's
+events up to now, on INSTANCE or every instance, are no longer reported; the next one is.
+Root only (the state dir is root's). Exit 0 done, 2 failed, 3 bad usage.
 """
 
 import argparse

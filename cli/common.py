@@ -1,11 +1,8 @@
-"""What every command shares: the one error edge, loading the config, common options.
+"""What every command shares: the one error edge, output, the config, common options.
 
-Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``)
-runs inside ``edge``: an expected failure (``Failure``, a bad config, bad arguments)
-is one line and its exit code; the system failing us (an OSError no one turned into a
-fact: a full disk, a read-only file system; our own fd limit) is one line naming the
-path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
-(MPS_HEALTH_DEBUG=1 shows one).
+Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``) runs
+inside ``edge``: any failure, expected or not, is one line and an exit code, never a
+traceback (MPS_HEALTH_DEBUG=1 shows one).
 """
 
 from __future__ import annotations

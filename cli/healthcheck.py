@@ -1,10 +1,8 @@
 """``mps-health healthcheck``: the Slurm HealthCheckProgram (also ``mps-health-healthcheck``).
 
 slurmd passes no arguments: the config is /etc/mps-health/config.yaml, the node name
-SLURMD_NODENAME. Runs the checks within a budget below slurmd's 60 s kill, counts failed
-and clean runs, and drains or resumes the node (reason tag ``MPS-HC:``) only when that
-must change. Exit status is the checks' state (0 OK ... 3 UNKNOWN): slurmd logs the
-output of a run that fails.
+SLURMD_NODENAME. The run (mps_health.healthcheck.run) drains or resumes only when that
+must change; the exit status is the checks' state: slurmd logs the output of a failed run.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def conf(args: argparse.Namespace) -> int:
     program, note = (args.health_check_program, "") if args.health_check_program \
         else health_check_default()
     text = render.render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
-                             args.health_check_interval, no_gpus, note)
+                                    args.health_check_interval, no_gpus, note)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK

@@ -71,27 +71,6 @@ def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
         for run in report.runs if run.name not in observe))
 
 
-def _never_drain(report: Report, observe: Tuple[str, ...]) -> List[str]:
-    """The lines naming what was found but never drains: observed checks, users' doing."""
-    watched = sorted({r.check for r in report.problems() if r.check in observe})
-    by_users = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
-    return ([f"MPS-HC: observe only, never drains: {', '.join(watched)}"] if watched else []) \
-        + ([f"MPS-HC: a local user can cause these, so they never drain: "
-            f"{', '.join(by_users)}"] if by_users else [])
-
-
-def booting_line(report: Report, root: str, grace_s: float) -> List[str]:
-    """The INITIALIZING line naming what the engine marked starting (the node is within
-    ``healthcheck.boot_grace_s`` of its boot: ``results.STARTING_CODES``)."""
-    seen = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
-                   for run in report.runs for r in run.results if r.cause == STARTING})
-    if not seen:
-        return []
-    up = engine.uptime_s(root)
-    return [f"MPS-HC: INITIALIZING - booted {up or 0:.0f}s ago (healthcheck.boot_grace_s "
-            f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
-
-
 def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
     """The WARNING line of a run that took over ``SLOW_RUN_S``, naming its slowest part."""
     if took <= SLOW_RUN_S:
@@ -126,8 +105,22 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                            "abandoned, not waited for", "healthcheck-timeout")]
     else:
         state_code, lines = report.state, text.render(report).splitlines()
-        booting = booting_line(report, root, hc.boot_grace_s)
-        lines += booting + _never_drain(report, config.checks.observe)
+        # Found but never drained: what the engine marked starting (the node is within
+        # healthcheck.boot_grace_s of its boot: results.STARTING_CODES), the checks in
+        # checks.observe, and the findings any local user can cause.
+        booting = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
+                          for run in report.runs for r in run.results if r.cause == STARTING})
+        watched = sorted({r.check for r in report.problems() if r.check in config.checks.observe})
+        by_users = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
+        if booting:
+            lines.append(f"MPS-HC: INITIALIZING - booted {engine.uptime_s(root) or 0:.0f}s ago "
+                         f"(healthcheck.boot_grace_s {hc.boot_grace_s:g}): still starting, "
+                         f"never drained: {', '.join(booting)}")
+        if watched:
+            lines.append(f"MPS-HC: observe only, never drains: {', '.join(watched)}")
+        if by_users:
+            lines.append("MPS-HC: a local user can cause these, so they never drain: "
+                         f"{', '.join(by_users)}")
         judged = drainable(report, config.checks.observe)
     verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
     if booting and verdict == "pass":
