@@ -1,4 +1,8 @@
-"""``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3."""
+"""``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3.
+
+``mps-health snapshot -o FILE`` saves every fact the checks would read, as JSON, for
+``check --replay FILE`` to judge.
+"""
 
 from __future__ import annotations
 
@@ -94,3 +98,35 @@ def terminal(out: object) -> tuple[int, bool]:
     colour = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
     return width or 80, colour
 
+
+def register_snapshot(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="where to write the snapshot ('-' for stdout)")
+    p.add_argument("--all", action="store_true",
+                   help="gather every known source, not only those the enabled checks need")
+    return snapshot
+
+
+def snapshot(args: argparse.Namespace) -> int:
+    from mps_health.engine.snapshot import dumps
+    from mps_health.hostio.safefiles import write_atomic
+    from mps_health.model import registry
+
+    config = load_config(args)
+    if args.all:
+        needs = list(registry.SOURCES)
+    else:
+        needs = [n for c in engine.select_checks(config) for n in c.needs]
+    facts = engine.facts_within(config, args.root, needs, config.budget_s)
+    text = dumps(facts, config.raw)
+    if args.output == "-":
+        print(text)
+        return 0
+    try:
+        write_atomic(os.path.abspath(args.output), (text + "\n").encode(), 0o644)
+    except OSError as e:
+        raise Failure(f"{args.output}: cannot write: {e.strerror or e}") from None
+    print(f"snapshot of {facts.node} written to {args.output} "
+          f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
+    return 0

@@ -19,10 +19,11 @@ from mps_health import __version__
 from mps_health.cli.common import UsageError, edge, flushed, standard_fds, warn
 from mps_health.model.exitcodes import ExitCode
 
-# name -> (module defining register(parser) -> handler, one-line help). One line each.
+# name -> (module defining register(parser) -> handler, or "module:function" naming
+# another register function, one-line help). One line each.
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": (".cli.check", "run the checks (NHC-style text, or --format json)"),
-    "snapshot": (".cli.snapshot", "save the gathered facts as JSON"),
+    "snapshot": (".cli.check:register_snapshot", "save the gathered facts as JSON"),
     "exporter": (".cli.exporter", "serve Prometheus metrics, or write a textfile"),
     "healthcheck": (".cli.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
     "remediate": (".cli.remediate", "careful repair: reset, drain, resume, ..."),
@@ -30,7 +31,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "unit": (".cli.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
     "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
     "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
-    "config": (".cli.configfile", "config example: print the example config"),
+    "config": (".cli.explain:register_config", "config example: print the example config"),
     "ack": (".cli.ack", "acknowledge a daemon-restarted or server-churn event"),
 }
 
@@ -57,12 +58,14 @@ def build(argv: Sequence[str]) -> Parser:
     parser.add_argument("-V", "--version", action="version", version=f"mps-health {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (target, help_text) in COMMANDS.items():
         if chosen in COMMANDS and name != chosen:
             continue  # only the chosen one's module is imported, and with it its libraries
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            p.set_defaults(handler=importlib.import_module(module, "mps_health").register(p))
+            module, _, function = target.partition(":")
+            found = importlib.import_module(module, "mps_health")
+            p.set_defaults(handler=getattr(found, function or "register")(p))
     return parser
 
 
