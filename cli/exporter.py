@@ -13,13 +13,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from mps_health.cli.common import add_common, boot_grace, load_config, names, one_line
 from mps_health.config.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_LISTEN,
-    ExporterConfig,
     exporter_config,
     parse_listen,
 )
@@ -128,29 +127,26 @@ def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:
     return 0 if record.report is not None else 3
 
 
-def http_limits(settings: ExporterConfig) -> Tuple[Limits, str]:
-    """The server's limits, with the connection cap the open-file limit allows, and a note
-    for the start line when that is below exporter.max_connections."""
-    budget = connection_budget(settings.max_connections)
-    if budget.cap < 1:
-        raise Failure(f"the open-file limit ({budget.limit}) leaves no room for connections "
-                      f"after {RESERVE_FDS} kept for the checks: raise it (LimitNOFILE= in "
-                      "the unit, ulimit -n)")
-    note = ""
-    if budget.cap < settings.max_connections:
-        note = (f"; at most {budget.cap} connections, not exporter.max_connections "
-                f"{settings.max_connections}: the open-file limit {budget.limit} keeps "
-                f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
-    return Limits(budget.cap, settings.header_timeout_s, settings.write_timeout_s,
-                  settings.idle_timeout_s, settings.log_interval_s), note
-
-
 def serve(config: Config, args: argparse.Namespace, listen: str, interval: float) -> int:
     try:
         address = parse_listen(listen)
     except ValueError as e:
         raise Failure(str(e)) from None
-    limits, note = http_limits(exporter_config(config))
+    # The connection cap the open-file limit allows, and a note for the start line when
+    # that is below exporter.max_connections.
+    settings = exporter_config(config)
+    fds = connection_budget(settings.max_connections)
+    if fds.cap < 1:
+        raise Failure(f"the open-file limit ({fds.limit}) leaves no room for connections "
+                      f"after {RESERVE_FDS} kept for the checks: raise it (LimitNOFILE= in "
+                      "the unit, ulimit -n)")
+    note = ""
+    if fds.cap < settings.max_connections:
+        note = (f"; at most {fds.cap} connections, not exporter.max_connections "
+                f"{settings.max_connections}: the open-file limit {fds.limit} keeps "
+                f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
+    limits = Limits(fds.cap, settings.header_timeout_s, settings.write_timeout_s,
+                    settings.idle_timeout_s, settings.log_interval_s)
     budget = args.budget if args.budget is not None else \
         engine.budget_within(interval, config.budget_s)
     refresher = Refresher(config, args, interval, budget)

@@ -1,10 +1,8 @@
 """The ``mps-health`` command line (and ``mps-health-healthcheck``).
 
-One argparse parser, a subparser per command (``COMMANDS``), with only the chosen
-subcommand's module imported, so a check loads neither the exporter's nor the Slurm
-tools' libraries. Every command runs inside the one error edge (``cli.common.edge``): a
-failure ends as one line on stderr and a Nagios exit code, never a traceback (set
-MPS_HEALTH_DEBUG=1 to see one).
+One argparse parser; only the chosen subcommand's module is imported, so a check loads
+neither the exporter's nor the Slurm tools' libraries. Every command runs inside the one
+error edge (``cli.common.edge``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""``mps-health slurm``: gres.conf and slurm.conf lines from NVML, and the job hooks.
-
-  mps-health slurm gres-conf [--mps-gpus all|none|0,1] [--diff]   gres.conf lines
-  mps-health slurm conf [--prefix /etc/slurm] [--diff]            slurm.conf lines
-  mps-health slurm install [--prefix /etc/slurm]                  write the hook scripts
-                                                                  (per-job layout only)
-
-``--diff`` compares with the installed file: exit 0 when it says the same, 1 with a
-unified diff when not, 3 when it cannot tell (as every other failure here).
+"""``mps-health slurm``: gres.conf and slurm.conf lines from NVML (``gres-conf``, ``conf``),
+and the per-job layout's hook scripts (``install``). ``--diff`` compares with the installed
+file: exit 0 when it says the same, 1 with a unified diff when not, 3 when it cannot tell
+(as every other failure here).
 """
 
 import argparse

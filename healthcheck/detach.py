@@ -1,11 +1,9 @@
 """NHC's detached mode: answer slurmd at once with the last result, check in a child.
 
-The result file (``run_dir/healthcheck.result``, on tmpfs under /run) holds the exit
-status, the boot id and the time it was written, then the output. A result from
-another boot, or older than ``result_ttl_s``, is not reported. The child leaves
-slurmd's process group and session (setsid, then a second fork so it can never take
-a terminal back) and lets go of slurmd's pipes at once: slurmd reads our output to EOF
-and then kills our process group, so the child must hold neither.
+The result file (``run_dir/healthcheck.result``, tmpfs) holds the exit status, the boot
+id and the time it was written, then the output; one from another boot, or older than
+``result_ttl_s``, is not reported. slurmd reads our output to EOF and then kills our
+process group, so the child leaves both (``spawn``).
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ def spawn(work: Callable[[], int]) -> int:
         return first
     try:
         os.setsid()  # out of slurmd's process group: its kill after we exit misses us
-        if os.fork():
+        if os.fork():  # the grandchild leads no session: it can never take a terminal back
             os._exit(0)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
