@@ -30,7 +30,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
     "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
     "config": (".cli.explain:register_config", "config example: print the example config"),
-    "ack": (".cli.ack", "acknowledge a daemon-restarted or server-churn event"),
+    "ack": (".cli.remediate:register_ack", "acknowledge a daemon-restarted or server-churn event"),
 }
 
 
