@@ -129,18 +129,15 @@ def parse(text: str) -> HcState:
                         last_code=_code(values.get("last_code", "")),
                         verified_at=float(values.get("verified_at", 0.0)),
                         known=values.get("known", "yes") != "no",
-                        duration_s=_duration(float(values.get("duration_s", 0.0))))
+                        duration_s=float(values.get("duration_s", 0.0)))
     except ValueError:
         return HcState(known=False)
     # NaN or inf would switch the recheck off for good (every comparison with it is
     # false): a time we cannot trust means "never verified", so the next run reads the node.
-    # NaN fails every comparison, so the bound check catches it (no math import).
-    return state if 0 <= state.verified_at < float("inf") else state._replace(verified_at=0.0)
-
-
-def _duration(value: float) -> float:
-    """A run's saved duration: NaN, negative or absurd values read as 0 (not known)."""
-    return value if 0.0 <= value <= 1e6 else 0.0
+    # A NaN, negative or absurd duration reads as 0 (not known). NaN fails every comparison.
+    return state._replace(
+        verified_at=state.verified_at if 0 <= state.verified_at < float("inf") else 0.0,
+        duration_s=state.duration_s if 0.0 <= state.duration_s <= 1e6 else 0.0)
 
 
 def _code(text: str) -> str:
