@@ -1,7 +1,7 @@
 """``mps-health check``: run the checks and print NHC-style text or JSON; exit 0/1/2/3.
 
 ``mps-health snapshot -o FILE`` saves every fact the checks would read, as JSON, for
-``check --replay FILE`` to judge.
+``check --replay FILE`` to judge; ``mps-health healthcheck`` is the HealthCheckProgram.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Callable
 
-from mps_health.cli.common import add_common, boot_grace, load_config, names, warn, written
+from mps_health.cli.common import add_common, boot_grace, emit, load_config, names, warn, written
 from mps_health.config.load import Config, from_mapping
 from mps_health.engine import run as engine
 from mps_health.exporters import text
@@ -130,3 +130,32 @@ def snapshot(args: argparse.Namespace) -> int:
     print(f"snapshot of {facts.node} written to {args.output} "
           f"({len(facts.sources)} sources, {len(facts.errors)} errors)")
     return 0
+
+
+def register_healthcheck(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    add_common(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--detached", dest="mode", action="store_const", const="detached",
+                      help="answer with the last result, check in the background "
+                      "(default: the config's healthcheck.detached)")
+    mode.add_argument("--foreground", dest="mode", action="store_const", const="foreground",
+                      help="check now and answer with this run's result")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="judge and say what would be done; no drain, no resume, no state saved")
+    return healthcheck
+
+
+def healthcheck(args: argparse.Namespace) -> int:
+    """``mps-health healthcheck`` (``mps-health-healthcheck``), the Slurm HealthCheckProgram.
+    slurmd passes no arguments: the config is /etc/mps-health/config.yaml, the node name
+    SLURMD_NODENAME. The run (mps_health.healthcheck.run) drains or resumes only when that
+    must change; the exit status is the checks' state: slurmd logs a failed run's output."""
+    from mps_health.healthcheck.run import main_run
+    from mps_health.hostio.runner import SAFE_PATH
+    from mps_health.model.printable import printable
+
+    if not os.environ.get("PATH"):  # slurmd's: find scontrol and the MPS client
+        os.environ["PATH"] = SAFE_PATH
+    result = main_run(load_config(args), args.root, args.dry_run, args.mode)
+    emit("\n".join(printable(line) for line in result.lines))
+    return result.rc

@@ -119,8 +119,7 @@ def render_text(data: Dict[str, Any]) -> str:
                              for d in s["devices"]) or "GPUs unknown"
             lines.append(f"  server {s['pid']} {e(s['user'] or str(s['uid']))} {e(s['status'])}"
                          f" threads {_pct(s['thread_percentage'])} on {gpus}")
-            for err in s["errors"][:3]:
-                lines.append(f"    note: {e(err)}")
+            lines += [f"    note: {e(err)}" for err in s["errors"][:3]]
             if not s["clients"]:
                 lines.append("    no client")
                 continue
@@ -134,8 +133,7 @@ def render_text(data: Dict[str, Any]) -> str:
                     asked = e(c["job_gres"] or ("?" if c["job_id"] else "-"), 12)
                 if c["environ"] in ("read", "truncated"):
                     env = c["env_thread_percentage"]
-                    threads = _pct(c["thread_ceiling"]) + (f" (env {env:g})" if env is not None
-                                                          else "")
+                    threads = _pct(c["thread_ceiling"]) + ("" if env is None else f" (env {env:g})")
                 else:
                     threads = f"? ({c['environ'] or 'unread'})"
                 mem = c["gpu_memory_bytes"]

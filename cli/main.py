@@ -23,7 +23,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "check": (".cli.check", "run the checks (NHC-style text, or --format json)"),
     "snapshot": (".cli.check:register_snapshot", "save the gathered facts as JSON"),
     "exporter": (".cli.exporter", "serve Prometheus metrics, or write a textfile"),
-    "healthcheck": (".cli.healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "healthcheck": (".cli.check:register_healthcheck", "Slurm HealthCheckProgram: drain/resume"),
     "remediate": (".cli.remediate", "careful repair: reset, drain, resume, ..."),
     "slurm": (".cli.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
     "unit": (".cli.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),

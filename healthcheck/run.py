@@ -217,8 +217,7 @@ def _relearn(config: Config, node: str, tag: str, timeout_s: float, state: hcsta
     if mine:
         return state._replace(drained=True, known=True), \
             f"MPS-HC: no saved state; the node is {why}: resumed after the usual clean runs"
-    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us " \
-        f"({why})"
+    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us ({why})"
 
 
 def _said(action: str, outcome: str, why: str) -> str:
