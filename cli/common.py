@@ -33,10 +33,9 @@ MAX_LINE = 2000
 
 
 def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
-    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
-    ``say`` and the failure's code. A UsageError's text is already the whole line.
-    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
-    readable line."""
+    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through ``say``
+    and the failure's code (a UsageError's text is the whole line). Every line is cut to
+    MAX_LINE characters: whatever a message quotes, it stays one readable line."""
     def cut(line: str) -> None:
         say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
 
@@ -82,10 +81,9 @@ def emit(text: str) -> None:
 
 
 def written(produce: Callable[[TextIO], object]) -> None:
-    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout
-    closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
-    never the exit code the run has earned: that is what slurmd, Nagios and scripts act
-    on."""
+    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout closed, a
+    reader gone: ``| head -c1``, a full disk behind ``>``) loses the text, never the exit
+    code the run has earned: that is what slurmd, Nagios and scripts act on."""
     out = sys.stdout
     if out is None:  # started with stdout closed
         return
@@ -112,9 +110,8 @@ def say(text: str) -> None:
 
 
 def flushed() -> None:
-    """Flush stdout and stderr before the command returns its exit code. A stream no one
-    can read any more is pointed at /dev/null: the interpreter's own flush at exit would
-    otherwise fail again and turn the earned exit code into 120, with a message."""
+    """Flush stdout and stderr before returning the exit code. A stream no one can read is
+    pointed at /dev/null, or the interpreter's flush at exit would fail again: exit 120."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:  # None: started with it closed
@@ -124,8 +121,7 @@ def flushed() -> None:
 
 
 def _discard(out: object) -> None:
-    """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
-    interpreter's last flush must not fail again."""
+    """Send what is left in ``out``'s buffer, and anything later, to /dev/null (``flushed``)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, out.fileno())  # type: ignore[attr-defined]

@@ -85,8 +85,7 @@ def decide(state: HcState, verdict: str, fail_runs: int, pass_runs: int, recheck
 
 
 def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
-    """SLURM_NODE_IS_HEALTHY (Slurm 26.05.2+): unset before the node registers and on
-    older Slurm."""
+    """SLURM_NODE_IS_HEALTHY (Slurm 26.05.2+; unset before the node registers, on older Slurm)."""
     return {"yes": True, "no": False}.get(value or "")
 
 
