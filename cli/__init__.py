@@ -1,1 +1,1 @@
-"""One module per ``mps-health`` subcommand: ``register(parser)`` returns its handler."""
+"""The ``mps-health`` subcommands (``main.COMMANDS``): ``register(parser)`` returns the handler."""

@@ -1,60 +1,45 @@
 """``check_mps``: the Nagios/Icinga plugin, in monitoring-plugins' conventions.
 
-A nagiosplugin check (``exporters.nagios``) whose Resource makes the engine run
-``mps-health check`` makes: ``MPS <STATE> - summary | perfdata``, long output with
-``-v``; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V``
-exit 3 as monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one
-UNKNOWN line on stdout, never a traceback.
-
-Time: the run's budget is below ``-t`` (``engine.budget_within``), so a wedged daemon
-is CRITICAL (control-wedged) inside it; only a run overrunning ``-t`` (a probe stuck in
-the kernel) is UNKNOWN: the engine's hard limit (``engine.bounded``, no SIGALRM)
-abandons it at ``-t`` and kills what it started.
+A nagiosplugin check (``exporters.nagios``) over the engine run ``mps-health check``
+makes: ``MPS <STATE> - summary | perfdata``, long output with ``-v``; exit 0 OK, 1
+WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit 3 as
+monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one UNKNOWN
+line on stdout, never a traceback. The run's budget is below ``-t``, so a wedged daemon
+is CRITICAL (control-wedged); only a run overrunning ``-t`` (a probe stuck in the
+kernel) is UNKNOWN: ``engine.bounded`` (no SIGALRM) abandons it and kills what it started.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, Tuple
+from typing import List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
-from mps_health.cli.common import (
-    UsageError,
-    boot_grace,
-    edge,
-    emit,
-    flushed,
-    load_config,
-    names,
-    standard_fds,
-)
+from mps_health.cli import common
+from mps_health.engine import run as engine
 from mps_health.model.exitcodes import ExitCode, Failure
-
-if TYPE_CHECKING:
-    import argparse
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
-
-
 # -w/-c judge the control daemon's answer time: seconds, and no answer takes longer
 # than the plugin's own limit (-t, at most 3600).
 MAX_SECONDS = 3600
 
 
 def check_range(text: str) -> str:
-    """ValueError unless ``text`` is a monitoring-plugins range of seconds, 0..3600."""
-    from mps_health.exporters.nagios import Range
+    """argparse type: a monitoring-plugins range of seconds, 0..3600."""
+    from mps_health.exporters.nagios import Range  # imported (or refused) by run()
 
     try:
         rng = Range(text)
     except ValueError:
-        raise ValueError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, 10:20, "
-                         "@10:20)") from None
+        raise argparse.ArgumentTypeError(f"invalid range {text[:40]!r} (forms: 10, 10:, ~:10, "
+                                         "10:20, @10:20)") from None
     given = [v for v in (rng.start, rng.end) if v not in (float("-inf"), float("inf"))]
     if any(not 0 <= v <= MAX_SECONDS for v in given):
-        raise ValueError(f"range {text[:40]!r} out of bounds: latency thresholds are "
-                         f"seconds from 0 to {MAX_SECONDS}")
+        raise argparse.ArgumentTypeError(f"range {text[:40]!r} out of bounds: latency "
+                                         f"thresholds are seconds from 0 to {MAX_SECONDS}")
     return text
 
 
@@ -62,27 +47,17 @@ def check_timeout(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"invalid timeout {text!r}: whole seconds") from None
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds") from None
     if not 1 <= value <= 3600:
-        raise ValueError(f"timeout {value} out of range 1..3600")
+        raise argparse.ArgumentTypeError(f"timeout {value} out of range 1..3600")
     return value
 
 
 def parser() -> argparse.ArgumentParser:
     """The whole interface: every option, its help, and a bad one as one UNKNOWN line."""
-    import argparse
-
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
-            raise UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
-
-    def typed(check: Callable[[str], Any]) -> Callable[[str], Any]:
-        def convert(text: str) -> Any:
-            try:
-                return check(text)
-            except ValueError as e:
-                raise argparse.ArgumentTypeError(str(e)) from None
-        return convert
+            raise common.UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
 
     p = Parser(prog=PROG, add_help=False, description=(
         "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
@@ -91,18 +66,18 @@ def parser() -> argparse.ArgumentParser:
                "10: (below 10), ~:10 (above 10), 10:20, @10:20 (inside). Latency is in "
                "seconds. The plugin's own timeout is UNKNOWN; a daemon that does not answer "
                "within it is CRITICAL (control-wedged).")
-    p.add_argument("-w", "--warning", type=typed(check_range), metavar="RANGE",
+    p.add_argument("-w", "--warning", type=check_range, metavar="RANGE",
                    help="control latency warning range in seconds (default: the config's "
                         "control.warn_latency_s, 0.5)")
-    p.add_argument("-c", "--critical", type=typed(check_range), metavar="RANGE",
+    p.add_argument("-c", "--critical", type=check_range, metavar="RANGE",
                    help="control latency critical range in seconds (default: twice the "
                         "warning threshold, 1)")
-    p.add_argument("-t", "--timeout", type=typed(check_timeout), default=DEFAULT_TIMEOUT,
+    p.add_argument("-t", "--timeout", type=check_timeout, default=DEFAULT_TIMEOUT,
                    metavar="SECONDS", help=f"the plugin's own time limit (default "
                    f"{DEFAULT_TIMEOUT}); the checks get a budget below it")
-    p.add_argument("--only", type=names, default=[], metavar="A,B",
+    p.add_argument("--only", type=common.names, default=[], metavar="A,B",
                    help="run only these checks (mps-health's names)")
-    p.add_argument("--skip", type=names, default=[], metavar="A,B",
+    p.add_argument("--skip", type=common.names, default=[], metavar="A,B",
                    help="do not run these checks")
     p.add_argument("--config", metavar="FILE",
                    help="config file (default /etc/mps-health/config.yaml if it exists)")
@@ -116,8 +91,6 @@ def parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str]) -> Tuple[str, int]:
     """(the plugin's output, its exit code)."""
-    from mps_health.engine import run as engine
-
     try:
         from mps_health.exporters import nagios
     except ImportError as e:  # installed without its dependencies
@@ -130,14 +103,14 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
         return p.format_help(), ExitCode.UNKNOWN
     if args.version:
         return f"{PROG} v{__version__} (mps-health {__version__})\n", ExitCode.UNKNOWN
-    config = load_config(args)
+    config = common.load_config(args)
     engine.select_checks(config, args.only, args.skip)
     warning, critical = nagios.thresholds(args.warning, args.critical,
                                           config.control.warn_latency_s)
     # -w/-c judge latency here: the control check's own slow-answer warning is off.
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
-    grace = boot_grace(config)
+    grace = common.boot_grace(config)
     probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
                                             limit_s=args.timeout,
                                             boot_grace_s=grace)[1])  # Overrun past -t
@@ -162,11 +135,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     def say(line: str) -> None:  # one line, no '|' (it would start perfdata)
         out.append(" ".join(line.replace("|", "/").split()) + "\n")
 
-    standard_fds()
-    code = edge(body, say, "MPS UNKNOWN - ")
+    common.standard_fds()
+    code = common.edge(body, say, "MPS UNKNOWN - ")
     if out:
-        emit("".join(out).rstrip("\n"))
-    flushed()
+        common.emit("".join(out).rstrip("\n"))
+    common.flushed()
     return code
 
 

@@ -1,29 +1,31 @@
 """``mps-health clients``: who MPS serves on this node, as a table or JSON.
 
-For each instance: its daemon and defaults; each server (PID, user, status, active
-thread percentage, GPUs by UUID with the pinned memory limit and client contexts of
-each); each client (PID, user, Slurm job and what it asked, command, thread ceiling,
-GPU memory from NVML). The same facts as ``check`` (servers, jobs, NVML, control),
-gathered within the run's budget, or read from a snapshot (``--replay``). Everything
-taken from users' processes is escaped before it is printed.
+Per instance its daemon and defaults; per server PID, user, status, active thread
+percentage, GPUs (UUID, pinned memory limit, client contexts); per client PID, user, Slurm
+job and what it asked, command, thread ceiling, GPU memory (NVML). The facts are check's
+(servers, jobs, NVML, control) within the run's budget, or a snapshot's (``--replay``).
+Everything taken from users' processes is escaped before it is printed.
 """
 
+import argparse
 import json
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
+from mps_health.checks.clients import attribute, ceiling
+from mps_health.checks.limits import default_percentage
+from mps_health.cli.check import replayed
 from mps_health.cli.common import add_common, load_config
+from mps_health.config.load import Config
+from mps_health.engine import run as engine
 from mps_health.model.exitcodes import Failure
-
-if TYPE_CHECKING:
-    import argparse
-
-    from mps_health.config.load import Config
-    from mps_health.model.facts import Facts
+from mps_health.model.facts import Facts
+from mps_health.model.printable import escape as e
+from mps_health.probes.jobs import gres_count
 
 SOURCES = ("servers", "jobs", "nvml", "control")
 
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: a table per server (default); json: the same data")
@@ -33,59 +35,34 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def gather(args: "argparse.Namespace") -> Tuple["Facts", "Config"]:
-    """This node's facts within the budget, or a snapshot's (Failure: one line, exit 3)."""
-    from mps_health.cli.check import replayed
-    from mps_health.engine import run as engine
-
-    if args.replay:
-        return replayed(args)
-    config = load_config(args)
-    budget = args.budget if args.budget is not None else config.budget_s
-    if not 0.1 <= budget <= 300:
-        raise Failure("--budget must be between 0.1 and 300 seconds")
-    return engine.facts_within(config, args.root, SOURCES, budget), config
-
-
-def gpu_memory(facts: "Facts") -> Dict[int, int]:
-    """Client PID -> GPU memory in bytes over all GPUs (NVML's MPS process lists)."""
-    nv: Any = facts.sources.get("nvml")
-    used: Dict[int, int] = {}
-    for gpu in getattr(nv, "gpus", ()) or ():
-        for p in gpu.mps_processes or ():
-            if p.used_memory_bytes is not None:
-                used[p.pid] = used.get(p.pid, 0) + p.used_memory_bytes
-    return used
-
-
-def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
+def view(facts: Facts, config: Config) -> Dict[str, Any]:
     """The plain data both formats print (raw strings: escaped by the text format,
     by JSON's own escaping in the other)."""
-    from mps_health.checks.clients import attribute, ceiling
-    from mps_health.checks.limits import default_percentage
-    from mps_health.probes.jobs import gres_count
-
     servers: Any = facts.sources.get("servers")
     jobs: Any = facts.sources.get("jobs")
     control: Any = facts.sources.get("control") or {}
+    nv: Any = facts.sources.get("nvml")
     by_id = {j.job_id: j for j in (getattr(jobs, "jobs", None) or ())}
-    memory = gpu_memory(facts)
+    memory: Dict[int, int] = {}  # client PID -> GPU memory over all GPUs (NVML's MPS lists)
+    for gpu in getattr(nv, "gpus", ()) or ():
+        for p in gpu.mps_processes or ():
+            if p.used_memory_bytes is not None:
+                memory[p.pid] = memory.get(p.pid, 0) + p.used_memory_bytes
     out: Dict[str, Any] = {"node": facts.node, "taken_at": facts.taken_at, "instances": [],
                            "errors": dict(facts.errors)}
     if jobs is not None and jobs.error:
         out["errors"]["jobs"] = jobs.error
-    nv: Any = facts.sources.get("nvml")
     if nv is not None and not nv.available:
         out["errors"]["nvml"] = nv.error
     for inst in facts.instances:
         cur = servers.instances.get(inst.name) if servers is not None else None
         answer = control.get(inst.name) if isinstance(control, dict) else None
-        default_pct = default_percentage(answer)  # read as the limits check reads it
         entry: Dict[str, Any] = {
             "name": inst.name, "pipe_dir": inst.pipe_dir, "gpu": inst.gpu,
             "query": cur.query if cur else "not-gathered", "detail": cur.detail if cur else "",
             "daemon_pid": cur.daemon_pid if cur else None,
-            "default_thread_percentage": default_pct,
+            # read as the limits check reads it
+            "default_thread_percentage": default_percentage(answer),
             "default_pinned_mem_limits": {str(o): v for o, v in
                                           (cur.default_pinned_mem_limits if cur else ())},
             "servers": []}
@@ -103,16 +80,13 @@ def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
                 server["clients"].append({
                     "pid": c.pid, "user": c.user, "uid": c.uid, "command": c.command,
                     "job_id": None if mismatch else (c.job_id or None),
-                    "job_from": c.job_from or None,
+                    "job_from": c.job_from or None, "job_mismatch": mismatch or None,
                     "job_claimed": c.job_id if mismatch else None,
-                    "job_mismatch": mismatch or None,
                     "job_gres": job.gres if job else None,
                     "job_mps": gres_count(job, "mps") if job else None,
-                    "environ": c.environ or None,
-                    "env_thread_percentage": c.thread_percentage,
+                    "environ": c.environ or None, "env_thread_percentage": c.thread_percentage,
                     "thread_ceiling": ceiling(c, s)[0] if known else None,
-                    "env_pinned_mem_limit": c.pinned_mem_limit or None,
-                    "env_pipe_dir": c.pipe_dir,
+                    "env_pinned_mem_limit": c.pinned_mem_limit or None, "env_pipe_dir": c.pipe_dir,
                     "gpus": list(c.gpus), "pid_namespace": c.namespace or None,
                     "gpu_memory_bytes": memory.get(c.pid)})
             entry["servers"].append(server)
@@ -120,17 +94,11 @@ def view(facts: "Facts", config: "Config") -> Dict[str, Any]:
     return out
 
 
-def _mib(value: Optional[int]) -> str:
-    return "-" if value is None else f"{value / 2**20:.0f} MiB"
-
-
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:g}%"
 
 
 def render_text(data: Dict[str, Any]) -> str:
-    from mps_health.model.printable import escape as e
-
     lines: List[str] = [f"MPS clients on {e(data['node'])}"]
     for inst in data["instances"]:
         limits = ", ".join(f"{o}={e(v) or 'none'}" for o, v in
@@ -139,13 +107,10 @@ def render_text(data: Dict[str, Any]) -> str:
         lines.append(f"instance {e(inst['name'])}: pipe dir {e(inst['pipe_dir'])}, daemon "
                      f"{daemon}, default threads {_pct(inst['default_thread_percentage'])}, "
                      f"default pinned memory {limits}")
-        if inst["query"] == "idle":
-            lines.append("  no server runs")
-            continue
-        if inst["query"] != "ok":
+        if inst["query"] not in ("ok", "idle"):
             lines.append(f"  servers not listed: {e(inst['query'])}: {e(inst['detail'])}")
             continue
-        if not inst["servers"]:
+        if not inst["servers"]:  # idle: the control daemon has no server process
             lines.append("  no server runs")
         for s in inst["servers"]:
             gpus = "; ".join(f"{e(d['uuid'])} (dev {d['ordinal']}: pinned "
@@ -154,8 +119,7 @@ def render_text(data: Dict[str, Any]) -> str:
                              for d in s["devices"]) or "GPUs unknown"
             lines.append(f"  server {s['pid']} {e(s['user'] or str(s['uid']))} {e(s['status'])}"
                          f" threads {_pct(s['thread_percentage'])} on {gpus}")
-            for err in s["errors"][:3]:
-                lines.append(f"    note: {e(err)}")
+            lines += [f"    note: {e(err)}" for err in s["errors"][:3]]
             if not s["clients"]:
                 lines.append("    no client")
                 continue
@@ -169,21 +133,29 @@ def render_text(data: Dict[str, Any]) -> str:
                     asked = e(c["job_gres"] or ("?" if c["job_id"] else "-"), 12)
                 if c["environ"] in ("read", "truncated"):
                     env = c["env_thread_percentage"]
-                    threads = _pct(c["thread_ceiling"]) + (f" (env {env:g})" if env is not None
-                                                          else "")
+                    threads = _pct(c["thread_ceiling"]) + ("" if env is None else f" (env {env:g})")
                 else:
                     threads = f"? ({c['environ'] or 'unread'})"
+                mem = c["gpu_memory_bytes"]
+                mib = "-" if mem is None else f"{mem / 2**20:.0f} MiB"
                 lines.append(f"    {c['pid']:<8} {e(c['user'] or str(c['uid']), 12):<12} "
                              f"{job:<9} {asked:<12} {threads:<14} "
                              f"{e(c['env_pinned_mem_limit'] or '-', 8):<8} "
-                             f"{_mib(c['gpu_memory_bytes']):<9} {e(c['command'] or '?', 60)}")
+                             f"{mib:<9} {e(c['command'] or '?', 60)}")
     for source, why in sorted(data["errors"].items()):
         lines.append(f"note: {e(source)}: {e(why or '')}")
     return "\n".join(lines)
 
 
-def run(args: "argparse.Namespace") -> int:
-    facts, config = gather(args)
+def run(args: argparse.Namespace) -> int:
+    if args.replay:  # a snapshot's facts, else this node's within the budget
+        facts, config = replayed(args)
+    else:
+        config = load_config(args)
+        budget = args.budget if args.budget is not None else config.budget_s
+        if not 0.1 <= budget <= 300:
+            raise Failure("--budget must be between 0.1 and 300 seconds")
+        facts = engine.facts_within(config, args.root, SOURCES, budget)
     data = view(facts, config)
     if args.format == "json":
         print(json.dumps(data, indent=1, sort_keys=True))

@@ -1,25 +1,23 @@
-"""What every command shares: the one error edge, loading the config, common options.
+"""What every command shares: the one error edge, output, the config, common options.
 
-Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``)
-runs inside ``edge``: an expected failure (``Failure``, a bad config, bad arguments)
-is one line and its exit code; the system failing us (an OSError no one turned into a
-fact: a full disk, a read-only file system; our own fd limit) is one line naming the
-path, UNKNOWN; anything else is one line and UNKNOWN (3), never a traceback
-(MPS_HEALTH_DEBUG=1 shows one).
+Every command (``mps-health SUBCOMMAND``, ``mps-health-healthcheck``, ``check_mps``) runs
+inside ``edge``: any failure, expected or not, is one line and an exit code, never a
+traceback (MPS_HEALTH_DEBUG=1 shows one).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, List, TextIO
+from typing import Callable, List, TextIO
 
 from mps_health.config.load import Config, ConfigError, load
 from mps_health.hostio.resources import OutOfResources
 from mps_health.model.exitcodes import ExitCode, Failure
-
-if TYPE_CHECKING:
-    import argparse
+from mps_health.model.printable import escape, lines, printable
+from mps_health.model.results import BOOT_GRACE_S
 
 
 class UsageError(Exception):
@@ -34,44 +32,35 @@ def one_line(exc: BaseException) -> str:
 MAX_LINE = 2000
 
 
-def _cut(say: Callable[[str], None]) -> Callable[[str], None]:
-    return lambda line: say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
-
-
 def edge(body: Callable[[], int], say: Callable[[str], None], prefix: str) -> int:
-    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through
-    ``say`` and the failure's code. A UsageError's text is already the whole line.
-    Every line is cut to MAX_LINE characters: whatever a message quotes, it stays one
-    readable line."""
-    say = _cut(say)
+    """Run a command: its exit code, or one line (``prefix`` + what went wrong) through ``say``
+    and the failure's code (a UsageError's text is the whole line). Every line is cut to
+    MAX_LINE characters: whatever a message quotes, it stays one readable line."""
+    def cut(line: str) -> None:
+        say(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
     try:
         return int(body())
     except UsageError as e:
-        say(str(e))
-        return ExitCode.UNKNOWN
-    except (Failure, ConfigError) as e:
-        say(prefix + str(e))
+        cut(str(e))
+    # OutOfResources: our own fd or memory limit, never a fact about MPS.
+    except (Failure, ConfigError, OutOfResources) as e:
+        cut(prefix + str(e))
         return e.code if isinstance(e, Failure) else ExitCode.UNKNOWN
-    except OutOfResources as e:  # our own fd or memory limit: never a fact about MPS
-        say(prefix + str(e))
-        return ExitCode.UNKNOWN
     except KeyboardInterrupt:
-        say(prefix + "interrupted")
-        return ExitCode.UNKNOWN
+        cut(prefix + "interrupted")
     except BrokenPipeError:  # the reader went away: nothing left to say it to
-        return ExitCode.UNKNOWN
-    except OSError as e:  # the node's trouble (a full disk, a read-only file system), not ours
-        if os.environ.get("MPS_HEALTH_DEBUG"):
-            raise
-        where = f"{e.filename}: " if e.filename else ""
-        say(f"{prefix}{where}{e.strerror or one_line(e)}")
-        return ExitCode.UNKNOWN
+        pass
     except Exception as e:
         if os.environ.get("MPS_HEALTH_DEBUG"):
             raise
-        say(f"{prefix}internal error: {one_line(e)} (set MPS_HEALTH_DEBUG=1 for a traceback, "
-            "and report it)")
-        return ExitCode.UNKNOWN
+        if isinstance(e, OSError):  # the node's trouble (a full disk, a read-only fs), not ours
+            where = f"{e.filename}: " if e.filename else ""
+            cut(f"{prefix}{where}{e.strerror or one_line(e)}")
+        else:
+            cut(f"{prefix}internal error: {one_line(e)} (set MPS_HEALTH_DEBUG=1 for a "
+                "traceback, and report it)")
+    return ExitCode.UNKNOWN
 
 
 def standard_fds() -> None:
@@ -92,58 +81,57 @@ def emit(text: str) -> None:
 
 
 def written(produce: Callable[[TextIO], object]) -> None:
-    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout
-    closed, a reader gone: ``| head -c1``, a full disk behind ``>``) loses the text,
-    never the exit code the run has earned: that is what slurmd, Nagios and scripts act
-    on."""
+    """Let ``produce`` write on stdout, then flush. Output no one can read (stdout closed, a
+    reader gone: ``| head -c1``, a full disk behind ``>``) loses the text, never the exit
+    code the run has earned: that is what slurmd, Nagios and scripts act on."""
     out = sys.stdout
     if out is None:  # started with stdout closed
         return
     try:
         produce(out)
         out.flush()
-    except BrokenPipeError:
-        _discard(out)
     except (OSError, ValueError) as e:  # ValueError: the file object was closed
         _discard(out)
-        if sys.stderr is not None:
-            try:
-                print(f"mps-health: cannot write the output: "
-                      f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
-            except (OSError, ValueError):
-                pass
+        if not isinstance(e, BrokenPipeError):
+            warn(f"mps-health: cannot write the output: {getattr(e, 'strerror', None) or e}")
+
+
+def warn(line: str) -> None:
+    """One line on stderr, made printable (it may quote a path); a closed or gone stderr
+    loses it, never the exit code."""
+    if sys.stderr is not None:  # None: started closed (print would fall back to stdout)
+        with contextlib.suppress(OSError, ValueError):
+            print(printable(line), file=sys.stderr, flush=True)
+
+
+def say(text: str) -> None:
+    """What an action prints as it goes: its lines, each made printable, flushed."""
+    print(lines(text), flush=True)
 
 
 def flushed() -> None:
-    """Flush stdout and stderr before the command returns its exit code. A stream no one
-    can read any more is pointed at /dev/null: the interpreter's own flush at exit would
-    otherwise fail again and turn the earned exit code into 120, with a message."""
+    """Flush stdout and stderr before returning the exit code. A stream no one can read is
+    pointed at /dev/null, or the interpreter's flush at exit would fail again: exit 120."""
     for stream in (sys.stdout, sys.stderr):
-        if stream is None:  # started with it closed
-            continue
         try:
-            stream.flush()
+            if stream is not None:  # None: started with it closed
+                stream.flush()
         except (OSError, ValueError):
             _discard(stream)
 
 
 def _discard(out: object) -> None:
-    """Send what is left in ``out``'s buffer, and anything later, to /dev/null: the
-    interpreter's last flush must not fail again."""
-    try:  # (no contextlib.suppress: this module is on every check's path)
+    """Send what is left in ``out``'s buffer, and anything later, to /dev/null (``flushed``)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, out.fileno())  # type: ignore[attr-defined]
         os.close(null)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def boot_grace(config: Config) -> float:
     """``healthcheck.boot_grace_s``, for the runs of check, check_mps and the exporter;
     without that section its default, the health check's settings not imported."""
     if "healthcheck" not in config.given:
-        from mps_health.model.results import BOOT_GRACE_S
-
         return BOOT_GRACE_S
     from mps_health.config.remediation import healthcheck
 
@@ -158,10 +146,6 @@ def load_config(args: argparse.Namespace) -> Config:
 
 def system_root(value: str) -> str:
     """argparse type for --root: "/" or an existing absolute directory."""
-    import argparse
-
-    from mps_health.model.printable import escape
-
     if value in ("", "/"):
         return "/"
     if not os.path.isabs(value):

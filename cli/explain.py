@@ -1,7 +1,8 @@
-"""``mps-health explain [CODE]``: a code's runbook entry, on the node; no code: the list.
+"""What the package carries to read on the node (model/runbook.py).
 
-The text is README.md's runbook section, which the package carries (model/runbook.py).
-A code with no entry (a typo, a site's own check) is one line and exit 3.
+``mps-health explain [CODE]``: a code's entry in README.md's runbook section; no code: the
+list. A code with no entry (a typo, a site's own check) is one line and exit 3.
+``mps-health config example``: contrib/config.example.yaml, every key with its default.
 """
 
 import argparse
@@ -9,8 +10,13 @@ import difflib
 import importlib
 from typing import Callable, Dict, List
 
-from mps_health.cli.common import emit
+from mps_health.cli.common import emit, written
+from mps_health.engine import run as engine
+from mps_health.healthcheck import run as healthcheck
+from mps_health.model import registry
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.printable import escape
+from mps_health.model.runbook import EXAMPLE_CONFIG, entries, read_data
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -21,10 +27,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def declared() -> List[str]:
     """Every code mps-health reports, check by check, as the checks declare them."""
-    from mps_health.engine import run as engine
-    from mps_health.healthcheck import run as healthcheck
-    from mps_health.model import registry
-
     codes: Dict[str, None] = {}
     for spec in registry.checks().values():
         if spec.target.startswith("."):  # a site's own check documents its codes itself
@@ -35,9 +37,6 @@ def declared() -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.model.printable import escape
-    from mps_health.model.runbook import entries
-
     found = entries()
     if args.code is None:
         # The codes the checks report, then the runbook's other entries (alerts, limits).
@@ -54,4 +53,18 @@ def run(args: argparse.Namespace) -> int:
                       "'mps-health explain' lists every code; a site's own check documents "
                       "its codes itself", ExitCode.UNKNOWN)
     emit(entry.text)
+    return ExitCode.OK
+
+
+def register_config(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=type(p))
+    sub.required = True
+    sub.add_parser("example", help="print the example config (every key, its default, why)",
+                   description="print the example config (every key, its default, why)")
+    return print_example
+
+
+def print_example(args: argparse.Namespace) -> int:
+    text = read_data(EXAMPLE_CONFIG)
+    written(lambda out: out.write(text))
     return ExitCode.OK

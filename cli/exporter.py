@@ -1,36 +1,39 @@
 """``mps-health exporter``: Prometheus metrics over HTTP, or once into a textfile.
 
-Served: ``mps-health exporter [--listen :10102]`` runs the checks every ``--interval``
-seconds in a background thread and answers scrapes from the last run's results.
-Textfile: ``mps-health exporter --textfile DIR`` runs once and writes DIR/mps_health.prom
-atomically, for node_exporter's textfile collector and a systemd timer; it exits 0 once
-the file is written (the node's health is in the metrics), 3 when it cannot be.
-
-Its config section and listen address parsing are in mps_health.config.exporter.
+Served (``--listen :10102``): the checks run every ``--interval`` seconds in a background
+thread; scrapes get the last run's results. ``--textfile DIR``: one run writes
+DIR/mps_health.prom atomically (node_exporter's textfile collector, a systemd timer);
+exit 0 once it is written (the node's health is in the metrics), 3 when it cannot be.
+The config section and listen address parsing are in mps_health.config.exporter.
 """
 
+import argparse
 import os
 import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from mps_health.cli.common import add_common, boot_grace, load_config, names, one_line
 from mps_health.config.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_LISTEN,
-    ExporterConfig,
     exporter_config,
     parse_listen,
 )
 from mps_health.config.load import Config
+from mps_health.engine import run as engine
+from mps_health.exporters import prometheus
+from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
+from mps_health.exporters.http import Limits
+from mps_health.exporters.http import serve as serve_http
+from mps_health.healthcheck import state as hcstate
+from mps_health.model.context import Context
 from mps_health.model.exitcodes import Failure
 
-if TYPE_CHECKING:  # argparse only when the command runs: the config loader imports this
-    import argparse
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
@@ -49,17 +52,14 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
     return run
 
 
-def run(args: "argparse.Namespace") -> int:
-    from mps_health.engine import run as engine
-
+def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     settings = exporter_config(config)
     engine.select_checks(config, args.only, args.skip)
     if args.budget is not None and not 0.1 <= args.budget <= 300:
         raise Failure("--budget must be between 0.1 and 300 seconds")
-    textfile = args.textfile or None
-    if textfile is not None:
-        return write_once(config, args, textfile)
+    if args.textfile:
+        return write_once(config, args, args.textfile)
     interval = args.interval if args.interval is not None else settings.interval_s
     if not 1.0 <= interval <= 3600.0:
         raise Failure("--interval must be between 1 and 3600 seconds")
@@ -71,34 +71,28 @@ class Refresher:
     only reads ``page``. When runs stop finishing, ``mps_health_last_run_timestamp_seconds``
     stops moving: that is what the alert watches."""
 
-    def __init__(self, config: Config, args: "argparse.Namespace", interval_s: float,
+    def __init__(self, config: Config, args: argparse.Namespace, interval_s: float,
                  budget_s: float) -> None:
-        from mps_health.exporters import prometheus
-
         self.config, self.root, self.only, self.skip = config, args.root, args.only, args.skip
         self.interval_s, self.budget_s = interval_s, budget_s
         self.record: Optional[prometheus.RunRecord] = None
         self.page: bytes = prometheus.exposition(None)  # build info until the first run
 
-    def run_once(self):  # -> prometheus.RunRecord
-        from mps_health.engine import run as engine
-        from mps_health.exporters import prometheus
-
+    def run_once(self) -> prometheus.RunRecord:
         previous = self.record.last_success_at if self.record is not None else None
         try:
             _, report = engine.run(self.config, self.root, self.only, self.skip, self.budget_s,
                                    boot_grace_s=boot_grace(self.config))
         except Exception as e:  # the engine never raises for a bad node; say so and go on
             print(f"mps-health exporter: run failed: {one_line(e)}", file=sys.stderr)
-            record = prometheus.RunRecord(None, time.time(), False, previous,
-                                          error=one_line(e))
+            record = prometheus.RunRecord(None, time.time(), False, previous, error=one_line(e))
         else:
             now = time.time()
             ok = prometheus.run_success(report)
             record = prometheus.RunRecord(report, now, ok, now if ok else previous)
         record = record._replace(healthcheck_s=healthcheck_duration(self.config, self.root))
-        page = prometheus.exposition(record)
-        self.record, self.page = record, page  # one reference each: a scrape sees either
+        # One reference each, set once the page is rendered: a scrape sees either.
+        self.record, self.page = record, prometheus.exposition(record)
         return record
 
     def loop(self, stop: threading.Event) -> None:
@@ -110,17 +104,12 @@ class Refresher:
 
 def healthcheck_duration(config: Config, root: str) -> Optional[float]:
     """The last health check run's duration from its state file; None where none ran."""
-    from mps_health.healthcheck import state as hcstate
-
-    base = config.state_dir if root in ("", "/") else \
-        os.path.join(root, config.state_dir.lstrip("/"))
-    state = hcstate.load(os.path.join(base, hcstate.STATE_FILE))
+    state = hcstate.load(os.path.join(Context(config, root).path(config.state_dir),
+                                      hcstate.STATE_FILE))
     return state.duration_s if state.known and state.duration_s > 0 else None
 
 
-def write_once(config: Config, args: "argparse.Namespace", directory: str) -> int:
-    from mps_health.exporters import prometheus
-
+def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:
     if not os.path.isdir(directory):
         raise Failure(f"{directory}: no such directory (create it, or point --textfile at "
                       "node_exporter's --collector.textfile.directory)")
@@ -138,47 +127,34 @@ def write_once(config: Config, args: "argparse.Namespace", directory: str) -> in
     return 0 if record.report is not None else 3
 
 
-def http_limits(settings: ExporterConfig) -> "Tuple[Any, str]":
-    """The server's limits, with the connection cap the open-file limit allows, and a note
-    for the start line when that is below exporter.max_connections."""
-    from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
-    from mps_health.exporters.http import Limits
-
-    budget = connection_budget(settings.max_connections)
-    if budget.cap < 1:
-        raise Failure(f"the open-file limit ({budget.limit}) leaves no room for connections "
-                      f"after {RESERVE_FDS} kept for the checks: raise it (LimitNOFILE= in "
-                      "the unit, ulimit -n)")
-    note = ""
-    if budget.cap < settings.max_connections:
-        note = (f"; at most {budget.cap} connections, not exporter.max_connections "
-                f"{settings.max_connections}: the open-file limit {budget.limit} keeps "
-                f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
-    limits = Limits(budget.cap, settings.header_timeout_s, settings.write_timeout_s,
-                    settings.idle_timeout_s, settings.log_interval_s)
-    return limits, note
-
-
-def serve(config: Config, args: "argparse.Namespace", listen: str, interval: float) -> int:
-    from mps_health.engine import run as engine
-    from mps_health.exporters.http import serve as serve_http
-
+def serve(config: Config, args: argparse.Namespace, listen: str, interval: float) -> int:
     try:
         address = parse_listen(listen)
     except ValueError as e:
         raise Failure(str(e)) from None
-    limits, note = http_limits(exporter_config(config))
+    # The connection cap the open-file limit allows, and a note for the start line when
+    # that is below exporter.max_connections.
+    settings = exporter_config(config)
+    fds = connection_budget(settings.max_connections)
+    if fds.cap < 1:
+        raise Failure(f"the open-file limit ({fds.limit}) leaves no room for connections "
+                      f"after {RESERVE_FDS} kept for the checks: raise it (LimitNOFILE= in "
+                      "the unit, ulimit -n)")
+    note = ""
+    if fds.cap < settings.max_connections:
+        note = (f"; at most {fds.cap} connections, not exporter.max_connections "
+                f"{settings.max_connections}: the open-file limit {fds.limit} keeps "
+                f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
+    limits = Limits(fds.cap, settings.header_timeout_s, settings.write_timeout_s,
+                    settings.idle_timeout_s, settings.log_interval_s)
     budget = args.budget if args.budget is not None else \
         engine.budget_within(interval, config.budget_s)
     refresher = Refresher(config, args, interval, budget)
     stop = threading.Event()
     checks = threading.Thread(target=refresher.loop, args=(stop,), name="checks", daemon=True)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
 
     def listening(url: str) -> None:
         print(f"mps-health exporter: serving {url}, checks every {interval:g}s "

@@ -1,35 +1,73 @@
 """The ``mps-health`` command line (and ``mps-health-healthcheck``).
 
-One argparse parser (``mps_health.cli.parser``), with only the chosen subcommand's module
-imported, so a check loads neither the exporter's nor the Slurm tools' libraries. Every
-command runs inside the one error edge (``cli.common.edge``): a failure ends as one
-line on stderr and a Nagios exit code, never a traceback (set MPS_HEALTH_DEBUG=1 to see
-one). The subcommands are listed in ``mps_health.cli.parser.COMMANDS``.
+One argparse parser; only the chosen subcommand's module is imported, so a check loads
+neither the exporter's nor the Slurm tools' libraries. Every command runs inside the one
+error edge (``cli.common.edge``).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from mps_health.cli.common import edge, flushed, standard_fds
+from mps_health import __version__
+from mps_health.cli.common import UsageError, edge, flushed, standard_fds, warn
 from mps_health.model.exitcodes import ExitCode
 
+# name -> (module defining register(parser) -> handler, or "module:function" naming
+# another register function, one-line help). One line each.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "check": (".cli.check", "run the checks (NHC-style text, or --format json)"),
+    "snapshot": (".cli.check:register_snapshot", "save the gathered facts as JSON"),
+    "exporter": (".cli.exporter", "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": (".cli.check:register_healthcheck", "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": (".cli.remediate", "careful repair: reset, drain, resume, ..."),
+    "slurm": (".cli.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": (".cli.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
+    "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
+    "config": (".cli.explain:register_config", "config example: print the example config"),
+    "ack": (".cli.remediate:register_ack", "acknowledge a daemon-restarted or server-churn event"),
+}
 
-def _say(line: str) -> None:
-    from mps_health.model.printable import printable
 
-    if sys.stderr is None:  # started with stderr closed (print would fall back to stdout)
-        return
-    try:
-        print(printable(line), file=sys.stderr, flush=True)  # one line: may quote a path
-    except (OSError, ValueError):
-        pass  # stderr gone too: the exit code says it
+class Formatter(argparse.HelpFormatter):
+    """Help at $COLUMNS (or 100) wide: argparse's own default imports shutil at start-up."""
+
+    def __init__(self, prog: str) -> None:
+        columns = os.environ.get("COLUMNS", "")
+        super().__init__(prog, width=int(columns) if columns.isdigit() else 100)
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
+
+
+def build(argv: Sequence[str]) -> Parser:
+    parser = Parser(prog="mps-health", description="Keep NVIDIA MPS healthy on Slurm GPU nodes.")
+    parser.add_argument("-V", "--version", action="version", version=f"mps-health {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (target, help_text) in COMMANDS.items():
+        if chosen in COMMANDS and name != chosen:
+            continue  # only the chosen one's module is imported, and with it its libraries
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module, _, function = target.partition(":")
+            found = importlib.import_module(module, "mps_health")
+            p.set_defaults(handler=getattr(found, function or "register")(p))
+    return parser
 
 
 def dispatch(argv: List[str]) -> int:
-    from mps_health.cli.parser import build
-
     parser = build(argv)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -42,7 +80,7 @@ def dispatch(argv: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     standard_fds()
-    code = edge(lambda: dispatch(args), _say, "mps-health: ")
+    code = edge(lambda: dispatch(args), warn, "mps-health: ")
     flushed()
     return code
 

@@ -1,16 +1,20 @@
-"""``mps-health remediate ACTION``: careful repair, each action planned before it acts.
+"""``mps-health remediate ACTION``: careful repair, each action planned before it acts;
+``mps-health ack``: the event a person caused on purpose, acknowledged.
 
-reset [INSTANCE...], dirs [INSTANCE...], drain, resume, orphans, tmpfiles-guard. Every
-action prints its plan and stops there with --dry-run. Exit 0 done or nothing to do, 1
-refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3 could
-not start.
+Every action prints its plan, and stops there with --dry-run. Exit 0 done or nothing to
+do, 1 refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3
+could not start (or bad usage).
 """
 
 import argparse
 from typing import Callable
 
-from mps_health.cli.common import add_common, load_config
-from mps_health.model.exitcodes import Failure
+from mps_health.cli.common import add_common, load_config, say
+from mps_health.hostio.planned import acknowledge
+from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.printable import escape
+from mps_health.model.servertrack import EVENT_CODES
+from mps_health.remediation import actions, dirs_repair, node_actions, orphans, tmpfiles_guard
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
@@ -54,34 +58,47 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.remediation import actions
-
     config = load_config(args)
-
-    from mps_health.model.printable import lines
-
-    def say(line: str) -> None:
-        print(lines(line), flush=True)
-
     try:
         if args.action == "reset":
             return actions.reset(config, args.root, args.instance, args.all, args.force,
                                  args.dry_run, say, args.automatic)
         if args.action == "dirs":
-            from mps_health.remediation import dirs_repair
-
             return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
         if args.action in ("drain", "resume"):
-            from mps_health.remediation import node_actions
-
             return node_actions.run(config, args.root, args.action,
                                     getattr(args, "reason", ""), args.dry_run, say)
         if args.action == "orphans":
-            from mps_health.remediation import orphans
-
             return orphans.run(config, args.root, args.dry_run, say)
-        from mps_health.remediation import tmpfiles_guard
-
         return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
     except actions.ActionError as e:
         raise Failure(str(e)) from None
+
+
+def register_ack(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    p.add_argument("code", choices=EVENT_CODES, help="the event to acknowledge")
+    p.add_argument("instance", nargs="?", default="",
+                   help="the instance (as the check names it; default: every instance)")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file, for its state_dir (default /etc/mps-health/config.yaml "
+                   "if it exists)")
+    return ack
+
+
+def ack(args: argparse.Namespace) -> int:
+    """``mps-health ack``: ``daemon-restarted`` and ``server-churn`` are reported for
+    ``servers.event_window_s``; mps-health's own actions never raise them and a reset answers
+    them (hostio/planned.py). One that needs no repair (a daemon restarted on purpose) is
+    acknowledged here: CODE's events up to now, on INSTANCE or every instance, are no longer
+    reported; the next one is. Root only (the state dir is root's). Exit 0 done, 2 failed."""
+    config = load_config(args)
+    instance = args.instance
+    if instance and (not instance.isprintable() or len(instance) > 200):
+        raise Failure(f"ack: '{escape(instance)}' is not an instance name")
+    problem = acknowledge(config.state_dir, args.code, instance)
+    if problem:
+        raise Failure(f"ack: {problem}", ExitCode.FAILED)
+    where = f"on {escape(instance)}" if instance else "on every instance"
+    print(f"{args.code} {where} acknowledged: events up to now are no longer reported; "
+          "the next one is")
+    return ExitCode.DONE

@@ -1,40 +1,42 @@
-"""``mps-health slurm``: gres.conf and slurm.conf lines from NVML, and the job hooks.
-
-  mps-health slurm gres-conf [--mps-gpus all|none|0,1] [--diff]   gres.conf lines
-  mps-health slurm conf [--prefix /etc/slurm] [--diff]            slurm.conf lines
-  mps-health slurm install [--prefix /etc/slurm]                  write the hook scripts
-                                                                  (per-job layout only)
-
-``--diff`` compares with the installed file: exit 0 when it says the same, 1 with a
-unified diff when not, 3 when it cannot tell (as every other failure here).
+"""``mps-health slurm``: gres.conf and slurm.conf lines from NVML (``gres-conf``, ``conf``),
+and the per-job layout's hook scripts (``install``). ``--diff`` compares with the installed
+file: exit 0 when it says the same, 1 with a unified diff when not, 3 when it cannot tell
+(as every other failure here).
 """
 
+import argparse
+import contextlib
 import os
 import sys
 import sysconfig
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Any, Callable, Tuple
 
 from mps_health.cli.common import load_config
+from mps_health.config.load import Config
+from mps_health.config.slurm import mps_gpu_ids, settings
+from mps_health.hostio.safefiles import read_small
+from mps_health.model.context import node_name
 from mps_health.model.exitcodes import ExitCode, Failure
-
-if TYPE_CHECKING:
-    import argparse
-
-    from mps_health.config.load import Config
+from mps_health.slurm import gpus as nvml
+from mps_health.slurm import render
+from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan, written_before
+from mps_health.slurm.install import install as write
 
 DEFAULT_PREFIX = "/etc/slurm"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
-def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], int]:
+def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     sub = p.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", parser_class=type(p))
 
-    def common(q: "argparse.ArgumentParser") -> None:
+    g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
+    c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
+    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
+                       "(the per-job layout's; none for the node and per-gpu layouts)")
+    for q in (g, c, i):
         q.add_argument("--config", metavar="FILE",
                        help="config file (default /etc/mps-health/config.yaml if it exists)")
-
-    def gpu_options(q: "argparse.ArgumentParser") -> None:
-        common(q)
+    for q in (g, c):  # the GPUs, from NVML
         q.add_argument("--mps-gpus", metavar="all|none|0,1",
                        help="GPUs (indices or UUIDs) that get Name=mps lines (default: the "
                             "config's gpu.mps_gpus, else every GPU)")
@@ -45,25 +47,10 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
         q.add_argument("--node-name", metavar="NAME",
                        help="this node's Slurm name (default: SLURMD_NODENAME, node_name, "
                             "the short hostname)")
-
-    def diff_options(q: "argparse.ArgumentParser", installed: str, default: str) -> None:
-        """--diff against the installed file, and --gres-conf/--slurm-conf naming it."""
-        q.add_argument("--diff", action="store_true",
-                       help=f"compare with the installed {installed}; exit 1 when it differs")
-        q.add_argument("--" + installed.replace(".", "-"), metavar="FILE",
-                       help=f"the installed {installed} (default: {default})")
-
-    g = sub.add_parser("gres-conf", help="gres.conf lines for this node's GPUs, from NVML")
-    gpu_options(g)
     g.add_argument("--dev-dir", default="/dev", metavar="DIR",
                    help="where the nvidiaN device files are (default /dev)")
     g.add_argument("--with-node-name", action="store_true",
                    help="start each line with NodeName=NODE (for a cluster-wide gres.conf)")
-    diff_options(g, "gres.conf", "slurm.gres_conf, else beside slurm.conf")
-    g.set_defaults(slurm_handler=gres_conf)
-
-    c = sub.add_parser("conf", help="slurm.conf lines: GresTypes, Gres=, hooks, health check")
-    gpu_options(c)
     c.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="where `mps-health slurm install` put the hooks (default /etc/slurm)")
     c.add_argument("--health-check-program", metavar="PATH",
@@ -72,12 +59,13 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                    "beside this Python's scripts")
     c.add_argument("--health-check-interval", type=int, default=300, metavar="SECONDS",
                    help="HealthCheckInterval: how often slurmd runs it (default 300)")
-    diff_options(c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")
-    c.set_defaults(slurm_handler=conf)
-
-    i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
-                       "(the per-job layout's; none for the node and per-gpu layouts)")
-    common(i)
+    # --diff against the installed file, and --gres-conf/--slurm-conf naming it.
+    for q, installed, default in ((g, "gres.conf", "slurm.gres_conf, else beside slurm.conf"),
+                                  (c, "slurm.conf", "$SLURM_CONF, else /etc/slurm/slurm.conf")):
+        q.add_argument("--diff", action="store_true",
+                       help=f"compare with the installed {installed}; exit 1 when it differs")
+        q.add_argument("--" + installed.replace(".", "-"), metavar="FILE",
+                       help=f"the installed {installed} (default: {default})")
     i.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="DIR",
                    help="directory for mps-health-{prolog,task-prolog,epilog} (default "
                         "/etc/slurm)")
@@ -85,9 +73,11 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
                    help="interpreter the scripts run with (default: this one)")
     i.add_argument("--force", action="store_true", help="replace files we did not write")
     i.add_argument("--dry-run", action="store_true", help="print the scripts, write nothing")
+    g.set_defaults(slurm_handler=gres_conf)
+    c.set_defaults(slurm_handler=conf)
     i.set_defaults(slurm_handler=install)
 
-    def run(args: "argparse.Namespace") -> int:
+    def run(args: argparse.Namespace) -> int:
         handler = getattr(args, "slurm_handler", None)
         if handler is None:
             p.print_help()
@@ -98,40 +88,21 @@ def register(p: "argparse.ArgumentParser") -> Callable[["argparse.Namespace"], i
 
 
 # --- settings shared with the checks' config --------------------------------------------
-def mps_choice(args: "argparse.Namespace", config: "Config") -> Optional[Tuple[str, ...]]:
-    from mps_health.config.slurm import mps_gpu_ids
-    from mps_health.slurm.gpus import parse_choice
-
-    if args.mps_gpus is not None:
-        return parse_choice(args.mps_gpus)
-    return mps_gpu_ids(config)
-
-
-def mps_count(args: "argparse.Namespace", config: "Config") -> int:
-    from mps_health.config.slurm import settings
-
+def mps_count(args: argparse.Namespace, config: Config) -> int:
     count = args.count if args.count is not None else settings(config).mps_per_gpu
     if count < 1:
         raise ValueError(f"mps Count must be a whole number of at least 1 (got {count!r})")
     return int(count)
 
 
-def _gpus(args: "argparse.Namespace", config: "Config"):  # -> (GresGpu tuple, driver)
-    from mps_health.slurm.gpus import gres_gpus, nvml_facts
-
-    facts = nvml_facts(args.nvml_record)
-    return gres_gpus(facts, mps_choice(args, config)), facts.driver_version
-
-
-def _node(args: "argparse.Namespace", config: "Config") -> str:
-    from mps_health.model.context import node_name
-
-    return args.node_name or node_name(config)
+def _gpus(args: argparse.Namespace, config: Config) -> Tuple[Tuple[nvml.GresGpu, ...], Any]:
+    """(the GPUs gres.conf names, with Name=mps on the chosen ones; NVML's driver version)."""
+    facts = nvml.nvml_facts(args.nvml_record)
+    choice = nvml.parse_choice(args.mps_gpus) if args.mps_gpus is not None else mps_gpu_ids(config)
+    return nvml.gres_gpus(facts, choice), facts.driver_version
 
 
 def _read(path: str) -> str:
-    from mps_health.hostio.safefiles import read_small
-
     try:
         data = read_small(path, 64 << 20, follow=True)  # slurm.conf may be a link
     except OSError as e:
@@ -141,34 +112,23 @@ def _read(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _prepare(args: "argparse.Namespace"):  # -> (config, gpus, driver, count)
-    from mps_health.slurm.gpus import GpusError
-
+def gres_conf(args: argparse.Namespace) -> int:
     config = load_config(args)
     try:
         gpus, driver = _gpus(args, config)
         count = mps_count(args, config)
-    except (GpusError, ValueError) as e:
+    except (nvml.GpusError, ValueError) as e:
         raise Failure(str(e)) from None
     if not gpus:
         raise Failure("NVML sees no GPU on this node: nothing to write")
-    return config, gpus, driver, count
-
-
-def gres_conf(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.render import diff_gres_conf, render_gres_conf
-
-    config, gpus, driver, count = _prepare(args)
-    node = _node(args, config)
-    text = render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
+    node = args.node_name or node_name(config)
+    text = render.render_gres_conf(gpus, node, driver, count, args.dev_dir, args.with_node_name)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
-    from mps_health.config.slurm import settings
-
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
-    return _report_diff(diff_gres_conf(text, _read(path), node, path),
+    return _report_diff(render.diff_gres_conf(text, _read(path), node, path),
                         f"{path} differs from NVML for {node}", f"{path} matches NVML for {node}")
 
 
@@ -195,19 +155,14 @@ def health_check_default(link_dirs: Tuple[str, ...] = LINK_DIRS) -> Tuple[str, s
     own = os.path.join(sysconfig.get_path("scripts"), HEALTH_CHECK)
     for where in link_dirs:
         linked = os.path.join(where, HEALTH_CHECK)
-        try:
+        with contextlib.suppress(OSError):
             if os.path.samefile(linked, own):
                 return linked, ""
-        except OSError:
-            continue
     return own, (f"{HEALTH_CHECK} of this installation is not linked into "
                  f"{' or '.join(link_dirs)} (README, Install on a node): its own path")
 
 
-def conf(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.gpus import GpusError, NvmlUnavailable
-    from mps_health.slurm.render import diff_slurm_conf, render_slurm_conf
-
+def conf(args: argparse.Namespace) -> int:
     if not 1 <= args.health_check_interval <= 86400:
         raise Failure("--health-check-interval must be between 1 and 86400 seconds")
     config = load_config(args)
@@ -217,30 +172,27 @@ def conf(args: "argparse.Namespace") -> int:
         count = mps_count(args, config)
         gpus, _ = _gpus(args, config)
         no_gpus = "" if gpus else "NVML sees no GPU on this node"
-    except NvmlUnavailable as e:
+    except nvml.NvmlUnavailable as e:
         gpus, no_gpus = (), str(e).rstrip(".")
-    except (GpusError, ValueError) as e:
+    except (nvml.GpusError, ValueError) as e:
         raise Failure(str(e)) from None
     if no_gpus:
         print(f"mps-health: note: {no_gpus}: the node's Gres= is left out", file=sys.stderr)
-    node = _node(args, config)
+    node = args.node_name or node_name(config)
     program, note = (args.health_check_program, "") if args.health_check_program \
         else health_check_default()
-    text = render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
-                             args.health_check_interval, no_gpus, note)
+    text = render.render_slurm_conf(gpus, node, count, config.mps.layout, args.prefix, program,
+                                    args.health_check_interval, no_gpus, note)
     if not args.diff:
         sys.stdout.write(text)
         return ExitCode.OK
     path = args.slurm_conf or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
-    return _report_diff(diff_slurm_conf(text, _read(path), node, path),
+    return _report_diff(render.diff_slurm_conf(text, _read(path), node, path),
                         f"{path} lacks settings mps-health needs",
                         f"{path} has every setting mps-health needs for {node}")
 
 
-def install(args: "argparse.Namespace") -> int:
-    from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan
-    from mps_health.slurm.install import install as write
-
+def install(args: argparse.Namespace) -> int:
     config = os.path.abspath(args.config) if args.config else None
     # The hooks would refuse a bad one at every job: say so now. Its layout says
     # whether Slurm needs our hooks at all.
@@ -264,8 +216,6 @@ def install(args: "argparse.Namespace") -> int:
 
 def _no_hooks(prefix: str, layout: str) -> int:
     """``slurm install`` for a layout whose daemons are the node's: nothing to write."""
-    from mps_health.slurm.install import written_before
-
     print(f"mps.layout is {layout}: its MPS daemons are the node's (systemd units), not the "
           "jobs', so Slurm needs no Prolog, TaskProlog or Epilog of mps-health: wrote nothing")
     for path in written_before(prefix):

@@ -1,16 +1,19 @@
 """``mps-health unit prepare|stop``: the two steps of contrib/systemd/nvidia-mps@.service
 that a plain command line cannot do safely (mps_health.remediation.unit says how).
 
-The dirs come from the unit's ``Environment=`` (CUDA_MPS_PIPE_DIRECTORY,
-CUDA_MPS_LOG_DIRECTORY), so the unit file interpolates nothing into a command line.
-Exit 0 done, 2 failed (systemd then marks the start or stop failed), 3 bad usage.
+The dirs come from the unit's ``Environment=``, so the unit file interpolates nothing
+into a command line. Exit 0 done, 2 failed (systemd marks the start or stop failed), 3
+bad usage.
 """
 
 import argparse
 import os
 from typing import Callable
 
+from mps_health.cli.common import load_config, say
+from mps_health.config.load import ConfigError
 from mps_health.model.exitcodes import Failure
+from mps_health.remediation.unit import prepare, stop
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -40,8 +43,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mps_health.remediation.unit import prepare, stop
-
     if not args.pipe_dir or not os.path.isabs(args.pipe_dir):
         raise Failure(f"unit {args.step}: set CUDA_MPS_PIPE_DIRECTORY (an absolute path) in "
                       "the unit's Environment=, or give --pipe-dir")
@@ -71,18 +72,8 @@ def _mode(option: str, value: str) -> int:
 def _state_dir(args: argparse.Namespace) -> str:
     """Where to record the planned start or stop; "" (with a line) when the config is bad:
     the unit must still start and stop."""
-    from mps_health.cli.common import load_config
-    from mps_health.config.load import ConfigError
-
     try:
         return load_config(args).state_dir
     except ConfigError as e:
         say(f"not recorded as a planned restart: {e}")
         return ""
-
-
-def say(line: str) -> None:
-    """What the unit's steps print, with names from the pipe dir escaped."""
-    from mps_health.model.printable import lines
-
-    print(lines(line), flush=True)

@@ -1,11 +1,9 @@
 """NHC's detached mode: answer slurmd at once with the last result, check in a child.
 
-The result file (``run_dir/healthcheck.result``, on tmpfs under /run) holds the exit
-status, the boot id and the time it was written, then the output. A result from
-another boot, or older than ``result_ttl_s``, is not reported. The child leaves
-slurmd's process group and session (setsid, then a second fork so it can never take
-a terminal back) and lets go of slurmd's pipes at once: slurmd reads our output to EOF
-and then kills our process group, so the child must hold neither.
+The result file (``run_dir/healthcheck.result``, tmpfs) holds the exit status, the boot
+id and the time it was written, then the output; one from another boot, or older than
+``result_ttl_s``, is not reported. slurmd reads our output to EOF and then kills our
+process group, so the child leaves both (``spawn``).
 """
 
 from __future__ import annotations
@@ -13,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 from typing import Callable, NamedTuple, Optional
+
+from mps_health.hostio.safefiles import read_small, write_atomic
 
 RESULT_FILE = "healthcheck.result"
 
@@ -25,8 +25,6 @@ class StoredResult(NamedTuple):
 
 
 def boot_id(proc: str = "/proc") -> str:
-    from mps_health.hostio.safefiles import read_small
-
     try:
         data = read_small(f"{proc}/sys/kernel/random/boot_id", 64)
     except OSError:
@@ -36,12 +34,10 @@ def boot_id(proc: str = "/proc") -> str:
 
 def parse_result(data: str) -> Optional[StoredResult]:
     head, _, text = data.partition("\n")
-    fields = head.split()
-    if len(fields) != 3:
-        return None
     try:
-        return StoredResult(int(fields[0]), fields[1], float(fields[2]), text.rstrip("\n"))
-    except ValueError:
+        rc, boot, written_at = head.split()
+        return StoredResult(int(rc), boot, float(written_at), text.rstrip("\n"))
+    except ValueError:  # not three fields, or not numbers
         return None
 
 
@@ -50,8 +46,6 @@ def format_result(rc: int, boot: str, written_at: float, text: str) -> str:
 
 
 def read_result(path: str) -> Optional[StoredResult]:
-    from mps_health.hostio.safefiles import read_small
-
     try:
         data = read_small(path, 65536)
     except OSError:
@@ -62,16 +56,11 @@ def read_result(path: str) -> Optional[StoredResult]:
 def current(result: Optional[StoredResult], boot: str, now: float, ttl_s: float
             ) -> Optional[StoredResult]:
     """The result if it is from this boot and fresh enough, else None."""
-    if result is None or result.boot_id != boot:
-        return None
-    if not 0 <= now - result.written_at <= ttl_s:
-        return None
-    return result
+    fresh = result is not None and result.boot_id == boot and 0 <= now - result.written_at <= ttl_s
+    return result if fresh else None
 
 
 def write_result(path: str, rc: int, boot: str, text: str) -> None:
-    from mps_health.hostio.safefiles import write_atomic
-
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     write_atomic(path, format_result(rc, boot, time.time(), text).encode(), 0o644)
 
@@ -85,14 +74,12 @@ def spawn(work: Callable[[], int]) -> int:
         return first
     try:
         os.setsid()  # out of slurmd's process group: its kill after we exit misses us
-        if os.fork():
+        if os.fork():  # the grandchild leads no session: it can never take a terminal back
             os._exit(0)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)  # let go of slurmd's pipes: it reads them to EOF
-        if devnull > 2:
-            os.close(devnull)
-        os.closerange(3, 256)
+        os.closerange(3, 256)  # devnull too, when it is not one of 0, 1, 2
         os.chdir("/")
         code = work()
     except BaseException:

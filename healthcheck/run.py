@@ -9,6 +9,7 @@ never overlap (a flock); and slurmctld is asked nothing unless something must ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import List, NamedTuple, Optional, Tuple
@@ -24,18 +25,19 @@ from mps_health.config.remediation import (
 )
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.engine import run as engine
+from mps_health.exporters import text
 from mps_health.healthcheck import detach, slurmnode
 from mps_health.healthcheck import state as hcstate
 from mps_health.hostio.filelock import node_lock
 from mps_health.model.actionhints import read_more
-from mps_health.model.context import node_name
-from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, Result, worst
+from mps_health.model.context import Context, node_name
+from mps_health.model.printable import printable
+from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, worst
 from mps_health.remediation.audit import Audit, who
 
 LOCK_NAME = "healthcheck"
 # Its own codes, besides the checks' (runbook entries in README.md): the checks hung; the
-# fleet breaker held a drain; a drain or resume call failed (slurmctld slow or down);
-# the run took more than a quarter of slurmd's kill.
+# fleet breaker held a drain; a drain or resume call failed; the run took too long.
 CODES = ("healthcheck-timeout", "fleet-wide-fault", "healthcheck-slurm-failed",
          "healthcheck-slow")
 
@@ -45,43 +47,19 @@ class RunResult(NamedTuple):
     lines: Tuple[str, ...]
 
 
-def budget_for(config: Config, hc: HealthcheckSettings) -> float:
-    """Time for the checks: what is left after the scontrol calls and a margin."""
-    spare = hc.timeout_s - SLURM_CALLS * slurm_settings(config).timeout_s - 1.0
-    return max(0.5, min(config.budget_s, spare))
-
-
-def run_checks(config: Config, root: str, hc: HealthcheckSettings
-               ) -> Tuple[Optional[Report], float]:
-    """(the report, or None if the run hung past its hard limit, the budget). The engine
-    walks away from a hung run (``engine.bounded``) and kills what it started."""
-    budget = budget_for(config, hc)
-    try:
-        return engine.run(config, root, budget_s=budget,
-                          boot_grace_s=hc.boot_grace_s)[1], budget
-    except engine.Overrun:
-        return None, budget
-
-
-def first_failure(report: Report, drain_on: str) -> Optional[Result]:
-    wanted = (CRITICAL,) if drain_on == "critical" else (CRITICAL, WARNING)
-    bad = [r for r in report.problems() if r.state in wanted]
-    bad.sort(key=lambda r: 0 if r.state == CRITICAL else 1)
-    return bad[0] if bad else None
-
-
 def reason_for(report: Optional[Report], hc: HealthcheckSettings, tag: str
                ) -> Tuple[str, str]:
-    """(failure code, drain reason starting with ``tag``) for this run."""
+    """(failure code, drain reason starting with ``tag``) for this run: its worst problem."""
     if report is None:
         return "healthcheck-timeout", slurmnode.reason_text(
             tag, "healthcheck-timeout:", "the MPS checks did not finish in time")
-    r = first_failure(report, hc.drain_on)
-    if r is None:
+    bad = [p for p in report.problems() if p.state in (CRITICAL, WARNING)]
+    wanted = [p for p in bad if p.state == CRITICAL or hc.drain_on != "critical"]
+    if not wanted:
         return "unknown", slurmnode.reason_text(tag, "unknown:", "MPS check failed")
-    others = len([p for p in report.problems() if p.state in (CRITICAL, WARNING)]) - 1
+    r = min(wanted, key=lambda p: p.state != CRITICAL)  # the first critical, else warning
     where = f" {r.instance}" if r.instance else ""
-    more = f" (+{others} more)" if others > 0 else ""
+    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
     return r.code, slurmnode.reason_text(tag, f"{r.code}{where}:", r.message + more)
 
 
@@ -93,35 +71,6 @@ def drainable(report: Report, observe: Tuple[str, ...]) -> Report:
         for run in report.runs if run.name not in observe))
 
 
-def _by_users(report: Optional[Report]) -> List[str]:
-    if report is None:
-        return []
-    seen = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
-    return [f"MPS-HC: a local user can cause these, so they never drain: {', '.join(seen)}"] \
-        if seen else []
-
-
-def _observed(report: Optional[Report], observe: Tuple[str, ...]) -> List[str]:
-    if report is None or not observe:
-        return []
-    seen = sorted({r.check for r in report.problems() if r.check in observe})
-    return [f"MPS-HC: observe only, never drains: {', '.join(seen)}"] if seen else []
-
-
-def booting_line(report: Optional[Report], root: str, grace_s: float) -> List[str]:
-    """The INITIALIZING line naming what the engine marked starting (the node is within
-    ``healthcheck.boot_grace_s`` of its boot: ``results.STARTING_CODES``)."""
-    if report is None:
-        return []
-    seen = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
-                   for run in report.runs for r in run.results if r.cause == STARTING})
-    if not seen:
-        return []
-    up = engine.uptime_s(root)
-    return [f"MPS-HC: INITIALIZING - booted {up or 0:.0f}s ago (healthcheck.boot_grace_s "
-            f"{grace_s:g}): still starting, never drained: {', '.join(seen)}"]
-
-
 def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
     """The WARNING line of a run that took over ``SLOW_RUN_S``, naming its slowest part."""
     if took <= SLOW_RUN_S:
@@ -130,21 +79,10 @@ def _slow(report: Optional[Report], took: float, slurm_s: float) -> List[str]:
     if slurm_s > 0:
         parts["slurmctld calls"] = slurm_s
     slowest = max(parts.items(), key=lambda kv: kv[1], default=None)
-    from mps_health.model.printable import printable  # only on the rare slow run
     where = f"; slowest: {printable(slowest[0])} {slowest[1]:.1f}s" if slowest else ""
     return [read_more(f"MPS WARNING - healthcheck-slow: this run took {took:.1f}s, over "
                       f"{SLOW_RUN_S:g}s (a quarter of slurmd's {SLURMD_KILL_S:g}s kill){where}",
                       "healthcheck-slow")]
-
-
-def _summary(report: Optional[Report], budget: float) -> Tuple[int, List[str]]:
-    if report is None:
-        return CRITICAL, [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not "
-                                    f"finish within {engine.limit_for(budget):.0f}s (a hung "
-                                    "probe); abandoned, not waited for", "healthcheck-timeout")]
-    from mps_health.exporters import text
-
-    return report.state, text.render(report).splitlines()
 
 
 def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] = None
@@ -152,25 +90,47 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     """One complete health check run (the caller holds the health check lock)."""
     started = time.monotonic()
     environ = dict(os.environ) if environ is None else environ
-    hc = healthcheck(config)
-    rem = remediation(config)
-    slurm = slurm_settings(config)
+    hc, rem, slurm = healthcheck(config), remediation(config), slurm_settings(config)
     node = node_name(config, environ)
-    report, budget = run_checks(config, root, hc)
-    booting = booting_line(report, root, hc.boot_grace_s)
-    state_code, lines = _summary(report, budget)
-    lines += booting
-    lines += _observed(report, config.checks.observe)
-    lines += _by_users(report)
-    judged = None if report is None else drainable(report, config.checks.observe)
+    rooted = Context(config, root).path  # a path as seen under --root
+    # The checks' budget: what is left after the scontrol calls and a margin.
+    budget = max(0.5, min(config.budget_s, hc.timeout_s - SLURM_CALLS * slurm.timeout_s - 1.0))
+    report: Optional[Report] = None  # None: the run hung past its hard limit, the budget
+    with contextlib.suppress(engine.Overrun):  # walked away from, what it started killed
+        report = engine.run(config, root, budget_s=budget, boot_grace_s=hc.boot_grace_s)[1]
+    if report is None:
+        state_code, booting, judged = CRITICAL, [], None
+        lines = [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
+                           f"within {engine.limit_for(budget):.0f}s (a hung probe); "
+                           "abandoned, not waited for", "healthcheck-timeout")]
+    else:
+        state_code, lines = report.state, text.render(report).splitlines()
+        # Found but never drained: what the engine marked starting (the node is within
+        # healthcheck.boot_grace_s of its boot: results.STARTING_CODES), the checks in
+        # checks.observe, and the findings any local user can cause.
+        booting = sorted({f"{r.code}{' ' + r.instance if r.instance else ''}"
+                          for run in report.runs for r in run.results if r.cause == STARTING})
+        watched = sorted({r.check for r in report.problems() if r.check in config.checks.observe})
+        by_users = sorted({r.code for r in report.problems() if slurmnode.by_any_user(r)})
+        if booting:
+            lines.append(f"MPS-HC: INITIALIZING - booted {engine.uptime_s(root) or 0:.0f}s ago "
+                         f"(healthcheck.boot_grace_s {hc.boot_grace_s:g}): still starting, "
+                         f"never drained: {', '.join(booting)}")
+        if watched:
+            lines.append(f"MPS-HC: observe only, never drains: {', '.join(watched)}")
+        if by_users:
+            lines.append("MPS-HC: a local user can cause these, so they never drain: "
+                         f"{', '.join(by_users)}")
+        judged = drainable(report, config.checks.observe)
     verdict = hcstate.verdict_of(CRITICAL if judged is None else judged.state, hc.drain_on)
     if booting and verdict == "pass":
         verdict = "starting"  # not clean either: a drain of ours is not resumed on it
     code, reason = reason_for(judged, hc, slurm.drain_tag) if verdict == "fail" else ("", "")
-    state_path = os.path.join(_path(root, config.state_dir), hcstate.STATE_FILE)
-    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot).
-    fallback = os.path.join(_path(root, config.run_dir), hcstate.STATE_FILE)
-    before = hcstate.load_either(state_path, fallback)
+    state_path = os.path.join(rooted(config.state_dir), hcstate.STATE_FILE)
+    # Where counting goes on while the state dir is full or read-only (tmpfs: lost at boot):
+    # written only then, removed once the state dir takes it again; read while it exists.
+    fallback = os.path.join(rooted(config.run_dir), hcstate.STATE_FILE)
+    before = hcstate.load(fallback if os.path.lexists(fallback) else state_path)
     state = hcstate.count(before, verdict, code)
     healthy = hcstate.node_healthy_from_env(environ.get("SLURM_NODE_IS_HEALTHY"))
     now = time.time()
@@ -217,14 +177,13 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     slurm_s = time.monotonic() - slurm_started
     if outcome == "error":
         # slurmctld slow or down: our own trouble, not the node's. Nothing was changed, the
-        # state still says what is owed (a drain, or the resume of our drain), and the
-        # next run asks again.
+        # state still says what is owed, and the next run asks again.
         state_code = worst([state_code, UNKNOWN])
         lines.append(read_more(f"MPS UNKNOWN - healthcheck-slurm-failed: the {need.action} "
                                f"was not done ({why}); the next run tries again",
                                "healthcheck-slurm-failed"))
     if outcome in ("drained", "resumed", "error", "held"):
-        audit = Audit(_path(root, rem.audit_log), rem.syslog, node, "healthcheck",
+        audit = Audit(rooted(rem.audit_log), rem.syslog, node, "healthcheck",
                       f"{who(environ)} via healthcheck")
         audit.record(need.action, {"error": "failed", "held": "held"}.get(outcome, "ok"),
                      reason=reason if need.action == "drain" else "", detail=why)
@@ -258,37 +217,22 @@ def _relearn(config: Config, node: str, tag: str, timeout_s: float, state: hcsta
     if mine:
         return state._replace(drained=True, known=True), \
             f"MPS-HC: no saved state; the node is {why}: resumed after the usual clean runs"
-    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us " \
-        f"({why})"
+    return state._replace(known=True), f"MPS-HC: no saved state; node not drained by us ({why})"
 
 
 def _said(action: str, outcome: str, why: str) -> str:
     if action == "none" or outcome == "none":
         return why
-    if outcome == "error":
-        return f"{action} failed, will retry next run: {why}"
-    if outcome == "drained":
-        return f"drained ({why})"
-    if outcome == "resumed":
-        return f"resumed ({why})"
-    if outcome == "already":
-        return "already drained by us"
-    if outcome == "held":
-        return f"not drained: {why}"
-    if outcome == "dry-run":
-        return f"{action}: {why}"
-    return f"{'not drained' if action == 'drain' else 'not resumed'}: {why}"
+    return {"error": f"{action} failed, will retry next run: {why}",
+            "drained": f"drained ({why})", "resumed": f"resumed ({why})",
+            "already": "already drained by us", "held": f"not drained: {why}",
+            "dry-run": f"{action}: {why}"}.get(
+        outcome, f"{'not drained' if action == 'drain' else 'not resumed'}: {why}")
 
 
-def _path(root: str, absolute: str) -> str:
-    if root in ("", "/"):
-        return absolute
-    return os.path.join(root, absolute.lstrip("/"))
-
-
-def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> RunResult:
+def locked_run(config: Config, root: str, dry_run: bool) -> RunResult:
     """run_once under the health check lock; a run still going elsewhere wins."""
-    run_dir = _path(root, config.run_dir)
+    run_dir = Context(config, root).path(config.run_dir)
     lock = node_lock(run_dir, LOCK_NAME)
     try:
         got = lock.try_acquire("healthcheck")
@@ -300,13 +244,11 @@ def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> 
                              "is skipped",))
     try:
         result = run_once(config, root, dry_run)
-        if write and not dry_run:
+        if not dry_run:
             # The stored answer is a convenience for detached mode: never fatal.
-            try:
+            with contextlib.suppress(OSError):
                 detach.write_result(os.path.join(run_dir, detach.RESULT_FILE), result.rc,
                                     detach.boot_id(), "\n".join(result.lines))
-            except OSError:
-                pass
         return result
     finally:
         lock.release()
@@ -314,7 +256,7 @@ def locked_run(config: Config, root: str, dry_run: bool, write: bool = True) -> 
 
 def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
     """Answer with the stored result and refresh it in a detached child."""
-    run_dir = _path(root, config.run_dir)
+    run_dir = Context(config, root).path(config.run_dir)
     stored = detach.current(detach.read_result(os.path.join(run_dir, detach.RESULT_FILE)),
                             detach.boot_id(), time.time(), hc.result_ttl_s)
     busy = node_lock(run_dir, LOCK_NAME)
@@ -340,4 +282,3 @@ def main_run(config: Config, root: str, dry_run: bool, mode: Optional[str]) -> R
     if (mode or ("detached" if hc.detached else "foreground")) == "detached" and not dry_run:
         return detached(config, root, hc)
     return locked_run(config, root, dry_run)
-

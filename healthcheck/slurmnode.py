@@ -1,13 +1,11 @@
 """This node as slurmctld sees it, and draining/resuming it under NHC's rules.
 
-The node is read by ``probes.slurm.read_node`` (State, and Reason without Slurm's
-``[user@time]``), scontrol is called by ``probes.slurm.call``. We drain only a node in
-service (not drained by anyone, not held by Slurm); we resume only a node whose reason's
-first word is still our tag, read just before resuming. A node in service may still
-show a Reason: Slurm 24.11 keeps the last one after RESUME (22.05 clears it), so there
-it is history, not someone's hold, and never stops a drain. DOWN, FAIL, maintenance, reboot-pending
-and not-responding nodes are left alone. Every scontrol call is bounded; a failure is
-reported, never fatal.
+Read by ``probes.slurm.read_node`` (State, and Reason without Slurm's ``[user@time]``);
+scontrol called by ``probes.slurm.call``, bounded, a failure reported, never fatal. We
+drain only a node in service (not drained by anyone, not held by Slurm: ``HANDS_OFF``);
+we resume only a node whose reason's first word is still our tag, read just before. A
+Reason on a node in service is history (Slurm 24.11 keeps the last one after RESUME,
+22.05 clears it), not someone's hold: it never stops a drain.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
+from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, Result
 from mps_health.probes.slurm import (
     SlurmError,
@@ -73,20 +72,16 @@ def by_any_user(result: Result) -> bool:
 def reason_code(reason: str, tag: str) -> str:
     """The finding code in a reason we wrote ('MPS-HC: control-wedged gpu0: ...'), or ""."""
     words = reason.split(None, 2)
-    if len(words) < 2 or words[0] != tag:
-        return ""
-    return words[1].rstrip(":")
+    return words[1].rstrip(":") if len(words) >= 2 and words[0] == tag else ""
 
 
 def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
     """(act?, why) for draining: only a node in service."""
-    hands_off = HANDS_OFF.intersection(view.flags)
-    if hands_off:
+    if HANDS_OFF.intersection(view.flags):
         return False, f"node is {view.state}: left to Slurm and the admins"
     if DRAINED.intersection(view.flags):
-        if ours(view, tag):
-            return False, "already drained by us"
-        return False, f"already drained by someone else ({view.reason or 'no reason'}): left alone"
+        return False, "already drained by us" if ours(view, tag) else \
+            f"already drained by someone else ({view.reason or 'no reason'}): left alone"
     if view.reason and not ours(view, tag):
         return True, f"node is {view.state} (its reason '{view.reason}' is left from an " \
             "earlier drain)"
@@ -99,16 +94,13 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
         return False, f"node is {view.state}, not drained"
     if not ours(view, tag):
         return False, f"drained by someone else ({view.reason or 'no reason'}): left alone"
-    hands_off = HANDS_OFF.intersection(view.flags)
-    if hands_off:
+    if HANDS_OFF.intersection(view.flags):
         return False, f"node is {view.state}: left to Slurm and the admins"
     return True, f"drained by us ({view.reason})"
 
 
 def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     """'MPS-HC: control-wedged gpu0: the control daemon did not answer...' (one line)."""
-    from mps_health.model.printable import printable
-
     body = printable(" ".join(f"{code} {text}".split()))
     full = f"{tag} {body}"
     return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
@@ -117,14 +109,6 @@ def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
 def _update(config: Config, node: str, timeout_s: float, *fields: str) -> None:
     call(scontrol_argv(config, "update", f"NodeName={node}", *fields), timeout_s,
          "scontrol update")
-
-
-def drain(config: Config, node: str, reason: str, timeout_s: float) -> None:
-    _update(config, node, timeout_s, "State=DRAIN", f"Reason={reason}")
-
-
-def resume(config: Config, node: str, timeout_s: float) -> None:
-    _update(config, node, timeout_s, "State=RESUME")
 
 
 def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int]) -> Breaker:
@@ -171,7 +155,7 @@ def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s
         if held:
             return "held", held, view
     try:
-        drain(config, node, reason, timeout_s)
+        _update(config, node, timeout_s, "State=DRAIN", f"Reason={reason}")
     except SlurmError as e:
         return "error", str(e), view
     return "drained", why, view
@@ -188,7 +172,7 @@ def resume_if_ours(config: Config, node: str, tag: str, timeout_s: float
     if not allowed:
         return "left", why, view
     try:
-        resume(config, node, timeout_s)
+        _update(config, node, timeout_s, "State=RESUME")
     except SlurmError as e:
         return "error", str(e), view
     return "resumed", why, view

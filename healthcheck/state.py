@@ -8,9 +8,11 @@ says whether slurmctld must be asked anything at all. Most runs ask nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import NamedTuple, Optional, Tuple
 
+from mps_health.hostio.safefiles import read_small, write_atomic
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 
 STATE_FILE = "healthcheck.state"
@@ -83,36 +85,18 @@ def decide(state: HcState, verdict: str, fail_runs: int, pass_runs: int, recheck
 
 
 def node_healthy_from_env(value: Optional[str]) -> Optional[bool]:
-    """SLURM_NODE_IS_HEALTHY (Slurm 26.05.2+): unset before the node registers and on
-    older Slurm."""
-    if value == "yes":
-        return True
-    if value == "no":
-        return False
-    return None
+    """SLURM_NODE_IS_HEALTHY (Slurm 26.05.2+; unset before the node registers, on older Slurm)."""
+    return {"yes": True, "no": False}.get(value or "")
 
 
 def load(path: str) -> HcState:
     """The saved state; a missing or unreadable file starts afresh, not knowing whether
     the node is drained by us (never fatal)."""
-    from mps_health.hostio.safefiles import read_small
-
     try:
         data = read_small(path, 4096)
     except OSError:
         return HcState(known=False)
     return HcState(known=False) if data is None else parse(data.decode("utf-8", "replace"))
-
-
-def load_either(path: str, fallback: str) -> HcState:
-    """The state from ``fallback`` (the run dir) while it exists: it is written only when
-    ``path`` (the state dir) cannot be, and removed once it can; else from ``path``."""
-    try:
-        if os.path.lexists(fallback):
-            return load(fallback)
-    except OSError:
-        pass
-    return load(path)
 
 
 def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
@@ -122,10 +106,8 @@ def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
     except OSError as e:
         problem = f"cannot save {path}: {e.strerror or e}"
     else:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(fallback)
-        except FileNotFoundError:
-            pass
         return path, ""
     try:
         save(fallback, state)
@@ -135,11 +117,8 @@ def save_either(path: str, fallback: str, state: HcState) -> Tuple[str, str]:
 
 
 def parse(text: str) -> HcState:
-    values = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
+    values = {key.strip(): value.strip()
+              for key, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
     if "fails" not in values:
         return HcState(known=False)
     try:
@@ -149,22 +128,15 @@ def parse(text: str) -> HcState:
                         last_code=_code(values.get("last_code", "")),
                         verified_at=float(values.get("verified_at", 0.0)),
                         known=values.get("known", "yes") != "no",
-                        duration_s=_duration(float(values.get("duration_s", 0.0))))
+                        duration_s=float(values.get("duration_s", 0.0)))
     except ValueError:
         return HcState(known=False)
     # NaN or inf would switch the recheck off for good (every comparison with it is
     # false): a time we cannot trust means "never verified", so the next run reads the node.
-    # (Not math.isfinite: math is a shared library to load on many builds; NaN is the
-    # one value unequal to itself.)
-    t = state.verified_at
-    if t != t or t in (float("inf"), float("-inf")) or t < 0:
-        return state._replace(verified_at=0.0)
-    return state
-
-
-def _duration(value: float) -> float:
-    """A run's saved duration: NaN, negative or absurd values read as 0 (not known)."""
-    return value if 0.0 <= value <= 1e6 else 0.0  # NaN fails every comparison
+    # A NaN, negative or absurd duration reads as 0 (not known). NaN fails every comparison.
+    return state._replace(
+        verified_at=state.verified_at if 0 <= state.verified_at < float("inf") else 0.0,
+        duration_s=state.duration_s if 0.0 <= state.duration_s <= 1e6 else 0.0)
 
 
 def _code(text: str) -> str:
@@ -181,7 +153,5 @@ def dumps(state: HcState) -> str:
 
 
 def save(path: str, state: HcState) -> None:
-    from mps_health.hostio.safefiles import write_atomic
-
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     write_atomic(path, dumps(state).encode(), 0o644)

@@ -212,7 +212,7 @@ def test_all_three_attacks_at_once_log_a_few_counted_lines(tmp_path: Path, site)
 def test_unit_open_file_limit_fits_the_default_cap_and_the_reserve() -> None:
     """The unit's LimitNOFILE (systemd-analyze verify checks its syntax, with the other
     units, in tests/fleet/test_fleet_contrib.py) leaves the default cap whole."""
-    from mps_health.cli.exporter import ExporterConfig
+    from mps_health.config.exporter import ExporterConfig
     from mps_health.exporters.fdbudget import RESERVE_FDS
 
     unit = (REPO / "contrib/systemd/mps-health-exporter.service").read_text()

@@ -6,7 +6,7 @@ import shlex
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from mps_health.cli import parser as argv
+from mps_health.cli import main as argv
 from mps_health.cli.common import UsageError
 from mps_health.config.load import DEFAULT_PATH
 from mps_health.engine import run as engine

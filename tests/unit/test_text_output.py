@@ -6,7 +6,7 @@ import argparse
 from typing import Iterator, List
 
 import pytest
-from mps_health.cli.parser import COMMANDS, build
+from mps_health.cli.main import COMMANDS, build
 from mps_health.exporters import text
 from mps_health.model.results import CRITICAL, OK, CheckRun, Report, Result
 
