@@ -9,6 +9,7 @@ import sys
 import syslog
 import time
 from contextlib import suppress
+from functools import partialmethod
 from typing import List, Optional
 
 LEVELS = {"info": 6, "warning": 4, "error": 3}  # syslog priorities
@@ -54,11 +55,6 @@ class HookLog:
         finally:
             os.close(fd)
 
-    def info(self, message: str) -> None:
-        self._say("info", message)
-
-    def warning(self, message: str) -> None:
-        self._say("warning", message)
-
-    def error(self, message: str) -> None:
-        self._say("error", message)
+    info = partialmethod(_say, "info")
+    warning = partialmethod(_say, "warning")
+    error = partialmethod(_say, "error")

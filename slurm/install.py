@@ -83,10 +83,10 @@ def check_job_users(python: str, packages: List[str], prefix: str,
 
     config = config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
     for what, problem in (
-            (f"the interpreter {python}", reach.executable(python)),
+            (f"the interpreter {python}", reach.usable(python, reach.EXECUTABLE)),
             ("the mps_health package", reach.package_tree(packages)),
-            (f"the hook directory {prefix}", reach.directory(prefix)),
-            (f"the config {config}", reach.readable(config) if config else "")):
+            (f"the hook directory {prefix}", reach.usable(prefix, reach.SEARCHABLE)),
+            (f"the config {config}", reach.usable(config, reach.READABLE) if config else "")):
         if problem:
             raise InstallError(f"job users cannot use {what}: {problem}; {FOR_JOB_USERS}")
 
