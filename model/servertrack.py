@@ -103,10 +103,8 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
 
 def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
     """When ``server``'s current status was first seen (from the advanced memory)."""
-    for s in memory.servers:
-        if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
-            return s.status_since
-    return None
+    return next((s.status_since for s in memory.servers
+                 if (s.pid, s.start_ticks) == (server.pid, server.start_ticks)), None)
 
 
 def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:

@@ -139,12 +139,8 @@ def unified(expected: Sequence[str], installed: Sequence[str], installed_name: s
 
 def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
     """Sort key: 'Name=gpu File=/dev/nvidia10' after '.../nvidia9'."""
-    out = []
-    for word in line.split():
-        head = word.rstrip("0123456789")
-        tail = word[len(head):]
-        out.append((head, int(tail) if tail else -1))
-    return tuple(out)
+    heads = [(word, word.rstrip("0123456789")) for word in line.split()]
+    return tuple((head, int(word[len(head):] or -1)) for word, head in heads)
 
 
 def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
