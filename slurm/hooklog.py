@@ -41,7 +41,6 @@ class HookLog:
             self._append(f"{self.ident}[{os.getpid()}]: {level}: {line}\n")
 
     def _append(self, text: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         try:
             # O_NONBLOCK: a FIFO in the log's place must not hang a Prolog.
             fd = os.open(self.log_file or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -49,9 +48,8 @@ class HookLog:
         except OSError:
             return  # e.g. the TaskProlog, as the user, cannot write root's log: syslog has it
         try:
-            os.write(fd, f"{stamp} {text}".encode())
-        except OSError:
-            pass
+            with suppress(OSError):
+                os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}".encode())
         finally:
             os.close(fd)
 
