@@ -85,13 +85,6 @@ def read_more(action: str, code: str) -> str:
     return f"{action} ({where})" if action else where
 
 
-def documented(check: str) -> bool:
-    """Whether mps-health documents the check's codes (a built-in check; a site's own
-    check, named as an importable module, documents its own)."""
-    spec = registry.checks().get(check)
-    return spec is not None and spec.target.startswith(".")
-
-
 def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ...] = ()
             ) -> Tuple[CheckRun, ...]:
     """The runs with every action given the run's options, and every problem's action
@@ -105,7 +98,10 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
 
     out = []
     for run in runs:
-        ours = documented(run.name)
+        # mps-health documents a built-in check's codes; a site's own check (named as an
+        # importable module) documents its own.
+        spec = registry.checks().get(run.name)
+        ours = spec is not None and spec.target.startswith(".")
         out.append(run._replace(results=tuple(one(r, ours) for r in run.results)))
     return tuple(out)
 

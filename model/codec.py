@@ -51,7 +51,7 @@ def split_top_level(text: str) -> List[str]:
 
 
 def _typing_text(tp: Any) -> str:
-    """A class or ``typing`` object no plan was made of (``_typing_node``) as annotation
+    """A class or ``typing`` object that is no ``_GENERICS`` generic as annotation
     text; a generic of another kind is named without its arguments, and fails as before."""
     if isinstance(tp, typing.ForwardRef):
         return str(tp.__forward_arg__)
@@ -60,24 +60,20 @@ def _typing_text(tp: Any) -> str:
     return "Any" if tp is typing.Any else getattr(tp, "__name__", "Any")
 
 
-def _typing_node(tp: Any, ns: Mapping[str, Any]) -> Optional[Node]:
-    """The plan of a generic typing object (``Dict[str, ServerMemory]``), keeping its
-    classes: as text their names would have to be found in ``ns``. None for others."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is None or not args:
-        return None
-    if origin is tuple:
-        if args[-1] is Ellipsis:
-            return ("varlen", parse(args[0], ns))
-        return ("tuple", [parse(a, ns) for a in args])
-    if origin is dict or getattr(origin, "__name__", "") == "Mapping":
-        return ("dict", parse(args[-1], ns))
-    if origin is list or getattr(origin, "__name__", "") == "Sequence":
-        return ("varlen", parse(args[0], ns))
-    if origin is typing.Union:
-        parts = [parse(a, ns) for a in args]
-        return ("union", [p for p in parts if p != ("none",)], ("none",) in parts)
-    return None
+_GENERICS = frozenset(("Optional", "Union", "Tuple", "tuple", "Dict", "dict", "Mapping",
+                       "List", "list", "Sequence"))
+
+
+def _generic(head: str, args: List[Node], varlen: bool) -> Node:
+    """The plan of a ``_GENERICS`` head over its arguments' plans (``varlen``: X, ...)."""
+    if head in ("Optional", "Union"):
+        return ("union", [a for a in args if a != ("none",)],
+                head == "Optional" or ("none",) in args)
+    if head in ("Tuple", "tuple"):
+        return ("varlen", args[0]) if varlen else ("tuple", args)
+    if head in ("Dict", "dict", "Mapping"):
+        return ("dict", args[1] if len(args) == 2 else _ANY)
+    return ("varlen", args[0] if args else _ANY)  # List, Sequence
 
 
 def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
@@ -86,27 +82,22 @@ def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
     if not isinstance(tp, str):
         if isinstance(tp, type) and tp.__name__ not in _LEAVES and tp is not type(None):
             return ("record", tp) if hasattr(tp, "_fields") else ("leaf", tp)
-        structured = _typing_node(tp, ns)
-        if structured is not None:
-            return structured
+        # A generic typing object (Dict[str, ServerMemory]) keeps its classes: as text
+        # their names would have to be found in ``ns``.
+        origin, params = typing.get_origin(tp), typing.get_args(tp)
+        head = "Union" if origin is typing.Union else getattr(origin, "__name__", "")
+        if params and head in _GENERICS:
+            return _generic(head, [parse(a, ns) for a in params], params[-1] is Ellipsis)
         tp = _typing_text(tp)
     text = tp.strip().strip("'\"")
     if text == "...":
         return _ANY
     head, bracket, rest = text.partition("[")
     head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
-    args = [parse(a, ns) for a in split_top_level(rest[:-1])] if bracket else []
-    if head in ("Optional", "Union"):
-        return ("union", [a for a in args if a != ("none",)],
-                head == "Optional" or ("none",) in args)
-    if head in ("Tuple", "tuple"):
-        if bracket and split_top_level(rest[:-1])[-1:] == ["..."]:
-            return ("varlen", args[0])
-        return ("tuple", args)
-    if head in ("Dict", "dict", "Mapping"):
-        return ("dict", args[1] if len(args) == 2 else _ANY)
-    if head in ("List", "list", "Sequence"):
-        return ("varlen", args[0] if args else _ANY)
+    parts = split_top_level(rest[:-1]) if bracket else []
+    args = [parse(a, ns) for a in parts]
+    if head in _GENERICS:
+        return _generic(head, args, parts[-1:] == ["..."])
     if head in ("None", "NoneType"):
         return ("none",)
     if head in _LEAVES:

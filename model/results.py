@@ -13,7 +13,7 @@ metrics and health check agree; text shows folded findings with ``-v``, JSON wit
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -81,9 +81,15 @@ STARTING_CODES: FrozenSet[str] = frozenset((
 def starting(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
     """``runs`` with every finding of ``STARTING_CODES`` that still counts marked as
     starting (the node is within its boot grace); any other finding is left as it is."""
+    return _mark(runs, lambda r: STARTING if r.code in STARTING_CODES else "")
+
+
+def _mark(runs: Sequence[CheckRun], cause_of: Callable[[Result], str]
+          ) -> Tuple[CheckRun, ...]:
+    """``runs`` with each finding that counts and has a ``cause_of`` given it, action cleared."""
     return tuple(run._replace(results=tuple(
-        r._replace(cause=STARTING, action="") if is_problem(r) and r.code in STARTING_CODES
-        else r for r in run.results)) for run in runs)
+        r._replace(cause=cause, action="") if is_problem(r) and (cause := cause_of(r)) else r
+        for r in run.results)) for run in runs)
 
 
 class CheckRun(NamedTuple):
@@ -110,10 +116,7 @@ def fold(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
                 causes.setdefault(("", code), r.code)
     if not causes:
         return tuple(runs)
-    return tuple(run._replace(results=tuple(
-        r._replace(cause=causes[r.instance, r.code], action="")
-        if is_problem(r) and (r.instance, r.code) in causes else r for r in run.results))
-        for run in runs)
+    return _mark(runs, lambda r: causes.get((r.instance, r.code), ""))
 
 
 class Report(NamedTuple):

@@ -78,10 +78,8 @@ def _block(heading: str, body: List[str], rows: List[str]) -> List[Entry]:
     codes = [c for line in body[:3] for c in _ANCHOR.findall(line)] or [slug(heading)]
     # A table's rows are entries of their own: the heading's entry names them.
     lines = [_plain(line) for line in body if not line.startswith("|")]
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    while lines and not lines[-1].strip():
-        lines.pop()
+    kept = [i for i, line in enumerate(lines) if line.strip()]  # no blank lines around
+    lines = lines[kept[0]:kept[-1] + 1] if kept else []
     summary = _first_sentence(" ".join(lines)) if lines else f"codes: {', '.join(rows)}"
     if rows:
         lines += ["", f"Codes (mps-health explain CODE): {', '.join(rows)}"]

@@ -31,10 +31,6 @@ MAX_EVENTS = 100
 EVENT_CODES = ("daemon-restarted", "server-churn")
 
 
-def _who(server: RememberedServer) -> str:
-    return f"server {server.pid}" + (f" ({server.user})" if server.user else "")
-
-
 def advance(previous: Optional[ServerMemory], current: InstanceServers,
             alive: Iterable[Tuple[int, int]], now: float, window_s: float,
             planned: Sequence[PlannedRestart] = (), pipe_dir: str = "",
@@ -82,11 +78,10 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
             continue
         orphans = [pid for pid, start in old.clients if (pid, start) in still]
         if orphans and not ours:
+            who = f"server {old.pid}" + (f" ({old.user})" if old.user else "")
             shown = ", ".join(str(p) for p in orphans[:8])
-            events.append(ServerEvent(now, "server-churn",
-                                      f"{_who(old)} went away while its clients {shown} still "
-                                      "run (no job ended)"))
-    remembered: List[RememberedServer] = kept
+            events.append(ServerEvent(now, "server-churn", f"{who} went away while its clients "
+                                      f"{shown} still run (no job ended)"))
     before = {(s.pid, s.start_ticks): s for s in (previous.servers if previous else ())}
     child = set(children)
     for key, server in seen.items():
@@ -94,19 +89,17 @@ def advance(previous: Optional[ServerMemory], current: InstanceServers,
         since = was.status_since if was is not None and was.status == server.status else now
         clients = tuple((c.pid, c.start_ticks) for c in server.clients
                         if c.start_ticks is not None)
-        remembered.append(RememberedServer(server.pid, key[1], server.status, since,
-                                           server.user or "", clients,
-                                           key in child or (was is not None and was.daemon_child)))
-    return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(remembered),
+        kept.append(RememberedServer(server.pid, key[1], server.status, since,
+                                     server.user or "", clients,
+                                     key in child or (was is not None and was.daemon_child)))
+    return ServerMemory(now, current.daemon_pid, current.daemon_start, tuple(kept),
                         tuple(events[-MAX_EVENTS:]))
 
 
 def status_since(memory: ServerMemory, server: ServerFact) -> Optional[float]:
     """When ``server``'s current status was first seen (from the advanced memory)."""
-    for s in memory.servers:
-        if (s.pid, s.start_ticks) == (server.pid, server.start_ticks):
-            return s.status_since
-    return None
+    return next((s.status_since for s in memory.servers
+                 if (s.pid, s.start_ticks) == (server.pid, server.start_ticks)), None)
 
 
 def remembered(previous: Mapping[str, ServerMemory]) -> Set[Tuple[int, int]]:

@@ -69,14 +69,12 @@ def load_recording(text: str, where: str) -> RecordedApi:
     """A RecordedApi from either recording format; ValueError naming ``where``."""
     try:
         data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{where}: not JSON: {e}") from None
-    try:
         if isinstance(data, dict) and "format" not in data and "gpus" in data:
             data = record_from_dump(data)
         return RecordedApi(data)
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        what = "not JSON: " if isinstance(e, json.JSONDecodeError) else ""
+        raise ValueError(f"{where}: {what}{e}") from None
 
 
 def nvml_facts(recording: Optional[str] = None) -> NvmlFacts:

@@ -9,6 +9,7 @@ import sys
 import syslog
 import time
 from contextlib import suppress
+from functools import partialmethod
 from typing import List, Optional
 
 LEVELS = {"info": 6, "warning": 4, "error": 3}  # syslog priorities
@@ -40,7 +41,6 @@ class HookLog:
             self._append(f"{self.ident}[{os.getpid()}]: {level}: {line}\n")
 
     def _append(self, text: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         try:
             # O_NONBLOCK: a FIFO in the log's place must not hang a Prolog.
             fd = os.open(self.log_file or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -48,17 +48,11 @@ class HookLog:
         except OSError:
             return  # e.g. the TaskProlog, as the user, cannot write root's log: syslog has it
         try:
-            os.write(fd, f"{stamp} {text}".encode())
-        except OSError:
-            pass
+            with suppress(OSError):
+                os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}".encode())
         finally:
             os.close(fd)
 
-    def info(self, message: str) -> None:
-        self._say("info", message)
-
-    def warning(self, message: str) -> None:
-        self._say("warning", message)
-
-    def error(self, message: str) -> None:
-        self._say("error", message)
+    info = partialmethod(_say, "info")
+    warning = partialmethod(_say, "warning")
+    error = partialmethod(_say, "error")

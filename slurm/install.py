@@ -47,7 +47,6 @@ PROBE = ("import os, mps_health, mps_health.slurm.hooks as h\n"
          "print(os.path.dirname(mps_health.__file__)); print(os.path.dirname(h.__file__))\n"
          "try:\n import yaml; print(os.path.dirname(yaml.__file__))\n"
          "except ImportError: pass\n")
-DEFAULT_CONFIG = "/etc/mps-health/config.yaml"
 FOR_JOB_USERS = ("the TaskProlog runs as the job's user: install mps-health where every user "
                  "can read it (a venv in /opt/mps-health, see the README's Install on a node)")
 
@@ -79,14 +78,15 @@ def check_python(python: str) -> List[str]:
 def check_job_users(python: str, packages: List[str], prefix: str,
                     config: Optional[str]) -> None:
     """Job users must reach the interpreter, the packages, the hooks and the config."""
+    from mps_health.config.load import DEFAULT_PATH
     from mps_health.slurm import reach
 
-    config = config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    config = config or (DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None)
     for what, problem in (
-            (f"the interpreter {python}", reach.executable(python)),
+            (f"the interpreter {python}", reach.usable(python, reach.EXECUTABLE)),
             ("the mps_health package", reach.package_tree(packages)),
-            (f"the hook directory {prefix}", reach.directory(prefix)),
-            (f"the config {config}", reach.readable(config) if config else "")):
+            (f"the hook directory {prefix}", reach.usable(prefix, reach.SEARCHABLE)),
+            (f"the config {config}", reach.usable(config, reach.READABLE) if config else "")):
         if problem:
             raise InstallError(f"job users cannot use {what}: {problem}; {FOR_JOB_USERS}")
 

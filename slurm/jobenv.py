@@ -31,10 +31,9 @@ def parse_gpus(text: str) -> Tuple[str, ...]:
     if text in ("", "NoDevFiles"):
         return ()
     gpus = tuple(g.strip() for g in text.split(","))
-    for g in gpus:
-        if not g or not set(g) <= GPU_CHARS:
-            raise JobEnvError(f"CUDA_VISIBLE_DEVICES={text!r} is not a list of GPU indices or "
-                              "UUIDs")
+    if not all(g and set(g) <= GPU_CHARS for g in gpus):
+        raise JobEnvError(f"CUDA_VISIBLE_DEVICES={text!r} is not a list of GPU indices or "
+                          "UUIDs")
     return gpus
 
 

@@ -26,7 +26,7 @@ from mps_health.config.load import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.config.templates import expand, match
 from mps_health.hostio import jobrecords, safedirs
 from mps_health.hostio.planned import record as record_planned
-from mps_health.hostio.process_identity import locate, not_found
+from mps_health.hostio.process_identity import CONTROL, locate, not_found
 from mps_health.hostio.runas import RunAs, for_user, user_env
 from mps_health.model.facts import ProcessFact
 from mps_health.model.facts_deep import LOG_FILES
@@ -37,7 +37,6 @@ from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 from mps_health.slurm.hooklog import HookLog
 from mps_health.slurm.jobenv import JobEnv, parse_gpus, wants_daemon
 
-CONTROL = "nvidia-cuda-mps-control"
 # Many jobs ending at once queue for the records' lock; a record lost would let the
 # health check judge a set-up or tear-down, so a hook waits longer than a check would.
 RECORD_WAIT_S = 10.0

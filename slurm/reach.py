@@ -11,47 +11,36 @@ users are arbitrary. Each function returns "" when others can use the path, else
 import os
 import stat
 from pathlib import PurePath
-from typing import Iterable
+from typing import Iterable, Tuple
 
 # Bounds the walk of a package tree (the installed mps_health has about 150 entries).
 MAX_ENTRIES = 5000
+# What others need on a path: (mode bits, what the path is when they lack them).
+Need = Tuple[int, str]
+EXECUTABLE: Need = (stat.S_IXOTH, "not executable by others")  # an interpreter, a script
+READABLE: Need = (stat.S_IROTH, "not readable by others")  # the config
+SEARCHABLE: Need = (stat.S_IXOTH, "not searchable by others")  # a directory
+LISTABLE: Need = (stat.S_IROTH | stat.S_IXOTH, "not listable by others")
 
 
 def _mode(st: os.stat_result) -> str:
     return f"mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def _parents_searchable(path: str) -> str:
-    """Each directory from / down to ``path``'s parent must be searchable (o+x); the
-    path as written and the path its symlinks lead to are both walked."""
+def _has(path: str, need: Need) -> str:
+    st = os.stat(path)
+    return f"{path} is {_mode(st)} ({need[1]})" if st.st_mode & need[0] != need[0] else ""
+
+
+def usable(path: str, need: Need) -> str:
+    """Others have ``need`` on ``path``, and can search (o+x) each directory from / down to
+    its parent: the path as written and the path its symlinks lead to are both walked."""
     for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         for d in [*reversed(PurePath(candidate).parents)] or [PurePath("/")]:
             st = os.stat(d)
             if not st.st_mode & stat.S_IXOTH:
                 return f"{d} is {_mode(st)}"
-    return ""
-
-
-def _has(path: str, bits: int, what: str) -> str:
-    st = os.stat(path)
-    if st.st_mode & bits != bits:
-        return f"{path} is {_mode(st)} ({what})"
-    return ""
-
-
-def executable(path: str) -> str:
-    """``path`` (an interpreter, a script) can be run by others."""
-    return _parents_searchable(path) or _has(path, stat.S_IXOTH, "not executable by others")
-
-
-def readable(path: str) -> str:
-    """A file (the config) others can read."""
-    return _parents_searchable(path) or _has(path, stat.S_IROTH, "not readable by others")
-
-
-def directory(path: str) -> str:
-    """A directory others can enter."""
-    return _parents_searchable(path) or _has(path, stat.S_IXOTH, "not searchable by others")
+    return _has(path, need)
 
 
 def package_tree(paths: Iterable[str]) -> str:
@@ -60,8 +49,7 @@ def package_tree(paths: Iterable[str]) -> str:
     seen = 0
     for top in paths:
         top = os.path.realpath(top)
-        problem = directory(top) or _has(os.path.dirname(top), stat.S_IROTH | stat.S_IXOTH,
-                                         "not listable by others")
+        problem = usable(top, SEARCHABLE) or _has(os.path.dirname(top), LISTABLE)
         if problem:
             return problem
         for here, dirs, files in os.walk(top):
@@ -69,10 +57,9 @@ def package_tree(paths: Iterable[str]) -> str:
             if seen > MAX_ENTRIES:
                 return ""
             dirs[:] = [d for d in dirs if d != "__pycache__"]
-            problem = _has(here, stat.S_IROTH | stat.S_IXOTH, "not listable by others") or next(
+            problem = _has(here, LISTABLE) or next(
                 (p for name in files if name.endswith(".py")
-                 and (p := _has(os.path.join(here, name), stat.S_IROTH,
-                                "not readable by others"))), "")
+                 and (p := _has(os.path.join(here, name), READABLE))), "")
             if problem:
                 return problem
     return ""

@@ -12,8 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from mps_health.model.codec import split_top_level
 from mps_health.slurm.gpus import GresGpu
 
-HOOK_NAMES = {"prolog": "mps-health-prolog", "task-prolog": "mps-health-task-prolog",
-              "epilog": "mps-health-epilog"}
+# Hook -> its slurm.conf key; the script is named mps-health-HOOK.
 HOOK_KEYS = {"prolog": "Prolog", "task-prolog": "TaskProlog", "epilog": "Epilog"}
 # gres.conf keys in the order we write them (Slurm reads them case-insensitively).
 GRES_KEYS = ("NodeName", "AutoDetect", "Name", "Type", "Count", "File", "Cores", "Links",
@@ -48,7 +47,7 @@ def render_gres_conf(gpus: Sequence[GresGpu], node: str, driver: Optional[str], 
 
 
 def hook_paths(prefix: str) -> Dict[str, str]:
-    return {hook: f"{prefix.rstrip('/')}/{name}" for hook, name in HOOK_NAMES.items()}
+    return {hook: f"{prefix.rstrip('/')}/mps-health-{hook}" for hook in HOOK_KEYS}
 
 
 def render_slurm_conf(gpus: Sequence[GresGpu], node: str, count: int, layout: str,
@@ -140,12 +139,8 @@ def unified(expected: Sequence[str], installed: Sequence[str], installed_name: s
 
 def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
     """Sort key: 'Name=gpu File=/dev/nvidia10' after '.../nvidia9'."""
-    out = []
-    for word in line.split():
-        head = word.rstrip("0123456789")
-        tail = word[len(head):]
-        out.append((head, int(tail) if tail else -1))
-    return tuple(out)
+    heads = [(word, word.rstrip("0123456789")) for word in line.split()]
+    return tuple((head, int(word[len(head):] or -1)) for word, head in heads)
 
 
 def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
@@ -164,14 +159,9 @@ def conf_settings(rendered: str) -> List[Tuple[str, str]]:
     out: List[Tuple[str, str]] = []
     for raw in rendered.splitlines():
         line = raw.strip()
-        if line.startswith("#"):
-            key, sep, value = line.lstrip("#").strip().partition("=")
-            if key == "Gres" and sep:
-                out.append(("Gres", value))
-        else:
-            key, sep, value = line.partition("=")
-            if sep:
-                out.append((key, value))
+        key, sep, value = line.lstrip("#").strip().partition("=")
+        if sep and (key == "Gres" or not line.startswith("#")):
+            out.append((key, value))
     return out
 
 
