@@ -122,9 +122,8 @@ def locate(config: Config, name: str = CONTROL) -> Optional[str]:
 def not_found(config: Config, name: str = CONTROL) -> str:
     """Why ``locate`` found nothing, in the runner's words, with where it looked."""
     command = config.command(name)
-    if "/" in command:
-        return f"{command}: command not found"
-    return f"{command}: command not found in {', '.join(config.mps.binary_dirs)}"
+    where = "" if "/" in command else f" in {', '.join(config.mps.binary_dirs)}"
+    return f"{command}: command not found{where}"
 
 
 def runs_binary(proc_dir: str, pid: int, wanted: Sequence[Binary]) -> Optional[bool]:
