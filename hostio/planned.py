@@ -32,6 +32,7 @@ ENDS_SERVERS = ("reset begin", "reset", "unit stop", "epilog", "prolog undo")
 # goes), and again as REPAIR once the daemon it started answers.
 RESET_BEGIN = "reset begin"
 REPAIR = "reset"
+RESETS = (RESET_BEGIN, REPAIR)
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
 MAX_KEPT_RESETS = 64  # instances whose last reset is kept beyond MAX_RECORDS
@@ -52,11 +53,10 @@ def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart,
     kept = fresh[-MAX_RECORDS:]
     # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
     # cooldown (last_reset, the node's newest) reads them. Bounded, newest first.
-    have = {r.pipe_dir for r in kept if r.by in (RESET_BEGIN, REPAIR)}
+    have = {r.pipe_dir for r in kept if r.by in RESETS}
     extra: List[PlannedRestart] = []
     for r in reversed(fresh[:-MAX_RECORDS]):
-        if len(extra) < MAX_KEPT_RESETS and r.by in (RESET_BEGIN, REPAIR) \
-                and r.pipe_dir not in have:
+        if len(extra) < MAX_KEPT_RESETS and r.by in RESETS and r.pipe_dir not in have:
             have.add(r.pipe_dir)
             extra.append(r)
     return tuple(sorted((*extra, *kept), key=lambda r: r.at))
@@ -125,7 +125,7 @@ def last_reset(records: Sequence[PlannedRestart]) -> Tuple[float, str]:
     on any instance of this node, and that pipe dir; (-inf, '') if never. The cooldown is
     per node, so automatic resets of a node whose MPS keeps breaking do not walk through
     its instances one after another, each costing that GPU's jobs their servers."""
-    return max(((r.at, r.pipe_dir) for r in records if r.by in (RESET_BEGIN, REPAIR)),
+    return max(((r.at, r.pipe_dir) for r in records if r.by in RESETS),
                key=lambda t: t[0], default=(float("-inf"), ""))
 
 

@@ -16,13 +16,10 @@ if TYPE_CHECKING:
     from mps_health.hostio.filelock import FileLock
 
 
-SAVE_FAULTS = ("cannot save ", "cannot use state dir ")
-
-
 def is_fault(note: str) -> bool:
     """Does a state note say the disk failed us (full, broken), not that this run is
     unprivileged or that an old file was damaged? The check says so in one line."""
-    return note.startswith(SAVE_FAULTS)
+    return note.startswith(("cannot save ", "cannot use state dir "))
 
 
 class StateFile:
