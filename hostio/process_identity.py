@@ -106,10 +106,8 @@ def binaries_for(config: Config) -> Binaries:
 
 def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
     """The first executable file ``command`` names (``_candidates``); None if none."""
-    for path in _candidates(command, dirs):
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+    return next((p for p in _candidates(command, dirs)
+                 if os.path.isfile(p) and os.access(p, os.X_OK)), None)
 
 
 def locate(config: Config, name: str = CONTROL) -> Optional[str]:
