@@ -1,26 +1,18 @@
-"""Restarts mps-health makes itself: recorded so that only unplanned ones warn.
+"""Restarts mps-health makes itself, recorded so that only unplanned ones warn.
 
-``remediate reset`` (recorded before it acts and once it started a daemon), ``unit
-prepare``/``unit stop`` and the Slurm Prolog change an instance's control daemon on
-purpose. Each records it here, so the servers check does not report the change as
-``daemon-restarted``, an alarm for every careful repair.
+``remediate reset`` (before it acts and once its daemon started), ``unit prepare``/``unit
+stop`` and the Slurm hooks change an instance's control daemon on purpose and record it
+in ``state_dir/planned.json`` (``state.StateFile``; the newest ``MAX_RECORDS`` of the last
+``KEEP_S`` seconds), so the servers check does not call it ``daemon-restarted``. A record
+names the pipe dir and, where known, the daemon started: then only that daemon is
+excused, else any change between the runs around the record. An action that ends the
+daemon (``ENDS_SERVERS``) ends its servers too (no ``server-churn``); a reset whose daemon
+answers is the repair the events ask for (``repaired_at``). Recording is best effort: a
+failure is one line for the caller, never fatal.
 
-``state_dir/planned.json`` holds the newest ``MAX_RECORDS`` records of the last
-``KEEP_S`` seconds (``state.StateFile``: flock, atomic write). A record names the pipe
-dir and, where known, the daemon started (pid, start time): then only that daemon's
-appearance is excused; without one (unit stop, a quit) any change of the daemon between
-the run before the record and the run after it is. Recording is best effort: a failure
-is one line for the caller to show, never fatal.
-
-An action that ends the daemon (``ENDS_SERVERS``) ends every server it runs, so a server
-lost across such a record is no ``server-churn``. A reset that started a daemon that
-answers is the repair the servers check's events ask for: what was reported of the
-instance before it is answered (``repaired_at``).
-
-An event no action of ours explains (a person restarted the daemon on purpose) is
-acknowledged with ``mps-health ack CODE [INSTANCE]``: the events of that code up to the
-ack are no longer reported, the next one is. ``state_dir/acks.json`` keeps the newest
-``MAX_ACKS`` acks of the last ``KEEP_S`` seconds.
+What no action of ours explains is acknowledged with ``mps-health ack CODE [INSTANCE]``:
+that code's events up to the ack are no longer reported. ``state_dir/acks.json`` keeps
+the newest ``MAX_ACKS`` of the last ``KEEP_S`` seconds.
 """
 
 from __future__ import annotations
@@ -40,6 +32,7 @@ ENDS_SERVERS = ("reset begin", "reset", "unit stop", "epilog", "prolog undo")
 # goes), and again as REPAIR once the daemon it started answers.
 RESET_BEGIN = "reset begin"
 REPAIR = "reset"
+RESETS = (RESET_BEGIN, REPAIR)
 MAX_RECORDS = 256  # the Prolog and Epilog record three steps per job
 KEEP_S = 7 * 86400.0
 MAX_KEPT_RESETS = 64  # instances whose last reset is kept beyond MAX_RECORDS
@@ -60,11 +53,10 @@ def keep(records: Sequence[PlannedRestart], now: float) -> Tuple[PlannedRestart,
     kept = fresh[-MAX_RECORDS:]
     # Each instance's newest reset outlives the Prolog's and Epilog's churn: the reset
     # cooldown (last_reset, the node's newest) reads them. Bounded, newest first.
-    have = {r.pipe_dir for r in kept if r.by in (RESET_BEGIN, REPAIR)}
+    have = {r.pipe_dir for r in kept if r.by in RESETS}
     extra: List[PlannedRestart] = []
     for r in reversed(fresh[:-MAX_RECORDS]):
-        if len(extra) < MAX_KEPT_RESETS and r.by in (RESET_BEGIN, REPAIR) \
-                and r.pipe_dir not in have:
+        if len(extra) < MAX_KEPT_RESETS and r.by in RESETS and r.pipe_dir not in have:
             have.add(r.pipe_dir)
             extra.append(r)
     return tuple(sorted((*extra, *kept), key=lambda r: r.at))
@@ -90,10 +82,15 @@ def _add(state: StateFile, value_type: str, new: T,
     return state.update(wait_s, changed)
 
 
+def _load(state_dir: str, name: str, value_type: str,
+          keep_now: Callable[[Sequence[T], float], Tuple[T, ...]]) -> Tuple[Tuple[T, ...], str]:
+    """The kept records (read only, no lock: the file is replaced atomically), any error."""
+    records, error = StateFile(state_dir, name).load(value_type, (), globals())
+    return keep_now(records, time.time()), error
+
+
 def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
-    """The records (read only, no lock: the file is replaced atomically), and any error."""
-    records, error = StateFile(state_dir, NAME).load("Tuple[PlannedRestart, ...]", (), globals())
-    return keep(records, time.time()), error
+    return _load(state_dir, NAME, "Tuple[PlannedRestart, ...]", keep)
 
 
 def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now: float,
@@ -128,11 +125,8 @@ def last_reset(records: Sequence[PlannedRestart]) -> Tuple[float, str]:
     on any instance of this node, and that pipe dir; (-inf, '') if never. The cooldown is
     per node, so automatic resets of a node whose MPS keeps breaking do not walk through
     its instances one after another, each costing that GPU's jobs their servers."""
-    resets = [r for r in records if r.by in (RESET_BEGIN, REPAIR)]
-    if not resets:
-        return float("-inf"), ""
-    newest = max(resets, key=lambda r: r.at)
-    return newest.at, newest.pipe_dir
+    return max(((r.at, r.pipe_dir) for r in records if r.by in RESETS),
+               key=lambda t: t[0], default=(float("-inf"), ""))
 
 
 # --- an operator's acks ---------------------------------------------------------------
@@ -154,9 +148,7 @@ def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5
 
 
 def load_acks(state_dir: str) -> Tuple[Tuple[Ack, ...], str]:
-    """The acks (read only, no lock: the file is replaced atomically), and any error."""
-    records, error = StateFile(state_dir, ACKS).load("Tuple[Ack, ...]", (), globals())
-    return keep_acks(records, time.time()), error
+    return _load(state_dir, ACKS, "Tuple[Ack, ...]", keep_acks)
 
 
 def acked_until(acks: Sequence[Ack], instance: str, code: str) -> float:

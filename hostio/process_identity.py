@@ -1,30 +1,24 @@
-"""What an MPS process is: the one rule for telling a control daemon, a client and a
-server from a process that only takes their name (the /proc probe, the checks that judge
-processes, the actions that end one). argv0 and ``comm`` are anyone's to set, so they
-only pick candidates:
+"""What an MPS process is: the one rule telling a control daemon, a client and a server
+from a process that only takes their name (argv0 and ``comm`` are anyone's to set).
 
-* The role comes from the command line: ``nvidia-cuda-mps-control`` with ``-d`` or
-  ``-f`` is a control daemon (the real daemon keeps its ``-d``); without either it is a
-  client (``echo CMD | nvidia-cuda-mps-control``, whose name, ``comm`` and environment
-  are otherwise a daemon's); ``nvidia-cuda-mps-server`` is a server.
-* It must run the configured binary (``genuine``): ``/proc/PID/exe`` names its real path
-  (``readlink`` asks no filesystem, so a user's FUSE mount cannot stall us), then has its
-  device and inode (``stat``). MPS servers run as their clients' users, so their uid
-  proves nothing; their binary does. A process running another binary is an impostor:
-  never a daemon or a server, never signalled.
-* Where ``exe`` cannot be read (not root, a ``--root`` tree) ``genuine`` is None: the
-  name decides, and the checks soften verdicts that would need the binary.
-* The daemon starts the server beside its own binary, so that is the server binary
-  unless ``commands.nvidia-cuda-mps-server`` names one (the one in ``mps.binary_dirs``
-  counts too: Debian puts the server in /usr/sbin).
-* Binaries are found by one rule (``locate``, ``binaries_for``): ``commands.NAME`` if a
+* The role comes from the command line: ``nvidia-cuda-mps-control`` with ``-d`` or ``-f``
+  is a daemon (the real one keeps its ``-d``), without either a client (its name, comm
+  and environment are otherwise a daemon's); ``nvidia-cuda-mps-server`` is a server.
+* It must run the configured binary (``genuine``): ``/proc/PID/exe``'s real path
+  (``readlink`` asks no filesystem, so a user's FUSE mount cannot stall us), then its
+  device and inode. Servers run as their clients' users, so only their binary proves
+  anything. A process running another binary is an impostor, never signalled. Where
+  ``exe`` cannot be read (not root, ``--root``) ``genuine`` is None: the name decides and
+  the checks soften verdicts that would need the binary.
+* The server binary is the one beside the daemon's, unless ``commands.nvidia-cuda-mps-server``
+  names one (the one in ``mps.binary_dirs`` counts too: Debian's is in /usr/sbin).
+  Binaries are found by one rule (``locate``, ``binaries_for``): ``commands.NAME`` if a
   path, else NAME in ``mps.binary_dirs``, never the caller's PATH.
 
-A genuine binary proves only what the process *is*, not who started it: a user can run
-the world-executable binary held at its exec under ptrace or paused by an LD_PRELOAD
-constructor (``proves_nothing``); a server counts as MPS's only when tied to a daemon.
-A binary replaced on disk while its daemon runs no longer matches (``exe`` reads ``PATH
-(deleted)``): restart MPS after updating its binaries.
+A genuine binary proves what a process *is*, not who started it: a user can hold the
+world-executable binary at its exec under ptrace or in an LD_PRELOAD constructor
+(``proves_nothing``); a server is MPS's only when tied to a daemon. A binary replaced on
+disk no longer matches its running daemon (``PATH (deleted)``): restart MPS after updates.
 """
 
 from __future__ import annotations
@@ -112,10 +106,8 @@ def binaries_for(config: Config) -> Binaries:
 
 def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
     """The first executable file ``command`` names (``_candidates``); None if none."""
-    for path in _candidates(command, dirs):
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+    return next((p for p in _candidates(command, dirs)
+                 if os.path.isfile(p) and os.access(p, os.X_OK)), None)
 
 
 def locate(config: Config, name: str = CONTROL) -> Optional[str]:
@@ -128,9 +120,8 @@ def locate(config: Config, name: str = CONTROL) -> Optional[str]:
 def not_found(config: Config, name: str = CONTROL) -> str:
     """Why ``locate`` found nothing, in the runner's words, with where it looked."""
     command = config.command(name)
-    if "/" in command:
-        return f"{command}: command not found"
-    return f"{command}: command not found in {', '.join(config.mps.binary_dirs)}"
+    where = "" if "/" in command else f" in {', '.join(config.mps.binary_dirs)}"
+    return f"{command}: command not found{where}"
 
 
 def runs_binary(proc_dir: str, pid: int, wanted: Sequence[Binary]) -> Optional[bool]:
@@ -162,14 +153,14 @@ def genuine(proc_dir: str, pid: int, role: str, binaries: Optional[Binaries]
                        else binaries.control)
 
 
-def is_daemon(p: ProcessFact) -> bool:
-    """A live control daemon: started with -d/-f, not shown to run another binary."""
-    return p.role == "control" and p.state not in GONE_STATES and p.genuine is not False
+def is_daemon(p: ProcessFact, role: str = "control") -> bool:
+    """A live control daemon (started with -d/-f), or process of ``role``, not shown to
+    run another binary."""
+    return p.role == role and p.state not in GONE_STATES and p.genuine is not False
 
 
 def is_server(p: ProcessFact) -> bool:
-    """A live MPS server, not shown to run another binary."""
-    return p.role == "server" and p.state not in GONE_STATES and p.genuine is not False
+    return is_daemon(p, "server")
 
 
 def proves_nothing(p: ProcessFact) -> bool:

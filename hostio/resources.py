@@ -9,10 +9,16 @@ sources it hit: never a CRITICAL, never a drain.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import resource
 
 STARVED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)  # EAGAIN: fork/spawn
+HINTS = {  # what to do about each (ENOMEM: the default)
+    errno.EMFILE: "raise its LimitNOFILE or ulimit -n",
+    errno.ENFILE: "the system's file table is full (fs.file-max)",
+    errno.EAGAIN: "no process can be started now (RLIMIT_NPROC, pids cgroup or kernel.pid_max)",
+}
 
 
 class OutOfResources(Exception):
@@ -20,27 +26,16 @@ class OutOfResources(Exception):
 
 
 def raise_if_starved(e: OSError, doing: str) -> None:
-    """OutOfResources if ``e`` is EMFILE, ENFILE or ENOMEM; else nothing (the caller
-    re-raises ``e``)."""
+    """OutOfResources if ``e`` is one of STARVED; else nothing (the caller re-raises ``e``)."""
     if e.errno in STARVED:
         raise OutOfResources(starved_line(doing, e.errno, e.strerror or "")) from None
 
 
 def starved_line(doing: str, code: int, text: str) -> str:
     """One line: what could not be done, why, and that it is this process's limit."""
-    return (f"cannot {doing}: {text} (this mps-health process's own limit, not the node's "
-            f"MPS: {limit_hint(code)})")
-
-
-def limit_hint(code: int) -> str:
+    hint = HINTS.get(code, "the node is out of memory")
     if code == errno.EMFILE:
-        try:  # imported at load time: a process out of descriptors could not load it now
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except OSError:
-            return "raise its LimitNOFILE or ulimit -n"
-        return f"it may open {soft} files; raise its LimitNOFILE or ulimit -n"
-    if code == errno.ENFILE:
-        return "the system's file table is full (fs.file-max)"
-    if code == errno.EAGAIN:
-        return "no process can be started now (RLIMIT_NPROC, pids cgroup or kernel.pid_max)"
-    return "the node is out of memory"
+        with contextlib.suppress(OSError):  # resource is loaded: out of fds, no import
+            hint = f"it may open {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} files; {hint}"
+    return (f"cannot {doing}: {text} (this mps-health process's own limit, not the node's "
+            f"MPS: {hint})")

@@ -32,9 +32,8 @@ def user_env(as_user: RunAs, user: str, extra: Mapping[str, str]) -> dict:
     """A small clean environment for a command run as the job's user."""
     from mps_health.hostio.users import by_uid
 
-    home = by_uid(as_user.uid).home
-    return {"PATH": SAFE_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C",
-            **extra}
+    return {"PATH": SAFE_PATH, "HOME": by_uid(as_user.uid).home, "USER": user,
+            "LOGNAME": user, "LANG": "C", **extra}
 
 
 def run_as(argv: Sequence[str], timeout_s: float, as_user: Optional[RunAs],

@@ -1,19 +1,18 @@
 """External commands, always bounded: a timeout, then SIGKILL to the whole process group.
 
-Every command starts in a new session (its own process group), so a client that forks,
-or hangs on a stopped MPS daemon, is killed with everything it started. No shell.
+Every command leads a new session (its own process group), so a client that forks, or
+hangs on a stopped MPS daemon, is killed with all it started. No shell. A new session is
+out of reach of a SIGKILL sent to us or of slurmd's kill of our group, so, lest it
+outlive the run, each starts through util-linux's ``setpriv --pdeathsig KILL``
+(PR_SET_PDEATHSIG, kept across exec: the kernel SIGKILLs it when the thread that started
+it dies; a daemon that ``-d`` forks off keeps running). It is looked up on PATH here
+first, so "not found" names it.
 
-No command outlives the run: a new session is out of reach of a SIGKILL sent to us or
-of slurmd's kill of our process group, so each command is started through util-linux's
-``setpriv --pdeathsig KILL`` (PR_SET_PDEATHSIG: the kernel SIGKILLs it when the thread
-that started it dies; it survives exec, while a daemon that ``-d`` forks off keeps
-running). The command is looked up on PATH here first, so "not found" names it.
-
-``wait_all`` collects several commands against one deadline, each in a thread of its
-own, so N wedged daemons cost one timeout, not N. A command still running at the
-deadline is killed with its process group and reaped. One that exited while something
-it started (``nvidia-cuda-mps-control -d``'s daemon) still holds its stdout is collected
-shortly after its exit, not at end-of-file, and not killed: it did not time out.
+``wait_all`` collects several commands against one deadline, each in its own thread, so
+N wedged daemons cost one timeout, not N; one still running there is killed with its
+group and reaped. One that exited while something it started (``nvidia-cuda-mps-control
+-d``'s daemon) still holds its stdout is collected shortly after its exit, not killed:
+it did not time out.
 """
 
 from __future__ import annotations
@@ -96,11 +95,11 @@ def start_error(name: str, e: Exception) -> str:
     return f"{name}: cannot run: {getattr(e, 'strerror', None) or e}"
 
 
-def _taken(proc: subprocess.Popen[bytes], timeout_s: float) -> Tuple[bytes, bytes]:
-    """What ``proc`` wrote, read for at most ``timeout_s`` more: all of it once its pipes
-    closed, what came so far while something still holds them."""
+def _taken(proc: subprocess.Popen[bytes]) -> Tuple[bytes, bytes]:
+    """What ``proc`` wrote, read a moment more: all of it once its pipes closed, what came
+    so far while something still holds them."""
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=0.001)
         return out or b"", err or b""
     except subprocess.TimeoutExpired as e:
         return e.output or b"", e.stderr or b""
@@ -187,14 +186,14 @@ class Pending:
                 # reading a moment after its exit (or at the deadline).
                 exited_at = now if exited_at is None else exited_at
                 if now - exited_at >= LEFT_PIPES_GRACE_S or now >= deadline:
-                    self._out = _taken(proc, 0.001)
+                    self._out = _taken(proc)
                     self.ended = exited_at
                     break
             elif now >= deadline:
                 self.timed_out = True
                 self.kill()
                 proc.wait()
-                self._out = _taken(proc, 0.001)
+                self._out = _taken(proc)
                 break
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:

@@ -1,29 +1,27 @@
 """Directories in places other users can write (/tmp, 0777 pipe dirs): the one library
 (``remediate reset``/``orphans``, ``unit prepare``, the Slurm hooks, the atomic writer).
 
-* **Walk, never look up a path twice.** A dir is reached from ``/`` (or ``--root``) one
-  component at a time with ``O_NOFOLLOW|O_DIRECTORY``; every later step is relative to
-  the parent's fd, so nothing can be swapped between our look and our act.
-* **One symlink policy.** A symlink among the parents is followed only when root owns it
-  and its dir is not writable by others (or is sticky), as systemd's CHASE_SAFE does
-  (``/var/run -> /run``); the entry we act on is never followed. With ``guard`` (dirs
-  MPS or a job will use) every dir walked through must also be root's (or ours) and not
-  writable by others without the sticky bit: its owner could swap our dir after we
-  checked it. The atomic writer needs only the link rule (it works within the parent's
-  fd), so a service account's dir (``/var/lib/prometheus``) is fine.
-* **Create under a random name, swap into place.** A new dir is made 0700 under a random
-  name, checked through its fd, given its owner and mode, then put in place with
-  ``renameat2(RENAME_NOREPLACE)`` or, over an unacceptable entry, ``RENAME_EXCHANGE``:
-  a racing user can make us retry, never give up, never adopt what they planted.
-* **Move aside to random, O_EXCL-checked names** (``NAME.aside-<time>-<random>``,
-  ``RENAME_NOREPLACE``): never entered, removed or overwritten; the name cannot be
-  pre-empted.
-* **Remove whatever is inside, entering no link** (``remove_tree``): each dir is first
-  made root's 0700 through its fd (its user can add nothing more), then emptied with
-  ``*at`` calls; depth, entry count and the file system are bounded; a tree that cannot
-  go is one line with the command that removes it.
-* **Keep a daemon's files its own** (``keep_files``): before a daemon starts, the files
-  it opens in its log dir are regular files of its user or are put out of the way.
+* **Walk, never look up a path twice.** From ``/`` (or ``--root``) one component at a
+  time, ``O_NOFOLLOW|O_DIRECTORY``, each step relative to the parent's fd: nothing can be
+  swapped between our look and our act.
+* **One symlink policy.** A parent symlink is followed only when root owns it and its dir
+  is not writable by others (or is sticky), as systemd's CHASE_SAFE (``/var/run ->
+  /run``); the entry we act on never is. With ``guard`` (dirs MPS or a job will use)
+  every dir walked must also be root's (or ours) and not writable by others without the
+  sticky bit, or its owner could swap our dir after we checked it. The atomic writer
+  (working within the parent's fd) needs only the link rule: a service account's dir
+  (``/var/lib/prometheus``) is fine.
+* **Create under a random name, swap into place.** Made 0700, checked through its fd,
+  given its owner and mode, then put in place with ``renameat2(RENAME_NOREPLACE)`` or,
+  over an unacceptable entry, ``RENAME_EXCHANGE``: a racing user can make us retry,
+  never give up, never adopt what they planted.
+* **Move aside to random names** (``NAME.aside-<time>-<random>``, ``RENAME_NOREPLACE``):
+  never entered, removed or overwritten; the name cannot be pre-empted.
+* **Remove, entering no link** (``remove_tree``): each dir is made root's 0700 through
+  its fd (its user can add nothing more), then emptied with ``*at`` calls, bounded in
+  depth, entries and file system; what cannot go is one line with the command to run.
+* **Keep a daemon's files its own** (``keep_files``): the files it opens in its log dir
+  are regular files of its user, or are put out of the way before it starts.
 
 Where the file system refuses ``renameat2`` flags (EINVAL) the same steps run with plain
 renames after a fresh look: still no link followed, only the race window is wider.
@@ -41,7 +39,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # the root itself may be a link
+DIR_FLAGS = ROOT_FLAGS | os.O_NOFOLLOW
 MAX_LINKS = 8
 MAX_DEPTH = 32  # a daemon's dir is flat: anything deeper is not ours to walk
 TRIES = 64  # each retry needs the other user to win a race again; we never lose for good
@@ -102,7 +101,7 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
     if not path.startswith("/"):
         raise UnsafePath(errno.EINVAL, f"{path}: not an absolute path")
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    fd = os.open(root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(root or "/", ROOT_FLAGS)
     walked, links = "", 0
     try:
         while parts:
@@ -127,7 +126,7 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
                 target = os.readlink(name, dir_fd=fd)
                 if target.startswith("/"):  # absolute: start again from the root
                     os.close(fd)
-                    fd = os.open(root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    fd = os.open(root or "/", ROOT_FLAGS)
                     walked = ""
                 parts = [p for p in target.split("/") if p not in ("", ".")] + parts
                 continue
@@ -304,11 +303,11 @@ def _plain_swap(parent_fd: int, tmp: str, name: str, entry: Entry
 
 def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable[int]] = None
                 ) -> List[str]:
-    """Remove ``name`` and whatever it holds, following no link; with ``owners``, only an
-    entry one of them owns. Each dir is made root's 0700 through its fd before anything
-    inside is touched, so its user cannot add, rename or swap anything, even from a shell
-    inside. Bounded by ``MAX_DEPTH`` open dirs, ``MAX_ENTRIES`` entries and the top dir's
-    file system. Returns no problem, or ONE line naming the first and a command to run."""
+    """Remove ``name`` and all it holds, following no link; with ``owners``, only an entry
+    one of them owns. Each dir is made root's 0700 through its fd before anything inside
+    is touched (its user cannot add, rename or swap anything, even from a shell inside).
+    Bounded by ``MAX_DEPTH``, ``MAX_ENTRIES`` and the top dir's file system. Returns []
+    or ONE line naming the first problem and a command to run."""
     entry = look(parent_fd, name)
     if entry.kind == "missing":
         return []
@@ -450,11 +449,10 @@ def keep_files(path: str, uids: Iterable[int], names: Iterable[str], root: str =
     """Before a daemon that opens ``names`` in its log dir ``path`` starts: each must be
     missing or a regular file of one of ``uids`` with one link, or the daemon would append
     to whatever it leads to (a link to /etc/shadow, a hard link, a blocking FIFO) or go on
-    with a forged log. Anything else is put out of the way, never followed: a symlink is
-    unlinked (its target untouched), any other entry renamed within the dir to
-    ``.NAME.foreign-<time>-<random>`` (``RENAME_NOREPLACE``) for the admin. The dir is
-    reached by the guarded walk, itself never followed. Returns one line per entry moved
-    or removed; OSError (or UnsafePath) when the dir cannot be reached."""
+    with a forged log. Nothing is followed: a symlink is unlinked (its target untouched),
+    anything else renamed to ``.NAME.foreign-<time>-<random>`` for the admin; the dir is
+    reached by the guarded walk. One line per entry moved or removed; OSError (or
+    UnsafePath) when the dir cannot be reached."""
     wanted = set(uids)
     parent, name = split(path)
     pfd = open_dir(parent, root)

@@ -2,15 +2,14 @@
 
 ``write_atomic`` (every file mps-health writes): the parent is reached by
 ``safedirs.open_dir`` (no untrusted link followed); the data goes to a random name
-created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name planted in advance is never opened), is
-fsynced and renamed over the target: a reader sees the old file or the new one, and
-nothing planted at the target is followed (the rename replaces the entry itself).
+created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a planted name is never opened), is fsynced and
+renamed over the target, replacing the entry itself (nothing planted there is followed):
+a reader sees the old file or the new one.
 
-``open_regular`` / ``read_small`` (every read, system or shared: pid files in 0777 pipe
-dirs, state, /proc, logs, the config): ``O_NONBLOCK`` (a planted FIFO cannot block the
-run), regular files only, at most ``limit`` bytes; links refused (``O_NOFOLLOW``) except
-where an admin's or root's own file may be a link (``follow``: the config file,
-tmpfiles.d, gres.conf).
+``open_regular`` / ``read_small`` (every read: pid files in 0777 pipe dirs, state, /proc,
+logs, the config): ``O_NONBLOCK`` (a planted FIFO cannot block the run), regular files
+only, at most ``limit`` bytes; links refused (``O_NOFOLLOW``) except where an admin's or
+root's own file may be one (``follow``: the config file, tmpfiles.d, gres.conf).
 """
 
 from __future__ import annotations
@@ -73,12 +72,11 @@ def open_regular(path: str, dir_fd: Optional[int] = None, follow: bool = False
         raise
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
     except BaseException:
         os.close(fd)
         raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
     return fd, st
 
 
@@ -107,12 +105,10 @@ def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
     except FileNotFoundError:
         return None
     try:
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
-        data = read_upto(fd, limit, st.st_size)
+        data = b"" if st.st_size > limit else read_upto(fd, limit, st.st_size)
     finally:
         os.close(fd)
-    if len(data) > limit:
+    if st.st_size > limit or len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
     return data
 

@@ -16,13 +16,10 @@ if TYPE_CHECKING:
     from mps_health.hostio.filelock import FileLock
 
 
-SAVE_FAULTS = ("cannot save ", "cannot use state dir ")
-
-
 def is_fault(note: str) -> bool:
     """Does a state note say the disk failed us (full, broken), not that this run is
     unprivileged or that an old file was damaged? The check says so in one line."""
-    return note.startswith(SAVE_FAULTS)
+    return note.startswith(("cannot save ", "cannot use state dir "))
 
 
 class StateFile:
@@ -46,9 +43,8 @@ class StateFile:
             self.error = f"{self.lock_path} is held by another run; state not saved"
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
-                # Not root (check_mps as nagios, a user's -v): root's runs keep the
-                # memory; this run reads it and is judged against it, and only its own
-                # view is lost. What to do, not the errno: run as root.
+                # Not root (check_mps as nagios, a user's -v): judged against root's
+                # memory, only its own view is lost. What to do, not the errno.
                 self.error = (f"read from {self.dir}, not saved: uid {os.geteuid()} may "
                               "not write there (run as root to save it)")
             elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
