@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from mps_health.probes.slurm import SlurmFacts
 
 T = TypeVar("T")
+PING = "check slurmctld ('scontrol ping'); this is not an MPS failure"
 K = TypeVar("K")
 
 
@@ -88,8 +89,7 @@ def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
 def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
     """The UNKNOWN line when Slurm could not be asked (gres-drift, orphans)."""
     action = {
-        "timeout": "check slurmctld ('scontrol ping'); this is not an MPS failure",
-        "unreachable": "check slurmctld ('scontrol ping'); this is not an MPS failure",
+        "timeout": PING, "unreachable": PING,
         "node-unknown": f"Slurm has no node '{slurm.node_name}': set node_name in the config "
                         "(or run under slurmd, which sets SLURMD_NODENAME)",
         "exec-failed": "install the Slurm client or set commands.scontrol in the config",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
-from mps_health.checks.common import group, reset_action, slurm_unavailable, some
+from mps_health.checks.common import PING, group, reset_action, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
@@ -67,12 +67,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     dirs: Tuple[JobDir, ...] = facts.sources["job_dirs"]  # type: ignore[assignment]
     procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]
     if slurm.jobs is None:
-        if slurm.node is None:
-            yield slurm_unavailable(NAME, slurm)
-        else:
-            yield Result(NAME, UNKNOWN, "slurm-unavailable", "",
-                         f"cannot tell which jobs run here: {slurm.jobs_error}",
-                         "check slurmctld ('scontrol ping'); this is not an MPS failure")
+        yield slurm_unavailable(NAME, slurm) if slurm.node is None else Result(
+            NAME, UNKNOWN, "slurm-unavailable", "",
+            f"cannot tell which jobs run here: {slurm.jobs_error}", PING)
         return
     alive = {j.job_id for j in slurm.jobs}
     daemons = {p.pid for p in procs if is_daemon(p)}
