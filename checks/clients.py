@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import present, some
+from mps_health.checks.common import present, some, user_of
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
@@ -49,9 +49,8 @@ MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest 
 
 
 def who(c: ClientFact) -> str:
-    user = escape(c.user) if c.user else (f"uid {c.uid}" if c.uid is not None else "gone")
     job = f", job {escape(c.job_id)}" if c.job_id else ""
-    return f"client {c.pid} ({user}{job})"
+    return f"client {c.pid} ({user_of(c.user, c.uid, 'gone')}{job})"
 
 
 def attribute(c: ClientFact, by_id: Dict[str, SlurmJob]) -> Tuple[Optional[SlurmJob], str]:

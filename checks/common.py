@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 
 from mps_health.hostio.process_identity import is_daemon
 from mps_health.model.facts import DirFact, Instance, ProcessFact
+from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, Result
 from mps_health.probes.instances import pipe_paths
 
@@ -23,6 +24,11 @@ K = TypeVar("K")
 def reset_action(name: str) -> str:
     """The action that restarts instance ``name``'s MPS, its dry run first."""
     return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+
+
+def user_of(user: Optional[str], uid: Optional[int], unknown: str) -> str:
+    """Who a process runs as: its user name (escaped), else its uid, else ``unknown``."""
+    return escape(user) if user else (f"uid {uid}" if uid is not None else unknown)
 
 
 def group(items: Iterable[T], key: Callable[[T], K]) -> Dict[K, List[T]]:

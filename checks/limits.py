@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import present, some
+from mps_health.checks.common import present, some, user_of
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
@@ -48,9 +48,7 @@ def _limit(text: str) -> str:
 
 
 def _who(server: ServerFact) -> str:
-    user = escape(server.user) if server.user else (
-        f"uid {server.uid}" if server.uid is not None else "user unknown")
-    return f"server {server.pid} ({user})"
+    return f"server {server.pid} ({user_of(server.user, server.uid, 'user unknown')})"
 
 
 def default_percentage(answer: Optional[ControlAnswer]) -> Optional[float]:
@@ -91,16 +89,15 @@ def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
     if applied is None:
         return
     if default is not None and abs(applied - default) > TOLERANCE:
-        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {applied:g}% active threads, the default is "
-                     f"{default:g}% (set after it started)", _restart(inst, server),
-                     (("applied_thread_percentage", applied),
-                      ("default_thread_percentage", default)))
+        than, shown = f"the default is {default:g}% (set after it started)", default
     elif share is not None and applied > share[0] + 0.5:
-        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {applied:g}% active threads, {share[1]} is "
-                     f"{share[0]:g}%", _restart(inst, server),
-                     (("applied_thread_percentage", applied),))
+        than, shown = f"{share[1]} is {share[0]:g}%", None
+    else:
+        return
+    yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
+                 f"{_who(server)} applies {applied:g}% active threads, {than}",
+                 _restart(inst, server), present(("applied_thread_percentage", applied),
+                                                 ("default_thread_percentage", shown)))
 
 
 def judge_pinned(inst: Instance, server: ServerFact, defaults: Dict[str, str]
