@@ -1,18 +1,12 @@
 """clients: who MPS serves, judged against what their Slurm jobs asked for (facts: the
 servers probe, each client's job id and CUDA_MPS_* environment from /proc, one squeue).
 
-* ``client-not-mps-job``: MPS serves a client whose job asked for no ``mps``: a CUDA
-  client reaches the default pipe dir unless told otherwise, so a node-wide daemon
-  captures jobs that asked for a GPU of their own.
-* ``client-over-limit``: a client may use more of the GPU than its ``--gres=mps:N``: the
-  lower of its own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at exec (/proc/PID/environ) and
-  its server's (a client can only lower its limit: docs/clients.md).
-* ``client-job-mismatch``: a client runs in the Slurm cgroup of, or (in none) names in
-  ``SLURM_JOB_ID``, a job squeue gives to another uid: one line per process owner, and
-  the job named is never judged by that client (``attribute``).
-* ``clients-near-cap``: a server's contexts on one GPU near the MPS limit (48 per device
-  on Volta and newer: docs/clients.md).
-* ``server-spans-gpus``: a server uses several GPUs where each instance should serve one.
+A CUDA client reaches the default pipe dir unless told otherwise, so a node-wide daemon
+captures jobs that asked for no mps (``client-not-mps-job``). A client's thread ceiling
+is the lower of its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at exec and its server's: a
+client can only lower it (``client-over-limit``; docs/clients.md, as for the 48 contexts
+per GPU of ``clients-near-cap``). A job counts only when squeue gives it to the client's
+uid (``attribute``); else ``client-job-mismatch``, one line per process owner.
 """
 
 from __future__ import annotations

@@ -2,18 +2,15 @@
 
 ``set_default_active_thread_percentage`` and ``set_default_device_pinned_mem_limit`` only
 shape the NEXT server the daemon starts: a default changed while a server runs is
-silently not in force for its clients (docs/gpu-validation.md). Facts: the servers probe
-(each server's applied limits, the daemon's default pinned limits and device table), the
-run's one control query (the default percentage) and, per job, its ``--gres=mps:N``.
+silently not in force for its clients (``limits-not-in-force``, also for a per-job
+server above its job's ``--gres=mps:N`` share; docs/gpu-validation.md).
 
-* ``limits-not-in-force``: a server applies another thread percentage or pinned memory
-  limit than the daemon's default (or, per job, than the job's share).
-* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: control.log's
-  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines set one GPU's default both
-  by UUID and by index (the daemon keeps both; on an H200 a new server applied the one
-  set by index, though set first), or name no GPU of the daemon (kept, used by none).
-  A local user can make the daemon log a command it then refuses, so both are WARNINGs
-  (never a drain), judged only against the device table of a daemon with a server.
+control.log's ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines may set one
+GPU's default both by UUID and by index (``pinned-limit-ambiguous``: the daemon keeps
+both; on an H200 a new server applied the one set by index, though set first), or name
+no GPU of the daemon (``pinned-limit-unknown-device``). A local user can make the daemon
+log a command it then refuses, so both are WARNINGs (never a drain), judged only
+against the device table of a daemon with a server.
 """
 
 from __future__ import annotations
