@@ -1,11 +1,10 @@
 """directories: pipe and log dirs are real directories with the expected mode and owner.
 
 A symlinked pipe dir lets whoever planted it redirect every client's socket: CRITICAL.
-A pipe path too long for AF_UNIX (108 bytes with the NUL, plus '/control_privileged')
-makes the daemon fail to start. Pipe dirs have ``mps.dir_mode`` (0777: every user's
-clients connect); log dirs ``mps.log_dir_mode`` (0755, else a WARNING): only the daemon
-writes there, and a dir others can write lets them plant the control.log the root daemon
-appends to. Each fault names the repair that changes only what is wrong (``repair_of``).
+A pipe path too long for AF_UNIX makes the daemon fail to start. Pipe dirs have
+``mps.dir_mode`` (0777: every user's clients connect); log dirs ``mps.log_dir_mode``
+(0755, else a WARNING): a log dir others can write lets them plant the control.log the
+root daemon appends to. Each fault names the repair that changes only what is wrong.
 
 Pipe dirs are world-writable, so entries are judged by name, kind and owner: MPS's own
 names (``OWN_ENTRIES``) of the wrong kind or owner mean clients or root's queries may
@@ -59,13 +58,11 @@ def _dirs(inst: Instance) -> str:
 
 
 def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
-    """Which repair puts a dir fault right (the one rule for this check, ``remediate dirs``
-    and ``remediate reset``'s plan). "dirs" where the daemon can keep running: a trusted
-    owner's dir gets its mode and owner through its fd; a missing log dir is made (the
-    daemon keeps its open logs). "reset" where the daemon itself is broken: its pipe dir
-    is missing, a link, not a dir or another user's (sockets gone or in that user's
-    hands: moved aside, never adopted), or its log dir is a link, not a dir or another
-    user's (only a restart makes it open its logs anew)."""
+    """Which repair puts a dir fault right (the one rule for this check and both
+    remediations). "dirs" keeps the daemon running: a trusted owner's dir gets its mode
+    and owner through its fd, a missing log dir is made. Anything else is "reset": a
+    broken pipe dir's sockets are gone or in another user's hands (moved aside, never
+    adopted), and only a restart makes the daemon open its logs anew."""
     return "dirs" if (kind == "dir" and trusted_owner) or (role, kind) == ("log", "missing") \
         else "reset"
 
@@ -93,7 +90,6 @@ def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
 
 
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
-    """Findings for one dir; ``role`` is "pipe" or "log"."""
     if d is not None and d.blocked:
         yield from judge_parents(inst, role, d)
     reset = reset_action(inst.name)

@@ -7,9 +7,8 @@ a process named like one is at most the WARNING ``mps-impostor``.
 
 The server binary is world-executable: a user can run it too, held under ptrace or an
 LD_PRELOAD constructor, in a pipe dir of their choice. So a daemon-less server is
-``server-orphaned`` CRITICAL only when it was a real daemon's server
-(``servertrack.remembered``), is genuine and neither traced nor stopped; any other is at
-most the WARNING ``server-unclaimed``, one line per uid.
+CRITICAL only when it was a real daemon's server (``servertrack.remembered``), genuine
+and neither traced nor stopped; any other is a WARNING, one line per uid.
 """
 
 from __future__ import annotations
@@ -68,9 +67,8 @@ def _listed(mine: List[ProcessFact]) -> Tuple[str, str]:
 
 
 def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
-    """Servers no daemon was seen with (or held: traced, stopped): one line per owner,
-    never CRITICAL and never a reset (a user may start thousands, and what they run
-    is theirs to end)."""
+    """Servers no daemon vouches for: one line per owner, never CRITICAL, never a reset
+    (a user may start thousands, and what they run is theirs to end)."""
     for uid, mine in sorted(group(found, lambda p: p.uid).items()):
         pids, on = _listed(mine)
         held = sum(1 for p in mine if proves_nothing(p))
@@ -88,7 +86,7 @@ def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
 
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
     """Processes named like a daemon or server that run another binary: one line per
-    owner (a user can start thousands), never counted as MPS, never ended by us."""
+    owner, never counted as MPS, never ended by us."""
     for uid, found in sorted(group(filter(is_impostor, procs), lambda p: p.uid).items()):
         pids, on = _listed(found)
         yield Result(NAME, WARNING, "mps-impostor", "",
