@@ -171,9 +171,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
     live = [s for s in cur.servers if s.status not in ("gone", "error")]
     clients = [(s, c) for s in live for c in s.clients if c.uid is not None]
     by_id: Dict[str, SlurmJob] = {j.job_id: j for j in (jobs.jobs or ())} if jobs else {}
-    problems: List[Result] = []
-    for server in live:
-        problems += judge_server(inst, server, cfg, isolation)
+    problems = [r for server in live for r in judge_server(inst, server, cfg, isolation)]
     with_job = [(s, c) for s, c in clients if c.job_id]
     # Until squeue says whose each job is, the jobs are those the clients name.
     job_ids = {c.job_id for _s, c in with_job}
