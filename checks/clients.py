@@ -185,16 +185,15 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
                                f"list could not be read ({why})",
                                "scontrol ping; squeue -w NODE by hand"))
     else:
-        owned: List[str] = []
+        job_ids = set()
         for server, c in with_job:
             job, why = attribute(c, by_id)
             if why and c.uid is not None:
                 wrong.setdefault(c.uid, []).append((c, why))
             elif job is not None:
-                owned.append(job.job_id)
+                job_ids.add(job.job_id)
                 problems += judge_client(inst, server, c, job, mps_per_gpu)
         problems += mismatches(inst, wrong)
-        job_ids = set(owned)
     yield from problems
     codes = [r.code for r in problems]
     values = present(("clients", len(clients)),

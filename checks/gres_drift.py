@@ -101,12 +101,9 @@ def judge_counts(node: SlurmNode, nvml: Optional[NvmlFacts], conf: GresConf,
         return
     mps_files = _files(conf, "mps")
     mps_ids = mps_gpu_ids(config)
-    if mps_files:
-        mps_gpus, basis = len(mps_files), "gres.conf mps devices"
-    elif mps_ids is not None:
-        mps_gpus, basis = len(mps_ids), "GPUs MPS serves"
-    else:
-        mps_gpus, basis = (nvml_gpus if nvml_gpus is not None else slurm_gpus), "GPUs"
+    mps_gpus, basis = (len(mps_files), "gres.conf mps devices") if mps_files \
+        else (len(mps_ids), "GPUs MPS serves") if mps_ids is not None \
+        else (nvml_gpus if nvml_gpus is not None else slurm_gpus, "GPUs")
     expected = mps_gpus * cfg.mps_per_gpu
     if slurm_mps != expected:
         yield Result(NAME, WARNING, "gres-mps-count", "",
