@@ -1,18 +1,12 @@
 """clients: who MPS serves, judged against what their Slurm jobs asked for (facts: the
 servers probe, each client's job id and CUDA_MPS_* environment from /proc, one squeue).
 
-* ``client-not-mps-job``: MPS serves a client whose job asked for no ``mps``: a CUDA
-  client reaches the default pipe dir unless told otherwise, so a node-wide daemon
-  captures jobs that asked for a GPU of their own.
-* ``client-over-limit``: a client may use more of the GPU than its ``--gres=mps:N``: the
-  lower of its own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at exec (/proc/PID/environ) and
-  its server's (a client can only lower its limit: docs/clients.md).
-* ``client-job-mismatch``: a client runs in the Slurm cgroup of, or (in none) names in
-  ``SLURM_JOB_ID``, a job squeue gives to another uid: one line per process owner, and
-  the job named is never judged by that client (``attribute``).
-* ``clients-near-cap``: a server's contexts on one GPU near the MPS limit (48 per device
-  on Volta and newer: docs/clients.md).
-* ``server-spans-gpus``: a server uses several GPUs where each instance should serve one.
+A CUDA client reaches the default pipe dir unless told otherwise, so a node-wide daemon
+captures jobs that asked for no mps (``client-not-mps-job``). A client's thread ceiling
+is the lower of its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at exec and its server's: a
+client can only lower it (``client-over-limit``; docs/clients.md, as for the 48 contexts
+per GPU of ``clients-near-cap``). A job counts only when squeue gives it to the client's
+uid (``attribute``); else ``client-job-mismatch``, one line per process owner.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import present, some
+from mps_health.checks.common import present, some, user_of
 from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
@@ -49,9 +43,8 @@ MISMATCH_PIDS_SHOWN = 8  # PIDs named in one client-job-mismatch line; the rest 
 
 
 def who(c: ClientFact) -> str:
-    user = escape(c.user) if c.user else (f"uid {c.uid}" if c.uid is not None else "gone")
     job = f", job {escape(c.job_id)}" if c.job_id else ""
-    return f"client {c.pid} ({user}{job})"
+    return f"client {c.pid} ({user_of(c.user, c.uid, 'gone')}{job})"
 
 
 def attribute(c: ClientFact, by_id: Dict[str, SlurmJob]) -> Tuple[Optional[SlurmJob], str]:
@@ -178,9 +171,7 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
     live = [s for s in cur.servers if s.status not in ("gone", "error")]
     clients = [(s, c) for s in live for c in s.clients if c.uid is not None]
     by_id: Dict[str, SlurmJob] = {j.job_id: j for j in (jobs.jobs or ())} if jobs else {}
-    problems: List[Result] = []
-    for server in live:
-        problems += judge_server(inst, server, cfg, isolation)
+    problems = [r for server in live for r in judge_server(inst, server, cfg, isolation)]
     with_job = [(s, c) for s, c in clients if c.job_id]
     # Until squeue says whose each job is, the jobs are those the clients name.
     job_ids = {c.job_id for _s, c in with_job}
@@ -194,16 +185,15 @@ def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFact
                                f"list could not be read ({why})",
                                "scontrol ping; squeue -w NODE by hand"))
     else:
-        owned: List[str] = []
+        job_ids = set()
         for server, c in with_job:
             job, why = attribute(c, by_id)
             if why and c.uid is not None:
                 wrong.setdefault(c.uid, []).append((c, why))
             elif job is not None:
-                owned.append(job.job_id)
+                job_ids.add(job.job_id)
                 problems += judge_client(inst, server, c, job, mps_per_gpu)
         problems += mismatches(inst, wrong)
-        job_ids = set(owned)
     yield from problems
     codes = [r.code for r in problems]
     values = present(("clients", len(clients)),

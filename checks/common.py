@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 
 from mps_health.hostio.process_identity import is_daemon
 from mps_health.model.facts import DirFact, Instance, ProcessFact
+from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, Result
 from mps_health.probes.instances import pipe_paths
 
@@ -16,12 +17,18 @@ if TYPE_CHECKING:
     from mps_health.probes.slurm import SlurmFacts
 
 T = TypeVar("T")
+PING = "check slurmctld ('scontrol ping'); this is not an MPS failure"
 K = TypeVar("K")
 
 
 def reset_action(name: str) -> str:
     """The action that restarts instance ``name``'s MPS, its dry run first."""
     return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+
+
+def user_of(user: Optional[str], uid: Optional[int], unknown: str) -> str:
+    """Who a process runs as: its user name (escaped), else its uid, else ``unknown``."""
+    return escape(user) if user else (f"uid {uid}" if uid is not None else unknown)
 
 
 def group(items: Iterable[T], key: Callable[[T], K]) -> Dict[K, List[T]]:
@@ -88,8 +95,7 @@ def nvml_unavailable(check: str, nvml: NvmlFacts) -> Result:
 def slurm_unavailable(check: str, slurm: SlurmFacts) -> Result:
     """The UNKNOWN line when Slurm could not be asked (gres-drift, orphans)."""
     action = {
-        "timeout": "check slurmctld ('scontrol ping'); this is not an MPS failure",
-        "unreachable": "check slurmctld ('scontrol ping'); this is not an MPS failure",
+        "timeout": PING, "unreachable": PING,
         "node-unknown": f"Slurm has no node '{slurm.node_name}': set node_name in the config "
                         "(or run under slurmd, which sets SLURMD_NODENAME)",
         "exec-failed": "install the Slurm client or set commands.scontrol in the config",

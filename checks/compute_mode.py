@@ -30,11 +30,6 @@ registry.check(NAME, f"{__name__}:check", ("nvml",), default_on=False,
                summary="each GPU's compute mode is the expected one; no MIG under MPS")
 
 
-def expected_mode(gpu: GpuFact, mps: bool, gs: GpuSettings) -> str:
-    return next((mode for key, mode in gs.modes if key in (str(gpu.gpu_index), gpu.uuid)),
-                gs.mode_mps if mps else gs.mode_other)
-
-
 def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
     inst = f"gpu{gpu.gpu_index}"
     name = f"GPU {gpu.gpu_index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
@@ -43,7 +38,8 @@ def judge_gpu(gpu: GpuFact, mps: bool, gs: GpuSettings) -> Iterator[Result]:
                      f"{name} has fallen off the bus (NVML: GPU_IS_LOST)",
                      "drain the node and reset the GPU or reboot; look at dmesg (Xid 79)")
         return
-    want = expected_mode(gpu, mps, gs)
+    want = next((mode for key, mode in gs.modes if key in (str(gpu.gpu_index), gpu.uuid)),
+                gs.mode_mps if mps else gs.mode_other)
     role = "served by MPS" if mps else "not served by MPS"
     if gpu.compute_mode is None:
         why = ", ".join(e for e in gpu.errors if e.startswith("compute_mode")) or "no answer"

@@ -1,11 +1,10 @@
 """directories: pipe and log dirs are real directories with the expected mode and owner.
 
 A symlinked pipe dir lets whoever planted it redirect every client's socket: CRITICAL.
-A pipe path too long for AF_UNIX (108 bytes with the NUL, plus '/control_privileged')
-makes the daemon fail to start. Pipe dirs have ``mps.dir_mode`` (0777: every user's
-clients connect); log dirs ``mps.log_dir_mode`` (0755, else a WARNING): only the daemon
-writes there, and a dir others can write lets them plant the control.log the root daemon
-appends to. Each fault names the repair that changes only what is wrong (``repair_of``).
+A pipe path too long for AF_UNIX makes the daemon fail to start. Pipe dirs have
+``mps.dir_mode`` (0777: every user's clients connect); log dirs ``mps.log_dir_mode``
+(0755, else a WARNING): a log dir others can write lets them plant the control.log the
+root daemon appends to. Each fault names the repair that changes only what is wrong.
 
 Pipe dirs are world-writable, so entries are judged by name, kind and owner: MPS's own
 names (``OWN_ENTRIES``) of the wrong kind or owner mean clients or root's queries may
@@ -19,7 +18,7 @@ import pwd
 from typing import FrozenSet, Iterator, List, Mapping, Optional
 
 from mps_health.checks.common import reset_action
-from mps_health.config.load import Config
+from mps_health.config.load import LONGEST_ENTRY, SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.model import registry
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
@@ -34,8 +33,6 @@ CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
 registry.check(NAME, f"{__name__}:check", ("dirs",), order=40,
                summary="pipe and log dirs are real dirs with the right mode and owner")
 
-SUN_PATH_MAX = 108  # bytes in sockaddr_un.sun_path, NUL included
-LONGEST_ENTRY = "control_privileged"
 # What the daemon itself creates in its pipe dir, and the kind each must be.
 OWN_ENTRIES = {"control": "socket", "control_privileged": "socket", "control_lock": "file",
                "log": "fifo", "nvidia-cuda-mps-control.pid": "file"}
@@ -61,13 +58,11 @@ def _dirs(inst: Instance) -> str:
 
 
 def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
-    """Which repair puts a dir fault right (the one rule for this check, ``remediate dirs``
-    and ``remediate reset``'s plan). "dirs" where the daemon can keep running: a trusted
-    owner's dir gets its mode and owner through its fd; a missing log dir is made (the
-    daemon keeps its open logs). "reset" where the daemon itself is broken: its pipe dir
-    is missing, a link, not a dir or another user's (sockets gone or in that user's
-    hands: moved aside, never adopted), or its log dir is a link, not a dir or another
-    user's (only a restart makes it open its logs anew)."""
+    """Which repair puts a dir fault right (the one rule for this check and both
+    remediations). "dirs" keeps the daemon running: a trusted owner's dir gets its mode
+    and owner through its fd, a missing log dir is made. Anything else is "reset": a
+    broken pipe dir's sockets are gone or in another user's hands (moved aside, never
+    adopted), and only a restart makes the daemon open its logs anew."""
     return "dirs" if (kind == "dir" and trusted_owner) or (role, kind) == ("log", "missing") \
         else "reset"
 
@@ -78,21 +73,13 @@ def trusted_uids(config: Config) -> FrozenSet[int]:
     return frozenset({0, *(uid for uid in uids if uid is not None)})
 
 
-def _fix(inst: Instance, role: str, d: DirFact, config: Config) -> str:
-    trusted = expected_owner(config.mps.dir_owner if role == "pipe" else log_dir_owner(config)) \
-        is None or d.uid in trusted_uids(config)
-    return _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else reset_action(inst.name)
-
-
 def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
     """A parent others cannot traverse (``DirFact.blocked``): every other user's client
     fails to reach the pipe dir (CRITICAL; a log dir's: WARNING). mps-health never made
     these parents, so it never changes them: the chmod is by hand."""
+    state, why = (CRITICAL, "every client of another user than its owner fails") if role == "pipe" \
+        else (WARNING, "users other than its owner cannot reach the daemon's logs")
     for parent in d.blocked:
-        if role == "pipe":
-            state, why = CRITICAL, "every client of another user than its owner fails"
-        else:
-            state, why = WARNING, "users other than its owner cannot reach the daemon's logs"
         yield Result(NAME, state, f"{role}-dir-parent", inst.name,
                      f"{role} dir {d.path}: its parent {parent.path} has mode "
                      f"{parent.mode:04o} (owner {_owner_name(parent.uid)}), not traversable "
@@ -103,7 +90,6 @@ def judge_parents(inst: Instance, role: str, d: DirFact) -> Iterator[Result]:
 
 
 def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -> Iterator[Result]:
-    """Findings for one dir; ``role`` is "pipe" or "log"."""
     if d is not None and d.blocked:
         yield from judge_parents(inst, role, d)
     reset = reset_action(inst.name)
@@ -125,21 +111,22 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
         yield Result(NAME, CRITICAL, f"{role}-dir-not-dir", inst.name,
                      f"{role} dir {d.path} is a {d.kind}, not a directory", reset, BAD)
         return
+    owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
+    want_uid = expected_owner(owner)
+    trusted = want_uid is None or d.uid in trusted_uids(config)
+    fix = _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else reset
     problems: List[Result] = []
     if role == "pipe" and d.mode != config.mps.dir_mode:
         problems.append(Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
                                f"pipe dir {d.path} has mode {d.mode:04o}, expected "
                                f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
-                               _fix(inst, role, d, config), BAD))
+                               fix, BAD))
     if role == "log" and d.mode != config.mps.log_dir_mode:
-        problems.append(log_mode_result(inst, d, config.mps.log_dir_mode,
-                                        _fix(inst, role, d, config)))
-    owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
-    want_uid = expected_owner(owner)
+        problems.append(log_mode_result(inst, d, config.mps.log_dir_mode, fix))
     if want_uid is not None and d.uid != want_uid:
         problems.append(Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                                f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                               f"{owner}", _fix(inst, role, d, config), BAD))
+                               f"{owner}", fix, BAD))
     if role == "pipe":
         problems += judge_entries(inst, d, config)
     yield from problems
@@ -151,13 +138,10 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
 def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Result:
     """A log dir of another mode than ``mps.log_dir_mode``: a WARNING (only the daemon
     writes there: anyone else's entry is a link it would append to, or a forged line)."""
-    if d.mode & 0o022 & ~want:
-        why = ": other users can create entries in it (a control.log link the daemon " \
-              "would append to, or forged log lines)"
-    elif want & ~d.mode & 0o700:
-        why = ": the daemon's user cannot write its logs there"
-    else:
-        why = ""
+    why = (": other users can create entries in it (a control.log link the daemon would "
+           "append to, or forged log lines)" if d.mode & 0o022 & ~want
+           else ": the daemon's user cannot write its logs there" if want & ~d.mode & 0o700
+           else "")
     return Result(NAME, WARNING, "log-dir-mode", inst.name,
                   f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
                   f"(mps.log_dir_mode){why}", action, BAD)
@@ -195,7 +179,7 @@ def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     dirs: Mapping[str, DirFact] = facts.get("dirs")
     for inst in facts.instances:
-        longest = len(inst.pipe_dir.encode()) + 1 + len(LONGEST_ENTRY) + 1
+        longest = socket_path_bytes(inst.pipe_dir)
         if longest > SUN_PATH_MAX:
             yield Result(NAME, CRITICAL, "pipe-path-too-long", inst.name,
                          f"pipe dir {inst.pipe_dir} is too long for a unix socket path "

@@ -101,12 +101,9 @@ def judge_counts(node: SlurmNode, nvml: Optional[NvmlFacts], conf: GresConf,
         return
     mps_files = _files(conf, "mps")
     mps_ids = mps_gpu_ids(config)
-    if mps_files:
-        mps_gpus, basis = len(mps_files), "gres.conf mps devices"
-    elif mps_ids is not None:
-        mps_gpus, basis = len(mps_ids), "GPUs MPS serves"
-    else:
-        mps_gpus, basis = (nvml_gpus if nvml_gpus is not None else slurm_gpus), "GPUs"
+    mps_gpus, basis = (len(mps_files), "gres.conf mps devices") if mps_files \
+        else (len(mps_ids), "GPUs MPS serves") if mps_ids is not None \
+        else (nvml_gpus if nvml_gpus is not None else slurm_gpus, "GPUs")
     expected = mps_gpus * cfg.mps_per_gpu
     if slurm_mps != expected:
         yield Result(NAME, WARNING, "gres-mps-count", "",
@@ -147,15 +144,6 @@ def _index_of_minor(nvml: Optional[NvmlFacts], minor: Optional[int]) -> Optional
     return next((str(g.gpu_index) for g in nvml.gpus if g.minor == minor), None)
 
 
-def _serving(gpu: str, insts: Tuple[Instance, ...], nvml: Optional[NvmlFacts]
-             ) -> Optional[Instance]:
-    uuid = next((g.uuid for g in (nvml.gpus if nvml else ()) if str(g.gpu_index) == gpu), None)
-    for inst in insts:
-        if inst.layout == "node" or inst.gpu in (gpu, uuid):
-            return inst
-    return None
-
-
 def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
                    insts: Tuple[Instance, ...], procs: Tuple[ProcessFact, ...],
                    dirs: Mapping[str, DirFact], root: str, config: Config) -> Iterator[Result]:
@@ -165,16 +153,14 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
         return
     devices = {d.path: d for d in conf.devices}
     files, ids = _files(conf, "mps"), mps_gpu_ids(config)
-    offered: List[str] = []
-    for path in files:
-        index = _index_of_minor(nvml, file_minor(devices.get(path, DeviceFile(path, "?"))))
-        if index is not None and index not in offered:
-            offered.append(index)
+    indices = (_index_of_minor(nvml, file_minor(devices.get(p, DeviceFile(p, "?")))) for p in files)
+    offered = list(dict.fromkeys(i for i in indices if i is not None))
     if not offered:  # no File= for mps (AutoDetect): the GPUs MPS serves, or every GPU
         offered = list(ids) if ids is not None else \
             [str(g.gpu_index) for g in (nvml.gpus if nvml else ())]
     for gpu in offered:
-        inst = _serving(gpu, insts, nvml)
+        uuid = next((g.uuid for g in (nvml.gpus if nvml else ()) if str(g.gpu_index) == gpu), None)
+        inst = next((i for i in insts if i.layout == "node" or i.gpu in (gpu, uuid)), None)
         if inst is None:
             yield Result(NAME, CRITICAL, "mps-gpu-unserved", f"gpu{gpu}",
                          f"Slurm offers mps on GPU {gpu} but no MPS instance serves it: mps "

@@ -2,25 +2,22 @@
 
 ``set_default_active_thread_percentage`` and ``set_default_device_pinned_mem_limit`` only
 shape the NEXT server the daemon starts: a default changed while a server runs is
-silently not in force for its clients (docs/gpu-validation.md). Facts: the servers probe
-(each server's applied limits, the daemon's default pinned limits and device table), the
-run's one control query (the default percentage) and, per job, its ``--gres=mps:N``.
+silently not in force for its clients (``limits-not-in-force``, also for a per-job
+server above its job's ``--gres=mps:N`` share; docs/gpu-validation.md).
 
-* ``limits-not-in-force``: a server applies another thread percentage or pinned memory
-  limit than the daemon's default (or, per job, than the job's share).
-* ``pinned-limit-ambiguous`` / ``pinned-limit-unknown-device``: control.log's
-  ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines set one GPU's default both
-  by UUID and by index (the daemon keeps both; on an H200 a new server applied the one
-  set by index, though set first), or name no GPU of the daemon (kept, used by none).
-  A local user can make the daemon log a command it then refuses, so both are WARNINGs
-  (never a drain), judged only against the device table of a daemon with a server.
+control.log's ``Cmd:set_default_device_pinned_mem_limit DEV VALUE`` lines may set one
+GPU's default both by UUID and by index (``pinned-limit-ambiguous``: the daemon keeps
+both; on an H200 a new server applied the one set by index, though set first), or name
+no GPU of the daemon (``pinned-limit-unknown-device``). A local user can make the daemon
+log a command it then refuses, so both are WARNINGs (never a drain), judged only
+against the device table of a daemon with a server.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
-from mps_health.checks.common import present, some
+from mps_health.checks.common import present, some, user_of
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
@@ -48,9 +45,7 @@ def _limit(text: str) -> str:
 
 
 def _who(server: ServerFact) -> str:
-    user = escape(server.user) if server.user else (
-        f"uid {server.uid}" if server.uid is not None else "user unknown")
-    return f"server {server.pid} ({user})"
+    return f"server {server.pid} ({user_of(server.user, server.uid, 'user unknown')})"
 
 
 def default_percentage(answer: Optional[ControlAnswer]) -> Optional[float]:
@@ -91,16 +86,15 @@ def judge_threads(inst: Instance, server: ServerFact, default: Optional[float],
     if applied is None:
         return
     if default is not None and abs(applied - default) > TOLERANCE:
-        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {applied:g}% active threads, the default is "
-                     f"{default:g}% (set after it started)", _restart(inst, server),
-                     (("applied_thread_percentage", applied),
-                      ("default_thread_percentage", default)))
+        than, shown = f"the default is {default:g}% (set after it started)", default
     elif share is not None and applied > share[0] + 0.5:
-        yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
-                     f"{_who(server)} applies {applied:g}% active threads, {share[1]} is "
-                     f"{share[0]:g}%", _restart(inst, server),
-                     (("applied_thread_percentage", applied),))
+        than, shown = f"{share[1]} is {share[0]:g}%", None
+    else:
+        return
+    yield Result(NAME, WARNING, "limits-not-in-force", inst.name,
+                 f"{_who(server)} applies {applied:g}% active threads, {than}",
+                 _restart(inst, server), present(("applied_thread_percentage", applied),
+                                                 ("default_thread_percentage", shown)))
 
 
 def judge_pinned(inst: Instance, server: ServerFact, defaults: Dict[str, str]

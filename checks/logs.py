@@ -63,8 +63,7 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) 
     started: Dict[Tuple[str, int], float] = {}
     for f in findings:
         if f.code == "log-server-start":
-            key = (f.log_dir, f.uid)
-            started[key] = max(f.at, started.get(key, f.at))
+            started[f.log_dir, f.uid] = max(f.at, started.get((f.log_dir, f.uid), f.at))
     alive = set(lf.alive)
     # Still waiting: the client runs (not served, given up or killed), no server of its
     # user started in its log dir since, and it waited long enough to tell.
@@ -119,22 +118,22 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
-    done = set()
     # By dir once, not a scan of every file and finding per instance.
     files_in = group(lf.files, lambda f: os.path.dirname(f.path))
     foreign_in = group(lf.foreign, lambda f: os.path.dirname(f.path))
     findings_in = group(lf.findings, lambda f: f.log_dir)
+    done = set()
     for inst in facts.instances:
         if inst.log_dir in done:
             continue
         done.add(inst.log_dir)
-        files = files_in.get(inst.log_dir.rstrip("/") or "/", [])
+        where = inst.log_dir.rstrip("/") or "/"
+        files = files_in.get(where, [])
         if files and all(f.status == "error" for f in files):
             yield Result(NAME, UNKNOWN, "logs-unreadable", inst.name,
                          "; ".join(f"{f.path}: {f.detail}" for f in files), "run the check as root")
             continue
-        yield from planted(inst.name, inst.log_dir, files,
-                           foreign_in.get(inst.log_dir.rstrip("/") or "/", []))
+        yield from planted(inst.name, inst.log_dir, files, foreign_in.get(where, []))
         yield from judge(inst.name, findings_in.get(inst.log_dir, []), lf, config)
     if lf.state_error:
         yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")

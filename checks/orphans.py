@@ -1,10 +1,9 @@
 """orphans: per-job MPS dirs and daemons whose job no longer runs on this node.
 
-The per-job Prolog makes a pipe and a log dir per job and starts its user's daemon; a
-failed epilog or a reboot mid-job leaves them behind. Jobs alive here: the run's one
-``squeue -h -w NODE`` (any state: COMPLETING is no orphan); a dir younger than
-``orphans.min_age_s`` is not judged. A leftover server running the configured binary
-still holds the GPU: CRITICAL; a leftover daemon or dirs alone: WARNING.
+A failed epilog or a reboot mid-job leaves the per-job Prolog's dirs and daemon behind.
+Jobs alive here: the run's one squeue (any state: COMPLETING is no orphan); a dir
+younger than ``orphans.min_age_s`` is not judged. A leftover server a daemon vouched for
+still holds the GPU: CRITICAL; anything else left: WARNING.
 
 A dir is ours only when the Prolog recorded it for that job (``hostio.jobrecords``) and
 it belongs to the recorded uid or root: anyone can make a back-dated dir named like an
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
-from mps_health.checks.common import group, reset_action, slurm_unavailable, some
+from mps_health.checks.common import PING, group, reset_action, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
@@ -67,12 +66,9 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     dirs: Tuple[JobDir, ...] = facts.sources["job_dirs"]  # type: ignore[assignment]
     procs: Tuple[ProcessFact, ...] = facts.sources["processes"]  # type: ignore[assignment]
     if slurm.jobs is None:
-        if slurm.node is None:
-            yield slurm_unavailable(NAME, slurm)
-        else:
-            yield Result(NAME, UNKNOWN, "slurm-unavailable", "",
-                         f"cannot tell which jobs run here: {slurm.jobs_error}",
-                         "check slurmctld ('scontrol ping'); this is not an MPS failure")
+        yield slurm_unavailable(NAME, slurm) if slurm.node is None else Result(
+            NAME, UNKNOWN, "slurm-unavailable", "",
+            f"cannot tell which jobs run here: {slurm.jobs_error}", PING)
         return
     alive = {j.job_id for j in slurm.jobs}
     daemons = {p.pid for p in procs if is_daemon(p)}
@@ -122,8 +118,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
 
 def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
                ) -> Tuple[Dict[str, List[JobDir]], List[JobDir]]:
-    """({job id: its dirs the Prolog recorded, of the recorded uid or root}, the other
-    ended jobs' dirs)."""
+    """Ended jobs' dirs: ({job id: those of its record}, the others)."""
     from mps_health.hostio import jobrecords  # only where the check runs
 
     record_of = jobrecords.by_job(records.records)
@@ -133,8 +128,7 @@ def split_ours(dirs: Tuple[JobDir, ...], records: JobRecords, alive: Set[str]
 
 
 def unrecorded(strangers: List[JobDir], now: float, min_age: float) -> Iterator[Result]:
-    """One WARNING per owner of dirs named like ended jobs' that our Prolog did not make
-    for that job and user: theirs, not judged, never removed by root."""
+    """One WARNING per owner of the dirs ``split_ours`` does not claim (never removed)."""
     old = (d for d in strangers if now - d.mtime >= min_age)
     for uid, jds in sorted(group(old, lambda d: d.uid).items()):
         owner = jds[0].owner or str(uid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from mps_health.checks.common import group, present, reset_action
+from mps_health.checks.common import group, present, reset_action, user_of
 from mps_health.config.load import Config
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance
@@ -34,7 +34,7 @@ registry.check(NAME, f"{__name__}:check", ("servers",), order=60,
 
 
 def describe(server: ServerFact) -> str:
-    who = server.user or (f"uid {server.uid}" if server.uid is not None else "user unknown")
+    who = user_of(server.user, server.uid, "user unknown")
     if not server.clients:
         return f"server {server.pid} ({who}) with no client"
     shown = ", ".join(f"{c.pid}" + (f" ({c.user or c.uid})" if c.uid is not None else "")

@@ -7,14 +7,13 @@ a process named like one is at most the WARNING ``mps-impostor``.
 
 The server binary is world-executable: a user can run it too, held under ptrace or an
 LD_PRELOAD constructor, in a pipe dir of their choice. So a daemon-less server is
-``server-orphaned`` CRITICAL only when it was a real daemon's server
-(``servertrack.remembered``), is genuine and neither traced nor stopped; any other is at
-most the WARNING ``server-unclaimed``, one line per uid.
+CRITICAL only when it was a real daemon's server (``servertrack.remembered``), genuine
+and neither traced nor stopped; any other is a WARNING, one line per uid.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, List, Set, Tuple
+from typing import TYPE_CHECKING, Iterable, Iterator, List, Set, Tuple
 
 from mps_health.checks.common import group, some
 from mps_health.config.load import Config
@@ -60,19 +59,18 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]
     yield from _unclaimed(unclaimed)
 
 
-def _listed(mine: List[ProcessFact]) -> Tuple[str, str]:
-    """The pids of one owner's processes ("1, 2 and 3 more"), and the pipe dirs they name."""
-    dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
-    return (some([str(p.pid) for p in mine], SHOWN_PIDS),
-            f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else "")
+def _owners(found: Iterable[ProcessFact]) -> Iterator[Tuple[int, List[ProcessFact], str, str]]:
+    """Per owner: its uid, processes, their pids ("1, 2 and 3 more") and pipe dirs."""
+    for uid, mine in sorted(group(found, lambda p: p.uid).items()):
+        dirs = sorted({p.pipe_dir for p in mine if p.pipe_dir is not None})
+        yield (uid, mine, some([str(p.pid) for p in mine], SHOWN_PIDS),
+               f" on {', '.join(dirs[:SHOWN_DIRS])}" if dirs else "")
 
 
 def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
-    """Servers no daemon was seen with (or held: traced, stopped): one line per owner,
-    never CRITICAL and never a reset (a user may start thousands, and what they run
-    is theirs to end)."""
-    for uid, mine in sorted(group(found, lambda p: p.uid).items()):
-        pids, on = _listed(mine)
+    """Servers no daemon vouches for: one line per owner, never CRITICAL, never a reset
+    (a user may start thousands, and what they run is theirs to end)."""
+    for uid, mine, pids, on in _owners(found):
         held = sum(1 for p in mine if proves_nothing(p))
         how = f"; {held} of them traced or stopped" if held else ""
         unread = " (their binary could not be checked: not run as root, or a --root " \
@@ -88,9 +86,8 @@ def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
 
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
     """Processes named like a daemon or server that run another binary: one line per
-    owner (a user can start thousands), never counted as MPS, never ended by us."""
-    for uid, found in sorted(group(filter(is_impostor, procs), lambda p: p.uid).items()):
-        pids, on = _listed(found)
+    owner, never counted as MPS, never ended by us."""
+    for uid, found, pids, on in _owners(filter(is_impostor, procs)):
         yield Result(NAME, WARNING, "mps-impostor", "",
                      f"{len(found)} process(es) of uid {uid} named like an MPS daemon or "
                      f"server run another binary than the configured one (pids {pids})"
@@ -103,9 +100,8 @@ def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
 def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], root: str,
                 layout: str) -> Iterator[Result]:
     known = {path for i in insts for path in pipe_paths(i, root)}
-    for p in procs:
-        if is_daemon(p) and p.pipe_dir is not None \
-                and p.pipe_dir not in known and layout != "per-job":
+    for p in procs if layout != "per-job" else ():
+        if is_daemon(p) and p.pipe_dir is not None and p.pipe_dir not in known:
             yield Result(NAME, WARNING, "daemon-unexpected", "",
                          f"control daemon {p.pid} (uid {p.uid}) serves {p.pipe_dir}, which no "
                          "configured instance uses", "stop it, or add it to the config's mps "

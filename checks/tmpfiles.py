@@ -30,27 +30,24 @@ def _literal(pattern: str) -> bool:
     return not any(c in pattern for c in "*?[")
 
 
-def path_match(pattern: str, path: str) -> bool:
-    """fnmatch with FNM_PATHNAME: '*' never crosses a '/'."""
-    if _literal(pattern):
-        return pattern.rstrip("/") == path.rstrip("/")
-    pat_parts = pattern.rstrip("/").split("/")
-    path_parts = path.rstrip("/").split("/")
-    return len(pat_parts) == len(path_parts) and all(
-        fnmatchcase(name, pat) for name, pat in zip(path_parts, pat_parts))
-
-
 def _ancestors_and_self(path: str) -> Tuple[str, ...]:
     parts = path.rstrip("/").split("/")
     return tuple("/".join(parts[:i]) or "/" for i in range(2, len(parts) + 1))
 
 
 def _matcher(paths: Tuple[str, ...]) -> Callable[[str], bool]:
-    """Does a rule's pattern match one of ``paths``? One rule after another is asked: a
-    rule without a wildcard (most of them) is one set lookup, not a match per path."""
+    """Does a rule's pattern match one of ``paths``? A rule without a wildcard (most of
+    them) is one set lookup; a glob is matched per component (FNM_PATHNAME: '*' never
+    crosses a '/')."""
     plain = frozenset(p.rstrip("/") for p in paths)
-    return lambda pattern: (pattern.rstrip("/") in plain if _literal(pattern)
-                            else any(path_match(pattern, p) for p in paths))
+    split = [p.rstrip("/").split("/") for p in paths]
+
+    def match(pattern: str) -> bool:
+        if _literal(pattern):
+            return pattern.rstrip("/") in plain
+        parts = pattern.rstrip("/").split("/")
+        return any(len(parts) == len(s) and all(map(fnmatchcase, s, parts)) for s in split)
+    return match
 
 
 def aging_rule(rules: Tuple[TmpfilesRule, ...], path: str) -> Optional[TmpfilesRule]:
