@@ -1,12 +1,10 @@
 """Slurm's view of this node, and the one way mps-health calls and reads Slurm.
 
-Every ``scontrol``/``squeue`` call of the suite goes through ``call``/``answer`` here:
-bounded, no shell, a failure is ``SlurmError`` with a code and one line. The check reads
-one ``scontrol -d show node NODE -o`` per run (``-d`` adds GresUsed; ``-o`` puts Reason,
-which holds spaces, last), or ``--json`` where the config or (auto) the client's version,
-cached per binary, says so. With the per-job layout ``squeue -h -w NODE`` runs at the same
-time, on one deadline. slurmctld down or hanging is an error line in the facts after
-``slurm.timeout_s``, never a hang. Slurm's ``[user@time]`` stamp is cut off every Reason.
+Every ``scontrol``/``squeue`` call goes through ``call``/``answer``: bounded, no shell, a
+failure is ``SlurmError`` (code, one line); slurmctld down or hanging is an error line
+after ``slurm.timeout_s``, never a hang. A run reads one ``scontrol -d show node NODE -o``
+(``-d`` adds GresUsed; ``-o`` puts Reason last), or ``--json`` by config or (auto) by the
+client's version, cached per binary; the per-job layout's ``squeue`` runs alongside.
 """
 
 from __future__ import annotations
@@ -15,11 +13,12 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, parse_count, split_top
+from mps_health.probes.hostlist import ParseError, parse_count, range_items, split_top
 
 if TYPE_CHECKING:
     from mps_health.config.load import Config
@@ -86,17 +85,9 @@ class JobList(NamedTuple):
 
 def parse_indices(text: str) -> Tuple[int, ...]:
     """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
-    if text.strip() in ("N/A", ""):
-        return ()
-    found: List[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise ParseError(f"bad GRES index list {text!r}")
-        if sep and int(hi) - int(lo) > 4096:
-            raise ParseError(f"GRES index range {part!r} is too large")
-        found.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    return tuple(found)
+    t = text.strip()
+    return () if t in ("N/A", "") else tuple(
+        int(i) for i in range_items(t, f"GRES index list {t!r}", 4097))
 
 
 def parse_gres_item(text: str) -> GresItem:
@@ -181,7 +172,7 @@ def parse_node_line(text: str) -> SlurmNode:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) != 1:
         raise ParseError(f"expected one node line, got {len(lines)}")
-    return _node_record(lines[0])
+    return parse_node_lines(lines[0])[0]
 
 
 def _node_record(line: str) -> SlurmNode:
@@ -327,33 +318,31 @@ def squeue_argv(config: Config, node: str) -> List[str]:
     return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
 
 
-def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
-    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
-    what = f"scontrol show node {node}"
-    text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
+def _read(argv: Sequence[str], timeout_s: float, what: str, parse: Callable[[str], Any]) -> Any:
+    """``call``, then ``parse`` its answer; a parse failure is SlurmError "parse" too."""
+    text = call(argv, timeout_s, what)
     try:
-        return parse_node_line(text)
+        return parse(text)
     except ParseError as e:
         raise SlurmError("parse", f"{what}: {e}") from None
 
 
+def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
+    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
+    return _read(scontrol_argv(config, "show", "node", node, "-o"), timeout_s,
+                 f"scontrol show node {node}", parse_node_line)
+
+
 def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
-    """Every node slurmctld knows, by one bounded call (the health check's circuit
-    breaker asks it once, just before a drain); SlurmError."""
-    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node")
-    try:
-        return parse_node_lines(text)
-    except ParseError as e:
-        raise SlurmError("parse", f"scontrol show node: {e}") from None
+    """Every node slurmctld knows (the circuit breaker asks once, just before a drain)."""
+    return _read(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node",
+                 parse_node_lines)
 
 
 def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
     """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
-    text = call(squeue_argv(config, node), timeout_s, "squeue")
-    try:
-        return {j.job_id: j for j in parse_squeue(text)}
-    except ParseError as e:
-        raise SlurmError("parse", f"squeue: {e}") from None
+    return _read(squeue_argv(config, node), timeout_s, "squeue",
+                 lambda text: {j.job_id: j for j in parse_squeue(text)})
 
 
 def with_jobs(ctx: Context) -> Context:
