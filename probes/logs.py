@@ -30,7 +30,6 @@ from mps_health.model.facts_deep import (
     LogsFacts,
 )
 
-FILES = LOG_FILES
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
@@ -64,8 +63,7 @@ def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
 
 def _int_after(text: str, marker: str, default: int) -> int:
     """The number right after the first ``marker``: ASCII digits, at most 18 (a per-job
-    daemon's log is its user's file: a superscript or a digit run int() refuses is no
-    number, never an exception)."""
+    daemon's log is its user's file: what int() refuses is no number, never an error)."""
     at = text.find(marker)
     found = re.match(r"[0-9]{1,18}", text[at + len(marker):]) if at >= 0 else None
     return int(found.group()) if found else default
@@ -124,9 +122,7 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-# Entries of a log dir past this many are not looked at (a dir a user filled must not
-# cost a run without bound).
-MAX_ENTRIES = 1024
+MAX_ENTRIES = 1024  # entries of a log dir looked at: a dir a user filled costs a bound
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -270,8 +266,6 @@ def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
 
 
 FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
-
-
 # The daemon logs every query (ours too): offsets alone are saved only once a file moved
 # on this far, sparing a write per run. Lines read again held no finding the first time.
 SAVE_AFTER_BYTES = 4096
@@ -304,7 +298,7 @@ def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
     """A log dir's links and entries not of the daemon's user (the two logs apart): only
     the daemon writes there, so anything else is a plant, reported and never read."""
     return [LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0, st.st_uid)
-            for name, st in entries if name not in FILES and (
+            for name, st in entries if name not in LOG_FILES and (
                 stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners))]
 
 
@@ -312,7 +306,7 @@ def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
               memory: LogMemory, cfg: LogsConfig, now: float, files: List[LogFileFact],
               positions: Dict[str, LogPosition], new: List[LogFinding]) -> None:
     """Read the daemon's two logs in one log dir (only its user's regular files)."""
-    for name in FILES:
+    for name in LOG_FILES:
         shown = os.path.join(log_dir, name)
         try:
             seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -348,7 +342,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     new: List[LogFinding] = []
     foreign: List[LogFileFact] = []
     for log_dir in dict.fromkeys(i.log_dir for i in instances):
-        both = [os.path.join(log_dir, n) for n in FILES]
+        both = [os.path.join(log_dir, n) for n in LOG_FILES]
         try:
             dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
         except FileNotFoundError:  # the directories check reports a missing log dir
