@@ -1,13 +1,12 @@
 """Run the CUDA canary through each instance and see whether MPS really served it.
 
-Per instance: skip when another user's clients are connected (MPS serves one user per GPU
-at a time: the canary would queue behind that job). Otherwise start ``canary_client.py``
-(or ``commands.mps-health-canary``) as the daemon's user, in its own process group, with
-a hard timeout. Once it holds a context it writes a ready file; its PID in a server's
-client list means MPS served it (a context no server lists: clients of this pipe dir run
-without MPS). Removing the ready file lets it exit. ``canary.when: idle`` (the default)
-runs it only on a node Slurm says is IDLE, with no MPS client connected, and kills it as
-soon as a root ``slurmstepd`` (a job step) appears (docs/runbook-deep.md).
+Skipped while another user's clients are connected (MPS serves one user per GPU at a
+time: it would queue behind that job). Else ``canary_client.py`` (or
+``commands.mps-health-canary``) runs as the daemon's user, in its own process group, with a
+hard timeout; holding a context, it writes a ready file, and its PID in a server's client
+list means MPS served it. Removing the file lets it exit. ``canary.when: idle`` (default)
+runs it only on a node Slurm says is IDLE with no MPS client, and kills it once a root
+``slurmstepd`` (a job step) appears (docs/runbook-deep.md).
 """
 
 import contextlib
@@ -109,8 +108,8 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
 def clients(ctx: Context, inst: Instance, deadline: float
             ) -> Tuple[str, str, List[Tuple[int, int, Optional[int]]]]:
     """(control status, detail, [(server, client pid, client uid)]) under the pipe lock;
-    "unanswered" (and why) for a daemon that gave the run's query no answer: not asked
-    again, but the canary still runs (it shows whether CUDA clients hang)."""
+    "unanswered" (and why): the daemon gave the run's query no answer (the canary still
+    runs: it shows whether CUDA clients hang)."""
     if ctx.queries is not None:
         why = ctx.queries.unanswered(inst.pipe_dir, deadline)
         if why:
@@ -294,11 +293,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
     cfg: CanaryConfig = ctx.config.get(CANARY)
     facts: Dict[str, CanaryFact] = {}
-    if not instances:
-        return facts
     why = "canary.when is never" if cfg.when == "never" else \
-        node_busy(ctx) if cfg.when == "idle" else ""
-    if why:
+        node_busy(ctx) if cfg.when == "idle" and instances else ""
+    if why or not instances:
         return {i.name: CanaryFact("skipped", why, -1) for i in instances}
 
     def one(inst: Instance) -> None:
