@@ -9,6 +9,7 @@ client's version, cached per binary; the per-job layout's ``squeue`` runs alongs
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -149,20 +150,16 @@ def parse_fields(line: str) -> Mapping[str, str]:
     return fields
 
 
-def strip_stamp(reason: str) -> str:
-    """A Reason without Slurm's ``[user@time]`` suffix; ``(null)`` is no reason."""
+def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
+          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
+    """The node; its Reason without Slurm's ``[user@time]`` suffix (``(null)``: none)."""
+    words = state.replace("*", "+NOT_RESPONDING").split("+")
+    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
     reason = reason.strip()
     stamp = reason.rfind(" [")
     if reason.endswith("]") and stamp >= 0 and "@" in reason[stamp:]:
         reason = reason[:stamp].rstrip()
-    return "" if reason == "(null)" else reason
-
-
-def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
-          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
-    words = state.replace("*", "+NOT_RESPONDING").split("+")
-    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
-    return SlurmNode(name, state, flags, strip_stamp(reason), parse_gres(gres),
+    return SlurmNode(name, state, flags, "" if reason == "(null)" else reason, parse_gres(gres),
                      None if used is None else parse_gres(used), version,
                      tuple(p for p in partitions if p and p != "(null)"))
 
@@ -175,20 +172,19 @@ def parse_node_line(text: str) -> SlurmNode:
     return parse_node_lines(lines[0])[0]
 
 
-def _node_record(line: str) -> SlurmNode:
-    if not line.startswith("NodeName="):
-        raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
-    fields = parse_fields(line)
-    if "State" not in fields:
-        raise ParseError("the node record has no State=")
-    return _node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
-                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
-                 fields.get("Partitions", "").split(","))
-
-
 def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
     """Every node of ``scontrol show node -o`` (one line each)."""
-    return tuple(_node_record(ln) for ln in text.splitlines() if ln.strip())
+    nodes: List[SlurmNode] = []
+    for line in filter(str.strip, text.splitlines()):
+        if not line.startswith("NodeName="):
+            raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
+        fields = parse_fields(line)
+        if "State" not in fields:
+            raise ParseError("the node record has no State=")
+        nodes.append(_node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
+                           fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
+                           fields.get("Partitions", "").split(",")))
+    return tuple(nodes)
 
 
 def parse_node_json(text: str, name: str) -> SlurmNode:
@@ -237,9 +233,7 @@ def parse_elapsed(text: str) -> Optional[float]:
     if (sep and not days.isdigit()) or not 2 <= len(parts) <= 3 \
             or not all(p.isdigit() for p in parts):
         return None
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
+    seconds = functools.reduce(lambda total, p: total * 60 + int(p), parts, 0)
     return float(seconds + (int(days) * 86400 if sep else 0))
 
 
