@@ -78,10 +78,8 @@ def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
         return ("log-server-start", _int_after(text, "Starting new server ", 0),
                 _int_after(text, " for user ", -1), 0)
     if text.startswith("Server ") and " exited with status " in text:
-        status = _int_after(text, " exited with status ", 0)
-        if not status:
-            return None  # a server ending with its clients is the normal case
-        return "log-server-exit", _int_after(text, "Server ", 0), -1, status
+        status = _int_after(text, " exited with status ", 0)  # 0: ended with its clients
+        return ("log-server-exit", _int_after(text, "Server ", 0), -1, status) if status else None
     if text.startswith("Exit with status "):
         status = _int_after(text, "Exit with status ", 0)
         return ("log-daemon-exit", 0, -1, status) if status else None
@@ -105,12 +103,11 @@ def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
 def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[LogFinding]:
     """Findings in a chunk of whole lines; a line without a usable time gets ``read_at``."""
     found: List[LogFinding] = []
-    for line in text.splitlines():
-        fields = split_line(line)
-        kind = classify(fields[3]) if fields is not None else None
-        if fields is None or kind is None:
-            continue
+    for fields in filter(None, map(split_line, text.splitlines())):
         date, clock, _role, message = fields
+        kind = classify(message)
+        if kind is None:
+            continue
         # Dated only once a finding: parsing the time costs most of what a line takes.
         at = parse_time(date, clock)
         if at is None or at > read_at + 86400:
@@ -129,9 +126,9 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_
 class NotTheDaemons(OSError):
     """A log file that is not the daemon's user's regular file: never read."""
 
-    def __init__(self, what: str, uid: int) -> None:
-        super().__init__(what)
-        self.what, self.uid = what, uid
+    def __init__(self, st: os.stat_result) -> None:
+        self.what, self.uid = _what(st), st.st_uid
+        super().__init__(self.what)
 
 
 KINDS = {stat.S_IFLNK: "symlink", stat.S_IFREG: "file", stat.S_IFDIR: "directory",
@@ -158,7 +155,7 @@ def _open(name: str, dir_fd: int, owners: Optional[AbstractSet[int]]
     fd, st = open_regular(name, dir_fd)  # O_NOFOLLOW, O_NONBLOCK, regular files only
     if not ours(st, owners):
         os.close(fd)
-        raise NotTheDaemons(_what(st), st.st_uid)
+        raise NotTheDaemons(st)
     return fd, st
 
 
@@ -311,7 +308,7 @@ def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
         try:
             seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
-                raise NotTheDaemons(_what(seen), seen.st_uid)
+                raise NotTheDaemons(seen)
             chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
                                          int(cfg.max_read_bytes), owners)
         except FileNotFoundError:
