@@ -9,6 +9,7 @@ client's version, cached per binary; the per-job layout's ``squeue`` runs alongs
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -312,9 +313,9 @@ def squeue_argv(config: Config, node: str) -> List[str]:
     return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
 
 
-def _read(argv: Sequence[str], timeout_s: float, what: str, parse: Callable[[str], Any]) -> Any:
-    """``call``, then ``parse`` its answer; a parse failure is SlurmError "parse" too."""
-    text = call(argv, timeout_s, what)
+def parsed(done: Completed, what: str, timeout_s: float, parse: Callable[[str], Any]) -> Any:
+    """``parse`` of ``answer``; a parse failure is SlurmError "parse" too."""
+    text = answer(done, what, timeout_s)
     try:
         return parse(text)
     except ParseError as e:
@@ -323,20 +324,20 @@ def _read(argv: Sequence[str], timeout_s: float, what: str, parse: Callable[[str
 
 def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
     """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
-    return _read(scontrol_argv(config, "show", "node", node, "-o"), timeout_s,
-                 f"scontrol show node {node}", parse_node_line)
+    return parsed(run(scontrol_argv(config, "show", "node", node, "-o"), timeout_s),
+                  f"scontrol show node {node}", timeout_s, parse_node_line)
 
 
 def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
     """Every node slurmctld knows (the circuit breaker asks once, just before a drain)."""
-    return _read(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node",
-                 parse_node_lines)
+    return parsed(run(scontrol_argv(config, "show", "node", "-o"), timeout_s),
+                  "scontrol show node", timeout_s, parse_node_lines)
 
 
 def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
     """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
-    return _read(squeue_argv(config, node), timeout_s, "squeue",
-                 lambda text: {j.job_id: j for j in parse_squeue(text)})
+    return parsed(run(squeue_argv(config, node), timeout_s), "squeue", timeout_s,
+                  lambda text: {j.job_id: j for j in parse_squeue(text)})
 
 
 def with_jobs(ctx: Context) -> Context:
@@ -355,11 +356,9 @@ def with_jobs(ctx: Context) -> Context:
 def _job_list(done: Completed, timeout_s: float) -> JobList:
     """squeue's answer; the failure as one line, never raised."""
     try:
-        return JobList(parse_squeue(answer(done, "squeue", timeout_s)))
+        return JobList(parsed(done, "squeue", timeout_s, parse_squeue))
     except SlurmError as e:
         return JobList(None, str(e))
-    except ParseError as e:
-        return JobList(None, f"squeue: {e}")
 
 
 # --- which Slurm answers: the client's version, cached per binary -----------------------
@@ -407,12 +406,10 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
             version = parse_version(done.stdout)
         except ParseError:
             return None  # 24.11 with no config source fails here; text is read then
-        try:
+        with contextlib.suppress(OSError):  # not root: kept in memory, the next run asks
             if not ctx.read_only:  # a --root run writes nothing
                 os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
                 write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
-        except OSError:
-            pass  # not root: this process remembers it; the next one-shot run asks again
     _KNOWN_VERSIONS[key] = version
     return version
 
@@ -446,16 +443,12 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     jobs = _job_list(done[1], cfg.timeout_s) if len(done) > 1 else ctx.jobs
     if jobs is not None:
         facts = facts._replace(jobs=jobs.jobs, jobs_error=jobs.error or None)
-    shown = "scontrol show node"
     try:
-        text = answer(done[0], shown, cfg.timeout_s)
-        parsed = parse_node_json(text, node) if as_json else parse_node_line(text)
-        facts = facts._replace(node=parsed)
+        return facts._replace(node=parsed(
+            done[0], "scontrol show node", cfg.timeout_s,
+            lambda text: parse_node_json(text, node) if as_json else parse_node_line(text)))
     except SlurmError as e:
-        facts = facts._replace(error_code=e.code, error=str(e))
-    except ParseError as e:
-        facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
-    return facts
+        return facts._replace(error_code=e.code, error=str(e))
 
 
 def gather(ctx: Context, instances: object) -> SlurmFacts:
