@@ -251,9 +251,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
                MPS_HEALTH_CANARY_DEVICE=str(cfg.device),
                MPS_HEALTH_CANARY_BYTES=str(cfg.alloc_bytes))
     switch = uid != os.geteuid()
-    gid = by_uid(uid).gid if switch else None
     try:
-        pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
+        pending = Pending(_argv(ctx.config), None, env, uid if switch else None,
+                          by_uid(uid).gid if switch else None)
         ready: Optional[Tuple[int, float]] = None
         while pending.pid is not None and time.monotonic() < deadline:
             if watch is not None and watch.job_arrived():
@@ -282,12 +282,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     finally:
         _remove(workdir)
     fact = judge_run(done, ready, served_by, uid, cfg.timeout_s)
-    if status == "timeout":
-        fact = fact._replace(detail=fact.detail + "; the control daemon did not answer "
-                             "get_server_list either")
-    elif status == "unanswered":
-        fact = fact._replace(detail=f"{fact.detail}; {detail}")
-    return fact
+    extra = {"timeout": "the control daemon did not answer get_server_list either",
+             "unanswered": detail}.get(status)
+    return fact._replace(detail=f"{fact.detail}; {extra}") if extra else fact
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
