@@ -52,13 +52,9 @@ def parse_time(date: str, clock: str) -> Optional[float]:
 
 def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
     """``[2026-12-02 12:28:16.570 Control   436] text`` -> (date, clock, role, text)."""
-    if not line.startswith("["):
-        return None
     close = line.find("]")
-    head = line[1:close].split() if close > 0 else []
-    if len(head) != 4:
-        return None
-    return head[0], head[1], head[2], line[close + 1:].strip()
+    head = line[1:close].split() if line.startswith("[") and close > 0 else []
+    return (head[0], head[1], head[2], line[close + 1:].strip()) if len(head) == 4 else None
 
 
 def _int_after(text: str, marker: str, default: int) -> int:

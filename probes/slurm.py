@@ -114,14 +114,11 @@ def parse_gres_item(text: str) -> GresItem:
     if detail.startswith("IDX:"):
         indices = parse_indices(detail[4:])
     elif "/" in detail:  # 23.11+ shared GRES: used/total per device, in index order
-        pairs = []
-        for slot in detail.split(","):
-            used, _, total = slot.partition("/")
-            if not used.isdigit() or not total.isdigit():
-                raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
-            pairs.append((int(used), int(total)))
-        per_device = tuple(pairs)
-        indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
+        slots = [slot.partition("/") for slot in detail.split(",")]
+        if not all(used.isdigit() and total.isdigit() for used, _, total in slots):
+            raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
+        per_device = tuple((int(used), int(total)) for used, _, total in slots)
+        indices = tuple(i for i, (used, _) in enumerate(per_device) if used > 0)
     elif detail and not detail.startswith("S:"):
         raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
     return GresItem(parts[0], gtype, count, indices, per_device)
