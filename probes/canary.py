@@ -205,9 +205,8 @@ def job_steps(proc: str) -> frozenset:
 
 
 class Watch:
-    """canary.when: idle, while the canary runs: every ``poll_s``, a root ``slurmstepd``
-    that was not there at the start (a job step arriving)? Cheaper and sooner than asking
-    slurmctld, and no query of the control daemon a job's client may be waiting on."""
+    """canary.when: idle: every ``poll_s``, a new root ``slurmstepd`` (a job step arriving)?
+    Sooner than slurmctld, and no query of a daemon a job's client may be waiting on."""
 
     def __init__(self, proc: str, poll_s: float) -> None:
         self.proc, self.poll_s = proc, poll_s

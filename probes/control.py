@@ -92,9 +92,7 @@ class Queries:
     the daemon is not to be asked again (it would only wait out another timeout)."""
 
     def __init__(self) -> None:
-        self.tell = False
-        with contextlib.suppress(OSError):
-            self.tell = os.isatty(2)
+        self.tell = os.isatty(2)  # False, never an error, for a closed fd
         self._out: Dict[str, threading.Event] = {}  # pipe dir -> set once it is answered
         self._unanswered: Dict[str, str] = {}  # pipe dir -> why
 

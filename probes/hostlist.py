@@ -29,8 +29,7 @@ def parse_count(text: str, label: str = "Count=") -> int:
 def split_top(text: str, sep: str = ",") -> List[str]:
     """Split on ``sep`` outside brackets and parentheses."""
     parts: List[str] = []
-    depth = 0
-    current = ""
+    depth, current = 0, ""
     for c in text:
         if c in "[(":
             depth += 1

@@ -2,10 +2,9 @@
 
 Where reading stopped is saved per file as (device, inode, offset) in state_dir/logs.json,
 so a finding is never reported twice. A new inode means rotated: the rest of the old file
-is read from its new name (found by inode) first; a file shorter than the offset was
-truncated. At most ``max_read_bytes`` (the newest) are read per file and run, so an
-exploded log costs a bounded read. Notable lines become findings, remembered for
-``window_s`` and judged by the logs check.
+is read from its new name first; a file shorter than the offset was truncated. At most
+``max_read_bytes`` (the newest) are read per file and run. Notable lines become findings,
+remembered for ``window_s`` and judged by the logs check.
 """
 
 from __future__ import annotations
