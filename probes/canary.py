@@ -1,13 +1,12 @@
 """Run the CUDA canary through each instance and see whether MPS really served it.
 
-Per instance: skip when another user's clients are connected (MPS serves one user per GPU
-at a time: the canary would queue behind that job). Otherwise start ``canary_client.py``
-(or ``commands.mps-health-canary``) as the daemon's user, in its own process group, with
-a hard timeout. Once it holds a context it writes a ready file; its PID in a server's
-client list means MPS served it (a context no server lists: clients of this pipe dir run
-without MPS). Removing the ready file lets it exit. ``canary.when: idle`` (the default)
-runs it only on a node Slurm says is IDLE, with no MPS client connected, and kills it as
-soon as a root ``slurmstepd`` (a job step) appears (docs/runbook-deep.md).
+Skipped while another user's clients are connected (MPS serves one user per GPU at a
+time: it would queue behind that job). Else ``canary_client.py`` (or
+``commands.mps-health-canary``) runs as the daemon's user, in its own process group, with a
+hard timeout; holding a context, it writes a ready file, and its PID in a server's client
+list means MPS served it. Removing the file lets it exit. ``canary.when: idle`` (default)
+runs it only on a node Slurm says is IDLE with no MPS client, and kills it once a root
+``slurmstepd`` (a job step) appears (docs/runbook-deep.md).
 """
 
 import contextlib
@@ -109,8 +108,8 @@ def canary_user(ctx: Context, inst: Instance, cfg: CanaryConfig) -> Optional[int
 def clients(ctx: Context, inst: Instance, deadline: float
             ) -> Tuple[str, str, List[Tuple[int, int, Optional[int]]]]:
     """(control status, detail, [(server, client pid, client uid)]) under the pipe lock;
-    "unanswered" (and why) for a daemon that gave the run's query no answer: not asked
-    again, but the canary still runs (it shows whether CUDA clients hang)."""
+    "unanswered" (and why): the daemon gave the run's query no answer (the canary still
+    runs: it shows whether CUDA clients hang)."""
     if ctx.queries is not None:
         why = ctx.queries.unanswered(inst.pipe_dir, deadline)
         if why:
@@ -206,9 +205,8 @@ def job_steps(proc: str) -> frozenset:
 
 
 class Watch:
-    """canary.when: idle, while the canary runs: every ``poll_s``, a root ``slurmstepd``
-    that was not there at the start (a job step arriving)? Cheaper and sooner than asking
-    slurmctld, and no query of the control daemon a job's client may be waiting on."""
+    """canary.when: idle: every ``poll_s``, a new root ``slurmstepd`` (a job step arriving)?
+    Sooner than slurmctld, and no query of a daemon a job's client may be waiting on."""
 
     def __init__(self, proc: str, poll_s: float) -> None:
         self.proc, self.poll_s = proc, poll_s
@@ -252,9 +250,9 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
                MPS_HEALTH_CANARY_DEVICE=str(cfg.device),
                MPS_HEALTH_CANARY_BYTES=str(cfg.alloc_bytes))
     switch = uid != os.geteuid()
-    gid = by_uid(uid).gid if switch else None
     try:
-        pending = Pending(_argv(ctx.config), None, env, uid if switch else None, gid)
+        pending = Pending(_argv(ctx.config), None, env, uid if switch else None,
+                          by_uid(uid).gid if switch else None)
         ready: Optional[Tuple[int, float]] = None
         while pending.pid is not None and time.monotonic() < deadline:
             if watch is not None and watch.job_arrived():
@@ -283,22 +281,17 @@ def run_one(ctx: Context, inst: Instance, cfg: CanaryConfig) -> CanaryFact:
     finally:
         _remove(workdir)
     fact = judge_run(done, ready, served_by, uid, cfg.timeout_s)
-    if status == "timeout":
-        fact = fact._replace(detail=fact.detail + "; the control daemon did not answer "
-                             "get_server_list either")
-    elif status == "unanswered":
-        fact = fact._replace(detail=f"{fact.detail}; {detail}")
-    return fact
+    extra = {"timeout": "the control daemon did not answer get_server_list either",
+             "unanswered": detail}.get(status)
+    return fact._replace(detail=f"{fact.detail}; {extra}") if extra else fact
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, CanaryFact]:
     cfg: CanaryConfig = ctx.config.get(CANARY)
     facts: Dict[str, CanaryFact] = {}
-    if not instances:
-        return facts
     why = "canary.when is never" if cfg.when == "never" else \
-        node_busy(ctx) if cfg.when == "idle" else ""
-    if why:
+        node_busy(ctx) if cfg.when == "idle" and instances else ""
+    if why or not instances:
         return {i.name: CanaryFact("skipped", why, -1) for i in instances}
 
     def one(inst: Instance) -> None:

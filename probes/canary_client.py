@@ -27,29 +27,20 @@ class CudaError(Exception):
         super().__init__(f"step={step} code={code} name={name}")
 
 
-def _fn(lib: ctypes.CDLL, *names: str):  # the versioned symbol the headers map to
-    for name in names:
-        try:
-            return getattr(lib, name)
-        except AttributeError:
-            continue
-    raise AttributeError(names[0])
-
-
-def _error_name(lib: ctypes.CDLL, code: int) -> str:
-    text = ctypes.c_char_p()
-    try:
-        if lib.cuGetErrorName(code, ctypes.byref(text)) == 0 and text.value:
-            return text.value.decode("ascii", "replace")
-    except AttributeError:
-        pass
-    return "CUDA_ERROR_UNKNOWN_CODE"
-
-
-def call(lib: ctypes.CDLL, step: str, fn, *args) -> None:
+def call(lib: ctypes.CDLL, step: str, versioned: str, *args) -> None:
+    """``step`` by the ``versioned`` symbol the headers map it to ("": none), if present."""
+    names = [versioned, step] if versioned else [step]
+    fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+    if fn is None:
+        raise AttributeError(names[0])
     code = fn(*args)
     if code != 0:
-        raise CudaError(step, code, _error_name(lib, code))
+        text = ctypes.c_char_p()
+        name = "CUDA_ERROR_UNKNOWN_CODE"
+        if hasattr(lib, "cuGetErrorName") and lib.cuGetErrorName(code, ctypes.byref(text)) == 0 \
+                and text.value:
+            name = text.value.decode("ascii", "replace")
+        raise CudaError(step, code, name)
 
 
 def hold(ready: str, hold_s: float, context_s: float) -> None:
@@ -76,18 +67,16 @@ def run(env: dict) -> int:
     ctx = ctypes.c_void_p()
     ptr = ctypes.c_uint64()
     try:
-        call(lib, "cuInit", lib.cuInit, 0)
-        call(lib, "cuDeviceGet", lib.cuDeviceGet, ctypes.byref(dev), device)
-        call(lib, "cuCtxCreate", _fn(lib, "cuCtxCreate_v2", "cuCtxCreate"),
-             ctypes.byref(ctx), 0, dev)
-        call(lib, "cuMemAlloc", _fn(lib, "cuMemAlloc_v2", "cuMemAlloc"),
-             ctypes.byref(ptr), ctypes.c_size_t(size))
+        call(lib, "cuInit", "", 0)
+        call(lib, "cuDeviceGet", "", ctypes.byref(dev), device)
+        call(lib, "cuCtxCreate", "cuCtxCreate_v2", ctypes.byref(ctx), 0, dev)
+        call(lib, "cuMemAlloc", "cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(size))
         context_s = time.monotonic() - t0
         if env.get("MPS_HEALTH_CANARY_READY"):
             hold(env["MPS_HEALTH_CANARY_READY"],
                  float(env.get("MPS_HEALTH_CANARY_HOLD_S", "10")), context_s)
-        call(lib, "cuMemFree", _fn(lib, "cuMemFree_v2", "cuMemFree"), ptr)
-        call(lib, "cuCtxDestroy", _fn(lib, "cuCtxDestroy_v2", "cuCtxDestroy"), ctx)
+        call(lib, "cuMemFree", "cuMemFree_v2", ptr)
+        call(lib, "cuCtxDestroy", "cuCtxDestroy_v2", ctx)
     except CudaError as e:
         print(f"{TAG} cuda-error {e}", flush=True)
         return 2

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.runner import Completed, Pending, child_env, wait_all
 from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance
@@ -28,11 +29,16 @@ EMPTY_OK = ("get_server_list", "get_client_list", "get_device_client_list",
             "get_default_device_pinned_mem_limit", "get_device_pinned_mem_limit")
 
 
+def _unasked(command: str, status: str, detail: str) -> ControlAnswer:
+    """An answer no client gave: "skipped" (not asked) or "exec-failed" (none to ask)."""
+    return ControlAnswer(command, status, None, "", "", 0.0, detail)
+
+
 def classify(command: str, done: Completed) -> ControlAnswer:
     """Turn one finished client run into an answer (pure: tested on captured output)."""
     out, err = done.stdout.strip(), done.stderr.strip()
     if done.exec_error is not None:
-        return ControlAnswer(command, "exec-failed", None, "", "", 0.0, done.exec_error)
+        return _unasked(command, "exec-failed", done.exec_error)
     if done.timed_out:
         return ControlAnswer(command, "timeout", None, out, err, done.elapsed_s,
                              f"no answer within {done.elapsed_s:.1f}s")
@@ -81,19 +87,12 @@ class _Lock:
 
 
 class Queries:
-    """One run's control queries, shared by the probes that ask a daemon.
-
-    ``expect`` marks an instance's query as out, ``record`` takes its answer;
-    ``unanswered`` waits for the query that is out and says why the daemon is not to be
-    asked again (a query of this run got no answer: asking again would only wait out
-    another timeout). ``waiting`` says on stderr what a long wait is for, on a terminal
-    only (slurmd, Nagios, a pipe read nothing but our documented output).
-    """
+    """One run's control queries, shared by the probes that ask a daemon: ``expect`` marks
+    a query as out, ``record`` takes its answer, ``unanswered`` waits for it and says why
+    the daemon is not to be asked again (it would only wait out another timeout)."""
 
     def __init__(self) -> None:
-        self.tell = False
-        with contextlib.suppress(OSError):
-            self.tell = os.isatty(2)
+        self.tell = os.isatty(2)  # False, never an error, for a closed fd
         self._out: Dict[str, threading.Event] = {}  # pipe dir -> set once it is answered
         self._unanswered: Dict[str, str] = {}  # pipe dir -> why
 
@@ -123,7 +122,8 @@ class Queries:
 
     def waiting(self, names: Dict[Pending, str], command: str, deadline: float
                 ) -> Optional[Callable[[List[Pending]], None]]:
-        """wait_all's ``waiting`` for the clients in ``names`` (each one's instance)."""
+        """wait_all's ``waiting`` for the clients in ``names`` (each one's instance): a line on
+        stderr, on a terminal only (slurmd, Nagios, a pipe read only our documented output)."""
         if not self.tell:
             return None
 
@@ -180,10 +180,10 @@ def start(ctx: Context, instances: Tuple[Instance, ...], command: str = QUERY
             for at in range(step, len(instances), step):
                 batch = instances[at:at + step]
                 if time.monotonic() >= deadline:  # a wedged daemon in an earlier batch
-                    skipped = {inst.name: ControlAnswer(
-                        command, "skipped", None, "", "", 0.0, f"not asked: at most {step} "
-                        "control clients run at once (control.max_clients) and the run's "
-                        "time was up") for inst in batch}
+                    skipped = {inst.name: _unasked(
+                        command, "skipped", f"not asked: at most {step} control clients run "
+                        "at once (control.max_clients) and the run's time was up")
+                        for inst in batch}
                     answers.update(skipped)
                     _record(ctx, batch, skipped)
                     continue
@@ -205,10 +205,10 @@ class _Batch:
         self.ctx, self.command, self.deadline = ctx, command, deadline
         self.started: List[Tuple[Instance, Pending, _Lock]] = []
         self.waiting: List[Tuple[Instance, _Lock]] = []
-        self.client = control_client(ctx)
+        self.client = locate(ctx.config)
         self.missing = instances if self.client is None else ()
         for inst in () if self.client is None else instances:
-            lock = _Lock(ctx, inst.pipe_dir)
+            lock = pipe_lock(ctx, inst)
             if lock.acquire(0.0):  # free now (a deadline passed tries once)
                 self._start(inst, lock)
             else:
@@ -219,14 +219,15 @@ class _Batch:
                                            client_env(self.ctx, inst)), lock))
 
     def collect(self) -> Dict[str, ControlAnswer]:
-        answers = {inst.name: missing(self.ctx, self.command) for inst in self.missing}
+        answers = {inst.name: _unasked(self.command, "exec-failed", not_found(self.ctx.config))
+                   for inst in self.missing}
         try:
             for inst, lock in self.waiting:
                 if lock.acquire(self.deadline):
                     self._start(inst, lock)
                 else:
-                    answers[inst.name] = ControlAnswer(
-                        self.command, "skipped", None, "", "", 0.0,
+                    answers[inst.name] = _unasked(
+                        self.command, "skipped",
                         "another mps-health query to this pipe dir did not finish in time")
             waiting = self.ctx.queries.waiting({p: inst.name for inst, p, _ in self.started},
                                                self.command, self.deadline) \
@@ -253,20 +254,6 @@ def _record(ctx: Context, instances: Sequence[Instance], answers: Dict[str, Cont
             ctx.queries.record(inst.pipe_dir, answer)
 
 
-def control_client(ctx: Context) -> Optional[str]:
-    """The control client's path, found as every command finds it (never on PATH)."""
-    from mps_health.hostio.process_identity import locate
-
-    return locate(ctx.config)
-
-
-def missing(ctx: Context, command: str) -> ControlAnswer:
-    """The answer when there is no control client to ask: MPS is not installed."""
-    from mps_health.hostio.process_identity import not_found
-
-    return ControlAnswer(command, "exec-failed", None, "", "", 0.0, not_found(ctx.config))
-
-
 def client_env(ctx: Context, inst: Instance) -> Dict[str, str]:
     """The environment that points the control client (or a CUDA client) at ``inst``."""
     env = child_env({"CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
@@ -289,17 +276,16 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
     if queries is not None:
         why = queries.unanswered(inst.pipe_dir, deadline)
         if why:
-            return ControlAnswer(command, "skipped", None, "", "", 0.0, "not asked: " + why)
+            return _unasked(command, "skipped", "not asked: " + why)
     deadline = min(deadline, time.monotonic() + ctx.config.control.timeout_s, ctx.deadline)
-    client = control_client(ctx)
-    if client is None:
-        return missing(ctx, command)
+    client = locate(ctx.config)  # as every command finds it (never on PATH)
+    if client is None:  # MPS is not installed
+        return _unasked(command, "exec-failed", not_found(ctx.config))
     pending = Pending([client], command + "\n", client_env(ctx, inst))
     waiting = queries.waiting({pending: inst.name}, command, deadline) \
         if queries is not None else None
     answer = classify(command, pending.wait(deadline, waiting))
-    if queries is not None:
-        queries.record(inst.pipe_dir, answer)
+    _record(ctx, [inst], {inst.name: answer})
     return answer
 
 

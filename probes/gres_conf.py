@@ -14,12 +14,13 @@ import stat
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, expand, parse_count, split_top
+from mps_health.probes.hostlist import ParseError, expand, parse_count
 
 KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": "CPUs",
         "file": "File", "files": "File", "flags": "Flags", "links": "Links",
         "multiplefiles": "MultipleFiles", "name": "Name", "nodename": "NodeName",
         "type": "Type"}
+DEVICE_KINDS = {stat.S_IFCHR: "char", stat.S_IFBLK: "block", stat.S_IFREG: "file"}
 MAX_INCLUDE_DEPTH = 10
 MAX_FILE_BYTES = 4 << 20  # per file: a gres.conf for hundreds of nodes fits
 
@@ -55,8 +56,7 @@ class GresConf(NamedTuple):
 def logical_lines(text: str) -> List[Tuple[int, str]]:
     """(first line number, text) with comments removed and backslash continuations joined."""
     out: List[Tuple[int, str]] = []
-    pending = ""
-    start = 0
+    pending, start = "", 0
     for number, line in enumerate(text.splitlines(), 1):
         hash_at = line.find("#")
         while hash_at > 0 and line[hash_at - 1] == "\\":  # an escaped '#'
@@ -121,8 +121,7 @@ def parse_gres_conf(text: str, node: str, where: str = "gres.conf",
                 if set(pairs) - {"NodeName", "AutoDetect"}:
                     raise ParseError("a GRES line needs Name=")
                 continue
-            files = tuple(f for part in split_top(pairs.get("File", ""))
-                          for f in expand(part.strip()) if f) if pairs.get("File") else ()
+            files = tuple(expand(pairs.get("File", "")))  # "/dev/nvidia[0-1],/dev/x"
             count = parse_count(pairs["Count"]) if "Count" in pairs else max(1, len(files))
             lines.append(GresLine(at, pairs["Name"], pairs.get("Type") or None, files, count))
         except ParseError as e:
@@ -155,10 +154,8 @@ def device_kind(path: str) -> DeviceFile:
         return DeviceFile(path, "missing")
     except OSError:
         return DeviceFile(path, "error")
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        return DeviceFile(path, "char" if stat.S_ISCHR(st.st_mode) else "block",
-                          os.minor(st.st_rdev))
-    return DeviceFile(path, "file" if stat.S_ISREG(st.st_mode) else "other")
+    kind = DEVICE_KINDS.get(stat.S_IFMT(st.st_mode), "other")
+    return DeviceFile(path, kind, os.minor(st.st_rdev) if kind in ("char", "block") else None)
 
 
 def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
@@ -187,9 +184,9 @@ def read_gres_conf(ctx: Context, path: str, node: str) -> GresConf:
 def gather(ctx: Context, instances: object) -> GresConf:
     from mps_health.config.slurm import settings
 
-    environ = ctx.env if ctx.env is not None else os.environ
     # beside slurm.conf: SLURM_CONF's dir, else /etc/slurm
-    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    conf = (ctx.env if ctx.env is not None else os.environ).get("SLURM_CONF") \
+        or "/etc/slurm/slurm.conf"
     path = settings(ctx.config).gres_conf or os.path.join(os.path.dirname(conf), "gres.conf")
     return read_gres_conf(ctx, path, node_name(ctx.config, ctx.env))
 

@@ -29,8 +29,7 @@ def parse_count(text: str, label: str = "Count=") -> int:
 def split_top(text: str, sep: str = ",") -> List[str]:
     """Split on ``sep`` outside brackets and parentheses."""
     parts: List[str] = []
-    depth = 0
-    current = ""
+    depth, current = 0, ""
     for c in text:
         if c in "[(":
             depth += 1
@@ -49,20 +48,22 @@ def split_top(text: str, sep: str = ",") -> List[str]:
     return parts
 
 
-def _range_items(body: str, whole: str) -> List[str]:
+def range_items(body: str, whole: str, limit: int = MAX_NAMES) -> List[str]:
+    """``01-03,7`` into its numbers as text, zero padding kept; ``whole`` names it in errors,
+    a range of ``limit`` numbers or more is refused."""
     items: List[str] = []
     for part in body.split(","):
         lo, sep, hi = part.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ParseError(f"bad range {part!r} in {whole!r} (expected N or N-M)")
+            raise ParseError(f"bad range {part!r} in {whole} (expected N or N-M)")
         if not sep:
             items.append(lo)
             continue
         start, end = int(lo), int(hi)
         if end < start:
-            raise ParseError(f"range {part!r} in {whole!r} runs backwards")
-        if end - start >= MAX_NAMES:
-            raise ParseError(f"range {part!r} in {whole!r} is too large")
+            raise ParseError(f"range {part!r} in {whole} runs backwards")
+        if end - start >= limit:
+            raise ParseError(f"range {part!r} in {whole} is too large")
         width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
         items.extend(str(n).zfill(width) for n in range(start, end + 1))
     return items
@@ -82,7 +83,7 @@ def expand_one(expr: str) -> List[str]:
     if "[" in body:
         raise ParseError(f"nested '[' in {expr!r}")
     tails = expand_one(rest)
-    out = [prefix + item + tail for item in _range_items(body, expr) for tail in tails]
+    out = [prefix + item + tail for item in range_items(body, repr(expr)) for tail in tails]
     if len(out) > MAX_NAMES:
         raise ParseError(f"{expr!r} expands to too many names")
     return out

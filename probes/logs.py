@@ -2,10 +2,9 @@
 
 Where reading stopped is saved per file as (device, inode, offset) in state_dir/logs.json,
 so a finding is never reported twice. A new inode means rotated: the rest of the old file
-is read from its new name (found by inode) first; a file shorter than the offset was
-truncated. At most ``max_read_bytes`` (the newest) are read per file and run, so an
-exploded log costs a bounded read. Notable lines become findings, remembered for
-``window_s`` and judged by the logs check.
+is read from its new name first; a file shorter than the offset was truncated. At most
+``max_read_bytes`` (the newest) are read per file and run. Notable lines become findings,
+remembered for ``window_s`` and judged by the logs check.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from mps_health.model.facts_deep import (
     LogsFacts,
 )
 
-FILES = LOG_FILES
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode
 
@@ -53,19 +51,14 @@ def parse_time(date: str, clock: str) -> Optional[float]:
 
 def split_line(line: str) -> Optional[Tuple[str, str, str, str]]:
     """``[2026-12-02 12:28:16.570 Control   436] text`` -> (date, clock, role, text)."""
-    if not line.startswith("["):
-        return None
     close = line.find("]")
-    head = line[1:close].split() if close > 0 else []
-    if len(head) != 4:
-        return None
-    return head[0], head[1], head[2], line[close + 1:].strip()
+    head = line[1:close].split() if line.startswith("[") and close > 0 else []
+    return (head[0], head[1], head[2], line[close + 1:].strip()) if len(head) == 4 else None
 
 
 def _int_after(text: str, marker: str, default: int) -> int:
     """The number right after the first ``marker``: ASCII digits, at most 18 (a per-job
-    daemon's log is its user's file: a superscript or a digit run int() refuses is no
-    number, never an exception)."""
+    daemon's log is its user's file: what int() refuses is no number, never an error)."""
     at = text.find(marker)
     found = re.match(r"[0-9]{1,18}", text[at + len(marker):]) if at >= 0 else None
     return int(found.group()) if found else default
@@ -80,10 +73,8 @@ def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
         return ("log-server-start", _int_after(text, "Starting new server ", 0),
                 _int_after(text, " for user ", -1), 0)
     if text.startswith("Server ") and " exited with status " in text:
-        status = _int_after(text, " exited with status ", 0)
-        if not status:
-            return None  # a server ending with its clients is the normal case
-        return "log-server-exit", _int_after(text, "Server ", 0), -1, status
+        status = _int_after(text, " exited with status ", 0)  # 0: ended with its clients
+        return ("log-server-exit", _int_after(text, "Server ", 0), -1, status) if status else None
     if text.startswith("Exit with status "):
         status = _int_after(text, "Exit with status ", 0)
         return ("log-daemon-exit", 0, -1, status) if status else None
@@ -107,12 +98,11 @@ def classify(text: str) -> Optional[Tuple[str, int, int, int]]:
 def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[LogFinding]:
     """Findings in a chunk of whole lines; a line without a usable time gets ``read_at``."""
     found: List[LogFinding] = []
-    for line in text.splitlines():
-        fields = split_line(line)
-        kind = classify(fields[3]) if fields is not None else None
-        if fields is None or kind is None:
-            continue
+    for fields in filter(None, map(split_line, text.splitlines())):
         date, clock, _role, message = fields
+        kind = classify(message)
+        if kind is None:
+            continue
         # Dated only once a finding: parsing the time costs most of what a line takes.
         at = parse_time(date, clock)
         if at is None or at > read_at + 86400:
@@ -124,18 +114,16 @@ def parse_findings(text: str, log_dir: str, file: str, read_at: float) -> List[L
 
 # --- read (I/O) -----------------------------------------------------------------------
 
-# Entries of a log dir past this many are not looked at (a dir a user filled must not
-# cost a run without bound).
-MAX_ENTRIES = 1024
+MAX_ENTRIES = 1024  # entries of a log dir looked at: a dir a user filled costs a bound
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class NotTheDaemons(OSError):
     """A log file that is not the daemon's user's regular file: never read."""
 
-    def __init__(self, what: str, uid: int) -> None:
-        super().__init__(what)
-        self.what, self.uid = what, uid
+    def __init__(self, st: os.stat_result) -> None:
+        self.what, self.uid = _what(st), st.st_uid
+        super().__init__(self.what)
 
 
 KINDS = {stat.S_IFLNK: "symlink", stat.S_IFREG: "file", stat.S_IFDIR: "directory",
@@ -162,7 +150,7 @@ def _open(name: str, dir_fd: int, owners: Optional[AbstractSet[int]]
     fd, st = open_regular(name, dir_fd)  # O_NOFOLLOW, O_NONBLOCK, regular files only
     if not ours(st, owners):
         os.close(fd)
-        raise NotTheDaemons(_what(st), st.st_uid)
+        raise NotTheDaemons(st)
     return fd, st
 
 
@@ -270,8 +258,6 @@ def _read_in(dir_fd: int, name: str, pos: Optional[LogPosition], max_bytes: int,
 
 
 FUTURE_SLACK_S = 300.0  # a log line's clock may be this far ahead of ours
-
-
 # The daemon logs every query (ours too): offsets alone are saved only once a file moved
 # on this far, sparing a write per run. Lines read again held no finding the first time.
 SAVE_AFTER_BYTES = 4096
@@ -304,7 +290,7 @@ def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
     """A log dir's links and entries not of the daemon's user (the two logs apart): only
     the daemon writes there, so anything else is a plant, reported and never read."""
     return [LogFileFact(os.path.join(log_dir, name), "foreign", _what(st), 0, st.st_uid)
-            for name, st in entries if name not in FILES and (
+            for name, st in entries if name not in LOG_FILES and (
                 stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners))]
 
 
@@ -312,12 +298,12 @@ def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
               memory: LogMemory, cfg: LogsConfig, now: float, files: List[LogFileFact],
               positions: Dict[str, LogPosition], new: List[LogFinding]) -> None:
     """Read the daemon's two logs in one log dir (only its user's regular files)."""
-    for name in FILES:
+    for name in LOG_FILES:
         shown = os.path.join(log_dir, name)
         try:
             seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
-                raise NotTheDaemons(_what(seen), seen.st_uid)
+                raise NotTheDaemons(seen)
             chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
                                          int(cfg.max_read_bytes), owners)
         except FileNotFoundError:
@@ -348,7 +334,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     new: List[LogFinding] = []
     foreign: List[LogFileFact] = []
     for log_dir in dict.fromkeys(i.log_dir for i in instances):
-        both = [os.path.join(log_dir, n) for n in FILES]
+        both = [os.path.join(log_dir, n) for n in LOG_FILES]
         try:
             dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
         except FileNotFoundError:  # the directories check reports a missing log dir

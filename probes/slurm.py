@@ -1,25 +1,26 @@
 """Slurm's view of this node, and the one way mps-health calls and reads Slurm.
 
-Every ``scontrol``/``squeue`` call of the suite goes through ``call``/``answer`` here:
-bounded, no shell, a failure is ``SlurmError`` with a code and one line. The check reads
-one ``scontrol -d show node NODE -o`` per run (``-d`` adds GresUsed; ``-o`` puts Reason,
-which holds spaces, last), or ``--json`` where the config or (auto) the client's version,
-cached per binary, says so. With the per-job layout ``squeue -h -w NODE`` runs at the same
-time, on one deadline. slurmctld down or hanging is an error line in the facts after
-``slurm.timeout_s``, never a hang. Slurm's ``[user@time]`` stamp is cut off every Reason.
+Every ``scontrol``/``squeue`` call goes through ``call``/``answer``: bounded, no shell, a
+failure is ``SlurmError`` (code, one line); slurmctld down or hanging is an error line
+after ``slurm.timeout_s``, never a hang. A run reads one ``scontrol -d show node NODE -o``
+(``-d`` adds GresUsed; ``-o`` puts Reason last), or ``--json`` by config or (auto) by the
+client's version, cached per binary; the per-job layout's ``squeue`` runs alongside.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
 from mps_health.model.context import Context, node_name
-from mps_health.probes.hostlist import ParseError, parse_count, split_top
+from mps_health.probes.hostlist import ParseError, parse_count, range_items, split_top
 
 if TYPE_CHECKING:
     from mps_health.config.load import Config
@@ -86,17 +87,9 @@ class JobList(NamedTuple):
 
 def parse_indices(text: str) -> Tuple[int, ...]:
     """``0-1,3`` into (0, 1, 3); ``N/A`` into ()."""
-    if text.strip() in ("N/A", ""):
-        return ()
-    found: List[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise ParseError(f"bad GRES index list {text!r}")
-        if sep and int(hi) - int(lo) > 4096:
-            raise ParseError(f"GRES index range {part!r} is too large")
-        found.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    return tuple(found)
+    t = text.strip()
+    return () if t in ("N/A", "") else tuple(
+        int(i) for i in range_items(t, f"GRES index list {t!r}", 4097))
 
 
 def parse_gres_item(text: str) -> GresItem:
@@ -121,14 +114,11 @@ def parse_gres_item(text: str) -> GresItem:
     if detail.startswith("IDX:"):
         indices = parse_indices(detail[4:])
     elif "/" in detail:  # 23.11+ shared GRES: used/total per device, in index order
-        pairs = []
-        for slot in detail.split(","):
-            used, _, total = slot.partition("/")
-            if not used.isdigit() or not total.isdigit():
-                raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
-            pairs.append((int(used), int(total)))
-        per_device = tuple(pairs)
-        indices = tuple(i for i, (used, _) in enumerate(pairs) if used > 0)
+        slots = [slot.partition("/") for slot in detail.split(",")]
+        if not all(used.isdigit() and total.isdigit() for used, _, total in slots):
+            raise ParseError(f"bad per-device usage {detail!r} in {text!r}")
+        per_device = tuple((int(used), int(total)) for used, _, total in slots)
+        indices = tuple(i for i, (used, _) in enumerate(per_device) if used > 0)
     elif detail and not detail.startswith("S:"):
         raise ParseError(f"unknown GRES detail ({detail}) in {text!r}")
     return GresItem(parts[0], gtype, count, indices, per_device)
@@ -158,20 +148,16 @@ def parse_fields(line: str) -> Mapping[str, str]:
     return fields
 
 
-def strip_stamp(reason: str) -> str:
-    """A Reason without Slurm's ``[user@time]`` suffix; ``(null)`` is no reason."""
+def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
+          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
+    """The node; its Reason without Slurm's ``[user@time]`` suffix (``(null)``: none)."""
+    words = state.replace("*", "+NOT_RESPONDING").split("+")
+    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
     reason = reason.strip()
     stamp = reason.rfind(" [")
     if reason.endswith("]") and stamp >= 0 and "@" in reason[stamp:]:
         reason = reason[:stamp].rstrip()
-    return "" if reason == "(null)" else reason
-
-
-def _node(name: str, state: str, reason: str, gres: str, used: Optional[str],
-          version: Optional[str], partitions: Sequence[str] = ()) -> SlurmNode:
-    words = state.replace("*", "+NOT_RESPONDING").split("+")
-    flags = tuple(dict.fromkeys(w.rstrip("~#!%$@^-") for w in words if w.rstrip("~#!%$@^-")))
-    return SlurmNode(name, state, flags, strip_stamp(reason), parse_gres(gres),
+    return SlurmNode(name, state, flags, "" if reason == "(null)" else reason, parse_gres(gres),
                      None if used is None else parse_gres(used), version,
                      tuple(p for p in partitions if p and p != "(null)"))
 
@@ -181,23 +167,22 @@ def parse_node_line(text: str) -> SlurmNode:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) != 1:
         raise ParseError(f"expected one node line, got {len(lines)}")
-    return _node_record(lines[0])
-
-
-def _node_record(line: str) -> SlurmNode:
-    if not line.startswith("NodeName="):
-        raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
-    fields = parse_fields(line)
-    if "State" not in fields:
-        raise ParseError("the node record has no State=")
-    return _node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
-                 fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
-                 fields.get("Partitions", "").split(","))
+    return parse_node_lines(lines[0])[0]
 
 
 def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
     """Every node of ``scontrol show node -o`` (one line each)."""
-    return tuple(_node_record(ln) for ln in text.splitlines() if ln.strip())
+    nodes: List[SlurmNode] = []
+    for line in filter(str.strip, text.splitlines()):
+        if not line.startswith("NodeName="):
+            raise ParseError(f"not a node record: {line.strip()[:80]!r} (no NodeName=)")
+        fields = parse_fields(line)
+        if "State" not in fields:
+            raise ParseError("the node record has no State=")
+        nodes.append(_node(fields["NodeName"], fields["State"], fields.get("Reason", ""),
+                           fields.get("Gres", ""), fields.get("GresUsed"), fields.get("Version"),
+                           fields.get("Partitions", "").split(",")))
+    return tuple(nodes)
 
 
 def parse_node_json(text: str, name: str) -> SlurmNode:
@@ -246,9 +231,7 @@ def parse_elapsed(text: str) -> Optional[float]:
     if (sep and not days.isdigit()) or not 2 <= len(parts) <= 3 \
             or not all(p.isdigit() for p in parts):
         return None
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
+    seconds = functools.reduce(lambda total, p: total * 60 + int(p), parts, 0)
     return float(seconds + (int(days) * 86400 if sep else 0))
 
 
@@ -327,33 +310,31 @@ def squeue_argv(config: Config, node: str) -> List[str]:
     return [config.command("squeue"), "-h", "-w", node, "-o", SQUEUE_FORMAT]
 
 
-def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
-    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
-    what = f"scontrol show node {node}"
-    text = call(scontrol_argv(config, "show", "node", node, "-o"), timeout_s, what)
+def parsed(done: Completed, what: str, timeout_s: float, parse: Callable[[str], Any]) -> Any:
+    """``parse`` of ``answer``; a parse failure is SlurmError "parse" too."""
+    text = answer(done, what, timeout_s)
     try:
-        return parse_node_line(text)
+        return parse(text)
     except ParseError as e:
         raise SlurmError("parse", f"{what}: {e}") from None
 
 
+def read_node(config: Config, node: str, timeout_s: float) -> SlurmNode:
+    """This node as slurmctld sees it now (for actions that decide on it); SlurmError."""
+    return parsed(run(scontrol_argv(config, "show", "node", node, "-o"), timeout_s),
+                  f"scontrol show node {node}", timeout_s, parse_node_line)
+
+
 def read_nodes(config: Config, timeout_s: float) -> Tuple[SlurmNode, ...]:
-    """Every node slurmctld knows, by one bounded call (the health check's circuit
-    breaker asks it once, just before a drain); SlurmError."""
-    text = call(scontrol_argv(config, "show", "node", "-o"), timeout_s, "scontrol show node")
-    try:
-        return parse_node_lines(text)
-    except ParseError as e:
-        raise SlurmError("parse", f"scontrol show node: {e}") from None
+    """Every node slurmctld knows (the circuit breaker asks once, just before a drain)."""
+    return parsed(run(scontrol_argv(config, "show", "node", "-o"), timeout_s),
+                  "scontrol show node", timeout_s, parse_node_lines)
 
 
 def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob]:
     """Every job Slurm places on ``node``, by id; SlurmError if that cannot be known."""
-    text = call(squeue_argv(config, node), timeout_s, "squeue")
-    try:
-        return {j.job_id: j for j in parse_squeue(text)}
-    except ParseError as e:
-        raise SlurmError("parse", f"squeue: {e}") from None
+    return parsed(run(squeue_argv(config, node), timeout_s), "squeue", timeout_s,
+                  lambda text: {j.job_id: j for j in parse_squeue(text)})
 
 
 def with_jobs(ctx: Context) -> Context:
@@ -372,11 +353,9 @@ def with_jobs(ctx: Context) -> Context:
 def _job_list(done: Completed, timeout_s: float) -> JobList:
     """squeue's answer; the failure as one line, never raised."""
     try:
-        return JobList(parse_squeue(answer(done, "squeue", timeout_s)))
+        return JobList(parsed(done, "squeue", timeout_s, parse_squeue))
     except SlurmError as e:
         return JobList(None, str(e))
-    except ParseError as e:
-        return JobList(None, f"squeue: {e}")
 
 
 # --- which Slurm answers: the client's version, cached per binary -----------------------
@@ -424,12 +403,10 @@ def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_
             version = parse_version(done.stdout)
         except ParseError:
             return None  # 24.11 with no config source fails here; text is read then
-        try:
+        with contextlib.suppress(OSError):  # not root: kept in memory, the next run asks
             if not ctx.read_only:  # a --root run writes nothing
                 os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
                 write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
-        except OSError:
-            pass  # not root: this process remembers it; the next one-shot run asks again
     _KNOWN_VERSIONS[key] = version
     return version
 
@@ -463,16 +440,12 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     jobs = _job_list(done[1], cfg.timeout_s) if len(done) > 1 else ctx.jobs
     if jobs is not None:
         facts = facts._replace(jobs=jobs.jobs, jobs_error=jobs.error or None)
-    shown = "scontrol show node"
     try:
-        text = answer(done[0], shown, cfg.timeout_s)
-        parsed = parse_node_json(text, node) if as_json else parse_node_line(text)
-        facts = facts._replace(node=parsed)
+        return facts._replace(node=parsed(
+            done[0], "scontrol show node", cfg.timeout_s,
+            lambda text: parse_node_json(text, node) if as_json else parse_node_line(text)))
     except SlurmError as e:
-        facts = facts._replace(error_code=e.code, error=str(e))
-    except ParseError as e:
-        facts = facts._replace(error_code="parse", error=f"{shown}: {e}")
-    return facts
+        return facts._replace(error_code=e.code, error=str(e))
 
 
 def gather(ctx: Context, instances: object) -> SlurmFacts:
