@@ -30,26 +30,27 @@ def configured(config: Config) -> Tuple[Instance, ...]:
     return ()
 
 
-def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
-    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
-    from mps_health.config.templates import expand, match
+def matching(ctx: Context, template: str) -> List[Tuple[str, Tuple[str, str]]]:
+    """(path, (job, gpu)) of each entry in ``template``'s parent dir that fits it, by name."""
+    from mps_health.config.templates import match
 
-    mps = ctx.config.mps
-    parent = os.path.dirname(mps.pipe_dir)
+    parent = os.path.dirname(template)
     try:
         names = sorted(os.listdir(ctx.path(parent)))
     except OSError:
-        return ()
-    found: List[Instance] = []
-    for name in names:
-        fields = match(mps.pipe_dir, name)
-        if fields is None:
-            continue
-        job, gpu = fields
-        label = f"job{job}" + (f"-gpu{gpu}" if gpu else "")
-        found.append(Instance(label, "per-job", os.path.join(parent, name),
-                              expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job))
-    return tuple(found)
+        return []
+    return [(os.path.join(parent, name), fields) for name in names
+            if (fields := match(template, name)) is not None]
+
+
+def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
+    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
+    from mps_health.config.templates import expand
+
+    mps = ctx.config.mps
+    return tuple(Instance(f"job{job}" + (f"-gpu{gpu}" if gpu else ""), "per-job", path,
+                          expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job)
+                 for path, (job, gpu) in matching(ctx, mps.pipe_dir))
 
 
 class SlurmUnavailable(RuntimeError):
