@@ -1,10 +1,9 @@
 """Which MPS instances this node should have, from the config's layout.
 
 node: one daemon. per-gpu: one per listed GPU. per-job: one per pipe dir a prolog made,
-found on disk by the template (``{job}``, and ``{gpu}``, in the last path component).
-Per-job dirs live where every user can write (/tmp), so a name proves nothing: a dir is
-an instance only when the run's ``squeue`` says its job runs here and it is owned as
-``mps.dir_owner`` says (``job``: that job's user); the orphans check names the rest.
+found by the template. Per-job dirs live where every user can write (/tmp), so a name
+proves nothing: a dir is an instance only when ``squeue`` says its job runs here and it
+is owned as ``mps.dir_owner`` says; the orphans check names the rest.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def _owner_uid(ctx: Context, path: str) -> Optional[int]:
 
 
 def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
-    """The dirs of ``found`` whose job Slurm runs here, owned as ``mps.dir_owner`` says.
-    ``ctx.jobs`` is Slurm's answer (``probes.slurm.with_jobs`` asks it)."""
+    """The dirs of ``found`` whose job Slurm runs here (``ctx.jobs``), owned as
+    ``mps.dir_owner`` says."""
     if ctx.jobs is None or ctx.jobs.jobs is None:
         why = ctx.jobs.error if ctx.jobs is not None else "not asked"
         raise SlurmUnavailable(f"per-job instances need Slurm's job list: {why}")
@@ -99,7 +98,7 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
 def daemon_uid(user: str, dir_uid: Optional[int]) -> Optional[int]:
     """``expected_uid`` from the owner of the instance's dir (None: unknown)."""
     if user in ("any", "job"):
-        return None if user == "any" else dir_uid
+        return dir_uid if user == "job" else None
     from mps_health.hostio.users import uid_of  # the passwd lookup only for a name
 
     return uid_of(user)
