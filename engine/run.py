@@ -161,8 +161,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         found, insts, unjudged = (), (), {}
         errors["instances"] = _one_line(e)
     doing.discard("instances")
-    if "control" in needed or "servers" in needed:
-        # Shared by the probes that ask the daemons: one timeout per wedged daemon.
+    if "control" in needed or "servers" in needed:  # one timeout per wedged daemon
         from mps_health.probes.control import Queries
 
         ctx = ctx._replace(queries=Queries())
@@ -182,7 +181,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         return lambda: registry.load(target)(ctx, insts)
 
     # A source with a start has its commands started first and is collected last, in the
-    # registry's order (the control query's pipe dir locks go before the servers wait).
+    # registry's order (the control query's pipe dir locks before the servers wait).
     split = [src for src in wanted if src.start]
     for src in split:
         collect(src, call(src.start))
@@ -209,9 +208,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     for src, t in threads:
         if not joined(t, ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
-    if "processes" in values and "dirs" in values:
-        # The pid files were read after /proc was scanned: a daemon started in between
-        # must not be judged stale (probes.proc.with_named).
+    if "processes" in values and "dirs" in values:  # a daemon started since the scan
         from mps_health.probes.proc import with_named
 
         t0 = time.monotonic()
@@ -219,8 +216,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
             values["processes"] = with_named(ctx, values["processes"],  # type: ignore[arg-type]
                                              values["dirs"])  # type: ignore[arg-type]
         durations["processes"] = durations.get("processes", 0.0) + time.monotonic() - t0
-    # Once more with every fact in: a hook that changed an instance meanwhile recorded it
-    # before acting, so what the facts saw of that change is never judged.
+    # Once more with every fact in: what the facts saw of a hook's change is never judged.
     try:
         insts, unjudged = _judged_now(ctx, insts, started, unjudged)
     except Exception as e:  # cannot tell set-up from failure: judge none, say why
@@ -332,22 +328,18 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
          ) -> Tuple[Facts, Report]:
     if replay is None:
         config = fit_control(config, budget)
-        ctx = Context(config, root, t0 + budget)
-        # The checks' modules are loaded already: selecting them imported every one.
-        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight)
-    else:
+        facts = gather(Context(config, root, t0 + budget), [n for c in checks for n in c.needs],
+                       in_flight)
+    else:  # a check added after the snapshot was taken is left out, not UNKNOWN
         facts = replay
-        # A snapshot judges only what it holds: a check added after it was taken is left
-        # out rather than reported UNKNOWN.
         checks = [c for c in checks
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     in_flight.add("judging")
     runs = judge(facts, config, checks)
     in_flight.discard("judging")
-    if boot_grace_s > 0 and replay is None:
-        up = uptime_s(root)
-        if up is not None and up < boot_grace_s:
-            runs = results.starting(runs)
+    if boot_grace_s > 0 and replay is None and (up := uptime_s(root)) is not None \
+            and up < boot_grace_s:
+        runs = results.starting(runs)
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
     runs = actionhints.applied(runs, options, CODES)

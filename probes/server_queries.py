@@ -117,16 +117,11 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
                                       namespace=mine[0].namespace if mine else ""))
         out.append(server._replace(clients=tuple(clients),
                                    detail_errors=server.detail_errors + tuple(errors)))
-    defaults = []
-    for row in table.get("default", ()):
-        # A default limit that cannot be read or parsed is left out, without a note: the
-        # servers' notes are taken above.
-        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}", [],
-                        clientinfo.parse_mem_limit, None)
-        if limit is not None:
-            defaults.append((row.ordinal, limit[0]))
-    devices = tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
-    return out, tuple(defaults), devices
+    # A default limit that cannot be read or parsed is left out, without a note.
+    defaults = tuple((row.ordinal, limit[0]) for row in table.get("default", ()) if (
+        limit := _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
+                         [], clientinfo.parse_mem_limit, None)) is not None)
+    return out, defaults, tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
 
 
 def _stdout(ctx: Context, inst: Instance, command: str) -> str:
