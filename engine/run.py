@@ -50,7 +50,6 @@ class Overrun(Failure):
     """The run passed its hard limit and was abandoned, its commands killed (exit 3)."""
 
     def __init__(self, limit_s: float, waiting_on: Sequence[str], line: str = "") -> None:
-        self.limit_s = limit_s
         self.waiting_on = tuple(waiting_on)
         where = f" (still busy with: {', '.join(self.waiting_on)})" if self.waiting_on else ""
         super().__init__(line or f"the checks did not finish within {limit_s:g}s{where}: "

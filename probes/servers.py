@@ -61,16 +61,13 @@ def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
     pipe dir's owner, by lstat.)"""
     from mps_health.probes.instances import daemon_uid
 
-    dir_uid: Optional[int] = None
     if ctx.config.mps.daemon_user == "job":
         try:
             st = os.lstat(ctx.path(inst.pipe_dir))
         except OSError:
             return False
-        if not stat.S_ISDIR(st.st_mode):
-            return False
-        dir_uid = st.st_uid
-    want = daemon_uid(ctx.config.mps.daemon_user, dir_uid)
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+    want = daemon_uid(ctx.config.mps.daemon_user, None)
     return want is None or want == uid
 
 
