@@ -2,9 +2,7 @@
 
 NVML is asked through :class:`PynvmlApi` (pynvml, imported only when this source runs)
 or :class:`RecordedApi` (a JSON recording), so the same interpretation runs on both.
-Every NVML error becomes data: a library or driver problem one line
-(``NvmlFacts.error``), a field a GPU cannot answer None with a note in
-``GpuFact.errors``; nothing here raises.
+Every NVML error becomes data (``NvmlFacts.error``, ``GpuFact.errors``); nothing raises.
 """
 
 import contextlib

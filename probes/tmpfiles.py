@@ -125,11 +125,9 @@ def gather(ctx: Context, instances: object = None) -> TmpfilesFacts:
     rules: List[TmpfilesRule] = []
     errors: List[str] = []
     for path in files:
-        target = _target(ctx, path, path in links)
-        if target is None:
-            continue  # a symlink to /dev/null masks a file: nothing to read
+        target = _target(ctx, path, path in links)  # None: masked, read as empty
         try:
-            data = read_small(target, MAX_FILE_BYTES, follow=True)
+            data = read_small(target, MAX_FILE_BYTES, follow=True) if target else None
         except OSError as e:
             errors.append(f"{path}: cannot read: {e.strerror}")
             continue
