@@ -83,16 +83,11 @@ def read_details(ctx: Context, inst: Instance, server: ServerFact,
                                    errors, clientinfo.parse_percentage, None)
     contexts: Dict[int, int] = _parsed(ctx, inst, f"get_device_client_list {server.pid}",
                                        errors, clientinfo.parse_device_clients, {})
-    facts = []
     no_limit: Tuple[str, Optional[int]] = ("", None)
-    for row in devices:
-        limit, limit_bytes = _parsed(
-            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
-            clientinfo.parse_mem_limit, no_limit)
-        facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
-                                contexts.get(row.ordinal)))
-    return server._replace(thread_percentage=pct, devices=tuple(facts),
-                           detail_errors=tuple(errors))
+    facts = tuple(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, *_parsed(
+        ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
+        clientinfo.parse_mem_limit, no_limit), contexts.get(row.ordinal)) for row in devices)
+    return server._replace(thread_percentage=pct, devices=facts, detail_errors=tuple(errors))
 
 
 def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact]
