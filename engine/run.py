@@ -47,11 +47,9 @@ class SelectionError(Failure, ValueError):
 
 
 class Overrun(Failure):
-    """The run did not end within its hard limit and was abandoned (its commands killed):
-    exit 3, one line. ``waiting_on`` names what was still being done then."""
+    """The run passed its hard limit and was abandoned, its commands killed (exit 3)."""
 
     def __init__(self, limit_s: float, waiting_on: Sequence[str], line: str = "") -> None:
-        self.limit_s = limit_s
         self.waiting_on = tuple(waiting_on)
         where = f" (still busy with: {', '.join(self.waiting_on)})" if self.waiting_on else ""
         super().__init__(line or f"the checks did not finish within {limit_s:g}s{where}: "
@@ -61,18 +59,15 @@ class Overrun(Failure):
 
 
 def limit_for(budget_s: float) -> float:
-    """The hard limit of a run whose gathering budget is ``budget_s``."""
     return budget_s + OVERRUN_GRACE_S
 
 
 def bounded(limit_s: float, work: Callable[[Set[str]], T], since: Optional[float] = None
             ) -> T:
-    """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (a
-    ``time.monotonic()``; default now). ``work`` runs in a daemon thread, so nothing it
-    blocks on (a FIFO, a hung NFS read, D state) holds the caller; it keeps the names of
-    what it does in ``in_flight``. At the limit every command started meanwhile is killed
-    and the thread left behind. (SIGALRM cannot do this: its exception would be caught as
-    a probe's failure, and it runs only in the main thread.)"""
+    """``work(in_flight)``'s value, or Overrun ``limit_s`` seconds after ``since`` (default
+    now). ``work`` runs in a daemon thread, so nothing it blocks on (a FIFO, a hung NFS
+    read, D state) holds the caller; at the limit every command started meanwhile is
+    killed. (SIGALRM cannot: a probe would catch it, and it reaches the main thread only.)"""
     started = time.monotonic() if since is None else since
     in_flight: Set[str] = set()
     box: List[T] = []
@@ -118,14 +113,14 @@ def select_checks(config: Config, only: Sequence[str] = (), skip: Sequence[str] 
 
 
 def budget_within(limit_s: float, configured_s: float) -> float:
-    """The gathering budget of a run that must be over within ``limit_s`` (check_mps' -t,
-    the exporter's interval): room left for start-up, judging and printing."""
+    """The gathering budget of a run that must end within ``limit_s`` (check_mps' -t, the
+    exporter's interval), leaving room for start-up, judging and printing."""
     return min(configured_s, max(0.5, limit_s * 0.8 - 0.2))
 
 
 def fit_control(config: Config, budget_s: float) -> Config:
-    """``config`` with control.timeout_s ending ``CONTROL_MARGIN_S`` before ``budget_s``,
-    so a short budget still sees a wedged daemon as wedged, not as a missed deadline."""
+    """control.timeout_s ending CONTROL_MARGIN_S before the budget: a short budget still
+    sees a wedged daemon as wedged, not as a missed deadline."""
     limit = round(max(0.1, budget_s - CONTROL_MARGIN_S), 3)
     if config.control.timeout_s <= limit:
         return config
@@ -142,8 +137,7 @@ def _one_line(exc: BaseException) -> str:
 def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = None,
            meanwhile: Optional[Callable[[], None]] = None) -> Facts:
     """Gather every needed source once; never raises, never outlives ``ctx.deadline``
-    unless a read blocks below Python (``bounded`` ends that). ``in_flight`` holds the
-    sources being gathered; ``meanwhile`` runs once the inline sources are read."""
+    unless a read blocks below Python. ``meanwhile`` runs once the inline sources are read."""
     started = time.time()
     doing: Set[str] = set() if in_flight is None else in_flight
     needed = set(needs)
@@ -166,8 +160,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         found, insts, unjudged = (), (), {}
         errors["instances"] = _one_line(e)
     doing.discard("instances")
-    if "control" in needed or "servers" in needed:
-        # Shared by the probes that ask the daemons: one timeout per wedged daemon.
+    if "control" in needed or "servers" in needed:  # one timeout per wedged daemon
         from mps_health.probes.control import Queries
 
         ctx = ctx._replace(queries=Queries())
@@ -187,7 +180,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         return lambda: registry.load(target)(ctx, insts)
 
     # A source with a start has its commands started first and is collected last, in the
-    # registry's order (the control query's pipe dir locks go before the servers wait).
+    # registry's order (the control query's pipe dir locks before the servers wait).
     split = [src for src in wanted if src.start]
     for src in split:
         collect(src, call(src.start))
@@ -214,9 +207,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
     for src, t in threads:
         if not joined(t, ctx.remaining() + JOIN_GRACE_S):
             errors[src.name] = "did not finish within the run's budget"
-    if "processes" in values and "dirs" in values:
-        # The pid files were read after /proc was scanned: a daemon started in between
-        # must not be judged stale (probes.proc.with_named).
+    if "processes" in values and "dirs" in values:  # a daemon started since the scan
         from mps_health.probes.proc import with_named
 
         t0 = time.monotonic()
@@ -224,8 +215,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
             values["processes"] = with_named(ctx, values["processes"],  # type: ignore[arg-type]
                                              values["dirs"])  # type: ignore[arg-type]
         durations["processes"] = durations.get("processes", 0.0) + time.monotonic() - t0
-    # Once more with every fact in: a hook that changed an instance meanwhile recorded it
-    # before acting, so what the facts saw of that change is never judged.
+    # Once more with every fact in: what the facts saw of a hook's change is never judged.
     try:
         insts, unjudged = _judged_now(ctx, insts, started, unjudged)
     except Exception as e:  # cannot tell set-up from failure: judge none, say why
@@ -255,7 +245,6 @@ def job_scoped(found: Tuple[Result, ...], per_job: Set[str]) -> Tuple[Result, ..
 
 
 def shown(r: Result) -> Result:
-    """``r`` with everything it took from the system made printable (see printable.py)."""
     return r._replace(instance=printable(r.instance), message=printable(r.message),
                       action=printable(r.action),
                       labels=tuple((printable(k), printable(v)) for k, v in r.labels))
@@ -272,31 +261,30 @@ def judge(facts: Facts, config: Config,
         missing = [n for n in spec.needs if n not in facts.sources]
         if "instances" in facts.errors:
             missing.insert(0, "instances")
+        failed: Optional[str] = None
         if missing:
             why = "; ".join(f"{n}: {facts.errors.get(n, 'not gathered')}" for n in missing)
-            result = Result(spec.name, UNKNOWN, "facts-unavailable", "",
-                            f"cannot judge: {why}", "run 'mps-health check -v' as root")
-            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0))
-            continue
-        try:
-            fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
-            found = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
-            runs.append(CheckRun(spec.name, found, time.monotonic() - t0))
-        except Exception as e:
-            result = Result(spec.name, UNKNOWN, "check-failed", "",
-                            f"the check itself failed: {_one_line(e)}",
-                            "report this as a bug with 'mps-health snapshot'")
-            runs.append(CheckRun(spec.name, (result,), time.monotonic() - t0, _one_line(e)))
+            found: Tuple[Result, ...] = (Result(
+                spec.name, UNKNOWN, "facts-unavailable", "", f"cannot judge: {why}",
+                "run 'mps-health check -v' as root"),)
+        else:
+            try:
+                fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
+                found = job_scoped(tuple(shown(r) for r in fn(facts, config)), per_job)
+            except Exception as e:
+                failed = _one_line(e)
+                found = (Result(spec.name, UNKNOWN, "check-failed", "",
+                                f"the check itself failed: {failed}",
+                                "report this as a bug with 'mps-health snapshot'"),)
+        runs.append(CheckRun(spec.name, found, time.monotonic() - t0, failed))
     return fold(runs)  # a cause is one problem: what follows from it is folded under it
 
 
 def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequence[str] = (),
         budget_s: Optional[float] = None, replay: Optional[Facts] = None,
         limit_s: Optional[float] = None, boot_grace_s: float = 0.0) -> Tuple[Facts, Report]:
-    """Gather (or replay) and judge, all within ``limit_s`` (default: budget plus
-    OVERRUN_GRACE_S). Within ``boot_grace_s`` of boot (not for a replay), what only says a
-    unit is not up yet is marked starting. SelectionError for unknown check names,
-    Overrun when the limit passes first."""
+    """Gather (or replay) and judge within ``limit_s``. Within ``boot_grace_s`` of boot (not
+    for a replay), what only says a unit is not up yet is marked starting."""
     t0 = time.monotonic()
     checks = select_checks(config, only, skip)
     budget = budget_s if budget_s is not None else config.budget_s
@@ -316,8 +304,7 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
 
 
 def uptime_s(root: str) -> Optional[float]:
-    """Seconds since boot, from ``/proc/uptime`` (the tree's under ``--root``); None (no
-    boot grace) when it cannot be read."""
+    """Seconds since boot (``/proc/uptime``, under ``--root``); None when unreadable."""
     from mps_health.hostio.safefiles import read_small
 
     where = "/proc/uptime" if root in ("", "/") else f"{root.rstrip('/')}/proc/uptime"
@@ -329,8 +316,7 @@ def uptime_s(root: str) -> Optional[float]:
 
 
 def facts_within(config: Config, root: str, needs: Iterable[str], budget_s: float) -> Facts:
-    """``gather`` for the commands that keep the facts themselves (snapshot, clients),
-    under the same hard limit as a run."""
+    """``gather`` under a run's hard limit, for snapshot and clients."""
     wanted = list(needs)
     return bounded(limit_for(budget_s), lambda in_flight: gather(
         Context(config, root, time.monotonic() + budget_s), wanted, in_flight))
@@ -341,22 +327,18 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
          ) -> Tuple[Facts, Report]:
     if replay is None:
         config = fit_control(config, budget)
-        ctx = Context(config, root, t0 + budget)
-        # The checks' modules are loaded already: selecting them imported every one.
-        facts = gather(ctx, [n for c in checks for n in c.needs], in_flight)
-    else:
+        facts = gather(Context(config, root, t0 + budget), [n for c in checks for n in c.needs],
+                       in_flight)
+    else:  # a check added after the snapshot was taken is left out, not UNKNOWN
         facts = replay
-        # A snapshot judges only what it holds: a check added after it was taken is left
-        # out rather than reported UNKNOWN.
         checks = [c for c in checks
                   if all(n in facts.sources or n in facts.errors for n in c.needs)]
     in_flight.add("judging")
     runs = judge(facts, config, checks)
     in_flight.discard("judging")
-    if boot_grace_s > 0 and replay is None:
-        up = uptime_s(root)
-        if up is not None and up < boot_grace_s:
-            runs = results.starting(runs)
+    if boot_grace_s > 0 and replay is None and (up := uptime_s(root)) is not None \
+            and up < boot_grace_s:
+        runs = results.starting(runs)
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
     runs = actionhints.applied(runs, options, CODES)

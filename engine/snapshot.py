@@ -20,31 +20,27 @@ FORMAT_VERSION = 1
 MAX_BYTES = 256 << 20
 
 
+# The Facts fields besides sources: (key, type, value when absent).
+FIELDS: Tuple[Tuple[str, Any, Any], ...] = (
+    ("node", str, None), ("taken_at", float, None), ("root", str, "/"),
+    ("instances", "Tuple[Instance, ...]", []), ("errors", "Dict[str, str]", {}),
+    ("durations", "Dict[str, float]", {}), ("instances_over_cap", int, 0),
+    ("unjudged", "Tuple[Tuple[str, str], ...]", []))
+
+
 class SnapshotError(ValueError):
     pass
 
 
 def dumps(facts: Facts, config_raw: Mapping[str, Any]) -> str:
-    return json.dumps({
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "mps_health_version": __version__,
-        "node": facts.node,
-        "taken_at": facts.taken_at,
-        "root": facts.root,
-        "instances": codec.encode(facts.instances),
-        "sources": {name: codec.encode(value) for name, value in facts.sources.items()},
-        "errors": dict(facts.errors),
-        "durations": dict(facts.durations),
-        "instances_over_cap": facts.instances_over_cap,
-        "unjudged": codec.encode(facts.unjudged),
-        "config": dict(config_raw),
-    }, indent=1, sort_keys=True)
+    return json.dumps({**codec.encode(facts), "format": FORMAT,
+                       "format_version": FORMAT_VERSION, "mps_health_version": __version__,
+                       "config": dict(config_raw)}, indent=1, sort_keys=True)
 
 
 def capped(facts: Facts, cap: int) -> Facts:
-    """``facts`` with at most ``cap`` instances (``mps.max_instances``), the rest counted
-    as not judged (the daemon check names them), as a live run gathers them."""
+    """``facts`` with at most ``cap`` instances, the rest counted as not judged, as a live
+    run gathers them."""
     over = len(facts.instances) - cap
     if over <= 0:
         return facts
@@ -99,20 +95,9 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             module, _, attr = src.value_type.partition(":")
             names = vars(importlib.import_module(module, "mps_health"))
             sources[name] = codec.decode(names[attr], value, f"sources.{name}", names)
-        facts = Facts(
-            node=codec.decode(str, data.get("node"), "node"),
-            taken_at=codec.decode(float, data.get("taken_at"), "taken_at"),
-            root=codec.decode(str, data.get("root", "/"), "root"),
-            instances=codec.decode("Tuple[Instance, ...]", data.get("instances", []),
-                                   "instances", {"Instance": Instance}),
-            sources=sources,
-            errors=codec.decode("Dict[str, str]", data.get("errors", {}), "errors"),
-            durations=codec.decode("Dict[str, float]", data.get("durations", {}), "durations"),
-            instances_over_cap=codec.decode(int, data.get("instances_over_cap", 0),
-                                            "instances_over_cap"),
-            unjudged=codec.decode("Tuple[Tuple[str, str], ...]", data.get("unjudged", []),
-                                  "unjudged"),
-        )
+        facts = Facts(sources=sources, **{
+            key: codec.decode(tp, data.get(key, default), key, {"Instance": Instance})
+            for key, tp, default in FIELDS})
     except codec.DecodeError as e:  # it names keys from the file: quoted, cut
         raise SnapshotError(f"{where}: {escape(str(e), 300)}") from None
     return facts, config

@@ -1,12 +1,9 @@
 """Who an MPS client is, and the per-server details the control client gives.
 
 Pure parsers of what the real ``nvidia-cuda-mps-control`` prints (fixtures
-``tests/fixtures/mps-control_*_clients.txt``), and bounded reads of a client's /proc files.
-``environ`` is read at most ``ENVIRON_CAP`` bytes through O_NOFOLLOW|O_NONBLOCK, and the
-start time compared before and after, so a reused PID is never taken for the client. A
-client's job is its Slurm job cgroup; its own ``SLURM_JOB_ID`` only where it is in none,
-as a claim checked against squeue. All of it comes from users: kept raw, escaped where
-printed (``mps_health.exporters.text.escape``).
+``tests/fixtures/mps-control_*_clients.txt``), and capped O_NOFOLLOW|O_NONBLOCK reads of a
+client's /proc files, its start time compared after them so a reused PID is never taken
+for the client. All of it comes from users: kept raw, escaped where printed.
 """
 
 from __future__ import annotations
@@ -73,9 +70,13 @@ def parse_ps(text: str) -> Tuple[PsRow, ...]:
     return tuple(rows)
 
 
+def first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0].strip()
+
+
 def parse_percentage(text: str) -> float:
     """``get_active_thread_percentage PID``: ``60.0``."""
-    first = (text.strip().splitlines() or [""])[0].strip()
+    first = first_line(text)
     try:
         value = float(first)
     except ValueError:
@@ -88,7 +89,7 @@ def parse_percentage(text: str) -> float:
 def parse_mem_limit(text: str) -> Tuple[str, Optional[int]]:
     """``get_(default_)device_pinned_mem_limit``: ``4G`` (whole units: the daemon keeps
     ``1500M`` as ``1G``); empty output when no limit is set. (text, bytes or None)."""
-    first = (text.strip().splitlines() or [""])[0].strip()
+    first = first_line(text)
     if not first:
         return "", None
     if first.endswith("not found") or " " in first:
@@ -157,14 +158,6 @@ def _number(text: str) -> Optional[str]:
     return text if text == "0" or text[0] != "0" else None
 
 
-def _stepd_scope(name: str) -> bool:
-    # slurmd's scope under system.slice; NODENAME_slurmstepd.scope with several slurmd
-    # per host. Only root can make a dir there: a user's own delegated cgroup tree
-    # (user.slice/.../user@UID.service) may hold any names, so the place is checked too.
-    return name == "slurmstepd.scope" or (name.endswith("_slurmstepd.scope")
-                                          and len(name) > len("_slurmstepd.scope"))
-
-
 def job_of_cgroup_path(path: str) -> Optional[str]:
     """The Slurm job whose cgroup ``path`` is, or None. Only the places Slurm makes
     (22.05 to 24.11): v2 ``/system.slice/slurmstepd.scope/job_N[/step_S/...]``;
@@ -173,7 +166,11 @@ def job_of_cgroup_path(path: str) -> Optional[str]:
     if len(parts) < 4 or parts[0] != "":
         return None
     top, second, name = parts[1:4]
-    v2 = top == "system.slice" and _stepd_scope(second)
+    # slurmd's scope under system.slice (NODENAME_slurmstepd.scope with several slurmd
+    # per host): only root can make a dir there, while a user's own delegated cgroup tree
+    # (user.slice/.../user@UID.service) may hold any names, so the place is checked too.
+    v2 = top == "system.slice" and (second == "slurmstepd.scope" or (
+        second.endswith("_slurmstepd.scope") and len(second) > len("_slurmstepd.scope")))
     v1 = (top == "slurm" or (top.startswith("slurm_") and len(top) > 6)) \
         and second.startswith("uid_") and _number(second[4:]) is not None
     if not (v1 or v2):
@@ -214,16 +211,14 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
     args = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
     command = " ".join(args)[:COMMAND_KEEP]
     job, in_slurm = parse_cgroup(cgroup, cgroup_truncated)
-    job_from = "cgroup" if in_slurm else ""
-    if not in_slurm:
-        claimed = environ.get("SLURM_JOB_ID", "")  # as Slurm sets it: digits alone
-        if _number(claimed) not in (None, "0"):
-            job, job_from = claimed, "environ"
-    pct: Optional[float] = None
+    job_from = "cgroup"
+    claimed = environ.get("SLURM_JOB_ID", "")  # as Slurm sets it: digits alone
+    if not in_slurm and _number(claimed) not in (None, "0"):
+        job, job_from = claimed, "environ"
     try:
-        pct = float(environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+        pct: Optional[float] = float(environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
     except (KeyError, ValueError):
-        pass
+        pct = None
     if pct is not None and not 0.0 <= pct <= 100.0:
         pct = None
     return ClientProc(command, job, job_from if job else "", status, pct,
@@ -247,9 +242,7 @@ def _read_capped(path: str, cap: int) -> Tuple[Optional[bytes], str]:
         return None, "gone"
     except OSError:
         return None, "error"
-    if len(data) > cap:
-        return data[:cap], "truncated"
-    return data, "read"
+    return data[:cap], "truncated" if len(data) > cap else "read"
 
 
 def read_client(proc_dir: str, pid: int, start_ticks: Optional[int]) -> ClientProc:

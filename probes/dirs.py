@@ -20,7 +20,7 @@ def kind_of(mode: int) -> str:
 
 
 def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:
-    """lstat ``path`` (the real path under --root); ``shown_as`` is the configured path."""
+    """lstat ``path`` (under --root), shown as configured (``shown_as``)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -64,10 +64,9 @@ MAX_PARENTS = 64
 
 
 def blocked_parents(ctx: Context, path: str) -> Tuple[ParentFact, ...]:
-    """The parents of ``path`` (as configured, not "/" nor a --root tree's own) with no
-    execute bit for others: a 0700 /run/nvidia above a 0777 pipe dir fails every non-root
-    client while the pipe dir looks right. By lstat, from the top; the walk stops at a
-    parent that is missing or cannot be looked at (for a non-root run, the first blocked)."""
+    """The parents of ``path`` (not "/" nor a --root tree's own) with no execute bit for
+    others: a 0700 /run/nvidia above a 0777 pipe dir fails every non-root client while
+    the pipe dir looks right. By lstat, from the top, up to one that cannot be looked at."""
     found: List[ParentFact] = []
     parts = [p for p in path.split("/") if p not in ("", ".")][:-1][:MAX_PARENTS]
     walked = ""
@@ -88,8 +87,7 @@ def blocked_parents(ctx: Context, path: str) -> Tuple[ParentFact, ...]:
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
-    """Every instance's pipe dir (with its entries) and log dir, keyed by path, each with
-    the parents others cannot traverse."""
+    """Every instance's pipe dir (with its entries) and log dir, keyed by path."""
     out: Dict[str, DirFact] = {}
     for inst in instances:
         for path, entries in ((inst.pipe_dir, True), (inst.log_dir, False)):

@@ -1,10 +1,9 @@
 """Which MPS instances this node should have, from the config's layout.
 
 node: one daemon. per-gpu: one per listed GPU. per-job: one per pipe dir a prolog made,
-found on disk by the template (``{job}``, and ``{gpu}``, in the last path component).
-Per-job dirs live where every user can write (/tmp), so a name proves nothing: a dir is
-an instance only when the run's ``squeue`` says its job runs here and it is owned as
-``mps.dir_owner`` says (``job``: that job's user); the orphans check names the rest.
+found by the template. Per-job dirs live where every user can write (/tmp), so a name
+proves nothing: a dir is an instance only when ``squeue`` says its job runs here and it
+is owned as ``mps.dir_owner`` says; the orphans check names the rest.
 """
 
 from __future__ import annotations
@@ -30,26 +29,27 @@ def configured(config: Config) -> Tuple[Instance, ...]:
     return ()
 
 
-def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
-    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
-    from mps_health.config.templates import expand, match
+def matching(ctx: Context, template: str) -> List[Tuple[str, Tuple[str, str]]]:
+    """(path, (job, gpu)) of each entry in ``template``'s parent dir that fits it, by name."""
+    from mps_health.config.templates import match
 
-    mps = ctx.config.mps
-    parent = os.path.dirname(mps.pipe_dir)
+    parent = os.path.dirname(template)
     try:
         names = sorted(os.listdir(ctx.path(parent)))
     except OSError:
-        return ()
-    found: List[Instance] = []
-    for name in names:
-        fields = match(mps.pipe_dir, name)
-        if fields is None:
-            continue
-        job, gpu = fields
-        label = f"job{job}" + (f"-gpu{gpu}" if gpu else "")
-        found.append(Instance(label, "per-job", os.path.join(parent, name),
-                              expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job))
-    return tuple(found)
+        return []
+    return [(os.path.join(parent, name), fields) for name in names
+            if (fields := match(template, name)) is not None]
+
+
+def discover_jobs(ctx: Context) -> Tuple[Instance, ...]:
+    """Every entry in the pipe dir's parent that fits the template (owner unchecked)."""
+    from mps_health.config.templates import expand
+
+    mps = ctx.config.mps
+    return tuple(Instance(f"job{job}" + (f"-gpu{gpu}" if gpu else ""), "per-job", path,
+                          expand(mps.log_dir, job, gpu), gpu=gpu or None, job_id=job)
+                 for path, (job, gpu) in matching(ctx, mps.pipe_dir))
 
 
 class SlurmUnavailable(RuntimeError):
@@ -64,8 +64,8 @@ def _owner_uid(ctx: Context, path: str) -> Optional[int]:
 
 
 def running_jobs(ctx: Context, found: Tuple[Instance, ...]) -> Tuple[Instance, ...]:
-    """The dirs of ``found`` whose job Slurm runs here, owned as ``mps.dir_owner`` says.
-    ``ctx.jobs`` is Slurm's answer (``probes.slurm.with_jobs`` asks it)."""
+    """The dirs of ``found`` whose job Slurm runs here (``ctx.jobs``), owned as
+    ``mps.dir_owner`` says."""
     if ctx.jobs is None or ctx.jobs.jobs is None:
         why = ctx.jobs.error if ctx.jobs is not None else "not asked"
         raise SlurmUnavailable(f"per-job instances need Slurm's job list: {why}")
@@ -98,7 +98,7 @@ def expected_uid(user: str, pipe: Optional[DirFact]) -> Optional[int]:
 def daemon_uid(user: str, dir_uid: Optional[int]) -> Optional[int]:
     """``expected_uid`` from the owner of the instance's dir (None: unknown)."""
     if user in ("any", "job"):
-        return None if user == "any" else dir_uid
+        return dir_uid if user == "job" else None
     from mps_health.hostio.users import uid_of  # the passwd lookup only for a name
 
     return uid_of(user)

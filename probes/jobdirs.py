@@ -8,11 +8,11 @@ uid each dir was made for (``job_records``): a name alone makes no dir ours.
 import os
 from typing import List, NamedTuple, Optional, Tuple
 
-from mps_health.config.templates import match
 from mps_health.hostio.jobrecords import JobRecord
 from mps_health.hostio.jobrecords import load as load_records
 from mps_health.model.context import Context
 from mps_health.probes.dirs import kind_of, owner_name
+from mps_health.probes.instances import matching
 
 
 class JobDir(NamedTuple):
@@ -32,15 +32,8 @@ def gather(ctx: Context, instances: object) -> Tuple[JobDir, ...]:
     found: List[JobDir] = []
     seen = set()
     for role, template in (("pipe", mps.pipe_dir), ("log", mps.log_dir)):
-        parent = os.path.dirname(template)
-        try:
-            names = sorted(os.listdir(ctx.path(parent)))
-        except OSError:
-            continue
-        for name in names:
-            fields = match(template, name)
-            path = os.path.join(parent, name)
-            if fields is None or path in seen:
+        for path, fields in matching(ctx, template):
+            if path in seen:
                 continue
             seen.add(path)
             try:

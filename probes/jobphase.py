@@ -2,17 +2,12 @@
 
 The Prolog makes a job's dirs, then starts its daemon; the Epilog quits it, then removes
 the dirs. In between, a check would see ``control-absent`` or a missing pipe dir: false
-alarms that drain nodes under job churn. So a per-job instance is judged only when:
-
-1. the run's ``squeue`` lists its job as RUNNING (not CONFIGURING: the Prolog runs under
-   ``PrologFlags=Alloc``; not COMPLETING: the Epilog runs; nor any other state);
-2. the job has run at least ``slurm.job_grace_s`` by Slurm's clock (the time a Prolog
-   has to start the daemon);
-3. no hook of ours is changing its MPS: each records its step in ``planned.py`` *before*
-   it acts ("prolog start", "prolog" once the daemon answers, "epilog" or "prolog undo").
-   The newest record being a tear-down, a "prolog start" (for at most
-   ``PROLOG_LIMIT_S`` or the grace), or any record made since the run began, means not
-   judged. The records are read again once every fact is in.
+alarms that drain nodes under job churn. So a per-job instance is judged only when
+``squeue`` lists its job RUNNING (CONFIGURING: the Prolog runs; COMPLETING: the Epilog)
+for at least ``slurm.job_grace_s``, and no hook of ours is changing its MPS: each records
+its step in ``planned.py`` *before* it acts, and a newest record that is a tear-down, a
+"prolog start" (for at most ``PROLOG_LIMIT_S`` or the grace), or made since the run
+began, means not judged. The records are read again once every fact is in.
 
 Not judged is not hidden: gres-drift says the job's MPS is being set up or torn down,
 and orphans names dirs an Epilog leaves once Slurm no longer lists the job.
@@ -60,9 +55,8 @@ def slurm_phase(job: Optional[SlurmJob], grace_s: float) -> str:
 
 def hook_phase(records: Sequence[PlannedRestart], pipe_dir: str, since: Optional[float],
                now: float, grace_s: float) -> str:
-    """'' when no hook of ours is changing the instance's MPS, else why not.
-    ``since``: when this run began (records made after it mean the facts may have seen
-    the change), or None before any fact is gathered."""
+    """'' when no hook of ours is changing the instance's MPS, else why not. ``since``: when
+    this run began (None before any fact is gathered)."""
     pipe_dir = os.path.normpath(pipe_dir)
     mine = [r for r in records if r.pipe_dir == pipe_dir and r.by in HOOK_STEPS]
     if not mine:

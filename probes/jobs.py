@@ -1,7 +1,6 @@
-"""The Slurm jobs running on this node, and what each asked for: one ``squeue`` per run
-(the slurm probe's call and parser, bounded by ``slurm.timeout_s`` and the deadline),
-to judge MPS clients against their job's ``--gres=mps:N`` or ``gpu``. Without Slurm the
-facts say why. Not asked while no daemon has a server (two small /proc reads each).
+"""The Slurm jobs running on this node, and what each asked for: one ``squeue`` a run,
+to judge MPS clients against their job's ``--gres=mps:N`` or ``gpu``. Not asked while no
+daemon has a server (two small /proc reads each).
 """
 
 import time
@@ -38,8 +37,8 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
 
     node = node_name(ctx.config, ctx.env)
     # The fast path: no live daemon with a server child, so no client is listed to judge.
-    daemons = [read_daemon(ctx, inst) for inst in instances]
-    if not any(pid is not None and busy for pid, _start, busy in daemons):
+    if not any(pid is not None and busy
+               for pid, _start, busy in (read_daemon(ctx, inst) for inst in instances)):
         return JobsFacts(node, None, "", asked=False)
     timeout = settings(ctx.config).timeout_s
     argv = squeue_argv(ctx.config, node)

@@ -2,9 +2,7 @@
 
 NVML is asked through :class:`PynvmlApi` (pynvml, imported only when this source runs)
 or :class:`RecordedApi` (a JSON recording), so the same interpretation runs on both.
-Every NVML error becomes data: a library or driver problem one line
-(``NvmlFacts.error``), a field a GPU cannot answer None with a note in
-``GpuFact.errors``; nothing here raises.
+Every NVML error becomes data (``NvmlFacts.error``, ``GpuFact.errors``); nothing raises.
 """
 
 import contextlib
@@ -266,14 +264,13 @@ def read_nvml(api: Any) -> NvmlFacts:
     except NvmlError as e:
         return unavailable(e.name)
     try:
-        try:
-            count = api.device_count()
-        except NvmlError as e:
-            return unavailable(e.name)
+        count = api.device_count()
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 1024:
             return unavailable("INVALID_ANSWER")
         driver = _asked(api.driver_version)  # {"error": NAME} where NVML could not say
         gpus = tuple(read_gpu(api, i) for i in range(count))
+    except NvmlError as e:  # the count (each GPU's questions note their own failures)
+        return unavailable(e.name)
     finally:
         api.shutdown()
     return NvmlFacts(True, driver_version=None if isinstance(driver, dict) else driver,

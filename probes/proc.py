@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
 from mps_health.hostio.process_identity import Binaries, binaries_for, genuine, role_of
 from mps_health.hostio.safefiles import open_regular, read_small
@@ -116,6 +116,7 @@ def identity(proc_dir: str, pid: int, uid: bool = True) -> Optional[Tuple[int, i
         return None
     return None if state in ("Z", "X") else (who, start)
 
+
 def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
                  ) -> Optional[ProcessFact]:
     """The MPS process ``pid``, or None if it is not one (or is gone); whether it runs
@@ -168,8 +169,7 @@ VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
-    """The node's MPS processes, less the control clients this run started (its queries
-    run while /proc is read)."""
+    """The node's MPS processes, less the control clients this run started meanwhile."""
     own = os.getpid() if ctx.root in ("", "/") else None
     return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
 
@@ -178,19 +178,13 @@ def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, 
                ) -> Tuple[ProcessFact, ...]:
     """``procs`` plus the live MPS process each pipe dir's pid file names, where the scan
     missed it: a daemon started (restarted) between the /proc scan and the pipe dir read
-    would be judged ``daemon-stale`` while it serves. Each is read by the same reader, so
-    the same identity rules judge it; a healthy node reads nothing more."""
-    have = {p.pid for p in procs}
+    would be judged ``daemon-stale`` while it serves. A healthy node reads nothing more."""
+    found = {p.pid: p for p in procs}
     own = os.getpid() if ctx.root in ("", "/") else None
-    added: List[ProcessFact] = []
-    for d in dirs.values():
-        named = d.pid_file
-        if not named or not named.isdigit() or len(named) > 10 or int(named) in have:
-            continue
-        fact = read_process(ctx.proc, int(named), binaries_here(ctx))
-        if fact is not None and fact.ppid != own:
-            added.append(fact)
-            have.add(fact.pid)
-    if not added:
-        return procs
-    return tuple(sorted((*procs, *added), key=lambda p: p.pid))
+    for named in {d.pid_file for d in dirs.values()}:
+        if named and named.isdigit() and len(named) <= 10 and int(named) not in found:
+            fact = read_process(ctx.proc, int(named), binaries_here(ctx))
+            if fact is not None and fact.ppid != own:
+                found[fact.pid] = fact
+    return procs if len(found) == len(procs) else tuple(sorted(found.values(),
+                                                               key=lambda p: p.pid))

@@ -1,13 +1,10 @@
 """What a busy instance's daemon says of its servers, through the real client.
 
-``get_server_list``, then each server's status and clients; while it runs, its limits
-and devices (``get_active_thread_percentage``, ``device_query``, ``ps``,
-``get_device_pinned_mem_limit``, ``get_device_client_list``) and who each client is
-(probes.clientinfo). One client run each (its exit status says nothing: each answer is
-parsed), all under the pipe dir's lock the control probe takes, so our queries to one
-daemon never overlap. Only an instance whose daemon has a child is asked
-(probes/servers.py), and not when the run's control query of it went unanswered
-(``control.Queries``): a wedged daemon costs the run one timeout, not two.
+``get_server_list``, then each server's status, clients, limits and devices, and who each
+client is (probes.clientinfo). One client run a query (its exit status says nothing: each
+answer is parsed), all under the pipe dir's lock the control probe takes, so our queries
+to one daemon never overlap. Not asked when the run's control query of the daemon went
+unanswered (``control.Queries``): a wedged daemon costs the run one timeout, not two.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ def parse_pid_list(text: str) -> Tuple[int, ...]:
 
 def parse_server_status(text: str) -> str:
     """``get_server_status PID``: ACTIVE, INITIALIZING, FAULT; "gone" for not found."""
-    first = (text.strip().splitlines() or [""])[0].strip()
+    first = clientinfo.first_line(text)
     if first in STATUSES:
         return first
     if first.startswith("Server ") and first.endswith(" not found"):
@@ -86,16 +83,11 @@ def read_details(ctx: Context, inst: Instance, server: ServerFact,
                                    errors, clientinfo.parse_percentage, None)
     contexts: Dict[int, int] = _parsed(ctx, inst, f"get_device_client_list {server.pid}",
                                        errors, clientinfo.parse_device_clients, {})
-    facts = []
     no_limit: Tuple[str, Optional[int]] = ("", None)
-    for row in devices:
-        limit, limit_bytes = _parsed(
-            ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
-            clientinfo.parse_mem_limit, no_limit)
-        facts.append(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, limit, limit_bytes,
-                                contexts.get(row.ordinal)))
-    return server._replace(thread_percentage=pct, devices=tuple(facts),
-                           detail_errors=tuple(errors))
+    facts = tuple(DeviceFact(row.ordinal, row.uuid, row.name, row.pci, *_parsed(
+        ctx, inst, f"get_device_pinned_mem_limit {server.pid} {row.ordinal}", errors,
+        clientinfo.parse_mem_limit, no_limit), contexts.get(row.ordinal)) for row in devices)
+    return server._replace(thread_percentage=pct, devices=facts, detail_errors=tuple(errors))
 
 
 def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact]
@@ -120,16 +112,19 @@ def read_instance_details(ctx: Context, inst: Instance, servers: List[ServerFact
                                       namespace=mine[0].namespace if mine else ""))
         out.append(server._replace(clients=tuple(clients),
                                    detail_errors=server.detail_errors + tuple(errors)))
-    defaults = []
-    for row in table.get("default", ()):
-        # A default limit that cannot be read or parsed is left out, without a note: the
-        # servers' notes are taken above.
-        limit = _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}", [],
-                        clientinfo.parse_mem_limit, None)
-        if limit is not None:
-            defaults.append((row.ordinal, limit[0]))
-    devices = tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
-    return out, tuple(defaults), devices
+    # A default limit that cannot be read or parsed is left out, without a note.
+    defaults = tuple((row.ordinal, limit[0]) for row in table.get("default", ()) if (
+        limit := _parsed(ctx, inst, f"get_default_device_pinned_mem_limit {row.ordinal}",
+                         [], clientinfo.parse_mem_limit, None)) is not None)
+    return out, defaults, tuple((row.ordinal, row.uuid) for row in table.get("default", ()))
+
+
+def _stdout(ctx: Context, inst: Instance, command: str) -> str:
+    """What ``command`` printed; ParseError with why when it got no answer."""
+    answer = control.ask(ctx, inst, command, ctx.deadline)
+    if answer.status != "ok":
+        raise clientinfo.ParseError(answer.detail)
+    return answer.stdout
 
 
 def read_server(ctx: Context, inst: Instance, pid: int) -> ServerFact:
@@ -137,22 +132,17 @@ def read_server(ctx: Context, inst: Instance, pid: int) -> ServerFact:
     uid, start = ident if ident else (None, None)
     fact = ServerFact(pid, "error", "", uid, name_of(uid), start, ())
     gone = fact._replace(status="gone", detail="exited since the server list")
-    status_answer = control.ask(ctx, inst, f"get_server_status {pid}", ctx.deadline)
     try:
-        if status_answer.status != "ok":
-            raise clientinfo.ParseError(status_answer.detail)
-        status = parse_server_status(status_answer.stdout)
+        status = parse_server_status(_stdout(ctx, inst, f"get_server_status {pid}"))
     except clientinfo.ParseError as e:
         return fact._replace(detail=f"get_server_status: {e}")
     if status == "gone":
         return gone
-    clients_answer = control.ask(ctx, inst, f"get_client_list {pid}", ctx.deadline)
     try:
-        if clients_answer.status != "ok":
-            raise clientinfo.ParseError(clients_answer.detail)
-        if clients_answer.stdout.strip().endswith("not found"):
+        listed = _stdout(ctx, inst, f"get_client_list {pid}")
+        if listed.strip().endswith("not found"):
             return gone
-        pids = parse_pid_list(clients_answer.stdout)
+        pids = parse_pid_list(listed)
     except clientinfo.ParseError as e:
         return fact._replace(status=status, detail=f"get_client_list: {e}")
     return fact._replace(status=status, clients=read_clients(ctx, pids))

@@ -1,12 +1,10 @@
 """Every MPS server of every instance: status, user and clients, through the real client.
 
-The queries are in mps_health.probes.server_queries. Cheap when idle: a server is a
-child of its daemon, so when the daemon the pid file names has no child, nothing is
-asked (two small /proc reads). The previous run's memory (state_dir/servers.json) is
-read into the facts and the next one written after gathering (replay never writes). It
-also tells strays a real daemon's server from anyone's run of the binary
-(``servertrack.remembered``): a server is marked only as the child of the pid file's
-daemon running as ``mps.daemon_user``, and kept while it lives.
+Cheap when idle: a server is a child of its daemon, so when the daemon the pid file
+names has no child, nothing is asked (two small /proc reads). The previous run's memory
+(state_dir/servers.json) is read into the facts and the next one written after gathering
+(replay never writes). It tells strays a real daemon's server from anyone's run of the
+binary: only a child of the pid file's daemon running as ``mps.daemon_user`` is marked.
 """
 
 from __future__ import annotations
@@ -38,10 +36,8 @@ def parse_children(text: str) -> Tuple[int, ...]:
 
 
 def read_daemon(ctx: Context, inst: Instance) -> Tuple[Optional[int], Optional[int], bool]:
-    """(daemon pid, start ticks, has children) from the pid file and /proc.
-
-    ``has children`` is True whenever it cannot be shown false, so the daemon is asked.
-    """
+    """(daemon pid, start ticks, has children) from the pid file and /proc; has children
+    is True whenever it cannot be shown false, so the daemon is asked."""
     pid = read_pid(ctx.path(inst.pipe_dir))
     if pid is None:
         return None, None, True
@@ -65,16 +61,13 @@ def _expected_user(ctx: Context, inst: Instance, uid: int) -> bool:
     pipe dir's owner, by lstat.)"""
     from mps_health.probes.instances import daemon_uid
 
-    dir_uid: Optional[int] = None
     if ctx.config.mps.daemon_user == "job":
         try:
             st = os.lstat(ctx.path(inst.pipe_dir))
         except OSError:
             return False
-        if not stat.S_ISDIR(st.st_mode):
-            return False
-        dir_uid = st.st_uid
-    want = daemon_uid(ctx.config.mps.daemon_user, dir_uid)
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+    want = daemon_uid(ctx.config.mps.daemon_user, None)
     return want is None or want == uid
 
 
@@ -94,8 +87,7 @@ def still_live(ctx: Context, procs: Iterable[Tuple[int, int]]) -> Tuple[Tuple[in
 
 
 def _untimed(m: Mapping[str, ServerMemory]) -> Dict[str, ServerMemory]:
-    """The memory less its time: only a change beside the time is worth a write (an idle
-    node writes nothing)."""
+    """The memory less its time: only a change beside it is worth a write."""
     return {k: v._replace(taken_at=0.0) for k, v in m.items()}
 
 
@@ -104,10 +96,9 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> ServersFacts:
 
 
 def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], ServersFacts]:
-    """The cheap tier now, and a thread each for the instances whose daemon has servers,
-    whose queries may wait on it; returns the function that collects them and keeps the
-    run's memory. An idle node starts no thread: one reading two /proc files beside the
-    run would only trade the GIL with it."""
+    """The cheap tier now, and a thread each for the instances whose daemon has servers;
+    returns the function that collects them and keeps the run's memory. An idle node
+    starts no thread: one reading two /proc files would only trade the GIL with the run."""
     now = time.time()
     results: Dict[str, InstanceServers] = {}
 

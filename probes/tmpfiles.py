@@ -1,6 +1,6 @@
 """The systemd-tmpfiles configuration, merged as systemd merges it: a file in an earlier
 ``SEARCH_DIRS`` dir masks one of the same name in a later one, and the surviving files
-are read in file-name order. Every run reads them now (each at most ``MAX_FILE_BYTES``).
+are read (each at most ``MAX_FILE_BYTES``) in file-name order.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
     """Where to read ``path`` (under --root: a link's absolute target read in the tree
     too); None when it is a link to /dev/null, which masks a file of that name."""
     real = ctx.path(path)
-    if not is_link:  # the listing's d_type said so: no readlink (and its error) per file
+    if not is_link:  # the listing's d_type said so: no readlink per file
         return real
     try:
         link = os.readlink(real)
@@ -102,7 +102,7 @@ def _target(ctx: Context, path: str, is_link: bool) -> Optional[str]:
     return ctx.path(link) if os.path.isabs(link) else os.path.join(os.path.dirname(real), link)
 
 
-def gather(ctx: Context) -> TmpfilesFacts:
+def gather(ctx: Context, instances: object = None) -> TmpfilesFacts:
     """The merged rules, read and parsed now."""
     listing: Dict[str, List[str]] = {}
     links: Set[str] = set()
@@ -125,11 +125,9 @@ def gather(ctx: Context) -> TmpfilesFacts:
     rules: List[TmpfilesRule] = []
     errors: List[str] = []
     for path in files:
-        target = _target(ctx, path, path in links)
-        if target is None:
-            continue  # a symlink to /dev/null masks a file: nothing to read
+        target = _target(ctx, path, path in links)  # None: masked, read as empty
         try:
-            data = read_small(target, MAX_FILE_BYTES, follow=True)
+            data = read_small(target, MAX_FILE_BYTES, follow=True) if target else None
         except OSError as e:
             errors.append(f"{path}: cannot read: {e.strerror}")
             continue
@@ -140,7 +138,4 @@ def gather(ctx: Context) -> TmpfilesFacts:
 
 
 VALUE_TYPE = "TmpfilesFacts"  # read by codec, in this module's names
-
-
-def gather_for(ctx: Context, instances: object) -> TmpfilesFacts:
-    return gather(ctx)
+gather_for = gather  # the source's name in the registry
