@@ -25,7 +25,6 @@ from mps_health.config.schema import (
     internal,
     names,
     number,
-    optional_number,
     pathname,
     shown,
     text,
@@ -87,13 +86,19 @@ class ConfigError(Exception):
 
 # --- the core's own sections ------------------------------------------------------------
 
-def _gpus(value: Any) -> Tuple[str, ...]:
+def gpu_ids(value: Any, all_ok: bool = False) -> Optional[Tuple[str, ...]]:
+    """GPU indices or UUIDs (one alone is a list of one). ``all_ok`` (gpu.mps_gpus): all or
+    null is None, [] is taken; else none holds '/', '{' or '}' (they fill dir templates)."""
+    if all_ok and (value is None or value == "all"):
+        return None
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, list) or not value or not all(
+    if not isinstance(value, list) or not (value or all_ok) or not all(
             isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and not any(c in str(g) for c in "/{}") and str(g).isprintable() for g in value):
-        raise Invalid(f"must be a list of GPU indices or UUIDs, e.g. [0, 1] (got {shown(value)})")
+            and (all_ok or not any(c in str(g) for c in "/{}")) and str(g).isprintable()
+            for g in value):
+        raise Invalid(f"must be {'all or ' if all_ok else ''}a list of GPU indices or UUIDs, "
+                      f"e.g. [0, 1] (got {shown(value)})")
     return tuple(str(g).strip() for g in value)
 
 
@@ -119,7 +124,7 @@ class MpsConfig(Record):
     layout: str = text("node", choices=LAYOUTS)
     pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
     log_dir: str = pathname("/var/log/nvidia-mps")
-    gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
+    gpus: Tuple[str, ...] = custom(("0",), gpu_ids)  # per-gpu: the GPUs that run an instance
     dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
     # Log dirs: only the control daemon writes there, so no one else may (a user's entry
     # there is a link the daemon would append to, or a forged log). Default 0755, per-job 0700.
@@ -193,7 +198,7 @@ class ControlConfig(Record):
     timeout_s: float = number(2.0, low=0.1, high=60.0)
     max_clients: int = whole(16, low=1, high=1024)  # control clients running at once
     warn_latency_s: float = number(0.5, low=0.0)
-    expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
+    expected_thread_percentage: Optional[float] = number(None, 0.0, 100.0, optional=True)
 
 
 class TmpfilesConfig(Record):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional, Tuple
 
-from mps_health.config.load import Config
+from mps_health.config.load import Config, gpu_ids
 from mps_health.config.schema import (
     Invalid,
     Record,
@@ -47,19 +48,6 @@ class OrphanSettings(Record):
     min_age_s: float = number(120.0, low=0.0, high=30 * 86400.0)
 
 
-def _gpu_list(value: Any) -> Optional[Tuple[str, ...]]:
-    if value is None or value == "all":
-        return None
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not all(
-            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and str(g).isprintable() for g in value):
-        raise Invalid(f"must be all or a list of GPU indices or UUIDs, e.g. [0, 1] "
-                      f"(got {shown(value)})")
-    return tuple(str(g).strip() for g in value)
-
-
 def _mode(value: Any, key: str) -> str:
     if not isinstance(value, str) or value.upper() not in {m.upper() for m in MODES}:
         raise Invalid(f"must be one of {', '.join(MODES)} (got {shown(value)})", key)
@@ -79,7 +67,8 @@ def _modes(value: Any) -> Tuple[Tuple[str, str], ...]:
 
 
 class GpuSettings(Record):
-    mps_gpus: Optional[Tuple[str, ...]] = custom(None, _gpu_list)  # None: from the mps section
+    # GPUs that run MPS; None (all): from the mps section
+    mps_gpus: Optional[Tuple[str, ...]] = custom(None, partial(gpu_ids, all_ok=True))
     # mps/other/GPU index or UUID -> expected compute mode
     compute_mode: Tuple[Tuple[str, str], ...] = custom(DEFAULT_MODES, _modes)
     count: Optional[int] = whole(None, optional=True)  # GPUs this node must have (gres-drift)
