@@ -9,6 +9,7 @@ import itertools
 import os
 import platform
 from collections import Counter
+from types import SimpleNamespace
 from typing import Iterator, List, Mapping, NamedTuple, Optional
 
 from mps_health import __version__
@@ -124,31 +125,21 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
                   {"version": __version__, "python": platform.python_version()})]
     if record is None:
         return out
-    out.append(_gauge(PREFIX + "last_run_timestamp_seconds", "Unix time the last run ended "
-                      "(alert when it stops moving).", record.finished_at))
-    if record.last_success_at is not None:
-        out.append(_gauge(LAST_SUCCESS, "Unix time of the last run in which every check "
-                          "could judge.", record.last_success_at))
-    out.append(_gauge(PREFIX + "run_success", "1 when every check of the last run could "
-                      "judge, 0 when one was UNKNOWN or the run failed.",
-                      1.0 if record.success else 0.0))
-    if record.healthcheck_s is not None:
-        out.append(_gauge(PREFIX + "healthcheck_duration_seconds", "Time the last run of "
-                          "mps-health-healthcheck (slurmd's HealthCheckProgram) took; slurmd "
-                          "kills it at 60 s.", record.healthcheck_s))
+    for name, doc, value in (
+            ("last_run_timestamp_seconds", "Unix time the last run ended (alert when it stops "
+             "moving).", record.finished_at),
+            ("last_success_timestamp_seconds", "Unix time of the last run in which every "
+             "check could judge.", record.last_success_at),
+            ("run_success", "1 when every check of the last run could judge, 0 when one was "
+             "UNKNOWN or the run failed.", float(record.success)),
+            ("healthcheck_duration_seconds", "Time the last run of mps-health-healthcheck "
+             "(slurmd's HealthCheckProgram) took; slurmd kills it at 60 s.",
+             record.healthcheck_s)):
+        if value is not None:  # no success yet, no health check run here: no series
+            out.append(_gauge(PREFIX + name, doc, value))
     if record.report is not None:
         out.extend(_report_families(record.report))
     return out
-
-
-class _Families:
-    """A collector over a fixed list, asked once per exposition."""
-
-    def __init__(self, metrics: List[Metric]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> List[Metric]:
-        return self.metrics
 
 
 def latest(metrics: List[Metric], process: bool = False) -> bytes:
@@ -156,7 +147,7 @@ def latest(metrics: List[Metric], process: bool = False) -> bytes:
     or python_* series unless ``process`` (the exporter's own, fresh from /proc/self)."""
     if process:
         metrics = [*ProcessCollector(registry=None).collect(), *metrics]
-    return generate_latest(_Families(metrics))
+    return generate_latest(SimpleNamespace(collect=lambda: metrics))  # a one-off collector
 
 
 def exposition(record: Optional[RunRecord]) -> bytes:
