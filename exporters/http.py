@@ -270,18 +270,12 @@ class MetricsServer(ThreadingWSGIServer):
         return [b"" if method == "HEAD" else body]
 
     def process_series(self) -> bytes:
-        """server_page(), reused for PROCESS_FRESH_S: a client pipelining requests costs
-        a copy per response, not a /proc read (no scraper asks twice a second)."""
+        """The process_* series (cheap: /proc/self) and the server's own (connections open,
+        the cap, those it closed), reused for PROCESS_FRESH_S: a client pipelining requests
+        costs a copy per response, not a /proc read (no scraper asks twice a second)."""
         now = time.monotonic()
-        when, page = self.process
-        if now - when >= PROCESS_FRESH_S:
-            page = self.server_page()
-            self.process = (now, page)
-        return page
-
-    def server_page(self) -> bytes:
-        """The process_* series (cheap: /proc/self) and the server's own: connections open,
-        the cap, and those it closed."""
+        if now - self.process[0] < PROCESS_FRESH_S:
+            return self.process[1]
         prefix = "mps_health_exporter_"
         closed = CounterMetricFamily(
             prefix + "connections_closed", "Connections the exporter closed or could not "
@@ -299,7 +293,8 @@ class MetricsServer(ThreadingWSGIServer):
                                       "fit the open-file limit).",
                                       value=self.limits.max_connections),
                     closed]
-        return latest(families, process=True)
+        self.process = (now, latest(families, process=True))
+        return self.process[1]
 
     # --- connections ------------------------------------------------------------------
 
