@@ -12,7 +12,7 @@ import os
 import string
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from mps_health.config.inputs import InputError, read_text, tree_size, yaml_nesting, yaml_too_deep
+from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
     Invalid,
     R,
@@ -292,8 +292,6 @@ class Config(Record):
 
 
 TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
-
-
 MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
 
 
@@ -312,7 +310,7 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
                 if explicit:
                     raise ConfigError(f"{path}: no such file; give an existing --config")
                 return Config()  # no file: the defaults, and nothing else imported
-        data = _parse_yaml(text, path)
+        data = parse_yaml(text)
     except InputError as e:
         raise ConfigError(f"{path}: {e}") from None
     if data is None:
@@ -320,27 +318,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     return from_mapping(data, path)
-
-
-def _parse_yaml(text: str, path: str) -> Any:
-    import yaml  # only when there is a file: without one, the defaults need no parser
-    from mps_health.model.printable import escape
-
-    # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    yaml_nesting(text, loader)
-    try:
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        yaml_too_deep(e)  # a short text (no event pass) deeper than libyaml takes
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: not valid YAML: {escape(problem)}") from None
-    except ValueError as e:  # an integer of over 4300 digits, a date out of range
-        raise ConfigError(f"{path}: not valid YAML: {escape(str(e))}") from None
-    tree_size(data)
-    return data
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:
