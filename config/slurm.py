@@ -18,7 +18,6 @@ from mps_health.config.schema import (
     whole,
 )
 
-OUTPUTS = ("auto", "text", "json")
 MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")
 DEFAULT_TAG = "MPS-HC:"
 
@@ -34,7 +33,8 @@ def _tag(value: Any) -> str:
 
 class SlurmSettings(Record):
     timeout_s: float = number(5.0, low=0.1, high=60.0)  # each scontrol/squeue call
-    output: str = text("auto", choices=OUTPUTS)  # "json" from Slurm 23.02 on; "auto" asks once
+    # scontrol/squeue output: "json" from Slurm 23.02 on; "auto" asks once
+    output: str = text("auto", choices=("auto", "text", "json"))
     gres_conf: Optional[str] = pathname(None, optional=True)  # default: beside slurm.conf
     mps_per_gpu: int = whole(100, low=1, high=1_000_000)  # gres.conf Count of mps per GPU
     # A drain reason starting with this is our own: the health check drains and resumes

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Iterator, List, Mapping, NamedTuple, Optional
 
 from mps_health import __version__
-from mps_health.exporters.series import PREFIX, Labels, Sample, labels_of, samples
+from mps_health.exporters.series import PREFIX, Labels, labels_of, samples
 from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from prometheus_client import ProcessCollector
@@ -49,19 +49,15 @@ def _gauge(name: str, doc: str, value: float, labels: Optional[Mapping[str, str]
     return m
 
 
-def _value_help(sample: Sample) -> str:
-    spec = registry.checks().get(sample.check)
-    what = f" ({spec.summary})" if spec is not None and spec.summary else ""
-    unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
-            "flag": ", 1 or 0"}.get(sample.unit, "")
-    return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
-
-
 def _value_families(report: Report) -> Iterator[Metric]:
     ordered = sorted(samples(report), key=lambda s: (s.metric, s.labels))
     for name, group in itertools.groupby(ordered, key=lambda s: s.metric):
         first, *rest = group
-        m = Metric(name, _value_help(first), "gauge")
+        spec = registry.checks().get(first.check)
+        what = f" ({spec.summary})" if spec is not None and spec.summary else ""
+        unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
+                "flag": ", 1 or 0"}.get(first.unit, "")
+        m = Metric(name, f"Value '{first.key}' of the {first.check} check{what}{unit}.", "gauge")
         for s in (first, *rest):
             m.add_sample(name, dict(s.labels), s.value)
         yield m
