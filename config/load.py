@@ -313,11 +313,9 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
         data = parse_yaml(text)
     except InputError as e:
         raise ConfigError(f"{path}: {e}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return from_mapping(data, path)
+    return from_mapping(data or {}, path)
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:

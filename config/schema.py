@@ -22,8 +22,7 @@ class Invalid(ValueError):
 
     def __init__(self, why: str, key: str = "") -> None:
         super().__init__(why)
-        self.why = why
-        self.key = key
+        self.why, self.key = why, key
 
 
 def shown(value: Any) -> str:
@@ -103,9 +102,7 @@ class Section(Generic[R]):
     """A top-level config key holding a mapping, validated into ``record``."""
 
     def __init__(self, name: str, record: type[R], finish: Optional[Finish] = None) -> None:
-        self.name = name
-        self.record = record
-        self.finish = finish
+        self.name, self.record, self.finish = name, record, finish
 
     def of(self, config: Any) -> R:
         """``config.get(self)``: this section's record in a loaded Config."""

@@ -219,9 +219,8 @@ class MetricsServer(ThreadingWSGIServer):
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.page, self.limits, self.log, self.with_process = page, limits, log, with_process
-        # Open connections in eviction order: those without a whole request yet, oldest
-        # first; then those that sent one, least recently active first. Connections shut
-        # down but not yet closed by their thread still hold an fd: they are counted.
+        # Open connections in eviction order (no whole request yet, oldest first; then the
+        # least recently active); shut down but not yet closed, one still holds an fd: counted.
         self.lock = threading.Condition()
         self.fresh: OrderedDict[socket.socket, Conn] = OrderedDict()
         self.talking: OrderedDict[socket.socket, Conn] = OrderedDict()
@@ -330,9 +329,8 @@ class MetricsServer(ThreadingWSGIServer):
             conn.sock.shutdown(socket.SHUT_RDWR)
 
     def get_request(self) -> tuple[socket.socket, Any]:
-        """Accept one connection, making room first: at the cap, the oldest connection
-        without a whole request (else the least recently active) is shut down, and the
-        accept waits for its thread to close it, so the fds in use never pass the cap."""
+        """Accept one connection, at the cap evicting one first (see ``__init__``) and
+        waiting for its thread to close it, so the fds in use never pass the cap."""
         cap = self.limits.max_connections
         with self.lock:
             if self.count() >= cap:
