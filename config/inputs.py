@@ -99,9 +99,8 @@ def parse_yaml(text: str) -> Any:
 
 
 def tree_size(data: Any, limit: int = MAX_VALUES) -> int:
-    """How many values ``data`` holds, aliases counted each time they appear; InputError
-    past ``limit`` values or MAX_DEPTH levels. Stops as soon as either is passed, so a
-    cycle or an alias bomb costs at most ``limit`` steps."""
+    """Values in ``data``, aliases counted each time; InputError as soon as it passes
+    ``limit`` values or MAX_DEPTH levels, so a cycle or alias bomb costs ``limit`` steps."""
     count = 0
     todo: List[tuple] = [(data, 0)]
     while todo:

@@ -296,11 +296,10 @@ MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cu
 
 
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
-    """Load the config from ``path`` (default file if it exists) or from ``text``.
-
-    The path is the admin's choice, so a symlink is followed; anything but a regular file
-    is refused without blocking, and so is a file over MAX_BYTES, nesting past
-    ``inputs.MAX_DEPTH`` or aliases expanding past ``inputs.MAX_VALUES`` values."""
+    """The config from ``path`` (else the default file, if it exists) or from ``text``. A
+    symlink is followed (the path is the admin's choice); anything but a regular file is
+    refused without blocking, and so is one over MAX_BYTES or past ``inputs.parse_yaml``'s
+    bounds (nesting past ``inputs.MAX_DEPTH``, aliases past ``inputs.MAX_VALUES`` values)."""
     explicit = path is not None
     path = path or DEFAULT_PATH
     try:
@@ -367,6 +366,3 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise Invalid("must be a mapping of keys")
     return value
-
-
-__all__ = ["Config", "ConfigError", "Section", "load"]

@@ -88,10 +88,5 @@ def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],
 REMEDIATION = Section("remediation", RemediationSettings)
 HEALTHCHECK = Section("healthcheck", HealthcheckSettings, _finish_healthcheck)
 SECTIONS = (REMEDIATION, HEALTHCHECK)
-
-
 remediation = REMEDIATION.of
 healthcheck = HEALTHCHECK.of
-
-
-__all__ = ["HealthcheckSettings", "RemediationSettings", "healthcheck", "remediation"]

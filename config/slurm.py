@@ -94,8 +94,6 @@ SLURM = Section("slurm", SlurmSettings)
 ORPHANS = Section("orphans", OrphanSettings)
 GPU = Section("gpu", GpuSettings)
 SECTIONS = (GPU, SLURM, ORPHANS)
-
-
 settings = SLURM.of
 orphan_settings = ORPHANS.of
 gpu_settings = GPU.of
