@@ -127,6 +127,15 @@ class Section(Generic[R]):
 
 # --- specs ------------------------------------------------------------------------------
 
+def user_name(value: Any) -> str:
+    """A user name or uid (a uid as its digits); "" is taken too."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
+        raise Invalid(f"must be a user name or uid (got {shown(value)})")
+    return value
+
+
 def custom(default: Any, parse: Callable[[Any], Any], optional: bool = False) -> Any:
     """A key ``parse`` checks and converts; with ``optional``, null is taken too (None)."""
     return Spec(default, (lambda v: None if v is None else parse(v)) if optional else parse)
