@@ -201,10 +201,9 @@ class Handler(WSGIRequestHandler):
                               self.get_environ(), multithread=True)
         responder.request_handler = self
         responder.run(self.server.app)
-        if self.close_connection:
-            return False
-        self.server.active(conn)
-        return True
+        if not self.close_connection:
+            self.server.active(conn)  # it took its whole response
+        return not self.close_connection
 
 
 class MetricsServer(ThreadingWSGIServer):
