@@ -156,11 +156,9 @@ def _check_template(key: str, template: str, layout: str) -> None:
         raise Invalid(f"the {layout} layout allows only "
                       f"{', '.join('{' + f + '}' for f in allowed) or 'a plain path'} "
                       f"(got {shown(template)})", key)
-    if layout == "per-gpu" and "gpu" not in fields:
-        raise Invalid("per-gpu layout needs {gpu} in the path", key)
+    if allowed and allowed[0] not in fields:  # per-gpu: {gpu}, per-job: {job}
+        raise Invalid(f"{layout} layout needs {{{allowed[0]}}} in the path", key)
     if layout == "per-job":
-        if "job" not in fields:
-            raise Invalid("per-job layout needs {job} in the path", key)
         parent = os.path.dirname(template)
         if "{" in parent or "}" in parent:
             raise Invalid("{job} and {gpu} may only appear in the last path component "
