@@ -67,9 +67,8 @@ def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
     """The -w/-c ranges; without -w 0..``default_s`` (written plainly: "%g" writes 1e-05
     or inf, which a range does not take), without -c 0..twice the warning's end."""
     warn = Range(plain(default_s) if warning is None and math.isfinite(default_s) else warning)
-    if critical is not None:
-        return warn, Range(critical)
-    return warn, Range(plain(2 * warn.end) if math.isfinite(warn.end) else "")
+    twice = plain(2 * warn.end) if math.isfinite(warn.end) else ""
+    return warn, Range(twice if critical is None else critical)
 
 
 # The plugin's headline number keeps the short label admins graph (node_latency).
