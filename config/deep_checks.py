@@ -8,18 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mps_health.config.schema import (
-    Invalid,
-    Record,
-    Section,
-    custom,
-    flag,
-    has_control,
-    number,
-    shown,
-    text,
-    whole,
-)
+from mps_health.config.schema import Record, Section, custom, flag, number, text, user_name, whole
 
 
 class ServersConfig(Record):
@@ -33,17 +22,9 @@ class LogsConfig(Record):
     max_read_bytes: int = whole(4 << 20, low=1)  # per file and run
 
 
-def _user(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
-        raise Invalid(f"must be a user name or uid (got {shown(value)})")
-    return value
-
-
 class CanaryConfig(Record):
     timeout_s: float = number(10.0, low=0.5, high=120.0)  # one canary run, launch to exit
-    user: str = custom("", _user)  # run as: "" for the control daemon's user, or a name/uid
+    user: str = custom("", user_name)  # run as: "" for the control daemon's user, or a name/uid
     device: int = whole(0)  # CUDA device ordinal, as the MPS server exposes them
     alloc_bytes: int = whole(1 << 20, low=1, high=1 << 30)
     # idle: only where Slurm says this node is IDLE and no MPS client is connected, killed

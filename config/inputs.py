@@ -5,10 +5,10 @@ so neither may make a run hang, crash or eat the node's memory:
 
 - ``read_text``: ``safefiles.read_small`` (regular files only, opened non-blocking so a
   FIFO is refused, not waited on; a file over ``limit`` is refused, never cut), then UTF-8.
-- ``yaml_nesting``: libyaml's composer recurses in C, so a document nested some ten
+- ``parse_yaml``: libyaml's composer recurses in C, so a document nested some ten
   thousand levels crashes the interpreter (SIGSEGV). Its event parser keeps its own
-  stack, so the depth is measured on the events first. libyaml 0.2.6 refuses past 1000
-  levels itself, in its scanner: ``yaml_too_deep`` words that refusal as ours.
+  stack, so the depth is measured on the events first (libyaml 0.2.6 on also refuses
+  past 1000 levels itself, in its scanner: worded as ours). Then ``tree_size``.
 - ``tree_size``: a YAML alias repeats a subtree by reference (a few hundred bytes can be a
   billion values, or a cycle). Parsed data is walked once, refused past ``MAX_VALUES``
   values or ``MAX_DEPTH`` levels.
@@ -23,7 +23,8 @@ from typing import Any, List, Optional
 
 MAX_DEPTH = 64  # levels of nesting; mps-health's own files use fewer than ten
 # A level of nesting takes a byte at least, and libyaml's composer crashes only past some
-# 20000 levels: a text this short cannot reach a dangerous depth (no event pass for it).
+# 20000 levels: a text this short cannot reach a dangerous depth (no event pass for it;
+# ``tree_size`` bounds the rest).
 SHALLOW_BYTES = 2048
 MAX_VALUES = 100_000  # values in a parsed config, aliases counted as often as they repeat
 
@@ -61,46 +62,45 @@ def read_text(path: str, limit: int, follow: bool = False) -> Optional[str]:
                          "save it as UTF-8") from None
 
 
-def yaml_nesting(text: str, loader: Any) -> None:
-    """InputError if the YAML document nests deeper than MAX_DEPTH (see the module doc).
-    Syntax errors are left to the real load, which words them."""
-    if len(text) <= SHALLOW_BYTES:
-        return  # too short to nest deep enough to hurt; ``tree_size`` bounds the rest
-    import yaml
+# libyaml's own words (0.2.6 on) past its nesting limit (1000 levels), and ours past MAX_DEPTH.
+TOO_DEEP = "exceeded maximum nesting depth"
 
+
+def parse_yaml(text: str) -> Any:
+    """The data of a YAML document; InputError (with the line where known) for one too
+    deep, too large (``tree_size``) or not valid YAML."""
+    import yaml  # only when there is a file: without one, the defaults need no parser
+    from mps_health.model.printable import escape
+
+    # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     depth = 0
     try:
-        for event in yaml.parse(text, Loader=loader):
+        for event in yaml.parse(text, Loader=loader) if len(text) > SHALLOW_BYTES else ():
             if isinstance(event, yaml.CollectionStartEvent):  # a sequence or a mapping
                 depth += 1
-                if depth > MAX_DEPTH:
-                    _too_deep(event.start_mark)
+                if depth > MAX_DEPTH:  # worded below as libyaml's own refusal is
+                    at: Any = event.start_mark  # libyaml's Mark or PyYAML's
+                    raise yaml.MarkedYAMLError(problem=TOO_DEEP, problem_mark=at)
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
-        yaml_too_deep(e)
-
-
-# libyaml's own words (0.2.6 on) when a document passes its nesting limit.
-LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
-
-
-def yaml_too_deep(error: Any) -> None:
-    """InputError if ``error`` is libyaml's own nesting limit (1000 levels, above
-    MAX_DEPTH), said as ``yaml_nesting`` says it. Any other error is left to the caller."""
-    if getattr(error, "problem", None) == LIBYAML_TOO_DEEP:
-        _too_deep(getattr(error, "problem_mark", None))
-
-
-def _too_deep(mark: Any) -> None:
-    where = f"line {mark.line + 1}: " if mark is not None else ""
-    raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep")
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem == TOO_DEEP:
+            raise InputError(f"{where}nested more than {MAX_DEPTH} levels deep") from None
+        raise InputError(f"{where}not valid YAML: {escape(problem)}") from None
+    except ValueError as e:  # an integer of over 4300 digits, a date out of range
+        raise InputError(f"not valid YAML: {escape(str(e))}") from None
+    tree_size(data)
+    return data
 
 
 def tree_size(data: Any, limit: int = MAX_VALUES) -> int:
-    """How many values ``data`` holds, aliases counted each time they appear; InputError
-    past ``limit`` values or MAX_DEPTH levels. Stops as soon as either is passed, so a
-    cycle or an alias bomb costs at most ``limit`` steps."""
+    """Values in ``data``, aliases counted each time; InputError as soon as it passes
+    ``limit`` values or MAX_DEPTH levels, so a cycle or alias bomb costs ``limit`` steps."""
     count = 0
     todo: List[tuple] = [(data, 0)]
     while todo:

@@ -25,5 +25,3 @@ class JobsSettings(Record):
 SECTION = Section("jobs", JobsSettings)
 SECTIONS = (SECTION,)
 jobs_settings = SECTION.of
-
-

@@ -12,7 +12,7 @@ import os
 import string
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from mps_health.config.inputs import InputError, read_text, tree_size, yaml_nesting, yaml_too_deep
+from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
     Invalid,
     R,
@@ -25,7 +25,6 @@ from mps_health.config.schema import (
     internal,
     names,
     number,
-    optional_number,
     pathname,
     shown,
     text,
@@ -87,13 +86,19 @@ class ConfigError(Exception):
 
 # --- the core's own sections ------------------------------------------------------------
 
-def _gpus(value: Any) -> Tuple[str, ...]:
+def gpu_ids(value: Any, all_ok: bool = False) -> Optional[Tuple[str, ...]]:
+    """GPU indices or UUIDs (one alone is a list of one). ``all_ok`` (gpu.mps_gpus): all or
+    null is None, [] is taken; else none holds '/', '{' or '}' (they fill dir templates)."""
+    if all_ok and (value is None or value == "all"):
+        return None
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, list) or not value or not all(
+    if not isinstance(value, list) or not (value or all_ok) or not all(
             isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and not any(c in str(g) for c in "/{}") and str(g).isprintable() for g in value):
-        raise Invalid(f"must be a list of GPU indices or UUIDs, e.g. [0, 1] (got {shown(value)})")
+            and (all_ok or not any(c in str(g) for c in "/{}")) and str(g).isprintable()
+            for g in value):
+        raise Invalid(f"must be {'all or ' if all_ok else ''}a list of GPU indices or UUIDs, "
+                      f"e.g. [0, 1] (got {shown(value)})")
     return tuple(str(g).strip() for g in value)
 
 
@@ -119,7 +124,7 @@ class MpsConfig(Record):
     layout: str = text("node", choices=LAYOUTS)
     pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
     log_dir: str = pathname("/var/log/nvidia-mps")
-    gpus: Tuple[str, ...] = custom(("0",), _gpus)  # per-gpu: the GPUs that run an instance
+    gpus: Tuple[str, ...] = custom(("0",), gpu_ids)  # per-gpu: the GPUs that run an instance
     dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
     # Log dirs: only the control daemon writes there, so no one else may (a user's entry
     # there is a link the daemon would append to, or a forged log). Default 0755, per-job 0700.
@@ -151,11 +156,9 @@ def _check_template(key: str, template: str, layout: str) -> None:
         raise Invalid(f"the {layout} layout allows only "
                       f"{', '.join('{' + f + '}' for f in allowed) or 'a plain path'} "
                       f"(got {shown(template)})", key)
-    if layout == "per-gpu" and "gpu" not in fields:
-        raise Invalid("per-gpu layout needs {gpu} in the path", key)
+    if allowed and allowed[0] not in fields:  # per-gpu: {gpu}, per-job: {job}
+        raise Invalid(f"{layout} layout needs {{{allowed[0]}}} in the path", key)
     if layout == "per-job":
-        if "job" not in fields:
-            raise Invalid("per-job layout needs {job} in the path", key)
         parent = os.path.dirname(template)
         if "{" in parent or "}" in parent:
             raise Invalid("{job} and {gpu} may only appear in the last path component "
@@ -193,7 +196,7 @@ class ControlConfig(Record):
     timeout_s: float = number(2.0, low=0.1, high=60.0)
     max_clients: int = whole(16, low=1, high=1024)  # control clients running at once
     warn_latency_s: float = number(0.5, low=0.0)
-    expected_thread_percentage: Optional[float] = optional_number(0.0, 100.0)
+    expected_thread_percentage: Optional[float] = number(None, 0.0, 100.0, optional=True)
 
 
 class TmpfilesConfig(Record):
@@ -287,17 +290,14 @@ class Config(Record):
 
 
 TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
-
-
 MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
 
 
 def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
-    """Load the config from ``path`` (default file if it exists) or from ``text``.
-
-    The path is the admin's choice, so a symlink is followed; anything but a regular file
-    is refused without blocking, and so is a file over MAX_BYTES, nesting past
-    ``inputs.MAX_DEPTH`` or aliases expanding past ``inputs.MAX_VALUES`` values."""
+    """The config from ``path`` (else the default file, if it exists) or from ``text``. A
+    symlink is followed (the path is the admin's choice); anything but a regular file is
+    refused without blocking, and so is one over MAX_BYTES or past ``inputs.parse_yaml``'s
+    bounds (nesting past ``inputs.MAX_DEPTH``, aliases past ``inputs.MAX_VALUES`` values)."""
     explicit = path is not None
     path = path or DEFAULT_PATH
     try:
@@ -307,35 +307,12 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
                 if explicit:
                     raise ConfigError(f"{path}: no such file; give an existing --config")
                 return Config()  # no file: the defaults, and nothing else imported
-        data = _parse_yaml(text, path)
+        data = parse_yaml(text)
     except InputError as e:
         raise ConfigError(f"{path}: {e}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return from_mapping(data, path)
-
-
-def _parse_yaml(text: str, path: str) -> Any:
-    import yaml  # only when there is a file: without one, the defaults need no parser
-    from mps_health.model.printable import escape
-
-    # libyaml's loader where PyYAML has it (the same safe subset, in C), else PyYAML's own.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    yaml_nesting(text, loader)
-    try:
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        yaml_too_deep(e)  # a short text (no event pass) deeper than libyaml takes
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: not valid YAML: {escape(problem)}") from None
-    except ValueError as e:  # an integer of over 4300 digits, a date out of range
-        raise ConfigError(f"{path}: not valid YAML: {escape(str(e))}") from None
-    tree_size(data)
-    return data
+    return from_mapping(data or {}, path)
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:
@@ -387,6 +364,3 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise Invalid("must be a mapping of keys")
     return value
-
-
-__all__ = ["Config", "ConfigError", "Section", "load"]

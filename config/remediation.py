@@ -21,7 +21,6 @@ from mps_health.config.schema import (
 from mps_health.config.slurm import SlurmSettings
 from mps_health.model.results import BOOT_GRACE_S
 
-DEFAULT_AUDIT_LOG = "/var/log/mps-health/audit.log"
 # slurmd kills HealthCheckProgram after 60 s (HealthCheckTimeout from Slurm 26.05).
 SLURMD_KILL_S = 60.0
 # A run slower than this is a WARNING (healthcheck-slow): it is on its way to the kill.
@@ -46,7 +45,7 @@ class RemediationSettings(Record):
     term_timeout_s: float = number(5.0, 0.1, 600.0)  # SIGTERM, then SIGKILL after this
     verify_timeout_s: float = number(15.0, 0.5, 600.0)  # a restarted daemon answers within
     lock_wait_s: float = number(30.0, 0.0, 3600.0)  # a second remediation waits this long
-    audit_log: str = pathname(DEFAULT_AUDIT_LOG)
+    audit_log: str = pathname("/var/log/mps-health/audit.log")
     syslog: bool = flag(True)
     daemon_env: Tuple[Tuple[str, str], ...] = custom((), _env)  # for restarted daemons
     # No second reset of the node (any of its instances) within this long of the last one
@@ -89,10 +88,5 @@ def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],
 REMEDIATION = Section("remediation", RemediationSettings)
 HEALTHCHECK = Section("healthcheck", HealthcheckSettings, _finish_healthcheck)
 SECTIONS = (REMEDIATION, HEALTHCHECK)
-
-
 remediation = REMEDIATION.of
 healthcheck = HEALTHCHECK.of
-
-
-__all__ = ["HealthcheckSettings", "RemediationSettings", "healthcheck", "remediation"]

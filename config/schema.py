@@ -22,8 +22,7 @@ class Invalid(ValueError):
 
     def __init__(self, why: str, key: str = "") -> None:
         super().__init__(why)
-        self.why = why
-        self.key = key
+        self.why, self.key = why, key
 
 
 def shown(value: Any) -> str:
@@ -103,9 +102,7 @@ class Section(Generic[R]):
     """A top-level config key holding a mapping, validated into ``record``."""
 
     def __init__(self, name: str, record: type[R], finish: Optional[Finish] = None) -> None:
-        self.name = name
-        self.record = record
-        self.finish = finish
+        self.name, self.record, self.finish = name, record, finish
 
     def of(self, config: Any) -> R:
         """``config.get(self)``: this section's record in a loaded Config."""
@@ -130,55 +127,59 @@ class Section(Generic[R]):
 
 # --- specs ------------------------------------------------------------------------------
 
-def number(default: float, low: float = 0.0, high: float = float("inf")) -> Any:
+def user_name(value: Any) -> str:
+    """A user name or uid (a uid as its digits); "" is taken too."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or has_control(value) or any(c.isspace() for c in value):
+        raise Invalid(f"must be a user name or uid (got {shown(value)})")
+    return value
+
+
+def custom(default: Any, parse: Callable[[Any], Any], optional: bool = False) -> Any:
+    """A key ``parse`` checks and converts; with ``optional``, null is taken too (None)."""
+    return Spec(default, (lambda v: None if v is None else parse(v)) if optional else parse)
+
+
+def number(default: Optional[float], low: float = 0.0, high: float = float("inf"),
+           optional: bool = False) -> Any:
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not low <= value <= high:
             bounds = f"between {low:g} and {high:g}" if high != float("inf") else f">= {low:g}"
             raise Invalid(f"must be a number {bounds} (got {shown(value)})")
         return float(value)
-    return Spec(default, parse)
-
-
-def optional_number(low: float, high: float) -> Any:
-    inner = number(0.0, low, high).parse
-    return Spec(None, lambda value: None if value is None else inner(value))
+    return custom(default, parse, optional)
 
 
 def whole(default: Optional[int], low: int = 0, high: int = 2**63, optional: bool = False
           ) -> Any:
-    def parse(value: Any) -> Optional[int]:
-        if value is None and optional:
-            return None
+    def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise Invalid(f"must be a whole number from {low} to {high} (got {shown(value)})")
         return value
-    return Spec(default, parse)
+    return custom(default, parse, optional)
 
 
 def flag(default: Optional[bool], optional: bool = False) -> Any:
-    def parse(value: Any) -> Optional[bool]:
-        if value is None and optional:
-            return None
+    def parse(value: Any) -> bool:
         if not isinstance(value, bool):
             raise Invalid(f"must be true{', false or null' if optional else ' or false'} "
                           f"(got {shown(value)})")
         return value
-    return Spec(default, parse)
+    return custom(default, parse, optional)
 
 
 def text(default: Optional[str], choices: Sequence[str] = (), optional: bool = False) -> Any:
     """A non-empty string without control characters, one of ``choices`` if given."""
-    def parse(value: Any) -> Optional[str]:
-        if value is None and optional:
-            return None
+    def parse(value: Any) -> str:
         if not isinstance(value, str) or not value.strip() or has_control(value):
             raise Invalid(f"must be a non-empty string without control characters "
                           f"(got {shown(value)})")
         if choices and value not in choices:
             raise Invalid(f"must be one of {', '.join(choices)} (got {shown(value)})")
         return value
-    return Spec(default, parse)
+    return custom(default, parse, optional)
 
 
 def abspath(value: Any) -> str:
@@ -190,7 +191,7 @@ def abspath(value: Any) -> str:
 
 
 def pathname(default: Optional[str], optional: bool = False) -> Any:
-    return Spec(default, lambda v: None if v is None and optional else abspath(v))
+    return custom(default, abspath, optional)
 
 
 def command(value: Any) -> str:
@@ -199,10 +200,6 @@ def command(value: Any) -> str:
             ("/" in value and not value.startswith("/")):
         raise Invalid(f"must be a program name or an absolute path (got {shown(value)})")
     return value
-
-
-def custom(default: Any, parse: Callable[[Any], Any]) -> Any:
-    return Spec(default, parse)
 
 
 def names(value: Any) -> tuple[str, ...]:

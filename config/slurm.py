@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional, Tuple
 
-from mps_health.config.load import Config
+from mps_health.config.load import Config, gpu_ids
 from mps_health.config.schema import (
     Invalid,
     Record,
@@ -17,7 +18,6 @@ from mps_health.config.schema import (
     whole,
 )
 
-OUTPUTS = ("auto", "text", "json")
 MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any")
 DEFAULT_TAG = "MPS-HC:"
 
@@ -33,7 +33,8 @@ def _tag(value: Any) -> str:
 
 class SlurmSettings(Record):
     timeout_s: float = number(5.0, low=0.1, high=60.0)  # each scontrol/squeue call
-    output: str = text("auto", choices=OUTPUTS)  # "json" from Slurm 23.02 on; "auto" asks once
+    # scontrol/squeue output: "json" from Slurm 23.02 on; "auto" asks once
+    output: str = text("auto", choices=("auto", "text", "json"))
     gres_conf: Optional[str] = pathname(None, optional=True)  # default: beside slurm.conf
     mps_per_gpu: int = whole(100, low=1, high=1_000_000)  # gres.conf Count of mps per GPU
     # A drain reason starting with this is our own: the health check drains and resumes
@@ -45,19 +46,6 @@ class SlurmSettings(Record):
 class OrphanSettings(Record):
     # Younger per-job dirs are neither judged nor removed: a job may be starting.
     min_age_s: float = number(120.0, low=0.0, high=30 * 86400.0)
-
-
-def _gpu_list(value: Any) -> Optional[Tuple[str, ...]]:
-    if value is None or value == "all":
-        return None
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not all(
-            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and str(g).isprintable() for g in value):
-        raise Invalid(f"must be all or a list of GPU indices or UUIDs, e.g. [0, 1] "
-                      f"(got {shown(value)})")
-    return tuple(str(g).strip() for g in value)
 
 
 def _mode(value: Any, key: str) -> str:
@@ -79,7 +67,8 @@ def _modes(value: Any) -> Tuple[Tuple[str, str], ...]:
 
 
 class GpuSettings(Record):
-    mps_gpus: Optional[Tuple[str, ...]] = custom(None, _gpu_list)  # None: from the mps section
+    # GPUs that run MPS; None (all): from the mps section
+    mps_gpus: Optional[Tuple[str, ...]] = custom(None, partial(gpu_ids, all_ok=True))
     # mps/other/GPU index or UUID -> expected compute mode
     compute_mode: Tuple[Tuple[str, str], ...] = custom(DEFAULT_MODES, _modes)
     count: Optional[int] = whole(None, optional=True)  # GPUs this node must have (gres-drift)
@@ -105,8 +94,6 @@ SLURM = Section("slurm", SlurmSettings)
 ORPHANS = Section("orphans", OrphanSettings)
 GPU = Section("gpu", GpuSettings)
 SECTIONS = (GPU, SLURM, ORPHANS)
-
-
 settings = SLURM.of
 orphan_settings = ORPHANS.of
 gpu_settings = GPU.of

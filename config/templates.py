@@ -47,9 +47,7 @@ def pattern(template: str) -> re.Pattern[str]:
 def match(template: str, name: str) -> Optional[Tuple[str, str]]:
     """(job, gpu) of a dir name that fits the template's last component; None if not."""
     m = pattern(template).match(name)
-    if m is None:
-        return None
-    return m.group("job"), m.groupdict().get("gpu") or ""
+    return None if m is None else (m.group("job"), m.groupdict().get("gpu") or "")
 
 
 def glob(template: str) -> str:

@@ -201,10 +201,9 @@ class Handler(WSGIRequestHandler):
                               self.get_environ(), multithread=True)
         responder.request_handler = self
         responder.run(self.server.app)
-        if self.close_connection:
-            return False
-        self.server.active(conn)
-        return True
+        if not self.close_connection:
+            self.server.active(conn)  # it took its whole response
+        return not self.close_connection
 
 
 class MetricsServer(ThreadingWSGIServer):
@@ -219,9 +218,8 @@ class MetricsServer(ThreadingWSGIServer):
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.page, self.limits, self.log, self.with_process = page, limits, log, with_process
-        # Open connections in eviction order: those without a whole request yet, oldest
-        # first; then those that sent one, least recently active first. Connections shut
-        # down but not yet closed by their thread still hold an fd: they are counted.
+        # Open connections in eviction order (no whole request yet, oldest first; then the
+        # least recently active); shut down but not yet closed, one still holds an fd: counted.
         self.lock = threading.Condition()
         self.fresh: OrderedDict[socket.socket, Conn] = OrderedDict()
         self.talking: OrderedDict[socket.socket, Conn] = OrderedDict()
@@ -270,18 +268,12 @@ class MetricsServer(ThreadingWSGIServer):
         return [b"" if method == "HEAD" else body]
 
     def process_series(self) -> bytes:
-        """server_page(), reused for PROCESS_FRESH_S: a client pipelining requests costs
-        a copy per response, not a /proc read (no scraper asks twice a second)."""
+        """The process_* series (cheap: /proc/self) and the server's own (connections open,
+        the cap, those it closed), reused for PROCESS_FRESH_S: a client pipelining requests
+        costs a copy per response, not a /proc read (no scraper asks twice a second)."""
         now = time.monotonic()
-        when, page = self.process
-        if now - when >= PROCESS_FRESH_S:
-            page = self.server_page()
-            self.process = (now, page)
-        return page
-
-    def server_page(self) -> bytes:
-        """The process_* series (cheap: /proc/self) and the server's own: connections open,
-        the cap, and those it closed."""
+        if now - self.process[0] < PROCESS_FRESH_S:
+            return self.process[1]
         prefix = "mps_health_exporter_"
         closed = CounterMetricFamily(
             prefix + "connections_closed", "Connections the exporter closed or could not "
@@ -299,7 +291,8 @@ class MetricsServer(ThreadingWSGIServer):
                                       "fit the open-file limit).",
                                       value=self.limits.max_connections),
                     closed]
-        return latest(families, process=True)
+        self.process = (now, latest(families, process=True))
+        return self.process[1]
 
     # --- connections ------------------------------------------------------------------
 
@@ -335,9 +328,8 @@ class MetricsServer(ThreadingWSGIServer):
             conn.sock.shutdown(socket.SHUT_RDWR)
 
     def get_request(self) -> tuple[socket.socket, Any]:
-        """Accept one connection, making room first: at the cap, the oldest connection
-        without a whole request (else the least recently active) is shut down, and the
-        accept waits for its thread to close it, so the fds in use never pass the cap."""
+        """Accept one connection, at the cap evicting one first (see ``__init__``) and
+        waiting for its thread to close it, so the fds in use never pass the cap."""
         cap = self.limits.max_connections
         with self.lock:
             if self.count() >= cap:

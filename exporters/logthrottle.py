@@ -22,10 +22,7 @@ class Throttled:
     def __init__(self, interval_s: float, write: Callable[[str], None] = to_stderr,
                  clock: Callable[[], float] = time.monotonic,
                  prefix: str = "mps-health exporter: ") -> None:
-        self.interval_s = interval_s
-        self.write = write
-        self.clock = clock
-        self.prefix = prefix
+        self.interval_s, self.write, self.clock, self.prefix = interval_s, write, clock, prefix
         self.counts: Dict[str, int] = {}
         self.what: Dict[str, str] = {}
         self.written: Dict[str, float] = {}  # when the kind's last line was written

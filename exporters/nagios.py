@@ -19,7 +19,7 @@ import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
 from mps_health.exporters.text import folded_line, gathered, ok_line, passed
 from mps_health.model.actionhints import with_options
-from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
+from mps_health.model.results import OK, Report, Result, is_problem, worst
 from nagiosplugin.output import Output
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
@@ -67,23 +67,17 @@ def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
     """The -w/-c ranges; without -w 0..``default_s`` (written plainly: "%g" writes 1e-05
     or inf, which a range does not take), without -c 0..twice the warning's end."""
     warn = Range(plain(default_s) if warning is None and math.isfinite(default_s) else warning)
-    if critical is not None:
-        return warn, Range(critical)
-    return warn, Range(plain(2 * warn.end) if math.isfinite(warn.end) else "")
+    twice = plain(2 * warn.end) if math.isfinite(warn.end) else ""
+    return warn, Range(twice if critical is None else critical)
 
 
 # The plugin's headline number keeps the short label admins graph (node_latency).
 PERF_ALIASES = {("control", "latency_s"): "latency"}
 
 
-def perf_name(s: Sample) -> str:
-    """The sample's name without instance: its metric name, less prefix and unit suffix."""
-    alias = PERF_ALIASES.get((s.check, s.key))
-    return alias or re.sub(r"_(seconds|bytes)\Z", "", s.metric[len(PREFIX):])
-
-
 def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
-    """A stable perfdata label for each sample: INSTANCE[_GPU]_NAME (graphs key on it)."""
+    """A stable perfdata label for each sample: INSTANCE[_GPU]_NAME (graphs key on it), NAME
+    its metric name less prefix and unit suffix."""
     out = []
     for s in found:
         if s.key.endswith("_pid"):
@@ -96,7 +90,8 @@ def perf_labels(found: Sequence[Sample]) -> List[Tuple[str, Sample]]:
         elif gpu is None and "UUID" in labels:
             words.append(labels["UUID"])
         words += [v for k, v in s.labels if k not in ("mps_instance", "gpu", "UUID")]
-        words.append(perf_name(s))
+        words.append(PERF_ALIASES.get((s.check, s.key))
+                     or re.sub(r"_(seconds|bytes)\Z", "", s.metric[len(PREFIX):]))
         out.append((re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(words)), s))
     return out
 
@@ -200,14 +195,10 @@ class Headline(nagiosplugin.Summary):
         report = self.probe.judged
         for run in report.runs:
             for res in run.results:
-                where = f"[{res.instance}]" if res.instance else ""
                 if res.state == OK:
                     lines.append(_clean(ok_line(res)))
-                elif res.cause == STARTING:  # the node is booting: said, not counted
-                    lines.append(_clean(f"INITIALIZING {res.check}{where} {res.code}: "
-                                        f"{res.message} (still starting after boot)"))
-                elif res.cause:  # folded under its cause: said, not counted, no action
-                    lines.append(_clean(folded_line(res)))
+                elif res.cause:  # folded under its cause, or still starting after boot: said,
+                    lines.append(_clean(folded_line(res)))  # not counted, no action
         if self.level >= 2:
             lines.append(gathered(report))
         return lines

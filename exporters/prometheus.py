@@ -9,10 +9,11 @@ import itertools
 import os
 import platform
 from collections import Counter
+from types import SimpleNamespace
 from typing import Iterator, List, Mapping, NamedTuple, Optional
 
 from mps_health import __version__
-from mps_health.exporters.series import PREFIX, Labels, Sample, labels_of, samples
+from mps_health.exporters.series import PREFIX, Labels, labels_of, samples
 from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from prometheus_client import ProcessCollector
@@ -48,19 +49,15 @@ def _gauge(name: str, doc: str, value: float, labels: Optional[Mapping[str, str]
     return m
 
 
-def _value_help(sample: Sample) -> str:
-    spec = registry.checks().get(sample.check)
-    what = f" ({spec.summary})" if spec is not None and spec.summary else ""
-    unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
-            "flag": ", 1 or 0"}.get(sample.unit, "")
-    return f"Value '{sample.key}' of the {sample.check} check{what}{unit}."
-
-
 def _value_families(report: Report) -> Iterator[Metric]:
     ordered = sorted(samples(report), key=lambda s: (s.metric, s.labels))
     for name, group in itertools.groupby(ordered, key=lambda s: s.metric):
         first, *rest = group
-        m = Metric(name, _value_help(first), "gauge")
+        spec = registry.checks().get(first.check)
+        what = f" ({spec.summary})" if spec is not None and spec.summary else ""
+        unit = {"seconds": ", in seconds", "bytes": ", in bytes", "percent": ", in percent",
+                "flag": ", 1 or 0"}.get(first.unit, "")
+        m = Metric(name, f"Value '{first.key}' of the {first.check} check{what}{unit}.", "gauge")
         for s in (first, *rest):
             m.add_sample(name, dict(s.labels), s.value)
         yield m
@@ -124,31 +121,21 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
                   {"version": __version__, "python": platform.python_version()})]
     if record is None:
         return out
-    out.append(_gauge(PREFIX + "last_run_timestamp_seconds", "Unix time the last run ended "
-                      "(alert when it stops moving).", record.finished_at))
-    if record.last_success_at is not None:
-        out.append(_gauge(LAST_SUCCESS, "Unix time of the last run in which every check "
-                          "could judge.", record.last_success_at))
-    out.append(_gauge(PREFIX + "run_success", "1 when every check of the last run could "
-                      "judge, 0 when one was UNKNOWN or the run failed.",
-                      1.0 if record.success else 0.0))
-    if record.healthcheck_s is not None:
-        out.append(_gauge(PREFIX + "healthcheck_duration_seconds", "Time the last run of "
-                          "mps-health-healthcheck (slurmd's HealthCheckProgram) took; slurmd "
-                          "kills it at 60 s.", record.healthcheck_s))
+    for name, doc, value in (
+            ("last_run_timestamp_seconds", "Unix time the last run ended (alert when it stops "
+             "moving).", record.finished_at),
+            ("last_success_timestamp_seconds", "Unix time of the last run in which every "
+             "check could judge.", record.last_success_at),
+            ("run_success", "1 when every check of the last run could judge, 0 when one was "
+             "UNKNOWN or the run failed.", float(record.success)),
+            ("healthcheck_duration_seconds", "Time the last run of mps-health-healthcheck "
+             "(slurmd's HealthCheckProgram) took; slurmd kills it at 60 s.",
+             record.healthcheck_s)):
+        if value is not None:  # no success yet, no health check run here: no series
+            out.append(_gauge(PREFIX + name, doc, value))
     if record.report is not None:
         out.extend(_report_families(record.report))
     return out
-
-
-class _Families:
-    """A collector over a fixed list, asked once per exposition."""
-
-    def __init__(self, metrics: List[Metric]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> List[Metric]:
-        return self.metrics
 
 
 def latest(metrics: List[Metric], process: bool = False) -> bytes:
@@ -156,7 +143,7 @@ def latest(metrics: List[Metric], process: bool = False) -> bytes:
     or python_* series unless ``process`` (the exporter's own, fresh from /proc/self)."""
     if process:
         metrics = [*ProcessCollector(registry=None).collect(), *metrics]
-    return generate_latest(_Families(metrics))
+    return generate_latest(SimpleNamespace(collect=lambda: metrics))  # a one-off collector
 
 
 def exposition(record: Optional[RunRecord]) -> bytes:

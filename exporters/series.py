@@ -79,12 +79,8 @@ def metric_name(check: str, key: str) -> str:
     alias = ALIASES.get((check, key))
     base, unit = unit_of(key)
     family = _clean(check)  # "compute-mode" and "compute_mode" name the same family
-    if alias is not None:
-        stem = alias
-    elif key == family or key.startswith(family + "_"):
-        stem = base
-    else:
-        stem = f"{family}_{base}"
+    own = key == family or key.startswith(family + "_")
+    stem = alias or (base if own else f"{family}_{base}")
     if unit in ("seconds", "bytes") and not stem.endswith("_" + unit):
         stem += "_" + unit
     name = PREFIX + _clean(stem)

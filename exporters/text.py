@@ -84,10 +84,9 @@ def paint(line: str, state: int, at: int, colour: bool) -> str:
 
 def lines(report: Report, verbose: bool = False, width: int = 0,
           colour: bool = False) -> Iterator[str]:
-    """The output, line by line (``write`` prints them as they come: a report of many
-    thousand instances is never held as one string). ``width`` > 0: a terminal's width
-    (short problem lines unless ``verbose``); ``colour``: paint the states' names.
-    Colour codes are added after the text from the system was escaped and cut."""
+    """The output, line by line as ``write`` prints them (a report of many thousand instances
+    is never one string); ``width`` and ``colour`` as the module doc says, colour codes
+    added after the text from the system was escaped and cut."""
     short = width > 0 and not verbose
     yield paint(fit(summary_line(report), width), report.state, 4, colour)
     for run in report.runs:

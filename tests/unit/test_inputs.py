@@ -6,6 +6,7 @@ tests/e2e/test_hostile_inputs.py; these are the rules themselves, on small data.
 
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -44,30 +45,39 @@ def test_tree_size_bounds_depth() -> None:
 
 
 def test_yaml_nesting_refuses_deep_documents_before_composing() -> None:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     deep = "x: " + "[" * 3000 + "]" * 3000
     with pytest.raises(inputs.InputError, match="line 1: nested more than 64 levels"):
-        inputs.yaml_nesting(deep, loader)
-    inputs.yaml_nesting("x: " + "[" * 63 + "]" * 63 + " " * 3000, loader)  # 64 with the map
-    inputs.yaml_nesting("x: [1, 2" + " " * 3000, loader)  # broken: the real load words it
+        inputs.parse_yaml(deep)
+    inputs.parse_yaml("x: " + "[" * 63 + "]" * 63 + " " * 3000)  # 64 with the map
+    with pytest.raises(inputs.InputError, match="not valid YAML"):  # broken, not too deep
+        inputs.parse_yaml("x: [1, 2" + " " * 3000)
 
 
-def test_libyaml_refusing_depth_itself_is_worded_as_ours() -> None:
+def test_libyaml_refusing_depth_itself_is_worded_as_ours(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     # libyaml 0.2.6 (PyYAML 6.0.4's wheels) stops past 1000 levels in its scanner, which
     # reads ahead of the events the depth is counted on: the same line either way.
     mark = yaml.Mark("<unicode string>", 1002, 2, 1002, None, None)
     refused = yaml.scanner.ScannerError("while increasing flow level", mark,
                                         "exceeded maximum nesting depth", mark)
-    with pytest.raises(inputs.InputError, match=r"^line 3: nested more than 64 levels deep$"):
-        inputs.yaml_too_deep(refused)
     other = yaml.scanner.ScannerError("while scanning", mark, "found a tab", mark)
-    assert inputs.yaml_too_deep(other) is None  # not ours to word: the load says it
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    def raising(error: Exception) -> Callable[..., Any]:
+        def load(*args: Any, **kwargs: Any) -> Any:
+            raise error
+        return load
+
+    with monkeypatch.context() as patched:  # the error the load of a short text raises
+        patched.setattr(yaml, "load", raising(refused))
+        with pytest.raises(inputs.InputError, match=r"^line 3: nested more than 64 levels deep$"):
+            inputs.parse_yaml("x: 1")
+        patched.setattr(yaml, "load", raising(other))
+        with pytest.raises(inputs.InputError, match=r"^line 3: not valid YAML: found a tab$"):
+            inputs.parse_yaml("x: 1")  # not a depth: worded as the load's own error
     # A flow sequence opened at once is what libyaml's look-ahead refuses before the
     # 65th level's event: whichever libyaml this is, the line is ours.
     for body in ("x: " + "[" * 3000 + "]" * 3000, "x:\n  - " + "[" * 1500 + "]" * 1500):
         with pytest.raises(inputs.InputError, match="nested more than 64 levels deep"):
-            inputs.yaml_nesting(body, loader)
+            inputs.parse_yaml(body)
 
 
 def test_read_text_names_the_problem(tmp_path: Path) -> None:
