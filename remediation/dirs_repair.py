@@ -38,7 +38,7 @@ from mps_health.remediation.actions import (
     target_for,
 )
 from mps_health.remediation.audit import Audit
-from mps_health.remediation.reset import Target, log_owner, os_error_text
+from mps_health.remediation.reset import Target, os_error_text, plan_fixes
 
 
 def in_use(ctx: Context, inst: Instance) -> str:
@@ -50,10 +50,9 @@ def in_use(ctx: Context, inst: Instance) -> str:
 
 def plan(ctx: Context, inst: Instance, target: Target, busy: str
          ) -> Tuple[dirs.DirFix, dirs.DirFix]:
-    pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False)
-    log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
-    return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, inst.name),
-            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, inst.name))
+    return plan_fixes(read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False),
+                      read_dir(ctx.path(inst.log_dir), inst.log_dir, False), target, busy,
+                      inst.name)
 
 
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:

@@ -31,7 +31,6 @@ from mps_health.hostio.process_identity import (  # noqa: F401  (the identity ru
     binaries_for,
     binaries_of,
     is_daemon,
-    is_impostor,
     is_server,
 )
 from mps_health.model.facts import Instance, ProcessFact

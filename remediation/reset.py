@@ -143,12 +143,6 @@ def daemon_env(ctx: Context, inst: Instance, user: User,
     return env
 
 
-def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
-    if d.kind == "error":
-        return [f"inspect {d.path} again when acting (lstat failed now: {d.error})"]
-    return dirs.describe(d.kind, d.mode, d.uid, d.link_target, target, owner.name)
-
-
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
              automatic: bool, which: str = "") -> Tuple[str, str]:
     """(refusal, note) of the cooldown (pure): a restart within ``remediation.cooldown_s``
@@ -216,10 +210,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
                       f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s" if listed
                       else "end any daemon or server of this instance found by then (none now)"))
-    pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
+    pipe_lines = dirs.describe(obs.pipe, target.pipe, target.dir_owner.name)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_lines = _dir_lines(obs.log, target.log, log_owner(target))
+    log_lines = dirs.describe(obs.log, target.log, log_owner(target).name)
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
@@ -250,11 +244,15 @@ def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]
     if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
                                for r in obs.problems):
         return None
-    fixes = (dirs.plan_fix("pipe", obs.pipe, target.pipe, target.dir_owner.name,
-                           "its daemon", obs.inst.name),
-             dirs.plan_fix("log", obs.log, target.log, log_owner(target).name, "its daemon",
-                           obs.inst.name))
+    fixes = plan_fixes(obs.pipe, obs.log, target, "its daemon", obs.inst.name)
     return None if any(f.refused for f in fixes) else fixes
+
+
+def plan_fixes(pipe: DirFact, log: DirFact, target: Target, busy: str, name: str
+               ) -> Tuple[dirs.DirFix, dirs.DirFix]:
+    """``dirs.plan_fix`` for the instance's pipe and log dirs (``remediate dirs``, reset)."""
+    return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, name),
+            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, name))
 
 
 def os_error_text(e: OSError) -> str:
