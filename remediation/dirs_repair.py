@@ -1,13 +1,12 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-The plan (``dirs.plan_fix``, by the check's own rule ``directories.repair_of``) sets a
-wrong mode or owner of a trusted owner's dir through an fd opened
-``O_NOFOLLOW|O_DIRECTORY`` and makes a missing log dir. While any daemon or server (of
-any uid) uses the instance, a dir that would have to be swapped is refused with the
-reset that fixes it; with none, it is made or moved aside as a reset would. Each dir is
-judged again when acting under the node lock (``dirs.repair``), a swap only if still
-unused; verified by the directories check, every step audited.
+The plan is ``dirs.plan_fix``'s (the check's own rule, ``directories.repair_of``): a
+trusted owner's dir is set right through an fd opened ``O_NOFOLLOW|O_DIRECTORY``, a
+missing log dir made; a swap is refused, naming the reset, while any daemon or server
+(of any uid) uses the instance. Each dir is judged again under the node lock
+(``dirs.repair``), a swap only if still unused; verified by the directories check,
+every step audited.
 
 Exit 0 done or nothing to do, 1 a dir left to a reset (the rest done), 2 a step failed,
 3 could not start.

@@ -276,14 +276,6 @@ def control_path(ctx: Context) -> str:
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
-def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
-    n = settings.quit_timeout_s
-    env = daemon_env(ctx, inst, ROOT, settings)
-    problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
-    return Outcome(True, f"{problem}: ending it by PID instead" if problem
-                   else "the daemon accepted 'quit'")
-
-
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
             settings: RemediationSettings, uids: Optional[FrozenSet[int]]) -> Outcome:
     daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
@@ -371,7 +363,10 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
     for number, step in enumerate(p.steps, 1):
         try:
             if step.kind == "quit":
-                out = _do_quit(ctx, inst, settings)
+                n, env = settings.quit_timeout_s, daemon_env(ctx, inst, ROOT, settings)
+                problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
+                out = Outcome(True, f"{problem}: ending it by PID instead" if problem
+                              else "the daemon accepted 'quit'")
             elif step.kind == "end":
                 out = _do_end(ctx, inst, planned, settings, daemon_uids(ctx, target))
             elif step.kind.startswith(("pipe-dir", "log-dir")):
