@@ -102,13 +102,11 @@ def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
     parent, name = safedirs.split(target.path)
     pfd = safedirs.open_dir(parent, root)
     try:
-        uid, gid = (target.uid, target.gid) if target.uid is not None and \
-            target.gid is not None else (0, 0)
-        if target.uid is None or target.gid is None:
-            # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
-            seen = safedirs.look(pfd, name)
-            if seen.kind == "dir" and seen.uid in target.trusted:
-                uid, gid = seen.uid, seen.gid
+        uid, gid = 0, 0  # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
+        if target.uid is not None and target.gid is not None:
+            uid, gid = target.uid, target.gid
+        elif (seen := safedirs.look(pfd, name)).kind == "dir" and seen.uid in target.trusted:
+            uid, gid = seen.uid, seen.gid
         try:
             made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid,
                                        lambda e: e.uid in target.trusted, replace)

@@ -113,8 +113,8 @@ def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
     return None if ctx.config.mps.daemon_user == "any" else frozenset({0, target.daemon_user.uid})
 
 
-def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
-            with_clients: bool = True, uids: Optional[FrozenSet[int]] = None) -> Observed:
+def observe(ctx: Context, inst: Instance, with_clients: bool = True,
+            uids: Optional[FrozenSet[int]] = None) -> Observed:
     found = read_processes(ctx.proc, binaries_here(ctx))
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
     # A daemon started between the scan and the pid file's read is no stale one.
@@ -335,7 +335,7 @@ def _do_verify(ctx: Context, inst: Instance, target: Target, settings: Remediati
         if answer.status == "ok":
             break
         time.sleep(0.1)
-    obs = observe(ctx, inst, settings, with_clients=False, uids=uids)
+    obs = observe(ctx, inst, with_clients=False, uids=uids)
     bad = obs.problems
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
