@@ -22,7 +22,6 @@ from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.results import OK, STATE_NAMES
 from mps_health.probes.dirs import blocked_parents, read_dir
-from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
 from mps_health.remediation.actions import (
@@ -42,8 +41,7 @@ from mps_health.remediation.reset import Target, os_error_text, plan_fixes
 
 def in_use(ctx: Context, inst: Instance) -> str:
     """The control daemons and servers on the instance's pipe dir, named ("" if none)."""
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
-                                         ctx.root)
+    daemons, servers = procs.on_node(ctx, inst)
     return ", ".join(procs.describe(p) for p in (*daemons, *servers))
 
 

@@ -278,8 +278,7 @@ def control_path(ctx: Context) -> str:
 
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
             settings: RemediationSettings, uids: Optional[FrozenSet[int]]) -> Outcome:
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
-                                        ctx.root, uids)
+    daemons, servers = procs.on_node(ctx, inst, uids)
     # What we planned on, plus any process of this instance started since (same pipe dir).
     seen = {(q.pid, q.start_ticks) for q in planned}
     todo = [*planned, *(p for p in (*daemons, *servers) if (p.pid, p.start_ticks) not in seen)]
