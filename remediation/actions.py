@@ -162,11 +162,10 @@ def last_reset(ctx: Context, found: Sequence[Instance], say: Say) -> Tuple[float
 
 
 def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, force: bool,
-               dry_run: bool, say: Say, automatic: bool = False,
-               last: Tuple[float, str] = (float("-inf"), "")) -> int:
+               dry_run: bool, say: Say, automatic: bool, last: Tuple[float, str]) -> int:
     target = target_for(ctx, inst, settings)
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
-    obs = reset_mod.observe(ctx, inst, settings, uids=reset_mod.daemon_uids(ctx, target))
+    obs = reset_mod.observe(ctx, inst, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
     plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic, last_of=last[1])
     for note in plan.notes:

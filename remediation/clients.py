@@ -99,9 +99,8 @@ def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_an
 
 
 def job_of(proc_dir: str, pid: int) -> str:
-    """How to name a process's Slurm job in a refusal: "job N" for the job cgroup it runs
-    in, "says job N" for a SLURM_JOB_ID outside any (its user's word: no squeue is asked
-    here to hold it against), "" for none. The probe's bounded read and strict parse."""
+    """A process's Slurm job for a refusal: "job N" by its job cgroup, "says job N" by a
+    SLURM_JOB_ID outside any (its user's word, not held against squeue), "" for none."""
     info = read_client(proc_dir, pid, None)
     if not info.job_id:
         return ""

@@ -18,10 +18,8 @@ import time
 from typing import Mapping, NamedTuple, Optional
 
 from mps_health.hostio.runas import RunAs, run_as
+from mps_health.probes.control import NO_DAEMON, QUERY
 from mps_health.remediation.processes import binaries_of, named_daemon
-
-NO_DAEMON = "Cannot find MPS control daemon process"
-READY_QUERY = "get_default_active_thread_percentage"
 
 
 class Started(NamedTuple):
@@ -66,12 +64,12 @@ def start_daemon(control: str, pipe_dir: str, as_user: Optional[RunAs], env: Map
             why += f" (the launcher exited {launch.rc}" + (f": {said!r})" if said else ")")
         return Started(None, why, time.monotonic() - t0)
     answer = run_as([control], max(0.1, deadline - time.monotonic()), as_user,
-                    stdin=READY_QUERY + "\n", env=env)
+                    stdin=QUERY + "\n", env=env)
     text = answer.stdout.strip()
     if answer.timed_out or answer.rc != 0 or not text or NO_DAEMON in text:
         why = "timed out" if answer.timed_out else f"rc {answer.rc}, {text or answer.stderr!r}"
         return Started(None, f"daemon {daemon.pid} started but does not answer "
-                       f"{READY_QUERY} ({why})", time.monotonic() - t0)
+                       f"{QUERY} ({why})", time.monotonic() - t0)
     return Started(daemon.pid, text, time.monotonic() - t0, daemon.start_ticks)
 
 

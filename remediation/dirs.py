@@ -42,20 +42,24 @@ def actions(kind: str, mode: int, uid: int, target: DirTarget) -> Tuple[str, ...
     return tuple(out)
 
 
-def describe(kind: str, mode: int, uid: int, link: Optional[str], target: DirTarget,
-             user_name: str) -> List[str]:
+def _what(d: DirFact) -> str:
+    return {"symlink": f"a symlink to {d.link_target}", "missing": "missing",
+            "dir": f"a dir owned by uid {d.uid}"}.get(d.kind, f"a {d.kind}")
+
+
+def describe(d: DirFact, target: DirTarget, user_name: str) -> List[str]:
     """The plan's lines for this dir, one per action, in the order they are done."""
-    what = {"symlink": f"a symlink to {link}", "dir": f"a dir owned by uid {uid}"}.get(
-        kind, f"a {kind}")
-    why = "not a real directory" if kind != "dir" else "owned by someone else"
-    said = {"move-aside": f"move {target.path} ({what}: {why}) aside to "
+    if d.kind == "error":
+        return [f"inspect {d.path} again when acting (lstat failed now: {d.error})"]
+    why = "not a real directory" if d.kind != "dir" else "owned by someone else"
+    said = {"move-aside": f"move {target.path} ({_what(d)}: {why}) aside to "
                           f"{target.path}.aside-<time>-<random>, never following it",
             "create": f"create {target.path} mode {target.mode:04o} owner {user_name}",
             "clear": f"remove stale daemon entries in {target.path} "
                      f"({', '.join(STALE_ENTRIES)}) once no daemon of it is left",
-            "chown": f"change owner of {target.path} from uid {uid} to {user_name}",
-            "chmod": f"change mode of {target.path} from {mode:04o} to {target.mode:04o}"}
-    return [said[act] for act in actions(kind, mode, uid, target)]
+            "chown": f"change owner of {target.path} from uid {d.uid} to {user_name}",
+            "chmod": f"change mode of {target.path} from {d.mode:04o} to {target.mode:04o}"}
+    return [said[act] for act in actions(d.kind, d.mode, d.uid, target)]
 
 
 class DirFix(NamedTuple):
@@ -80,16 +84,14 @@ def plan_fix(role: str, d: DirFact, target: DirTarget, owner_name: str, busy: st
     acts = actions(d.kind, d.mode, d.uid, target)
     if not acts:
         return DirFix(role, target, ())
-    lines = tuple(describe(d.kind, d.mode, d.uid, d.link_target, target, owner_name))
+    lines = tuple(describe(d, target, owner_name))
     if repair_of(role, d.kind, d.uid in target.trusted) == "dirs":
         return DirFix(role, target, lines)
     if not busy:
         return DirFix(role, target, lines, replace=True)
-    what = {"symlink": f"a symlink to {d.link_target}", "missing": "missing",
-            "dir": f"a dir owned by uid {d.uid}"}.get(d.kind, f"a {d.kind}")
     why = ("its daemon's sockets are gone or in another's hands" if role == "pipe" else
            "its daemon keeps writing the logs it opened through it until it restarts")
-    return DirFix(role, target, lines, f"{role} dir {d.path} is {what} while {busy} "
+    return DirFix(role, target, lines, f"{role} dir {d.path} is {_what(d)} while {busy} "
                   f"uses it: {why}; run 'mps-health remediate reset {instance}'")
 
 
@@ -100,13 +102,11 @@ def repair(root: str, target: DirTarget, replace: bool = True) -> List[str]:
     parent, name = safedirs.split(target.path)
     pfd = safedirs.open_dir(parent, root)
     try:
-        uid, gid = (target.uid, target.gid) if target.uid is not None and \
-            target.gid is not None else (0, 0)
-        if target.uid is None or target.gid is None:
-            # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
-            seen = safedirs.look(pfd, name)
-            if seen.kind == "dir" and seen.uid in target.trusted:
-                uid, gid = seen.uid, seen.gid
+        uid, gid = 0, 0  # dir_owner 'any': a trusted dir keeps its owner, a new one is root's
+        if target.uid is not None and target.gid is not None:
+            uid, gid = target.uid, target.gid
+        elif (seen := safedirs.look(pfd, name)).kind == "dir" and seen.uid in target.trusted:
+            uid, gid = seen.uid, seen.gid
         try:
             made = safedirs.ensure_dir(pfd, name, target.mode, uid, gid,
                                        lambda e: e.uid in target.trusted, replace)

@@ -1,13 +1,12 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-The plan (``dirs.plan_fix``, by the check's own rule ``directories.repair_of``) sets a
-wrong mode or owner of a trusted owner's dir through an fd opened
-``O_NOFOLLOW|O_DIRECTORY`` and makes a missing log dir. While any daemon or server (of
-any uid) uses the instance, a dir that would have to be swapped is refused with the
-reset that fixes it; with none, it is made or moved aside as a reset would. Each dir is
-judged again when acting under the node lock (``dirs.repair``), a swap only if still
-unused; verified by the directories check, every step audited.
+The plan is ``dirs.plan_fix``'s (the check's own rule, ``directories.repair_of``): a
+trusted owner's dir is set right through an fd opened ``O_NOFOLLOW|O_DIRECTORY``, a
+missing log dir made; a swap is refused, naming the reset, while any daemon or server
+(of any uid) uses the instance. Each dir is judged again under the node lock
+(``dirs.repair``), a swap only if still unused; verified by the directories check,
+every step audited.
 
 Exit 0 done or nothing to do, 1 a dir left to a reset (the rest done), 2 a step failed,
 3 could not start.
@@ -23,7 +22,6 @@ from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.results import OK, STATE_NAMES
 from mps_health.probes.dirs import blocked_parents, read_dir
-from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs
 from mps_health.remediation.actions import (
@@ -38,22 +36,20 @@ from mps_health.remediation.actions import (
     target_for,
 )
 from mps_health.remediation.audit import Audit
-from mps_health.remediation.reset import Target, log_owner, os_error_text
+from mps_health.remediation.reset import Target, os_error_text, plan_fixes
 
 
 def in_use(ctx: Context, inst: Instance) -> str:
     """The control daemons and servers on the instance's pipe dir, named ("" if none)."""
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
-                                         ctx.root)
+    daemons, servers = procs.on_node(ctx, inst)
     return ", ".join(procs.describe(p) for p in (*daemons, *servers))
 
 
 def plan(ctx: Context, inst: Instance, target: Target, busy: str
          ) -> Tuple[dirs.DirFix, dirs.DirFix]:
-    pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False)
-    log = read_dir(ctx.path(inst.log_dir), inst.log_dir, False)
-    return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, inst.name),
-            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, inst.name))
+    return plan_fixes(read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, False),
+                      read_dir(ctx.path(inst.log_dir), inst.log_dir, False), target, busy,
+                      inst.name)
 
 
 def verify(ctx: Context, inst: Instance, roles: Sequence[str]) -> List[str]:

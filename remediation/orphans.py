@@ -23,9 +23,8 @@ from mps_health.hostio import jobrecords, safedirs
 from mps_health.hostio.runner import RunAs
 from mps_health.hostio.users import by_uid, groups_of
 from mps_health.model.context import Context, node_name
-from mps_health.model.facts import Instance, ProcessFact
+from mps_health.model.facts import Instance
 from mps_health.probes.instances import discover_jobs
-from mps_health.probes.proc import binaries_here, read_processes
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.remediation import processes as procs
 from mps_health.remediation.actions import (
@@ -47,13 +46,8 @@ def orphans_of(instances: Sequence[Instance], job_ids: Collection[str]) -> Tuple
     return tuple(i for i in instances if i.job_id is not None and i.job_id not in job_ids)
 
 
-def _processes(ctx: Context, inst: Instance) -> Tuple[Tuple[ProcessFact, ...],
-                                                      Tuple[ProcessFact, ...]]:
-    return procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)), ctx.root)
-
-
 def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> List[str]:
-    daemons, servers = _processes(ctx, inst)
+    daemons, servers = procs.on_node(ctx, inst)
     lines = [f"send 'quit -t {settings.quit_timeout_s:g}' to daemon {d.pid} as its user "
              f"(uid {d.uid})" for d in daemons]
     if daemons or servers:
@@ -111,8 +105,8 @@ def clean_one(ctx: Context, inst: Instance, settings: RemediationSettings,
                                              _owner(ctx, inst.pipe_dir)):
         return False, f"{inst.pipe_dir} is no longer a dir our Prolog made for the job: left"
     done = [_quit_as_owner(ctx, inst, d.uid, settings.quit_timeout_s)
-            for d in _processes(ctx, inst)[0] if d.state not in ("T", "t")]
-    daemons, servers = _processes(ctx, inst)
+            for d in procs.on_node(ctx, inst)[0] if d.state not in ("T", "t")]
+    daemons, servers = procs.on_node(ctx, inst)
     ended = procs.end_all(ctx.proc, (*daemons, *servers), settings.term_timeout_s)
     done.extend(f"{e.pid}: {e.detail}" for e in ended)
     if any(e.outcome == "alive" for e in ended):

@@ -31,12 +31,12 @@ from mps_health.hostio.process_identity import (  # noqa: F401  (the identity ru
     binaries_for,
     binaries_of,
     is_daemon,
-    is_impostor,
     is_server,
 )
+from mps_health.model.context import Context
 from mps_health.model.facts import Instance, ProcessFact
 from mps_health.probes.instances import pipe_paths
-from mps_health.probes.proc import read_process, read_processes
+from mps_health.probes.proc import binaries_here, read_process, read_processes
 
 
 class Ended(NamedTuple):
@@ -121,6 +121,12 @@ def of_instance(inst: Instance, procs: Iterable[ProcessFact], root: str = "/",
     """(control daemons of ``uids``, servers) of ``inst``; under ``--root`` a daemon's
     environ may name its pipe dir with or without the root."""
     return of_pipe_dirs(procs, pipe_paths(inst, root), uids)
+
+
+def on_node(ctx: Context, inst: Instance, uids: Optional[Collection[int]] = None
+            ) -> Tuple[Tuple[ProcessFact, ...], Tuple[ProcessFact, ...]]:
+    """``of_instance`` over the processes /proc shows now."""
+    return of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)), ctx.root, uids)
 
 
 def same(proc_dir: str, fact: ProcessFact) -> Optional[ProcessFact]:

@@ -113,8 +113,8 @@ def daemon_uids(ctx: Context, target: Target) -> Optional[FrozenSet[int]]:
     return None if ctx.config.mps.daemon_user == "any" else frozenset({0, target.daemon_user.uid})
 
 
-def observe(ctx: Context, inst: Instance, settings: RemediationSettings,
-            with_clients: bool = True, uids: Optional[FrozenSet[int]] = None) -> Observed:
+def observe(ctx: Context, inst: Instance, with_clients: bool = True,
+            uids: Optional[FrozenSet[int]] = None) -> Observed:
     found = read_processes(ctx.proc, binaries_here(ctx))
     pipe = read_dir(ctx.path(inst.pipe_dir), inst.pipe_dir, True)
     # A daemon started between the scan and the pid file's read is no stale one.
@@ -141,12 +141,6 @@ def daemon_env(ctx: Context, inst: Instance, user: User,
         env["CUDA_VISIBLE_DEVICES"] = inst.gpu
     env.update(dict(settings.daemon_env))
     return env
-
-
-def _dir_lines(d: DirFact, target: dirs.DirTarget, owner: User) -> List[str]:
-    if d.kind == "error":
-        return [f"inspect {d.path} again when acting (lstat failed now: {d.error})"]
-    return dirs.describe(d.kind, d.mode, d.uid, d.link_target, target, owner.name)
 
 
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
@@ -216,10 +210,10 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     steps.append(Step("end", f"end what is left of {listed}: each PID checked in /proc "
                       f"first, SIGTERM, SIGKILL after {settings.term_timeout_s:g}s" if listed
                       else "end any daemon or server of this instance found by then (none now)"))
-    pipe_lines = _dir_lines(obs.pipe, target.pipe, target.dir_owner)
+    pipe_lines = dirs.describe(obs.pipe, target.pipe, target.dir_owner.name)
     steps.append(Step("pipe-dir", "; then ".join(pipe_lines) or
                       f"check {inst.pipe_dir} again (it looks right now)"))
-    log_lines = _dir_lines(obs.log, target.log, log_owner(target))
+    log_lines = dirs.describe(obs.log, target.log, log_owner(target).name)
     if log_lines:
         steps.append(Step("log-dir", "; then ".join(log_lines)))
     env = daemon_env(ctx, inst, target.daemon_user, settings)
@@ -250,11 +244,15 @@ def in_place(obs: Observed, target: Target) -> Optional[Tuple[dirs.DirFix, ...]]
     if not obs.problems or any(r.check != directories.NAME or r.code not in DIR_CODES
                                for r in obs.problems):
         return None
-    fixes = (dirs.plan_fix("pipe", obs.pipe, target.pipe, target.dir_owner.name,
-                           "its daemon", obs.inst.name),
-             dirs.plan_fix("log", obs.log, target.log, log_owner(target).name, "its daemon",
-                           obs.inst.name))
+    fixes = plan_fixes(obs.pipe, obs.log, target, "its daemon", obs.inst.name)
     return None if any(f.refused for f in fixes) else fixes
+
+
+def plan_fixes(pipe: DirFact, log: DirFact, target: Target, busy: str, name: str
+               ) -> Tuple[dirs.DirFix, dirs.DirFix]:
+    """``dirs.plan_fix`` for the instance's pipe and log dirs (``remediate dirs``, reset)."""
+    return (dirs.plan_fix("pipe", pipe, target.pipe, target.dir_owner.name, busy, name),
+            dirs.plan_fix("log", log, target.log, log_owner(target).name, busy, name))
 
 
 def os_error_text(e: OSError) -> str:
@@ -278,18 +276,9 @@ def control_path(ctx: Context) -> str:
     return locate(ctx.config) or ctx.config.command(CONTROL)
 
 
-def _do_quit(ctx: Context, inst: Instance, settings: RemediationSettings) -> Outcome:
-    n = settings.quit_timeout_s
-    env = daemon_env(ctx, inst, ROOT, settings)
-    problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
-    return Outcome(True, f"{problem}: ending it by PID instead" if problem
-                   else "the daemon accepted 'quit'")
-
-
 def _do_end(ctx: Context, inst: Instance, planned: Tuple[ProcessFact, ...],
             settings: RemediationSettings, uids: Optional[FrozenSet[int]]) -> Outcome:
-    daemons, servers = procs.of_instance(inst, read_processes(ctx.proc, binaries_here(ctx)),
-                                        ctx.root, uids)
+    daemons, servers = procs.on_node(ctx, inst, uids)
     # What we planned on, plus any process of this instance started since (same pipe dir).
     seen = {(q.pid, q.start_ticks) for q in planned}
     todo = [*planned, *(p for p in (*daemons, *servers) if (p.pid, p.start_ticks) not in seen)]
@@ -345,7 +334,7 @@ def _do_verify(ctx: Context, inst: Instance, target: Target, settings: Remediati
         if answer.status == "ok":
             break
         time.sleep(0.1)
-    obs = observe(ctx, inst, settings, with_clients=False, uids=uids)
+    obs = observe(ctx, inst, with_clients=False, uids=uids)
     bad = obs.problems
     if answer is None or answer.status != "ok":
         why = answer.detail if answer is not None else "not asked"
@@ -373,7 +362,10 @@ def execute(ctx: Context, p: Plan, obs: Observed, target: Target,
     for number, step in enumerate(p.steps, 1):
         try:
             if step.kind == "quit":
-                out = _do_quit(ctx, inst, settings)
+                n, env = settings.quit_timeout_s, daemon_env(ctx, inst, ROOT, settings)
+                problem = quit_daemon(control_path(ctx), None, env, n, n + 5.0)
+                out = Outcome(True, f"{problem}: ending it by PID instead" if problem
+                              else "the daemon accepted 'quit'")
             elif step.kind == "end":
                 out = _do_end(ctx, inst, planned, settings, daemon_uids(ctx, target))
             elif step.kind.startswith(("pipe-dir", "log-dir")):
