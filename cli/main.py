@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
@@ -34,19 +33,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
 }
 
 
-class Formatter(argparse.HelpFormatter):
-    """Help at $COLUMNS (or 100) wide: argparse's own default imports shutil at start-up."""
-
-    def __init__(self, prog: str) -> None:
-        columns = os.environ.get("COLUMNS", "")
-        super().__init__(prog, width=int(columns) if columns.isdigit() else 100)
-
-
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
-
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
 
