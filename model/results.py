@@ -52,16 +52,21 @@ def is_problem(r: Result) -> bool:
 # instance ""). Only consequences, never what a user could cause (a link, a foreign
 # entry, an impostor): folding hides nothing an attack shows.
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
+WITHOUT_DAEMON = CANARY_WITHOUT_DAEMON | frozenset((
+    "control-absent", "servers-not-asked", "pipe-dir-missing", "log-dir-missing"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
     # No control binary: no daemon made the dirs or answers; "run reset" would refuse.
     "mps-not-installed": frozenset((
         "control-client-missing", "pipe-dir-missing", "log-dir-missing",
         "servers-not-asked", "canary-not-served", "canary-not-run", "canary-no-libcuda",
-        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
-    # No control daemon: a CUDA client runs without MPS or cannot connect, all the canary
-    # can say.
-    "daemon-absent": CANARY_WITHOUT_DAEMON,
-    "daemon-stale": CANARY_WITHOUT_DAEMON,
+        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon",
+        # the binaries went after a daemon ran: its restart (the upgrade's) is the same cause
+        "daemon-restarted")),
+    # No control daemon: the control client finds none, its servers cannot be asked, the
+    # dirs its unit makes are not there (the reset the cause advises mends them all); a
+    # CUDA client runs without MPS or cannot connect, all the canary can say.
+    "daemon-absent": WITHOUT_DAEMON,
+    "daemon-stale": WITHOUT_DAEMON,
 }
 
 
