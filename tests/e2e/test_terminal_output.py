@@ -3,19 +3,11 @@ each followed by what to do (wrapped, a command never split), colour unless NO_C
 every line whole with -v; piped, the lines stay as slurmd and scripts read them. The
 snapshot is a dead daemon (its control-absent folded under it) and a pipe dir's mode."""
 
-import fcntl
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import termios
-import time
-from typing import Dict, List, Optional, Tuple
 
-from clirun import argv, mps_health
+from clirun import mps_health
 from conftest import REPO
+from ptyrun import on_pty
 
 BROKEN = str(REPO / "examples" / "broken-node.json")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -26,50 +18,6 @@ def whole(line: str) -> bool:
     """A problem line with its action and, last, where to read more about its code."""
     code = line.split()[2].rstrip(":")
     return ACTION in line and line.endswith(f"(runbook: mps-health explain {code})")
-
-
-def on_pty(*args: str, columns: int = 80, env: Optional[Dict[str, str]] = None
-           ) -> Tuple[int, List[str]]:
-    """Exit code and output lines of ``mps-health args`` with a pty ``columns`` wide as
-    its stdout (no COLUMNS, no NO_COLOR, TERM=xterm unless ``env`` says)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    attrs = termios.tcgetattr(slave)
-    attrs[1] &= ~termios.ONLCR  # the lines as written, without the tty's \r
-    termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    full = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
-    full.update({"TERM": "xterm", **(env or {})})
-    try:
-        proc = subprocess.Popen(argv("mps-health", *args), stdout=slave,
-                                stderr=subprocess.PIPE, env=full)
-    finally:
-        os.close(slave)
-    out = b""
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its side
-                break
-            if not chunk:
-                break
-            out += chunk
-        code = proc.wait(timeout=30)
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.stderr is not None
-    assert proc.stderr.read() == b""
-    proc.stderr.close()
-    return code, out.decode().splitlines()
 
 
 def test_a_terminal_gets_short_coloured_problem_lines_and_what_to_do() -> None:

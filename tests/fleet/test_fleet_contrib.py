@@ -229,7 +229,10 @@ def test_config_example_loads() -> None:
     for name, keys in declared.items():
         assert set(raw[name]) == set(keys), name
     assert set(raw) == set(declared) | set(core_config.TOP_KEYS)
-    assert c.mps.layout == "per-gpu"  # the layout of contrib/systemd/nvidia-mps@.service
+    # The node without a config file (contrib/systemd/nvidia-mps.service); the other
+    # layouts are commented alternatives.
+    assert c.mps == core_config.load(text="").mps
+    assert "#   layout: per-gpu" in Path(path).read_text()
 
 
 def _spec_wheels(dest: Path) -> None:
