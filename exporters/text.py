@@ -31,14 +31,17 @@ def short_line(r: Result) -> str:
 
 
 def ok_line(r: Result) -> str:
+    """A result that passed ("OK ..."), or a note in the OK state that is no verdict (its
+    own code, e.g. history-not-saved: "NOTE ...")."""
     where = f"[{r.instance}]" if r.instance else ""
-    return f"OK {r.check}{where}: {r.message}"
+    return f"{'OK' if r.code == 'ok' else 'NOTE'} {r.check}{where}: {r.message}"
 
 
 def passed(report: Report) -> str:
     """"N checks passed on NODE in Ts", N the OK lines ``-v`` lists (a check of many
-    instances counts each); check_mps says the same."""
-    n = sum(1 for run in report.runs for r in run.results if r.state == OK)
+    instances counts each); check_mps says the same. Notes (``NOTE`` lines: what a user
+    other than root cannot save) are no check passed: root and a job's user count alike."""
+    n = sum(1 for run in report.runs for r in run.results if r.state == OK and r.code == "ok")
     return f"{n} check{'s' if n != 1 else ''} passed on {report.node} in {report.duration_s:.2f}s"
 
 

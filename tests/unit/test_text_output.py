@@ -30,6 +30,11 @@ def test_the_count_passed_is_what_verbose_lists() -> None:
     assert lines[0] == "MPS OK - 5 checks passed on n1 in 0.01s"
     one = report(HEALTHY.runs[0])
     assert text.summary_line(one) == "MPS OK - 1 check passed on n1 in 0.01s"
+    # A note (what a user other than root cannot save) is no check passed: NOTE, not OK.
+    note = Result("servers", OK, "history-not-saved", "", "server history: not saved")
+    noted = report(*HEALTHY.runs, CheckRun("servers", (note,), 0.0))
+    assert text.summary_line(noted) == text.summary_line(HEALTHY)
+    assert "NOTE servers: server history: not saved" in list(text.lines(noted, verbose=True))
 
 
 BROKEN = report(CheckRun("daemon", (
