@@ -110,18 +110,32 @@ class CheckRun(NamedTuple):
         return worst([r.state for r in self.results if not r.cause])
 
 
+# Causes whose own state stands for all that follows from them (MPS cannot run here: a
+# per-job instance's is a WARNING, whatever its missing dirs say). Under any other cause
+# a finding more severe than the cause stays a problem of its own: folding never makes
+# the verdict milder (a per-job daemon-absent is a WARNING, its control-absent CRITICAL).
+CAUSE_DECIDES = frozenset(("mps-not-installed",))
+
+
 def fold(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
     """``runs`` with every finding that follows from another (``FOLDS``) folded under it:
-    an instance's under its own cause, the node's own (instance "") under any instance's."""
-    causes: Dict[Tuple[str, str], str] = {}  # (instance, folded code) -> its cause's code
+    an instance's under its own cause, the node's own (instance "") under any instance's;
+    one more severe than its cause only under a cause of ``CAUSE_DECIDES``."""
+    # (instance, folded code) -> its cause's code and state
+    causes: Dict[Tuple[str, str], Tuple[str, int]] = {}
     for run in runs:
         for r in run.results:
             for code in FOLDS.get(r.code, ()) if is_problem(r) else ():
-                causes.setdefault((r.instance, code), r.code)
-                causes.setdefault(("", code), r.code)
+                causes.setdefault((r.instance, code), (r.code, r.state))
+                causes.setdefault(("", code), (r.code, r.state))
     if not causes:
         return tuple(runs)
-    return _mark(runs, lambda r: causes.get((r.instance, r.code), ""))
+
+    def cause_of(r: Result) -> str:
+        code, state = causes.get((r.instance, r.code), ("", OK))
+        return code if code in CAUSE_DECIDES or _RANK[r.state] <= _RANK[state] else ""
+
+    return _mark(runs, cause_of)
 
 
 class Report(NamedTuple):

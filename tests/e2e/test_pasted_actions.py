@@ -191,6 +191,9 @@ def test_a_reset_refused_for_clients_says_what_to_run(site: Site) -> None:
         # The one that only looks, pasted: it lists the client the reset waits for.
         shown = mps_health(*shlex.split(quoted[1])[1:])
         assert str(client.pid) in shown.stdout, shown.stdout + shown.stderr
+        typo = mps_health("clients", "nod", "--config", cfg)
+        assert typo.returncode == 3 and typo.stderr.count("\n") == 1, typo.stderr
+        assert "no MPS instance named 'nod' on this node (known: node)" in typo.stderr
     finally:
         client.kill()
         client.wait()
