@@ -11,6 +11,7 @@ quoted as ``shlex.quote`` does and made printable (the default config file and
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterable, List, Mapping, Optional, Tuple
 
 from mps_health.model import registry
@@ -91,8 +92,6 @@ def cooling(runs: Iterable[CheckRun], last_reset: float, cooldown_s: float, now:
     left = last_reset + cooldown_s - now
     if cooldown_s <= 0 or not 0 < left <= cooldown_s:
         return tuple(runs)
-    import time  # only on a node within its cooldown
-
     until = time.strftime("%H:%M:%S %Z", time.localtime(last_reset + cooldown_s))
 
     def one(r: Result) -> Result:
