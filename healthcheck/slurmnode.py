@@ -45,7 +45,8 @@ BY_ANY_USER = frozenset({
     "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
     "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
     "orphan-daemon", "orphan-unrecorded", "limits-not-in-force", "pinned-limit-ambiguous",
-    "pinned-limit-unknown-device",
+    "pinned-limit-unknown-device", "blocked-connection", "blocked-server",
+    "blocked-foreign-server", "blocker-repeated",
 })
 # Codes that are a user's doing unless CRITICAL: a per-job server no daemon was seen
 # with (held, traced, its binary unread) is a WARNING of the same code.

@@ -52,6 +52,8 @@ def is_problem(r: Result) -> bool:
 # instance ""). Only consequences, never what a user could cause (a link, a foreign
 # entry, an impostor): folding hides nothing an attack shows.
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
+HELD = frozenset(("control-wedged", "control-busy", "servers-not-asked", "canary-timeout",
+                  "canary-not-served", "canary-failed", "canary-not-run"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
     # No control binary: no daemon made the dirs or answers; "run reset" would refuse.
     "mps-not-installed": frozenset((
@@ -62,6 +64,11 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
     # can say.
     "daemon-absent": CANARY_WITHOUT_DAEMON,
     "daemon-stale": CANARY_WITHOUT_DAEMON,
+    # A held daemon answers no one: every query and client waits, all they can say.
+    "daemon-stopped": HELD,
+    "blocked-connection": HELD,
+    "blocked-server": HELD,
+    "blocked-foreign-server": HELD,
 }
 
 
