@@ -53,7 +53,8 @@ def is_problem(r: Result) -> bool:
 # entry, an impostor): folding hides nothing an attack shows.
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
 HELD = frozenset(("control-wedged", "control-busy", "servers-not-asked", "canary-timeout",
-                  "canary-not-served", "canary-failed", "canary-not-run"))
+                  "canary-not-served", "canary-failed", "canary-not-run",
+                  "log-accept-failed"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
     # No control binary: no daemon made the dirs or answers; "run reset" would refuse.
     "mps-not-installed": frozenset((

@@ -148,6 +148,7 @@ def test_an_idle_connection_is_named_and_freed_with_the_client_still_served(
         r = cure(mps)
         assert r.returncode == 0 and "drained (" not in r.stdout, r.stdout
         assert "answers again" in r.stdout, r.stdout
+        assert "log-accept-failed" not in r.stdout, "the clients killed meanwhile are ours"
         assert holder.wait(10) is not None and answers(mps)
         if legit is not None:
             assert served(legit), "the legitimate client was not served after the unblock"
