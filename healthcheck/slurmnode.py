@@ -41,7 +41,8 @@ DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 # never drain, whatever ``healthcheck.drain_on`` says: a plain user must not be able to
 # take a node out of service.
 BY_ANY_USER = frozenset({
-    "mps-impostor", "server-unclaimed", "daemon-foreign", "daemon-unexpected",
+    "mps-impostor", "server-unclaimed", "server-stopped-foreign", "daemon-foreign",
+    "daemon-unexpected",
     "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
     "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
     "orphan-daemon", "orphan-unrecorded", "limits-not-in-force", "pinned-limit-ambiguous",
