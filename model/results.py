@@ -69,7 +69,7 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
     "daemon-stopped": HELD,
     "blocked-connection": HELD,
     "blocked-server": HELD,
-    "blocked-foreign-server": HELD,
+    "blocked-foreign-server": HELD | {"server-stopped-foreign"},
 }
 
 
