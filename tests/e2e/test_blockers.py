@@ -65,7 +65,9 @@ def hold(site: Site, started: List[subprocess.Popen], user: str = ATTACKER,
 
 
 def config_for(site: Site, **more: object) -> str:
-    return site.config({"control": {"timeout_s": 1.0}}, **more)
+    # strays judges the whole node, where other test runs' fakes may be running.
+    return site.config({"control": {"timeout_s": 1.0}, "checks": {"disable": ["strays"]}},
+                       **more)
 
 
 @pytest.mark.parametrize("half", ["", "get_server_li"])
@@ -92,7 +94,7 @@ def test_an_idle_connection_is_named_and_unblock_frees_it(site: Site, started, h
     assert "the daemon answers again" in done.stdout
     assert holder.wait(5) is not None
     rc, report = check_json(config)
-    assert rc == 0, report
+    assert rc == 0, report["problems"]
     audit = (site.root / "audit.log")
     assert not audit.exists() or "unblock" in audit.read_text()
 
@@ -120,7 +122,7 @@ def test_the_instance_s_own_stopped_server_is_continued_not_ended(site: Site) ->
     finally:
         os.kill(server, signal.SIGCONT)
     rc, report = check_json(config)
-    assert rc == 0, report
+    assert rc == 0, report["problems"]
 
 
 def test_a_user_s_stopped_server_binary_on_the_pipe_dir_is_named_and_ended(
@@ -154,7 +156,7 @@ def test_a_stopped_client_blocks_nothing(site: Site, started) -> None:
     daemon.query(f"fake_client_connect {client.pid} {uid}")
     os.kill(client.pid, signal.SIGSTOP)  # as scontrol suspend does to a job's tasks
     rc, report = check_json(config)
-    assert rc == 0, report
+    assert rc == 0, report["problems"]
 
 
 def test_a_stopped_daemon_is_continued(site: Site) -> None:
