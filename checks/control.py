@@ -2,7 +2,9 @@
 
 Absent (the client's rc 1 'Cannot find MPS control daemon process'), erroring (any
 other output: the client exits 0 on errors) and wedged (no answer: a stopped daemon
-makes the client hang forever) are different failures with different codes.
+makes the client hang forever) are different failures with different codes; so are a
+client not found and one that is there but cannot run (another architecture, its loader
+or a library missing: ``hostio.executable``), where no query is made at all.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 NAME = "control"
-CODES = ("control-absent", "control-busy", "control-client-missing", "control-error",
+CODES = ("control-absent", "control-busy", "control-client-broken", "control-client-missing",
+         "control-error",
          "control-not-asked", "control-percentage", "control-slow", "control-wedged")
 
 registry.check(NAME, f"{__name__}:check", ("control",), order=30,
@@ -28,7 +31,11 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
     latency = (("latency_s", answer.latency_s),)
     failed = {
         "exec-failed": ("control-client-missing", UNKNOWN, answer.detail, "install the CUDA "
-                        "MPS binaries or set commands.nvidia-cuda-mps-control in the config", ()),
+                        "MPS binaries or set commands.nvidia-cuda-mps-control in the config", ())
+        if "not found" in answer.detail else  # as the daemon check tells a missing binary
+        ("control-client-broken", CRITICAL, "the MPS control client is there but cannot run, "
+         f"so no query can be made: {answer.detail}", "reinstall the NVIDIA driver's MPS "
+         f"binaries ({answer.detail}); a reset cannot help before that", ()),
         "skipped": ("control-busy", UNKNOWN, answer.detail, "another mps-health run is querying "
                     "this daemon; if this persists, look for a hung mps-health process", ()),
         "timeout": ("control-wedged", CRITICAL, f"the control daemon did not answer within "

@@ -76,10 +76,14 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
     daemon = live[0]
     values = (("daemon_up", 0.0 if wedged else 1.0), ("daemon_pid", float(daemon.pid)))
     if daemon.state in ("T", "t"):
-        # Not up: it runs, but serves no one until it is continued (SIGCONT) or reset.
+        # Not up: it runs, but serves no one until it is continued (SIGCONT), which keeps
+        # its servers and their clients where a reset would end them.
         yield Result(NAME, CRITICAL, "daemon-stopped", inst.name,
                      f"control daemon {daemon.pid} is stopped (state {daemon.state}): "
-                     "every client and query hangs", reset, (("daemon_up", 0.0), values[1]))
+                     "every client and query hangs",
+                     f"run 'kill -CONT {daemon.pid}' (the jobs it serves go on), or 'mps-health "
+                     f"remediate unblock {inst.name}'; a reset would end them",
+                     (("daemon_up", 0.0), values[1]))
         return
     if daemon.state == "D":
         yield Result(NAME, WARNING, "daemon-uninterruptible", inst.name,

@@ -116,6 +116,23 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
                      (("log_entries_foreign", float(len(foreign))),))
 
 
+# A client that waited on a held daemon and was killed (our own timed-out query among
+# them) leaves "Unable to accept connection" once the daemon is freed: within this long
+# after mps-health freed it, the line is that, not a fault of the daemon's.
+FREED_ECHO_S = 30.0
+
+
+def freed_at(facts: Facts, name: str) -> List[float]:
+    """When mps-health freed ``name``'s daemon lately (the blockers source, when gathered)."""
+    found = facts.sources.get("blockers")
+    return [u.at for u in getattr(found, "recent", ()) if u.instance == name]
+
+
+def ours_excused(findings: List[LogFinding], freed: List[float]) -> List[LogFinding]:
+    return [f for f in findings if f.code != "log-accept-failed"
+            or not any(t - 5.0 <= f.at <= t + FREED_ECHO_S for t in freed)]
+
+
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     lf: LogsFacts = facts.sources["logs"]  # type: ignore[assignment]
     # By dir once, not a scan of every file and finding per instance.
@@ -134,7 +151,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
                          "; ".join(f"{f.path}: {f.detail}" for f in files), "run the check as root")
             continue
         yield from planted(inst.name, inst.log_dir, files, foreign_in.get(where, []))
-        yield from judge(inst.name, findings_in.get(inst.log_dir, []), lf, config)
+        yield from judge(inst.name, ours_excused(findings_in.get(inst.log_dir, []),
+                                                 freed_at(facts, inst.name)), lf, config)
     if lf.state_error:
         yield Result(NAME, OK, "history-not-saved", "", f"log offsets: {lf.state_error}")
     if not facts.instances:

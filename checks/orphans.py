@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 
-from mps_health.checks.common import PING, group, reset_action, slurm_unavailable, some
+from mps_health.checks.common import PING, group, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
@@ -38,6 +38,10 @@ registry.check(NAME, f"{__name__}:check",
                summary="no per-job MPS dirs or daemons outlive their job")
 
 SHOWN = 3  # paths named per owner of unrecorded dirs (the rest counted)
+# An ended job is no instance any more ('remediate reset jobN' would name none): this
+# removes every recorded leftover of ended jobs, as the check selects them.
+REMOVE = ("run 'mps-health remediate orphans --dry-run' to see what it would stop and "
+          "remove, then 'mps-health remediate orphans'")
 
 
 def age_text(seconds: float) -> str:
@@ -93,7 +97,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         where = ", ".join(f"{d.role} dir {d.path}" for d in jds)
         head = f"job {job_id} (owner {owner}) no longer runs here but left {where}, " \
                f"{age_text(age)} old"
-        action, values = reset_action(f"job{job_id}"), (("age_s", float(age)),)
+        action, values = REMOVE, (("age_s", float(age)),)
         # A genuine binary alone proves nothing (anyone may run it, held): CRITICAL only for
         # a server a daemon was seen with (its child, or in the servers' memory).
         held = [p for p in servers if p.genuine and not proves_nothing(p)

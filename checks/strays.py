@@ -8,15 +8,35 @@ a process named like one is at most the WARNING ``mps-impostor``.
 The server binary is world-executable: a user can run it too, held under ptrace or an
 LD_PRELOAD constructor, in a pipe dir of their choice. So a daemon-less server is
 CRITICAL only when it was a real daemon's server (``servertrack.remembered``), genuine
-and neither traced nor stopped; any other is a WARNING, one line per uid.
+and neither traced nor stopped; any other is a WARNING, one line per uid. In the per-job
+layout, a server that outlives its job's daemon while Slurm still lists the job is that
+job's WARNING (its user can kill their own daemon): CRITICAL only once the job has ended.
+
+The same binary held on a live daemon's pipe dir, not that daemon's child, is a user's
+way to hang the daemon and every client (the daemon waits on it):
+``server-stopped-foreign``, one WARNING per uid, never a reset. A running foreign server
+there is left to the daemon.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Iterator, List, Set, Tuple
+import os
+from typing import (
+    TYPE_CHECKING,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Set,
+    Tuple,
+)
 
-from mps_health.checks.common import group, some
+from mps_health.checks.common import group, reset_action, some
 from mps_health.config.load import Config
+from mps_health.config.templates import match
 from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
 from mps_health.model import registry
 from mps_health.model.facts import Facts, Instance, ProcessFact
@@ -28,7 +48,8 @@ if TYPE_CHECKING:
     from mps_health.model.facts_deep import ServersFacts
 
 NAME = "strays"
-CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "mps-impostor")
+CODES = ("daemon-unexpected", "server-orphaned", "server-unclaimed", "server-stopped-foreign",
+         "mps-impostor")
 
 registry.check(NAME, f"{__name__}:check", ("processes", "servers"), order=20,
                summary="no MPS server or daemon outside the configured instances")
@@ -37,26 +58,82 @@ SHOWN_PIDS = 5
 SHOWN_DIRS = 3
 
 
-def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]]
-                      ) -> Iterator[Result]:
+class JobsHere(NamedTuple):
+    """The per-job instances whose job Slurm still lists on this node."""
+
+    by_pipe_dir: Mapping[str, str]  # pipe dir -> instance name, of the instances judged
+    unjudged: FrozenSet[str]  # job ids whose MPS is being set up or torn down
+    template: str  # mps.pipe_dir ("" in the other layouts)
+
+    def instance_of(self, pipe_dir: str) -> str:
+        """The instance name of the job still here that ``pipe_dir`` is of, else ""."""
+        name = self.by_pipe_dir.get(pipe_dir, "")
+        if name or not self.unjudged or os.path.dirname(pipe_dir) != \
+                os.path.dirname(self.template):
+            return name
+        fields = match(self.template, os.path.basename(pipe_dir))
+        if fields is None or fields[0] not in self.unjudged:
+            return ""
+        return f"job{fields[0]}" + (f"-gpu{fields[1]}" if fields[1] else "")
+
+
+def jobs_here(facts: Facts, config: Config) -> JobsHere:
+    if config.mps.layout != "per-job":
+        return JobsHere({}, frozenset(), "")
+    return JobsHere({path: i.name for i in facts.instances if i.layout == "per-job"
+                     for path in pipe_paths(i, facts.root)},
+                    frozenset(job for job, _why in facts.unjudged), config.mps.pipe_dir)
+
+
+def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]],
+                      jobs: JobsHere) -> Iterator[Result]:
     live_controls = {p.pid: p for p in procs if is_daemon(p)}
-    # Sets, not a scan of every control per server: many processes stay linear.
-    control_dirs = {c.pipe_dir for c in live_controls.values() if c.pipe_dir is not None}
+    # Dicts and sets, not a scan of every control per server: many processes stay linear.
+    daemons_on: Dict[str, Set[int]] = {}
+    for c in live_controls.values():
+        if c.pipe_dir is not None:
+            daemons_on.setdefault(c.pipe_dir, set()).add(c.pid)
     unclaimed: List[ProcessFact] = []
+    blocking: List[ProcessFact] = []
     for p in procs:
-        if not is_server(p) or p.ppid in live_controls or p.pipe_dir in control_dirs:
+        if not is_server(p):
+            continue
+        if p.pipe_dir is not None and p.pipe_dir in daemons_on:
+            if _blocks(p, daemons_on[p.pipe_dir]):
+                blocking.append(p)
+            continue
+        if p.ppid in live_controls:
             continue
         if p.genuine is not True or proves_nothing(p) or (p.pid, p.start_ticks) not in known:
             # No daemon was seen with it, it is held (even a daemon's server held since),
             # or its binary could not be read: anyone may have started it.
             unclaimed.append(p)
             continue
-        yield Result(NAME, CRITICAL, "server-orphaned", "",
-                     f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of a control "
-                     f"daemon seen by an earlier run, runs with no control daemon"
-                     f"{' for ' + p.pipe_dir if p.pipe_dir else ''}",
-                     "run 'mps-health remediate reset' for its instance")
+        job = jobs.instance_of(p.pipe_dir) if p.pipe_dir is not None else ""
+        yield _orphaned(p, job) if job else Result(
+            NAME, CRITICAL, "server-orphaned", "",
+            f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of a control "
+            f"daemon seen by an earlier run, runs with no control daemon"
+            f"{' for ' + p.pipe_dir if p.pipe_dir else ''}",
+            "run 'mps-health remediate reset' for its instance")
     yield from _unclaimed(unclaimed)
+    yield from _stopped_foreign(blocking)
+
+
+def _orphaned(p: ProcessFact, instance: str) -> Result:
+    """A job's server that outlived its job's daemon while Slurm still lists the job: the
+    job's user may have killed their own daemon, which hurts only their job. Once the job
+    has ended it is the node's CRITICAL (and the orphans check's ``orphan-server``)."""
+    return Result(NAME, WARNING, "server-orphaned", instance,
+                  f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of this job's "
+                  f"control daemon, runs with no control daemon for {p.pipe_dir}; the job "
+                  "still runs: only its own MPS is affected", reset_action(instance))
+
+
+def _blocks(p: ProcessFact, daemon_pids: Set[int]) -> bool:
+    """The genuine server binary, stopped or traced, on a live daemon's pipe dir and not
+    that daemon's child: while it lives, the daemon and its clients may hang."""
+    return p.genuine is True and proves_nothing(p) and p.ppid not in daemon_pids
 
 
 def _owners(found: Iterable[ProcessFact]) -> Iterator[Tuple[int, List[ProcessFact], str, str]]:
@@ -82,6 +159,21 @@ def _unclaimed(found: List[ProcessFact]) -> Iterator[Result]:
                      f"look at what they are ('ls -l /proc/{mine[0].pid}/exe', 'ps -o "
                      f"pid,user,lstart,stat,args -p {mine[0].pid}'); a user may run the "
                      "server binary; ask its owner, do not reset MPS for it")
+
+
+def _stopped_foreign(found: List[ProcessFact]) -> Iterator[Result]:
+    """Held servers on a live daemon's pipe dir that it did not start: one line per owner
+    (a user may start thousands), never CRITICAL (a user's doing: no drain), never a
+    reset (it would meet the same process)."""
+    for uid, mine, pids, on in _owners(found):
+        first = mine[0].pid
+        yield Result(NAME, WARNING, "server-stopped-foreign", "",
+                     f"{len(mine)} stopped or traced nvidia-cuda-mps-server process(es) of "
+                     f"uid {uid}{on}, not started by its control daemon (pids {pids}): "
+                     "while one lives, the control daemon and its clients may hang",
+                     f"run 'mps-health remediate unblock' (it ends such processes), or look "
+                     f"at it ('ps -o pid,user,lstart,stat,args -p {first}') and end it by "
+                     f"hand ('kill -KILL {first}'); do not reset MPS for it")
 
 
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:
@@ -111,7 +203,8 @@ def _unexpected(procs: Tuple[ProcessFact, ...], insts: Tuple[Instance, ...], roo
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     procs: Tuple[ProcessFact, ...] = facts.get("processes")
     servers: ServersFacts = facts.get("servers")
-    found = list(_orphaned_servers(procs, remembered(servers.previous)))
+    found = list(_orphaned_servers(procs, remembered(servers.previous),
+                                   jobs_here(facts, config)))
     found += _impostors(procs)
     found += _unexpected(procs, facts.instances, facts.root, config.mps.layout)
     yield from found

@@ -29,6 +29,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
     "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
     "config": (".cli.explain:register_config", "config example: print the example config"),
+    "contrib": (".cli.contrib", "the units, Nagios/Icinga and alert files the package carries"),
     "ack": (".cli.remediate:register_ack", "acknowledge a daemon-restarted or server-churn event"),
 }
 

@@ -18,6 +18,8 @@ from mps_health.remediation import actions, dirs_repair, node_actions, orphans, 
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",
+    "unblock": "free a control daemon a local process holds (SIGCONT what is ours and "
+               "stopped, end a stranger's connection or stopped server); no restart",
     "dirs": "fix pipe/log dir mode, owner or existence in place; the daemon keeps running",
     "drain": "drain this node in Slurm with our tag (never over someone else's drain)",
     "resume": "resume this node only if our tag is still its drain reason",
@@ -46,7 +48,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
             a.add_argument("--automatic", action="store_true",
                            help="for scripts and fleet tools: the cooldown "
                            "(remediation.cooldown_s) holds even with --force")
-        elif name == "dirs":
+        elif name in ("dirs", "unblock"):
             a.add_argument("instance", nargs="*", metavar="INSTANCE",
                            help="instance names (default: every instance of this node)")
         elif name == "drain":
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "reset":
             return actions.reset(config, args.root, args.instance, args.all, args.force,
                                  args.dry_run, say, args.automatic)
+        if args.action == "unblock":
+            return actions.unblock(config, args.root, args.instance, args.dry_run, say)
         if args.action == "dirs":
             return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
         if args.action in ("drain", "resume"):

@@ -70,6 +70,9 @@ class HealthcheckSettings(Record):
     # For this long after boot a unit that has not come up yet (results.STARTING_CODES)
     # is reported as starting, not as a fault: a booting node is not drained. 0: off.
     boot_grace_s: float = number(BOOT_GRACE_S, 0.0, 86400.0)
+    # Free a daemon a local process holds (checks/blockers.py) within the run, as
+    # 'mps-health remediate unblock' does: the node heals and stays in service.
+    unblock: bool = flag(True)
 
 
 def _finish_healthcheck(hc: HealthcheckSettings, given: Mapping[str, Any],

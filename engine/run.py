@@ -164,6 +164,10 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         from mps_health.probes.control import Queries
 
         ctx = ctx._replace(queries=Queries())
+    if "slurm" in needed and "canary" in needed:  # one node read for both
+        from mps_health.probes.slurm import SharedRead
+
+        ctx = ctx._replace(slurm_node=SharedRead())
 
     def collect(src: registry.Source, step: Callable[[], object]) -> None:
         t0 = time.monotonic()

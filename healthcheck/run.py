@@ -31,6 +31,7 @@ from mps_health.healthcheck import state as hcstate
 from mps_health.hostio.filelock import node_lock
 from mps_health.model.actionhints import read_more
 from mps_health.model.context import Context, node_name
+from mps_health.model.facts import Facts
 from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, worst
 from mps_health.remediation.audit import Audit, who
@@ -96,15 +97,26 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
     # The checks' budget: what is left after the scontrol calls and a margin.
     budget = max(0.5, min(config.budget_s, hc.timeout_s - SLURM_CALLS * slurm.timeout_s - 1.0))
     report: Optional[Report] = None  # None: the run hung past its hard limit, the budget
+    facts: Optional[Facts] = None
     with contextlib.suppress(engine.Overrun):  # walked away from, what it started killed
-        report = engine.run(config, root, budget_s=budget, boot_grace_s=hc.boot_grace_s)[1]
+        facts, report = engine.run(config, root, budget_s=budget, boot_grace_s=hc.boot_grace_s)
+    freed: List[str] = []
+    if facts is not None and hc.unblock and not dry_run:
+        # A daemon a local process holds is freed now, as 'remediate unblock' does, and
+        # judged again: the node heals within the run and stays in service.
+        freed = _unblock(config, root, facts, environ)
+        left = hc.timeout_s - SLURM_CALLS * slurm.timeout_s - 1.0 - (time.monotonic() - started)
+        if freed and left >= 0.5:
+            with contextlib.suppress(engine.Overrun):
+                report = engine.run(config, root, budget_s=min(budget, left),
+                                    boot_grace_s=hc.boot_grace_s)[1]
     if report is None:
         state_code, booting, judged = CRITICAL, [], None
         lines = [read_more(f"MPS CRITICAL - healthcheck-timeout: the checks did not finish "
                            f"within {engine.limit_for(budget):.0f}s (a hung probe); "
                            "abandoned, not waited for", "healthcheck-timeout")]
     else:
-        state_code, lines = report.state, text.render(report).splitlines()
+        state_code, lines = report.state, [*text.render(report).splitlines(), *freed]
         # Found but never drained: what the engine marked starting (the node is within
         # healthcheck.boot_grace_s of its boot: results.STARTING_CODES), the checks in
         # checks.observe, and the findings any local user can cause.
@@ -200,6 +212,29 @@ def run_once(config: Config, root: str, dry_run: bool, environ: Optional[dict] =
                  f"{state.passes}/{hc.pass_runs}; node {ours}; {_said(need.action, outcome, why)}; "
                  f"took {took:.1f}s")
     return RunResult(state_code, tuple(lines))
+
+
+def _unblock(config: Config, root: str, facts: Facts, environ: dict) -> List[str]:
+    """Free each instance that a local process holds (``remediation.unblock``); a line
+    for each, saying what was done."""
+    from mps_health.remediation import unblock
+
+    todo = {name: found for name, found in unblock.plans(facts).items()
+            if any(b.remedy for b in found)}
+    if not todo:
+        return []
+    rem = remediation(config)
+    ctx = Context(config, root)
+    audit = Audit(ctx.path(rem.audit_log), rem.syslog, node_name(config, environ),
+                  "unblock", f"{who(environ)} via healthcheck")
+    lines = []
+    for inst in facts.instances:
+        if inst.name in todo:
+            freed = unblock.free(ctx, inst, todo[inst.name], lambda _line: None, audit,
+                                 time.monotonic() + config.control.timeout_s)
+            lines.append(f"MPS-HC: unblocked {printable(inst.name)}: "
+                         f"{printable(unblock.summary(freed))}")
+    return lines
 
 
 def _relearn(config: Config, node: str, tag: str, timeout_s: float, state: hcstate.HcState,

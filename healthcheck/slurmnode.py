@@ -41,11 +41,13 @@ DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 # never drain, whatever ``healthcheck.drain_on`` says: a plain user must not be able to
 # take a node out of service.
 BY_ANY_USER = frozenset({
-    "mps-impostor", "server-unclaimed", "daemon-foreign", "daemon-unexpected",
+    "mps-impostor", "server-unclaimed", "server-stopped-foreign", "daemon-foreign",
+    "daemon-unexpected",
     "pipe-entry-foreign", "log-entry-foreign", "log-file-bad", "client-job-mismatch",
     "client-not-mps-job", "client-over-limit", "clients-near-cap", "orphan-dir",
     "orphan-daemon", "orphan-unrecorded", "limits-not-in-force", "pinned-limit-ambiguous",
-    "pinned-limit-unknown-device",
+    "pinned-limit-unknown-device", "blocked-connection", "blocked-server",
+    "blocked-foreign-server", "blocker-repeated",
 })
 # Codes that are a user's doing unless CRITICAL: a per-job server no daemon was seen
 # with (held, traced, its binary unread) is a WARNING of the same code.

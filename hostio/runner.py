@@ -13,11 +13,16 @@ N wedged daemons cost one timeout, not N; one still running there is killed with
 group and reaped. One that exited while something it started (``nvidia-cuda-mps-control
 -d``'s daemon) still holds its stdout is collected shortly after its exit, not killed:
 it did not time out.
+
+A file that is there but cannot run here (another architecture, no program at all, its
+interpreter, loader or a library missing) is an ``exec_error`` saying so
+(``hostio.executable``), never run through ``/bin/sh`` nor taken for its own failure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -25,6 +30,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
+from mps_health.hostio.executable import start_failure, why_not_runnable
 from mps_health.hostio.resources import STARVED, OutOfResources, starved_line
 
 # The PATH (root-owned system dirs only) of root's commands, daemons and job commands:
@@ -52,6 +58,9 @@ def _resolve(name: str, env: Mapping[str, str]) -> str:
     denied = False
     for path in filter(os.path.isfile, paths):
         if os.access(path, os.X_OK):
+            broken = why_not_runnable(path)
+            if broken is not None:  # said now: setpriv's execvp would run it with /bin/sh
+                raise CannotRun(broken[0], broken[1], path)
             return path
         denied = True
     if denied:
@@ -86,8 +95,17 @@ class RunAs(NamedTuple):
     umask: int = 0o022
 
 
+class CannotRun(OSError):
+    """The file is there and executable, but cannot run here (``hostio.executable``)."""
+
+
 def start_error(name: str, e: Exception) -> str:
     """The one line saying why command ``name`` could not start."""
+    if isinstance(e, CannotRun):
+        return f"{name}: cannot run: {e.strerror}"
+    if isinstance(e, OSError) and e.errno in (errno.ENOENT, errno.ENOEXEC) \
+            and os.path.isfile(name):  # the file is there: its loader or format is not
+        return f"{name}: cannot run: {e.strerror}"
     if isinstance(e, FileNotFoundError):
         return f"{name}: command not found"
     if isinstance(e, PermissionError):
@@ -207,8 +225,10 @@ class Pending:
             return Completed(self.argv, None, "", "", 0.0, exec_error=self.error)
         out, err = (b.decode("utf-8", "replace") for b in self._out)
         end = self.ended if self.ended is not None else time.monotonic()
+        never_ran = None if self.timed_out else start_failure(self.rc, err)
         return Completed(self.argv, None if self.timed_out else self.rc, out, err,
-                         end - self.started, self.timed_out)
+                         end - self.started, self.timed_out,
+                         f"{self.argv[0]}: cannot run: {never_ran}" if never_ran else None)
 
     def wait(self, deadline: float,
              waiting: Optional[Callable[[List[Pending]], None]] = None) -> Completed:

@@ -24,6 +24,9 @@ class Context(NamedTuple):
     # The run's control queries (probes.control.Queries), shared by every probe: a daemon
     # that did not answer one is asked nothing more and costs one timeout. None elsewhere.
     queries: Any = None
+    # The run's one ``scontrol show node`` (probes.slurm.SharedRead) where the slurm source
+    # and the canary's idle gate both need the node: one slurmctld call serves both.
+    slurm_node: Any = None
 
     def path(self, absolute: str) -> str:
         """``absolute`` as seen under the configured root."""

@@ -155,6 +155,10 @@ source("control", ".probes.control:gather", ".probes.control:VALUE_TYPE",
 source("tmpfiles", ".probes.tmpfiles:gather_for", ".probes.tmpfiles:VALUE_TYPE")
 source("servers", ".probes.servers:gather", ".probes.servers:VALUE_TYPE",
        start=".probes.servers:start")
+# After control and servers (collected in this order): it looks only at the daemons they
+# could not ask.
+source("blockers", ".probes.blockers:gather", ".probes.blockers:VALUE_TYPE",
+       start=".probes.blockers:start")
 source("logs", ".probes.logs:gather", ".probes.logs:VALUE_TYPE")
 source("canary", ".probes.canary:gather", ".probes.canary:VALUE_TYPE", blocking=True)
 source("nvml", ".probes.nvml:gather", ".probes.nvml:VALUE_TYPE", blocking=True)

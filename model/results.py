@@ -54,6 +54,9 @@ def is_problem(r: Result) -> bool:
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
 WITHOUT_DAEMON = CANARY_WITHOUT_DAEMON | frozenset((
     "control-absent", "servers-not-asked", "pipe-dir-missing", "log-dir-missing"))
+HELD = frozenset(("control-wedged", "control-busy", "servers-not-asked", "canary-timeout",
+                  "canary-not-served", "canary-failed", "canary-not-run",
+                  "log-accept-failed"))
 FOLDS: Mapping[str, FrozenSet[str]] = {
     # No control binary: no daemon made the dirs or answers; "run reset" would refuse.
     "mps-not-installed": frozenset((
@@ -67,6 +70,11 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
     # CUDA client runs without MPS or cannot connect, all the canary can say.
     "daemon-absent": WITHOUT_DAEMON,
     "daemon-stale": WITHOUT_DAEMON,
+    # A held daemon answers no one: every query and client waits, all they can say.
+    "daemon-stopped": HELD,
+    "blocked-connection": HELD,
+    "blocked-server": HELD,
+    "blocked-foreign-server": HELD | {"server-stopped-foreign"},
 }
 
 

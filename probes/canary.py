@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from mps_health.config.deep_checks import CANARY, CanaryConfig
 from mps_health.config.load import Config
@@ -28,6 +28,9 @@ from mps_health.model.facts_deep import CanaryFact
 from mps_health.probes import control
 from mps_health.probes.proc import identity
 from mps_health.probes.server_queries import parse_pid_list
+
+if TYPE_CHECKING:
+    from mps_health.probes.slurm import SlurmNode
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
@@ -168,20 +171,38 @@ def _remove(directory: str) -> None:
 
 def node_busy(ctx: Context) -> str:
     """Why the node is not idle for the canary ('' when Slurm says IDLE), by one bounded
-    ``scontrol show node``; not run where Slurm is absent (canary.when: always runs it)."""
+    ``scontrol show node`` (the slurm source's own, where the run reads one); not run where
+    Slurm is absent (canary.when: always runs it)."""
     from mps_health.config.slurm import settings as slurm_settings
     from mps_health.model.context import node_name
-    from mps_health.probes.slurm import SlurmError, read_node
+    from mps_health.probes.slurm import SlurmError, node_facts, read_node
 
     name = node_name(ctx.config, ctx.env)
+    if ctx.slurm_node is not None:  # the run's one node read serves the gate too
+        facts = node_facts(ctx)
+        if facts is None:
+            return "Slurm cannot say whether this node is idle (scontrol show node did not " \
+                   "finish within the run's budget)"
+        if facts.node is None:
+            return _not_known(facts.error_code or "error", facts.error or "no answer")
+        return idle_reason(name, facts.node)
     timeout_s = max(0.1, min(slurm_settings(ctx.config).timeout_s, ctx.remaining()))
     try:
-        node = read_node(ctx.config, name, timeout_s)
+        return idle_reason(name, read_node(ctx.config, name, timeout_s))
     except SlurmError as e:
-        if e.code in ("exec-failed", "node-unknown"):
-            return (f"this node is not managed by Slurm ({e}); canary.when: always runs "
-                    "it anyway")
-        return f"Slurm cannot say whether this node is idle ({e})"
+        return _not_known(e.code, str(e))
+
+
+def _not_known(code: str, line: str) -> str:
+    """Why Slurm's answer cannot tell whether the node is idle (code: classify_failure's)."""
+    if code in ("exec-failed", "node-unknown"):
+        return (f"this node is not managed by Slurm ({line}); canary.when: always runs "
+                "it anyway")
+    return f"Slurm cannot say whether this node is idle ({line})"
+
+
+def idle_reason(name: str, node: "SlurmNode") -> str:
+    """'' when Slurm says the node is IDLE with nothing finishing or powering; else why not."""
     flags = set(node.flags)
     if node.flags[:1] != ("IDLE",) or flags & {"COMPLETING", "POWERING_UP", "POWERED_DOWN"}:
         return f"Slurm says node {name} is {node.state}, not IDLE (canary.when: idle)"

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -448,8 +449,41 @@ def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
         return facts._replace(error_code=e.code, error=str(e))
 
 
+class SharedRead:
+    """The run's one node read, where the slurm source and the canary's idle gate both need
+    the node (the ``-d``/``--json`` answer serves the gate too): the first to ask reads,
+    bounded as ``read_slurm`` is; the other waits for that answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._facts: Optional[SlurmFacts] = None
+
+    def get(self, ctx: Context, wait_s: float) -> Optional[SlurmFacts]:
+        """The node's facts; None when another caller's read did not end within ``wait_s``."""
+        if not self._lock.acquire(timeout=min(max(0.0, wait_s), threading.TIMEOUT_MAX)):
+            return None
+        try:
+            if self._facts is None:
+                self._facts = read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
+            return self._facts
+        finally:
+            self._lock.release()
+
+
+def node_facts(ctx: Context) -> Optional[SlurmFacts]:
+    """This run's Slurm facts: the shared read where the run made one, else a read of its
+    own; None when the shared read did not end within the run's budget."""
+    if ctx.slurm_node is None:
+        return read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
+    shared: SharedRead = ctx.slurm_node
+    return shared.get(ctx, ctx.remaining())
+
+
 def gather(ctx: Context, instances: object) -> SlurmFacts:
-    return read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
+    facts = node_facts(ctx)
+    if facts is None:
+        raise SlurmError("timeout", "scontrol show node did not finish within the run's budget")
+    return facts
 
 
 VALUE_TYPE = SlurmFacts

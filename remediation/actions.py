@@ -24,6 +24,7 @@ from mps_health.model.results import STATE_NAMES
 from mps_health.probes import instances
 from mps_health.probes.slurm import SlurmError, read_jobs, with_jobs
 from mps_health.remediation import reset as reset_mod
+from mps_health.remediation import unblock as unblock_mod
 from mps_health.remediation.audit import Audit
 from mps_health.remediation.dirs import DirTarget
 from mps_health.remediation.reset import Say
@@ -166,6 +167,7 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
                dry_run: bool, say: Say, automatic: bool, last: Tuple[float, str]) -> int:
     target = target_for(ctx, inst, settings)
     say(f"reset {inst.name}: pipe dir {inst.pipe_dir}, log dir {inst.log_dir}")
+    _unblock_first(ctx, inst, settings, dry_run, say)
     obs = reset_mod.observe(ctx, inst, uids=reset_mod.daemon_uids(ctx, target))
     _show_state(obs, say)
     plan = reset_mod.plan(ctx, obs, target, settings, force, last[0], automatic, last_of=last[1])
@@ -206,3 +208,60 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
     audit.record("finish", "ok" if ok else "failed", instance=inst.name, seconds=f"{spent:.2f}")
     return DONE if ok else FAILED
 
+
+def _unblock_first(ctx: Context, inst: Instance, settings: RemediationSettings, dry_run: bool,
+                   say: Say) -> None:
+    """Free what holds the daemon before planning a restart: a wedge that freeing cures
+    needs none, and a restart would end other users' servers (remediation/unblock.py)."""
+    facts = unblock_mod.for_instances(unblock_mod.look(ctx.config, ctx.root, (inst,),
+                                                       ctx.config.budget_s), [inst.name])
+    found = unblock_mod.plans(facts).get(inst.name, ())
+    if not found:
+        return
+    say("  first, what holds its control daemon is freed (as 'mps-health remediate unblock' "
+        "does):")
+    for number, b in enumerate(found, 1):
+        say(f"  {number}. {unblock_mod.step_text(b)}")
+    if dry_run:
+        say("  dry run: not freed; the reset below is planned as things are now")
+        return
+    audit = audit_for(ctx, settings, "unblock")
+    unblock_mod.free(ctx, inst, found, say, audit, time.monotonic() + ctx.config.budget_s)
+
+
+def unblock(config: Config, root: str, wanted: Sequence[str], dry_run: bool, say: Say) -> int:
+    """``mps-health remediate unblock [INSTANCE...] [--dry-run]``: exit 0 freed or nothing
+    held, 1 only a blocker of root's left, 2 acted but the daemon still does not answer."""
+    settings = remediation(config)
+    ctx = Context(config, root)
+    need_root(dry_run, "unblock")
+    chosen = choose(ctx, wanted, True, doing=" to unblock")
+    with lock_node(ctx, settings, "unblock " + ",".join(i.name for i in chosen), dry_run):
+        facts = unblock_mod.for_instances(unblock_mod.look(config, root, chosen,
+                                                           config.budget_s),
+                                          [i.name for i in chosen])
+        todo = unblock_mod.plans(facts)
+        audit = None if dry_run else audit_for(ctx, settings, "unblock")
+        rc = DONE
+        for inst in facts.instances:
+            say(f"unblock {inst.name}: pipe dir {inst.pipe_dir}")
+            found = todo.get(inst.name, ())
+            why = unblock_mod.unanswered(facts, inst.name)
+            if not found:
+                say("  nothing holds its control daemon" + (
+                    f" that mps-health can see (it gave no answer: {why})" if why else ""))
+                continue
+            say("  plan:")
+            for number, b in enumerate(found, 1):
+                say(f"  {number}. {unblock_mod.step_text(b)}")
+            if dry_run:
+                say("  dry run: nothing was changed")
+                continue
+            say("  acting:")
+            freed = unblock_mod.free(ctx, inst, found, say, audit,
+                                     time.monotonic() + config.budget_s)
+            if freed.acted and not freed.answers:
+                rc = max(rc, FAILED)
+            elif freed.left:
+                rc = max(rc, REFUSED)
+        return rc

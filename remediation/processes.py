@@ -36,7 +36,7 @@ from mps_health.hostio.process_identity import (  # noqa: F401  (the identity ru
 from mps_health.model.context import Context
 from mps_health.model.facts import Instance, ProcessFact
 from mps_health.probes.instances import pipe_paths
-from mps_health.probes.proc import binaries_here, read_process, read_processes
+from mps_health.probes.proc import binaries_here, identity, read_process, read_processes
 
 
 class Ended(NamedTuple):
@@ -217,3 +217,66 @@ def end_all(proc_dir: str, facts: Iterable[ProcessFact], grace_s: float,
 def describe(p: ProcessFact) -> str:
     state = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}.get(p.state, "")
     return f"{p.role} {p.pid} (uid {p.uid}{', ' + state if state else ''})"
+
+
+class Signalled(NamedTuple):
+    pid: int
+    outcome: str  # "continued", "terminated", "killed", "gone", "replaced", "alive"
+    detail: str
+
+
+def _same_identity(proc_dir: str, pid: int, uid: int, start_ticks: int) -> Optional[str]:
+    """None while ``pid`` is still the process planned on, else "gone" or "replaced"."""
+    now = identity(proc_dir, pid)
+    if now is None:
+        return "gone"
+    return None if now == (uid, start_ticks) else "replaced"
+
+
+def signal_verified(proc_dir: str, pid: int, uid: int, start_ticks: int, end: bool,
+                    grace_s: float = 1.0, kill_wait_s: float = 3.0) -> Signalled:
+    """Continue (``end`` False) or end one process of any binary, by PID, only while /proc
+    shows the very process planned on (its uid and start time), through a pidfd opened
+    before that check where the kernel has them. Ending: SIGTERM with SIGCONT (a stopped
+    process acts on TERM only when continued), SIGKILL after ``grace_s``."""
+    pidfd = _open_pidfd(pid)
+    try:
+        def send(sig: int) -> Optional[str]:
+            changed = _same_identity(proc_dir, pid, uid, start_ticks)
+            if changed is not None:
+                return changed
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, sig)
+                else:
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                return "gone"
+            return None
+
+        def ended(wait_s: float) -> bool:
+            deadline = time.monotonic() + wait_s
+            while _same_identity(proc_dir, pid, uid, start_ticks) is None:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
+            return True
+
+        changed = send(signal.SIGTERM if end else signal.SIGCONT)
+        if changed is not None:
+            return Signalled(pid, changed, "already exited" if changed == "gone" else
+                             "the PID now names another process: left alone")
+        if not end:
+            return Signalled(pid, "continued", "continued (SIGCONT)")
+        send(signal.SIGCONT)
+        if ended(grace_s):
+            return Signalled(pid, "terminated", "ended by SIGTERM")
+        send(signal.SIGKILL)
+        if ended(kill_wait_s):
+            return Signalled(pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL")
+        return Signalled(pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
+    except PermissionError as e:
+        return Signalled(pid, "alive", f"cannot signal it: {e.strerror}")
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -152,3 +152,33 @@ def test_a_users_own_daemon_on_the_shared_dir_vouches_for_nothing(site: Site) ->
         mpsdaemon.kill_daemon(theirs)
         with contextlib.suppress(ProcessLookupError):
             os.kill(server, signal.SIGKILL)
+
+
+def test_a_users_stopped_server_on_the_live_daemons_dir_is_named(site: Site,
+                                                                 started) -> None:
+    """The user's way to hang a node's MPS: the genuine server binary run on the live
+    instance's pipe dir and stopped. One WARNING naming the uid and the pid, with the
+    command that ends it: never a reset, never a drain. Running, it is left as before."""
+    site.start_daemon()
+    config = site.config()
+    uid = ensure_user(ATTACKER).pw_uid
+    theirs = subprocess.Popen([FAKE_SERVER], env={"CUDA_MPS_PIPE_DIRECTORY": str(site.pipe)},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              **as_user(ATTACKER))
+    started.append(theirs)
+    assert theirs.stdout is not None and theirs.stdout.readline().strip() == b"ready"
+    _rc, report = check_json(config)
+    assert ("", "server-stopped-foreign") not in problems(report), report
+    os.kill(theirs.pid, signal.SIGSTOP)
+    try:
+        rc, report = check_json(config)
+    finally:
+        os.kill(theirs.pid, signal.SIGCONT)
+    assert rc == 1, report
+    found = problems(report)[("", "server-stopped-foreign")]
+    assert found["state"] == "WARNING"
+    assert f"of uid {uid} on {site.pipe}" in found["message"]
+    assert f"(pids {theirs.pid})" in found["message"]
+    assert "mps-health remediate unblock" in found["action"]
+    assert f"ps -o pid,user,lstart,stat,args -p {theirs.pid}" in found["action"]
+    assert "remediate reset" not in found["action"]

@@ -11,6 +11,7 @@ removed whole by the Epilog and by ``remediate orphans``, and no link is followe
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from conftest import FAKE_SERVER
 from hostile import ATTACKER, as_user, ensure_user, run_as
 from jobhooks import JobHooks, daemon_pid, user_python
 from mps_health.hostio import jobrecords
+from mps_health.model.actionhints import commands
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root (the hooks chown and drop to the user)")
@@ -208,6 +210,31 @@ def test_remediate_orphans_removes_a_nested_leftover_once_and_for_all(hooks: Job
     assert jobrecords.load(str(hooks.site.state_dir))[0] == ()
     again = remediate(hooks)
     assert again.returncode == 0 and "orphans on n1: 0" in again.stdout
+    assert [r["code"] for r in orphans(hooks)] == ["ok"]
+
+
+def test_an_orphan_dirs_pasted_action_removes_it(hooks: JobHooks) -> None:
+    """The action's commands, pasted as printed: the dry run changes nothing, the run
+    removes the dirs (an ended job is no instance: a reset of it would name none)."""
+    assert hooks.run("prolog", hooks.env("prolog", "906")).returncode == 0
+    pipe, log = hooks.pipe_dir("906"), hooks.parent / "nvidia-log_job906"
+    pid = daemon_pid(pipe)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # no Epilog ran: the dirs are left, with the record
+    back_date(pipe, log)
+    (found,) = orphans(hooks)
+    assert (found["instance"], found["code"]) == ("job906", "orphan-dir")
+    pasted = [shlex.split(line) for line in commands(str(found["action"]))]
+    cfg = str(hooks.config)
+    assert pasted == [["mps-health", "remediate", "orphans", "--dry-run", "--config", cfg],
+                      ["mps-health", "remediate", "orphans", "--config", cfg]]
+    dry = mps_health(*pasted[0][1:])
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "job906 (job 906" in dry.stdout and "dry run: nothing was changed" in dry.stdout
+    assert pipe.is_dir() and log.is_dir()
+    done = mps_health(*pasted[1][1:])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not os.path.lexists(pipe) and not os.path.lexists(log)
     assert [r["code"] for r in orphans(hooks)] == ["ok"]
 
 

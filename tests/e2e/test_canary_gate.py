@@ -203,3 +203,47 @@ def test_no_new_finding_where_no_daemon_runs_or_mps_is_not_installed(site) -> No
     counted = [r["code"] for rs in found.values() for r in rs
                if r["state"] != "OK" and not r.get("cause")]
     assert counted == ["mps-not-installed"], counted
+
+
+def counting_scontrol(site) -> tuple:
+    """A scontrol stand-in that logs each call (one line of its arguments) and answers
+    --version and 'show node' (with or without -d) with this IDLE node."""
+    out = site.root / "node-idle.txt"
+    out.write_text(IDLE)
+    log = site.root / "scontrol.log"
+    script = site.root / "scontrol-counting"
+    script.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                      f'if [ "$1" = --version ]; then echo "slurm 22.05.8"; exit 0; fi\n'
+                      f"exec cat {out}\n")
+    script.chmod(0o755)
+    return str(script), log
+
+
+def calls_of(log: Path) -> list:
+    """The calls logged since the last look (the log starts afresh)."""
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return calls
+
+
+def test_a_warm_run_reads_the_node_once_for_the_gate_and_the_slurm_source(site) -> None:
+    """The canary's idle gate takes the slurm source's answer: one slurmctld call a run."""
+    site.start_daemon()
+    path, log = counting_scontrol(site)
+    cfg = config(site, path, "canary: {}\nslurm: {}\n")
+    both = ("check", "--config", cfg, "--format", "json", "--only", "canary,orphans")
+    first = mps_health(*both)  # cold: asks the version too, then keeps it in run_dir
+    assert [r["code"] for r in results(first, "canary")] == ["ok"], first.stdout
+    assert calls_of(log) == ["--version", "-d show node mpsnode -o"]
+    warm = mps_health(*both)
+    assert [r["code"] for r in results(warm, "canary")] == ["ok"], warm.stdout
+    assert calls_of(log) == ["-d show node mpsnode -o"]
+    # The slurm source not selected: the gate reads the node itself, once.
+    assert canary(cfg)["code"] == "ok"
+    assert calls_of(log) == ["show node mpsnode -o"]
+    # A node that is not idle, in the shared answer: the gate still keeps the canary out.
+    (site.root / "node-idle.txt").write_text(IDLE.replace("State=IDLE", "State=MIXED"))
+    busy = mps_health(*both)
+    (res,) = results(busy, "canary")
+    assert res["code"] == "canary-skipped" and "is MIXED, not IDLE" in res["message"], res
+    assert calls_of(log) == ["-d show node mpsnode -o"]

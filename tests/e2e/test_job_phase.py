@@ -147,3 +147,47 @@ def test_hook_phase() -> None:
     # A Prolog that finished while this run gathered: its facts may predate the daemon.
     assert hook_phase([rec("prolog", 996.0)], "/tmp/p", 995.0, now, 60.0) == SET_UP
     assert hook_phase([rec("prolog", 990.0)], "/tmp/p", 995.0, now, 60.0) == ""
+
+
+def strays_orphaned(config: Path) -> List[Tuple[str, str, str]]:
+    """The strays check's server-orphaned findings (other runs' fakes on this machine are
+    another binary: mps-impostor, left out)."""
+    r = mps_health("check", "--config", str(config), "--only", "strays", "--format", "json")
+    assert r.returncode in (0, 1, 2) and r.stderr == "", r.stdout + r.stderr
+    return [(p["instance"], p["state"], p["code"]) for p in json.loads(r.stdout)["problems"]
+            if p["code"] == "server-orphaned"]
+
+
+def test_a_server_that_outlives_its_jobs_daemon_is_critical_only_once_the_job_ended(
+        job_site, site: Site) -> None:
+    """While Slurm lists the job, a server left by the job's daemon hurts only that job
+    (its user may kill their own daemon): the job's WARNING. Once the job has ended it
+    holds the GPU for nobody: the node's CRITICAL. Dirs and daemon root's here, so the
+    WARNING is the check's own, not the engine's cap for a user's own MPS."""
+    import os
+    import signal
+    import time
+
+    from nodesite import Daemon
+    from remhelp import alive
+
+    config, parent = job_site
+    slurm_lists(site)
+    daemon = Daemon(parent / f"nvidia-mps_job{JOB}", parent / f"nvidia-log_job{JOB}",
+                    {"FAKE_MPS_SERVER_OUTLIVES": "1"}, site.control)
+    site.daemons.append(daemon)
+    daemon.start()
+    server = int(daemon.query("fake_server_start").stdout)
+    try:
+        assert strays_orphaned(config) == []  # served; the servers probe remembers it
+        pid = daemon.pid
+        daemon.stop()
+        deadline = time.monotonic() + 30  # a bound for a stuck kill, not a timing
+        while pid is not None and alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alive(server)  # it outlived its daemon
+        assert strays_orphaned(config) == [(f"job{JOB}", "WARNING", "server-orphaned")]
+        site.squeue()  # the job has ended
+        assert strays_orphaned(config) == [("", "CRITICAL", "server-orphaned")]
+    finally:
+        os.kill(server, signal.SIGKILL)

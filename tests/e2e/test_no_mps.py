@@ -6,6 +6,7 @@ daemon ran, and a dead daemon too."""
 import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -119,6 +120,59 @@ def test_a_daemon_that_fails_to_start_is_quoted_and_had_a_fixed_path(site) -> No
     assert "(the launcher exited 1: 'driver not loaded')" in r.stdout, r.stdout
     assert "control.log ends: [x] PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:" \
         "/sbin:/bin; cannot open /dev/nvidiactl" in r.stdout, r.stdout
+
+
+def broken_binaries(site: Site) -> dict:
+    """Control binaries that are there, executable, and cannot run: reason -> path."""
+    made = {}
+    garbage = site.root / "garbage-control"
+    garbage.write_bytes(b"\x00\x01not a program (\n" * 64)  # /bin/sh would choke on it
+    made["not a program for this machine"] = garbage
+    script = site.root / "script-control"
+    script.write_text("#!/nonexistent/interpreter\nexit 0\n")
+    made["its interpreter /nonexistent/interpreter is missing"] = script
+    elf = Path("/bin/true").read_bytes()
+    loader = next((name for name in (b"/lib64/ld-linux-x86-64.so.2", b"/lib/ld-linux-aarch64.so.1")
+                   if name in elf), None)
+    if loader is not None:  # the same ELF, its loader's name changed to one that is not there
+        moved = loader[:-4] + b"gone"
+        noloader = site.root / "noloader-control"
+        noloader.write_bytes(elf.replace(loader, moved))
+        made[f"its loader {moved.decode()} is missing"] = noloader
+        foreign = bytearray(elf)
+        foreign[18:20] = b"\x15\x00" if foreign[18:20] != b"\x15\x00" else b"\x3e\x00"  # PPC64 or x86-64
+        wrong = site.root / "foreign-control"
+        wrong.write_bytes(bytes(foreign))
+        made["built for another architecture"] = wrong
+    cc = shutil.which("cc")
+    if cc is not None:  # a program whose library is gone (built against it, then removed)
+        (site.root / "lib.c").write_text("int gone(void) { return 0; }\n")
+        (site.root / "main.c").write_text("int gone(void);\nint main(void) { return gone(); }\n")
+        lib = site.root / "libmpsgone.so"
+        nolib = site.root / "nolib-control"
+        for argv in ([cc, "-shared", "-fPIC", "-o", str(lib), str(site.root / "lib.c")],
+                     [cc, "-o", str(nolib), str(site.root / "main.c"), f"-L{site.root}",
+                      "-lmpsgone"]):
+            subprocess.run(argv, check=True, capture_output=True, timeout=60)
+        lib.unlink()
+        made["error while loading shared libraries: libmpsgone.so"] = nolib
+    for path in made.values():
+        path.chmod(0o755)
+    return made
+
+
+def test_a_control_binary_that_cannot_run_says_why_and_advises_no_reset(site) -> None:
+    for why, path in broken_binaries(site).items():
+        cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": str(path)})
+        r = mps_health("check", "--config", cfg, "--only", "control", "--format", "json")
+        assert r.returncode == 2, r.stdout + r.stderr
+        (res,) = [x for c in report(r)["checks"] for x in c["results"]]
+        assert res["code"] == "control-client-broken", res
+        assert f"{path}: cannot run: {why}" in res["message"], res
+        assert res["action"].startswith(f"reinstall the NVIDIA driver's MPS binaries ({path}: "
+                                        f"cannot run: {why}"), res
+        assert "remediate reset" not in res["action"]
+        assert "answered with an error" not in r.stdout
 
 
 def test_binaries_gone_after_a_daemon_restarted_are_one_problem(site) -> None:

@@ -82,18 +82,18 @@ def test_stale_dir_after_sigkill_is_cleared_and_restarted(site) -> None:
     assert instance_problems(cfg) == []
 
 
-def test_stopped_daemon_is_ended_by_pid_and_replaced(site) -> None:
+def test_a_stopped_daemon_is_continued_first_not_replaced(site) -> None:
+    # SIGCONT serves everyone again and keeps the daemon's servers and their jobs, where
+    # a restart would end them: the reset frees it first and then finds nothing to do.
     site.dirs()
     cfg = site.config(remediating(site))
     pid = start_daemon(site.pipe, site.log)
     os.kill(pid, signal.SIGSTOP)
     r = reset(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "daemon-stopped" in r.stdout
-    assert f"{pid}: ended by SIGTERM" in r.stdout
-    assert not alive(pid)
-    new = daemons_of(site.pipe)
-    assert len(new) == 1 and new[0] != pid
+    assert f"continue pid {pid}" in r.stdout and "the daemon answers again" in r.stdout
+    assert "nothing to do" in r.stdout
+    assert daemons_of(site.pipe) == [pid]
     assert instance_problems(cfg) == []
 
 

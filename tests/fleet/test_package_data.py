@@ -1,6 +1,8 @@
 """The wheel carries what a node reads without the source tree: the runbook (README.md,
-which `mps-health explain` reads), the docs the README points to and the example config
-(`mps-health config example`), and the installed commands find them."""
+which `mps-health explain` reads), the docs the README points to, the example config
+(`mps-health config example`) and the files for the node's other programs (systemd
+units, Nagios/Icinga definitions, alert rules: `mps-health contrib`), and the installed
+commands find them."""
 # ruff: noqa: F811  (dists comes from fleethelp)
 
 import subprocess
@@ -10,12 +12,16 @@ from pathlib import Path
 
 from conftest import REPO
 from fleethelp import dists  # noqa: F401
+from mps_health.cli.contrib import CARRIED
 
 
 def test_the_wheel_carries_the_runbook_the_docs_and_the_example_config(dists) -> None:
     with zipfile.ZipFile(dists.wheel) as whl:
         names = set(whl.namelist())
         wanted = {"mps_health/README.md", "mps_health/contrib/config.example.yaml"}
+        wanted |= {f"mps_health/{c.name}" for c in CARRIED}
+        wanted |= {f"mps_health/contrib/systemd/{p.name}"  # every unit, listed or not
+                   for p in (REPO / "contrib/systemd").iterdir() if p.is_file()}
         wanted |= {f"mps_health/docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
         assert sorted(wanted - names) == []
         for name in wanted:  # the same text as the checkout's
@@ -36,3 +42,13 @@ def test_the_installed_commands_read_them(dists, tmp_path: Path) -> None:
                              cwd=tmp_path, **run)
     assert example.returncode == 0, example
     assert example.stdout == (REPO / "contrib/config.example.yaml").read_text()
+    listed = subprocess.run([str(venv / "bin/mps-health"), "contrib"], cwd=tmp_path, **run)
+    assert listed.returncode == 0, listed
+    site = subprocess.run([str(venv / "bin/python"), "-c", "import mps_health, os; "
+                           "print(os.path.dirname(mps_health.__file__))"], **run).stdout.strip()
+    for c in CARRIED:  # each where pip put it, in the venv
+        assert f"{site}/{c.name}" in listed.stdout, listed.stdout
+    unit = subprocess.run([str(venv / "bin/mps-health"), "contrib", "nvidia-mps.service"],
+                          cwd=tmp_path, **run)
+    assert unit.returncode == 0 and \
+        unit.stdout == (REPO / "contrib/systemd/nvidia-mps.service").read_text(), unit

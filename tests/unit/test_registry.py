@@ -20,7 +20,7 @@ from mps_health.model import registry
 from paths import REPO
 
 # The run's and every output's order (users and tests read it).
-BUILT_IN_ORDER = ["daemon", "strays", "control", "directories", "tmpfiles", "servers",
+BUILT_IN_ORDER = ["daemon", "strays", "control", "blockers", "directories", "tmpfiles", "servers",
                   "limits", "logs", "canary", "compute-mode", "gres-drift", "orphans",
                   "clients"]
 
@@ -115,7 +115,7 @@ def test_a_module_dropped_into_checks_runs_in_its_place(package_copy: Path,
                                                         tmp_path: Path) -> None:
     (package_copy / "checks" / "made_new.py").write_text(MADE_CHECK)
     names, report, r = _list_and_run(package_copy, tmp_path, "made-new")
-    assert names == [*BUILT_IN_ORDER[:3], "made-new", *BUILT_IN_ORDER[3:]]
+    assert names == [*BUILT_IN_ORDER[:4], "made-new", *BUILT_IN_ORDER[4:]]
     (run,) = report["checks"]
     assert (run["name"], run["results"][0]["message"]) == ("made-new", "made check ran")
     assert r.returncode == 0, r.stdout + r.stderr

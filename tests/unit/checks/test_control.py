@@ -34,15 +34,15 @@ def test_a_prompt_answer_is_ok_with_its_values() -> None:
 
 
 @pytest.mark.parametrize("status, state, code, wording", [
-    ("exec-failed", UNKNOWN, "control-client-missing", "no such file: nvidia-cuda-mps-control"),
-    ("skipped", UNKNOWN, "control-busy", "no such file: nvidia-cuda-mps-control"),
+    ("exec-failed", UNKNOWN, "control-client-missing", "nvidia-cuda-mps-control: command not found"),
+    ("skipped", UNKNOWN, "control-busy", "nvidia-cuda-mps-control: command not found"),
     ("timeout", CRITICAL, "control-wedged", "did not answer within 2.0s (wedged"),
     ("absent", CRITICAL, "control-absent", "cannot find a control daemon for this pipe dir"),
     ("error", CRITICAL, "control-error",
-     "answered with an error: no such file: nvidia-cuda-mps-control"),
+     "answered with an error: nvidia-cuda-mps-control: command not found"),
 ])
 def test_each_failed_query(status: str, state: int, code: str, wording: str) -> None:
-    r = judge(answer(status, "", 2.0, "no such file: nvidia-cuda-mps-control"))
+    r = judge(answer(status, "", 2.0, "nvidia-cuda-mps-control: command not found"))
     assert (r.instance, r.state, r.code) == ("node", state, code)
     assert wording in r.message
     if state == CRITICAL:
@@ -50,7 +50,8 @@ def test_each_failed_query(status: str, state: int, code: str, wording: str) -> 
 
 
 def test_actions_of_the_unknowns() -> None:
-    assert "commands.nvidia-cuda-mps-control" in judge(answer("exec-failed")).action
+    missing = answer("exec-failed", detail="nvidia-cuda-mps-control: command not found")
+    assert "commands.nvidia-cuda-mps-control" in judge(missing).action
     assert "another mps-health run" in judge(answer("skipped")).action
 
 
@@ -74,3 +75,19 @@ def test_an_instance_not_asked_is_unknown() -> None:
     found = run(control, {"control": {"node": answer()}}, (NODE, GPU0))
     assert codes(found) == [("node", OK, "ok"), ("gpu0", UNKNOWN, "control-not-asked")]
     assert "no control query was made" in found[1].message
+
+
+@pytest.mark.parametrize("why", [
+    "built for another architecture (ELF machine 183, this node is x86_64)",
+    "its loader /lib64/ld-linux-x86-64.so.2 is missing",
+    "its interpreter /nonexistent is missing",
+    "error while loading shared libraries: libcuda.so.1: cannot open shared object file",
+])
+def test_a_client_that_is_there_but_cannot_run_is_critical_and_no_reset(why: str) -> None:
+    detail = f"/usr/bin/nvidia-cuda-mps-control: cannot run: {why}"
+    r = judge(answer("exec-failed", "", 0.0, detail))
+    assert (r.state, r.code) == (CRITICAL, "control-client-broken")
+    assert r.message == ("the MPS control client is there but cannot run, so no query can "
+                         f"be made: {detail}")
+    assert r.action.startswith(f"reinstall the NVIDIA driver's MPS binaries ({detail})")
+    assert RESET not in r.action and not r.values

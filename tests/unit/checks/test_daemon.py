@@ -96,7 +96,10 @@ def test_two_daemons_on_one_dir_are_duplicates() -> None:
 def test_a_daemon_that_cannot_serve(state: str, severity: int, code: str, wording: str) -> None:
     (r,) = judge([proc(4242, state=state)])
     assert (r.state, r.code) == (severity, code)
-    assert f"control daemon 4242 {wording}" in r.message and RESET in r.action
+    assert f"control daemon 4242 {wording}" in r.message
+    # A stopped daemon is continued, never reset: its servers' jobs go on.
+    assert ("kill -CONT 4242" in r.action and RESET not in r.action) if code == "daemon-stopped" \
+        else RESET in r.action
 
 
 def test_a_root_daemon_where_per_user_daemons_are_required() -> None:

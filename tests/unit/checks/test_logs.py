@@ -106,3 +106,19 @@ def test_offsets_that_cannot_be_kept_are_said_in_a_note() -> None:
     found = judge(state_error="cannot write logs.json")
     assert codes(found) == [("node", OK, "ok"), ("", OK, "history-not-saved")]
     assert found[1].message == "log offsets: cannot write logs.json"
+
+
+def test_a_refused_connection_right_after_mps_health_freed_the_daemon_is_no_finding() -> None:
+    from mps_health.hostio.unblocks import Unblocked
+    from mps_health.probes.blockers import BlockerFacts
+
+    # Clients killed while the daemon was held (our own timed-out query among them) are
+    # refused once it is freed: that echo of the freeing is no fault of the daemon's.
+    lines = [finding("log-accept-failed", ago=100.0)]
+    freed = BlockerFacts({}, (Unblocked(NOW - 101.0, 1001, "alice", NODE.name, "connection"),))
+    lf = LogsFacts(NOW, (LogFileFact(CONTROL_LOG, "read", bytes_read=10),), tuple(lines), (),
+                   "", ())
+    assert codes(run(logs, {"logs": lf, "blockers": freed})) == [("node", OK, "ok")]
+    later = BlockerFacts({}, (Unblocked(NOW - 900.0, 1001, "alice", NODE.name, "connection"),))
+    assert ("node", WARNING, "log-accept-failed") in codes(run(logs, {"logs": lf,
+                                                                      "blockers": later}))

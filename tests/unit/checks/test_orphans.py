@@ -125,6 +125,26 @@ def test_a_leftover_daemon_is_orphan_daemon() -> None:
     assert r.message.endswith("; its control daemon 40 still runs")
 
 
+def test_each_leftover_names_the_command_that_removes_it() -> None:
+    """An ended job is no instance: 'remediate reset jobN' would answer that it names
+    none. 'remediate orphans' selects recorded leftovers of ended jobs, as this check does."""
+    found = judge([jd("12"), jd("13"), jd("14")], [rec("12"), rec("13"), rec("14")],
+                  [proc(40, "control", "13"), proc(50, "server", "14")],
+                  remembered=[(50, 100)])
+    assert [r.code for r in found] == ["orphan-dir", "orphan-daemon", "orphan-server"]
+    for r in found:
+        assert "'mps-health remediate orphans --dry-run'" in r.action, r.code
+        assert r.action.endswith("then 'mps-health remediate orphans'"), r.code
+        assert "remediate reset" not in r.action, r.code
+
+
+def test_a_running_jobs_server_without_its_daemon_is_no_orphan() -> None:
+    """Its job still runs: the strays check judges it as that job's WARNING."""
+    found = judge([jd("12")], [rec("12")], [proc(50, "server", "12")], alive=["12"],
+                  remembered=[(50, 100)])
+    assert codes(found) == [("", OK, "ok")]
+
+
 def test_young_and_alive_are_not_judged() -> None:
     assert codes(judge([jd("12", age=30)], [rec("12")])) == [("", OK, "ok")]
     assert codes(judge([jd("12", age=30, uid=STRANGER)])) == [("", OK, "ok")]

@@ -46,10 +46,13 @@ def servers_facts(previous: Dict[str, ServerMemory]) -> ServersFacts:
 
 
 def run_strays(procs: Iterable[ProcessFact],
-               previous: Optional[Dict[str, ServerMemory]] = None) -> List[Result]:
-    facts = Facts("n1", 2000.0, "/", (), {"processes": tuple(procs),
-                                          "servers": servers_facts(previous or {})}, {}, {})
-    return list(strays.check(facts, from_mapping({}, "site.yaml")))
+               previous: Optional[Dict[str, ServerMemory]] = None,
+               instances: Tuple[Instance, ...] = (), cfg: Optional[dict] = None,
+               unjudged: Tuple[Tuple[str, str], ...] = ()) -> List[Result]:
+    facts = Facts("n1", 2000.0, "/", instances, {"processes": tuple(procs),
+                                                 "servers": servers_facts(previous or {})},
+                  {}, {}, unjudged=unjudged)
+    return list(strays.check(facts, from_mapping(cfg or {}, "site.yaml")))
 
 
 def codes(results: List[Result]) -> List[Tuple[int, str]]:
@@ -133,6 +136,140 @@ def test_remembered_and_unclaimed_side_by_side() -> None:
     found = run_strays([server(4242), server(5000, uid=EVIL, traced=True)],
                        {"node": memory(4242)})
     assert codes(found) == [(CRITICAL, "server-orphaned"), (WARNING, "server-unclaimed")]
+
+
+# --- a held server on a live daemon's pipe dir ---------------------------------------
+
+def held_codes(procs: List[ProcessFact]) -> List[Tuple[int, str]]:
+    # (no instance is configured here: the daemon itself is daemon-unexpected)
+    return [c for c in codes(run_strays(procs)) if c[1] != "daemon-unexpected"]
+
+
+def test_a_stopped_foreign_server_on_a_live_daemons_pipe_dir_is_named() -> None:
+    """The user's way to hang the daemon and every client: the genuine binary run on the
+    instance's pipe dir and stopped (or held under ptrace) before it does anything."""
+    for held in ({"state": "T"}, {"state": "t"}, {"traced": True}):
+        found = [r for r in run_strays([daemon(100), server(4242, uid=EVIL, **held)])
+                 if r.code != "daemon-unexpected"]
+        assert codes(found) == [(WARNING, "server-stopped-foreign")], held
+        r = found[0]
+        assert r.instance == ""
+        assert r.message == ("1 stopped or traced nvidia-cuda-mps-server process(es) of uid "
+                             f"1001 on {PIPE}, not started by its control daemon (pids 4242): "
+                             "while one lives, the control daemon and its clients may hang")
+        assert "'mps-health remediate unblock'" in r.action
+        assert "'ps -o pid,user,lstart,stat,args -p 4242'" in r.action
+        assert "remediate reset" not in r.action and "do not reset" in r.action
+
+
+def test_the_daemons_own_held_server_is_no_foreign_one() -> None:
+    assert held_codes([daemon(100), server(4242, ppid=100, state="T")]) == []
+    assert held_codes([daemon(100), server(4242, ppid=100, traced=True)]) == []
+
+
+def test_the_child_of_another_daemon_is_foreign_on_this_one() -> None:
+    """Not *that* daemon's child: a daemon on another dir vouches for nothing here."""
+    found = held_codes([daemon(100), daemon(200, "/srv/x"), server(4242, ppid=200,
+                                                                   state="T")])
+    assert found == [(WARNING, "server-stopped-foreign")]
+
+
+def test_a_running_foreign_server_on_the_pipe_dir_is_left_as_before() -> None:
+    assert held_codes([daemon(100), server(4242, uid=EVIL)]) == []
+    assert held_codes([daemon(100), server(4242, uid=EVIL, state="D")]) == []
+
+
+def test_only_the_genuine_binary_is_a_held_server() -> None:
+    """An unchecked binary (not root) is left out; another binary is an impostor."""
+    assert held_codes([daemon(100), server(4242, uid=EVIL, state="T", genuine=None)]) == []
+    assert held_codes([daemon(100), server(4242, uid=EVIL, state="T", genuine=False)]) == [
+        (WARNING, "mps-impostor")]
+
+
+def test_held_servers_are_one_line_per_uid_with_bounded_pids() -> None:
+    mine = [server(5000 + i, uid=EVIL, state="T") for i in range(2000)]
+    found = held_codes([daemon(100), daemon(200, "/srv/x"), *mine,
+                        server(9000, uid=1002, traced=True, pipe_dir="/srv/x")])
+    assert found == [(WARNING, "server-stopped-foreign")] * 2
+    lines = [r.message for r in run_strays([daemon(100), daemon(200, "/srv/x"), *mine,
+                                            server(9000, uid=1002, traced=True,
+                                                   pipe_dir="/srv/x")])
+             if r.code == "server-stopped-foreign"]
+    assert lines[0].startswith("2000 stopped or traced nvidia-cuda-mps-server process(es) "
+                               f"of uid 1001 on {PIPE},")
+    assert "(pids 5000, 5001, 5002, 5003, 5004 and 1995 more)" in lines[0]
+    assert "uid 1002 on /srv/x" in lines[1] and "(pids 9000)" in lines[1]
+
+
+def test_a_held_server_never_drains_the_node() -> None:
+    from mps_health.healthcheck.slurmnode import NOT_COUNTED, by_any_user
+
+    (r,) = [r for r in run_strays([daemon(100), server(4242, uid=EVIL, state="T")])
+            if r.code == "server-stopped-foreign"]
+    assert by_any_user(r) and "server-stopped-foreign" in NOT_COUNTED
+
+
+# --- per-job: a server that outlives its job's daemon ------------------------------------
+
+PER_JOB = {"mps": {"layout": "per-job", "pipe_dir": "/tmp/nvidia-mps_job{job}",
+                   "log_dir": "/tmp/nvidia-log_job{job}"}}
+JOB_PIPE = "/tmp/nvidia-mps_job77"
+JOB77 = Instance("job77", "per-job", JOB_PIPE, "/tmp/nvidia-log_job77", job_id="77")
+
+
+def job_server(pipe_dir: str = JOB_PIPE) -> ProcessFact:
+    """A job's server, its daemon gone (its user's, as a per-job daemon's may be)."""
+    return server(4242, uid=EVIL, pipe_dir=pipe_dir)
+
+
+def test_a_running_jobs_server_without_its_daemon_is_the_jobs_warning() -> None:
+    """The job's user may kill their own daemon: only their job is hurt, no drain."""
+    found = run_strays([job_server()], {"job77": memory(4242)}, (JOB77,), PER_JOB)
+    assert [(r.instance, r.state, r.code) for r in found] == [
+        ("job77", WARNING, "server-orphaned")]
+    assert "the job still runs" in found[0].message and JOB_PIPE in found[0].message
+    assert "'mps-health remediate reset job77'" in found[0].action
+
+
+def test_a_job_whose_mps_is_torn_down_still_runs() -> None:
+    """Slurm lists the job (COMPLETING: the Epilog quits the daemon first): not ended."""
+    found = run_strays([job_server()], {"job77": memory(4242)}, (), PER_JOB,
+                       unjudged=(("77", "its MPS is being torn down"),))
+    assert [(r.instance, r.state, r.code) for r in found] == [
+        ("job77", WARNING, "server-orphaned")]
+    gpu = run_strays([job_server(pipe_dir="/tmp/nvidia-mps_job77-1")],
+                     {"job77": memory(4242)}, (), {"mps": {
+                         "layout": "per-job", "pipe_dir": "/tmp/nvidia-mps_job{job}-{gpu}",
+                         "log_dir": "/tmp/nvidia-log_job{job}-{gpu}"}},
+                     unjudged=(("77", "its MPS is being set up"),))
+    assert [(r.instance, r.state) for r in gpu] == [("job77-gpu1", WARNING)]
+
+
+def test_once_the_job_has_ended_its_server_is_critical() -> None:
+    found = run_strays([job_server()], {"job77": memory(4242)}, (), PER_JOB)
+    assert [(r.instance, r.state, r.code) for r in found] == [("", CRITICAL, "server-orphaned")]
+    # Another job's instance, or another job torn down, is not this one's.
+    other = Instance("job78", "per-job", "/tmp/nvidia-mps_job78", "/tmp/nvidia-log_job78",
+                     job_id="78")
+    assert codes(run_strays([job_server()], {"job77": memory(4242)}, (other,), PER_JOB,
+                            unjudged=(("78", "its MPS is being torn down"),))) == [
+        (CRITICAL, "server-orphaned")]
+
+
+def test_the_engine_keeps_a_running_jobs_server_a_warning_whoever_owns_the_dirs() -> None:
+    """engine.judge lowers a per-job CRITICAL only where the job's user owns its MPS; this
+    WARNING holds for root-owned per-job MPS too."""
+    from mps_health.engine import run as engine
+    from mps_health.model import registry
+
+    facts = Facts("n1", 2000.0, "/", (JOB77,), {"processes": (job_server(),),
+                                                "servers": servers_facts(
+                                                    {"job77": memory(4242)})}, {}, {})
+    cfg = from_mapping({"mps": {**PER_JOB["mps"], "dir_owner": "root",
+                                "daemon_user": "root"}}, "site.yaml")
+    (run,) = engine.judge(facts, cfg, [registry.checks()["strays"]])
+    assert [(r.instance, r.state, r.code) for r in run.results] == [
+        ("job77", WARNING, "server-orphaned")]
 
 
 # --- the facts and the memory -----------------------------------------------------------

@@ -1,0 +1,176 @@
+"""What holds a control daemon that gave this run no answer: who, since when.
+
+MPS lets any local user hold a node's control daemon: the daemon reads one connection
+at a time, so a connection to its ``control`` socket (mode 0666) that sends nothing, or
+half a command, makes every query and every new client of every user wait for as long
+as it is held. So does an MPS server stopped with SIGSTOP (the instance's own, which
+runs as its clients' user, or the world-executable server binary run by a user on the
+pipe dir). This probe gathers the evidence, only for the daemons that did not answer
+(``Queries.unanswered``: one timeout per wedge, nothing more on a healthy run):
+
+* the daemon's accepted connections on ``<pipe dir>/control`` and the processes holding
+  their peers (``hostio.unixdiag``: the kernel's sock_diag); where the kernel refuses
+  that, the connections alone from ``/proc/net/unix``, and why the peer is unknown;
+* the MPS processes on the pipe dir, to name a stopped server or daemon by user and job.
+
+It also reads the node's recent unblock records (``hostio/unblocks``), so a uid that
+blocks MPS again and again is named. Collected after the control and servers queries
+(a source with a ``start``), so it sees what they could not ask.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, NamedTuple, Optional, Tuple
+
+from mps_health.hostio.unblocks import Unblocked
+from mps_health.model.context import Context
+from mps_health.model.facts import Instance
+from mps_health.probes.instances import pipe_paths
+
+SHOWN_CONNECTIONS = 8  # a daemon reads one at a time: more than a few is already a flood
+
+
+class Holder(NamedTuple):
+    """A process, as it is named in a finding: who runs it, in which job, since when."""
+
+    pid: int
+    uid: int
+    user: Optional[str]
+    start_ticks: int
+    state: str
+    ppid: int
+    comm: str
+    job_id: Optional[str]
+    started_at: Optional[float]  # epoch seconds
+
+
+class Connection(NamedTuple):
+    """One connection the daemon accepted on its control socket."""
+
+    socket: int  # the daemon's end (inode)
+    peer: int  # the other end's inode; 0 when the kernel could not be asked
+    holders: Tuple[Holder, ...]  # the processes holding the peer
+
+
+class Waiting(NamedTuple):
+    """One instance's daemon that gave this run no answer, and what holds it."""
+
+    unanswered: str  # why it is asked nothing more this run
+    read: bool  # its connections were read (peers included)
+    why: str  # why not, or what could not be read
+    daemons: Tuple[int, ...]  # the pids holding the listening side's accepted sockets
+    connections: Tuple[Connection, ...]
+    processes: Tuple[Holder, ...]  # the MPS processes on its pipe dir, named
+
+
+class BlockerFacts(NamedTuple):
+    waiting: Dict[str, Waiting]  # instance name -> its unanswered daemon
+    recent: Tuple[Unblocked, ...]  # the unblock records of the last day
+    note: str = ""  # why the records could not be read
+
+
+VALUE_TYPE = "BlockerFacts"  # read by codec, in this module's names
+
+
+def start(ctx: Context, instances: Tuple[Instance, ...]):  # -> Callable[[], BlockerFacts]
+    """Nothing to start: collected last, once the control and servers queries are in."""
+    return lambda: gather(ctx, instances)
+
+
+def gather(ctx: Context, instances: Tuple[Instance, ...]) -> BlockerFacts:
+    from mps_health.hostio import unblocks
+
+    waiting: Dict[str, Waiting] = {}
+    queries = ctx.queries
+    for inst in instances:
+        why = queries.unanswered(inst.pipe_dir, ctx.deadline) if queries is not None else ""
+        if why:
+            waiting[inst.name] = read_waiting(ctx, inst, why)
+    recent, note = unblocks.recent(ctx.path(ctx.config.state_dir), time.time())
+    return BlockerFacts(waiting, recent, note)
+
+
+def read_waiting(ctx: Context, inst: Instance, unanswered: str) -> Waiting:
+    """The evidence on ``inst``'s daemon: its accepted connections' peers, its processes."""
+    from mps_health.hostio import unixdiag
+    from mps_health.probes.proc import binaries_here, read_processes
+
+    paths = [os.path.join(p, "control") for p in pipe_paths(inst, ctx.root)]
+    deadline = max(ctx.deadline, time.monotonic() + 0.5)  # past a wedge's timeout: still look
+    procs = tuple(p for p in read_processes(ctx.proc, binaries_here(ctx))
+                  if p.pipe_dir in {os.path.dirname(x) for x in paths})
+    named = tuple(h for h in (holder(ctx, p.pid) for p in procs) if h is not None)
+    if ctx.root not in ("", "/"):
+        return Waiting(unanswered, False, "connections are not read under --root", (), (),
+                       named)
+    why = ""
+    try:
+        sockets = unixdiag.connected(paths, max(0.05, deadline - time.monotonic()))
+    except OSError as e:
+        why = f"the kernel gave no socket peers ({e}): the holder cannot be named"
+        try:
+            sockets = unixdiag.proc_net_unix(ctx.proc, paths)
+        except OSError as e2:
+            return Waiting(unanswered, False, f"{why}; /proc/net/unix: {e2.strerror or e2}",
+                           (), (), named)
+    wanted = [s.inode for s in sockets] + [s.peer for s in sockets if s.peer]
+    held, whole = unixdiag.holders(ctx.proc, wanted, deadline)
+    if not whole:
+        why = "; ".join(filter(None, (why, "not every process could be looked at in time"
+                                      + ("" if os.geteuid() == 0 else " (not root)"))))
+    # Only the daemon's accepted connections count (a socket no process holds is gone).
+    ours = {p.pid for p in procs if p.role == "control"}
+    accepted = [s for s in sockets if set(held.get(s.inode, ())) & ours] if ours \
+        else [s for s in sockets if held.get(s.inode)]
+    daemons = tuple(sorted({pid for s in accepted for pid in held.get(s.inode, ())}))
+    connections = tuple(
+        Connection(s.inode, s.peer, tuple(h for h in (holder(ctx, pid) for pid in
+                                                      held.get(s.peer, ())[:4]) if h))
+        for s in accepted[:SHOWN_CONNECTIONS])
+    if not ours and os.geteuid() != 0:
+        why = why or "the daemon's sockets may be read by root only"
+    return Waiting(unanswered, not why, why, daemons, connections, named)
+
+
+def holder(ctx: Context, pid: int) -> Optional[Holder]:
+    """``pid`` named: uid and user, Slurm job, state, start; None when it is gone."""
+    from mps_health.hostio.safefiles import read_small
+    from mps_health.hostio.users import name_of
+    from mps_health.probes.clientinfo import parse_cgroup
+    from mps_health.probes.proc import ParseError, parse_environ, parse_stat, parse_status_uid
+
+    base = f"{ctx.proc}/{pid}"
+    try:
+        comm, state, ppid, start = parse_stat((read_small(f"{base}/stat") or b"").decode(
+            "utf-8", "replace"))
+        uid = parse_status_uid((read_small(f"{base}/status") or b"").decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return None
+    job: Optional[str] = None
+    try:
+        job = parse_cgroup((read_small(f"{base}/cgroup") or b"").decode("utf-8", "replace"))[0]
+    except OSError:
+        pass
+    if not job:
+        try:  # the environment says it where the cgroup does not (no task/cgroup plugin)
+            job = parse_environ(read_small(f"{base}/environ", 1 << 20) or b"").get(
+                "SLURM_JOB_ID") or None
+        except OSError:
+            job = None
+    return Holder(pid, uid, name_of(uid), start, state, ppid, comm, job, started_at(ctx, start))
+
+
+def started_at(ctx: Context, start_ticks: int) -> Optional[float]:
+    """A process's start in epoch seconds, from its start ticks and the boot time."""
+    from mps_health.hostio.safefiles import read_small
+
+    try:
+        text = (read_small(f"{ctx.proc}/stat", 1 << 22) or b"").decode("ascii", "replace")
+        boot = next(int(line.split()[1]) for line in text.splitlines()
+                    if line.startswith("btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
