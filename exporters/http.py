@@ -14,14 +14,17 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
 
   1. one that has sent no whole request within ``GRACE_S`` of its accept, oldest first
      (held-open and slowloris connections);
-  2. the most demanding one, if it asks more than ``DEMANDING_PER_S`` requests a second
+  2. one within its grace that has not sent a byte yet, oldest first (a flood of new
+     connections pushes out its own kind);
+  3. the most demanding one, if it asks more than ``DEMANDING_PER_S`` requests a second
      (``Conn.rate``: a client hammering /metrics);
-  3. one still within its grace without a whole request, oldest first;
-  4. the most demanding of the rest.
+  4. one within its grace that has sent part of a request, oldest first;
+  5. the most demanding of the rest.
 
   A connection cannot tell us whose it is (every local client is 127.0.0.1, and TCP has
   no peer credentials), so the rule is per connection, by what it does: a new scraper's
-  connection, which sends its request at once, is answered within its grace; a kept-alive
+  connection, which sends its request at once (often already waiting when accepted), is
+  read and answered within its grace; a kept-alive
   scraper, which asks once per scrape interval, is the least demanding connection and
   comes last, behind every connection a flood opens. What it cannot tell apart is a
   client whose every connection behaves as a scraper does: the whole cap held by old
@@ -34,6 +37,7 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
   per request, never a traceback.
 """
 
+import bisect
 import contextlib
 import errno
 import io
@@ -97,11 +101,12 @@ class Conn:
     """One open connection, as the server's accept loop and its own thread share it
     (its times are changed under the server's lock)."""
 
-    __slots__ = ("asked", "closing", "opened", "reset", "sock")
+    __slots__ = ("asked", "closing", "opened", "reset", "sock", "spoke")
 
-    def __init__(self, sock: socket.socket, now: float) -> None:
+    def __init__(self, sock: socket.socket, now: float, spoke: bool = False) -> None:
         self.sock = sock
         self.opened = now
+        self.spoke = spoke  # a byte came: it is sending a request, not only holding a slot
         self.asked: Deque[float] = deque(maxlen=RECENT)  # when its last requests came
         self.closing = False  # shut down by the server (evicted, or the server stops)
         self.reset = False  # closed for what the client did: RST, no buffers kept
@@ -111,11 +116,12 @@ class Conn:
         its RECENT-th last request, if that came later), taken over a second at least:
         a new connection's one request is 1 a second, a kept-alive scraper's 1 per scrape
         interval, a connection asking without pause all it can."""
-        recent = [t for t in self.asked if now - t < RECENT_S]
-        if not recent:
+        first = bisect.bisect_right(self.asked, now - RECENT_S)  # oldest within RECENT_S
+        count = len(self.asked) - first
+        if not count:
             return 0.0
-        since = recent[0] if len(recent) == RECENT else max(self.opened, now - RECENT_S)
-        return len(recent) / max(now - since, 1.0)
+        since = self.asked[first] if count == RECENT else max(self.opened, now - RECENT_S)
+        return count / max(now - since, 1.0)
 
 
 class Responder(SimpleHandler):
@@ -199,6 +205,7 @@ class Handler(WSGIRequestHandler):
                 return None
             if deadline is None:
                 deadline = time.monotonic() + limits.header_timeout_s
+            conn.spoke = True
             buf += data
 
     def handle(self) -> None:
@@ -348,17 +355,22 @@ class MetricsServer(ThreadingWSGIServer):
         """The connection to shut down for a newcomer (the lock held), in the order of the
         module's docstring; None when every one is closing already."""
         silent: Optional[Conn] = None  # the oldest without a whole request
+        mute: Optional[Conn] = None  # the oldest without a byte
         busiest: Optional[Conn] = None  # the oldest of those asking the most
         most = -1.0
         for conn in self.conns.values():  # oldest first
             if not conn.asked:
                 silent = silent or conn
+                if not conn.spoke:
+                    mute = mute or conn
                 continue
             rate = conn.rate(now)
             if rate > most:
                 busiest, most = conn, rate
         if silent is not None and now - silent.opened >= GRACE_S:
             return silent
+        if mute is not None:
+            return mute
         if busiest is not None and most > DEMANDING_PER_S:
             return busiest
         return silent or busiest
@@ -395,7 +407,7 @@ class MetricsServer(ThreadingWSGIServer):
                             "files of this process or the node at their limit)")
                 self.lock.wait(ACCEPT_PAUSE_S)  # retrying at once would spin
                 raise
-            self.conns[sock] = Conn(sock, time.monotonic())
+            self.conns[sock] = Conn(sock, time.monotonic(), spoke=waiting(sock))
         return sock, address
 
     def shutdown_request(self, request: Any) -> None:
@@ -430,6 +442,14 @@ class MetricsServer(ThreadingWSGIServer):
         self.server_close()
         with self.lock:
             self.log.flush(final=True)
+
+
+def waiting(sock: socket.socket) -> bool:
+    """Whether bytes already wait on a connection just accepted (its thread has not run)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing yet (EAGAIN), or gone already
+        return False
 
 
 def serve(page: Callable[[], bytes], address: tuple[str, int],

@@ -82,25 +82,27 @@ def test_rate_tells_a_scraper_from_a_client_asking_without_pause() -> None:
         assert hammering.rate(now) > 10 * DEMANDING_PER_S
 
 
-def test_over_the_cap_held_open_then_demanding_then_new_then_the_rest(table) -> None:
+def test_over_the_cap_held_open_then_new_then_demanding_then_the_rest(table) -> None:
     """The order of the module's docstring: a kept-alive scraper comes last, a new
-    connection within its grace after every demanding one."""
+    connection sending its request after every demanding one."""
     now = 1000.0
     scraper = conn_at(table, now - 3600, [now - 30, now - 15])  # in the order accepted
     demanding = conn_at(table, now - 60, [now - 0.1 * k for k in range(40, 0, -1)])
     held_open = conn_at(table, now - GRACE_S * 2, [])
-    new = conn_at(table, now - GRACE_S / 2, [])
-    assert table.victim(now) is held_open
-    del table.conns[held_open.sock]
-    assert table.victim(now) is demanding
-    del table.conns[demanding.sock]
-    assert table.victim(now) is new
-    del table.conns[new.sock]
+    speaking = conn_at(table, now - GRACE_S / 2, [])
+    speaking.spoke = True
+    mute = conn_at(table, now - GRACE_S / 3, [])
+    order = []
+    for _ in range(4):
+        order.append(table.victim(now))
+        del table.conns[order[-1].sock]
+        order[-1].sock.close()
+    assert order == [held_open, mute, demanding, speaking]
     one_request = conn_at(table, now - 0.2, [now - 0.1])
     assert table.victim(now) is one_request  # asks more often than the scraper
     del table.conns[one_request.sock]
+    one_request.sock.close()
     assert table.victim(now) is scraper
-    held_open.sock.close(), demanding.sock.close(), new.sock.close(), one_request.sock.close()
 
 
 def test_a_slow_flood_of_new_connections_pushes_out_its_own_kind(table) -> None:
