@@ -86,6 +86,11 @@ def test_an_idle_connection_is_named_and_unblock_frees_it(site: Site, started, h
     assert "remediate reset" not in blocked["action"]
     # The wedge it causes is folded under it: one cause, one alert.
     assert "control-wedged" not in found, report
+    view = mps_health("clients", "--config", config)
+    assert f"HELD by pid {holder.pid} (python3, user {ATTACKER}" in view.stdout, view.stdout
+    held = json.loads(mps_health("clients", "--config", config, "--format", "json").stdout)
+    assert [(b["pid"], b["uid"], b["kind"]) for b in held["instances"][0]["held_by"]] == [
+        (holder.pid, uid, "connection")]
     plan = mps_health("remediate", "unblock", "--config", config, "--dry-run")
     assert plan.returncode == 0 and f"end pid {holder.pid}" in plan.stdout, plan.stdout
     assert holder.poll() is None  # a dry run changes nothing
