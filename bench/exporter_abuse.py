@@ -8,9 +8,14 @@ and p99 latency and its failures (a scrape that gets no answer within 10 s, Prom
 default scrape timeout, or an error) first with no attack, then during one made of:
 --flood connections held open without a byte (re-opened as the server closes them),
 --slowloris clients dripping a header byte every 0.2 s, and --nonreaders clients that
-pipeline requests and never read. The exporter runs with the config's defaults under an
-open-file limit of --nofile (1024: systemd's default soft limit) and only the cheap
-``directories`` check, so the figures are the HTTP side's. Its stderr is counted too.
+pipeline requests and never read. Then a talk flood: --talkers connections (the cap, 64)
+that each ask again as soon as they are answered, re-opened as the server closes them,
+with the --flood of held-open connections on top, while the same two scrapers ask
+--talk-scrapes times, --talk-gap seconds apart, as Prometheus does (kept-alive) and as a
+new client does (a new connection each); it prints answered/asked for each. The exporter
+runs with the config's defaults under an open-file limit of --nofile (1024: systemd's
+default soft limit) and only the cheap ``directories`` check, so the figures are the HTTP
+side's. Its stderr is counted too.
 
 Usage: python3 bench/exporter_abuse.py [--scrapes N] [--gap S] [--flood N] [--python PY]
 PY must have mps-health installed (default: this python).
@@ -120,6 +125,18 @@ def scrape(port: int, n: int, gap: float, pid: int) -> Tuple[Dict[str, dict], Tu
             for name, p in procs.items()}, peak
 
 
+def talk_flood(port: int, talkers: int, flood: int, seconds: float) -> List[subprocess.Popen]:
+    """The cap full of connections that keep asking, then a flood of held-open ones."""
+    client = [sys.executable, str(CLIENTS)]
+    procs = [subprocess.Popen([*client, "talker", str(port), str(talkers), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)]
+    assert procs[0].stdout is not None
+    procs[0].stdout.readline()  # "ready": they are being answered
+    procs.append(subprocess.Popen([*client, "flood", str(port), str(flood), str(seconds)],
+                                  stdout=subprocess.PIPE, text=True))
+    return procs
+
+
 def attack(port: int, flood: int, slowloris: int, nonreaders: int, seconds: float
            ) -> List[subprocess.Popen]:
     client = [sys.executable, str(CLIENTS)]
@@ -141,6 +158,9 @@ def main() -> int:
     ap.add_argument("--flood", type=int, default=1100)
     ap.add_argument("--slowloris", type=int, default=50)
     ap.add_argument("--nonreaders", type=int, default=10)
+    ap.add_argument("--talkers", type=int, default=64)
+    ap.add_argument("--talk-scrapes", type=int, default=24)
+    ap.add_argument("--talk-gap", type=float, default=1.0)
     ap.add_argument("--nofile", type=int, default=1024)
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
@@ -156,6 +176,16 @@ def main() -> int:
         try:
             time.sleep(3)  # the attackers' interpreters have started
             during, attack_peak = scrape(port, args.scrapes, args.gap, proc.pid)
+        finally:
+            for a in attackers:
+                a.terminate()
+            for a in attackers:
+                a.wait(30)
+        seconds = args.talk_scrapes * (args.talk_gap + 11) + 60
+        attackers = talk_flood(port, args.talkers, args.flood, seconds)
+        try:
+            time.sleep(3)
+            talk, talk_peak = scrape(port, args.talk_scrapes, args.talk_gap, proc.pid)
         finally:
             for a in attackers:
                 a.terminate()
@@ -182,7 +212,13 @@ def main() -> int:
                   f"{res['retried']:7d} {p50:8.2f} {p99:8.2f}")
         (b50, b99), (a50, a99) = rows["no attack"], rows["attack"]
         print(f"{name:16} ratio attack/no attack: p50 {a50 / b50:.2f}x, p99 {a99 / b99:.2f}x")
-    for phase, (rss, threads) in (("no attack", base_peak), ("attack", attack_peak)):
+    print(f"talk flood: {args.talkers} connections asking without pause, {args.flood} "
+          f"held-open on top; {args.talk_scrapes} scrapes per scraper, {args.talk_gap:g} s apart")
+    for name, res in talk.items():
+        print(f"{name:16} talk flood: answered {len(res['lat'])}/{args.talk_scrapes}, "
+              f"retried {res['retried']}, failed {res['failed']}")
+    for phase, (rss, threads) in (("no attack", base_peak), ("attack", attack_peak),
+                                  ("talk flood", talk_peak)):
         print(f"exporter, {phase}: at most {rss / 1024:.1f} MiB resident, {threads} threads")
     lines = text.splitlines()
     print(f"exporter stderr: {len(lines)} lines, {len(text.encode())} bytes, "

@@ -116,11 +116,10 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
           ) -> Iterator[Result]:
     daemon = f"control daemon {waiting.daemons[0]}" if waiting and waiting.daemons \
         else "the control daemon"
-    for b in blockers:
-        if b.kind == "daemon":
-            continue  # the daemon check's daemon-stopped, with its kill -CONT
-        values = (("blocker_pid", float(b.pid)),)
-        labels = (("kind", b.kind), ("uid", str(b.uid)))
+    held = [b for b in blockers if b.kind != "daemon"]
+    # One series per instance (mps_health_blockers): the count, never a pid or uid label.
+    values, labels = (("blockers", float(len(held))),), ()
+    for b in held:
         if b.kind == "server":
             yield Result(NAME, CRITICAL, "blocked-server", inst.name,
                          f"MPS server {who(b)} of this instance is stopped (state {b.state}): "
@@ -142,7 +141,7 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
                          f"{daemon} waits on a connection to its control socket held by "
                          f"{who(b)} that sends no command: every query and every new client "
                          "of every user waits", action, values, labels)
-    if any(b.kind != "daemon" for b in blockers):
+    if held:
         return
     if waiting is None:
         yield Result(NAME, OK, "ok", inst.name, "nothing holds the control daemon", "",
@@ -170,7 +169,7 @@ def repeated(recent: Tuple[Unblocked, ...], now: float) -> Iterator[Result]:
                      f"{last.kind}, {(now - last.at) / 60:.0f} min ago); mps-health freed it "
                      "each time", "ask the user what their jobs do to MPS (a connection to the "
                      "control socket that sends nothing, a stopped MPS server); it is no node "
-                     "fault", (("unblocks", float(len(mine))),), (("uid", str(uid)),))
+                     "fault")
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

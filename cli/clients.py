@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any, Callable, Dict, List, Optional
 
+from mps_health.checks import blockers
 from mps_health.checks.clients import attribute, ceiling
 from mps_health.checks.limits import default_percentage
 from mps_health.cli.check import replayed
@@ -22,7 +23,11 @@ from mps_health.model.facts import Facts
 from mps_health.model.printable import escape as e
 from mps_health.probes.jobs import gres_count
 
-SOURCES = ("servers", "jobs", "nvml", "control")
+SOURCES = ("servers", "jobs", "nvml", "control", "processes", "dirs", "blockers")
+HELD_BY = {"connection": "an idle connection to the control socket",
+           "server": "the instance's own MPS server, stopped",
+           "foreign-server": "an MPS server binary the daemon did not start, stopped",
+           "daemon": "the control daemon itself, stopped"}
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -67,7 +72,7 @@ def view(facts: Facts, config: Config) -> Dict[str, Any]:
             "default_thread_percentage": default_percentage(answer),
             "default_pinned_mem_limits": {str(o): v for o, v in
                                           (cur.default_pinned_mem_limits if cur else ())},
-            "servers": []}
+            "servers": [], "held_by": held_by(facts, inst)}
         for s in (cur.servers if cur else ()):
             server: Dict[str, Any] = {
                 "pid": s.pid, "user": s.user, "uid": s.uid, "status": s.status,
@@ -109,6 +114,24 @@ def only(data: Dict[str, Any], wanted: List[str]) -> Dict[str, Any]:
     return {**data, "instances": [i for i in data["instances"] if i["name"] in wanted]}
 
 
+def held_by(facts: Facts, inst: Any) -> List[Dict[str, Any]]:
+    """What holds the instance's daemon (the blockers check's rule), where it is known."""
+    found: Any = facts.sources.get("blockers")
+    procs: Any = facts.sources.get("processes")
+    dirs: Any = facts.sources.get("dirs") or {}
+    if found is None or procs is None:
+        return []
+    out = []
+    for b in blockers.find(inst, procs, dirs.get(inst.pipe_dir), found.waiting.get(inst.name),
+                           facts.root):
+        h = b.holder
+        out.append({"pid": b.pid, "uid": b.uid, "user": h.user if h else None,
+                    "job_id": h.job_id if h else None, "kind": b.kind, "state": b.state,
+                    "started_at": h.started_at if h else None, "remedy": b.remedy,
+                    "shown": blockers.who(b)})
+    return out
+
+
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:g}%"
 
@@ -122,6 +145,10 @@ def render_text(data: Dict[str, Any]) -> str:
         lines.append(f"instance {e(inst['name'])}: pipe dir {e(inst['pipe_dir'])}, daemon "
                      f"{daemon}, default threads {_pct(inst['default_thread_percentage'])}, "
                      f"default pinned memory {limits}")
+        for b in inst["held_by"]:  # who() escaped what it took from the system
+            step = "kill -CONT" if b["remedy"] == "cont" else "mps-health remediate unblock" \
+                if b["remedy"] else "a person (a process of root's)"
+            lines.append(f"  HELD by {b['shown']}: {HELD_BY[b['kind']]}; freed by {step}")
         if inst["query"] not in ("ok", "idle"):
             lines.append(f"  servers not listed: {e(inst['query'])}: {e(inst['detail'])}")
             continue

@@ -1,9 +1,10 @@
 """``mps-health exporter``: Prometheus metrics over HTTP, or once into a textfile.
 
-Served (``--listen :10102``): the checks run every ``--interval`` seconds in a background
-thread; scrapes get the last run's results. ``--textfile DIR``: one run writes
-DIR/mps_health.prom atomically (node_exporter's textfile collector, a systemd timer);
-exit 0 once it is written (the node's health is in the metrics), 3 when it cannot be.
+Served (``--listen``, by default ``:10102``: every IPv4 address): the checks run every
+``--interval`` seconds in a background thread; scrapes get the last run's results.
+``--textfile DIR``: one run writes DIR/mps_health.prom atomically (node_exporter's
+textfile collector, a systemd timer); exit 0 once it is written (the node's health is
+in the metrics), 3 when it cannot be.
 The config section and listen address parsing are in mps_health.config.exporter.
 """
 
@@ -37,7 +38,9 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
-                        f"{DEFAULT_LISTEN}; port 0 picks a free one)")
+                        f"else {DEFAULT_LISTEN}: port {DEFAULT_LISTEN.lstrip(':')} on every IPv4 "
+                        "address of the node; 127.0.0.1:PORT for this node only, [::]:PORT "
+                        "for IPv6; port 0 picks a free one)")
     p.add_argument("--interval", type=float, metavar="SECONDS",
                    help=f"seconds between runs (default: exporter.interval_s, "
                         f"{DEFAULT_INTERVAL_S:g})")

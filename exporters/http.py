@@ -6,11 +6,30 @@ never a scrape. The server is prometheus_client's ``ThreadingWSGIServer`` (``htt
 parses, ``wsgiref`` writes); what it lacks is added here, because the port is open to
 every user of the node (docs/monitoring.md, "The exporter under abuse"):
 
-* a thread per connection (small stacks): a held-open, slowloris or never-reading
-  connection holds only its own thread, never a scraper's;
-* at most ``max_connections``: over the cap, the oldest connection without a whole request
-  head (else the least recently active) is shut down rather than the newcomer refused, so
-  a scraper, which sends its request at once, is answered during a flood;
+* a thread per connection: a held-open, slowloris or never-reading connection holds only
+  its own thread, never a scraper's;
+* at most ``max_connections``. Over the cap one open connection is shut down rather than
+  the newcomer refused (refusing would let whoever reconnects fastest keep every slot),
+  chosen in this order (``MetricsServer.victim``):
+
+  1. one that has sent no whole request within ``GRACE_S`` of its accept, oldest first
+     (held-open and slowloris connections);
+  2. one within its grace that has not sent a byte yet, oldest first (a flood of new
+     connections pushes out its own kind);
+  3. the most demanding one, if it asks more than ``DEMANDING_PER_S`` requests a second
+     (``Conn.rate``: a client hammering /metrics);
+  4. one within its grace that has sent part of a request, oldest first;
+  5. the most demanding of the rest.
+
+  A connection cannot tell us whose it is (every local client is 127.0.0.1, and TCP has
+  no peer credentials), so the rule is per connection, by what it does: a new scraper's
+  connection, which sends its request at once (often already waiting when accepted), is
+  read and answered within its grace; a kept-alive
+  scraper, which asks once per scrape interval, is the least demanding connection and
+  comes last, behind every connection a flood opens. What it cannot tell apart is a
+  client whose every connection behaves as a scraper does: the whole cap held by old
+  connections each asking as seldom as the scraper (docs/monitoring.md, "The exporter
+  under abuse");
 * a request head must arrive whole within ``header_timeout_s`` (per connection, not per
   byte: a slowloris is closed at it), a response be taken within ``write_timeout_s``
   (nothing more is read meanwhile), an idle keep-alive connection ends at ``idle_timeout_s``;
@@ -18,6 +37,7 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
   per request, never a traceback.
 """
 
+import bisect
 import contextlib
 import errno
 import io
@@ -26,10 +46,10 @@ import struct
 import sys
 import threading
 import time
-from collections import OrderedDict
-from socketserver import _SocketWriter  # type: ignore[attr-defined]  # what wbufsize=0 uses
-from typing import IO, Any, Callable, Iterable, NamedTuple, Optional, cast
-from wsgiref.simple_server import ServerHandler, WSGIRequestHandler
+from collections import deque
+from typing import IO, Any, Callable, Deque, Dict, Iterable, NamedTuple, Optional, cast
+from wsgiref.handlers import SimpleHandler
+from wsgiref.simple_server import WSGIRequestHandler
 
 from mps_health.exporters.logthrottle import Throttled
 from mps_health.exporters.prometheus import CONTENT_TYPE, latest
@@ -54,10 +74,14 @@ RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, keeps n
 SEND_BUFFER = 256 * 1024  # per connection: a whole page at once, yet a client that never
 # reads stalls after a few responses instead of the megabytes of autotuned buffers
 PROCESS_FRESH_S = 0.5  # the process_* and server series are rebuilt at most this often
-# A connection's thread (our handler, http.server, wsgiref) needs well under this; the
-# default 8 MiB each would make a thousand held-open connections 8 GiB of address space.
-# The check threads get it too: their deepest use (bounded YAML and JSON nesting) fits.
-THREAD_STACK = 512 * 1024
+# Over the cap (see the module's docstring): a new connection's time to send its request
+# before it may be shut down ahead of others; a scraper's is already on its way.
+GRACE_S = 1.0
+# Demanding: more requests a second than this (Conn.rate). Prometheus scrapes once every
+# 15 to 60 s, 1 s at the fastest; a client asking again at once, hundreds of times.
+DEMANDING_PER_S = 2.0
+RECENT = 32  # a connection's requests remembered: enough to tell 2 a second over RECENT_S
+RECENT_S = 10.0
 
 # Why the server closed a connection (or could not accept one): the series' label.
 REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
@@ -74,17 +98,33 @@ class Limits(NamedTuple):
 
 
 class Conn:
-    """One open connection, as the server's accept loop and its own thread share it."""
+    """One open connection, as the server's accept loop and its own thread share it
+    (its times are changed under the server's lock)."""
 
-    __slots__ = ("closing", "reset", "sock")
+    __slots__ = ("asked", "closing", "opened", "reset", "sock", "spoke")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, now: float, spoke: bool = False) -> None:
         self.sock = sock
+        self.opened = now
+        self.spoke = spoke  # a byte came: it is sending a request, not only holding a slot
+        self.asked: Deque[float] = deque(maxlen=RECENT)  # when its last requests came
         self.closing = False  # shut down by the server (evicted, or the server stops)
         self.reset = False  # closed for what the client did: RST, no buffers kept
 
+    def rate(self, now: float) -> float:
+        """Requests a second over the last RECENT_S (or its life, if shorter; or since
+        its RECENT-th last request, if that came later), taken over a second at least:
+        a new connection's one request is 1 a second, a kept-alive scraper's 1 per scrape
+        interval, a connection asking without pause all it can."""
+        first = bisect.bisect_right(self.asked, now - RECENT_S)  # oldest within RECENT_S
+        count = len(self.asked) - first
+        if not count:
+            return 0.0
+        since = self.asked[first] if count == RECENT else max(self.opened, now - RECENT_S)
+        return count / max(now - since, 1.0)
 
-class Responder(ServerHandler):
+
+class Responder(SimpleHandler):
     """wsgiref's response writer, speaking HTTP/1.1 with keep-alive, silent."""
 
     http_version = "1.1"
@@ -100,9 +140,6 @@ class Responder(ServerHandler):
         self.headers["Connection"] = ("close" if self.request_handler.close_connection
                                       else "keep-alive")
 
-    def close(self) -> None:
-        super(ServerHandler, self).close()  # without ServerHandler's per-request log line
-
     def handle_error(self) -> None:
         raise  # to the connection's handler, which counts it; never a traceback
 
@@ -112,14 +149,16 @@ class Handler(WSGIRequestHandler):
 
     protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
     default_request_version = "HTTP/1.0"  # so an error reply has a status line
+    disable_nagle_algorithm = True  # a response goes out at once
     server: "MetricsServer"
 
     def setup(self) -> None:
-        self.connection = self.request
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        # socketserver's setup: with its default wbufsize 0, wfile writes each piece whole
+        # (sendall, under the connection's timeout).
+        super().setup()
+        self.rfile.close()
         self.rfile = io.BytesIO()  # one request head at a time, read by read_head
-        self.wfile = _SocketWriter(self.request)
+        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self.requestline = ""
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -150,10 +189,10 @@ class Handler(WSGIRequestHandler):
             wait = limits.idle_timeout_s if deadline is None else deadline - time.monotonic()
             try:
                 if wait <= 0:
-                    raise TimeoutError
+                    raise socket.timeout
                 self.request.settimeout(wait)
                 data = self.request.recv(READ_CHUNK)
-            except TimeoutError:
+            except socket.timeout:  # TimeoutError from 3.10, its own OSError on 3.9
                 if deadline is not None:  # an idle kept-alive one: normal, not worth a line
                     conn.reset = True
                     self.server.refuse("header_timeout", "connections closed that sent no "
@@ -166,6 +205,7 @@ class Handler(WSGIRequestHandler):
                 return None
             if deadline is None:
                 deadline = time.monotonic() + limits.header_timeout_s
+            conn.spoke = True
             buf += data
 
     def handle(self) -> None:
@@ -177,7 +217,7 @@ class Handler(WSGIRequestHandler):
                 head = self.read_head(conn, buf, kept_alive)
                 if head is None or not self.answer(conn, head):
                     return
-            except TimeoutError:  # sendall's deadline: the client does not take its reply
+            except socket.timeout:  # sendall's deadline: the client does not take its reply
                 conn.reset = True
                 self.server.refuse("write_timeout", "connections closed that took no response "
                                    f"within write_timeout_s {self.server.limits.write_timeout_s:g}")
@@ -188,7 +228,7 @@ class Handler(WSGIRequestHandler):
 
     def answer(self, conn: Conn, head: bytes) -> bool:
         """Reply to one request head; whether to read the next one."""
-        self.server.active(conn)
+        self.server.asked(conn)
         self.request.settimeout(self.server.limits.write_timeout_s)  # sendall's total
         self.rfile = io.BytesIO(head)
         self.raw_requestline = self.rfile.readline(MAX_HEAD + 1)
@@ -201,8 +241,6 @@ class Handler(WSGIRequestHandler):
                               self.get_environ(), multithread=True)
         responder.request_handler = self
         responder.run(self.server.app)
-        if not self.close_connection:
-            self.server.active(conn)  # it took its whole response
         return not self.close_connection
 
 
@@ -218,12 +256,11 @@ class MetricsServer(ThreadingWSGIServer):
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.page, self.limits, self.log, self.with_process = page, limits, log, with_process
-        # Open connections in eviction order (no whole request yet, oldest first; then the
-        # least recently active); shut down but not yet closed, one still holds an fd: counted.
+        # Open connections, oldest first; those shut down but not yet closed by their
+        # thread, which still hold an fd each, are counted too.
         self.lock = threading.Condition()
-        self.fresh: OrderedDict[socket.socket, Conn] = OrderedDict()
-        self.talking: OrderedDict[socket.socket, Conn] = OrderedDict()
-        self.closing: dict[socket.socket, Conn] = {}
+        self.conns: Dict[socket.socket, Conn] = {}
+        self.closing: Dict[socket.socket, Conn] = {}
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.process: tuple[float, bytes] = (float("-inf"), b"")
         super().__init__((host, port), Handler)
@@ -303,41 +340,62 @@ class MetricsServer(ThreadingWSGIServer):
             self.log.note(reason, what)
 
     def count(self) -> int:
-        return len(self.fresh) + len(self.talking) + len(self.closing)
+        return len(self.conns) + len(self.closing)
 
     def conn_of(self, sock: socket.socket) -> Optional[Conn]:
         with self.lock:
-            return self.fresh.get(sock) or self.talking.get(sock) or self.closing.get(sock)
+            return self.conns.get(sock) or self.closing.get(sock)
 
-    def active(self, conn: Conn) -> None:
-        """``conn`` sent a whole request or took a whole response: last to be evicted."""
+    def asked(self, conn: Conn) -> None:
+        """``conn`` sent a whole request."""
         with self.lock:
-            if self.fresh.pop(conn.sock, None) is not None or conn.sock in self.talking:
-                self.talking[conn.sock] = conn
-                self.talking.move_to_end(conn.sock)
+            conn.asked.append(time.monotonic())
+
+    def victim(self, now: float) -> Optional[Conn]:
+        """The connection to shut down for a newcomer (the lock held), in the order of the
+        module's docstring; None when every one is closing already."""
+        silent: Optional[Conn] = None  # the oldest without a whole request
+        mute: Optional[Conn] = None  # the oldest without a byte
+        busiest: Optional[Conn] = None  # the oldest of those asking the most
+        most = -1.0
+        for conn in self.conns.values():  # oldest first
+            if not conn.asked:
+                silent = silent or conn
+                if not conn.spoke:
+                    mute = mute or conn
+                continue
+            rate = conn.rate(now)
+            if rate > most:
+                busiest, most = conn, rate
+        if silent is not None and now - silent.opened >= GRACE_S:
+            return silent
+        if mute is not None:
+            return mute
+        if busiest is not None and most > DEMANDING_PER_S:
+            return busiest
+        return silent or busiest
 
     def shut(self, conn: Conn) -> None:
         """End ``conn`` from another thread (the lock held): shutdown wakes its thread,
         blocked in recv or send, which then closes the socket. Only the owner closes it,
         so no thread ever reads or writes an fd number reused by a newer connection."""
-        self.fresh.pop(conn.sock, None)
-        self.talking.pop(conn.sock, None)
+        self.conns.pop(conn.sock, None)
         self.closing[conn.sock] = conn
         conn.closing = True
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)
 
     def get_request(self) -> tuple[socket.socket, Any]:
-        """Accept one connection, at the cap evicting one first (see ``__init__``) and
+        """Accept one connection, at the cap shutting one down first (``victim``) and
         waiting for its thread to close it, so the fds in use never pass the cap."""
         cap = self.limits.max_connections
         with self.lock:
             if self.count() >= cap:
-                queue = self.fresh if self.fresh else self.talking
-                if queue:
-                    self.shut(next(iter(queue.values())))
-                    self.refuse("over_cap", f"connections over the cap of {cap} closed (the "
-                                "oldest without a whole request first)")
+                victim = self.victim(time.monotonic())
+                if victim is not None:
+                    self.shut(victim)
+                    self.refuse("over_cap", f"connections over the cap of {cap} closed (those "
+                                "without a request, then the most demanding, first)")
                 if not self.lock.wait_for(lambda: self.count() < cap, EVICT_WAIT_S):
                     raise OSError("no room yet")  # the loop comes back while one waits
             try:
@@ -349,14 +407,13 @@ class MetricsServer(ThreadingWSGIServer):
                             "files of this process or the node at their limit)")
                 self.lock.wait(ACCEPT_PAUSE_S)  # retrying at once would spin
                 raise
-            self.fresh[sock] = Conn(sock)
+            self.conns[sock] = Conn(sock, time.monotonic(), spoke=waiting(sock))
         return sock, address
 
     def shutdown_request(self, request: Any) -> None:
         """The connection's thread (or a failed start of one) closes it."""
         with self.lock:
-            conn = (self.fresh.pop(request, None) or self.talking.pop(request, None)
-                    or self.closing.pop(request, None))
+            conn = self.conns.pop(request, None) or self.closing.pop(request, None)
             self.lock.notify_all()
         with contextlib.suppress(OSError):
             if conn is not None and conn.reset:  # drop what the kernel still holds for it
@@ -367,7 +424,7 @@ class MetricsServer(ThreadingWSGIServer):
         """A bug, or no thread for a connection, costs that connection, never the server,
         and is one counted line, never a traceback."""
         e = sys.exc_info()[1]
-        if isinstance(e, OSError) and not isinstance(e, TimeoutError):
+        if isinstance(e, OSError) and not isinstance(e, socket.timeout):
             return  # the client went away mid-request
         self.refuse("internal_error", "internal error on a connection, closed: "
                     f"{type(e).__name__}: {ascii(str(e))[:200]}")
@@ -380,18 +437,25 @@ class MetricsServer(ThreadingWSGIServer):
         """After serve_forever: every connection shut down (its thread ends), the
         listener closed, the last counts written."""
         with self.lock:
-            for conn in [*self.fresh.values(), *self.talking.values()]:
+            for conn in list(self.conns.values()):
                 self.shut(conn)
         self.server_close()
         with self.lock:
             self.log.flush(final=True)
 
 
+def waiting(sock: socket.socket) -> bool:
+    """Whether bytes already wait on a connection just accepted (its thread has not run)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing yet (EAGAIN), or gone already
+        return False
+
+
 def serve(page: Callable[[], bytes], address: tuple[str, int],
           listening: Callable[[str], None], stop: threading.Event, limits: Limits) -> None:
     """Serve ``page()`` at /metrics until ``stop`` is set, on this thread.
     ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
-    threading.stack_size(THREAD_STACK)
     server = MetricsServer(address, page, limits, Throttled(limits.log_interval_s))
     try:
         host, port = (str(part) for part in server.server_address[:2])

@@ -20,7 +20,7 @@ import os
 import socket
 import struct
 import time
-from typing import Collection, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import Collection, Dict, Iterator, List, NamedTuple, Set, Tuple
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -172,9 +172,3 @@ def holders(proc_dir: str, inodes: Collection[int], deadline: float
                     pids_of.append(pid)
     return found, True
 
-
-def inode_of_link(link: str) -> Optional[int]:
-    """The inode of a ``socket:[N]`` fd link, or None."""
-    if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit():
-        return int(link[8:-1])
-    return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.unblocks import Unblocked
 from mps_health.model.context import Context
@@ -74,7 +74,7 @@ class BlockerFacts(NamedTuple):
 VALUE_TYPE = "BlockerFacts"  # read by codec, in this module's names
 
 
-def start(ctx: Context, instances: Tuple[Instance, ...]):  # -> Callable[[], BlockerFacts]
+def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], BlockerFacts]:
     """Nothing to start: collected last, once the control and servers queries are in."""
     return lambda: gather(ctx, instances)
 
@@ -129,8 +129,8 @@ def read_waiting(ctx: Context, inst: Instance, unanswered: str) -> Waiting:
         Connection(s.inode, s.peer, tuple(h for h in (holder(ctx, pid) for pid in
                                                       held.get(s.peer, ())[:4]) if h))
         for s in accepted[:SHOWN_CONNECTIONS])
-    if not ours and os.geteuid() != 0:
-        why = why or "the daemon's sockets may be read by root only"
+    if os.geteuid() != 0:  # another user's /proc/PID/fd is root's to read
+        why = why or "only root may read the daemon's connections: run as root to name them"
     return Waiting(unanswered, not why, why, daemons, connections, named)
 
 

@@ -32,6 +32,7 @@ from mps_health.hostio.process_identity import (  # noqa: F401  (the identity ru
     binaries_of,
     is_daemon,
     is_server,
+    proves_nothing,
 )
 from mps_health.model.context import Context
 from mps_health.model.facts import Instance, ProcessFact
@@ -110,8 +111,13 @@ def of_pipe_dirs(procs: Iterable[ProcessFact], paths: Collection[str],
     procs = tuple(procs)
     wanted = {os.path.normpath(p) for p in paths}
     daemons = daemons_in(procs, wanted, uids)
-    pids = {d.pid for d in daemons}
-    servers = tuple(p for p in procs if is_server(p) and (p.pipe_dir in wanted or p.ppid in pids))
+    pids, owners = {d.pid for d in daemons}, {d.uid for d in daemons}
+    # A stopped or traced server binary of another uid that no daemon started is a user's
+    # (it may hold the daemon: unblock ends it), no server of the instance: its clients,
+    # if any, are no reason to refuse a reset.
+    servers = tuple(p for p in procs if is_server(p) and (
+        p.ppid in pids or (p.pipe_dir in wanted and not (proves_nothing(p)
+                                                         and p.uid not in owners))))
     return daemons, servers
 
 

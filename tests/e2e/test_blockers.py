@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, List, Tuple
 
 import pytest
-from clirun import mps_health
+from clirun import check_mps, mps_health
 from hostile import ATTACKER, VICTIM, as_user, ensure_user
 from nodesite import Site
 from paths import FAKE_SERVER
@@ -86,6 +86,11 @@ def test_an_idle_connection_is_named_and_unblock_frees_it(site: Site, started, h
     assert "remediate reset" not in blocked["action"]
     # The wedge it causes is folded under it: one cause, one alert.
     assert "control-wedged" not in found, report
+    view = mps_health("clients", "--config", config)
+    assert f"HELD by pid {holder.pid} (python3, user {ATTACKER}" in view.stdout, view.stdout
+    held = json.loads(mps_health("clients", "--config", config, "--format", "json").stdout)
+    assert [(b["pid"], b["uid"], b["kind"]) for b in held["instances"][0]["held_by"]] == [
+        (holder.pid, uid, "connection")]
     plan = mps_health("remediate", "unblock", "--config", config, "--dry-run")
     assert plan.returncode == 0 and f"end pid {holder.pid}" in plan.stdout, plan.stdout
     assert holder.poll() is None  # a dry run changes nothing
@@ -189,10 +194,16 @@ def test_reset_frees_the_blocker_first_and_restarts_nothing(site: Site, started)
 
 def test_the_health_check_frees_the_daemon_within_its_run_and_never_drains(
         site: Site, started) -> None:
-    site.start_daemon()
+    daemon = site.start_daemon()
     config = config_for(site)
+    victim = ensure_user(VICTIM).pw_uid
+    job = subprocess.Popen(["sleep", "600"], **as_user(VICTIM))
+    started.append(job)
+    server = int(daemon.query(f"fake_client_connect {job.pid} {victim}").stdout.split()[0])
     for _ in range(3):  # a user reconnects after each unblock
         holder = hold(site, started)
+        plugin = check_mps("--config", config, "-t", "10")
+        assert plugin.returncode == 2 and "blocked-connection" in plugin.stdout, plugin.stdout
         r = mps_health("healthcheck", "--config", config, "--dry-run")
         assert "blocked-connection" in r.stdout, r.stdout
         assert "would drain" not in r.stdout, r.stdout
@@ -201,6 +212,9 @@ def test_the_health_check_frees_the_daemon_within_its_run_and_never_drains(
         assert f"MPS-HC: unblocked node: ended pid {holder.pid}" in r.stdout, r.stdout
         assert "node not drained by us" in r.stdout and "would drain" not in r.stdout
         assert holder.wait(5) is not None
+        # Another user's job is never ended: its client and its server go on.
+        assert job.poll() is None and os.path.exists(f"/proc/{server}")
+        assert daemon.query(f"get_server_status {server}").stdout.strip() == "ACTIVE"
     rc, report = check_json(config)
     assert "blocker-repeated" in problems(report), report
     assert rc == 1  # a WARNING naming the uid, nothing more

@@ -133,3 +133,66 @@ def test_a_back_dated_job_named_dir_with_a_held_server_never_drains(slurm_cluste
     assert "orphan-unrecorded" in runs[0].stdout, runs[0].stdout
     assert squat.is_dir()  # root removed nothing of theirs
     assert not drained(cluster)
+
+
+# A user's process that connects to the control socket and sends nothing: it holds the
+# daemon (every query and client waits) for as long as it lives.
+HOLDER = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_users_idle_connection_held_across_ten_runs_never_drains(slurm_cluster, site) -> None:
+    """Unblock on: the user reconnects before each of ten runs; each run frees the daemon
+    (it answers again right after), none drains. Unblock off: the blocker is named each
+    run, and still nothing drains, even with a one-failure threshold."""
+    from mpsdaemon import query
+
+    cluster = slurm_cluster
+    assert not drained(cluster)
+    ensure_user(ATTACKER)
+    make_dirs(site.pipe, site.log)
+    start_daemon(site.pipe, site.log)
+    holders: list = []
+
+    def hold() -> subprocess.Popen:
+        p = subprocess.Popen(["python3", "-c", HOLDER, str(site.pipe / "control")],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             **as_user(ATTACKER))
+        holders.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == b"held"
+        return p
+
+    try:
+        for unblock in ("true", "false"):
+            cfg = site.config(remediating(site),
+                              "checks:\n  only: [daemon, control, blockers, directories]\n"
+                              "control:\n  timeout_s: 1.0\n"
+                              f"healthcheck:\n  fail_runs: 1\n  unblock: {unblock}\n")
+            holder = hold()
+            for _ in range(10):
+                if unblock == "true" and holder.poll() is not None:
+                    holder = hold()  # the user connects again after each unblock
+                run = hc(cluster, cfg)
+                assert "drained (" not in run.stdout and "not drained: " not in run.stdout, \
+                    run.stdout
+                if unblock == "true":
+                    assert f"MPS-HC: unblocked node: ended pid {holder.pid}" in run.stdout, \
+                        run.stdout
+                    assert holder.wait(10) is not None
+                    assert query(site.pipe, "get_server_list").returncode == 0
+                else:
+                    assert "blocked-connection" in run.stdout and f"pid {holder.pid}" \
+                        in run.stdout, run.stdout
+            assert not drained(cluster)
+            holder.kill()
+            holder.wait()
+    finally:
+        for p in holders:
+            p.kill()
+            p.wait()
+    assert not drained(cluster)

@@ -5,7 +5,7 @@ import socket
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from mps_health.exporters.http import Limits, MetricsServer
+from mps_health.exporters.http import DEMANDING_PER_S, GRACE_S, Conn, Limits, MetricsServer
 from mps_health.exporters.logthrottle import Throttled
 
 
@@ -45,3 +45,68 @@ def test_app_pages(server: MetricsServer) -> None:
     assert call(server, "GET", "/nope")[0] == "404 Not Found"
     status, headers, _ = call(server, "POST", "/metrics")
     assert status == "405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
+
+
+def conn_at(srv: MetricsServer, opened: float, asked: List[float]) -> Conn:
+    """A connection in the server's table (kept in the order accepted), opened and asking
+    at these (monotonic) times."""
+    sock = socket.socket()
+    conn = Conn(sock, opened)
+    conn.asked.extend(asked)
+    srv.conns[sock] = conn
+    return conn
+
+
+@pytest.fixture
+def table(server: MetricsServer):
+    yield server
+    for sock in server.conns:
+        sock.close()
+
+
+def test_rate_tells_a_scraper_from_a_client_asking_without_pause() -> None:
+    now = 1000.0
+    with socket.socket() as sock:
+        assert Conn(sock, now).rate(now) == 0.0
+        new = Conn(sock, now - 0.01)
+        new.asked.append(now - 0.005)
+        assert new.rate(now) == 1.0  # one request is never a high rate
+        prometheus = Conn(sock, now - 3600)
+        prometheus.asked.extend(now - 15 * k for k in range(100, 0, -1))
+        assert prometheus.rate(now) <= 0.1
+        every_second = Conn(sock, now - 3600)
+        every_second.asked.extend(now - k for k in range(40, 0, -1))
+        assert every_second.rate(now) <= DEMANDING_PER_S
+        hammering = Conn(sock, now - 5)
+        hammering.asked.extend(now - 0.01 * k for k in range(200, 0, -1))
+        assert hammering.rate(now) > 10 * DEMANDING_PER_S
+
+
+def test_over_the_cap_held_open_then_new_then_demanding_then_the_rest(table) -> None:
+    """The order of the module's docstring: a kept-alive scraper comes last, a new
+    connection sending its request after every demanding one."""
+    now = 1000.0
+    scraper = conn_at(table, now - 3600, [now - 30, now - 15])  # in the order accepted
+    demanding = conn_at(table, now - 60, [now - 0.1 * k for k in range(40, 0, -1)])
+    held_open = conn_at(table, now - GRACE_S * 2, [])
+    speaking = conn_at(table, now - GRACE_S / 2, [])
+    speaking.spoke = True
+    mute = conn_at(table, now - GRACE_S / 3, [])
+    order = []
+    for _ in range(4):
+        order.append(table.victim(now))
+        del table.conns[order[-1].sock]
+        order[-1].sock.close()
+    assert order == [held_open, mute, demanding, speaking]
+    one_request = conn_at(table, now - 0.2, [now - 0.1])
+    assert table.victim(now) is one_request  # asks more often than the scraper
+    del table.conns[one_request.sock]
+    one_request.sock.close()
+    assert table.victim(now) is scraper
+
+
+def test_a_slow_flood_of_new_connections_pushes_out_its_own_kind(table) -> None:
+    now = 1000.0
+    scraper = conn_at(table, now - 3600, [now - 10])
+    flood = [conn_at(table, now - GRACE_S + k * 0.01, []) for k in range(10)]
+    assert table.victim(now) is flood[0] and table.victim(now) is not scraper

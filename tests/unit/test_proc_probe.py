@@ -103,9 +103,9 @@ def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
     child = subprocess.Popen([str(client), "30"], env=env)
     try:
-        for _ in range(200):  # until the exec has happened
+        for _ in range(200):  # until the exec has happened and /proc shows its cmdline
             seen = [p for p in proc.read_processes("/proc") if p.pid == child.pid]
-            if seen:
+            if seen and seen[0].cmdline:  # empty for a moment around the exec
                 break
         assert seen and seen[0].role == "client" and seen[0].pipe_dir == str(tmp_path)
         facts = proc.gather_for(Context(from_mapping({}, None)), ())

@@ -295,6 +295,13 @@ def test_the_processes_of_an_instance() -> None:
     daemons, servers = procs.of_instance(inst, found)
     assert [d.pid for d in daemons] == [10]
     assert [s.pid for s in servers] == [11, 12]
+    # A user's stopped server binary on the pipe dir, not the daemon's child, is no
+    # server of the instance (its clients never hold back a reset); the daemon's own
+    # stopped server still is.
+    theirs = p(13, 1, "server", "/tmp/mps_0", "T")._replace(uid=1001)
+    own = p(14, 10, "server", "/tmp/mps_0", "T")._replace(uid=1001)
+    _, servers = procs.of_instance(inst, (*found, theirs, own))
+    assert [s.pid for s in servers] == [11, 12, 14]
 
 
 def test_a_non_mps_process_is_never_signalled() -> None:

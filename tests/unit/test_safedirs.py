@@ -181,6 +181,9 @@ def test_remove_of_nothing_is_fine(parent: Path, user) -> None:
 
 
 # --- races and planted aside names (the attacker runs as the unprivileged test user) ------
+# The racer's python, run as the attacker: the system's, as the test's own may live where
+# that user cannot read it (a pyenv under /root), and the racer needs only the stdlib.
+RACER_PYTHON = "/usr/bin/python3"
 RACER = """
 import os, sys, time
 parent, name, victim, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
@@ -200,12 +203,11 @@ while time.monotonic() < end:
 def test_a_racing_user_never_makes_the_prolog_give_up(parent: Path, victim: Path,
                                                       user) -> None:
     import subprocess
-    import sys
 
     job_uid = user.pw_uid + 1  # the job's user; the attacker is another user
     racer = subprocess.Popen(
         ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
-         sys.executable, "-c", RACER, str(parent), "nvidia-mps_job20", str(victim), "20"],
+         RACER_PYTHON, "-c", RACER, str(parent), "nvidia-mps_job20", str(victim), "20"],
         stdout=subprocess.PIPE, text=True)
     try:
         assert racer.stdout is not None and racer.stdout.readline() == "racing\n"

@@ -40,7 +40,8 @@ def test_an_idle_connection_is_named_with_user_job_and_the_unblock_step() -> Non
     assert "control daemon 100 waits on a connection to its control socket held by pid 812 " \
            "(python3, user alice, uid 1001, job 77)" in r.message
     assert "mps-health remediate unblock node" in r.action and "never a reset" in r.action
-    assert dict(r.labels) == {"kind": "connection", "uid": "1001"}
+    # One bounded series per instance: a count, never a pid or uid label.
+    assert (r.values, r.labels) == ((("blockers", 1.0),), ())
 
 
 def test_a_connection_of_root_is_named_but_left_to_a_person() -> None:
