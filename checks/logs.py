@@ -26,7 +26,7 @@ from mps_health.probes.logs import settings
 NAME = "logs"
 CODES = ("client-pending", "log-accept-failed", "log-daemon-exit", "log-entry-foreign",
          "log-fatal", "log-file-bad", "log-server-exit", "log-server-start-failed",
-         "logs-unreadable")
+         "logs-unreadable", "history-not-saved")  # the last: a note (OK), as the servers'
 
 registry.check(NAME, f"{__name__}:check", ("logs",), order=80,
                summary="no pending clients, failed servers or refused connections in the MPS logs")
@@ -154,6 +154,6 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
         yield from judge(inst.name, ours_excused(findings_in.get(inst.log_dir, []),
                                                  freed_at(facts, inst.name)), lf, config)
     if lf.state_error:
-        yield Result(NAME, OK, "ok", "", f"log offsets: {lf.state_error}")
+        yield Result(NAME, OK, "history-not-saved", "", f"log offsets: {lf.state_error}")
     if not facts.instances:
         yield ok(NAME, "", "no MPS instance on this node")

@@ -27,7 +27,8 @@ from mps_health.probes.servers import settings
 
 NAME = "servers"
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
-         "daemon-restarted", "server-churn")  # the last two: events of model/servertrack.py
+         "daemon-restarted", "server-churn",  # these two: events of model/servertrack.py
+         "history-not-saved")  # a note (OK), no check passed: not in "N checks passed"
 
 registry.check(NAME, f"{__name__}:check", ("servers",), order=60,
                summary="no MPS server in FAULT or stuck INITIALIZING; no restart or churn lately")
@@ -97,7 +98,7 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
     if sf.state_error:
-        yield Result(NAME, 0, "ok", "", f"server history: {sf.state_error}")
+        yield Result(NAME, 0, "history-not-saved", "", f"server history: {sf.state_error}")
     for inst in facts.instances:
         cur = sf.instances.get(inst.name)
         if cur is None:

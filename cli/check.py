@@ -22,13 +22,13 @@ from mps_health.model.facts import Facts
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
     p.epilog = ("Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (also a bad argument "
-                "or config file). On a terminal each problem is one short line, in colour "
-                "unless NO_COLOR is set; -v gives each in full with what to do.")
+                "or config file). On a terminal each problem is one short line and what to do, "
+                "in colour unless NO_COLOR is set; -v gives every line whole.")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: a summary line, then one line per problem (default); json: "
                         "the whole report")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="each problem in full with what to do, what is OK, and timings")
+                   help="every problem line whole, what is OK, and timings")
     p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
     p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
     p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot instead of this node")

@@ -32,6 +32,8 @@ HELD_BY = {"connection": "an idle connection to the control socket",
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_common(p)
+    p.add_argument("instance", nargs="*", metavar="INSTANCE",
+                   help="only these instances (node, gpu0, job1234; default: every one)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: a table per server (default); json: the same data")
     p.add_argument("--replay", metavar="FILE", help="read a saved snapshot instead of this node")
@@ -97,6 +99,19 @@ def view(facts: Facts, config: Config) -> Dict[str, Any]:
             entry["servers"].append(server)
         out["instances"].append(entry)
     return out
+
+
+def only(data: Dict[str, Any], wanted: List[str]) -> Dict[str, Any]:
+    """The view of the instances named (all when none is); a name the node has not is
+    one line, exit 3."""
+    known = [i["name"] for i in data["instances"]]
+    for name in wanted:
+        if name not in known:
+            raise Failure(f"no MPS instance named '{e(name, 60)}' on this node (known: "
+                          f"{', '.join(map(e, known)) or 'none'})")
+    if not wanted:
+        return data
+    return {**data, "instances": [i for i in data["instances"] if i["name"] in wanted]}
 
 
 def held_by(facts: Facts, inst: Any) -> List[Dict[str, Any]]:
@@ -183,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0.1 <= budget <= 300:
             raise Failure("--budget must be between 0.1 and 300 seconds")
         facts = engine.facts_within(config, args.root, SOURCES, budget)
-    data = view(facts, config)
+    data = only(view(facts, config), args.instance)
     if args.format == "json":
         print(json.dumps(data, indent=1, sort_keys=True))
     else:

@@ -39,9 +39,10 @@ def declared() -> List[str]:
 def run(args: argparse.Namespace) -> int:
     found = entries()
     if args.code is None:
-        # The codes the checks report, then the runbook's other entries (alerts, limits).
+        # The codes the checks report, then every other entry 'explain CODE' prints
+        # (alerts, limits, a check's heading over its table of codes).
         listed = [c for c in declared() if c in found]
-        listed += [c for c, e in found.items() if c not in listed and not e.group]
+        listed += [c for c in found if c not in listed]
         width = max(len(c) for c in listed)
         emit("\n".join(f"{c:<{width}}  {found[c].summary}" for c in listed))
         return ExitCode.OK

@@ -307,6 +307,22 @@ def run(config: Config, root: str = "/", only: Sequence[str] = (), skip: Sequenc
                       "300) (runbook: run-overrun)") from None
 
 
+def cooling(runs: Sequence[CheckRun], facts: Facts, config: Config) -> Tuple[CheckRun, ...]:
+    """``actionhints.cooling`` from the run's facts: the servers source already carries
+    the resets mps-health recorded (``hostio/planned.py``), so no file is read again; a
+    run without it says nothing of the cooldown (the reset itself still does)."""
+    planned = getattr(facts.sources.get("servers"), "planned", None)
+    if not planned:
+        return tuple(runs)
+    from mps_health.config.remediation import remediation
+    from mps_health.hostio.planned import last_reset
+
+    settings = remediation(config)
+    return actionhints.cooling(runs, last_reset(planned)[0], settings.cooldown_s,
+                               facts.taken_at, {i.name: i.log_dir for i in facts.instances},
+                               settings.audit_log)
+
+
 def uptime_s(root: str) -> Optional[float]:
     """Seconds since boot (``/proc/uptime``, under ``--root``); None when unreadable."""
     from mps_health.hostio.safefiles import read_small
@@ -343,6 +359,7 @@ def _run(config: Config, root: str, checks: List[registry.CheckSpec], budget: fl
     if boot_grace_s > 0 and replay is None and (up := uptime_s(root)) is not None \
             and up < boot_grace_s:
         runs = results.starting(runs)
+    runs = cooling(runs, facts, config)
     # Every command an action quotes acts on what this run judged (its --config, --root).
     options = actionhints.run_options(config.path, root)
     runs = actionhints.applied(runs, options, CODES)

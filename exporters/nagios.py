@@ -17,14 +17,16 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
-from mps_health.exporters.text import folded_line, gathered, ok_line, passed
+from mps_health.exporters.text import counted, folded_line, gathered, ok_line, passed
 from mps_health.model.actionhints import with_options
-from mps_health.model.results import OK, Report, Result, is_problem, worst
+from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
 from nagiosplugin.output import Output
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of the summary: the rest of the findings are in the long output
 MAX_PERFDATA = 4096
+MIN_MESSAGE = 120  # bytes of the first finding's message kept before its action goes
+RUNBOOK = re.compile(r"\(runbook: (mps-health explain \S+)\)\Z")
 SERVICE = "MPS"
 SLOW = "control-slow"  # the code of a control latency over -w/-c (the control check's)
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
@@ -174,17 +176,13 @@ class Headline(nagiosplugin.Summary):
         return passed(self.probe.judged)  # as `mps-health check` says it
 
     def problem(self, results: Any) -> str:
+        """The first finding, what to do about it (what a pager shows), then the others'
+        labels, each with its count."""
         found = [said(r) for r in findings(results)]
-        first = found[0][0]
-        text = f"{first}: {found[0][1]}" if first else found[0][1]
-        others = list(dict.fromkeys(f[0] for f in found[1:] if f[0] not in ("", first)))
-        if others:
-            text += "; also " + ", ".join(others[:5]) + (f", +{len(others) - 5} more"
-                                                         if len(others) > 5 else "")
-        text = _clean(text)
-        if len(text.encode()) > MAX_STATUS:
-            text = text.encode()[:MAX_STATUS - 3].decode("utf-8", "ignore") + "..."
-        return text
+        first, message, action = found[0]
+        others = counted((f[0] for f in found[1:] if f[0]), 5)
+        return status_text(f"{first}: " if first else "", _clean(message), _clean(action),
+                           f"; also {others}" if others else "")
 
     def verbose(self, results: Any) -> List[str]:
         lines = []
@@ -202,6 +200,26 @@ class Headline(nagiosplugin.Summary):
         if self.level >= 2:
             lines.append(gathered(report))
         return lines
+
+
+def cut(text: str, size: int) -> str:
+    """``text`` within ``size`` bytes of UTF-8, "..." saying it was cut."""
+    if len(text.encode()) <= size:
+        return text
+    return text.encode()[:max(0, size - 3)].decode("utf-8", "ignore") + "..."
+
+
+def status_text(head: str, message: str, action: str, tail: str) -> str:
+    """The status line's text within MAX_STATUS: the message is cut first, so the action
+    stays whole; an action that cannot fit gives its runbook pointer (``mps-health
+    explain CODE``) instead, and the others' labels are cut last."""
+    todo = f" -> {action}" if action else ""
+    room = MAX_STATUS - len((head + todo + tail).encode())
+    if todo and room < MIN_MESSAGE:
+        pointer = RUNBOOK.search(action)
+        todo = f" -> {pointer.group(1)}" if pointer else ""
+        room = MAX_STATUS - len((head + todo + tail).encode())
+    return cut(head + cut(message, max(room, MIN_MESSAGE)) + todo + tail, MAX_STATUS)
 
 
 class Check(nagiosplugin.Check):
@@ -255,6 +273,11 @@ def render(probe: Probe, warning: Range, critical: Range, verbose: int = 0) -> T
     output = Output(log, verbose)
     output.add(check)
     judged = getattr(probe, "judged", None)
+    if judged is not None and not verbose:
+        # What the boot grace excuses is always said (-v says it among the rest): a
+        # status OK while a unit is still coming up is not the same as one that is up.
+        output.add_longoutput([_clean(folded_line(r)) for run in judged.runs
+                               for r in run.results if r.cause == STARTING])
     return fit(str(output), judged.options if judged is not None else ()), check.exitcode
 
 

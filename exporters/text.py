@@ -1,18 +1,22 @@
 """NHC-style text: a summary line, then one line per problem with what to do.
 
 Lines go unchanged to slurmd, pipes and files. On a terminal (``width`` > 0) a problem is
-one short line cut to the width (its action with ``-v``); ``colour`` paints state names.
+one short line cut to the width, then what to do on lines of their own (``action_lines``:
+wrapped at the width, never inside a command, so each can be pasted); ``-v`` gives every
+line whole; ``colour`` paints state names.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, TextIO
+from typing import Dict, Iterable, Iterator, List, TextIO
 
+from mps_health.model.actionhints import commands
 from mps_health.model.results import OK, STARTING, STATE_NAMES, Report, Result, is_problem
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.
 COLOURS = {"OK": "32", "WARNING": "33", "CRITICAL": "1;31", "UNKNOWN": "35"}
-MORE = "-v: each problem in full, with what to do"
+MORE = "-v: every line whole, what is OK, timings"
+DO = "  -> "  # what opens a terminal's action line; the lines it wraps onto are indented
 NARROWEST = 20  # a width below this (a broken COLUMNS) is taken as this
 
 
@@ -27,14 +31,17 @@ def short_line(r: Result) -> str:
 
 
 def ok_line(r: Result) -> str:
+    """A result that passed ("OK ..."), or a note in the OK state that is no verdict (its
+    own code, e.g. history-not-saved: "NOTE ...")."""
     where = f"[{r.instance}]" if r.instance else ""
-    return f"OK {r.check}{where}: {r.message}"
+    return f"{'OK' if r.code == 'ok' else 'NOTE'} {r.check}{where}: {r.message}"
 
 
 def passed(report: Report) -> str:
     """"N checks passed on NODE in Ts", N the OK lines ``-v`` lists (a check of many
-    instances counts each); check_mps says the same."""
-    n = sum(1 for run in report.runs for r in run.results if r.state == OK)
+    instances counts each); check_mps says the same. Notes (``NOTE`` lines: what a user
+    other than root cannot save) are no check passed: root and a job's user count alike."""
+    n = sum(1 for run in report.runs for r in run.results if r.state == OK and r.code == "ok")
     return f"{n} check{'s' if n != 1 else ''} passed on {report.node} in {report.duration_s:.2f}s"
 
 
@@ -54,15 +61,29 @@ def folded_line(r: Result) -> str:
     return f"FOLDED {r.check}{where} {r.code}: {r.message} (follows from {r.cause})"
 
 
+def counted(labels: Iterable[str], most: int) -> str:
+    """``labels`` listed once each, in order of first appearance, a repeated one with its
+    count ("pipe-entry-foreign node x3"), at most ``most`` of them and then how many
+    more: the counts listed add up to the labels given, as the summary's N says."""
+    counts: Dict[str, int] = {}  # a dict: many problems stay linear, in order
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    items = list(counts.items())
+    shown = [f"{label} x{n}" if n > 1 else label for label, n in items[:most]]
+    rest = sum(n for _, n in items[most:])
+    return ", ".join(shown + ([f"+{rest} more"] if rest else []))
+
+
+def label(r: Result) -> str:
+    return r.code + (f" {r.instance}" if r.instance else "")
+
+
 def summary_line(report: Report) -> str:
     state = STATE_NAMES[report.state]
     problems = report.problems()
     if not problems:
         return f"MPS {state} - {passed(report)}"
-    # Distinct labels in order of first appearance: a dict, so many problems stay linear.
-    codes = list(dict.fromkeys(r.code + (f" {r.instance}" if r.instance else "")
-                               for r in problems))
-    shown = ", ".join(codes[:6]) + (f", +{len(codes) - 6} more" if len(codes) > 6 else "")
+    shown = counted(map(label, problems), 6)
     return f"MPS {state} - {len(problems)} problem{'s' if len(problems) != 1 else ''}: {shown}"
 
 
@@ -72,6 +93,24 @@ def fit(line: str, width: int) -> str:
         return line
     width = max(width, NARROWEST)
     return line[:width - 3] + "..."
+
+
+def action_lines(action: str, width: int) -> List[str]:
+    """A problem's action on a terminal: wrapped at ``width`` between words, a quoted
+    command (``'mps-health ...'``) never split, so it pastes whole from one line (one
+    wider than the terminal is left for the terminal to fold)."""
+    import textwrap  # only on a terminal: slurmd's and the pipes' runs do without re
+
+    if not action:
+        return []
+    # Inside a command its spaces are no place to wrap: \0 stands for them meanwhile.
+    kept = action
+    for command in commands(action):
+        kept = kept.replace(command, command.replace(" ", "\0"))
+    wrapped = textwrap.wrap(kept, max(width, NARROWEST), initial_indent=DO,
+                            subsequent_indent=" " * len(DO), break_long_words=False,
+                            break_on_hyphens=False)
+    return [line.replace("\0", " ") for line in wrapped]
 
 
 def paint(line: str, state: int, at: int, colour: bool) -> str:
@@ -94,6 +133,8 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
             if is_problem(r):
                 line = fit(short_line(r), width) if short else problem_line(r)
                 yield paint(line, r.state, 0, colour)
+                if short:
+                    yield from action_lines(r.action, width)
             elif r.state != OK:
                 if verbose or r.cause == STARTING:
                     yield folded_line(r)

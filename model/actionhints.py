@@ -11,7 +11,8 @@ quoted as ``shlex.quote`` does and made printable (the default config file and
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Tuple
+import time
+from typing import Iterable, List, Mapping, Optional, Tuple
 
 from mps_health.model import registry
 from mps_health.model.results import CheckRun, Result, is_problem
@@ -77,6 +78,33 @@ def with_options(action: str, options: Options) -> str:
         out.append(action[at:start + 1])
         out.append(" ".join([command, *extra]))
         at = end
+
+
+RESET = START + "remediate reset "
+
+
+def cooling(runs: Iterable[CheckRun], last_reset: float, cooldown_s: float, now: float,
+            log_dirs: Mapping[str, str], audit_log: str) -> Tuple[CheckRun, ...]:
+    """The runs with every problem's action that advises a reset saying so where that
+    reset would now be refused for ``remediation.cooldown_s`` (the node's last reset at
+    ``last_reset``): until when, and where to read why the last one did not cure (the
+    instance's control.log in ``log_dirs``, the audit log); --force goes past it."""
+    left = last_reset + cooldown_s - now
+    if cooldown_s <= 0 or not 0 < left <= cooldown_s:
+        return tuple(runs)
+    until = time.strftime("%H:%M:%S %Z", time.localtime(last_reset + cooldown_s))
+
+    def one(r: Result) -> Result:
+        if not is_problem(r) or RESET not in r.action:
+            return r
+        log = os.path.join(log_dirs[r.instance], "control.log") if r.instance in log_dirs \
+            else "the instance's control.log"
+        return r._replace(action=f"{r.action}; but a reset is refused until {until} (the "
+                          f"node's last reset was {now - last_reset:.0f}s ago, "
+                          f"remediation.cooldown_s {cooldown_s:g}): read {log} and the audit "
+                          f"log {audit_log} for why it did not cure, then add --force if it "
+                          "must be now")
+    return tuple(run._replace(results=tuple(map(one, run.results))) for run in runs)
 
 
 def read_more(action: str, code: str) -> str:

@@ -52,6 +52,8 @@ def is_problem(r: Result) -> bool:
 # instance ""). Only consequences, never what a user could cause (a link, a foreign
 # entry, an impostor): folding hides nothing an attack shows.
 CANARY_WITHOUT_DAEMON = frozenset(("canary-not-served", "canary-failed", "canary-not-run"))
+WITHOUT_DAEMON = CANARY_WITHOUT_DAEMON | frozenset((
+    "control-absent", "servers-not-asked", "pipe-dir-missing", "log-dir-missing"))
 HELD = frozenset(("control-wedged", "control-busy", "servers-not-asked", "canary-timeout",
                   "canary-not-served", "canary-failed", "canary-not-run",
                   "log-accept-failed"))
@@ -60,11 +62,14 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
     "mps-not-installed": frozenset((
         "control-client-missing", "pipe-dir-missing", "log-dir-missing",
         "servers-not-asked", "canary-not-served", "canary-not-run", "canary-no-libcuda",
-        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
-    # No control daemon: a CUDA client runs without MPS or cannot connect, all the canary
-    # can say.
-    "daemon-absent": CANARY_WITHOUT_DAEMON,
-    "daemon-stale": CANARY_WITHOUT_DAEMON,
+        "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon",
+        # the binaries went after a daemon ran: its restart (the upgrade's) is the same cause
+        "daemon-restarted")),
+    # No control daemon: the control client finds none, its servers cannot be asked, the
+    # dirs its unit makes are not there (the reset the cause advises mends them all); a
+    # CUDA client runs without MPS or cannot connect, all the canary can say.
+    "daemon-absent": WITHOUT_DAEMON,
+    "daemon-stale": WITHOUT_DAEMON,
     # A held daemon answers no one: every query and client waits, all they can say.
     "daemon-stopped": HELD,
     "blocked-connection": HELD,
@@ -113,18 +118,32 @@ class CheckRun(NamedTuple):
         return worst([r.state for r in self.results if not r.cause])
 
 
+# Causes whose own state stands for all that follows from them (MPS cannot run here: a
+# per-job instance's is a WARNING, whatever its missing dirs say). Under any other cause
+# a finding more severe than the cause stays a problem of its own: folding never makes
+# the verdict milder (a per-job daemon-absent is a WARNING, its control-absent CRITICAL).
+CAUSE_DECIDES = frozenset(("mps-not-installed",))
+
+
 def fold(runs: Sequence[CheckRun]) -> Tuple[CheckRun, ...]:
     """``runs`` with every finding that follows from another (``FOLDS``) folded under it:
-    an instance's under its own cause, the node's own (instance "") under any instance's."""
-    causes: Dict[Tuple[str, str], str] = {}  # (instance, folded code) -> its cause's code
+    an instance's under its own cause, the node's own (instance "") under any instance's;
+    one more severe than its cause only under a cause of ``CAUSE_DECIDES``."""
+    # (instance, folded code) -> its cause's code and state
+    causes: Dict[Tuple[str, str], Tuple[str, int]] = {}
     for run in runs:
         for r in run.results:
             for code in FOLDS.get(r.code, ()) if is_problem(r) else ():
-                causes.setdefault((r.instance, code), r.code)
-                causes.setdefault(("", code), r.code)
+                causes.setdefault((r.instance, code), (r.code, r.state))
+                causes.setdefault(("", code), (r.code, r.state))
     if not causes:
         return tuple(runs)
-    return _mark(runs, lambda r: causes.get((r.instance, r.code), ""))
+
+    def cause_of(r: Result) -> str:
+        code, state = causes.get((r.instance, r.code), ("", OK))
+        return code if code in CAUSE_DECIDES or _RANK[r.state] <= _RANK[state] else ""
+
+    return _mark(runs, cause_of)
 
 
 class Report(NamedTuple):

@@ -144,21 +144,45 @@ def daemon_env(ctx: Context, inst: Instance, user: User,
 
 
 def cooldown(last: float, now: float, settings: RemediationSettings, force: bool,
-             automatic: bool, which: str = "") -> Tuple[str, str]:
+             automatic: bool, which: str = "", logs: str = "") -> Tuple[str, str]:
     """(refusal, note) of the cooldown (pure): a restart within ``remediation.cooldown_s``
     of the node's last reset (``last``, of ``which``: "instance gpu0"), of any instance,
-    is refused; a manual one goes with --force, an automatic one never does."""
+    is refused; a manual one goes with --force, an automatic one never does. ``logs``:
+    where to read why (``logs_to_read``)."""
     if settings.cooldown_s <= 0 or not now - last < settings.cooldown_s:
         return "", ""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(last))
     said = (f"cooldown: the last reset on this node was at {when}, of {which or 'an instance'} "
             f"({max(0.0, now - last):.0f}s ago, remediation.cooldown_s is {settings.cooldown_s:g})")
+    read = f"read {logs}" if logs else "look at the daemon's control.log and the audit log"
     if automatic:
-        return f"{said}; an automatic reset never resets the node again within that time", ""
+        return f"{said}; an automatic reset never resets the node again within that time: " \
+            f"{read}", ""
     if force:
         return "", f"{said}: restarting anyway (--force)"
-    return f"{said}; a restart that did not cure it will not now: look at the daemon's " \
-        "control.log and the audit log, or use --force", ""
+    return f"{said}; a restart that did not cure it will not now: {read}, or use --force", ""
+
+
+def logs_to_read(ctx: Context, inst: Instance, settings: RemediationSettings) -> str:
+    """Where a refused reset's reader finds why the last one did not cure: the daemon's
+    control.log and the audit log (its 'begin' and 'finish' lines of that reset)."""
+    return (f"{os.path.join(ctx.path(inst.log_dir), 'control.log')} (what the daemon said) "
+            f"and the audit log {ctx.path(settings.audit_log)} (what the last reset did)")
+
+
+def clients_refusal(inst: Instance, listed: str, how: str) -> str:
+    """Why a reset with clients connected is refused, and what to run instead: let the
+    work end (drained, so that no new job starts here), then reset."""
+    see = f"'mps-health clients {inst.name}' lists them"
+    if inst.job_id is not None:  # the job's own clients: they end with it, and so does the instance
+        wait = f"wait until job {inst.job_id}'s clients end ({see}; its Epilog removes the " \
+            "instance when the job ends)"
+    else:
+        wait = (f"drain the node so that no new job starts here ('mps-health remediate drain "
+                f"--reason reset-{inst.name}'), wait until these clients end ({see}), then run "
+                f"this reset again and 'mps-health remediate resume'")
+    return f"{listed} ({how}); a reset would break them: {wait}; or use --force (they lose " \
+        "their MPS server)"
 
 
 def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSettings,
@@ -184,7 +208,7 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
         fixed = [Step(f"{f.role}-dir-fix", "; then ".join(f.lines)) for f in fixes if f.lines]
         return Plan(inst, (*fixed, _verify_step(settings)), notes=tuple(notes))
     refused, note = cooldown(last, time.time() if now is None else now, settings, force,
-                             automatic, last_of)
+                             automatic, last_of, logs_to_read(ctx, inst, settings))
     if refused:
         return Plan(inst, (), refused=refused, notes=tuple(notes), cooling=True)
     if note:
@@ -192,13 +216,13 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     who = obs.clients
     if who is not None and not force:
         if not who.known:
-            return Plan(inst, (), refused=f"{who.how}; refusing without --force",
-                        notes=tuple(notes))
+            return Plan(inst, (), refused=f"{who.how}; refusing without --force ('mps-health "
+                        f"clients {inst.name}' shows who is connected)", notes=tuple(notes))
         if who.pids:
             listed = clients_mod.describe(ctx.proc, who.pids)
-            return Plan(inst, (), refused=f"{len(who.pids)} client(s) connected: {listed} "
-                        f"({who.how}); a reset would break them: drain the node and wait for "
-                        "the jobs, or use --force", notes=tuple(notes))
+            return Plan(inst, (), refused=clients_refusal(
+                inst, f"{len(who.pids)} client(s) connected: {listed}", who.how),
+                notes=tuple(notes))
     steps: List[Step] = []
     running = [d for d in obs.daemons if d.state not in ("T", "t")]
     if running and obs.answer.status == "ok":

@@ -6,6 +6,7 @@ from clirun import mps_health
 from conftest import REPO
 from mps_health.cli.explain import declared
 from mps_health.config.load import load
+from mps_health.model.runbook import entries
 
 
 def test_explain_lists_every_code_one_line_each() -> None:
@@ -16,6 +17,9 @@ def test_explain_lists_every_code_one_line_each() -> None:
     missing = sorted(set(declared()) - set(listed))
     assert missing == [], missing
     assert "run-overrun" in listed and "metrics-stale" in listed  # the other entries too
+    # Every name 'explain CODE' knows is listed, a check's heading over its codes too.
+    assert set(listed) == set(entries()), sorted(set(entries()) ^ set(listed))
+    assert "servers" in listed and "gres-drift" in listed
     assert "CRITICAL" in listed["server-fault"]
 
 

@@ -166,7 +166,8 @@ def test_clients_replay_lists_at_most_max_instances(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_many_instances_stream_out_in_bounded_memory(tmp_path: Path, fmt: str) -> None:
-    # 20000 judged instances, 80000 results: building the JSON document and its text
+    # 20000 judged instances, 80000 results (40000 problems: each instance's missing
+    # dirs are folded under its absent daemon): building the JSON document and its text
     # in memory took over 400 MB; written as it is made it fits in far less.
     path = tmp_path / "snap.json"
     path.write_text(json.dumps(many_instances(20000, 100000)))
@@ -176,11 +177,11 @@ def test_many_instances_stream_out_in_bounded_memory(tmp_path: Path, fmt: str) -
     assert r.returncode == 1, r.stderr[-500:]
     if fmt == "json":
         report = json.loads(r.stdout)
-        assert len(report["problems"]) == 80000
+        assert len(report["problems"]) == 40000
         assert r.stdout == json.dumps(report, indent=2) + "\n"  # the layout it always had
     else:
-        assert r.stdout.startswith("MPS WARNING - 80000 problems: daemon-absent job0, ")
-        assert len(r.stdout.splitlines()) == 80001
+        assert r.stdout.startswith("MPS WARNING - 40000 problems: daemon-absent job0, ")
+        assert len(r.stdout.splitlines()) == 40001
 
 
 def test_a_snapshot_is_never_read_through_a_link_or_from_a_fifo(tmp_path: Path) -> None:

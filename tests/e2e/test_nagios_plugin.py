@@ -93,12 +93,15 @@ def test_stopped_daemon_is_critical_inside_the_timeout(site) -> None:
     assert r.returncode == 2, r.stdout  # CRITICAL, not the plugin's own UNKNOWN timeout
     out = parse(r.stdout, 2)
     print(r.stdout)
-    assert out.text.startswith(("daemon-stopped node:", "control-wedged node:"))
+    assert out.text.startswith("daemon-stopped node:"), out.text
     long_text = "\n".join(out.long_lines)
-    assert "CRITICAL control-wedged node: the control daemon did not answer within 1.1s" \
-        in long_text
-    # the command pasted acts on the instance judged: the run's --config goes with it
-    assert f"-> run 'mps-health remediate reset node --config {cfg}'" in long_text
+    # The wedge follows from the stopped daemon: said, folded under it, not counted.
+    assert "FOLDED control[node] control-wedged: the control daemon did not answer within " \
+        "1.1s" in long_text
+    # What to do is on the status line (what a pager shows), and the command pasted acts
+    # on the instance judged: the run's --config goes with it.
+    assert f"'mps-health remediate unblock node --config {cfg}'" in out.text
+    assert f"'mps-health remediate unblock node --config {cfg}'" in long_text
     # A stopped daemon runs but serves no one: not up (the fleet alert counts it).
     assert out.perf("node_daemon_up").value == "0"
 

@@ -1,15 +1,19 @@
 """A node without MPS: the cause first, in one line; a reset refuses and changes nothing.
 Where the binaries are found: ``commands``, else ``mps.binary_dirs``, never PATH, so the
-check and the reset it advises always agree."""
+check and the reset it advises always agree. One cause is one problem: MPS gone after a
+daemon ran, and a dead daemon too."""
 
+import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from clirun import check_mps, mps_health, problem_codes, report
 from nodesite import Site
 from paths import FAKE_BIN
-from remhelp import remediating
+from remhelp import alive, remediating
 
 # strays judges the whole node, where other tests' daemons run; tmpfiles the host's rules.
 SKIP = ("--skip", "tmpfiles,strays")
@@ -169,3 +173,61 @@ def test_a_control_binary_that_cannot_run_says_why_and_advises_no_reset(site) ->
                                         f"cannot run: {why}"), res
         assert "remediate reset" not in res["action"]
         assert "answered with an error" not in r.stdout
+
+
+def test_binaries_gone_after_a_daemon_restarted_are_one_problem(site) -> None:
+    """A driver upgrade restarted the daemon, then took the binaries: the restart the
+    servers check remembers is folded under mps-not-installed, not a second alert."""
+    own = site.root / "bin"
+    own.mkdir()
+    for name in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+        shutil.copy2(FAKE_BIN / name, own / name)
+    site.control = str(own / "nvidia-cuda-mps-control")
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": site.control})
+
+    def restart(pid: int) -> int:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        return site.start_daemon().pid if own.exists() else 0
+
+    first = site.start_daemon().pid
+    assert problem_codes(mps_health("check", "--config", cfg, "--format", "json", *SKIP)) == []
+    second = restart(first)
+    seen = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert problem_codes(seen) == ["daemon-restarted"], seen.stdout
+    shutil.rmtree(own)
+    restart(second)
+    r = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert r.returncode == 2 and problem_codes(r) == ["mps-not-installed"], r.stdout
+    folded = {x["code"]: x["cause"] for c in report(r)["checks"] for x in c["results"]
+              if "cause" in x}
+    assert folded["daemon-restarted"] == "mps-not-installed", folded
+    text = mps_health("check", "--config", cfg, *SKIP)
+    assert text.stdout.startswith("MPS CRITICAL - 1 problem: mps-not-installed node\n")
+
+
+def test_a_dead_daemon_is_one_critical(site) -> None:
+    """Killed, its dirs left: daemon-stale alone; control-absent and servers-not-asked
+    follow from it. Its dirs gone too: daemon-absent alone (the missing dirs folded)."""
+    d = site.start_daemon()
+    cfg = site.config(remediating(site))
+    os.kill(d.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(d.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert r.returncode == 2 and problem_codes(r) == ["daemon-stale"], r.stdout
+    folded = {x["code"]: x["cause"] for c in report(r)["checks"] for x in c["results"]
+              if "cause" in x}
+    assert folded == {"control-absent": "daemon-stale", "servers-not-asked": "daemon-stale"}
+    shutil.rmtree(site.pipe)
+    shutil.rmtree(site.log)
+    r = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
+    assert r.returncode == 2 and problem_codes(r) == ["daemon-absent"], r.stdout
+    n = check_mps("--config", cfg, *SKIP)
+    assert n.stdout.startswith("MPS CRITICAL - daemon-absent node: "), n.stdout
+    assert "; also " not in n.stdout.splitlines()[0]

@@ -149,3 +149,140 @@ def test_the_pasted_commands_act_on_the_config_given(site: Site, tmp_path: Path)
     site.pipe.chmod(0o700)
     assert paste_all(cfg) == ["pipe-dir-mode"]
     assert node_problems(cfg) == [] and daemons_of(site.pipe) == [d.pid]
+
+
+# --- what a refusal, a terminal and a pager print: each command it quotes is one that runs
+
+
+def parses(command: str) -> None:
+    """``command`` (a quoted 'mps-health ...') is one the real parser takes as it is."""
+    from mps_health.cli.main import build
+
+    words = shlex.split(command)
+    assert words[0] == "mps-health", command
+    build(words[1:]).parse_args(words[1:])  # a usage error raises, never exits
+
+
+def refused_line(out: str) -> str:
+    [line] = [ln for ln in out.splitlines() if ln.startswith("  refused: ")]
+    return line
+
+
+def test_a_reset_refused_for_clients_says_what_to_run(site: Site) -> None:
+    site.dirs()
+    client = subprocess.Popen(["sleep", "300"], env=dict(os.environ, SLURM_JOB_ID="4242"))
+    try:
+        # The fake names our stand-in as its server's client; a 'log' FIFO made a file is
+        # a fault only a restart repairs.
+        Daemon(site.pipe, site.log, {"FAKE_MPS_REPLY": str(client.pid)}).start()
+        (site.pipe / "log").unlink()
+        (site.pipe / "log").write_text("")
+        cfg = site.config(remediating(site))
+        r = mps_health("remediate", "reset", "--config", cfg)
+        assert r.returncode == 1, r.stdout + r.stderr
+        line = refused_line(r.stdout)
+        quoted = commands(line)
+        assert quoted == [f"mps-health remediate drain --reason reset-node --config {cfg}",
+                          f"mps-health clients node --config {cfg}",
+                          f"mps-health remediate resume --config {cfg}"], line
+        for command in quoted:
+            parses(command)
+        assert "wait until these clients end" in line and "or use --force" in line
+        # The one that only looks, pasted: it lists the client the reset waits for.
+        shown = mps_health(*shlex.split(quoted[1])[1:])
+        assert str(client.pid) in shown.stdout, shown.stdout + shown.stderr
+        typo = mps_health("clients", "nod", "--config", cfg)
+        assert typo.returncode == 3 and typo.stderr.count("\n") == 1, typo.stderr
+        assert "no MPS instance named 'nod' on this node (known: node)" in typo.stderr
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_reset_refused_for_the_cooldown_names_the_logs_and_the_check_says_so(
+        site: Site) -> None:
+    site.dirs()
+    cfg = site.config(remediating(site), remediation={"cooldown_s": 600})
+    first = mps_health("remediate", "reset", "--config", cfg)
+    assert first.returncode == 0, first.stdout + first.stderr
+    [pid] = daemons_of(site.pipe)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    control_log, audit = f"{site.log}/control.log", f"{site.root}/audit.log"
+    # The alert: its advice is a reset, and it says that reset is refused for now.
+    [problem] = node_problems(cfg)
+    assert problem["code"] == "daemon-stale", problem
+    assert "but a reset is refused until " in problem["action"]
+    assert f"read {control_log} and the audit log {audit}" in problem["action"]
+    assert "add --force if it must be now" in problem["action"]
+    # The reset itself: the same two files, by their paths.
+    r = mps_health("remediate", "reset", "--config", cfg)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = refused_line(r.stdout)
+    assert line.startswith("  refused: cooldown: the last reset on this node was at ")
+    assert f"read {control_log} (what the daemon said) and the audit log {audit}" in line
+    assert Path(audit).is_file() and "event=begin" in Path(audit).read_text()
+
+
+def test_a_terminal_shows_each_problem_with_the_command_to_paste(site: Site) -> None:
+    from ptyrun import on_pty
+
+    site.start_daemon()
+    cfg = site.config(remediating(site))
+    site.pipe.chmod(0o700)
+    code, lines = on_pty("check", "--config", cfg, "--only", CHECKS, columns=80,
+                         env={"NO_COLOR": "1"})
+    assert code == 2, lines
+    at = next(n for n, ln in enumerate(lines) if ln.startswith("CRITICAL directories[node] "))
+    assert lines[at + 1].startswith("  -> run")
+    # The command is whole on one line (wider than the terminal: the terminal folds it).
+    [command] = [c for ln in lines[at + 1:] if ln.startswith(" ") for c in commands(ln)]
+    assert command == f"mps-health remediate dirs node --config {cfg}"
+    r = mps_health(*shlex.split(command)[1:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert node_problems(cfg) == []
+
+
+def test_check_mps_says_what_to_do_on_its_first_line(site: Site) -> None:
+    from clirun import check_mps
+    from plugin_output import parse
+
+    d = site.start_daemon()
+    cfg = site.config(remediating(site))
+    os.kill(d.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(d.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = check_mps("--config", cfg, "--only", CHECKS)
+    assert r.returncode == 2, r.stdout
+    out = parse(r.stdout, 2)
+    # One cause, one alert: the dead daemon alone, and what to run for it.
+    assert out.text.startswith("daemon-stale node: no live nvidia-cuda-mps-control"), out.text
+    assert f" -> run 'mps-health remediate reset node --config {cfg}' (dry run first: " \
+        "--dry-run) (runbook: mps-health explain daemon-stale)" in out.text
+    assert "; also " not in out.text
+    [command] = commands(out.text)
+    fixed = mps_health(*shlex.split(command)[1:])
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert check_mps("--config", cfg, "--only", CHECKS).returncode == 0
+
+
+def test_the_example_config_is_the_default_node(tmp_path: Path) -> None:
+    """`mps-health config example` describes the node as it runs without a config file:
+    one daemon on /tmp/nvidia-mps; the other layouts are commented alternatives."""
+    import yaml
+    from mps_health.config.load import load
+
+    r = mps_health("config", "example")
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(r.stdout)
+    mps = data["mps"]
+    assert (mps["layout"], mps["pipe_dir"], mps["log_dir"]) == (
+        "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
+    assert "#   layout: per-gpu" in r.stdout and "#   layout: per-job" in r.stdout
+    given = load(text=r.stdout).mps
+    assert given == load(text="").mps  # the example is the defaults

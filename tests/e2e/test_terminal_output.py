@@ -1,20 +1,13 @@
 """``mps-health check`` on a terminal (a pty): short problem lines that fit its width,
-colour unless NO_COLOR, the details with -v; piped, the lines stay as slurmd and
-scripts read them."""
+each followed by what to do (wrapped, a command never split), colour unless NO_COLOR,
+every line whole with -v; piped, the lines stay as slurmd and scripts read them. The
+snapshot is a dead daemon (its control-absent folded under it) and a pipe dir's mode."""
 
-import fcntl
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import termios
-import time
-from typing import Dict, List, Optional, Tuple
 
-from clirun import argv, mps_health
+from clirun import mps_health
 from conftest import REPO
+from ptyrun import on_pty
 
 BROKEN = str(REPO / "examples" / "broken-node.json")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -27,63 +20,23 @@ def whole(line: str) -> bool:
     return ACTION in line and line.endswith(f"(runbook: mps-health explain {code})")
 
 
-def on_pty(*args: str, columns: int = 80, env: Optional[Dict[str, str]] = None
-           ) -> Tuple[int, List[str]]:
-    """Exit code and output lines of ``mps-health args`` with a pty ``columns`` wide as
-    its stdout (no COLUMNS, no NO_COLOR, TERM=xterm unless ``env`` says)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    attrs = termios.tcgetattr(slave)
-    attrs[1] &= ~termios.ONLCR  # the lines as written, without the tty's \r
-    termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    full = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
-    full.update({"TERM": "xterm", **(env or {})})
-    try:
-        proc = subprocess.Popen(argv("mps-health", *args), stdout=slave,
-                                stderr=subprocess.PIPE, env=full)
-    finally:
-        os.close(slave)
-    out = b""
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its side
-                break
-            if not chunk:
-                break
-            out += chunk
-        code = proc.wait(timeout=30)
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.stderr is not None
-    assert proc.stderr.read() == b""
-    proc.stderr.close()
-    return code, out.decode().splitlines()
-
-
-def test_a_terminal_gets_short_coloured_problem_lines() -> None:
+def test_a_terminal_gets_short_coloured_problem_lines_and_what_to_do() -> None:
     code, lines = on_pty("check", "--replay", BROKEN, columns=80)
     assert code == 2
     plain = [ANSI.sub("", line) for line in lines]
     assert all(len(line) <= 80 for line in plain), plain
-    assert lines[0] == ("MPS \x1b[1;31mCRITICAL\x1b[0m - 3 problems: daemon-stale node, "
-                        "control-absent node, pipe-dir-m...")  # 84 characters whole
+    assert lines[0] == ("MPS \x1b[1;31mCRITICAL\x1b[0m - 2 problems: daemon-stale node, "
+                        "pipe-dir-mode node")
     assert lines[1].startswith("\x1b[1;31mCRITICAL\x1b[0m daemon[node] daemon-stale: no live ")
     assert plain[1].endswith("...")  # cut to the width: the rest is -v's
-    assert plain[2] == ("CRITICAL control[node] control-absent: the client cannot find a "
-                        "control daemo...")
-    assert plain[-1] == "-v: each problem in full, with what to do"
-    assert len(lines) == 5 and not any(" -> " in line for line in plain)
+    # What to do, under it: the command whole on one line, to paste.
+    assert plain[2] == "  -> run 'mps-health remediate reset node' (dry run first: --dry-run) " \
+        "(runbook:"
+    assert plain[3] == "     mps-health explain daemon-stale)"
+    assert plain[4].startswith("CRITICAL directories[node] pipe-dir-mode: ")
+    assert plain[5].startswith("  -> run 'mps-health remediate dirs node' (dry run first")
+    assert plain[-1] == "-v: every line whole, what is OK, timings"
+    assert len(lines) == 8
 
 
 def test_no_color_and_a_dumb_terminal_get_no_colour() -> None:
@@ -107,8 +60,9 @@ def test_verbose_on_a_terminal_gives_every_detail() -> None:
     code, lines = on_pty("check", "--replay", BROKEN, "-v", columns=80, env={"NO_COLOR": "1"})
     assert code == 2
     problems = [line for line in lines if line.startswith("CRITICAL ")]
-    assert len(problems) == 3 and all(whole(line) for line in problems), lines
-    assert "-v: each problem in full, with what to do" not in lines
+    assert len(problems) == 2 and all(whole(line) for line in problems), lines
+    assert "-v: every line whole, what is OK, timings" not in lines
+    assert not any(line.startswith("  -> ") for line in lines)  # each action on its line
     assert lines[-1].startswith("gathered: ")
 
 
@@ -116,7 +70,7 @@ def test_piped_output_is_unchanged() -> None:
     r = mps_health("check", "--replay", BROKEN, env={"TERM": "xterm"})
     assert r.returncode == 2 and "\x1b" not in r.stdout
     lines = r.stdout.splitlines()
-    assert len(lines) == 4 and all(whole(line) for line in lines[1:]), lines
+    assert len(lines) == 3 and all(whole(line) for line in lines[1:]), lines
     assert lines[1].startswith("CRITICAL daemon[node] daemon-stale: no live "
                                "nvidia-cuda-mps-control for ")
     assert len(lines[1]) > 200  # whole: slurmd's log and scripts read every word

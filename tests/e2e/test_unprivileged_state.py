@@ -1,11 +1,13 @@
 """check_mps run as an unprivileged user (nagios) next to root's runs: it reads the
-memory root keeps, says what it does not save, and changes nothing there."""
+memory root keeps, says what it does not save (notes, not counted as checks passed, so
+its "N checks passed" is root's), and changes nothing there."""
 # ruff: noqa: F811  (the fixture public_dir comes from hostile)
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 from hostile import VICTIM, public_dir, setpriv  # noqa: F401
@@ -43,7 +45,18 @@ def test_a_user_reads_roots_history_and_says_it_saves_nothing(public_dir: Path) 
     uid = int(subprocess.run([*setpriv(VICTIM), "id", "-u"], capture_output=True, text=True,
                              timeout=10).stdout)
     saved = f"read from {state}, not saved: uid {uid} may not write there (run as root to save it)"
-    assert f"OK servers: server history: {saved}" in r.stdout, r.stdout
-    assert f"OK logs: log offsets: {saved}" in r.stdout, r.stdout
+    assert f"NOTE servers: server history: {saved}" in r.stdout, r.stdout
+    assert f"NOTE logs: log offsets: {saved}" in r.stdout, r.stdout
     assert (state / "servers.json").read_bytes() == before
     assert sorted(p.name for p in state.iterdir()) == ["servers.json"]  # no lock, no file
+    # The notes are no checks passed: root's run has the same OK lines ("N checks passed"
+    # counts them), and no note.
+    as_root = subprocess.run([sys.executable, "-m", "mps_health.cli.main", "check", "--config",
+                              str(cfg), "--only", "servers,logs", "-v"], capture_output=True,
+                             text=True, timeout=60)
+
+    def passed(out: str) -> List[str]:
+        return [line for line in out.splitlines() if line.startswith("OK ")]
+
+    assert passed(as_root.stdout) == passed(r.stdout) != [], (as_root.stdout, r.stdout)
+    assert "NOTE " not in as_root.stdout

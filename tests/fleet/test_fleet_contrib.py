@@ -231,7 +231,10 @@ def test_config_example_loads() -> None:
     for name, keys in declared.items():
         assert set(raw[name]) == set(keys), name
     assert set(raw) == set(declared) | set(core_config.TOP_KEYS)
-    assert c.mps.layout == "per-gpu"  # the layout of contrib/systemd/nvidia-mps@.service
+    # The node without a config file (contrib/systemd/nvidia-mps.service); the other
+    # layouts are commented alternatives.
+    assert c.mps == core_config.load(text="").mps
+    assert "#   layout: per-gpu" in Path(path).read_text()
 
 
 def _spec_wheels(dest: Path) -> None:
@@ -318,7 +321,7 @@ def test_rpm_builds_bundles_and_lists(dists, tmp_path: Path) -> None:
     r = subprocess.run([python, "-I", str(root / "opt/mps-health/bin/mps-health"), "check",
                         "--replay", str(REPO / "examples/broken-node.json")],
                        capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 3 problems"), r
+    assert r.returncode == 2 and r.stdout.startswith("MPS CRITICAL - 2 problems"), r
 
 
 def test_monitoring_definitions_use_the_installed_plugin_paths() -> None:

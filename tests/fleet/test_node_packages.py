@@ -100,7 +100,8 @@ def test_deb_installs_runs_and_leaves_only_config_and_state(deb: Path, tmp_path:
     assert node.ok("mps-health --version") == "mps-health 0.1.0\n"
     assert node.ok("command -v mps-health") == "/usr/sbin/mps-health\n"
     replay = node.sh("cd /root && mps-health check --replay examples/broken-node.json")
-    assert replay.returncode == 2 and replay.stdout.startswith("MPS CRITICAL - 3 problems")
+    # daemon-stale and pipe-dir-mode (the dead daemon's control-absent folded under it)
+    assert replay.returncode == 2 and replay.stdout.startswith("MPS CRITICAL - 2 problems")
     plugin = node.sh("/usr/lib/nagios/plugins/check_mps -t 10", user="nagios")
     assert plugin.returncode == 2 and plugin.stdout.startswith("MPS CRITICAL - "), plugin
     assert node.ok("/usr/sbin/mps-health --version", user="alice") == "mps-health 0.1.0\n"

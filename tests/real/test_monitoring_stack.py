@@ -127,14 +127,15 @@ def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, site,
         rules = groups[0]["rules"]
         assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
 
-        # Kill the daemon: the next run's critical finding makes the alert pending.
+        # Kill the daemon: the next run's critical finding makes the alert pending (one
+        # cause, one alert: its control-absent is folded under daemon-stale).
         d.signal(signal.SIGKILL)
         alert = wait_for("MpsHealthCritical to be pending", lambda: first(
             api(prom, "/api/v1/alerts")["alerts"], alertname="MpsHealthCritical",
-            code="control-absent"), timeout=30)
+            code="daemon-stale"), timeout=30)
         print(json.dumps(alert))
         assert alert["labels"]["instance"] == target and alert["state"] == "pending"
-        assert alert["annotations"]["runbook_url"].endswith("README.md#control-absent")
+        assert alert["annotations"]["runbook_url"].endswith("README.md#daemon-stale")
 
 
 def test_node_exporter_serves_the_textfile(tmp_path: Path, site) -> None:

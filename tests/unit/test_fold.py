@@ -161,3 +161,18 @@ def test_with_no_daemon_the_canary_s_findings_fold_under_it_and_the_cause_counts
     report = report_of(fold(results))
     assert [(r.instance, r.code) for r in report.problems()] == [
         ("gpu0", "daemon-absent"), ("gpu1", "canary-not-served"), ("gpu0", "pipe-dir-symlink")]
+
+
+def test_a_dead_daemon_folds_what_follows_but_never_a_more_severe_finding() -> None:
+    reset = "run 'mps-health remediate reset node'"
+    node = runs(Result("daemon", CRITICAL, "daemon-stale", "node", "dead", reset),
+                Result("control", CRITICAL, "control-absent", "node", "no daemon", reset),
+                Result("servers", UNKNOWN, "servers-not-asked", "node", "not asked", ""))
+    assert [r.code for r in report_of(fold(node)).problems()] == ["daemon-stale"]
+    # A per-job instance's absent daemon is a WARNING; its control-absent, CRITICAL, counts.
+    job = runs(Result("daemon", WARNING, "daemon-absent", "job1", "none", reset),
+               Result("control", CRITICAL, "control-absent", "job1", "no daemon", reset),
+               Result("directories", WARNING, "log-dir-missing", "job1", "gone", reset))
+    report = report_of(fold(job))
+    assert [r.code for r in report.problems()] == ["daemon-absent", "control-absent"]
+    assert report.state == CRITICAL

@@ -115,8 +115,9 @@ def test_shown_is_short_for_values_that_repeat_themselves() -> None:
     assert shown("x" * 1000) == "'" + "x" * (SHOWN_MAX - 4) + "..."
 
 
-def test_the_summary_line_keeps_labels_in_order_once() -> None:
+def test_the_summary_line_keeps_labels_in_order_once_with_their_counts() -> None:
     results = tuple(Result("daemon", WARNING, code, inst, "m")
                     for code, inst in [("a", "j1"), ("b", ""), ("a", "j1"), ("a", "j2")])
     report = Report("n", 0.0, 0.0, (CheckRun("daemon", results, 0.0),), {}, "v")
-    assert text.summary_line(report) == "MPS WARNING - 4 problems: a j1, b, a j2"
+    # Once each, a repeated one with its count: the counts add up to the N it says.
+    assert text.summary_line(report) == "MPS WARNING - 4 problems: a j1 x2, b, a j2"

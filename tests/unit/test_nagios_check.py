@@ -39,8 +39,8 @@ def test_critical_outranks_unknown_as_everywhere_in_mps_health() -> None:
     text, code = render(rep)
     out = parse(text, code)
     assert (code, out.state) == (2, "CRITICAL")
-    assert out.text == ("daemon-absent gpu0: no daemon serves gpu0; also facts-unavailable "
-                        "gpu0 ")
+    assert out.text == ("daemon-absent gpu0: no daemon serves gpu0 -> run 'mps-health unit "
+                        "start gpu0'; also facts-unavailable gpu0 ")
     plain = nagiosplugin.Check(nagios.Probe(lambda: rep), nagios.Reported("judged"),
                                nagios.Reported("measured"), nagiosplugin.ScalarContext("latency"))
     plain()
@@ -52,8 +52,8 @@ def test_summary_names_codes_never_perfdata_labels() -> None:
     text, code = render(report(slow, DEAD))
     out = parse(text, code)
     assert code == 2
-    assert out.text.startswith("daemon-absent gpu0: no daemon serves gpu0; also control-slow "
-                               "node"), out.text
+    assert out.text.startswith("daemon-absent gpu0: no daemon serves gpu0 -> run 'mps-health "
+                               "unit start gpu0'; also control-slow node"), out.text
     text, code = render(report(slow), w="0.8")
     out = parse(text, code)
     assert (code, out.text) == (1, "control-slow node: latency 0.9s outside range 0:0.8 ")

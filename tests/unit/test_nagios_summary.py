@@ -1,8 +1,19 @@
-"""check_mps' status line: the worst finding, then the others by code only (a latency
-over -w/-c is named by its code, control-slow, never by a perfdata label)."""
+"""check_mps' status line: the worst finding and what to do about it (what a pager shows),
+then the others by code only, each with its count (a latency over -w/-c is named by its
+code, control-slow, never by a perfdata label); what the boot grace excuses is said
+without -v."""
 
 from mps_health.exporters import nagios
-from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, CheckRun, Report, Result
+from mps_health.model.results import (
+    CRITICAL,
+    OK,
+    STARTING,
+    UNKNOWN,
+    WARNING,
+    CheckRun,
+    Report,
+    Result,
+)
 
 
 def _report(*results: Result) -> Report:
@@ -37,3 +48,46 @@ def test_a_latency_alone_over_its_range_leads_the_summary() -> None:
     assert state == WARNING
     assert out.split(" | ")[0] == "MPS WARNING - control-slow node: latency 0.8s outside " \
         "range 0:0.5"
+
+
+def status(out: str) -> str:
+    return out.splitlines()[0].split(" | ")[0]
+
+
+RESET = "run 'mps-health remediate reset node' (dry run first: --dry-run) " \
+    "(runbook: mps-health explain daemon-stale)"
+
+
+def test_the_status_line_carries_the_first_action_whole() -> None:
+    out, _ = _render(_report(
+        Result("daemon", CRITICAL, "daemon-stale", "node", "no live daemon", RESET),
+        Result("directories", CRITICAL, "pipe-entry-foreign", "node", "x", "y"),
+        Result("directories", CRITICAL, "pipe-entry-foreign", "node", "z", "y")))
+    assert status(out) == (f"MPS CRITICAL - daemon-stale node: no live daemon -> "
+                                   f"{RESET}; also pipe-entry-foreign node x2")
+    # A long message is cut so that the action stays whole within the status line's size.
+    out, _ = _render(_report(
+        Result("daemon", CRITICAL, "daemon-stale", "node", "no live daemon " + "x" * 900, RESET)))
+    line = status(out)
+    assert line.endswith("x... -> " + RESET) and len(line.encode()) <= len("MPS CRITICAL - ") + nagios.MAX_STATUS
+    # An action that cannot fit at all gives way to its runbook pointer.
+    out, _ = _render(_report(
+        Result("daemon", CRITICAL, "daemon-stale", "node", "m", "y" * 700 + " (runbook: "
+               "mps-health explain daemon-stale)")))
+    assert status(out) == "MPS CRITICAL - daemon-stale node: m -> mps-health explain " \
+        "daemon-stale"
+
+
+def test_initializing_lines_are_said_without_verbose() -> None:
+    """In the boot grace check_mps is OK and says what is still coming up, as text does."""
+    waiting = Result("directories", CRITICAL, "pipe-dir-missing", "node", "pipe dir /p does not "
+                     "exist", cause=STARTING)
+    fine = Result("daemon", OK, "ok", "node", "fine")
+    out, state = _render(_report(fine, waiting))
+    lines = out.splitlines()
+    assert state == OK and lines[0].startswith("MPS OK - 1 check passed on n1")
+    assert lines[1].startswith("INITIALIZING directories[node] pipe-dir-missing: pipe dir /p "
+                               "does not exist (the node is booting"), lines
+    assert len(lines) == 2
+    verbose, _ = _render(_report(fine, waiting), 1)
+    assert sum(ln.startswith("INITIALIZING ") for ln in verbose.splitlines()) == 1

@@ -30,6 +30,11 @@ def test_the_count_passed_is_what_verbose_lists() -> None:
     assert lines[0] == "MPS OK - 5 checks passed on n1 in 0.01s"
     one = report(HEALTHY.runs[0])
     assert text.summary_line(one) == "MPS OK - 1 check passed on n1 in 0.01s"
+    # A note (what a user other than root cannot save) is no check passed: NOTE, not OK.
+    note = Result("servers", OK, "history-not-saved", "", "server history: not saved")
+    noted = report(*HEALTHY.runs, CheckRun("servers", (note,), 0.0))
+    assert text.summary_line(noted) == text.summary_line(HEALTHY)
+    assert "NOTE servers: server history: not saved" in list(text.lines(noted, verbose=True))
 
 
 BROKEN = report(CheckRun("daemon", (
@@ -49,14 +54,34 @@ def test_a_terminal_line_fits_and_only_the_state_is_painted() -> None:
     lines = list(text.lines(BROKEN, width=50, colour=True))
     assert lines == ["MPS \x1b[1;31mCRITICAL\x1b[0m - 1 problem: daemon-stale node",
                      "\x1b[1;31mCRITICAL\x1b[0m daemon[node] daemon-stale: no live dae...",
-                     "-v: each problem in full, with what to do"]
+                     "  -> run 'mps-health remediate reset node'",
+                     "-v: every line whole, what is OK, timings"]
     plain = list(text.lines(BROKEN, width=50))
-    assert [len(line) for line in plain] == [43, 50, 41]
+    assert [len(line) for line in plain] == [43, 50, 42, 41]
     verbose = list(text.lines(BROKEN, verbose=True, width=50, colour=True))
     assert verbose[1].endswith(" -> run 'mps-health remediate reset node'")
     assert verbose[2] == "\x1b[32mOK\x1b[0m directories[node]: fine"
     # A width too small to say anything is taken as NARROWEST.
     assert len(list(text.lines(BROKEN, width=3))[1]) == text.NARROWEST
+
+
+def test_a_terminal_action_wraps_between_words_never_inside_a_command() -> None:
+    command = "'mps-health remediate reset gpu0 --config '/etc/my site.yaml''"
+    action = f"run {command} (dry run first: --dry-run) (runbook: mps-health explain x)"
+    lines = text.action_lines(action, 30)
+    assert lines[0] == "  -> run"  # the command does not fit after it: a line of its own
+    assert lines[1] == "     " + command  # wider than 30: the terminal folds it, whole
+    assert all(len(line) <= 30 for line in lines[2:]), lines
+    assert " ".join(line.strip() for line in lines) == "-> " + action
+    assert text.action_lines("", 80) == []
+
+
+def test_the_summary_counts_what_it_lists() -> None:
+    many = tuple(Result("directories", CRITICAL, code, "node", "m", "a")
+                 for code in ("pipe-entry-foreign",) * 3 + tuple("abcdefgh"))
+    line = text.summary_line(report(CheckRun("directories", many, 0.0)))
+    assert line == ("MPS CRITICAL - 11 problems: pipe-entry-foreign node x3, a node, b node, "
+                    "c node, d node, e node, +3 more")
 
 
 def test_a_painted_name_is_only_ever_a_whole_state_name() -> None:

@@ -102,9 +102,9 @@ def test_logs_that_cannot_be_read_are_unknown() -> None:
     assert judge(files=[err[0], LogFileFact(f"{LOG}/server.log", "read")])[0].code == "ok"
 
 
-def test_offsets_that_cannot_be_kept_are_said_in_an_ok_line() -> None:
+def test_offsets_that_cannot_be_kept_are_said_in_a_note() -> None:
     found = judge(state_error="cannot write logs.json")
-    assert codes(found) == [("node", OK, "ok"), ("", OK, "ok")]
+    assert codes(found) == [("node", OK, "ok"), ("", OK, "history-not-saved")]
     assert found[1].message == "log offsets: cannot write logs.json"
 
 

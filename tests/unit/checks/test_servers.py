@@ -126,9 +126,9 @@ def test_events_stay_for_the_window_even_when_the_servers_cannot_be_listed(code:
         ["servers-not-asked"]
 
 
-def test_a_state_that_cannot_be_kept_is_said_in_an_ok_line() -> None:
+def test_a_state_that_cannot_be_kept_is_said_in_a_note() -> None:
     found = judge(listed(), state_error="cannot write servers.json: read-only")
-    assert codes(found)[0] == ("", OK, "ok")
+    assert codes(found)[0] == ("", OK, "history-not-saved")
     assert found[0].message == "server history: cannot write servers.json: read-only"
 
 
