@@ -95,8 +95,8 @@ def test_site_check_runs_after_the_built_ins(site: Site) -> None:
     """It gives no order: the built-ins keep theirs, whichever was imported first."""
     r = run(site, "checks:\n  modules: [site_pkg.mode_check]\n", "check", "--format", "json")
     names = [c["name"] for c in json.loads(r.stdout)["checks"]]
-    assert names == ["daemon", "strays", "control", "directories", "tmpfiles", "servers",
-                     "limits", "logs", "site-mode"], r.stderr
+    assert names == ["daemon", "strays", "control", "blockers", "directories", "tmpfiles",
+                     "servers", "limits", "logs", "site-mode"], r.stderr
 
 
 def test_a_module_that_cannot_be_imported_is_one_line(site: Site) -> None:
