@@ -84,7 +84,9 @@ def test_healthy_then_each_fault(mps: Mps) -> None:
     r = timed_check(mps, "daemon SIGSTOPped")
     os.kill(pid, signal.SIGCONT)
     assert LAST_TOOK[0] <= 2.0 + 0.5, "wedged daemon not reported within timeout + 0.5 s"
-    assert r.returncode == 2 and {"daemon-stopped", "control-wedged"} <= set(codes(r))
+    # The wedge it causes is folded under it: one cause, one problem.
+    assert r.returncode == 2 and "daemon-stopped" in codes(r), codes(r)
+    assert "control-wedged" not in codes(r), codes(r)
     assert healthy(timed_check(mps, "SIGCONT"))
 
     # chmod 0700 of the pipe dir.
