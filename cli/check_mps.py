@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
         def error(self, message: str) -> NoReturn:
             raise common.UsageError(f"MPS UNKNOWN - {message} (see {PROG} -h)")
 
-    p = Parser(prog=PROG, add_help=False, description=(
+    p = Parser(prog=PROG, add_help=False, formatter_class=common.Formatter, description=(
         "Check NVIDIA MPS on this node: control daemons, pipe dirs, and every check "
         "mps-health runs. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."),
         epilog="Ranges follow the monitoring-plugins syntax: 10 (alert outside 0..10), "

@@ -11,13 +11,36 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Callable, List, TextIO
+from typing import Callable, List, Optional, TextIO
 
 from mps_health.config.load import Config, ConfigError, load
 from mps_health.hostio.resources import OutOfResources
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape, lines, printable
 from mps_health.model.results import BOOT_GRACE_S
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help layout, sized to the terminal only when help or usage is written.
+    argparse also makes a formatter for every add_argument (to check its metavar), and its
+    own asks shutil for the terminal's width there: shutil (with bz2 and lzma) imported on
+    every run, for a width only -h and a usage error use."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: Optional[int] = None) -> None:
+        self._sized = width is not None
+        self._position_asked = max_help_position
+        super().__init__(prog, indent_increment, max_help_position, 80 if width is None else width)
+
+    def format_help(self) -> str:
+        if not self._sized:  # as argparse's own __init__ sizes it
+            import shutil  # only here: help or a usage line is being written
+
+            self._width = shutil.get_terminal_size().columns - 2
+            self._max_help_position = min(self._position_asked,
+                                          max(self._width - 20, self._indent_increment * 2))
+            self._sized = True
+        return super().format_help()
 
 
 class UsageError(Exception):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
-from mps_health.cli.common import UsageError, edge, flushed, standard_fds, warn
+from mps_health.cli.common import Formatter, UsageError, edge, flushed, standard_fds, warn
 from mps_health.model.exitcodes import ExitCode
 
 # name -> (module defining register(parser) -> handler, or "module:function" naming
@@ -35,6 +35,10 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)  # the subcommands' parsers too
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
 
@@ -42,7 +46,9 @@ class Parser(argparse.ArgumentParser):
 def build(argv: Sequence[str]) -> Parser:
     parser = Parser(prog="mps-health", description="Keep NVIDIA MPS healthy on Slurm GPU nodes.")
     parser.add_argument("-V", "--version", action="version", version=f"mps-health {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    # prog given: argparse would otherwise format a usage line to find it (the width too)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
+                                prog=parser.prog)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (target, help_text) in COMMANDS.items():
         if chosen in COMMANDS and name != chosen:

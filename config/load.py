@@ -9,8 +9,7 @@ With no file the defaults apply and neither PyYAML nor any owner module is impor
 from __future__ import annotations
 
 import os
-import string
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
@@ -147,10 +146,15 @@ def socket_path_bytes(pipe_dir: str) -> int:
 
 def _check_template(key: str, template: str, layout: str) -> None:
     """The pipe/log dir template rules of each layout (every reader relies on them)."""
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError:
-        raise Invalid("has an unbalanced { or }", key) from None
+    if "{" not in template and "}" not in template:  # a plain path: no field to check
+        fields: List[str] = []
+    else:
+        import string  # only for a template: its Template class compiles a regex at import
+
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError:
+            raise Invalid("has an unbalanced { or }", key) from None
     allowed = {"node": (), "per-gpu": ("gpu",), "per-job": ("job", "gpu")}[layout]
     if any(f not in allowed for f in fields):
         raise Invalid(f"the {layout} layout allows only "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import string
 from typing import Optional, Tuple
 
 DIGITS = frozenset("0123456789")
@@ -34,6 +33,8 @@ def expand(template: str, job: str = "", gpu: str = "") -> str:
 def pattern(template: str) -> re.Pattern[str]:
     """A regex for the last component of a per-job template (groups ``job``, ``gpu``);
     fields read as ``str.format`` reads them (which ``expand`` uses)."""
+    import string  # only for a template (per-gpu, per-job): string compiles a regex at import
+
     out = ""
     for literal, field, spec, conversion in string.Formatter().parse(os.path.basename(template)):
         out += re.escape(literal)
@@ -52,5 +53,7 @@ def match(template: str, name: str) -> Optional[Tuple[str, str]]:
 
 def glob(template: str) -> str:
     """The template as a glob, for tmpfiles.d (every field becomes ``*``)."""
+    import string  # as in pattern
+
     return "".join(literal + ("*" if field else "")
                    for literal, field, _, _ in string.Formatter().parse(template))

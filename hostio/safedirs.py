@@ -30,13 +30,10 @@ renames after a fresh look: still no link followed, only the race window is wide
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
-import secrets
 import stat
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # the root itself may be a link
@@ -151,6 +148,8 @@ def open_dir(path: str, root: str = "/", guard: bool = True) -> int:
 def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
     """renameat2 within one dir; NotImplementedError where the kernel, libc or file system
     lacks it (the caller then takes the plain-rename path)."""
+    import ctypes  # only here: a swap or move aside, never a healthy run's write
+
     func = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if func is None:
         raise NotImplementedError("renameat2 is not in this libc")
@@ -163,7 +162,7 @@ def rename2(parent_fd: int, old: str, new: str, flags: int) -> None:
 
 
 def random_name(name: str, what: str) -> str:
-    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(8)}"
+    return f"{name}.{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(8).hex()}"
 
 
 def move_aside(parent_fd: int, name: str, called: Optional[str] = None,
@@ -349,13 +348,17 @@ def remove_tree(parent_fd: int, name: str, shown: str, owners: Optional[Iterable
 MAX_ENTRIES = 100000  # a job's MPS dirs hold a handful; more is a user filling them
 
 
-@dataclass
 class _Walk:
-    """One removal's budget and its first problem ("" while there is none)."""
+    """One removal's budget and its first problem ("" while there is none). A plain
+    class: a dataclass would import dataclasses (and inspect) on every run that writes
+    a file."""
 
-    dev: int
-    count: int = 0
-    problem: str = ""
+    __slots__ = ("count", "dev", "problem")
+
+    def __init__(self, dev: int) -> None:
+        self.dev = dev
+        self.count = 0
+        self.problem = ""
 
 
 def _left(shown: str, why: str) -> str:

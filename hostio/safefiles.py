@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from typing import List, Optional, Tuple
 
@@ -33,7 +32,9 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
 
     parent, name = split(path)
     pfd = open_dir(parent, root, guard=False)
-    tmp = f".{name}.tmp-{secrets.token_hex(8)}"  # a name no one can guess beforehand
+    # A name no one can guess beforehand: os.urandom is what secrets.token_hex reads, and
+    # secrets would load hmac, hashlib and random for it on every run that saves state.
+    tmp = f".{name}.tmp-{os.urandom(8).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=pfd)

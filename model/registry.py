@@ -16,10 +16,11 @@ built-in's is relative to the package (``.checks.daemon:check``), which tells it
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import os
 import threading
+from importlib.machinery import all_suffixes
 from types import ModuleType
-from typing import Dict, Mapping, NamedTuple, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Tuple
 
 
 class Source(NamedTuple):
@@ -98,15 +99,33 @@ def find_checks(package: str) -> None:
     """Import every module of ``package``: each declares its check at import. One that
     cannot be imported stands in as a check named after its file, whose run reports why
     (UNKNOWN check-failed): a broken install never silently stops a check."""
-    for info in pkgutil.iter_modules(module_named(package).__path__):
-        if info.ispkg or info.name in HELPERS:
+    for name in module_files(module_named(package).__path__):
+        if name in HELPERS:
             continue
-        module = f"{package}.{info.name}"
+        module = f"{package}.{name}"
         try:
             module_named(module)
         except Exception:  # judge imports it again and reports why, on its one line
-            check(info.name.replace("_", "-"), f"{module}:check", (),
+            check(name.replace("_", "-"), f"{module}:check", (),
                   summary="its module cannot be imported ('mps-health check' says why)")
+
+
+def module_files(path: Iterable[str]) -> List[str]:
+    """The names of the modules (files, not sub-packages) in a package's dirs, sorted.
+    A listing, not pkgutil.iter_modules: that one imports inspect (with ast, dis and
+    tokenize) on every run for a name it could read off the file's suffix."""
+    suffixes = tuple(all_suffixes())
+    names = set()
+    for directory in path:
+        try:
+            entries = os.listdir(directory)
+        except OSError:  # as pkgutil: a dir that is gone holds no module
+            continue
+        for entry in entries:
+            stem = next((entry[:-len(s)] for s in suffixes if entry.endswith(s)), "")
+            if stem.isidentifier() and stem != "__init__":
+                names.add(stem)
+    return sorted(names)
 
 
 def relative(target: str) -> str:
