@@ -78,7 +78,9 @@ class Mps:
         self.config = Path(site.config(
             file=f"{name}.yaml", pipe=self.pipe, log=self.log, control={"timeout_s": 2.0},
             # strays judges the whole node, where other tests' daemons may run.
-            checks={"disable": ["strays"]}))
+            checks={"disable": ["strays"]},
+            # The audit trail of remediate and the health check stays in the site.
+            remediation={"audit_log": f"{site.root}/audit.log", "syslog": False}))
         self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
                         CUDA_MPS_LOG_DIRECTORY=str(self.log))
         if gpu is not None:
