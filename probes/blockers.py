@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.unblocks import Unblocked
 from mps_health.model.context import Context
@@ -82,56 +82,65 @@ def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], Blocker
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> BlockerFacts:
     from mps_health.hostio import unblocks
 
-    waiting: Dict[str, Waiting] = {}
     queries = ctx.queries
-    for inst in instances:
-        why = queries.unanswered(inst.pipe_dir, ctx.deadline) if queries is not None else ""
-        if why:
-            waiting[inst.name] = read_waiting(ctx, inst, why)
+    unanswered = {inst.name: why for inst in instances if (why := queries.unanswered(
+        inst.pipe_dir, ctx.deadline) if queries is not None else "")}
+    held = tuple(i for i in instances if i.name in unanswered)
+    waiting = read_waiting(ctx, held, unanswered) if held else {}
     recent, note = unblocks.recent(ctx.path(ctx.config.state_dir), time.time())
     return BlockerFacts(waiting, recent, note)
 
 
-def read_waiting(ctx: Context, inst: Instance, unanswered: str) -> Waiting:
-    """The evidence on ``inst``'s daemon: its accepted connections' peers, its processes."""
+def read_waiting(ctx: Context, held: Tuple[Instance, ...], unanswered: Dict[str, str]
+                 ) -> Dict[str, Waiting]:
+    """The evidence on the daemons of ``held``: their accepted connections' peers, their
+    processes. One /proc scan, one socket dump and one look at every process's fds serve
+    them all, within half a second past the run's deadline (a wedge's timeout is spent)."""
     from mps_health.hostio import unixdiag
     from mps_health.probes.proc import binaries_here, read_processes
 
-    paths = [os.path.join(p, "control") for p in pipe_paths(inst, ctx.root)]
-    deadline = max(ctx.deadline, time.monotonic() + 0.5)  # past a wedge's timeout: still look
-    procs = tuple(p for p in read_processes(ctx.proc, binaries_here(ctx))
-                  if p.pipe_dir in {os.path.dirname(x) for x in paths})
-    named = tuple(h for h in (holder(ctx, p.pid) for p in procs) if h is not None)
-    if ctx.root not in ("", "/"):
-        return Waiting(unanswered, False, "connections are not read under --root", (), (),
-                       named)
+    deadline = max(ctx.deadline, time.monotonic() + 0.5)
+    paths = {inst.name: [os.path.join(p, "control") for p in pipe_paths(inst, ctx.root)]
+             for inst in held}
+    dirs = {os.path.dirname(x) for each in paths.values() for x in each}
+    procs = tuple(p for p in read_processes(ctx.proc, binaries_here(ctx)) if p.pipe_dir in dirs)
+    named = {p.pid: h for p in procs if (h := holder(ctx, p.pid)) is not None}
+    sockets: List[unixdiag.UnixSocket] = []
     why = ""
-    try:
-        sockets = unixdiag.connected(paths, max(0.05, deadline - time.monotonic()))
-    except OSError as e:
-        why = f"the kernel gave no socket peers ({e}): the holder cannot be named"
+    if ctx.root not in ("", "/"):
+        why = "connections are not read under --root"
+    else:
+        wanted = [x for each in paths.values() for x in each]
         try:
-            sockets = unixdiag.proc_net_unix(ctx.proc, paths)
-        except OSError as e2:
-            return Waiting(unanswered, False, f"{why}; /proc/net/unix: {e2.strerror or e2}",
-                           (), (), named)
-    wanted = [s.inode for s in sockets] + [s.peer for s in sockets if s.peer]
-    held, whole = unixdiag.holders(ctx.proc, wanted, deadline)
+            sockets = unixdiag.connected(wanted, max(0.05, deadline - time.monotonic()))
+        except OSError as e:
+            why = f"the kernel gave no socket peers ({e}): the holder cannot be named"
+            try:
+                sockets = unixdiag.proc_net_unix(ctx.proc, wanted)
+            except OSError as e2:
+                why += f"; /proc/net/unix: {e2.strerror or e2}"
+    inodes = [s.inode for s in sockets] + [s.peer for s in sockets if s.peer]
+    fds, whole = unixdiag.holders(ctx.proc, inodes, deadline) if inodes else ({}, True)
     if not whole:
-        why = "; ".join(filter(None, (why, "not every process could be looked at in time"
-                                      + ("" if os.geteuid() == 0 else " (not root)"))))
-    # Only the daemon's accepted connections count (a socket no process holds is gone).
-    ours = {p.pid for p in procs if p.role == "control"}
-    accepted = [s for s in sockets if set(held.get(s.inode, ())) & ours] if ours \
-        else [s for s in sockets if held.get(s.inode)]
-    daemons = tuple(sorted({pid for s in accepted for pid in held.get(s.inode, ())}))
-    connections = tuple(
-        Connection(s.inode, s.peer, tuple(h for h in (holder(ctx, pid) for pid in
-                                                      held.get(s.peer, ())[:4]) if h))
-        for s in accepted[:SHOWN_CONNECTIONS])
+        why = "; ".join(filter(None, (why, "not every process could be looked at in time")))
     if os.geteuid() != 0:  # another user's /proc/PID/fd is root's to read
         why = why or "only root may read the daemon's connections: run as root to name them"
-    return Waiting(unanswered, not why, why, daemons, connections, named)
+    out = {}
+    for inst in held:
+        mine = tuple(p for p in procs if p.pipe_dir in {os.path.dirname(x)
+                                                          for x in paths[inst.name]})
+        daemons = {p.pid for p in mine if p.role == "control"}
+        # Only its daemon's accepted connections count (a socket no process holds is gone).
+        accepted = [s for s in sockets if s.path in paths[inst.name]
+                    and (set(fds.get(s.inode, ())) & daemons if daemons else fds.get(s.inode))]
+        out[inst.name] = Waiting(
+            unanswered[inst.name], not why, why,
+            tuple(sorted({pid for s in accepted for pid in fds.get(s.inode, ())})),
+            tuple(Connection(s.inode, s.peer, tuple(
+                h for h in (holder(ctx, pid) for pid in fds.get(s.peer, ())[:4]) if h))
+                for s in accepted[:SHOWN_CONNECTIONS]),
+            tuple(named[p.pid] for p in mine if p.pid in named))
+    return out
 
 
 def holder(ctx: Context, pid: int) -> Optional[Holder]:
