@@ -65,6 +65,13 @@ FOLDS: Mapping[str, FrozenSet[str]] = {
         "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon",
         # the binaries went after a daemon ran: its restart (the upgrade's) is the same cause
         "daemon-restarted")),
+    # The control binary is there but cannot run (no program for this machine, a missing
+    # interpreter, loader or library): no daemon of it can run either, and a reset would
+    # only fail to start one; the one fix is the binaries.
+    "control-client-broken": frozenset((
+        "daemon-absent", "daemon-stale", "pipe-dir-missing", "log-dir-missing",
+        "servers-not-asked", "canary-not-served", "canary-not-run", "canary-no-libcuda",
+        "canary-failed", "mps-gpu-no-daemon", "mps-gpu-unserved", "mps-job-no-daemon")),
     # No control daemon: the control client finds none, its servers cannot be asked, the
     # dirs its unit makes are not there (the reset the cause advises mends them all); a
     # CUDA client runs without MPS or cannot connect, all the canary can say.

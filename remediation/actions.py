@@ -12,6 +12,7 @@ from typing import ContextManager, Optional, Sequence, Tuple
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.hostio import planned
+from mps_health.hostio.executable import why_not_runnable
 from mps_health.hostio.filelock import LockBusy, node_lock
 from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
@@ -130,6 +131,10 @@ def control_binary(config: Config) -> str:
         raise Failure(f"cannot reset: {escape(not_found(config))}: MPS is not installed on "
                       "this node; install the NVIDIA driver's MPS binaries, or set "
                       "commands.nvidia-cuda-mps-control to the binary's path", ExitCode.CANNOT)
+    broken = why_not_runnable(found)
+    if broken is not None:  # no daemon of it can start: a reset would only stop the rest
+        raise Failure(f"cannot reset: {escape(found)}: cannot run: {escape(broken[1])}; "
+                      "reinstall the NVIDIA driver's MPS binaries first", ExitCode.CANNOT)
     return found
 
 

@@ -173,6 +173,16 @@ def test_a_control_binary_that_cannot_run_says_why_and_advises_no_reset(site) ->
                                         f"cannot run: {why}"), res
         assert "remediate reset" not in res["action"]
         assert "answered with an error" not in r.stdout
+    # The whole check: one cause, one problem (no daemon can run), and a reset refuses up
+    # front, changing nothing.
+    why, path = next(iter(broken_binaries(site).items()))
+    cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": str(path)},
+                      checks={"disable": ["strays"]})
+    r = mps_health("check", "--config", cfg, "--format", "json")
+    assert [p["code"] for p in report(r)["problems"]] == ["control-client-broken"], r.stdout
+    reset = mps_health("remediate", "reset", "--config", cfg)
+    assert reset.returncode == 3 and f"cannot run: {why}" in reset.stderr, reset.stderr
+    assert not site.pipe.exists()
 
 
 def test_binaries_gone_after_a_daemon_restarted_are_one_problem(site) -> None:
