@@ -258,3 +258,33 @@ def test_sock_diag_is_what_names_the_peer() -> None:
     finally:
         listener.close()
         path.unlink()
+
+
+def test_two_held_instances_are_each_named_and_freed_in_one_run(site: Site, started) -> None:
+    for g in ("0", "1"):
+        site.start_daemon(f"gpu{g}")
+    config = site.config({"control": {"timeout_s": 1.0}, "checks": {"disable": ["strays"]},
+                          "remediation": {"audit_log": f"{site.root}/audit.log",
+                                          "syslog": False}},
+                         mps={"layout": "per-gpu", "gpus": [0, 1]},
+                         pipe=f"{site.root}/gpu{{gpu}}-pipe", log=f"{site.root}/gpu{{gpu}}-log")
+    holders = {}
+    for g in ("0", "1"):
+        p = subprocess.Popen(["python3", "-c", HOLDER, str(site.root / f"gpu{g}-pipe" / "control"),
+                              ""], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             **as_user(ATTACKER))
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == b"held"
+        holders[f"gpu{g}"] = p
+    rc, report = check_json(config)
+    named = {p["instance"]: p["message"] for p in report["problems"]
+             if p["code"] == "blocked-connection"}
+    assert rc == 2 and set(named) == {"gpu0", "gpu1"}, report["problems"]
+    for name, p in holders.items():  # each instance names its own holder, not the other's
+        assert f"pid {p.pid} " in named[name]
+        other = holders["gpu1" if name == "gpu0" else "gpu0"]
+        assert f"pid {other.pid} " not in named[name]
+    done = mps_health("remediate", "unblock", "--config", config)
+    assert done.returncode == 0 and done.stdout.count("the daemon answers again") == 2, \
+        done.stdout
+    assert check_json(config)[0] == 0
