@@ -6,7 +6,8 @@ WARNING, 2 CRITICAL, 3 UNKNOWN. Bad arguments, ``-h`` and ``-V`` exit 3 as
 monitoring-plugins' do (argparse's 2 reads as CRITICAL); every failure is one UNKNOWN
 line on stdout, never a traceback. The run's budget is below ``-t``, so a wedged daemon
 is CRITICAL (control-wedged); only a run overrunning ``-t`` (a probe stuck in the
-kernel) is UNKNOWN: ``engine.bounded`` (no SIGALRM) abandons it and kills what it started.
+kernel) is UNKNOWN: ``engine.bounded`` (no SIGALRM) abandons it and kills what it started,
+and the Probe says so as nagiosplugin's CheckError.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mps_health import __version__
 from mps_health.cli import common
 from mps_health.engine import run as engine
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.model.results import Report
 
 PROG = "check_mps"
 DEFAULT_TIMEOUT = 10
@@ -111,16 +113,20 @@ def run(argv: Sequence[str]) -> Tuple[str, int]:
     config = config._replace(control=config.control._replace(warn_latency_s=float("inf")))
     budget = engine.budget_within(args.timeout, config.budget_s)
     grace = common.boot_grace(config)
-    probe = nagios.Probe(lambda: engine.run(config, args.root, args.only, args.skip, budget,
-                                            limit_s=args.timeout,
-                                            boot_grace_s=grace)[1])  # Overrun past -t
-    try:
-        return nagios.render(probe, warning, critical, args.verbose)
-    except engine.Overrun as e:
-        busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
-        return nagios.unknown(f"{PROG} timed out after {args.timeout}s before the checks "
-                              f"finished (raise -t, or look for a hung process on the "
-                              f"node{busy})"), ExitCode.UNKNOWN
+
+    def judged() -> Report:
+        """The run's Report; past -t the plugin's own UNKNOWN, nagiosplugin's CheckError
+        (a Resource's way to say it could not measure)."""
+        try:
+            return engine.run(config, args.root, args.only, args.skip, budget,
+                              limit_s=args.timeout, boot_grace_s=grace)[1]
+        except engine.Overrun as e:
+            busy = f"; still busy with: {', '.join(e.waiting_on)}" if e.waiting_on else ""
+            raise nagios.CheckError(f"{PROG} timed out after {args.timeout}s before the "
+                                    f"checks finished (raise -t, or look for a hung process "
+                                    f"on the node{busy})") from None
+
+    return nagios.render(nagios.Probe(judged), warning, critical, args.verbose)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

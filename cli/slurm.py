@@ -6,6 +6,7 @@ file: exit 0 when it says the same, 1 with a unified diff when not, 3 when it ca
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import sysconfig
@@ -102,14 +103,19 @@ def _gpus(args: argparse.Namespace, config: Config) -> Tuple[Tuple[nvml.GresGpu,
     return nvml.gres_gpus(facts, choice), facts.driver_version
 
 
+def _read_file(path: str) -> str:
+    """A config file's text; OSError if it cannot be read (a gres.conf Include's reader)."""
+    data = read_small(path, 64 << 20, follow=True)  # slurm.conf may be a link
+    if data is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+    return data.decode("utf-8", "replace")
+
+
 def _read(path: str) -> str:
     try:
-        data = read_small(path, 64 << 20, follow=True)  # slurm.conf may be a link
+        return _read_file(path)
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
-    if data is None:
-        raise Failure(f"{path}: cannot read: No such file or directory")
-    return data.decode("utf-8", "replace")
 
 
 def gres_conf(args: argparse.Namespace) -> int:
@@ -128,7 +134,7 @@ def gres_conf(args: argparse.Namespace) -> int:
         return ExitCode.OK
     path = args.gres_conf or settings(config).gres_conf or os.path.join(
         os.path.dirname(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF), "gres.conf")
-    return _report_diff(render.diff_gres_conf(text, _read(path), node, path),
+    return _report_diff(render.diff_gres_conf(text, _read(path), node, path, _read_file),
                         f"{path} differs from NVML for {node}", f"{path} matches NVML for {node}")
 
 

@@ -1,10 +1,13 @@
 """check_mps' output: one Report as a nagiosplugin Check, in the Nagios plugin format.
 
-nagiosplugin does the plugin API (contexts, ranges, perfdata, layout). Ours: results keep
-their checks' states (``Reported``), combined as ``results.worst`` (``Check``: nagiosplugin
-puts UNKNOWN above CRITICAL); the status line names codes, latency over -w/-c is
-``control-slow`` (``Headline``); plain decimals (``Number``); 8 KiB at most (``fit``). Not
-nagiosplugin's Runtime (one per process, SIGALRM, tracebacks).
+Only nagiosplugin's public API (what its package exports and its docs describe): a Check
+of our Resource (``Probe``), Contexts, Results, Performance and Summary. Ours: results keep
+their checks' states (``Reported``), combined as ``results.worst`` (``overall``: nagiosplugin
+puts UNKNOWN above CRITICAL); -w/-c are our ``Range`` (plain decimals, finite numbers),
+judged by the ``Latency`` context; the status line names codes, latency over -w/-c is
+``control-slow`` (``Headline``); the layout (status, long output, perfdata) is written here
+(``layout``), each line screened by ``_clean``; 8 KiB at most (``fit``). Not nagiosplugin's
+Runtime (one per process, SIGALRM, tracebacks).
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import io
 import logging
 import math
 import re
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
 from mps_health.exporters.text import counted, folded_line, gathered, ok_line, passed
 from mps_health.model.actionhints import with_options
+from mps_health.model.printable import printable
 from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
-from nagiosplugin.output import Output
 
 MAX_OUTPUT = 8192 - 1  # bytes Nagios 4 keeps of a plugin's output (MAX_PLUGIN_OUTPUT_LENGTH)
 MAX_STATUS = 600  # bytes of the summary: the rest of the findings are in the long output
@@ -30,6 +33,8 @@ RUNBOOK = re.compile(r"\(runbook: (mps-health explain \S+)\)\Z")
 SERVICE = "MPS"
 SLOW = "control-slow"  # the code of a control latency over -w/-c (the control check's)
 _UOM = {"seconds": "s", "bytes": "B", "percent": "%"}
+# What a Resource raises when it cannot measure (check_mps: a run past -t): UNKNOWN.
+CheckError = nagiosplugin.CheckError
 # mps-health's states are the plugin API's exit codes, as nagiosplugin's are.
 STATES = {int(s): s for s in (nagiosplugin.Ok, nagiosplugin.Warn, nagiosplugin.Critical,
                               nagiosplugin.Unknown)}
@@ -52,16 +57,57 @@ class Number(float):
         return plain(self)
 
 
-class Range(nagiosplugin.Range):
-    """nagiosplugin's range, its numbers printed back plain (0.00001 stays 0.00001), a
-    number beyond a float refused (nagiosplugin reads 1.0e400 as no limit)."""
+class Range:
+    """A monitoring-plugins range, ``[@][start:][end]`` (``~`` no start, no end: no limit),
+    read as nagiosplugin reads it (a number with a '.' is a float, else a whole number), but
+    its numbers printed back plain (0.00001 stays 0.00001, never 1e-05) and a number beyond
+    a float refused (nagiosplugin reads 1.0e400 as no limit). Ours rather than a subclass of
+    nagiosplugin's: its parsing is private to it."""
 
-    @staticmethod
-    def _parse_atom(atom: str, default: float) -> float:
-        value = nagiosplugin.Range._parse_atom(atom, default)
-        if atom and not math.isfinite(float(atom)):
-            raise ValueError(f"not a finite number: {atom!r}")
-        return Number(value) if isinstance(value, float) else value
+    __slots__ = ("end", "invert", "start")
+
+    def __init__(self, spec: Optional[str] = "") -> None:
+        spec = spec or ""
+        self.invert = spec.startswith("@")
+        body = spec[1:] if self.invert else spec
+        start, end = body.split(":") if ":" in body else ("", body)  # "1:2:3" is refused
+        self.start = float("-inf") if start == "~" else _atom(start, 0)
+        self.end = _atom(end, float("inf"))
+        if self.start > self.end:
+            raise ValueError(f"start {plain(self.start)} must not be greater than end "
+                             f"{plain(self.end)}")
+
+    def match(self, value: float) -> bool:
+        """Whether ``value`` is fine: inside the range, or outside it when inverted."""
+        return (self.start <= value <= self.end) != self.invert
+
+    def text(self, omit_zero_start: bool = True) -> str:
+        out = "@" if self.invert else ""
+        if self.start == float("-inf"):
+            out += "~:"
+        elif not omit_zero_start or self.start != 0:
+            out += f"{plain(self.start)}:"
+        return out + (plain(self.end) if self.end != float("inf") else "")
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"Range({self.text()!r})"
+
+    @property
+    def violation(self) -> str:
+        """Why a value does not match, worded as nagiosplugin's ScalarContext words it."""
+        return f"outside range {self.text(omit_zero_start=False)}"
+
+
+def _atom(atom: str, default: float) -> float:
+    if atom == "":
+        return default
+    value: Union[int, float] = float(atom) if "." in atom else int(atom)
+    if not math.isfinite(float(atom)):
+        raise ValueError(f"not a finite number: {atom!r}")
+    return value
 
 
 def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
@@ -143,9 +189,32 @@ class Reported(nagiosplugin.Context):
         return None
 
 
+class Latency(nagiosplugin.Context):
+    """The control daemon's answer time against -w/-c, as nagiosplugin's ScalarContext
+    judges it, with our ``Range`` (its numbers written plain in the perfdata)."""
+
+    def __init__(self, warning: Range, critical: Range) -> None:
+        super().__init__("latency")
+        self.warning, self.critical = warning, critical
+
+    def evaluate(self, metric: Any, resource: Any) -> Any:
+        for state, limit in ((nagiosplugin.Critical, self.critical),
+                             (nagiosplugin.Warn, self.warning)):
+            if not limit.match(metric.value):
+                return nagiosplugin.Result(state, limit.violation, metric)
+        return nagiosplugin.Result(nagiosplugin.Ok, metric=metric)
+
+    def performance(self, metric: Any, resource: Any) -> Any:
+        return nagiosplugin.Performance(metric.name, metric.value, metric.uom,
+                                        str(self.warning), str(self.critical),
+                                        metric.min, metric.max)
+
+
 def _clean(text: str) -> str:
-    """One line without '|', which would start perfdata."""
-    return " ".join(text.replace("|", "/").split())
+    """One line of ours that may carry what users control: no '|' (it would start
+    perfdata), whitespace (line breaks too) one space, anything else non-printable escaped
+    (no forged line, no terminal code); our own screening, not nagiosplugin's."""
+    return printable(" ".join(text.replace("|", "/").split()))
 
 
 def said(result: Any) -> Tuple[str, str, str]:
@@ -162,7 +231,7 @@ def said(result: Any) -> Tuple[str, str, str]:
 
 def findings(results: Any) -> List[Any]:
     """The results that are not OK, worst first in results.worst's order (stable)."""
-    return sorted((r for r in results.results if r.state != nagiosplugin.Ok), reverse=True,
+    return sorted((r for r in results if r.state != nagiosplugin.Ok), reverse=True,
                   key=lambda r: sum(worst([int(r.state), s]) == int(r.state) for s in STATES))
 
 
@@ -185,6 +254,9 @@ class Headline(nagiosplugin.Summary):
                            f"; also {others}" if others else "")
 
     def verbose(self, results: Any) -> List[str]:
+        report = getattr(self.probe, "judged", None)
+        if report is None:  # the Probe raised CheckError (an overrun): the status says it
+            return []
         lines = []
         for r in findings(results):
             label, message, action = said(r)
@@ -222,25 +294,30 @@ def status_text(head: str, message: str, action: str, tail: str) -> str:
     return cut(head + cut(message, max(room, MIN_MESSAGE)) + todo + tail, MAX_STATUS)
 
 
-class Check(nagiosplugin.Check):
-    """nagiosplugin's Check: mps-health's state order, perfdata whole within MAX_PERFDATA."""
+def overall(results: Any) -> Any:
+    """The check's state in mps-health's order (results.worst: CRITICAL > WARNING > UNKNOWN
+    > OK; nagiosplugin's Check puts UNKNOWN first); UNKNOWN without results."""
+    states = [int(r.state) for r in results]
+    return STATES[worst(states)] if states else nagiosplugin.Unknown
 
-    perfdata: List[str]  # set by nagiosplugin's Check: sorted items, as printed
 
-    @property
-    def state(self) -> Any:
-        if not self.results:
-            return nagiosplugin.Unknown
-        return STATES[worst([int(r.state) for r in self.results])]
+def within(perfdata: Sequence[str], size: int) -> List[str]:
+    """The first perfdata items (sorted, as the Check gives them) that fit in ``size``
+    bytes: each whole, never one cut."""
+    kept = list(perfdata)
+    while len(" ".join(kept).encode()) > size:
+        kept.pop()
+    return kept
 
-    @property
-    def exitcode(self) -> int:
-        return int(self.state)
 
-    def __call__(self) -> None:
-        super().__call__()
-        while len(" ".join(self.perfdata).encode()) > MAX_PERFDATA:
-            self.perfdata.pop()
+def layout(status: str, long_output: Sequence[str], perfdata: Sequence[str],
+           verbose: int) -> str:
+    """The plugin API's output, laid out as nagiosplugin lays it out: the status line, with
+    the perfdata after " | " without -v, else the long output then "| perfdata" last."""
+    perf = f"| {' '.join(perfdata)}" if perfdata else ""
+    if not verbose:
+        return "\n".join([f"{status} {perf}".rstrip(), *long_output]) + "\n"
+    return "\n".join(line for line in [status, *long_output, perf] if line) + "\n"
 
 
 def fit(text: str, options: Tuple[Tuple[str, str], ...] = ()) -> str:
@@ -260,27 +337,29 @@ def fit(text: str, options: Tuple[Tuple[str, str], ...] = ()) -> str:
 
 
 def render(probe: Probe, warning: Range, critical: Range, verbose: int = 0) -> Tuple[str, int]:
-    """(output, exit code); nagiosplugin's log lines go in the output, as its Runtime does."""
-    latency = nagiosplugin.ScalarContext("latency", warning, critical)
-    check = Check(probe, Reported("judged"), Reported("measured"), latency,
-                  Headline(probe, verbose), name=SERVICE)
-    log = logging.StreamHandler(io.StringIO())
-    logging.getLogger("nagiosplugin").addHandler(log)
+    """(output, exit code); nagiosplugin's log lines go in the long output, as its Runtime
+    puts them."""
+    check = nagiosplugin.Check(probe, Reported("judged"), Reported("measured"),
+                               Latency(warning, critical), Headline(probe, verbose),
+                               name=SERVICE)
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("nagiosplugin").addHandler(handler)  # the logger its docs name
     try:
         check()
     finally:
-        logging.getLogger("nagiosplugin").removeHandler(log)
-    output = Output(log, verbose)
-    output.add(check)
+        logging.getLogger("nagiosplugin").removeHandler(handler)
+    state = overall(check.results)
+    summary = check.summary_str.strip()
+    status = _clean(f"{SERVICE} {str(state).upper()}" + (f" - {summary}" if summary else ""))
+    long_output = list(check.verbose_str) if verbose else []
     judged = getattr(probe, "judged", None)
     if judged is not None and not verbose:
         # What the boot grace excuses is always said (-v says it among the rest): a
         # status OK while a unit is still coming up is not the same as one that is up.
-        output.add_longoutput([_clean(folded_line(r)) for run in judged.runs
-                               for r in run.results if r.cause == STARTING])
-    return fit(str(output), judged.options if judged is not None else ()), check.exitcode
-
-
-def unknown(text: str) -> str:
-    """The whole output for a run that could not judge (bad arguments, timeout, ...)."""
-    return f"{SERVICE} UNKNOWN - {_clean(text)}\n"
+        long_output += [folded_line(r) for run in judged.runs for r in run.results
+                        if r.cause == STARTING]
+    long_output += log.getvalue().splitlines()
+    text = layout(status, [_clean(line) for line in long_output if line.strip()],
+                  within(check.perfdata, MAX_PERFDATA), verbose)
+    return fit(text, judged.options if judged is not None else ()), int(state)

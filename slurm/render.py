@@ -1,22 +1,24 @@
 """gres.conf and slurm.conf lines from the GPUs (templates/*.j2), and how they differ
 from what is installed.
 
-Compared by meaning, not text: comments and blank lines dropped, keys matched
-case-insensitively as Slurm does, ``File=/dev/nvidia[0-1]`` ranges expanded, only lines
-for this node (no NodeName=, or one whose host list holds it). Pure: no file reads here.
+Compared by meaning, not text, read by the probes' readers (one reader per input: the
+gres.conf probe's, the hostlist's): comments, continuations and blank lines as slurmd
+reads them, keys matched case-insensitively, ``File=/dev/nvidia[0-1]`` ranges expanded,
+only lines for this node (no NodeName=, or one whose host list holds it). Pure: no file
+reads here but through the ``read_include`` given.
 """
 
 import difflib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from mps_health.model.codec import split_top_level
+from mps_health.probes.gres_conf import GresLine, logical_lines, parse_gres_conf
+from mps_health.probes.hostlist import ParseError, expand
 from mps_health.slurm.gpus import GresGpu
 
 # Hook -> its slurm.conf key; the script is named mps-health-HOOK.
 HOOK_KEYS = {"prolog": "Prolog", "task-prolog": "TaskProlog", "epilog": "Epilog"}
-# gres.conf keys in the order we write them (Slurm reads them case-insensitively).
-GRES_KEYS = ("NodeName", "AutoDetect", "Name", "Type", "Count", "File", "Cores", "Links",
-             "Flags", "MultipleFiles")
+# GRES whose Count is shared out over their files (each device gets Count / files).
+SHARED = ("mps", "shard")
 
 
 def template(name: str):  # -> jinja2.Template
@@ -74,60 +76,38 @@ def render_hook(hook: str, python: str, config: Optional[str], path: str) -> str
 
 
 # --- comparing with what is installed ---------------------------------------------------
-def expand_brackets(text: str) -> List[str]:
-    """Slurm's host/file ranges: ``gpu[01-03,7]`` -> gpu01 gpu02 gpu03 gpu7 (one bracket)."""
-    start = text.find("[")
-    end = text.find("]", start + 1)
-    if start < 0 or end < 0:
-        return [text]
-    head, body, tail = text[:start], text[start + 1:end], text[end + 1:]
-    out: List[str] = []
-    for part in body.split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            return [text]  # not a range we understand: compare it as written
-        width = len(lo) if lo.startswith("0") else 0
-        for n in range(int(lo), int(hi or lo) + 1):
-            out += [head + str(n).zfill(width) + t for t in expand_brackets(tail)]
-    return out
+def on_node(hosts: str, node: str) -> bool:
+    """Whether Slurm's host list ``hosts`` names ``node``; a malformed one names none."""
+    try:
+        return node in expand(hosts)
+    except ParseError:
+        return False
 
 
-def expand_hostlist(text: str) -> List[str]:
-    """``a[1-2],b`` -> a1 a2 b (commas inside brackets belong to the range)."""
-    return [h for p in split_top_level(text) for h in expand_brackets(p)]
+def device_lines(line: GresLine) -> List[str]:
+    """One gres.conf record as one canonical line per device file: ``Name= [Type=]
+    [Count=] [File=]``; Count only where it says more than the files do (a gpu's is one
+    per file), a shared GRES's spread evenly over its files, as slurmd does."""
+    head = f"Name={line.name}" + (f" Type={line.type}" if line.type else "")
+    if not line.files:
+        return [head + (f" Count={line.quantity}" if line.quantity != 1 else "")]
+    shared = line.name in SHARED
+    if shared:
+        count = f" Count={line.quantity // len(line.files)}"
+    else:
+        count = f" Count={line.quantity}" if line.quantity != len(line.files) else ""
+    return [f"{head}{count} File={f}" for f in line.files]
 
 
-def _tokens(line: str) -> Dict[str, str]:
-    canon = {k.lower(): k for k in GRES_KEYS}
-    return {canon.get(k.lower(), k): v for k, _, v in (w.partition("=") for w in line.split())}
-
-
-def _meaningful(text: str) -> List[str]:
-    """The lines of a Slurm config file without comments and blank lines."""
-    return [line for line in (raw.split("#", 1)[0].strip() for raw in text.splitlines())
-            if line]
-
-
-def gres_lines(text: str, node: str) -> List[str]:
-    """The gres.conf lines that apply to ``node``, one device each, in a canonical form."""
-    out: List[str] = []
-    order = {k: i for i, k in enumerate(GRES_KEYS)}
-    for line in _meaningful(text):
-        tokens = _tokens(line)
-        hosts = tokens.pop("NodeName", None)
-        if hosts is not None and node not in expand_hostlist(hosts):
-            continue
-        files = expand_brackets(tokens["File"]) if "File" in tokens else [None]
-        count = tokens.get("Count")
-        for f in files:
-            one = dict(tokens)
-            if f is not None:
-                one["File"] = f
-            if count and count.isdigit() and len(files) > 1 and tokens.get("Name") == "mps":
-                one["Count"] = str(int(count) // len(files))  # an mps Count is split evenly
-            out.append(" ".join(f"{k}={v}" for k, v in
-                                sorted(one.items(), key=lambda kv: order.get(kv[0], 99))))
-    return out
+def gres_lines(text: str, node: str, where: str = "gres.conf",
+               read_include: Optional[Callable[[str], str]] = None) -> List[str]:
+    """The gres.conf lines that apply to ``node``, one device each, in a canonical form, as
+    the gres.conf probe reads them; a line it cannot read is said as ``# FILE:LINE: why``
+    (so it shows in a diff)."""
+    conf = parse_gres_conf(text, node, where, read_include)
+    out = [f"AutoDetect={conf.autodetect}"] if conf.autodetect else []
+    out += [dev for line in conf.lines for dev in device_lines(line)]
+    return out + [f"# {error}" for error in conf.errors]
 
 
 def unified(expected: Sequence[str], installed: Sequence[str], installed_name: str,
@@ -143,12 +123,14 @@ def _natural(line: str) -> Tuple[Tuple[str, int], ...]:
     return tuple((head, int(word[len(head):] or -1)) for word, head in heads)
 
 
-def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str) -> str:
+def diff_gres_conf(expected: str, installed: str, node: str, installed_name: str,
+                   read_include: Optional[Callable[[str], str]] = None) -> str:
     """"" when the installed gres.conf says the same for ``node``, else a unified diff.
     Line order does not count (gpu lines first, or each GPU's gpu and mps lines together,
-    describe the same node): both sides are sorted."""
-    want = sorted(gres_lines(expected, node), key=_natural)
-    have = sorted(gres_lines(installed, node), key=_natural)
+    describe the same node): both sides are sorted. ``read_include`` reads the installed
+    file's ``Include`` files (none read without it: each is then a difference)."""
+    want = sorted(gres_lines(expected, node, "from NVML"), key=_natural)
+    have = sorted(gres_lines(installed, node, installed_name, read_include), key=_natural)
     return "" if want == have else unified(want, have, installed_name, "from NVML")
 
 
@@ -169,11 +151,11 @@ def parse_slurm_conf(text: str, node: str) -> Tuple[Dict[str, str], Optional[str
     """Global settings (keys lower-cased, last one wins) and ``node``'s Gres= (None: none)."""
     settings: Dict[str, str] = {}
     gres: Optional[str] = None
-    for line in _meaningful(text):
+    for _, line in logical_lines(text):  # comments and continuations as slurmd reads them
         words = line.split()
         first_key, _, first_value = words[0].partition("=")
         if first_key.lower() == "nodename":
-            if node in expand_hostlist(first_value):
+            if on_node(first_value, node):
                 found = {k.lower(): v for k, _, v in (w.partition("=") for w in words[1:])}
                 gres = found.get("gres", gres)
             continue

@@ -160,8 +160,10 @@ def test_console_script_is_installed() -> None:
     assert r.returncode == 3 and r.stdout.startswith("check_mps v")
 
 
-def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run that overruns -t is the plugin's own UNKNOWN, in one line, at -t."""
+@pytest.mark.parametrize("verbose", [[], ["-vv"]])
+def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch, verbose) -> None:
+    """A run that overruns -t is the plugin's own UNKNOWN (the Probe's CheckError), in one
+    line, at -t, with -v too."""
     import time
 
     from mps_health.engine import run as engine
@@ -170,7 +172,7 @@ def test_plugin_timeout_is_unknown(site, monkeypatch: pytest.MonkeyPatch) -> Non
         time.sleep(30)  # a probe that never returns (its thread is left behind)
 
     monkeypatch.setattr(engine, "gather", hung)
-    text, code = plugin.run(["--config", site.write("c.yaml", "{}\n"), "-t", "1"])
+    text, code = plugin.run(["--config", site.write("c.yaml", "{}\n"), "-t", "1", *verbose])
     assert code == 3
     assert text == ("MPS UNKNOWN - check_mps timed out after 1s before the checks finished "
                     "(raise -t, or look for a hung process on the node)\n")

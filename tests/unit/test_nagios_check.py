@@ -157,3 +157,40 @@ def test_without_nagiosplugin_it_is_one_line_saying_what_to_install(tmp_path) ->
 def test_states_map_to_nagiosplugins() -> None:
     assert {k: int(v) for k, v in nagios.STATES.items()} == \
         {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
+
+
+# nagiosplugin's public API: the names its package exports, as its docs describe them.
+PUBLIC = {"Check", "Context", "ScalarContext", "CheckError", "Timeout", "Metric",
+          "Performance", "Range", "Resource", "Result", "Results", "Runtime", "guarded",
+          "Summary", "Ok", "Warn", "Critical", "Unknown"}
+
+
+def test_only_nagiosplugins_public_api_is_used() -> None:
+    """What lets pyproject.toml take any nagiosplugin from 1.4.0: no submodule, no
+    underscore name, no attribute of its package outside the exported classes."""
+    import ast
+    from pathlib import Path
+
+    source = Path(nagios.__file__).read_text()
+    tree = ast.parse(source)
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "nagiosplugin"}
+    assert used and used <= PUBLIC and used <= set(dir(nagiosplugin)), used - PUBLIC
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for node in imports:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+        assert not any(str(n).startswith("nagiosplugin.") for n in names), ast.dump(node)
+    assert "._" not in "".join(line for line in source.splitlines() if "nagiosplugin" in line)
+
+
+def test_what_users_control_is_screened_in_every_line() -> None:
+    """A message that did not come through the engine (which escapes it) still cannot forge
+    a line, start perfdata or send a terminal code."""
+    forged = Result("daemon", CRITICAL, "daemon-absent", "gpu0",
+                    "gone\nOK daemon[gpu0]: fine | x=1\x1b[31m\u202e", "act\r\nnow")
+    for verbose in (0, 1):
+        text, code = render(report(forged, FINE), verbose=verbose)
+        out = parse(text, code)
+        assert code == 2 and "\x1b" not in text and "\u202e" not in text and "\r" not in text
+        assert not any(line.startswith("OK daemon[gpu0]") for line in text.splitlines())
+        assert text.count("|") == 1 and "\\x1b[31m\\u202e" in out.text

@@ -15,7 +15,6 @@ from mps_health.slurm.gpus import GpusError, gres_gpus, load_recording, parse_ch
 from mps_health.slurm.render import (
     diff_gres_conf,
     diff_slurm_conf,
-    expand_hostlist,
     gres_lines,
     gres_value,
     render_gres_conf,
@@ -115,10 +114,39 @@ def test_diff_shows_what_differs() -> None:
     assert "-Name=mps Count=100 File=/dev/nvidia1" in diff.splitlines()
 
 
-def test_hostlists() -> None:
-    assert expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7",
-                                                       "login1"]
-    assert expand_hostlist("a[x-y]") == ["a[x-y]"]
+def test_gres_conf_is_read_by_the_probes_reader() -> None:
+    """One reader per input: the gres.conf probe's (continuations, Include, Files= and
+    Count suffixes, quoted values), so --diff and the gres check read the same file alike;
+    a line it cannot read is a difference, said where it is."""
+    installed = ("NodeName=gpu[01-04] Name=gpu \\\n  File=/dev/nvidia[0-1] Cores=0-15\n"
+                 "Include extra.conf\n"
+                 "NodeName=gpu[01-02] Name=gpu Count=2 Files=/dev/nvidia[2-3]\n")
+    extra = {"/etc/slurm/extra.conf": 'Name=mps Count="1K" File=/dev/nvidia[0-1]\n'}
+    assert gres_lines(installed, "gpu01", "/etc/slurm/gres.conf", extra.__getitem__) == [
+        "Name=gpu File=/dev/nvidia0", "Name=gpu File=/dev/nvidia1",
+        "Name=mps Count=512 File=/dev/nvidia0", "Name=mps Count=512 File=/dev/nvidia1",
+        "Name=gpu File=/dev/nvidia2", "Name=gpu File=/dev/nvidia3"]
+    assert gres_lines("Name=gpu File=/dev/nvidia0 Bogus=1\nNodeName=gpu[x-y] Name=gpu\n",
+                      "gpu01") == ["# gres.conf:1: unknown key 'Bogus'",
+                                   "# gres.conf:2: bad range 'x-y' in 'gpu[x-y]' (expected "
+                                   "N or N-M)"]
+    gpus, driver = gpus_of(H200)
+    rendered = render_gres_conf(gpus, "gpu01", driver, 100)
+    diff = diff_gres_conf(rendered, "Include gres.d/a.conf\n", "gpu01", "/etc/slurm/gres.conf")
+    assert "-# /etc/slurm/gres.conf:1: Include gres.d/a.conf not read" in diff.splitlines()
+
+
+def test_slurm_conf_hostlists_are_the_probes() -> None:
+    """NodeName= in slurm.conf is read by probes.hostlist: padding kept, brackets that
+    repeat, and a malformed list names no node (never compared as written)."""
+    rendered = render_slurm_conf(gpus_of(H200)[0], "gpu01", 100, "node", "/etc/slurm",
+                                 "/x/hc", 300)
+    want = "\n".join(lines(rendered)) + "\n"
+    good = want + "NodeName=gpu[01-02]-ib[0-1],login1 Gres=gpu:1,mps:100\n"
+    assert diff_slurm_conf(rendered, good, "gpu01-ib1", "slurm.conf") == ""
+    bad = want + "NodeName=gpu[01-x] Gres=gpu:1,mps:100\n"
+    assert "-NodeName=gpu01 (no Gres=)" in diff_slurm_conf(rendered, bad, "gpu01",
+                                                           "slurm.conf").splitlines()
 
 
 def test_slurm_conf_lines_for_per_job() -> None:
@@ -182,6 +210,17 @@ def test_cli_diff_exit_codes(tmp_path: Path) -> None:
     r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
                    str(tmp_path / "missing.conf"))
     assert r.returncode == 3 and "cannot read: No such file or directory" in r.stderr
+
+
+def test_cli_diff_reads_includes(tmp_path: Path) -> None:
+    """--diff reads the installed file as slurmd does, its Include files too."""
+    (tmp_path / "gres.d").mkdir()
+    (tmp_path / "gres.d" / "mps.conf").write_text("Name=mps Count=100 File=/dev/nvidia0\n")
+    conf = tmp_path / "gres.conf"
+    conf.write_text("Name=gpu File=/dev/nvidia0\nInclude gres.d/mps.conf\n")
+    r = mps_health("slurm", "gres-conf", "--nvml-record", str(FIXTURES / H200), "--diff",
+                   "--gres-conf", str(conf), "--node-name", "n1")
+    assert (r.returncode, r.stdout.strip()) == (0, f"{conf} matches NVML for n1"), r.stderr
 
 
 @pytest.mark.parametrize("args, message", [
