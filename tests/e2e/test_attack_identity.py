@@ -56,6 +56,9 @@ def check_json(config: Path, only: str = "daemon,strays") -> Tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+# strays judges every process on the machine: in its own PID namespace, the test sees
+# only the impostors it started, not other test runs' (tests/privatepids.py).
+@pytest.mark.private_pids
 def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, site: Site,
                                                                   posers) -> None:
     config, pipe, daemon = node

@@ -5,7 +5,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -48,8 +47,7 @@ def posing(public_dir: Path) -> Iterator[Path]:
     config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
                       f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
-    time.sleep(0.2)
-    yield config
+    yield config  # Popen returned once the exec was done: its name and environment are set
     proc.kill()
     proc.wait()
 
@@ -59,6 +57,7 @@ def _clean(text: str) -> None:
     assert not [line for line in text.splitlines() if line.lstrip().startswith(FORGED)], text
 
 
+@pytest.mark.private_pids  # strays judges every process: only this test's poser is seen
 def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
                                                                public_dir: Path) -> None:
     only = ("--only", "strays,directories")

@@ -157,3 +157,11 @@ def test_without_nagiosplugin_it_is_one_line_saying_what_to_install(tmp_path) ->
 def test_states_map_to_nagiosplugins() -> None:
     assert {k: int(v) for k, v in nagios.STATES.items()} == \
         {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
+
+
+def test_the_default_ranges_come_from_the_default_latency_warning() -> None:
+    """Without -w/-c: 0.5 s (control.warn_latency_s's default) and twice that."""
+    from mps_health.config.load import ControlConfig
+
+    default = ControlConfig().warn_latency_s
+    assert [str(r) for r in nagios.thresholds(None, None, default)] == ["0.5", "1"]
