@@ -102,10 +102,16 @@ class Daemon:
         return mpsdaemon.query(self.pipe_dir, command, self.control, timeout=timeout)
 
     def signal(self, sig: int) -> None:
-        """Send ``sig``; SIGSTOP returns once the daemon is stopped (mpsdaemon.stop_process)."""
+        """Send ``sig``; SIGSTOP returns once the daemon is stopped (mpsdaemon.stop_process),
+        SIGKILL once it is dead (remhelp.kill_and_wait): the kernel acts on a signal only
+        when the process next runs, which a loaded machine delays."""
         assert self.pid is not None
         if sig == signal.SIGSTOP:
             mpsdaemon.stop_process(self.pid)
+        elif sig == signal.SIGKILL:
+            from remhelp import kill_and_wait  # (remhelp imports this module)
+
+            kill_and_wait(self.pid)
         else:
             os.kill(self.pid, sig)
 

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Tuple
 
@@ -71,8 +70,7 @@ def test_a_strangers_process_posing_as_the_daemon_is_no_daemon(node, site: Site)
     proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "-f", "/dev/null"],
                             env={"CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir)},
                             **as_user(ATTACKER))
-    try:
-        time.sleep(0.2)
+    try:  # Popen returned once the exec was done: its name and environment are set
         rc, report = check_json(config)
         found = findings(report)
         assert ("node", "daemon-duplicate") not in found

@@ -72,8 +72,7 @@ def test_stale_dir_after_sigkill_is_cleared_and_restarted(site) -> None:
     site.dirs()
     cfg = site.config(remediating(site))
     pid = start_daemon(site.pipe, site.log)
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.1)
+    kill_and_wait(pid)
     assert (site.pipe / "control").exists()  # stale socket left behind
     r = reset(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
