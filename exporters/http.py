@@ -41,10 +41,12 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
 import bisect
 import contextlib
 import errno
+import fcntl
 import io
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 from collections import deque
@@ -455,11 +457,14 @@ def spoke_since(conn: Conn) -> bool:
 
 
 def waiting(sock: socket.socket) -> bool:
-    """Whether bytes already wait on a connection just accepted (its thread has not run)."""
+    """Whether bytes wait on a connection that its thread has not read. Asked of the
+    kernel (FIONREAD), never through the socket object: on a socket its thread gave a
+    timeout, Python's recv first waits that long for data, whatever the flags."""
     try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:  # nothing yet (EAGAIN), or gone already
+        count = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):  # gone already
         return False
+    return struct.unpack("i", count)[0] > 0
 
 
 def serve(page: Callable[[], bytes], address: tuple[str, int],
