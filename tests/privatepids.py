@@ -114,5 +114,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]
                               result["error"], "call", [])]
     for report in reports:
         ihook.pytest_runtest_logreport(report=report)
+    # What this process set up for the items before (their module, its fixtures) is torn
+    # down here as the item's own teardown would have: the next item starts clean.
+    item.session._setupstate.teardown_exact(nextitem)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
