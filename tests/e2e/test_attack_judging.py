@@ -19,6 +19,7 @@ from hostile import (
     VICTIM,
     as_user,
     ensure_user,
+    exec_done,
     run_as,
     squeue_line,
 )
@@ -70,7 +71,8 @@ def test_a_strangers_process_posing_as_the_daemon_is_no_daemon(node, site: Site)
     proc = subprocess.Popen([str(fake / "nvidia-cuda-mps-control"), "-f", "/dev/null"],
                             env={"CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir)},
                             **as_user(ATTACKER))
-    try:  # Popen returned once the exec was done: its name and environment are set
+    try:
+        exec_done(proc.pid)  # its command line and environment in /proc
         rc, report = check_json(config)
         found = findings(report)
         assert ("node", "daemon-duplicate") not in found

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from clirun import mps_health
 from conftest import FAKE_CONTROL
-from hostile import ATTACKER, as_user, ensure_user, public_dir, run_as
+from hostile import ATTACKER, as_user, ensure_user, exec_done, public_dir, run_as
 from mps_health.model.printable import printable
 
 __all__ = ["public_dir"]  # the fixture, used by name
@@ -47,7 +47,8 @@ def posing(public_dir: Path) -> Iterator[Path]:
     config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
                       f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
-    yield config  # Popen returned once the exec was done: its name and environment are set
+    exec_done(proc.pid)  # its command line and environment in /proc
+    yield config
     proc.kill()
     proc.wait()
 
