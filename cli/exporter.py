@@ -106,10 +106,11 @@ class Refresher:
 
 
 def healthcheck_duration(config: Config, root: str) -> Optional[float]:
-    """The last health check run's duration from its state file; None where none ran."""
+    """The last health check run's duration from its state file; None where none ran. (A
+    run that lost the memory of our drain, ``known=no``, still ran and took its time.)"""
     state = hcstate.load(os.path.join(Context(config, root).path(config.state_dir),
                                       hcstate.STATE_FILE))
-    return state.duration_s if state.known and state.duration_s > 0 else None
+    return state.duration_s if state.duration_s > 0 else None
 
 
 def write_once(config: Config, args: argparse.Namespace, directory: str) -> int:

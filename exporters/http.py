@@ -15,7 +15,8 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
   1. one that has sent no whole request within ``GRACE_S`` of its accept, oldest first
      (held-open and slowloris connections);
   2. one within its grace that has not sent a byte yet, oldest first (a flood of new
-     connections pushes out its own kind);
+     connections pushes out its own kind); looked at again when chosen, since on a
+     loaded machine its thread may not have read what came (a new scraper's request);
   3. the most demanding one, if it asks more than ``DEMANDING_PER_S`` requests a second
      (``Conn.rate``: a client hammering /metrics);
   4. one within its grace that has sent part of a request, oldest first;
@@ -40,14 +41,16 @@ every user of the node (docs/monitoring.md, "The exporter under abuse"):
 import bisect
 import contextlib
 import errno
+import fcntl
 import io
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 from collections import deque
-from typing import IO, Any, Callable, Deque, Dict, Iterable, NamedTuple, Optional, cast
+from typing import IO, Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, cast
 from wsgiref.handlers import SimpleHandler
 from wsgiref.simple_server import WSGIRequestHandler
 
@@ -355,20 +358,21 @@ class MetricsServer(ThreadingWSGIServer):
         """The connection to shut down for a newcomer (the lock held), in the order of the
         module's docstring; None when every one is closing already."""
         silent: Optional[Conn] = None  # the oldest without a whole request
-        mute: Optional[Conn] = None  # the oldest without a byte
+        mutes: List[Conn] = []  # those without a byte read, oldest first
         busiest: Optional[Conn] = None  # the oldest of those asking the most
         most = -1.0
         for conn in self.conns.values():  # oldest first
             if not conn.asked:
                 silent = silent or conn
                 if not conn.spoke:
-                    mute = mute or conn
+                    mutes.append(conn)
                 continue
             rate = conn.rate(now)
             if rate > most:
                 busiest, most = conn, rate
         if silent is not None and now - silent.opened >= GRACE_S:
             return silent
+        mute = next((conn for conn in mutes if not spoke_since(conn)), None)
         if mute is not None:
             return mute
         if busiest is not None and most > DEMANDING_PER_S:
@@ -444,12 +448,23 @@ class MetricsServer(ThreadingWSGIServer):
             self.log.flush(final=True)
 
 
+def spoke_since(conn: Conn) -> bool:
+    """Whether bytes came on ``conn`` that its thread has not read yet (the server's lock
+    held: an open connection's socket is closed only after it leaves the table). Once
+    seen, the byte marks it: a connection is not looked at again after it spoke."""
+    conn.spoke = conn.spoke or waiting(conn.sock)
+    return conn.spoke
+
+
 def waiting(sock: socket.socket) -> bool:
-    """Whether bytes already wait on a connection just accepted (its thread has not run)."""
+    """Whether bytes wait on a connection that its thread has not read. Asked of the
+    kernel (FIONREAD), never through the socket object: on a socket its thread gave a
+    timeout, Python's recv first waits that long for data, whatever the flags."""
     try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:  # nothing yet (EAGAIN), or gone already
+        count = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):  # gone already
         return False
+    return struct.unpack("i", count)[0] > 0
 
 
 def serve(page: Callable[[], bytes], address: tuple[str, int],

@@ -147,16 +147,23 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
 
 
 def read_processes(proc_dir: str, binaries: Optional[Binaries] = None,
-                   not_children_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
-    """Every MPS process in ``proc_dir``, less the children of ``not_children_of``."""
+                   clients_of: Optional[int] = None) -> Tuple[ProcessFact, ...]:
+    """Every MPS process in ``proc_dir``, less the control clients ``clients_of`` started."""
     try:
         names = os.listdir(proc_dir)
     except OSError as e:
         raise OSError(f"cannot list {proc_dir}: {e.strerror}") from None
     facts = (read_process(proc_dir, int(name), binaries) for name in names
              if name.isdigit() and _comm_matches(proc_dir, int(name)))
-    return tuple(sorted((f for f in facts if f is not None and f.ppid != not_children_of),
+    return tuple(sorted((f for f in facts if f is not None and not started_by(clients_of, f)),
                         key=lambda p: p.pid))
+
+
+def started_by(own: Optional[int], fact: ProcessFact) -> bool:
+    """Whether ``fact`` is a control client that process ``own`` started (a query of this
+    run): not the node's. Only a client: a daemon's parent is whoever reaps orphans (init,
+    a subreaper, the first process of a PID namespace or container), which may be us."""
+    return own is not None and fact.ppid == own and fact.role == "client"
 
 
 def binaries_here(ctx: Context) -> Optional[Binaries]:
@@ -171,7 +178,7 @@ VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:
     """The node's MPS processes, less the control clients this run started meanwhile."""
     own = os.getpid() if ctx.root in ("", "/") else None
-    return read_processes(ctx.proc, binaries_here(ctx), not_children_of=own)
+    return read_processes(ctx.proc, binaries_here(ctx), clients_of=own)
 
 
 def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact]
@@ -184,7 +191,7 @@ def with_named(ctx: Context, procs: Tuple[ProcessFact, ...], dirs: Mapping[str, 
     for named in {d.pid_file for d in dirs.values()}:
         if named and named.isdigit() and len(named) <= 10 and int(named) not in found:
             fact = read_process(ctx.proc, int(named), binaries_here(ctx))
-            if fact is not None and fact.ppid != own:
+            if fact is not None and not started_by(own, fact):
                 found[fact.pid] = fact
     return procs if len(found) == len(procs) else tuple(sorted(found.values(),
                                                                key=lambda p: p.pid))

@@ -14,8 +14,9 @@ for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent /
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-# The real Slurm cluster (tests/slurm_fixture.py) and the real-GPU fixtures (tests/gpu).
-pytest_plugins = ["slurm_fixture", "mpsgpu"]
+# The real Slurm cluster (tests/slurm_fixture.py), the real-GPU fixtures (tests/gpu), and
+# the private PID namespace of the tests that judge the whole node (tests/privatepids.py).
+pytest_plugins = ["slurm_fixture", "mpsgpu", "privatepids"]
 
 from nodesite import Site  # noqa: E402  (found through the path set above)
 from paths import FAKE_BIN, FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TESTS  # noqa: E402, F401

@@ -74,6 +74,26 @@ def public_dir() -> Iterator[Path]:
     site.close()
 
 
+def exec_done(pid: int, timeout: float = 30.0) -> None:
+    """Return once the exec of ``pid`` (a Popen that has returned) has finished: its
+    command line is in /proc. Popen returns once the exec is past its point of no return
+    (the close-on-exec pipe closed), before the kernel lays out the new program's
+    arguments and environment: in between, /proc shows an empty command line, and a
+    loaded machine can keep the child there for a while."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read(1):
+                    return
+        except OSError:
+            return  # gone: nothing left to wait for
+        assert time.monotonic() < deadline, f"{pid} did not finish its exec in {timeout:g}s"
+        time.sleep(0.005)
+
+
 def in_namespace(argv: Sequence[str]) -> List[str]:
     """``argv`` in a private mount and PID namespace (its own /proc; PID 1 is its first
     process, so killing it ends everything it started)."""

@@ -115,3 +115,21 @@ def quit_daemon(pipe: Path, pid: int, control: str = FAKE_CONTROL, *, command: s
         time.sleep(0.05)
     if Path(f"/proc/{pid}").exists():
         kill_daemon(pid)
+
+
+def stop_process(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP ``pid`` (one the test started) and return once /proc shows it stopped. The
+    kernel stops a process only when it next runs, which a loaded machine delays: a check
+    started at once could still see it running (a deadline for a lost signal, no timing)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return  # gone: nothing left to stop
+        if state in ("T", "t", "Z", "X"):
+            return
+        assert time.monotonic() < deadline, f"{pid} not stopped {timeout:g}s after SIGSTOP"
+        time.sleep(0.005)

@@ -26,6 +26,7 @@ import mpsdaemon
 from paths import FAKE_CONTROL
 
 Config = Dict[str, Any]
+QUIET_LATENCY_S = 60.0  # control.warn_latency_s of a test's site: beyond control.timeout_s
 
 
 def merged(base: Mapping[str, Any], more: Mapping[str, Any]) -> Config:
@@ -60,6 +61,27 @@ def canary_off_unless_named(data: Config) -> Config:
     return {**data, "checks": checks}
 
 
+def strays_off_unless_private(data: Config) -> Config:
+    """``data`` with the strays check disabled, unless the config names it (checks.only,
+    enable or disable) or the test runs in its own PID namespace (tests/privatepids.py):
+    strays judges every MPS process of the machine, and other test runs' fakes and test
+    users' impostors would be judged with this test's. A test about strays is marked
+    private_pids."""
+    import privatepids
+
+    checks = dict(data.get("checks") or {})
+    named = set()
+    for key in ("only", "enable", "disable"):
+        value = checks.get(key) or ()
+        named |= set(value.split(",") if isinstance(value, str) else value)
+    if privatepids.INSIDE or "strays" in named:
+        return data
+    disable = checks.get("disable") or []
+    checks["disable"] = [*(disable.split(",") if isinstance(disable, str) else disable),
+                         "strays"]
+    return {**data, "checks": checks}
+
+
 @dataclass
 class Daemon:
     """A control daemon this site started, serving ``pipe_dir``."""
@@ -80,8 +102,18 @@ class Daemon:
         return mpsdaemon.query(self.pipe_dir, command, self.control, timeout=timeout)
 
     def signal(self, sig: int) -> None:
+        """Send ``sig``; SIGSTOP returns once the daemon is stopped (mpsdaemon.stop_process),
+        SIGKILL once it is dead (remhelp.kill_and_wait): the kernel acts on a signal only
+        when the process next runs, which a loaded machine delays."""
         assert self.pid is not None
-        os.kill(self.pid, sig)
+        if sig == signal.SIGSTOP:
+            mpsdaemon.stop_process(self.pid)
+        elif sig == signal.SIGKILL:
+            from remhelp import kill_and_wait  # (remhelp imports this module)
+
+            kill_and_wait(self.pid)
+        else:
+            os.kill(self.pid, sig)
 
     def stop(self) -> None:
         if self.pid is not None:
@@ -169,7 +201,12 @@ class Site:
         """One node-wide instance on ``pipe``/``log`` (instance "mps"'s dirs unless given),
         this site's run and state dirs, its ``binary_dirs`` first in ``mps.binary_dirs``,
         no boot grace, and ``extra`` merged over it (the canary off where ``slurm`` turns
-        it on and the config does not name it: canary_off_unless_named)."""
+        it on and the config does not name it: canary_off_unless_named; strays off where
+        other test runs could be seen: strays_off_unless_private)."""
+        return strays_off_unless_private(canary_off_unless_named(
+            merged(self._layout(pipe, log), extra)))
+
+    def _layout(self, pipe: Union[Path, str, None], log: Union[Path, str, None]) -> Config:
         from mps_health.config.load import MPS_BINARY_DIRS
 
         base: Config = {
@@ -177,10 +214,14 @@ class Site:
             "mps": {"pipe_dir": str(pipe or self.pipe), "log_dir": str(log or self.log)},
             # A machine booted minutes ago (a fresh GPU node, a CI machine) must not excuse
             # the faults tests make: the boot grace is tested where a test asks for it.
-            "healthcheck": {"boot_grace_s": 0}}
+            "healthcheck": {"boot_grace_s": 0},
+            # How fast a fake daemon answers is the machine's load, not MPS's health: no
+            # slow-answer warning (nor check_mps' -w/-c, taken from it) where a test does
+            # not ask for one. A test about it sets it, or gives -w/-c.
+            "control": {"warn_latency_s": QUIET_LATENCY_S}}
         if self.binary_dirs:
             base["mps"]["binary_dirs"] = [*self.binary_dirs, *MPS_BINARY_DIRS]
-        return canary_off_unless_named(merged(base, extra))
+        return base
 
     def config(self, *extras: Union[str, Mapping[str, Any]], file: str = "config.yaml",
                pipe: Union[Path, str, None] = None, log: Union[Path, str, None] = None,
@@ -190,10 +231,10 @@ class Site:
         top-level keys, merged last."""
         import yaml
 
-        data = self.config_dict(pipe=pipe, log=log)
+        data = self._layout(pipe, log)
         for extra in (*extras, sections):
             data = merged(data, yaml.safe_load(extra) or {} if isinstance(extra, str) else extra)
-        data = canary_off_unless_named(data)
+        data = strays_off_unless_private(canary_off_unless_named(data))
         return self.write(file, yaml.safe_dump(data, sort_keys=False))
 
     def write(self, name: str, text: str, mode: int = 0o644) -> str:

@@ -15,7 +15,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 from clirun import mps_health
-from hostile import ATTACKER, as_user, ensure_user
+from hostile import ATTACKER, as_user, ensure_user, exec_done
 from nodesite import Daemon, Site
 
 
@@ -47,6 +47,7 @@ def pose(started: List[subprocess.Popen], base: Path, name: str, program: str,
     p = subprocess.Popen([str(own / name), *args], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
                          stdin=subprocess.DEVNULL, **as_user(ATTACKER))
     started.append(p)
+    exec_done(p.pid)  # its command line and environment in /proc
     return p.pid
 
 
@@ -56,6 +57,9 @@ def check_json(config: Path, only: str = "daemon,strays") -> Tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+# strays judges every process on the machine: in its own PID namespace, the test sees
+# only the impostors it started, not other test runs' (tests/privatepids.py).
+@pytest.mark.private_pids
 def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, site: Site,
                                                                   posers) -> None:
     config, pipe, daemon = node

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Tuple
 
@@ -20,6 +19,7 @@ from hostile import (
     VICTIM,
     as_user,
     ensure_user,
+    exec_done,
     run_as,
     squeue_line,
 )
@@ -72,7 +72,7 @@ def test_a_strangers_process_posing_as_the_daemon_is_no_daemon(node, site: Site)
                             env={"CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir)},
                             **as_user(ATTACKER))
     try:
-        time.sleep(0.2)
+        exec_done(proc.pid)  # its command line and environment in /proc
         rc, report = check_json(config)
         found = findings(report)
         assert ("node", "daemon-duplicate") not in found

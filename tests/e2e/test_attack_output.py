@@ -5,14 +5,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from clirun import mps_health
 from conftest import FAKE_CONTROL
-from hostile import ATTACKER, as_user, ensure_user, public_dir, run_as
+from hostile import ATTACKER, as_user, ensure_user, exec_done, public_dir, run_as
 from mps_health.model.printable import printable
 
 __all__ = ["public_dir"]  # the fixture, used by name
@@ -48,7 +47,7 @@ def posing(public_dir: Path) -> Iterator[Path]:
     config.write_text(f"run_dir: {public_dir}/run\nstate_dir: {public_dir}/state\n"
                       f"commands:\n  nvidia-cuda-mps-control: {FAKE_CONTROL}\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n")
-    time.sleep(0.2)
+    exec_done(proc.pid)  # its command line and environment in /proc
     yield config
     proc.kill()
     proc.wait()
@@ -59,6 +58,7 @@ def _clean(text: str) -> None:
     assert not [line for line in text.splitlines() if line.lstrip().startswith(FORGED)], text
 
 
+@pytest.mark.private_pids  # strays judges every process: only this test's poser is seen
 def test_text_json_nagios_and_prometheus_carry_no_forged_line(posing: Path,
                                                                public_dir: Path) -> None:
     only = ("--only", "strays,directories")

@@ -18,6 +18,7 @@ from typing import Iterator, List, Tuple
 import pytest
 from clirun import check_mps, mps_health
 from hostile import ATTACKER, VICTIM, as_user, ensure_user
+from mpsdaemon import stop_process
 from nodesite import Site
 from paths import FAKE_SERVER
 
@@ -114,7 +115,7 @@ def test_the_instance_s_own_stopped_server_is_continued_not_ended(site: Site) ->
     deadline = time.monotonic() + 10
     while os.stat(f"/proc/{server}").st_uid != uid and time.monotonic() < deadline:
         time.sleep(0.02)  # it runs as its client's user once it has started
-    os.kill(server, signal.SIGSTOP)
+    stop_process(server)
     try:
         rc, report = check_json(config)
         found = problems(report)
@@ -142,7 +143,7 @@ def test_a_user_s_stopped_server_binary_on_the_pipe_dir_is_named_and_ended(
                               stdout=subprocess.PIPE, **as_user(ATTACKER))
     started.append(server)
     assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
-    os.kill(server.pid, signal.SIGSTOP)
+    stop_process(server.pid)
     rc, report = check_json(config)
     found = problems(report)
     assert rc == 2 and "blocked-foreign-server" in found, report
@@ -161,7 +162,7 @@ def test_a_stopped_client_blocks_nothing(site: Site, started) -> None:
     client = subprocess.Popen(["sleep", "600"], **as_user(VICTIM))
     started.append(client)
     daemon.query(f"fake_client_connect {client.pid} {uid}")
-    os.kill(client.pid, signal.SIGSTOP)  # as scontrol suspend does to a job's tasks
+    stop_process(client.pid)  # as scontrol suspend does to a job's tasks
     rc, report = check_json(config)
     assert rc == 0, report["problems"]
 

@@ -150,14 +150,14 @@ def test_hook_phase() -> None:
 
 
 def strays_orphaned(config: Path) -> List[Tuple[str, str, str]]:
-    """The strays check's server-orphaned findings (other runs' fakes on this machine are
-    another binary: mps-impostor, left out)."""
+    """The strays check's server-orphaned findings."""
     r = mps_health("check", "--config", str(config), "--only", "strays", "--format", "json")
     assert r.returncode in (0, 1, 2) and r.stderr == "", r.stdout + r.stderr
     return [(p["instance"], p["state"], p["code"]) for p in json.loads(r.stdout)["problems"]
             if p["code"] == "server-orphaned"]
 
 
+@pytest.mark.private_pids  # strays judges every process: only this test's server is seen
 def test_a_server_that_outlives_its_jobs_daemon_is_critical_only_once_the_job_ended(
         job_site, site: Site) -> None:
     """While Slurm lists the job, a server left by the job's daemon hurts only that job

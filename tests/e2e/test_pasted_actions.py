@@ -20,6 +20,7 @@ from typing import Callable, Iterator, List, Tuple
 import pytest
 from clirun import mps_health
 from mps_health.model.actionhints import commands
+from mpsdaemon import stop_process
 from nodesite import Daemon, Site
 from remhelp import alive, daemons_of, remediating
 
@@ -101,7 +102,7 @@ def test_a_dir_fault_pasted_leaves_the_daemon_and_its_client(site: Site, served,
 def test_a_stopped_daemon_pasted_is_healthy_again(site: Site) -> None:
     d = site.start_daemon()
     cfg = site.config(remediating(site))
-    os.kill(d.pid, signal.SIGSTOP)
+    stop_process(d.pid)
     try:
         codes = paste_all(cfg)
     finally:

@@ -82,25 +82,26 @@ def test_served_metrics_are_valid_with_process_series(tmp_path: Path, site) -> N
 
 
 def test_scrapes_do_not_wait_for_a_wedged_daemon(tmp_path: Path, site) -> None:
+    """Each run waits out a long control timeout, back to back; every scrape meanwhile is
+    answered within a deadline far shorter than what is left of the run it lands in (no
+    timing asserted: a scrape that waited for the run would miss the deadline by seconds;
+    bench/ measures how fast they are)."""
     d = site.start_daemon()
-    cfg = site.config("control:\n  timeout_s: 3.0\n")
+    cfg = site.config("control:\n  timeout_s: 8.0\n")
     d.signal(signal.SIGSTOP)
     try:
-        with exporter(tmp_path, cfg, "--interval", "5", "--only", "control") as (_proc, url):
+        with exporter(tmp_path, cfg, "--interval", "1", "--budget", "10",
+                      "--only", "control") as (_proc, url):
             wedged = ('mps_health_problems{check="control",code="control-wedged",'
                       'mps_instance="node",state="critical"} 1.0')
             body = wait_for("the wedged verdict", lambda: (
-                lambda b: b if wedged in b else None)(get(url + "/metrics")[2]), timeout=30)
+                lambda b: b if wedged in b else None)(get(url + "/metrics")[2]), timeout=60)
             run_s = float(metric_lines(body, "mps_health_run_duration_seconds")[0].split()[1])
-            assert run_s >= 3.0  # each run waits out the control timeout...
-            slowest = 0.0
-            for _ in range(20):  # ...while the scrapes during the next runs do not
-                t0 = time.monotonic()
-                assert get(url + "/metrics", timeout=run_s)[0] == 200
-                slowest = max(slowest, time.monotonic() - t0)
-                time.sleep(0.1)
-            print(f"run {run_s:.2f}s, slowest scrape {slowest * 1000:.1f}ms")
-            assert slowest < run_s / 3
+            assert run_s >= 8.0  # each run waits out the control timeout...
+            # ...the next began at once (interval 1 s): the scrapes land in its first
+            # seconds, while it waits on the daemon for seconds more.
+            for _ in range(10):
+                assert get(url + "/metrics", timeout=3)[0] == 200
     finally:
         d.signal(signal.SIGCONT)
 

@@ -14,7 +14,7 @@ import pytest
 from clirun import mps_health
 from mps_health.config.load import ConfigError, load
 from mps_health.hostio.filelock import node_lock
-from mpsdaemon import start_daemon
+from mpsdaemon import start_daemon, stop_process
 from remhelp import (  # noqa: F401
     alive,
     daemons_of,
@@ -72,8 +72,7 @@ def test_stale_dir_after_sigkill_is_cleared_and_restarted(site) -> None:
     site.dirs()
     cfg = site.config(remediating(site))
     pid = start_daemon(site.pipe, site.log)
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.1)
+    kill_and_wait(pid)
     assert (site.pipe / "control").exists()  # stale socket left behind
     r = reset(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -88,7 +87,7 @@ def test_a_stopped_daemon_is_continued_first_not_replaced(site) -> None:
     site.dirs()
     cfg = site.config(remediating(site))
     pid = start_daemon(site.pipe, site.log)
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     r = reset(cfg)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"continue pid {pid}" in r.stdout and "the daemon answers again" in r.stdout

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Dict
 
+import pytest
 from nodesite import Site
 
 SITE_CHECK = '''
@@ -91,6 +92,7 @@ def test_site_check_is_on_by_default_and_in_the_metrics(tmp_path: Path, site: Si
     assert 'check="site-mode"' in (tmp_path / "mps_health.prom").read_text()
 
 
+@pytest.mark.private_pids  # every default check, strays (the whole node) included
 def test_site_check_runs_after_the_built_ins(site: Site) -> None:
     """It gives no order: the built-ins keep theirs, whichever was imported first."""
     r = run(site, "checks:\n  modules: [site_pkg.mode_check]\n", "check", "--format", "json")

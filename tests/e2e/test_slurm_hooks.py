@@ -19,6 +19,7 @@ import pytest
 from clirun import mps_health, report
 from conftest import FAKE_SERVER
 from jobhooks import JobHooks, as_user_kwargs, daemon_pid, proc_uid, user_python
+from mpsdaemon import stop_process
 from slurmcluster import ensure_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -204,7 +205,7 @@ def test_epilog_ends_a_stopped_daemon_and_its_stuck_server(make_hooks) -> None:
         env={"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
              "FAKE_MPS_IGNORE_TERM": "1"}, **as_user_kwargs(hooks.user))
     assert server.stdout is not None and server.stdout.readline() == "ready\n"
-    os.kill(pid, signal.SIGSTOP)  # a wedged daemon: a quit would hang
+    stop_process(pid)  # a wedged daemon: a quit would hang
     t0 = time.monotonic()
     e = hooks.run("epilog", hooks.env("epilog", "47"))
     took = time.monotonic() - t0

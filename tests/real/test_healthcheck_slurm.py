@@ -19,7 +19,7 @@ import pytest
 from clirun import installed
 from mps_health.healthcheck.detach import RESULT_FILE, format_result
 from mps_health.hostio.filelock import node_lock
-from mpsdaemon import start_daemon
+from mpsdaemon import start_daemon, stop_process
 from nodesite import Site
 from remhelp import remediating
 from slurmcluster import SlurmCluster
@@ -214,7 +214,7 @@ def test_detached_answers_at_once_and_refreshes_in_the_background(clean_node,
     cluster = clean_node
     cfg = write_hc_config(site, "  detached: true\n  fail_runs: 5", control_timeout=3.0)
     pid = start_daemon(site.pipe, site.log)
-    os.kill(pid, signal.SIGSTOP)  # every check now waits 3 s for a wedged daemon
+    stop_process(pid)  # every check now waits 3 s for a wedged daemon
     t0 = time.monotonic()
     first = hc(cluster, cfg)
     assert time.monotonic() - t0 < 2.5

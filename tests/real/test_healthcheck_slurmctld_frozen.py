@@ -25,7 +25,7 @@ import pytest
 from clirun import installed
 from mps_health.healthcheck import state as hcstate
 from mps_health.probes.slurm import SlurmNode, parse_node_line
-from mpsdaemon import start_daemon
+from mpsdaemon import start_daemon, stop_process
 from nodesite import Site
 from remhelp import kill_and_wait, remediating
 from slurmcluster import SlurmCluster
@@ -190,7 +190,7 @@ def freeze_during_next_run(s: Setup, ready: Callable[[hcstate.HcState], bool]) -
 
     wait_for("a run started by slurmd", started, 3 * INTERVAL, s)
     pid, wrapper = found[-1]
-    os.kill(ctld_pid(s), signal.SIGSTOP)
+    stop_process(ctld_pid(s))
     assert alive(pid), "the run ended before slurmctld was frozen: too quick to catch"
     wait_for("the run to end with slurmctld frozen", lambda: any(
         r[0] == "end" and r[1] == wrapper for r in runs(s)), HC_TIMEOUT + 10, s)
@@ -225,7 +225,7 @@ def test_a_drain_owed_while_slurmctld_is_frozen_is_done_after_it_thaws(setup: Se
     in_service(s)
     log_before = len(slurmd_log(s))
     daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
-    os.kill(daemon, signal.SIGSTOP)  # wedged: each run's control query takes its timeout
+    stop_process(daemon)  # wedged: each run's control query takes its timeout
     ctld = ctld_pid(s)
     try:
         # One failed run counted (fail_runs 2): the next run drains, and it is the one

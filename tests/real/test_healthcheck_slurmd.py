@@ -19,7 +19,7 @@ import pytest
 from clirun import installed
 from mps_health.healthcheck import state as hcstate
 from mps_health.probes.slurm import SlurmNode, parse_node_line
-from mpsdaemon import start_daemon
+from mpsdaemon import start_daemon, stop_process
 from nodesite import Site
 from remhelp import remediating
 from slurmcluster import SlurmCluster
@@ -195,7 +195,7 @@ def test_a_hanging_check_is_not_killed_by_slurmd(setup: Setup) -> None:
     wait_for("our state to forget the last drain", lambda: not state(s).drained, 40)
     daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
     log_before = (s.cluster.log_dir / "slurmd.log").read_text()
-    os.kill(daemon, signal.SIGSTOP)
+    stop_process(daemon)
     try:
         first = len(runs(s))
         wait_for("the drain", lambda: "DRAIN" in node(s).flags, 90, s)
@@ -234,7 +234,7 @@ def test_detached_mode_answers_slurmd_at_once_and_the_child_survives(setup: Setu
     daemon = int((s.site.pipe / "nvidia-cuda-mps-control.pid").read_text())
     result = s.site.root / "run" / RESULT_FILE
     first = len(runs(s))
-    os.kill(daemon, signal.SIGSTOP)
+    stop_process(daemon)
     try:
         wait_for("the drain", lambda: "DRAIN" in node(s).flags, 60, s)
         v = node(s)

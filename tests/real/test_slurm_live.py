@@ -27,7 +27,7 @@ from mps_health.model.context import Context
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.nvml import load_record, read_nvml
-from mpsdaemon import start_daemon
+from mpsdaemon import start_daemon, stop_process
 from slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -307,7 +307,7 @@ def test_slurmctld_down_is_unknown_within_timeout(make_slurm_cluster, site, how)
     if how == "stopped":
         cluster.stop_controller()
     else:
-        os.kill(ctld.pid, signal.SIGSTOP)  # accepts connections, never answers
+        stop_process(ctld.pid)  # accepts connections, never answers
     try:
         rc, report, elapsed = cli_check(cluster, config)
     finally:

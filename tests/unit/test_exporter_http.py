@@ -110,3 +110,18 @@ def test_a_slow_flood_of_new_connections_pushes_out_its_own_kind(table) -> None:
     scraper = conn_at(table, now - 3600, [now - 10])
     flood = [conn_at(table, now - GRACE_S + k * 0.01, []) for k in range(10)]
     assert table.victim(now) is flood[0] and table.victim(now) is not scraper
+
+
+def test_a_new_connection_whose_request_came_is_not_taken_for_a_mute_one(table) -> None:
+    """Its thread has not read it yet (a loaded machine): the request waiting on the
+    socket is looked at when it is chosen, and a truly mute connection goes instead."""
+    now = 1000.0
+    ours, client = socket.socketpair()
+    try:
+        scraper = Conn(ours, now - GRACE_S / 2)  # accepted before its request came
+        table.conns[ours] = scraper
+        client.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        mute = conn_at(table, now - GRACE_S / 3, [])
+        assert table.victim(now) is mute and scraper.spoke
+    finally:
+        client.close()

@@ -236,6 +236,20 @@ def test_the_last_run_duration_is_a_metric(tmp_path: Path) -> None:
         prometheus.RunRecord(None, 1.0, False, None)).decode()
 
 
+def test_a_run_that_lost_its_memory_still_exports_its_duration(tmp_path: Path) -> None:
+    """No state file (a fresh node, a lost tmpfs) and a failed run: whether the node is
+    drained by us is not known yet (known=no), yet the run took its time."""
+    from mps_health.cli.exporter import healthcheck_duration
+
+    cfg = hc_config(tmp_path, recording_scontrol(tmp_path, "IDLE"), fail_runs=2)
+    (tmp_path / "state" / hcstate.STATE_FILE).unlink()
+    (tmp_path / "pipe").chmod(0o700)  # directories fails: pipe-dir-mode, run 1 of 2
+    healthcheck.run_once(cfg, "/", False, {})
+    state = saved(tmp_path)
+    assert not state.known and state.fails == 1
+    assert healthcheck_duration(cfg, "/") == state.duration_s > 0
+
+
 def test_every_starting_code_is_a_check_code() -> None:
     """The rule table names real codes (a renamed code would silently lose its grace)."""
     import importlib

@@ -194,3 +194,11 @@ def test_what_users_control_is_screened_in_every_line() -> None:
         assert code == 2 and "\x1b" not in text and "\u202e" not in text and "\r" not in text
         assert not any(line.startswith("OK daemon[gpu0]") for line in text.splitlines())
         assert text.count("|") == 1 and "\\x1b[31m\\u202e" in out.text
+
+
+def test_the_default_ranges_come_from_the_default_latency_warning() -> None:
+    """Without -w/-c: 0.5 s (control.warn_latency_s's default) and twice that."""
+    from mps_health.config.load import ControlConfig
+
+    default = ControlConfig().warn_latency_s
+    assert [str(r) for r in nagios.thresholds(None, None, default)] == ["0.5", "1"]

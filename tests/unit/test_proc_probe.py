@@ -103,13 +103,45 @@ def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
     child = subprocess.Popen([str(client), "30"], env=env)
     try:
-        for _ in range(200):  # until the exec has happened and /proc shows its cmdline
-            seen = [p for p in proc.read_processes("/proc") if p.pid == child.pid]
-            if seen and seen[0].cmdline:  # empty for a moment around the exec
-                break
-        assert seen and seen[0].role == "client" and seen[0].pipe_dir == str(tmp_path)
+        seen = exec_seen(child.pid)
+        assert seen.role == "client" and seen.pipe_dir == str(tmp_path)
         facts = proc.gather_for(Context(from_mapping({}, None)), ())
         assert child.pid not in [p.pid for p in facts]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def exec_seen(pid: int) -> proc.ProcessFact:
+    """``pid`` as read_processes sees it once its exec has happened (its cmdline is empty
+    for a moment around the exec; a loaded machine makes the moment longer)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = [p for p in proc.read_processes("/proc") if p.pid == pid]
+        if seen and seen[0].cmdline:
+            return seen[0]
+        time.sleep(0.01)
+    raise AssertionError(f"{pid} never showed its command line")
+
+
+def test_a_daemon_whose_parent_is_the_run_is_still_a_daemon(tmp_path: Path) -> None:
+    """The run as the first process of a PID namespace (a container's entrypoint, tests
+    under unshare --pid) becomes the parent of every daemon, which forks away from its
+    starter: only its own control clients are left out, never a daemon."""
+    from mps_health.config.load import from_mapping
+    from mps_health.model.context import Context
+
+    daemon = tmp_path / "nvidia-cuda-mps-control"  # comm and cmdline[0] as the real one's
+    daemon.symlink_to(os.path.realpath("/usr/bin/python3"))
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
+    child = subprocess.Popen([str(daemon), "-c", "import time; time.sleep(30)", "-d"],
+                             env=env)
+    try:
+        assert exec_seen(child.pid).role == "control"
+        facts = proc.gather_for(Context(from_mapping({}, None)), ())
+        assert child.pid in [p.pid for p in facts]
     finally:
         child.kill()
         child.wait()

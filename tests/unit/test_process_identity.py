@@ -8,11 +8,11 @@ what is judged is the kernel's view of which file a process runs.
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from hostile import exec_done
 from mps_health.config import load as config
 from mps_health.hostio.process_identity import (
     binaries_for,
@@ -62,13 +62,7 @@ def started() -> Iterator[List[subprocess.Popen]]:
 def start(procs: List[subprocess.Popen], argv: List[str], executable: str) -> int:
     p = subprocess.Popen(argv, executable=executable, env={"CUDA_MPS_PIPE_DIRECTORY": "/x"})
     procs.append(p)
-    for _ in range(500):  # until the exec has happened
-        try:
-            if Path(f"/proc/{p.pid}/exe").resolve() == Path(executable).resolve():
-                break
-        except OSError:
-            pass
-        time.sleep(0.01)
+    exec_done(p.pid)  # its exe is set before its command line: wait for the latter
     return p.pid
 
 
