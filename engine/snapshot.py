@@ -23,9 +23,9 @@ MAX_BYTES = 256 << 20
 # The Facts fields besides sources: (key, type, value when absent).
 FIELDS: Tuple[Tuple[str, Any, Any], ...] = (
     ("node", str, None), ("taken_at", float, None), ("root", str, "/"),
-    ("instances", "Tuple[Instance, ...]", []), ("errors", "Dict[str, str]", {}),
-    ("durations", "Dict[str, float]", {}), ("instances_over_cap", int, 0),
-    ("unjudged", "Tuple[Tuple[str, str], ...]", []))
+    ("instances", Tuple[Instance, ...], []), ("errors", Dict[str, str], {}),
+    ("durations", Dict[str, float], {}), ("instances_over_cap", int, 0),
+    ("unjudged", Tuple[Tuple[str, str], ...], []))
 
 
 class SnapshotError(ValueError):
@@ -93,10 +93,10 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             if src is None:
                 continue  # a source this version does not know: ignore it
             module, _, attr = src.value_type.partition(":")
-            names = vars(importlib.import_module(module, "mps_health"))
-            sources[name] = codec.decode(names[attr], value, f"sources.{name}", names)
+            value_type = getattr(importlib.import_module(module, "mps_health"), attr)
+            sources[name] = codec.decode(value_type, value, f"sources.{name}")
         facts = Facts(sources=sources, **{
-            key: codec.decode(tp, data.get(key, default), key, {"Instance": Instance})
+            key: codec.decode(tp, data.get(key, default), key)
             for key, tp, default in FIELDS})
     except codec.DecodeError as e:  # it names keys from the file: quoted, cut
         raise SnapshotError(f"{where}: {escape(str(e), 300)}") from None

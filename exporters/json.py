@@ -1,17 +1,14 @@
 """JSON: the whole report, for Ansible, support bundles and scripts.
 
-Written piece by piece: the lists of problems and results are generators, encoded one item
-at a time, so a report of many thousand instances never exists twice in memory. The text
-is what ``json.dumps(..., indent=2)`` gives for the same document.
+Written by ``json.dump`` as it encodes, so the text is never held whole: the lists of
+problems and results are generators, each made a list (``default``) only when its turn
+comes.
 """
 
 import json
-from typing import Any, Dict, Iterator, TextIO
+from typing import Any, Dict, TextIO
 
 from mps_health.model.results import STARTING, STATE_NAMES, CheckRun, Report, Result, is_problem
-
-INDENT = "  "
-_ENCODER = json.JSONEncoder(indent=len(INDENT))  # one, not one per item (json.dumps)
 
 
 def _result(r: Result) -> Dict[str, Any]:
@@ -34,7 +31,7 @@ def _run(run: CheckRun) -> Dict[str, Any]:
 
 
 def document(report: Report) -> Dict[str, Any]:
-    """The report as JSON-able data, its long lists as generators (``encode`` takes them).
+    """The report as JSON-able data, its long lists as generators (``write`` takes them).
     Within the boot grace, what is still starting is listed under ``starting`` (only
     then: the key is absent otherwise), not among the problems."""
     booting = [{"check": r.check, "instance": r.instance, "state": STARTING, "code": r.code,
@@ -54,31 +51,7 @@ def document(report: Report) -> Dict[str, Any]:
     }
 
 
-def encode(value: Any, level: int = 0) -> Iterator[str]:
-    """``value`` as indented JSON text, in pieces: a generator is written as a list, item
-    by item; a dict holding one is opened here; anything else goes to ``json.dumps``."""
-    pad, inner = INDENT * level, INDENT * (level + 1)
-    if isinstance(value, Iterator):
-        sep = "["
-        for item in value:
-            yield f"{sep}\n{inner}"
-            yield from encode(item, level + 1)
-            sep = ","
-        yield "[]" if sep == "[" else f"\n{pad}]"
-    elif isinstance(value, dict) and any(isinstance(v, Iterator) for v in value.values()):
-        sep = "{"
-        for key, item in value.items():
-            yield f"{sep}\n{inner}{json.dumps(key)}: "
-            yield from encode(item, level + 1)
-            sep = ","
-        yield f"\n{pad}}}"
-    else:
-        text = _ENCODER.encode(value)
-        yield text.replace("\n", "\n" + pad) if level and "\n" in text else text
-
-
 def write(report: Report, out: TextIO) -> None:
     """The report as JSON on ``out``, and a newline."""
-    for piece in encode(document(report)):
-        out.write(piece)
+    json.dump(document(report), out, indent=2, default=list)
     out.write("\n")

@@ -24,7 +24,6 @@ NAME = "jobs"
 MAX_RECORDS = 2048  # jobs that ran here and whose dirs may still exist
 MAX_DIRS = 64  # a pipe and a log dir per GPU
 MAX_BYTES = 2 << 20
-VALUE = "Tuple[JobRecord, ...]"
 
 
 class JobRecord(NamedTuple):
@@ -34,6 +33,9 @@ class JobRecord(NamedTuple):
     uid: int
     dirs: Tuple[str, ...]  # absolute, normalised, as configured (without --root)
     at: float  # Unix time of the record
+
+
+VALUE_TYPE = Tuple[JobRecord, ...]
 
 
 def ours(record: Optional[JobRecord], path: str, owner_uid: int) -> bool:
@@ -88,7 +90,7 @@ def load(state_dir: str) -> Tuple[Tuple[JobRecord, ...], str]:
         return (), f"job records not read: {path} is larger than {MAX_BYTES} bytes"
     try:
         data = json.loads(raw.decode("utf-8"))
-        return keep(codec.decode(VALUE, data, path, globals())), ""
+        return keep(codec.decode(VALUE_TYPE, data, path)), ""
     except (ValueError, RecursionError, codec.DecodeError) as e:
         return (), f"job records not read: {path} is damaged ({e})"
 

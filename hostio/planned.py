@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from mps_health.hostio.state import StateFile
 from mps_health.model.facts_deep import Ack, PlannedRestart
@@ -67,30 +67,30 @@ def record(state_dir: str, pipe_dir: str, by: str, daemon_pid: Optional[int] = N
     """Add a record, waiting up to ``wait_s`` for the lock; '' or one line saying why it
     could not be kept."""
     new = PlannedRestart(os.path.normpath(pipe_dir), time.time(), daemon_pid, daemon_start, by)
-    problem = _add(StateFile(state_dir, NAME), "Tuple[PlannedRestart, ...]", new, keep, wait_s)
+    problem = _add(StateFile(state_dir, NAME), Tuple[PlannedRestart, ...], new, keep, wait_s)
     return f"planned restart not recorded: {problem}" if problem else ""
 
 
-def _add(state: StateFile, value_type: str, new: T,
+def _add(state: StateFile, value_type: Any, new: T,
          keep_new: Callable[[Sequence[T], float], Tuple[T, ...]], wait_s: float) -> str:
     """Save ``new`` with the kept old ones under the file's lock; '' or why not."""
 
     def changed() -> Tuple[T, ...]:
-        old, _ = state.load(value_type, (), globals())
+        old, _ = state.load(value_type, ())
         return keep_new((*old, new), new.at)
 
     return state.update(wait_s, changed)
 
 
-def _load(state_dir: str, name: str, value_type: str,
+def _load(state_dir: str, name: str, value_type: Any,
           keep_now: Callable[[Sequence[T], float], Tuple[T, ...]]) -> Tuple[Tuple[T, ...], str]:
     """The kept records (read only, no lock: the file is replaced atomically), any error."""
-    records, error = StateFile(state_dir, name).load(value_type, (), globals())
+    records, error = StateFile(state_dir, name).load(value_type, ())
     return keep_now(records, time.time()), error
 
 
 def load(state_dir: str) -> Tuple[Tuple[PlannedRestart, ...], str]:
-    return _load(state_dir, NAME, "Tuple[PlannedRestart, ...]", keep)
+    return _load(state_dir, NAME, Tuple[PlannedRestart, ...], keep)
 
 
 def excused(records: Sequence[PlannedRestart], pipe_dir: str, since: float, now: float,
@@ -143,12 +143,12 @@ def keep_acks(records: Sequence[Ack], now: float) -> Tuple[Ack, ...]:
 def acknowledge(state_dir: str, code: str, instance: str = "", wait_s: float = 5.0) -> str:
     """Add an ack, waiting up to ``wait_s`` for the lock; '' or one line saying why not."""
     new = Ack(code, instance, time.time())
-    problem = _add(StateFile(state_dir, ACKS), "Tuple[Ack, ...]", new, keep_acks, wait_s)
+    problem = _add(StateFile(state_dir, ACKS), Tuple[Ack, ...], new, keep_acks, wait_s)
     return f"not acknowledged: {problem}" if problem else ""
 
 
 def load_acks(state_dir: str) -> Tuple[Tuple[Ack, ...], str]:
-    return _load(state_dir, ACKS, "Tuple[Ack, ...]", keep_acks)
+    return _load(state_dir, ACKS, Tuple[Ack, ...], keep_acks)
 
 
 def acked_until(acks: Sequence[Ack], instance: str, code: str) -> float:

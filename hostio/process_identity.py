@@ -106,6 +106,8 @@ def binaries_for(config: Config) -> Binaries:
 
 def find(command: str, dirs: Sequence[str] = MPS_BINARY_DIRS) -> Optional[str]:
     """The first executable file ``command`` names (``_candidates``); None if none."""
+    # Not shutil.which: a healthy run finds the control binary here, and shutil would
+    # import bz2, lzma and zlib into every run.
     return next((p for p in _candidates(command, dirs)
                  if os.path.isfile(p) and os.access(p, os.X_OK)), None)
 

@@ -53,6 +53,8 @@ WAITING_AFTER_S = 1.0
 
 def _resolve(name: str, env: Mapping[str, str]) -> str:
     """``name`` as execvp would find it; FileNotFoundError/PermissionError as it would."""
+    # Not shutil.which (nor for _SETPRIV): every healthy run starts the control client,
+    # and shutil would import bz2, lzma and zlib into it; which also loses denied vs absent.
     paths = [name] if "/" in name else [
         os.path.join(d or ".", name) for d in env.get("PATH", os.defpath).split(os.pathsep)]
     denied = False

@@ -10,7 +10,7 @@ import errno
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 if TYPE_CHECKING:
     from mps_health.hostio.filelock import FileLock
@@ -73,10 +73,8 @@ class StateFile:
         finally:
             self.unlock()
 
-    def load(self, value_type: Any, empty: Any, names: Optional[Mapping[str, Any]] = None
-             ) -> Tuple[Any, str]:
-        """The saved value decoded as ``value_type`` (annotation text, its names looked up
-        in ``names``), or ``empty`` and why not."""
+    def load(self, value_type: Any, empty: Any) -> Tuple[Any, str]:
+        """The saved value decoded as ``value_type`` (a type), or ``empty`` and why not."""
         from mps_health.hostio.safefiles import read_small
         from mps_health.model import codec
 
@@ -88,7 +86,7 @@ class StateFile:
             return empty, ""
         try:
             data = json.loads(raw.decode("utf-8"))
-            return codec.decode(value_type, data, self.path, names), ""
+            return codec.decode(value_type, data, self.path), ""
         except (ValueError, RecursionError, codec.DecodeError) as e:
             return empty, f"{self.path} is damaged ({e}); starting afresh"
 

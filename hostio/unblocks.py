@@ -28,7 +28,7 @@ class Unblocked(NamedTuple):
     kind: str  # the blocker's kind (checks/blockers.py: connection, server, ...)
 
 
-VALUE_TYPE = "Tuple[Unblocked, ...]"
+VALUE_TYPE = Tuple[Unblocked, ...]
 
 
 def _fresh(records: Sequence[Unblocked], now: float) -> Tuple[Unblocked, ...]:
@@ -43,7 +43,7 @@ def recent(state_dir: str, now: float) -> Tuple[Tuple[Unblocked, ...], str]:
     state = StateFile(state_dir, NAME)
     if not os.path.lexists(state.path):
         return (), ""
-    records, note = state.load(VALUE_TYPE, (), {"Unblocked": Unblocked, "Tuple": Tuple})
+    records, note = state.load(VALUE_TYPE, ())
     return _fresh(records, now), note
 
 
@@ -54,7 +54,7 @@ def record(state_dir: str, done: Sequence[Unblocked], now: float) -> str:
     state = StateFile(state_dir, NAME)
 
     def change() -> Tuple[Unblocked, ...]:
-        old, _note = state.load(VALUE_TYPE, (), {"Unblocked": Unblocked, "Tuple": Tuple})
+        old, _note = state.load(VALUE_TYPE, ())
         return _fresh((*old, *done), now)
 
     return state.update(2.0, change)

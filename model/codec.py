@@ -1,17 +1,17 @@
-"""Facts to JSON and back, driven by the records' field annotations (snapshots, replay,
-the deep checks' state between runs).
+"""Facts to JSON and back, driven by the records' field types (snapshots, replay, the
+deep checks' state between runs).
 
-Annotations are read as text (``from __future__ import annotations``; NamedTuple keeps a
-``ForwardRef``; other ``typing`` objects are turned into text) for the forms facts use:
-int, float, str, bool, Any/object, None, Optional, Union, Tuple[X, ...], Tuple[A, B],
-Dict/Mapping, List and records (NamedTuples) named as their defining module names them.
+Types are type objects, taken apart with ``typing.get_origin``/``get_args``; a record's
+field types come from ``typing.get_type_hints``, which resolves a record module's
+``from __future__ import annotations`` text in that module's globals (every name a field
+names is imported there at run time). The forms facts use: int, float, str, bool,
+Any/object, None, Optional/Union, Tuple[X, ...], Tuple[A, B], Dict/Mapping, List/Sequence
+and records (NamedTuples).
 """
 
-from __future__ import annotations
-
-import sys
+import collections.abc
 import typing
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 Node = Tuple[Any, ...]
 
@@ -31,83 +31,30 @@ def encode(value: Any) -> Any:
     return value
 
 
-_LEAVES = {"int": int, "float": float, "str": str, "bool": bool}
 _ANY: Node = ("any",)
+_NONE = type(None)
 
 
-def split_top_level(text: str) -> List[str]:
-    """The comma-separated parts of ``text`` outside brackets, stripped, empty ones dropped."""
-    parts, depth, start = [], 0, 0
-    for i, c in enumerate(text):
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-def _typing_text(tp: Any) -> str:
-    """A class or ``typing`` object that is no ``_GENERICS`` generic as annotation
-    text; a generic of another kind is named without its arguments, and fails as before."""
-    if isinstance(tp, typing.ForwardRef):
-        return str(tp.__forward_arg__)
-    if tp is type(None):
-        return "None"
-    return "Any" if tp is typing.Any else getattr(tp, "__name__", "Any")
-
-
-_GENERICS = frozenset(("Optional", "Union", "Tuple", "tuple", "Dict", "dict", "Mapping",
-                       "List", "list", "Sequence"))
-
-
-def _generic(head: str, args: List[Node], varlen: bool) -> Node:
-    """The plan of a ``_GENERICS`` head over its arguments' plans (``varlen``: X, ...)."""
-    if head in ("Optional", "Union"):
-        return ("union", [a for a in args if a != ("none",)],
-                head == "Optional" or ("none",) in args)
-    if head in ("Tuple", "tuple"):
-        return ("varlen", args[0]) if varlen else ("tuple", args)
-    if head in ("Dict", "dict", "Mapping"):
-        return ("dict", args[1] if len(args) == 2 else _ANY)
-    return ("varlen", args[0] if args else _ANY)  # List, Sequence
-
-
-def parse(tp: Any, ns: Mapping[str, Any]) -> Node:
-    """The decoding plan for annotation ``tp`` (text, class or typing object); names are
-    looked up in ``ns`` (the globals of the module that wrote the annotation)."""
-    if not isinstance(tp, str):
-        if isinstance(tp, type) and tp.__name__ not in _LEAVES and tp is not type(None):
-            return ("record", tp) if hasattr(tp, "_fields") else ("leaf", tp)
-        # A generic typing object (Dict[str, ServerMemory]) keeps its classes: as text
-        # their names would have to be found in ``ns``.
-        origin, params = typing.get_origin(tp), typing.get_args(tp)
-        head = "Union" if origin is typing.Union else getattr(origin, "__name__", "")
-        if params and head in _GENERICS:
-            return _generic(head, [parse(a, ns) for a in params], params[-1] is Ellipsis)
-        tp = _typing_text(tp)
-    text = tp.strip().strip("'\"")
-    if text == "...":
+def parse(tp: Any) -> Node:
+    """The decoding plan for type ``tp``."""
+    if tp is Any or tp is object:
         return _ANY
-    head, bracket, rest = text.partition("[")
-    head = head.strip().rsplit(".", 1)[-1]  # typing.Optional, t.Dict
-    parts = split_top_level(rest[:-1]) if bracket else []
-    args = [parse(a, ns) for a in parts]
-    if head in _GENERICS:
-        return _generic(head, args, parts[-1:] == ["..."])
-    if head in ("None", "NoneType"):
+    if tp is None or tp is _NONE:
         return ("none",)
-    if head in _LEAVES:
-        return ("leaf", _LEAVES[head])
-    if head in ("Any", "object"):
-        return _ANY
-    found = ns.get(head)
-    if isinstance(found, type) and hasattr(found, "_fields"):
-        return ("record", found)
-    raise DecodeError(f"cannot decode values of type {text!r}")
+    if isinstance(tp, type) and hasattr(tp, "_fields"):
+        return ("record", tp)
+    origin, args = typing.get_origin(tp) or tp, typing.get_args(tp)  # tuple: (tuple, ())
+    if origin is typing.Union:
+        return ("union", [parse(a) for a in args if a is not _NONE], _NONE in args)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return ("tuple", [parse(a) for a in args])
+    if origin in (tuple, list, collections.abc.Sequence):
+        return ("varlen", parse(args[0]) if args else _ANY)
+    if origin in (dict, collections.abc.Mapping):
+        return ("dict", parse(args[1]) if args else _ANY)
+    if isinstance(tp, type):
+        return ("leaf", tp)
+    raise DecodeError(f"cannot decode values of type {tp!r}")
 
 
 _FIELDS: Dict[type, List[Tuple[str, Node]]] = {}
@@ -115,18 +62,15 @@ _FIELDS: Dict[type, List[Tuple[str, Node]]] = {}
 
 def _fields_of(cls: type) -> List[Tuple[str, Node]]:
     if cls not in _FIELDS:
-        ns = vars(sys.modules[cls.__module__])
-        hints = getattr(cls, "__annotations__", {})
-        _FIELDS[cls] = [(f, parse(hints[f], ns) if f in hints else _ANY)
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = [(f, parse(hints[f]) if f in hints else _ANY)
                         for f in cls._fields]  # type: ignore[attr-defined]
     return _FIELDS[cls]
 
 
-def decode(tp: Any, data: Any, where: str = "$",
-           ns: Optional[Mapping[str, Any]] = None) -> Any:
-    """``data`` (from JSON) rebuilt as type ``tp``; DecodeError names where it does not fit.
-    ``tp`` is annotation text (names resolved in ``ns``), a class or a typing object."""
-    return _decode(parse(tp, ns or {}), data, where)
+def decode(tp: Any, data: Any, where: str = "$") -> Any:
+    """``data`` (from JSON) rebuilt as type ``tp``; DecodeError names where it does not fit."""
+    return _decode(parse(tp), data, where)
 
 
 def _decode(node: Node, data: Any, where: str) -> Any:

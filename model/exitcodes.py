@@ -6,10 +6,12 @@ do, 1 refused or differs (nothing changed), 2 acted but failed, 3 could not star
 config or arguments, not root, ...).
 """
 
+from enum import IntEnum
 
-class ExitCode:
-    """The codes as plain ints: an IntEnum would cost every run its construction, and
-    ``sys.exit``, Nagios and slurmd read numbers."""
+
+class ExitCode(IntEnum):
+    """The codes, ints to ``sys.exit``, Nagios and slurmd (an IntEnum is an int: JSON
+    writes it as a number)."""
 
     OK = 0
     WARNING = 1
@@ -21,6 +23,8 @@ class ExitCode:
     DIFFERS = 1
     FAILED = 2
     CANNOT = 3
+
+    __str__ = int.__repr__  # "2", as from 3.11 on: not "ExitCode.CRITICAL" on 3.9 and 3.10
 
 
 class Failure(Exception):

@@ -6,11 +6,10 @@ lines) with its text up to the next heading, or a table row whose first cell hol
 ``<a id="CODE">`` (state, meaning, what to do). Also the docs and the example config.
 """
 
-import os
+import importlib.resources
 import re
 from typing import Dict, List, NamedTuple
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "## Runbook: every code"
 EXAMPLE_CONFIG = "contrib/config.example.yaml"
 
@@ -28,15 +27,14 @@ class Entry(NamedTuple):
 
 def data_path(name: str) -> str:
     """A file the package carries (README.md, docs/NAME.md, contrib/config.example.yaml)."""
-    return os.path.join(PACKAGE, name)
+    return str(importlib.resources.files("mps_health").joinpath(name))
 
 
 def read_data(name: str) -> str:
     """A package data file's text. A package installed without it (a wheel built by hand
     from a tree that lacks it) is an OSError naming the path: the edge says it in one
     line."""
-    with open(data_path(name), encoding="utf-8") as f:
-        return f.read()
+    return importlib.resources.files("mps_health").joinpath(name).read_text("utf-8")
 
 
 def slug(heading: str) -> str:

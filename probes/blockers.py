@@ -71,7 +71,7 @@ class BlockerFacts(NamedTuple):
     note: str = ""  # why the records could not be read
 
 
-VALUE_TYPE = "BlockerFacts"  # read by codec, in this module's names
+VALUE_TYPE = BlockerFacts
 
 
 def start(ctx: Context, instances: Tuple[Instance, ...]) -> Callable[[], BlockerFacts]:

@@ -289,4 +289,4 @@ def ask(ctx: Context, inst: Instance, command: str, deadline: float) -> ControlA
     return answer
 
 
-VALUE_TYPE = "Dict[str, ControlAnswer]"  # read by codec, in this module's names
+VALUE_TYPE = Dict[str, ControlAnswer]

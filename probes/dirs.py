@@ -99,7 +99,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> Dict[str, DirFact]:
     return out
 
 
-VALUE_TYPE = "Dict[str, DirFact]"  # read by codec, in this module's names
+VALUE_TYPE = Dict[str, DirFact]
 
 
 def owner_name(uid: int) -> Optional[str]:

@@ -327,7 +327,7 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     now = time.time()
     state = StateFile(ctx.path(ctx.config.state_dir), "logs")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    memory, error = state.load(LogMemory, LogMemory({}, ()), globals()) \
+    memory, error = state.load(LogMemory, LogMemory({}, ())) \
         if not ctx.read_only else (LogMemory({}, ()), "")
     positions: Dict[str, LogPosition] = {}
     files: List[LogFileFact] = []
@@ -380,4 +380,4 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     return facts
 
 
-VALUE_TYPE = "LogsFacts"  # read by codec, in this module's names
+VALUE_TYPE = LogsFacts

@@ -172,7 +172,7 @@ def binaries_here(ctx: Context) -> Optional[Binaries]:
     return binaries_for(ctx.config) if ctx.root in ("", "/") else None
 
 
-VALUE_TYPE = "Tuple[ProcessFact, ...]"  # read by codec, in this module's names
+VALUE_TYPE = Tuple[ProcessFact, ...]
 
 
 def gather_for(ctx: Context, instances: object) -> Tuple[ProcessFact, ...]:

@@ -135,7 +135,7 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     cfg = settings(ctx.config)
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")
     locked = not ctx.read_only and state.lock(min(time.monotonic() + 1.0, ctx.deadline))
-    previous, error = state.load("Dict[str, ServerMemory]", {}, globals()) \
+    previous, error = state.load(Dict[str, ServerMemory], {}) \
         if not ctx.read_only else ({}, "")
     old_servers = [s for memory in previous.values() for s in memory.servers]
     alive = still_live(ctx, (c for s in old_servers for c in s.clients))
@@ -173,4 +173,4 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     return facts
 
 
-VALUE_TYPE = "ServersFacts"  # read by codec, in this module's names
+VALUE_TYPE = ServersFacts

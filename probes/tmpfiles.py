@@ -137,5 +137,5 @@ def gather(ctx: Context, instances: object = None) -> TmpfilesFacts:
     return TmpfilesFacts(True, tuple(files), tuple(rules), tuple(errors))
 
 
-VALUE_TYPE = "TmpfilesFacts"  # read by codec, in this module's names
+VALUE_TYPE = TmpfilesFacts
 gather_for = gather  # the source's name in the registry

@@ -357,9 +357,7 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
                            "job8": ServerMemory(old, 101, 1000, (dead,))}) == ""
         facts = _collect(ctx, (), time.time(), {}, [])
         assert set(facts.previous) == {"job7", "job8"}
-        kept, error = state.load("Dict[str, ServerMemory]", {},
-                                 vars(__import__("mps_health.probes.servers",
-                                                 fromlist=["x"])))
+        kept, error = state.load(Dict[str, ServerMemory], {})
         assert error == "" and set(kept) == {"job7"}
         assert kept["job7"].servers == (alive,)
         assert remembered(kept) == {(living.pid, start)}
@@ -368,8 +366,7 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
         living.wait()
     # Once it ends, the next run forgets it.
     _collect(ctx, (), time.time(), {}, [])
-    after, _ = state.load("Dict[str, ServerMemory]", {},
-                          vars(__import__("mps_health.probes.servers", fromlist=["x"])))
+    after, _ = state.load(Dict[str, ServerMemory], {})
     assert after == {}
 
 
