@@ -101,7 +101,7 @@ def with_options(action: Advice, options: Options) -> Advice:
     commands = tuple(given(argv, options) for argv in action.commands)
     for old, new in zip(action.commands, commands):
         start = action.text.find(quoted(old), at)
-        if start < 0:  # not in the text (a caller's own): the argv alone
+        if start < 0:  # a text that does not quote it: only its argv changes
             continue
         text += [action.text[at:start], quoted(new)]
         at = start + len(quoted(old))
