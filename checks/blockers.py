@@ -25,6 +25,7 @@ from mps_health.config.load import Config
 from mps_health.hostio.process_identity import STOPPED_STATES, is_server
 from mps_health.hostio.unblocks import Unblocked
 from mps_health.model import registry
+from mps_health.model.actionhints import Advice, advice
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.printable import escape
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
@@ -107,9 +108,12 @@ def who(b: Blocker) -> str:
     return f"pid {b.pid} ({', '.join(p for p in parts if p)})"
 
 
-def unblock_action(inst: str) -> str:
-    return (f"run 'mps-health remediate unblock {inst}' (dry run first: --dry-run); "
-            "never a reset for this: it would end other users' work")
+UNBLOCK = ("mps-health", "remediate", "unblock")
+
+
+def unblock_action(inst: str) -> Advice:
+    return advice("run ", (*UNBLOCK, inst), " (dry run first: --dry-run); never a reset for "
+                  "this: it would end other users' work")
 
 
 def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiting]
@@ -119,28 +123,30 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
     held = [b for b in blockers if b.kind != "daemon"]
     # One series per instance (mps_health_blockers): the count, never a pid or uid label.
     values, labels = (("blockers", float(len(held))),), ()
+    unblock = unblock_action(inst.name)
     for b in held:
         if b.kind == "server":
+            go_on = advice(f"run 'kill -CONT {b.pid}' (its job goes on), or ",
+                           (*UNBLOCK, inst.name), "; never a reset for this")
             yield Result(NAME, CRITICAL, "blocked-server", inst.name,
                          f"MPS server {who(b)} of this instance is stopped (state {b.state}): "
                          "the control daemon and every new client of every user wait for it",
-                         f"run 'kill -CONT {b.pid}' (its job goes on), or 'mps-health "
-                         f"remediate unblock {inst.name}'; never a reset for this",
-                         values, labels)
+                         go_on.text, values, labels, commands=go_on.commands)
         elif b.kind == "foreign-server":
             yield Result(NAME, CRITICAL, "blocked-foreign-server", inst.name,
                          f"nvidia-cuda-mps-server {who(b)}, which the control daemon did not "
                          f"start, is stopped (state {b.state}) on {inst.pipe_dir}: the daemon "
                          "and every new client of every user wait for it",
-                         unblock_action(inst.name), values, labels)
+                         unblock.text, values, labels, commands=unblock.commands)
         else:
-            action = unblock_action(inst.name) if b.remedy else (
+            action = unblock if b.remedy else Advice(
                 f"pid {b.pid} runs as root, so mps-health does not end it: see what it is "
                 f"('ps -o pid,user,lstart,stat,args -p {b.pid}') and end it by hand")
             yield Result(NAME, CRITICAL, "blocked-connection", inst.name,
                          f"{daemon} waits on a connection to its control socket held by "
                          f"{who(b)} that sends no command: every query and every new client "
-                         "of every user waits", action, values, labels)
+                         "of every user waits", action.text, values, labels,
+                         commands=action.commands)
     if held:
         return
     if waiting is None:

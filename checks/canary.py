@@ -11,6 +11,7 @@ from typing import Iterator, Mapping
 from mps_health.checks.common import present, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import Advice, advice
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import CanaryFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, Result
@@ -32,21 +33,23 @@ def judge(name: str, c: CanaryFact) -> Result:
     reset = reset_action(name)
     code, state, message, action = {
         "served": ("ok", OK, f"a CUDA client (pid {c.pid}, uid {c.uid}) got a context in "
-                   f"{ms}, {c.detail}", ""),
-        "skipped": ("canary-skipped", OK, f"canary not run: {c.detail}", ""),
+                   f"{ms}, {c.detail}", Advice("")),
+        "skipped": ("canary-skipped", OK, f"canary not run: {c.detail}", Advice("")),
         "not-served": ("canary-not-served", CRITICAL, f"the canary (pid {c.pid}) got a CUDA "
                        f"context in {ms} but no MPS server listed it: CUDA clients of this "
                        "pipe dir silently run without MPS", reset),
         "failed": ("canary-failed", CRITICAL, f"the canary's {c.detail} through MPS", reset),
         "timeout": ("canary-timeout", CRITICAL, f"the canary got {c.detail}", reset),
         "not-run": ("canary-not-run", UNKNOWN, f"canary not run: {c.detail}",
-                    "if this persists, look for a hung mps-health process"),
+                    Advice("if this persists, look for a hung mps-health process")),
         "no-libcuda": ("canary-no-libcuda", UNKNOWN, "libcuda.so.1 not found: no NVIDIA "
-                       "driver here, so the canary cannot run", "install the NVIDIA driver, "
-                       "or turn the canary off on this node (checks.disable: [canary])"),
+                       "driver here, so the canary cannot run", Advice("install the NVIDIA "
+                       "driver, or turn the canary off on this node (checks.disable: [canary])")),
     }.get(c.status, ("canary-error", UNKNOWN, c.detail,
-                     "run 'mps-health check --only canary -v' as root"))
-    return Result(NAME, state, code, name, message, action, values)
+                     advice("run ", ("mps-health", "check", "--only", "canary", "-v"),
+                            " as root")))
+    return Result(NAME, state, code, name, message, action.text, values,
+                  commands=action.commands)
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

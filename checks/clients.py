@@ -20,6 +20,7 @@ from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.model import registry
+from mps_health.model.actionhints import RESET, advice
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from mps_health.model.printable import escape
@@ -142,13 +143,14 @@ def judge_server(inst: Instance, server: ServerFact, cfg: ClientsConfig,
                          "per GPU (each process takes at least one context)")
     if isolation and len(devices) > 1:
         shown = ", ".join(escape(d.uuid) for d in devices[:4])
+        restart = advice("start the instance's daemon with CUDA_VISIBLE_DEVICES set to its "
+                         "GPU (the nvidia-mps@ unit does), then ", (*RESET, inst.name),
+                         " (dry run first)")
         yield Result(NAME, WARNING, "server-spans-gpus", inst.name,
                      f"server {server.pid} of instance {inst.name} uses {len(devices)} GPUs "
                      f"({shown}) where each instance should serve one GPU: its daemon was "
                      "started without CUDA_VISIBLE_DEVICES naming its GPU",
-                     f"start the instance's daemon with CUDA_VISIBLE_DEVICES set to its GPU "
-                     f"(the nvidia-mps@ unit does), then 'mps-health remediate reset "
-                     f"{inst.name}' (dry run first)")
+                     restart.text, commands=restart.commands)
 
 
 def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig

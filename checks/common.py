@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from mps_health.hostio.process_identity import is_daemon
+from mps_health.model.actionhints import RESET, Advice, advice
 from mps_health.model.facts import DirFact, Instance, ProcessFact
 from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, Result
@@ -21,9 +22,9 @@ PING = "check slurmctld ('scontrol ping'); this is not an MPS failure"
 K = TypeVar("K")
 
 
-def reset_action(name: str) -> str:
+def reset_action(name: str) -> Advice:
     """The action that restarts instance ``name``'s MPS, its dry run first."""
-    return f"run 'mps-health remediate reset {name}' (dry run first: --dry-run)"
+    return advice("run ", (*RESET, name), " (dry run first: --dry-run)")
 
 
 def user_of(user: Optional[str], uid: Optional[int], unknown: str) -> str:

@@ -14,6 +14,7 @@ from typing import Iterator, Mapping
 from mps_health.checks.common import reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import Advice
 from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
@@ -30,14 +31,16 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
     reset = reset_action(name)
     latency = (("latency_s", answer.latency_s),)
     failed = {
-        "exec-failed": ("control-client-missing", UNKNOWN, answer.detail, "install the CUDA "
-                        "MPS binaries or set commands.nvidia-cuda-mps-control in the config", ())
+        "exec-failed": ("control-client-missing", UNKNOWN, answer.detail, Advice("install the "
+                        "CUDA MPS binaries or set commands.nvidia-cuda-mps-control in the "
+                        "config"), ())
         if "not found" in answer.detail else  # as the daemon check tells a missing binary
         ("control-client-broken", CRITICAL, "the MPS control client is there but cannot run, "
-         f"so no query can be made: {answer.detail}", "reinstall the NVIDIA driver's MPS "
-         f"binaries ({answer.detail}); a reset cannot help before that", ()),
-        "skipped": ("control-busy", UNKNOWN, answer.detail, "another mps-health run is querying "
-                    "this daemon; if this persists, look for a hung mps-health process", ()),
+         f"so no query can be made: {answer.detail}", Advice("reinstall the NVIDIA driver's "
+         f"MPS binaries ({answer.detail}); a reset cannot help before that"), ()),
+        "skipped": ("control-busy", UNKNOWN, answer.detail, Advice("another mps-health run is "
+                    "querying this daemon; if this persists, look for a hung mps-health "
+                    "process"), ()),
         "timeout": ("control-wedged", CRITICAL, f"the control daemon did not answer within "
                     f"{answer.latency_s:.1f}s (wedged: clients and queries hang)", reset, latency),
         "absent": ("control-absent", CRITICAL, "the client cannot find a control daemon for "
@@ -46,7 +49,8 @@ def judge(name: str, answer: ControlAnswer, config: Config) -> Result:
                           f"error: {answer.detail}", reset, latency))
     if answer.status != "ok":
         code, state, message, action, values = failed
-        return Result(NAME, state, code, name, message, action, values)
+        return Result(NAME, state, code, name, message, action.text, values,
+                      commands=action.commands)
     percentage = float(answer.stdout.splitlines()[0])
     values = (("latency_s", answer.latency_s), ("thread_percentage", percentage))
     expected = config.control.expected_thread_percentage

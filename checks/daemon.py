@@ -13,6 +13,7 @@ from typing import Iterator, Mapping, Optional, Tuple
 from mps_health.checks.common import live_daemons, reset_action
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import advice
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
 from mps_health.probes.instances import expected_uid
@@ -65,35 +66,39 @@ def _judge_instance(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Option
                      f"no live nvidia-cuda-mps-control for {inst.pipe_dir}: " + "; ".join(stale)
                      + " (clients silently run without MPS)" if stale
                      else f"no nvidia-cuda-mps-control serves {inst.pipe_dir}",
-                     reset, (("daemon_up", 0.0),))
+                     reset.text, (("daemon_up", 0.0),), commands=reset.commands)
         return
     if len(live) > 1:
         pids = ", ".join(str(p.pid) for p in live)
         yield Result(NAME, CRITICAL, "daemon-duplicate", inst.name,
                      f"{len(live)} control daemons share {inst.pipe_dir} (pids {pids})",
-                     reset, (("daemon_up", 0.0 if wedged else 1.0),))
+                     reset.text, (("daemon_up", 0.0 if wedged else 1.0),),
+                     commands=reset.commands)
         return
     daemon = live[0]
     values = (("daemon_up", 0.0 if wedged else 1.0), ("daemon_pid", float(daemon.pid)))
     if daemon.state in ("T", "t"):
         # Not up: it runs, but serves no one until it is continued (SIGCONT), which keeps
         # its servers and their clients where a reset would end them.
+        go_on = advice(f"run 'kill -CONT {daemon.pid}' (the jobs it serves go on), or ",
+                       ("mps-health", "remediate", "unblock", inst.name),
+                       "; a reset would end them")
         yield Result(NAME, CRITICAL, "daemon-stopped", inst.name,
                      f"control daemon {daemon.pid} is stopped (state {daemon.state}): "
                      "every client and query hangs",
-                     f"run 'kill -CONT {daemon.pid}' (the jobs it serves go on), or 'mps-health "
-                     f"remediate unblock {inst.name}'; a reset would end them",
-                     (("daemon_up", 0.0), values[1]))
+                     go_on.text, (("daemon_up", 0.0), values[1]), commands=go_on.commands)
         return
     if daemon.state == "D":
+        then = advice("if this persists, check the GPU driver (dmesg) and then ", reset)
         yield Result(NAME, WARNING, "daemon-uninterruptible", inst.name,
                      f"control daemon {daemon.pid} is in uninterruptible sleep (state D)",
-                     "if this persists, check the GPU driver (dmesg) and then " + reset, values)
+                     then.text, values, commands=then.commands)
         return
     if config.mps.forbid_root_daemon and daemon.uid == 0:
         yield Result(NAME, CRITICAL, "daemon-root", inst.name,
                      f"control daemon {daemon.pid} runs as root where per-user daemons are "
-                     "required: any user can send it privileged commands", reset, values)
+                     "required: any user can send it privileged commands", reset.text, values,
+                     commands=reset.commands)
         return
     # Wedged: the control check's control-wedged is the finding; here only the number.
     yield Result(NAME, OK, "ok", inst.name, f"control daemon {daemon.pid} runs for "

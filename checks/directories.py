@@ -20,6 +20,7 @@ from typing import FrozenSet, Iterator, List, Mapping, Optional
 from mps_health.checks.common import reset_action
 from mps_health.config.load import LONGEST_ENTRY, SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.model import registry
+from mps_health.model.actionhints import Advice, advice
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid
@@ -52,9 +53,9 @@ def expected_owner(owner: str) -> Optional[int]:
     return uid_of(owner)
 
 
-def _dirs(inst: Instance) -> str:
-    return (f"run 'mps-health remediate dirs {inst.name}' (dry run first: --dry-run); the "
-            "daemon and its clients keep running")
+def _dirs(inst: Instance) -> Advice:
+    return advice("run ", ("mps-health", "remediate", "dirs", inst.name), " (dry run first: "
+                  "--dry-run); the daemon and its clients keep running")
 
 
 def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
@@ -94,9 +95,10 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
         yield from judge_parents(inst, role, d)
     reset = reset_action(inst.name)
     if d is None or d.kind == "missing":
+        make = reset if role == "pipe" else _dirs(inst)
         yield Result(NAME, CRITICAL if role == "pipe" else WARNING, f"{role}-dir-missing",
                      inst.name, f"{role} dir {d.path if d else '?'} does not exist",
-                     reset if role == "pipe" else _dirs(inst), BAD)
+                     make.text, BAD, commands=make.commands)
         return
     if d.kind == "error":
         yield Result(NAME, WARNING, f"{role}-dir-unreadable", inst.name,
@@ -105,11 +107,13 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
     if d.kind == "symlink":
         yield Result(NAME, CRITICAL, f"{role}-dir-symlink", inst.name,
                      f"{role} dir {d.path} is a symlink to {d.link_target}: it may redirect "
-                     "MPS sockets or logs", reset + "; it moves the link aside", BAD)
+                     "MPS sockets or logs", reset.text + "; it moves the link aside", BAD,
+                     commands=reset.commands)
         return
     if d.kind != "dir":
         yield Result(NAME, CRITICAL, f"{role}-dir-not-dir", inst.name,
-                     f"{role} dir {d.path} is a {d.kind}, not a directory", reset, BAD)
+                     f"{role} dir {d.path} is a {d.kind}, not a directory", reset.text, BAD,
+                     commands=reset.commands)
         return
     owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
     want_uid = expected_owner(owner)
@@ -120,13 +124,13 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
         problems.append(Result(NAME, CRITICAL, "pipe-dir-mode", inst.name,
                                f"pipe dir {d.path} has mode {d.mode:04o}, expected "
                                f"{config.mps.dir_mode:04o}: other users' clients cannot connect",
-                               fix, BAD))
+                               fix.text, BAD, commands=fix.commands))
     if role == "log" and d.mode != config.mps.log_dir_mode:
         problems.append(log_mode_result(inst, d, config.mps.log_dir_mode, fix))
     if want_uid is not None and d.uid != want_uid:
         problems.append(Result(NAME, WARNING, f"{role}-dir-owner", inst.name,
                                f"{role} dir {d.path} is owned by {d.owner or d.uid}, expected "
-                               f"{owner}", fix, BAD))
+                               f"{owner}", fix.text, BAD, commands=fix.commands))
     if role == "pipe":
         problems += judge_entries(inst, d, config)
     yield from problems
@@ -135,7 +139,7 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
                  f"owner {d.owner or d.uid}", dir_ok=1.0)
 
 
-def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Result:
+def log_mode_result(inst: Instance, d: DirFact, want: int, action: Advice) -> Result:
     """A log dir of another mode than ``mps.log_dir_mode``: a WARNING (only the daemon
     writes there: anyone else's entry is a link it would append to, or a forged line)."""
     why = (": other users can create entries in it (a control.log link the daemon would "
@@ -144,7 +148,7 @@ def log_mode_result(inst: Instance, d: DirFact, want: int, action: str) -> Resul
            else "")
     return Result(NAME, WARNING, "log-dir-mode", inst.name,
                   f"log dir {d.path} has mode {d.mode:04o}, expected {want:04o} "
-                  f"(mps.log_dir_mode){why}", action, BAD)
+                  f"(mps.log_dir_mode){why}", action.text, BAD, commands=action.commands)
 
 
 def _owner_name(uid: int) -> str:
@@ -157,6 +161,7 @@ def _owner_name(uid: int) -> str:
 def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result]:
     """MPS's own entries: right kind, daemon's owner (CRITICAL); others: WARNING."""
     want_uid = expected_uid(config.mps.daemon_user, d)
+    reset = reset_action(inst.name)
     for e in d.entries:
         where = f"{d.path}/{e.name}"
         want_kind = OWN_ENTRIES.get(e.name)
@@ -168,12 +173,12 @@ def judge_entries(inst: Instance, d: DirFact, config: Config) -> Iterator[Result
         elif e.kind != want_kind:
             yield Result(NAME, CRITICAL, "pipe-entry-bad", inst.name,
                          f"{where} is a {e.kind} owned by {_owner_name(e.uid)}, expected a "
-                         f"{want_kind}", reset_action(inst.name), BAD)
+                         f"{want_kind}", reset.text, BAD, commands=reset.commands)
         elif want_uid is not None and e.uid != want_uid:
             yield Result(NAME, CRITICAL, "pipe-entry-owner", inst.name,
                          f"{where} is owned by {_owner_name(e.uid)}, not by the daemon's user "
                          f"({_owner_name(want_uid)}): clients and queries may reach them",
-                         reset_action(inst.name), BAD)
+                         reset.text, BAD, commands=reset.commands)
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

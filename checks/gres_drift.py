@@ -168,10 +168,11 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
                          "add the GPU to mps.gpus (and start its daemon), or remove "
                          "Name=mps for it from gres.conf")
         elif not live_daemons(inst, procs, dirs.get(inst.pipe_dir), root):
+            reset = reset_action(inst.name)
             yield Result(NAME, CRITICAL, "mps-gpu-no-daemon", f"gpu{gpu}",
                          f"Slurm offers mps on GPU {gpu} but the control daemon of {inst.name} "
                          f"({inst.pipe_dir}) is not running: mps jobs there run without MPS",
-                         reset_action(inst.name))
+                         reset.text, commands=reset.commands)
         else:
             yield ok(NAME, f"gpu{gpu}", f"Slurm offers mps on GPU {gpu}, served by {inst.name}")
     for gpu in ids or () if files else ():
@@ -219,9 +220,10 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
             other = next((j for j in slurm.jobs if j.job_id == job_id), None)
             why = f"job {job_id} is {other.state} without mps" if other is not None \
                 else f"job {job_id} does not run on {node.name}"
+            reset = reset_action(f"job{job_id}")
             yield Result(NAME, WARNING, "mps-daemon-no-job", f"job{job_id}",
                          f"MPS daemon {pids[0]} serves job {job_id}, but {why}",
-                         reset_action(f"job{job_id}"))
+                         reset.text, commands=reset.commands)
 
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 from mps_health.checks.common import group, some
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import RESET, VERBOSE, Advice, advice, quoted
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import LogFileFact, LogFinding, LogsFacts
 from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok
@@ -33,21 +34,25 @@ registry.check(NAME, f"{__name__}:check", ("logs",), order=80,
 
 SHOWN_FOREIGN = 5  # entries named per log dir; the rest are counted
 
-# code -> (state, what it means, what to do)
-MEANING = {
+# code -> (state, what it means, what to do for the instance named)
+MEANING: Dict[str, Tuple[int, str, Callable[[str], Advice]]] = {
     "log-server-exit": (WARNING, "MPS server(s) exited with a non-zero status",
-                        "read server.log and control.log around that time; if it repeats, "
-                        "run 'mps-health remediate reset {name}'"),
+                        lambda name: advice("read server.log and control.log around that "
+                                            "time; if it repeats, run ", (*RESET, name))),
     "log-daemon-exit": (WARNING, "the control daemon exited with a non-zero status",
-                        "read control.log; 'mps-health check' shows whether it runs again"),
+                        lambda name: advice("read control.log; ", ("mps-health", "check"),
+                                            " shows whether it runs again")),
     "log-server-start-failed": (WARNING, "the daemon failed to start a server for a user",
-                                "a client of another user reached a per-user daemon: check "
-                                "that each job's CUDA_MPS_PIPE_DIRECTORY is its own daemon's"),
+                                lambda name: Advice(
+                                    "a client of another user reached a per-user daemon: "
+                                    "check that each job's CUDA_MPS_PIPE_DIRECTORY is its "
+                                    "own daemon's")),
     "log-accept-failed": (WARNING, "the control daemon could not accept connections",
-                          "check open files and the pipe dir; if it repeats, "
-                          "run 'mps-health remediate reset {name}'"),
+                          lambda name: advice("check open files and the pipe dir; if it "
+                                              "repeats, run ", (*RESET, name))),
     "log-fatal": (WARNING, "fatal errors or exceptions were logged",
-                  "read server.log around that time and check dmesg for Xid errors"),
+                  lambda name: Advice("read server.log around that time and check dmesg for "
+                                      "Xid errors")),
 }
 
 
@@ -78,17 +83,18 @@ def judge(name: str, findings: List[LogFinding], lf: LogsFacts, config: Config) 
                      f"client {p.pid} of uid {p.uid} was pushed to the pending list at "
                      f"{_clock(p.at)} and has waited {now - p.at:.0f}s: another user's "
                      "server holds the GPU (MPS serves one user per GPU at a time)",
-                     "check which jobs share the GPU ('mps-health check -v', squeue -w "
-                     "this node); MPS GPUs should be allocated to one user at a time",
-                     (*values, ("pending_wait_s", now - p.at)))
+                     f"check which jobs share the GPU ({quoted(VERBOSE)}, squeue -w this "
+                     "node); MPS GPUs should be allocated to one user at a time",
+                     (*values, ("pending_wait_s", now - p.at)), commands=(VERBOSE,))
     for code, same in by_code.items():
-        state, meaning, action = MEANING[code]
+        state, meaning, todo = MEANING[code]
         last = max(same, key=lambda f: f.at)
+        action = todo(name)
         yield Result(NAME, state, code, name,
                      f"{len(same)} in the last {cfg.window_s / 60:g} min: {meaning}; last at "
                      f"{_clock(last.at)} in {last.file}: {last.text}",
-                     action.format(name=name),
-                     (*values, (code.replace("-", "_"), float(len(same)))))
+                     action.text, (*values, (code.replace("-", "_"), float(len(same)))),
+                     commands=action.commands)
     if not waiting and not by_code:
         yield Result(NAME, OK, "ok", name, f"nothing notable in the last {cfg.window_s / 60:g} min",
                      "", values)
@@ -99,12 +105,13 @@ def planted(name: str, log_dir: str, files: List[LogFileFact],
     """WARNINGs for log files that are not the daemon's, and others' entries in its dir."""
     for f in files:
         if f.status == "bad":
+            reset = (*RESET, name)
             yield Result(NAME, WARNING, "log-file-bad", name,
                          f"{f.path} is {f.detail}, not the daemon's own log: not read",
-                         f"ask uid {f.uid} why; run 'mps-health remediate reset {name}' (it "
-                         "moves it aside, or removes the link, before the daemon starts), "
-                         f"and make the log dir {log_dir} writable by no one else",
-                         (("log_files_bad", 1.0),))
+                         f"ask uid {f.uid} why; run {quoted(reset)} (it moves it aside, or "
+                         "removes the link, before the daemon starts), and make the log dir "
+                         f"{log_dir} writable by no one else", (("log_files_bad", 1.0),),
+                         commands=(reset,))
     if foreign:
         shown = some([f"{f.path} ({f.detail})" for f in foreign], SHOWN_FOREIGN, "; ")
         owners = ", ".join(f"uid {u}" for u in sorted({f.uid for f in foreign}))

@@ -20,6 +20,7 @@ from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
 from mps_health.model import registry
+from mps_health.model.actionhints import advice
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
 from mps_health.model.servertrack import remembered
@@ -40,8 +41,9 @@ registry.check(NAME, f"{__name__}:check",
 SHOWN = 3  # paths named per owner of unrecorded dirs (the rest counted)
 # An ended job is no instance any more ('remediate reset jobN' would name none): this
 # removes every recorded leftover of ended jobs, as the check selects them.
-REMOVE = ("run 'mps-health remediate orphans --dry-run' to see what it would stop and "
-          "remove, then 'mps-health remediate orphans'")
+ORPHANS = ("mps-health", "remediate", "orphans")
+REMOVE = advice("run ", (*ORPHANS, "--dry-run"), " to see what it would stop and remove, "
+                "then ", ORPHANS)
 
 
 def age_text(seconds: float) -> str:
@@ -110,7 +112,8 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
              "binary could not be checked)") if servers else
             (WARNING, "orphan-daemon", f"; its control daemon {controls[0].pid} still runs")
             if controls else (WARNING, "orphan-dir", ""))
-        yield Result(NAME, state, code, f"job{job_id}", head + tail, action, values)
+        yield Result(NAME, state, code, f"job{job_id}", head + tail, action.text, values,
+                     commands=action.commands)
     for result in unrecorded(strangers, facts.taken_at, min_age):
         found += 1
         yield result

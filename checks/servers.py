@@ -13,6 +13,7 @@ from typing import Iterator, List, Optional
 from mps_health.checks.common import group, present, reset_action, user_of
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import VERBOSE, quoted
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import (
     InstanceServers,
@@ -61,14 +62,15 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
                      ("servers_fault", sum(s.status == "FAULT" for s in live)),
                      ("servers_initializing", sum(s.status == "INITIALIZING" for s in live)))
     found = False
+    reset = reset_action(inst.name)
     for server in cur.servers:
         if server.status == "FAULT":
             found = True
             yield Result(NAME, CRITICAL, "server-fault", inst.name,
                          f"{describe(server)} is in FAULT: new clients get "
                          "CUDA_ERROR_MPS_SERVER_NOT_READY until its clients exit",
-                         reset_action(inst.name) + "; it ends the faulted clients' MPS session",
-                         values)
+                         reset.text + "; it ends the faulted clients' MPS session", values,
+                         commands=reset.commands)
         elif server.status == "INITIALIZING":
             since: Optional[float] = status_since(memory, server)
             waited = now - since if since is not None else 0.0
@@ -77,19 +79,22 @@ def judge(inst: Instance, cur: InstanceServers, memory: ServerMemory, now: float
                 yield Result(NAME, CRITICAL, "server-stuck-initializing", inst.name,
                              f"{describe(server)} has been INITIALIZING for {waited:.0f}s "
                              f"(limit {cfg.init_stuck_s:g}s): its clients wait forever",
-                             reset_action(inst.name), (*values, ("initializing_s", waited)))
+                             reset.text, (*values, ("initializing_s", waited)),
+                             commands=reset.commands)
         elif server.status == "error":
             found = True
             yield Result(NAME, UNKNOWN, "server-unreadable", inst.name,
                          f"server {server.pid}: {server.detail}",
-                         "see the control check; run 'mps-health check -v' as root", values)
+                         f"see the control check; run {quoted(VERBOSE)} as root", values,
+                         commands=(VERBOSE,))
     # One finding per code, its events oldest first.
     for code, events in group(sorted(memory.events, key=lambda e: e.at), lambda e: e.code).items():
         found = True
+        ack = ("mps-health", "ack", code, inst.name)
         yield Result(NAME, WARNING, code, inst.name, _repeated(events, now),
                      "read the instance's control.log around that time (see the logs "
-                     f"check); once explained, run 'mps-health ack {code} {inst.name}'",
-                     (*values, ("events", float(len(events)))))
+                     f"check); once explained, run {quoted(ack)}",
+                     (*values, ("events", float(len(events)))), commands=(ack,))
     if not found:
         text = "; ".join(f"{describe(s)}: {s.status}" for s in live) or "no server running"
         yield Result(NAME, 0, "ok", inst.name, text, "", values)

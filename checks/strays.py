@@ -39,6 +39,7 @@ from mps_health.config.load import Config
 from mps_health.config.templates import match
 from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
 from mps_health.model import registry
+from mps_health.model.actionhints import RESET, quoted
 from mps_health.model.facts import Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.model.servertrack import remembered
@@ -115,7 +116,7 @@ def _orphaned_servers(procs: Tuple[ProcessFact, ...], known: Set[Tuple[int, int]
             f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of a control "
             f"daemon seen by an earlier run, runs with no control daemon"
             f"{' for ' + p.pipe_dir if p.pipe_dir else ''}",
-            "run 'mps-health remediate reset' for its instance")
+            f"run {quoted(RESET)} for its instance", commands=(RESET,))
     yield from _unclaimed(unclaimed)
     yield from _stopped_foreign(blocking)
 
@@ -124,10 +125,12 @@ def _orphaned(p: ProcessFact, instance: str) -> Result:
     """A job's server that outlived its job's daemon while Slurm still lists the job: the
     job's user may have killed their own daemon, which hurts only their job. Once the job
     has ended it is the node's CRITICAL (and the orphans check's ``orphan-server``)."""
+    reset = reset_action(instance)
     return Result(NAME, WARNING, "server-orphaned", instance,
                   f"nvidia-cuda-mps-server {p.pid} (uid {p.uid}), a server of this job's "
                   f"control daemon, runs with no control daemon for {p.pipe_dir}; the job "
-                  "still runs: only its own MPS is affected", reset_action(instance))
+                  "still runs: only its own MPS is affected", reset.text,
+                  commands=reset.commands)
 
 
 def _blocks(p: ProcessFact, daemon_pids: Set[int]) -> bool:
@@ -167,13 +170,14 @@ def _stopped_foreign(found: List[ProcessFact]) -> Iterator[Result]:
     reset (it would meet the same process)."""
     for uid, mine, pids, on in _owners(found):
         first = mine[0].pid
+        unblock = ("mps-health", "remediate", "unblock")
         yield Result(NAME, WARNING, "server-stopped-foreign", "",
                      f"{len(mine)} stopped or traced nvidia-cuda-mps-server process(es) of "
                      f"uid {uid}{on}, not started by its control daemon (pids {pids}): "
                      "while one lives, the control daemon and its clients may hang",
-                     f"run 'mps-health remediate unblock' (it ends such processes), or look "
-                     f"at it ('ps -o pid,user,lstart,stat,args -p {first}') and end it by "
-                     f"hand ('kill -KILL {first}'); do not reset MPS for it")
+                     f"run {quoted(unblock)} (it ends such processes), or look at it ('ps "
+                     f"-o pid,user,lstart,stat,args -p {first}') and end it by hand ('kill "
+                     f"-KILL {first}'); do not reset MPS for it", commands=(unblock,))
 
 
 def _impostors(procs: Tuple[ProcessFact, ...]) -> Iterator[Result]:

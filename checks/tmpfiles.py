@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
 from mps_health.model import registry
+from mps_health.model.actionhints import quoted
 from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
 
@@ -24,6 +25,7 @@ registry.check(NAME, f"{__name__}:check", ("tmpfiles",), order=50,
                summary="systemd-tmpfiles will not clean the pipe dirs")
 
 AGING_TYPES = frozenset("dDevqQ")
+GUARD = ("mps-health", "remediate", "tmpfiles-guard")
 
 
 def _literal(pattern: str) -> bool:
@@ -87,7 +89,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             yield Result(NAME, WARNING, "tmpfiles-unguarded", name,
                          f"{path} is not excluded from systemd-tmpfiles cleaning ({why}): "
                          "idle MPS sockets will be deleted",
-                         "run 'mps-health remediate tmpfiles-guard'", (("guarded", 0.0),))
+                         f"run {quoted(GUARD)}", (("guarded", 0.0),), commands=(GUARD,))
         else:  # what could not be read (a planted FIFO, a bad line) might still age it
             more = f" (+{len(tf.errors) - 1} more)" if len(tf.errors) > 1 else ""
             unread = f", as far as could be read: {tf.errors[0]}{more}" if tf.errors else ""

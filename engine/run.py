@@ -254,6 +254,9 @@ def shown(r: Result) -> Result:
                       labels=tuple((printable(k), printable(v)) for k, v in r.labels))
 
 
+SNAPSHOT = ("mps-health", "snapshot")
+
+
 def judge(facts: Facts, config: Config,
           checks: Sequence[registry.CheckSpec]) -> Tuple[CheckRun, ...]:
     """Run each check over the facts. A check never raises out of here."""
@@ -270,7 +273,8 @@ def judge(facts: Facts, config: Config,
             why = "; ".join(f"{n}: {facts.errors.get(n, 'not gathered')}" for n in missing)
             found: Tuple[Result, ...] = (Result(
                 spec.name, UNKNOWN, "facts-unavailable", "", f"cannot judge: {why}",
-                "run 'mps-health check -v' as root"),)
+                f"run {actionhints.quoted(actionhints.VERBOSE)} as root",
+                commands=(actionhints.VERBOSE,)),)
         else:
             try:
                 fn: Callable[[Facts, Config], Iterable[Result]] = registry.load(spec.target)
@@ -279,7 +283,8 @@ def judge(facts: Facts, config: Config,
                 failed = _one_line(e)
                 found = (Result(spec.name, UNKNOWN, "check-failed", "",
                                 f"the check itself failed: {failed}",
-                                "report this as a bug with 'mps-health snapshot'"),)
+                                f"report this as a bug with {actionhints.quoted(SNAPSHOT)}",
+                                commands=(SNAPSHOT,)),)
         runs.append(CheckRun(spec.name, found, time.monotonic() - t0, failed))
     return fold(runs)  # a cause is one problem: what follows from it is folded under it
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
 from mps_health.exporters.text import counted, folded_line, gathered, ok_line, passed
-from mps_health.model.actionhints import with_options
+from mps_health.model.actionhints import VERBOSE, given, quoted
 from mps_health.model.printable import printable
 from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
 
@@ -326,10 +326,10 @@ def fit(text: str, options: Tuple[Tuple[str, str], ...] = ()) -> str:
     head, *body = text.rstrip("\n").split("\n")
     tail = [body.pop()] if body and body[-1].startswith("| ") else []
     used = sum(len(line.encode()) + 1 for line in [head, *tail])
+    see_all = quoted(given(VERBOSE, options))
     for n, line in enumerate(body):
         used += len(line.encode()) + 1
-        marker = with_options(f"... {len(body) - n} more lines cut to stay under 8 KiB "
-                              "(run 'mps-health check -v')", options)
+        marker = f"... {len(body) - n} more lines cut to stay under 8 KiB (run {see_all})"
         if used + len(marker) + 1 > MAX_OUTPUT:
             body[n:] = [marker]
             break

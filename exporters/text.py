@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Iterator, List, TextIO
 
-from mps_health.model.actionhints import commands
-from mps_health.model.results import OK, STARTING, STATE_NAMES, Report, Result, is_problem
+from mps_health.model.actionhints import quoted
+from mps_health.model.results import OK, STARTING, STATE_NAMES, Command, Report, Result, is_problem
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.
 COLOURS = {"OK": "32", "WARNING": "33", "CRITICAL": "1;31", "UNKNOWN": "35"}
@@ -95,17 +95,17 @@ def fit(line: str, width: int) -> str:
     return line[:width - 3] + "..."
 
 
-def action_lines(action: str, width: int) -> List[str]:
-    """A problem's action on a terminal: wrapped at ``width`` between words, a quoted
-    command (``'mps-health ...'``) never split, so it pastes whole from one line (one
-    wider than the terminal is left for the terminal to fold)."""
+def action_lines(action: str, width: int, commands: Iterable[Command] = ()) -> List[str]:
+    """A problem's action on a terminal: wrapped at ``width`` between words, a command it
+    quotes (``commands``) never split, so it pastes whole from one line (one wider than
+    the terminal is left for the terminal to fold)."""
     import textwrap  # only on a terminal: slurmd's and the pipes' runs do without re
 
     if not action:
         return []
     # Inside a command its spaces are no place to wrap: \0 stands for them meanwhile.
     kept = action
-    for command in commands(action):
+    for command in map(quoted, commands):
         kept = kept.replace(command, command.replace(" ", "\0"))
     wrapped = textwrap.wrap(kept, max(width, NARROWEST), initial_indent=DO,
                             subsequent_indent=" " * len(DO), break_long_words=False,
@@ -134,7 +134,7 @@ def lines(report: Report, verbose: bool = False, width: int = 0,
                 line = fit(short_line(r), width) if short else problem_line(r)
                 yield paint(line, r.state, 0, colour)
                 if short:
-                    yield from action_lines(r.action, width)
+                    yield from action_lines(r.action, width, r.commands)
             elif r.state != OK:
                 if verbose or r.cause == STARTING:
                     yield folded_line(r)

@@ -1,30 +1,67 @@
-"""What a problem line's action ends with: the run's own options, and where to read more.
+"""What a problem's action carries: the commands it advises, the run's options, and where
+to read more.
 
-A check quotes the commands it advises as ``'mps-health SUBCOMMAND ...'`` for the default
-node. A run given ``--config FILE`` or ``--root TREE`` judged other instances, so every
-output gives each quoted command the run's options its subcommand takes (``TAKES``),
-quoted as ``shlex.quote`` does and made printable (the default config file and
-``--root /`` add nothing). A problem whose code mps-health documents then ends with
-``(runbook: mps-health explain CODE)``. ``commands`` reads the commands back out.
+A check advises a command as its argv (``advice("run ", ("mps-health", "remediate",
+"reset", name), " (dry run first: --dry-run)")``): the action's text quotes it as
+``shlex.join`` writes it, made printable, between single quotes, and the result keeps
+the argv (``Result.commands``), so nothing reads a command back out of text. A run
+given ``--config FILE`` or ``--root TREE`` judged other instances, so ``applied`` gives
+each advised ``mps-health`` command the run's options its subcommand takes (``TAKES``)
+and quotes it again (the default config file and ``--root /`` add nothing). A problem
+whose code mps-health documents then ends with ``(runbook: mps-health explain CODE)``.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import time
-from typing import Iterable, List, Mapping, Optional, Tuple
+from typing import Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from mps_health.model import registry
-from mps_health.model.results import CheckRun, Result, is_problem
+from mps_health.model.printable import printable
+from mps_health.model.results import CheckRun, Command, Result, is_problem
 
 Options = Tuple[Tuple[str, str], ...]
 
-START = "'mps-health "
 # Subcommand -> the run options it takes (the tests check each against its argparse
 # definition); one not listed takes none of them (explain).
 TAKES = {**dict.fromkeys(("check", "snapshot", "clients", "exporter", "healthcheck",
                           "remediate"), ("--config", "--root")),
          "unit": ("--config",), "ack": ("--config",)}
+RESET = ("mps-health", "remediate", "reset")
+VERBOSE = ("mps-health", "check", "-v")
+
+
+class Advice(NamedTuple):
+    """An action's text and the commands it quotes, in the order it quotes them."""
+
+    text: str
+    commands: Tuple[Command, ...] = ()
+
+
+def quoted(argv: Command) -> str:
+    """``argv`` as an action quotes it: one shell command line between single quotes, made
+    printable (a control character in a file name shows escaped, never reaches a
+    terminal)."""
+    return f"'{printable(shlex.join(argv))}'"
+
+
+def advice(*parts: Union[str, Command, Advice]) -> Advice:
+    """The action made of ``parts``: text as it is, a command (argv) quoted, an advice's
+    text and commands in their place."""
+    text: List[str] = []
+    commands: List[Command] = []
+    for part in parts:
+        if isinstance(part, str):
+            text.append(part)
+        elif isinstance(part, Advice):
+            text.append(part.text)
+            commands.extend(part.commands)
+        else:
+            text.append(quoted(part))
+            commands.append(part)
+    return Advice("".join(text), tuple(commands))
 
 
 def run_options(config_path: Optional[str], root: str = "/") -> Options:
@@ -41,46 +78,34 @@ def run_options(config_path: Optional[str], root: str = "/") -> Options:
     return tuple(found)
 
 
-# The characters shlex.quote leaves unquoted (its [\w@%+=:,./-], ASCII).
-SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+def given(argv: Command, options: Options) -> Command:
+    """``argv`` with the options its ``mps-health`` subcommand takes that it does not name
+    already, after its own words."""
+    if argv[:1] != ("mps-health",) or len(argv) < 2:
+        return argv
+    takes = TAKES.get(argv[1], ())
+    extra = [word for opt, value in options
+             if opt in takes and opt not in argv
+             and not any(w.startswith(opt + "=") for w in argv)
+             for word in (opt, value)]
+    return (*argv, *extra)
 
 
-def quote(value: str) -> str:
-    """``value`` as one shell word, as ``shlex.quote`` writes it (shlex imports ``re``, which
-    a check must not; the tests compare the two), made printable as outputs are: a
-    control character in a file name shows escaped, never reaches a terminal."""
-    from mps_health.model.printable import printable
-
-    if value and all(c in SAFE for c in value):
-        return value
-    return printable("'" + value.replace("'", "'\"'\"'") + "'")
-
-
-def with_options(action: str, options: Options) -> str:
-    """``action`` with each quoted ``'mps-health SUB ...'`` command given the options
-    SUB takes that it does not name already, after its own words."""
-    if not options or START not in action:
+def with_options(action: Advice, options: Options) -> Advice:
+    """``action`` with each command given the run's ``options`` and quoted again in its
+    place (found where it was quoted, in order)."""
+    if not options or not action.commands:
         return action
-    out: List[str] = []
+    text: List[str] = []
     at = 0
-    while True:
-        start = action.find(START, at)
-        end = action.find("'", start + 1) if start >= 0 else -1
-        if end < 0:  # no (closed) command left: the rest as it is
-            out.append(action[at:])
-            return "".join(out)
-        command = action[start + 1:end]
-        words = command.split()
-        takes = TAKES.get(words[1] if len(words) > 1 else "", ())
-        extra = [f"{opt} {quote(value)}" for opt, value in options
-                 if opt in takes and opt not in words
-                 and not any(w.startswith(opt + "=") for w in words)]
-        out.append(action[at:start + 1])
-        out.append(" ".join([command, *extra]))
-        at = end
-
-
-RESET = START + "remediate reset "
+    commands = tuple(given(argv, options) for argv in action.commands)
+    for old, new in zip(action.commands, commands):
+        start = action.text.find(quoted(old), at)
+        if start < 0:  # a text that does not quote it: only its argv changes
+            continue
+        text += [action.text[at:start], quoted(new)]
+        at = start + len(quoted(old))
+    return Advice("".join(text) + action.text[at:], commands)
 
 
 def cooling(runs: Iterable[CheckRun], last_reset: float, cooldown_s: float, now: float,
@@ -95,7 +120,7 @@ def cooling(runs: Iterable[CheckRun], last_reset: float, cooldown_s: float, now:
     until = time.strftime("%H:%M:%S %Z", time.localtime(last_reset + cooldown_s))
 
     def one(r: Result) -> Result:
-        if not is_problem(r) or RESET not in r.action:
+        if not is_problem(r) or not any(argv[:3] == RESET for argv in r.commands):
             return r
         log = os.path.join(log_dirs[r.instance], "control.log") if r.instance in log_dirs \
             else "the instance's control.log"
@@ -115,14 +140,14 @@ def read_more(action: str, code: str) -> str:
 
 def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ...] = ()
             ) -> Tuple[CheckRun, ...]:
-    """The runs with every action given the run's options, and every problem's action
-    its runbook entry (``any_check``: codes documented whatever check reports them, the
-    engine's)."""
+    """The runs with every action's commands given the run's options, and every problem's
+    action its runbook entry (``any_check``: codes documented whatever check reports
+    them, the engine's)."""
     def one(r: Result, ours: bool) -> Result:
-        action = with_options(r.action, options)
+        action, commands = with_options(Advice(r.action, r.commands), options)
         if is_problem(r) and (ours or r.code in any_check):  # folded: no action
             action = read_more(action, r.code)
-        return r if action == r.action else r._replace(action=action)
+        return r if action == r.action else r._replace(action=action, commands=commands)
 
     out = []
     for run in runs:
@@ -132,34 +157,3 @@ def applied(runs: Iterable[CheckRun], options: Options, any_check: Tuple[str, ..
         ours = spec is not None and spec.target.startswith(".")
         out.append(run._replace(results=tuple(one(r, ours) for r in run.results)))
     return tuple(out)
-
-
-def commands(action: str) -> List[str]:
-    """The commands an action quotes (``'mps-health ...'``), each a shell command line. A
-    word in it may be quoted (``--config '/etc/my site.yaml'``): a quote ends the command
-    only where no such word opens (after a space or a closing double quote) and none
-    closed just before (``shlex.quote`` never writes two single quotes in a row)."""
-    found: List[str] = []
-    at = 0
-    while True:
-        start = action.find(START, at)
-        if start < 0:
-            return found
-        i, inside, before = start + 1, "", " "
-        while i < len(action):
-            c = action[i]
-            if inside:
-                if c == inside:
-                    inside, before = "", "closed" + c
-                else:
-                    before = c
-            elif c == "'" and before not in (" ", 'closed"'):
-                break  # the command's own closing quote
-            elif c in "'\"":
-                inside = c
-            else:
-                before = c
-            i += 1
-        found.append(action[start + 1:i])
-        at = i + 1
-

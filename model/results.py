@@ -20,6 +20,10 @@ STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNK
 _RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}
 
 
+# A command an action advises, as its argv (model/actionhints.py quotes it).
+Command = Tuple[str, ...]
+
+
 def worst(states: Sequence[int]) -> int:
     """The state that wins when several are combined (OK for none)."""
     return max(states, key=_RANK.__getitem__, default=OK)
@@ -41,6 +45,9 @@ class Result(NamedTuple):
     labels: Tuple[Tuple[str, str], ...] = ()
     # The code of the finding this one follows from (see ``fold``); "" for one that counts.
     cause: str = ""
+    # The mps-health commands ``action`` quotes, as argv, in its order (see
+    # model/actionhints.py): the run's options are added to them, never to the text.
+    commands: Tuple[Command, ...] = ()
 
 
 def is_problem(r: Result) -> bool:
@@ -165,7 +172,7 @@ class Report(NamedTuple):
     # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
     instance_gpus: Mapping[str, str] = {}
     # (option, value) of the run that change what a command acts on (--config, --root):
-    # the actions quote them (model/actionhints.py).
+    # the actions' commands carry them (model/actionhints.py).
     options: Tuple[Tuple[str, str], ...] = ()
 
     @property

@@ -16,7 +16,7 @@ from mps_health.hostio.executable import why_not_runnable
 from mps_health.hostio.filelock import LockBusy, node_lock
 from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
-from mps_health.model.actionhints import run_options, with_options
+from mps_health.model.actionhints import Advice, run_options, with_options
 from mps_health.model.context import Context, node_name
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts import Instance
@@ -187,7 +187,8 @@ def _reset_one(ctx: Context, inst: Instance, settings: RemediationSettings, forc
         return DONE
     if plan.refused:
         # The commands it quotes act on what this reset looked at: its --config and --root.
-        say(f"  refused: {with_options(plan.refused, run_options(ctx.config.path, ctx.root))}")
+        options = run_options(ctx.config.path, ctx.root)
+        say(f"  refused: {with_options(Advice(plan.refused, plan.commands), options).text}")
         if audit:
             audit.record("refused", "cooldown" if plan.cooling else "refused",
                          instance=inst.name, problems=problems, why=plan.refused,

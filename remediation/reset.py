@@ -29,11 +29,12 @@ from mps_health.hostio.safedirs import UnsafePath, keep_files
 from mps_health.hostio.safefiles import read_tail
 from mps_health.hostio.users import ROOT, User, groups_of
 from mps_health.model import registry
+from mps_health.model.actionhints import Advice, advice, quoted
 from mps_health.model.context import Context, node_name
 from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.model.facts_deep import LOG_FILES
 from mps_health.model.printable import escape
-from mps_health.model.results import CRITICAL, UNKNOWN, Result, is_problem
+from mps_health.model.results import CRITICAL, UNKNOWN, Command, Result, is_problem
 from mps_health.probes import control as control_probe
 from mps_health.probes.dirs import read_dir
 from mps_health.probes.proc import binaries_here, read_processes, with_named
@@ -94,6 +95,7 @@ class Plan(NamedTuple):
     nothing: str = ""  # why nothing needs doing ("" if something does)
     notes: Tuple[str, ...] = ()
     cooling: bool = False  # refused by the cooldown (remediation.cooldown_s)
+    commands: Tuple[Command, ...] = ()  # the mps-health commands ``refused`` quotes, as argv
 
 
 def judge(ctx: Context, inst: Instance, found: Tuple[ProcessFact, ...],
@@ -170,19 +172,20 @@ def logs_to_read(ctx: Context, inst: Instance, settings: RemediationSettings) ->
             f"and the audit log {ctx.path(settings.audit_log)} (what the last reset did)")
 
 
-def clients_refusal(inst: Instance, listed: str, how: str) -> str:
+def clients_refusal(inst: Instance, listed: str, how: str) -> Advice:
     """Why a reset with clients connected is refused, and what to run instead: let the
     work end (drained, so that no new job starts here), then reset."""
-    see = f"'mps-health clients {inst.name}' lists them"
+    see = advice(("mps-health", "clients", inst.name), " lists them")
     if inst.job_id is not None:  # the job's own clients: they end with it, and so does the instance
-        wait = f"wait until job {inst.job_id}'s clients end ({see}; its Epilog removes the " \
-            "instance when the job ends)"
+        wait = advice(f"wait until job {inst.job_id}'s clients end (", see, "; its Epilog "
+                      "removes the instance when the job ends)")
     else:
-        wait = (f"drain the node so that no new job starts here ('mps-health remediate drain "
-                f"--reason reset-{inst.name}'), wait until these clients end ({see}), then run "
-                f"this reset again and 'mps-health remediate resume'")
-    return f"{listed} ({how}); a reset would break them: {wait}; or use --force (they lose " \
-        "their MPS server)"
+        wait = advice("drain the node so that no new job starts here (",
+                      ("mps-health", "remediate", "drain", "--reason", f"reset-{inst.name}"),
+                      "), wait until these clients end (", see, "), then run this reset again "
+                      "and ", ("mps-health", "remediate", "resume"))
+    return advice(f"{listed} ({how}); a reset would break them: ", wait, "; or use --force "
+                  "(they lose their MPS server)")
 
 
 def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSettings,
@@ -216,13 +219,15 @@ def plan(ctx: Context, obs: Observed, target: Target, settings: RemediationSetti
     who = obs.clients
     if who is not None and not force:
         if not who.known:
-            return Plan(inst, (), refused=f"{who.how}; refusing without --force ('mps-health "
-                        f"clients {inst.name}' shows who is connected)", notes=tuple(notes))
+            look = ("mps-health", "clients", inst.name)
+            return Plan(inst, (), refused=f"{who.how}; refusing without --force "
+                        f"({quoted(look)} shows who is connected)", notes=tuple(notes),
+                        commands=(look,))
         if who.pids:
             listed = clients_mod.describe(ctx.proc, who.pids)
-            return Plan(inst, (), refused=clients_refusal(
-                inst, f"{len(who.pids)} client(s) connected: {listed}", who.how),
-                notes=tuple(notes))
+            why = clients_refusal(inst, f"{len(who.pids)} client(s) connected: {listed}",
+                                  who.how)
+            return Plan(inst, (), refused=why.text, notes=tuple(notes), commands=why.commands)
     steps: List[Step] = []
     running = [d for d in obs.daemons if d.state not in ("T", "t")]
     if running and obs.answer.status == "ok":

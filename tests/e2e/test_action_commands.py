@@ -10,7 +10,7 @@ import shlex
 import shutil
 
 from clirun import check_mps, mps_health
-from mps_health.model.actionhints import commands
+from pasted import commands
 from remhelp import remediating
 
 

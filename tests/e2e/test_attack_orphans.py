@@ -26,7 +26,7 @@ from conftest import FAKE_SERVER
 from hostile import ATTACKER, as_user, ensure_user, run_as
 from jobhooks import JobHooks, daemon_pid, user_python
 from mps_health.hostio import jobrecords
-from mps_health.model.actionhints import commands
+from pasted import commands
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root (the hooks chown and drop to the user)")

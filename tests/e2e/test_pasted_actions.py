@@ -19,9 +19,9 @@ from typing import Callable, Iterator, List, Tuple
 
 import pytest
 from clirun import mps_health
-from mps_health.model.actionhints import commands
 from mpsdaemon import stop_process
 from nodesite import Daemon, Site
+from pasted import commands
 from remhelp import alive, daemons_of, remediating
 
 CHECKS = "daemon,control,directories,servers"

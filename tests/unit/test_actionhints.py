@@ -1,5 +1,6 @@
-"""The run's options reach every command an action quotes, and every problem its runbook
-entry (mps_health.model.actionhints), once for every output."""
+"""Every command an action advises is carried as its argv, given the run's options and
+quoted as shlex.join writes it; every problem gets its runbook entry
+(mps_health.model.actionhints), once for every output."""
 
 import shlex
 
@@ -12,10 +13,12 @@ from mps_health.config.load import DEFAULT_PATH
 from mps_health.engine import run as engine
 from mps_health.exporters import nagios, text
 from mps_health.model import actionhints
-from mps_health.model.actionhints import commands, quote, run_options, with_options
+from mps_health.model.actionhints import RESET, Advice, advice, quoted, run_options, with_options
 from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
+from pasted import commands
 
-RESET = "run 'mps-health remediate reset gpu0' (dry run first: --dry-run)"
+GPU0 = (*RESET, "gpu0")
+RESET_GPU0 = advice("run ", GPU0, " (dry run first: --dry-run)")
 TRICKY = ["/etc/mps health/site.yaml", "/etc/it's.yaml", '/etc/a"b.yaml', "/etc/$HOME.yaml",
           "/etc/a'b c'd.yaml", "/etc/x;rm -rf ~.yaml", "/etc/é.yaml", "/etc/`id`.yaml",
           "/etc/a\\b.yaml", "/etc/'.yaml", "/etc/''.yaml"]
@@ -26,11 +29,19 @@ def pasted(action: str) -> list:
     return [shlex.split(c) for c in commands(action)]
 
 
+def test_an_advice_quotes_each_command_and_keeps_its_argv() -> None:
+    assert Advice("run 'mps-health remediate reset gpu0' (dry run first: "
+                                "--dry-run)", (GPU0,)) == RESET_GPU0
+    then = advice("if it persists, ", RESET_GPU0, "; then ", ("mps-health", "check"))
+    assert then.commands == (GPU0, ("mps-health", "check"))
+    assert then.text.endswith("; then 'mps-health check'")
+
+
 def test_the_default_config_and_root_add_nothing() -> None:
     assert run_options(None, "/") == ()
     assert run_options(DEFAULT_PATH, "/") == ()
     assert run_options("/etc/mps-health/../mps-health/config.yaml", "/") == ()
-    assert with_options(RESET, run_options(DEFAULT_PATH)) == RESET
+    assert with_options(RESET_GPU0, run_options(DEFAULT_PATH)) == RESET_GPU0
 
 
 def test_options_are_absolute(tmp_path, monkeypatch) -> None:
@@ -39,47 +50,55 @@ def test_options_are_absolute(tmp_path, monkeypatch) -> None:
                                                 ("--root", f"{tmp_path}/tree"))
 
 
-def test_a_quoted_command_gets_the_options_its_subcommand_takes() -> None:
+def test_a_command_gets_the_options_its_subcommand_takes() -> None:
     opts = (("--config", "/etc/site.yaml"), ("--root", "/srv/tree"))
-    assert with_options(RESET, opts) == ("run 'mps-health remediate reset gpu0 --config "
-                                         "/etc/site.yaml --root /srv/tree' (dry run first: "
-                                         "--dry-run)")
-    two = "run 'mps-health check -v' as root, then 'mps-health unit stop'"
-    assert pasted(with_options(two, opts)) == [
-        ["mps-health", "check", "-v", "--config", "/etc/site.yaml", "--root", "/srv/tree"],
-        ["mps-health", "unit", "stop", "--config", "/etc/site.yaml"]]  # unit has no --root
+    assert with_options(RESET_GPU0, opts) == Advice(
+        "run 'mps-health remediate reset gpu0 --config /etc/site.yaml --root /srv/tree' (dry "
+        "run first: --dry-run)", ((*GPU0, "--config", "/etc/site.yaml", "--root", "/srv/tree"),))
+    two = advice("run ", ("mps-health", "check", "-v"), " as root, then ",
+                 ("mps-health", "unit", "stop"))
+    assert with_options(two, opts).commands == (
+        ("mps-health", "check", "-v", "--config", "/etc/site.yaml", "--root", "/srv/tree"),
+        ("mps-health", "unit", "stop", "--config", "/etc/site.yaml"))  # unit has no --root
+    assert pasted(with_options(two, opts).text) == list(map(list, with_options(two, opts).commands))
     # explain reads no config; a command naming the option already keeps its own
-    assert with_options("'mps-health explain x'", opts) == "'mps-health explain x'"
-    own = "'mps-health check --config /other.yaml'"
-    assert pasted(with_options(own, opts)) == [
+    explain = advice(("mps-health", "explain", "x"))
+    assert with_options(explain, opts) == explain
+    own = advice(("mps-health", "check", "--config", "/other.yaml"))
+    assert pasted(with_options(own, opts).text) == [
         ["mps-health", "check", "--config", "/other.yaml", "--root", "/srv/tree"]]
-    # prose that names mps-health is no command
-    prose = "another mps-health run holds the lock; run mps-health as root"
+    # the same command twice: each place quotes it with the options
+    twice = with_options(advice(GPU0, " or ", GPU0), opts)
+    assert twice.text.count("--root /srv/tree") == 2 and len(set(twice.commands)) == 1
+    # prose that names mps-health is no command: nothing changes
+    prose = Advice("another mps-health run holds the lock; run mps-health as root")
     assert with_options(prose, opts) == prose
 
 
 @pytest.mark.parametrize("path", TRICKY)
 def test_a_file_name_is_quoted_for_a_shell_and_pastes_back(path: str) -> None:
-    assert quote(path) == shlex.quote(path)
-    action = with_options(RESET + "; then 'mps-health check'", (("--config", path),))
-    assert pasted(action) == [["mps-health", "remediate", "reset", "gpu0", "--config", path],
-                              ["mps-health", "check", "--config", path]]
-    assert action.endswith("(dry run first: --dry-run); then 'mps-health check --config "
-                           f"{shlex.quote(path)}'")
+    action = with_options(advice(RESET_GPU0, "; then ", ("mps-health", "check")),
+                          (("--config", path),))
+    assert action.commands == ((*GPU0, "--config", path), ("mps-health", "check", "--config", path))
+    assert pasted(action.text) == list(map(list, action.commands))
+    assert action.text.endswith("(dry run first: --dry-run); then 'mps-health check --config "
+                                f"{shlex.quote(path)}'")
 
 
 @given(st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1))
 def test_any_printable_file_name_pastes_back(name: str) -> None:
     path = "/" + name
     assume(path.isprintable())  # the rest is escaped (the next test)
-    assert quote(path) == shlex.quote(path)
-    assert pasted(with_options(RESET, (("--config", path),))) == [
+    assert pasted(with_options(RESET_GPU0, (("--config", path),)).text) == [
         ["mps-health", "remediate", "reset", "gpu0", "--config", path]]
 
 
 def test_a_control_character_in_a_file_name_is_escaped() -> None:
-    action = with_options(RESET, (("--config", "/etc/a\nCRITICAL \x1b[2J.yaml"),))
-    assert action.isprintable() and "\\x0a" in action and "\\x1b" in action
+    path = "/etc/a\nCRITICAL \x1b[2J.yaml"
+    action = with_options(RESET_GPU0, (("--config", path),))
+    assert action.text.isprintable() and "\\x0a" in action.text and "\\x1b" in action.text
+    assert action.commands == ((*GPU0, "--config", path),)  # the argv itself is whole
+    assert quoted(action.commands[0]) in action.text
 
 
 def test_the_table_matches_what_each_subcommand_accepts() -> None:
@@ -112,12 +131,14 @@ def _report(*results: Result, check: str = "daemon") -> Report:
 
 def test_every_problem_ends_with_its_runbook_entry_and_ok_says_nothing() -> None:
     runs = actionhints.applied(_report(
-        Result("daemon", CRITICAL, "daemon-stale", "gpu0", "gone", RESET),
+        Result("daemon", CRITICAL, "daemon-stale", "gpu0", "gone", RESET_GPU0.text,
+               commands=RESET_GPU0.commands),
         Result("daemon", WARNING, "daemon-foreign", "gpu0", "odd"),
         Result("daemon", OK, "ok", "gpu0", "fine")).runs, (("--config", "/etc/s.yaml"),))
     stale, foreign, fine = runs[0].results
     assert stale.action == ("run 'mps-health remediate reset gpu0 --config /etc/s.yaml' (dry "
                             "run first: --dry-run) (runbook: mps-health explain daemon-stale)")
+    assert stale.commands == ((*GPU0, "--config", "/etc/s.yaml"),)
     assert foreign.action == "runbook: mps-health explain daemon-foreign"
     assert fine.action == ""
     line = text.problem_line(stale)

@@ -52,14 +52,14 @@ def test_the_probe_sees_a_heavy_library_loaded(tmp_path) -> None:
 # this path costs every run on every node (slurmd's health check, Nagios, cron), so it is
 # added here on purpose or made lazy. What the interpreter imports for it differs by
 # version: the names of 3.9's and 3.10's re (sre_*), 3.9's subprocess (grp), and the Cython
-# runtime of PyYAML's C loader.
+# runtime of PyYAML's C loader. shlex quotes the commands actions advise (it needs only re).
 HEALTHY_CHECK = frozenset((
     "__future__", "_collections", "_datetime", "_functools", "_json", "_locale", "_operator",
     "_posixsubprocess", "_sre", "_struct", "_typing", "_weakrefset", "argparse", "base64",
     "binascii", "collections", "contextlib", "copyreg", "datetime", "enum", "errno", "fcntl",
     "fnmatch", "functools", "gettext", "importlib", "itertools", "json", "keyword", "locale",
-    "math", "operator", "pwd", "re", "reprlib", "resource", "select", "selectors", "signal",
-    "struct", "subprocess", "threading", "types", "typing", "warnings", "yaml",
+    "math", "operator", "pwd", "re", "reprlib", "resource", "select", "selectors", "shlex",
+    "signal", "struct", "subprocess", "threading", "types", "typing", "warnings", "yaml",
     "sre_compile", "sre_constants", "sre_parse", "grp", "cython_runtime"))
 # What check_mps adds: nagiosplugin and what it imports itself (logging, tempfile for its
 # cookie, random for tempfile's names).

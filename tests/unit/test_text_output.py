@@ -66,9 +66,10 @@ def test_a_terminal_line_fits_and_only_the_state_is_painted() -> None:
 
 
 def test_a_terminal_action_wraps_between_words_never_inside_a_command() -> None:
+    argv = ("mps-health", "remediate", "reset", "gpu0", "--config", "/etc/my site.yaml")
     command = "'mps-health remediate reset gpu0 --config '/etc/my site.yaml''"
     action = f"run {command} (dry run first: --dry-run) (runbook: mps-health explain x)"
-    lines = text.action_lines(action, 30)
+    lines = text.action_lines(action, 30, (argv,))
     assert lines[0] == "  -> run"  # the command does not fit after it: a line of its own
     assert lines[1] == "     " + command  # wider than 30: the terminal folds it, whole
     assert all(len(line) <= 30 for line in lines[2:]), lines
