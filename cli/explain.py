@@ -1,6 +1,6 @@
 """What the package carries to read on the node (model/runbook.py).
 
-``mps-health explain [CODE]``: a code's entry in README.md's runbook section; no code: the
+``mps-health explain [CODE]``: a code's entry in docs/runbook.md; no code: the
 list. A code with no entry (a typo, a site's own check) is one line and exit 3.
 ``mps-health config example``: contrib/config.example.yaml, every key with its default.
 """

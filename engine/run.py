@@ -38,7 +38,7 @@ JOIN_GRACE_S = 1.0
 CONTROL_MARGIN_S = 0.3
 # With no outer limit the run is abandoned this long after its gathering budget.
 OVERRUN_GRACE_S = 2.0
-# The codes the engine itself reports for any check (runbook entries in README.md).
+# The codes the engine itself reports for any check (runbook entries in docs/runbook.md).
 CODES = ("facts-unavailable", "check-failed")
 
 

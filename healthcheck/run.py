@@ -37,7 +37,7 @@ from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Repor
 from mps_health.remediation.audit import Audit, who
 
 LOCK_NAME = "healthcheck"
-# Its own codes, besides the checks' (runbook entries in README.md): the checks hung; the
+# Its own codes, besides the checks' (runbook entries in docs/runbook.md): the checks hung; the
 # fleet breaker held a drain; a drain or resume call failed; the run took too long.
 CODES = ("healthcheck-timeout", "fleet-wide-fault", "healthcheck-slurm-failed",
          "healthcheck-slow")

@@ -1,20 +1,21 @@
-"""The runbook on the node: each code's entry, from the README the package carries.
+"""The runbook on the node: each code's entry, from the docs/runbook.md the package carries.
 
-README.md's "Runbook: every code" section (package data: ``mps-health explain CODE``). An
-entry is a ``####`` heading (anchor as GitHub makes it, plus any ``<a id>`` in its first
-lines) with its text up to the next heading, or a table row whose first cell holds
-``<a id="CODE">`` (state, meaning, what to do). Also the docs and the example config.
+docs/runbook.md (package data: ``mps-health explain CODE``). An entry is a ``###`` heading
+(anchor as GitHub makes it, plus any ``<a id>`` in its first lines) with its text up to
+the next heading, or a table row whose first cell holds ``<a id="CODE">`` (state,
+meaning, what to do); a ``##`` heading is a check's group. Also the example config.
 """
 
 import importlib.resources
 import re
 from typing import Dict, List, NamedTuple
 
-SECTION = "## Runbook: every code"
+RUNBOOK = "docs/runbook.md"
 EXAMPLE_CONFIG = "contrib/config.example.yaml"
 
 _ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
 _LINK = re.compile(r"\[([^\]]+)\]\(#([^)]+)\)")
+_DOC_LINK = re.compile(r"\[([^\]]+)\]\(([\w.-]+\.md)(#[^)]*)?\)")  # another file of docs/
 _CELL = re.compile(r"(?<!\\)\|")
 
 
@@ -25,15 +26,10 @@ class Entry(NamedTuple):
     group: bool = False  # a heading over a table of codes (a check's), not a code
 
 
-def data_path(name: str) -> str:
-    """A file the package carries (README.md, docs/NAME.md, contrib/config.example.yaml)."""
-    return str(importlib.resources.files("mps_health").joinpath(name))
-
-
 def read_data(name: str) -> str:
-    """A package data file's text. A package installed without it (a wheel built by hand
-    from a tree that lacks it) is an OSError naming the path: the edge says it in one
-    line."""
+    """A package data file's text (docs/runbook.md, contrib/config.example.yaml). A package
+    installed without it (a wheel built by hand from a tree that lacks it) is an OSError
+    naming the path: the edge says it in one line."""
     return importlib.resources.files("mps_health").joinpath(name).read_text("utf-8")
 
 
@@ -44,8 +40,9 @@ def slug(heading: str) -> str:
 
 def _plain(text: str) -> str:
     """Markdown made for a terminal: anchors dropped, a link to another entry named as
-    the command that shows it."""
+    the command that shows it, a link to another doc as its file."""
     text = _ANCHOR.sub("", text)
+    text = _DOC_LINK.sub(lambda m: f"{m.group(1)} (docs/{m.group(2)})", text)
     return _LINK.sub(lambda m: f"{m.group(1)} (mps-health explain {m.group(2)})", text)
 
 
@@ -85,24 +82,18 @@ def _block(heading: str, body: List[str], rows: List[str]) -> List[Entry]:
     return [Entry(code, f"{heading}\n\n{text}", summary, bool(rows)) for code in codes]
 
 
-def parse(readme: str) -> Dict[str, Entry]:
-    """Every entry of the README's runbook section, by code (or heading anchor)."""
-    readme = "\n" + readme
-    start = readme.find("\n" + SECTION + "\n")
-    if start < 0:
-        return {}
+def parse(runbook: str) -> Dict[str, Entry]:
+    """Every entry of the runbook, by code (or heading anchor)."""
     found: Dict[str, Entry] = {}
     heading, group = "", ""
     body: List[str] = []
     rows: List[str] = []
-    for line in [*readme[start + 1:].splitlines()[1:], "## end"]:
+    for line in [*runbook.splitlines(), "# end"]:
         if line.startswith("#"):
             if heading:
                 for e in _block(heading, body, rows):
                     found.setdefault(e.code, e)
-            if line.startswith("## "):
-                break
-            heading = line.lstrip("#").strip() if line.startswith("#### ") else ""
+            heading = line.lstrip("#").strip() if line.startswith("### ") else ""
             group = (heading or line.lstrip("#").strip()).split()[0]
             body, rows = [], []
             continue
@@ -117,4 +108,4 @@ def parse(readme: str) -> Dict[str, Entry]:
 
 def entries() -> Dict[str, Entry]:
     """The runbook of the installed package."""
-    return parse(read_data("README.md"))
+    return parse(read_data(RUNBOOK))

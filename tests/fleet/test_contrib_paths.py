@@ -68,12 +68,11 @@ def _block_installs(block: str) -> Iterator[str]:
 
 
 def readme_installs() -> Set[str]:
-    """The install block's places, and where the node section's commands write a file the
+    """The install block's places, and where the README's commands write a file the
     package carries (``mps-health contrib NAME > /etc/systemd/system/...``)."""
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Install on a node", 1)[1].split("\n## ", 1)[0]
     written = re.findall(r"mps-health (?:contrib|config example)[^`>]*>\s*(/[^\s`]+)",
-                         section)
+                         readme)
     return set(_block_installs(readme_block("node-install"))) | set(written)
 
 

@@ -41,7 +41,7 @@ def _unit_root(base: Path) -> Path:
 
 def _verify(root: Path, *units: str) -> subprocess.CompletedProcess:
     # --man stays on: a Documentation=man: page no node has is an error (none is named:
-    # the units name the runbook, file:/opt/mps-health/README.md, which the installs link).
+    # the units name the README, file:/opt/mps-health/README.md, which the installs link).
     return subprocess.run([need("systemd-analyze"), "verify", f"--root={root}",
                            *units], capture_output=True, text=True, timeout=60)
 

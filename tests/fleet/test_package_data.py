@@ -1,5 +1,5 @@
-"""The wheel carries what a node reads without the source tree: the runbook (README.md,
-which `mps-health explain` reads), the docs the README points to, the example config
+"""The wheel carries what a node reads without the source tree: the runbook
+(docs/runbook.md, which `mps-health explain` reads), the README and the docs, the example config
 (`mps-health config example`) and the files for the node's other programs (systemd
 units, Nagios/Icinga definitions, alert rules: `mps-health contrib`), and the installed
 commands find them."""
@@ -18,7 +18,8 @@ from mps_health.cli.contrib import CARRIED
 def test_the_wheel_carries_the_runbook_the_docs_and_the_example_config(dists) -> None:
     with zipfile.ZipFile(dists.wheel) as whl:
         names = set(whl.namelist())
-        wanted = {"mps_health/README.md", "mps_health/contrib/config.example.yaml"}
+        wanted = {"mps_health/README.md", "mps_health/docs/runbook.md",
+                  "mps_health/contrib/config.example.yaml"}
         wanted |= {f"mps_health/{c.name}" for c in CARRIED}
         wanted |= {f"mps_health/contrib/systemd/{p.name}"  # every unit, listed or not
                    for p in (REPO / "contrib/systemd").iterdir() if p.is_file()}

@@ -135,7 +135,7 @@ def test_prometheus_scrapes_the_exporter_and_alerts(tmp_path: Path, site,
             code="daemon-stale"), timeout=30)
         print(json.dumps(alert))
         assert alert["labels"]["instance"] == target and alert["state"] == "pending"
-        assert alert["annotations"]["runbook_url"].endswith("README.md#daemon-stale")
+        assert alert["annotations"]["runbook_url"].endswith("docs/runbook.md#daemon-stale")
 
 
 def test_node_exporter_serves_the_textfile(tmp_path: Path, site) -> None:

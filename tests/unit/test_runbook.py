@@ -1,4 +1,4 @@
-"""Every code mps-health can report has a runbook entry (an anchor) in README.md.
+"""Every code mps-health can report has a runbook entry (an anchor) in docs/runbook.md.
 
 The codes are read from where they are declared: each check module's ``CODES``, the
 engine's (facts-unavailable, check-failed) and the health check's (healthcheck-timeout).
@@ -44,16 +44,36 @@ def literal_codes(text: str) -> Set[str]:
     return codes
 
 
-def test_every_code_has_a_readme_anchor() -> None:
-    readme = (REPO / "README.md").read_text()
-    anchors = set(re.findall(r'<a id="([a-z0-9-]+)">', readme))
-    anchors |= {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-                for h in re.findall(r"^#+ (.+)$", readme, flags=re.M)}
+def anchors(path: Path) -> Set[str]:
+    """The anchors a Markdown file has: its headings as GitHub makes them, its <a id>s."""
+    text = path.read_text()
+    found = set(re.findall(r'<a id="([^"]+)">', text))
+    return found | {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+                    for h in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S),
+                                        flags=re.M)}
+
+
+def test_every_code_has_a_runbook_anchor() -> None:
+    anchors_ = anchors(REPO / "docs" / "runbook.md")
     codes = declared()
     assert len(codes) > 60
     assert {"daemon-restarted", "server-churn", "healthcheck-timeout"} <= codes
-    missing = sorted(c for c in codes if c not in anchors)
-    assert missing == [], f"codes without a runbook entry in README.md: {missing}"
+    missing = sorted(c for c in codes if c not in anchors_)
+    assert missing == [], f"codes without a runbook entry in docs/runbook.md: {missing}"
+
+
+def test_relative_links_in_the_readme_and_docs_resolve() -> None:
+    """The runbook moved out of the README: every link between them still lands."""
+    wrong = []
+    for doc in (REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))):
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s:]+)\)", text):
+            name, _, anchor = target.partition("#")
+            dest = (doc.parent / name) if name else doc
+            if not dest.exists() or (anchor and dest.suffix == ".md"
+                                     and anchor not in anchors(dest)):
+                wrong.append(f"{doc.name}: {target}")
+    assert wrong == []
 
 
 def test_check_modules_declare_every_code_they_report() -> None:
@@ -66,8 +86,8 @@ def test_check_modules_declare_every_code_they_report() -> None:
 
 
 def test_every_code_has_an_entry_that_explain_prints(capsys) -> None:
-    """``mps-health explain CODE`` prints each code's entry from the README the package
-    carries: the one text, read as the installed package reads it."""
+    """``mps-health explain CODE`` prints each code's entry from the docs/runbook.md the
+    package carries: the one text, read as the installed package reads it."""
     from mps_health.cli import explain
     from mps_health.cli.main import main
     from mps_health.model import runbook
@@ -84,21 +104,18 @@ def test_every_code_has_an_entry_that_explain_prints(capsys) -> None:
         assert entries[code].summary and "\n" not in entries[code].summary
 
 
-def test_the_runbook_is_read_from_the_packages_own_readme() -> None:
-    import mps_health
+def test_the_runbook_is_the_packages_own_docs_runbook() -> None:
     from mps_health.model import runbook
 
-    # The installed package's own copy (a checkout's README in an editable install).
-    package = Path(mps_health.__file__).resolve().parent
-    assert Path(runbook.data_path("README.md")).resolve() == package / "README.md"
-    assert runbook.parse("# x\n\nno runbook here\n") == {}
-    text = ("## Runbook: every code\n\n#### a-code\nFirst. Second.\n\n#### t\n\n"
-            "| code | state | meaning | what to do |\n|---|---|---|---|\n"
-            "| <a id=\"b-code\"></a>`b-code` | WARNING | it is \\| odd | [fix](#a-code) |\n"
-            "\n## Security\n#### not-a-code\n")
+    # The installed package's own copy (a checkout's in an editable install).
+    assert runbook.read_data(runbook.RUNBOOK) == (REPO / "docs" / "runbook.md").read_text()
+    assert runbook.parse("# x\n\nno runbook here\n## y\ntext\n") == {}
+    text = ("# Runbook\n\n## group\n\n### a-code\nFirst. [See](configuration.md#x).\n\n"
+            "### t\n\n| code | state | meaning | what to do |\n|---|---|---|---|\n"
+            "| <a id=\"b-code\"></a>`b-code` | WARNING | it is \\| odd | [fix](#a-code) |\n")
     found = runbook.parse(text)
     assert set(found) == {"a-code", "b-code", "t"}
-    assert found["a-code"].text == "a-code\n\nFirst. Second."
+    assert found["a-code"].text == "a-code\n\nFirst. See (docs/configuration.md)."
     assert found["b-code"].text == ("b-code (t check): WARNING\n\nit is | odd\n\n"
                                     "What to do: fix (mps-health explain a-code)")
     assert found["t"].group and not found["a-code"].group
