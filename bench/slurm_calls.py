@@ -112,7 +112,7 @@ def main() -> int:
                 cfg = work / "config.yaml"
                 cfg.write_text(text)
                 calls.write_text("")
-                first_rc = timed([*mps_health, str(cfg)], env)[1]  # fills the version cache
+                first_rc = timed([*mps_health, str(cfg)], env)[1]  # a cold run
                 first = calls.read_text().split()
                 calls.write_text("")
                 times = [timed([*mps_health, str(cfg)], env)[0] for _ in range(runs)]

@@ -33,7 +33,9 @@ def _tag(value: Any) -> str:
 
 class SlurmSettings(Record):
     timeout_s: float = number(5.0, low=0.1, high=60.0)  # each scontrol/squeue call
-    # scontrol/squeue output: "json" from Slurm 23.02 on; "auto" asks once
+    # Accepted so that configs written for the JSON reader still load; ignored: the text
+    # answer holds every fact the JSON one gives, on every Slurm version (see
+    # docs/runbook-slurm-gpu.md).
     output: str = text("auto", choices=("auto", "text", "json"))
     gres_conf: Optional[str] = pathname(None, optional=True)  # default: beside slurm.conf
     mps_per_gpu: int = whole(100, low=1, high=1_000_000)  # gres.conf Count of mps per GPU

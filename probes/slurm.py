@@ -3,17 +3,14 @@
 Every ``scontrol``/``squeue`` call goes through ``call``/``answer``: bounded, no shell, a
 failure is ``SlurmError`` (code, one line); slurmctld down or hanging is an error line
 after ``slurm.timeout_s``, never a hang. A run reads one ``scontrol -d show node NODE -o``
-(``-d`` adds GresUsed; ``-o`` puts Reason last), or ``--json`` by config or (auto) by the
-client's version, cached per binary; the per-job layout's ``squeue`` runs alongside.
+(``-d`` adds GresUsed; ``-o`` puts Reason last) on every Slurm version: on 22.05 and
+24.11 its facts are those of ``scontrol --json`` (compared on one cluster state), so one
+reader serves all. The per-job layout's ``squeue`` runs alongside.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +24,6 @@ if TYPE_CHECKING:
     from mps_health.config.load import Config
 
 SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
-JSON_SINCE = (23, 2)
 
 
 class GresItem(NamedTuple):
@@ -73,7 +69,6 @@ class SlurmFacts(NamedTuple):
     error: Optional[str] = None  # one line for the admin
     jobs: Optional[Tuple[SlurmJob, ...]] = None  # None: not asked, or it failed (jobs_error)
     jobs_error: Optional[str] = None
-    output: str = "text"
     calls: Tuple[str, ...] = ()  # every command this run started, for the record
 
 
@@ -186,45 +181,6 @@ def parse_node_lines(text: str) -> Tuple[SlurmNode, ...]:
     return tuple(nodes)
 
 
-def parse_node_json(text: str, name: str) -> SlurmNode:
-    """The node ``name`` in ``scontrol --json show node NODE`` (Slurm 23.02+)."""
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ParseError(f"scontrol --json printed no JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ParseError("scontrol --json: the top level is not an object")
-    errors = data.get("errors") or []
-    if isinstance(errors, list) and errors:
-        first = errors[0]
-        text_ = first.get("description") or first.get("error") if isinstance(first, dict) \
-            else first
-        # One line, whatever Slurm put in it (the error is printed and may be a reason).
-        raise ParseError(f"scontrol --json reported: {' '.join(str(text_).split())}")
-    nodes = data.get("nodes")
-    if not isinstance(nodes, list):
-        raise ParseError("scontrol --json: no 'nodes' list")
-    node = next((n for n in nodes if isinstance(n, dict) and n.get("name") == name), None)
-    if node is None:
-        raise ParseError(f"scontrol --json: no node '{name}' in the answer")
-    state: Any = node.get("state", "")
-    if isinstance(state, str):  # older: the state, then its flags
-        flags = node.get("state_flags")
-        state = [state, *(flags if isinstance(flags, list) else ())]
-    if not isinstance(state, list):
-        raise ParseError("scontrol --json: 'state' is neither a string nor a list")
-    state_text = "+".join(str(s).upper() for s in state)
-    for key in ("gres", "gres_used", "reason"):
-        if not isinstance(node.get(key, ""), str):
-            raise ParseError(f"scontrol --json: '{key}' is not a string")
-    version = node.get("version")
-    parts = node.get("partitions")
-    parts = [p for p in parts if isinstance(p, str)] if isinstance(parts, list) else []
-    return _node(name, state_text, node.get("reason") or "", node.get("gres") or "",
-                 node.get("gres_used", ""), version if isinstance(version, str) else None,
-                 parts)
-
-
 def parse_elapsed(text: str) -> Optional[float]:
     """squeue's ``%M`` (``[days-][hours:]minutes:seconds``) in seconds; None if not a time."""
     days, sep, t = text.strip().partition("-")
@@ -251,15 +207,6 @@ def parse_squeue(text: str) -> Tuple[SlurmJob, ...]:
         jobs.append(SlurmJob(job, user, int(uid), state, parse_elapsed(elapsed),
                              "" if gres in ("N/A", "(null)") else gres))
     return tuple(jobs)
-
-
-def parse_version(text: str) -> Tuple[int, int]:
-    """``slurm 23.02.7`` / ``slurm-wlm 22.05.8`` into (major, minor)."""
-    words = text.split()
-    parts = words[1].split(".") if len(words) >= 2 else []
-    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
-        raise ParseError(f"not a Slurm version: {text.strip()[:60]!r}")
-    return int(parts[0]), int(parts[1])
 
 
 def classify_failure(done: Completed, what: str, timeout_s: float) -> Tuple[str, str]:
@@ -359,99 +306,35 @@ def _job_list(done: Completed, timeout_s: float) -> JobList:
         return JobList(None, str(e))
 
 
-# --- which Slurm answers: the client's version, cached per binary -----------------------
-
-VERSION_FILE = "slurm-version"
-# Versions known in this process, by binary key (the exporter asks once in its life).
-_KNOWN_VERSIONS: Dict[str, Tuple[int, int]] = {}
-
-
-def resolve(binary: str, env: Mapping[str, str]) -> Optional[str]:
-    """The absolute path ``binary`` runs as, found on ``env``'s PATH (as the runner would)."""
-    return binary if "/" in binary else shutil.which(binary, path=env.get("PATH", os.defpath))
-
-
-def binary_key(path: str) -> str:
-    """One installed binary: real path, inode, size and mtime (an upgrade changes one)."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return f"{real}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def client_version(ctx: Context, scontrol: str, env: Mapping[str, str], timeout_s: float,
-                   calls: List[str]) -> Optional[Tuple[int, int]]:
-    """(major, minor) of ``scontrol`` (an absolute path): from this process's memory, the
-    run dir's cache (written by a root run, read by all), or one ``--version`` call."""
-    from mps_health.hostio.safefiles import read_small, write_atomic
-
-    try:
-        key = binary_key(scontrol)
-    except OSError:
-        return None  # not there: the show node call says so
-    if key in _KNOWN_VERSIONS:
-        return _KNOWN_VERSIONS[key]
-    cache = os.path.abspath(os.path.join(ctx.path(ctx.config.run_dir), VERSION_FILE))
-    try:  # "KEY\tMAJOR.MINOR"
-        data = read_small(cache, 4096)
-        cached_key, _, text = (data or b"").decode("utf-8", "replace").strip().partition("\t")
-        version = parse_version(f"slurm {text}") if data and cached_key == key else None
-    except (OSError, ParseError):
-        version = None
-    if version is None:
-        calls.append(f"{scontrol} --version")
-        done = run([scontrol, "--version"], min(timeout_s, 2.0), env=env)
-        try:
-            version = parse_version(done.stdout)
-        except ParseError:
-            return None  # 24.11 with no config source fails here; text is read then
-        with contextlib.suppress(OSError):  # not root: kept in memory, the next run asks
-            if not ctx.read_only:  # a --root run writes nothing
-                os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
-                write_atomic(cache, f"{key}\t{version[0]}.{version[1]}\n".encode(), 0o644)
-    _KNOWN_VERSIONS[key] = version
-    return version
-
-
-# --- reading --------------------------------------------------------------------------
-
 def read_slurm(ctx: Context, want_jobs: bool) -> SlurmFacts:
     from mps_health.config.slurm import settings
 
     cfg = settings(ctx.config)
     node = node_name(ctx.config, ctx.env)
     env = child_env(ctx.env or {})
-    # One binary for the version and the answer: the one the run's PATH finds.
-    scontrol = resolve(ctx.config.command("scontrol"), env) or ctx.config.command("scontrol")
-    calls: List[str] = []
-    # --json by config, or (auto) by the client's version
-    as_json = cfg.output == "json" or (cfg.output == "auto" and (
-        client_version(ctx, scontrol, env, cfg.timeout_s, calls) or (0, 0)) >= JSON_SINCE)
-    argv = [scontrol, "--json", "show", "node", node] if as_json else \
-        [scontrol, "-d", "show", "node", node, "-o"]
+    argv = scontrol_argv(ctx.config, "-d", "show", "node", node, "-o")
     pending = [Pending(argv, env=env)]
-    calls.append(" ".join(argv))
+    calls = [" ".join(argv)]
     squeue = squeue_argv(ctx.config, node)
     if want_jobs and ctx.jobs is None:  # else the run's instances already asked squeue
-        squeue[0] = resolve(squeue[0], env) or squeue[0]
         pending.append(Pending(squeue, env=env))
     if want_jobs or ctx.jobs is not None:
         calls.append(" ".join(squeue))
     done = wait_all(pending, min(time.monotonic() + cfg.timeout_s, ctx.deadline))
-    facts = SlurmFacts(node, output="json" if as_json else "text", calls=tuple(calls))
+    facts = SlurmFacts(node, calls=tuple(calls))
     jobs = _job_list(done[1], cfg.timeout_s) if len(done) > 1 else ctx.jobs
     if jobs is not None:
         facts = facts._replace(jobs=jobs.jobs, jobs_error=jobs.error or None)
     try:
-        return facts._replace(node=parsed(
-            done[0], "scontrol show node", cfg.timeout_s,
-            lambda text: parse_node_json(text, node) if as_json else parse_node_line(text)))
+        return facts._replace(node=parsed(done[0], "scontrol show node", cfg.timeout_s,
+                                          parse_node_line))
     except SlurmError as e:
         return facts._replace(error_code=e.code, error=str(e))
 
 
 class SharedRead:
     """The run's one node read, where the slurm source and the canary's idle gate both need
-    the node (the ``-d``/``--json`` answer serves the gate too): the first to ask reads,
+    the node (the ``-d`` answer serves the gate too): the first to ask reads,
     bounded as ``read_slurm`` is; the other waits for that answer."""
 
     def __init__(self) -> None:

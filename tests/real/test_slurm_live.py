@@ -27,6 +27,7 @@ from mps_health.model.context import Context
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.nvml import load_record, read_nvml
+from mps_health.probes.slurm import parse_gres
 from mpsdaemon import start_daemon, stop_process
 from slurmcluster import SlurmCluster
 
@@ -127,27 +128,19 @@ def has_json(cluster: SlurmCluster) -> bool:
     return (int(major), int(minor)) >= (23, 2)
 
 
-def test_one_scontrol_call_per_run(slurm_cluster, site, tmp_path, monkeypatch) -> None:
-    from mps_health.probes import slurm as probe
-
+def test_one_scontrol_call_per_run(slurm_cluster, site, tmp_path) -> None:
     d = site.start_daemon()
-    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # a process that never asked
-    first, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
-    assert first.sources["slurm"].calls[0].endswith("scontrol --version")
-    monkeypatch.setattr(probe, "_KNOWN_VERSIONS", {})  # the next run: the run dir remembers
-    again, _ = gather(slurm_cluster, tmp_path, node_cfg(d))
-    # A process that asked once (the exporter) asks no more, even with another run dir.
-    in_memory, _ = gather(slurm_cluster, tmp_path / "elsewhere", node_cfg(d))
-    assert in_memory.sources["slurm"].calls == again.sources["slurm"].calls
-    shown = ["--json", "show", "node", slurm_cluster.node_name] if has_json(slurm_cluster) \
-        else ["-d", "show", "node", slurm_cluster.node_name, "-o"]
-    assert [c.split()[1:] for c in again.sources["slurm"].calls] == [shown]
-    assert again.sources["slurm"].output == ("json" if has_json(slurm_cluster) else "text")
+    for run in ("first", "again"):
+        facts, _ = gather(slurm_cluster, tmp_path / run, node_cfg(d))
+        assert [c.split()[1:] for c in facts.sources["slurm"].calls] == [
+            ["-d", "show", "node", slurm_cluster.node_name, "-o"]]
 
 
-def test_json_and_text_give_the_same_facts(slurm_cluster, tmp_path, slurm_user) -> None:
+def test_the_text_answer_holds_what_the_json_one_says(slurm_cluster, tmp_path,
+                                                     slurm_user) -> None:
     """On one cluster state (an mps job running, the node draining with a reason), the
-    JSON and the text answer make the same SlurmNode; ``auto`` picks JSON where it is."""
+    one reader gets the state, the reason and the GRES in use; where Slurm answers
+    ``--json`` too (23.02+), it says the same of the node."""
     cluster = slurm_cluster
     job = cluster.start_job(["srun", "--gres=mps:50", "sleep", "60"], user=slurm_user)
     try:
@@ -155,25 +148,22 @@ def test_json_and_text_give_the_same_facts(slurm_cluster, tmp_path, slurm_user) 
         cluster.scontrol("update", f"NodeName={cluster.node_name}", "State=DRAIN",
                          "Reason=MPS-HC: control-absent node: test")
         cluster.wait_state(lambda s: "DRAIN" in s, 30)
-
-        def read(output: str):
-            facts, _ = gather(cluster, tmp_path / output, {"slurm": {"timeout_s": 10,
-                                                                      "output": output}})
-            return facts.sources["slurm"]
-
-        auto, text = read("auto"), read("text")
+        facts, _ = gather(cluster, tmp_path, {})
+        text = facts.sources["slurm"]
         print(cluster.version, "text:", text.node)
         assert text.error is None and text.node is not None
         assert text.node.flags[:2] == ("MIXED", "DRAIN")
         assert text.node.reason.startswith("MPS-HC: control-absent node: test")
-        if not has_json(cluster):
-            assert auto.output == "text" and auto.node == text.node
-            return
-        as_json = read("json")
-        print(cluster.version, "json:", as_json.node)
-        assert auto.output == "json" and as_json.output == "json"
-        assert as_json.node == text.node
-        assert auto.node == text.node
+        assert any(g.name == "mps" and g.quantity > 0 for g in text.node.gres_used or ())
+        if has_json(cluster):
+            node = json.loads(cluster.scontrol("--json", "show", "node",
+                                               cluster.node_name))["nodes"][0]
+            print(cluster.version, "json:", {k: node[k] for k in (
+                "state", "reason", "gres", "gres_used")})
+            assert [f.upper() for f in node["state"]] == list(text.node.flags)
+            assert node["reason"] == text.node.reason
+            assert (parse_gres(node["gres"]), parse_gres(node["gres_used"])) == (
+                text.node.gres, text.node.gres_used)
     finally:
         cluster.cancel_all()
         job.wait(30)
@@ -246,7 +236,7 @@ def test_per_job_daemons_drift_and_orphans(per_job, tmp_path, slurm_user) -> Non
     checks = ("gres-drift", "orphans")
 
     facts, cfg = gather(cluster, tmp_path, raw, checks=checks)
-    assert len(facts.sources["slurm"].calls) <= 3  # scontrol (+ --version once) + squeue
+    assert len(facts.sources["slurm"].calls) == 2  # scontrol + squeue
     assert bad(verdicts(facts, cfg)) == []
     assert (f"job{job_id}", OK, "ok") in verdicts(facts, cfg)
     assert bad(verdicts(facts, cfg, "orphans")) == []
