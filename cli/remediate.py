@@ -9,7 +9,7 @@ could not start (or bad usage).
 import argparse
 from typing import Callable
 
-from mps_health.cli.common import add_common, load_config, say
+from mps_health.cli.common import add_common, add_config, load_config, say
 from mps_health.hostio.planned import acknowledge
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape
@@ -83,9 +83,7 @@ def register_ack(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], i
     p.add_argument("code", choices=EVENT_CODES, help="the event to acknowledge")
     p.add_argument("instance", nargs="?", default="",
                    help="the instance (as the check names it; default: every instance)")
-    p.add_argument("--config", metavar="FILE",
-                   help="config file, for its state_dir (default /etc/mps-health/config.yaml "
-                   "if it exists)")
+    add_config(p, ", for its state_dir")
     return ack
 
 
