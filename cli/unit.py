@@ -1,9 +1,6 @@
-"""``mps-health unit prepare|stop``: the two steps of contrib/systemd/nvidia-mps@.service
-that a plain command line cannot do safely (mps_health.remediation.unit says how).
-
-The dirs come from the unit's ``Environment=``, so the unit file interpolates nothing
-into a command line. Exit 0 done, 2 failed (systemd marks the start or stop failed), 3
-bad usage.
+"""``mps-health unit prepare|stop`` (mps_health.remediation.unit). The dirs come from the
+unit's ``Environment=``, so the unit file interpolates nothing into a command line.
+Exit 0 done, 2 failed (systemd marks the start or stop failed), 3 bad usage.
 """
 
 import argparse
