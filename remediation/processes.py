@@ -80,17 +80,6 @@ def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid
     return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
 
 
-def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
-              ) -> Optional[ProcessFact]:
-    """The control daemon of ``uid`` serving ``pipe_dir``: the one the pid file names if
-    /proc agrees (one process read), else the first started found in /proc."""
-    named = named_daemon(proc_dir, pipe_dir, binaries, uid)
-    if named is not None:
-        return named
-    found = daemons_of(proc_dir, pipe_dir, binaries, uid)
-    return min(found, key=lambda p: (p.start_ticks, p.pid)) if found else None
-
-
 def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
                      uids: Optional[Collection[int]]) -> str:
     """One line when the pid file names a process that is none of ``daemons`` (the ones
