@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.pidfile import read_pid
 from mps_health.hostio.process_identity import (  # noqa: F401  (the identity rule, re-exported)
@@ -143,8 +143,12 @@ def gone(proc_dir: str, fact: ProcessFact) -> bool:
 
 def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
     """Wait until every process of ``facts`` has ended; False if one is left at the end."""
+    return _waited(lambda: all(gone(proc_dir, f) for f in facts), timeout_s)
+
+
+def _waited(done: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while not all(gone(proc_dir, f) for f in facts):
+    while not done():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
@@ -250,12 +254,8 @@ def signal_verified(proc_dir: str, pid: int, uid: int, start_ticks: int, end: bo
             return None
 
         def ended(wait_s: float) -> bool:
-            deadline = time.monotonic() + wait_s
-            while _same_identity(proc_dir, pid, uid, start_ticks) is None:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.02)
-            return True
+            return _waited(lambda: _same_identity(proc_dir, pid, uid, start_ticks) is not None,
+                           wait_s)
 
         changed = send(signal.SIGTERM if end else signal.SIGCONT)
         if changed is not None:
