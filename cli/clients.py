@@ -1,10 +1,7 @@
-"""``mps-health clients``: who MPS serves on this node, as a table or JSON.
-
-Per instance its daemon and defaults; per server PID, user, status, active thread
-percentage, GPUs (UUID, pinned memory limit, client contexts); per client PID, user, Slurm
-job and what it asked, command, thread ceiling, GPU memory (NVML). The facts are check's
-(servers, jobs, NVML, control) within the run's budget, or a snapshot's (``--replay``).
-Everything taken from users' processes is escaped before it is printed.
+"""``mps-health clients``: who MPS serves on this node (instances, servers, their clients
+and jobs), as a table or JSON, from check's facts within the run's budget or a
+snapshot's (``--replay``). Everything taken from users' processes is escaped before it
+is printed.
 """
 
 import argparse

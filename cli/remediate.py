@@ -1,9 +1,6 @@
-"""``mps-health remediate ACTION``: careful repair, each action planned before it acts;
-``mps-health ack``: the event a person caused on purpose, acknowledged.
-
-Every action prints its plan, and stops there with --dry-run. Exit 0 done or nothing to
-do, 1 refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3
-could not start (or bad usage).
+"""``mps-health remediate ACTION``: careful repair, each action planned before it acts
+(exit codes: mps_health.remediation.actions); ``mps-health ack``: the event a person
+caused on purpose, acknowledged.
 """
 
 import argparse
