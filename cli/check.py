@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Callable
 
-from mps_health.cli.common import add_common, boot_grace, emit, load_config, names, warn, written
+from mps_health.cli.common import add_common, boot_grace, emit, load_config, warn, written
 from mps_health.config.load import Config, from_mapping
 from mps_health.engine import run as engine
 from mps_health.exporters import text
@@ -20,7 +20,7 @@ from mps_health.model.facts import Facts
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    add_common(p)
+    add_common(p, "time allowed for gathering facts (default: the config's budget_s)")
     p.epilog = ("Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (also a bad argument "
                 "or config file). On a terminal each problem is one short line and what to do, "
                 "in colour unless NO_COLOR is set; -v gives every line whole.")
@@ -29,11 +29,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
                         "the whole report")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="every problem line whole, what is OK, and timings")
-    p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
-    p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
     p.add_argument("--replay", metavar="FILE", help="judge a saved snapshot instead of this node")
-    p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="time allowed for gathering facts (default: the config's budget_s)")
     return run
 
 
@@ -60,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
         replay, config = replayed(args)
     else:
         config = load_config(args)
-    if args.budget is not None and not 0.1 <= args.budget <= 300:
-        raise Failure("--budget must be between 0.1 and 300 seconds")
     facts, report = engine.run(config, args.root, args.only, args.skip, args.budget, replay,
                                boot_grace_s=boot_grace(config))
     # Written as it is formatted: many instances never make one huge string.

@@ -81,8 +81,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run only these checks (mps-health's names)")
     p.add_argument("--skip", type=common.names, default=[], metavar="A,B",
                    help="do not run these checks")
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+    common.add_config(p)
     p.add_argument("--root", metavar="DIR", default="/", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="long output: -v every result and action, -vv also timings")

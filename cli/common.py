@@ -183,9 +183,27 @@ def names(value: str) -> List[str]:
     return [n.strip() for n in value.split(",") if n.strip()]
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default /etc/mps-health/config.yaml if it exists)")
+def budget(value: str) -> float:
+    """argparse type for --budget: seconds, 0.1 to 300."""
+    seconds = float(value)
+    if not 0.1 <= seconds <= 300:
+        raise argparse.ArgumentTypeError("must be between 0.1 and 300 seconds")
+    return seconds
+
+
+def add_config(p: argparse.ArgumentParser, why: str = "") -> None:
+    p.add_argument("--config", metavar="FILE", help=f"config file{why} (default "
+                   "/etc/mps-health/config.yaml if it exists)")
+
+
+def add_common(p: argparse.ArgumentParser, budget_help: str = "") -> None:
+    """--config and --root; with ``budget_help`` also --only, --skip and --budget."""
+    add_config(p)
     p.add_argument("--root", metavar="DIR", default="/", type=system_root,
                    help="read every system path under DIR (fixture trees, containers); "
                         "nothing is written then: no state, no locks, no caches")
+    if not budget_help:
+        return
+    p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
+    p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
+    p.add_argument("--budget", type=budget, metavar="SECONDS", help=budget_help)

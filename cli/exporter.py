@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from mps_health.cli.common import add_common, boot_grace, load_config, names, one_line
+from mps_health.cli.common import add_common, boot_grace, load_config, one_line
 from mps_health.config.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_LISTEN,
@@ -35,7 +35,8 @@ from mps_health.model.exitcodes import Failure
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    add_common(p)
+    add_common(p, "time allowed for gathering facts (default: the config's budget_s, and "
+               "below the interval)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help=f"address to serve /metrics on (default: the config's exporter.listen, "
                         f"else {DEFAULT_LISTEN}: port {DEFAULT_LISTEN.lstrip(':')} on every IPv4 "
@@ -47,11 +48,6 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     p.add_argument("--textfile", metavar="DIR",
                    help="run once and write DIR/mps_health.prom for node_exporter's "
                         "textfile collector, instead of serving")
-    p.add_argument("--only", type=names, default=[], metavar="A,B", help="run only these checks")
-    p.add_argument("--skip", type=names, default=[], metavar="A,B", help="do not run these checks")
-    p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="time allowed for gathering facts (default: the config's budget_s, "
-                        "and below the interval)")
     return run
 
 
@@ -59,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     settings = exporter_config(config)
     engine.select_checks(config, args.only, args.skip)
-    if args.budget is not None and not 0.1 <= args.budget <= 300:
-        raise Failure("--budget must be between 0.1 and 300 seconds")
     if args.textfile:
         return write_once(config, args, args.textfile)
     interval = args.interval if args.interval is not None else settings.interval_s

@@ -1,15 +1,12 @@
-"""``mps-health remediate ACTION``: careful repair, each action planned before it acts;
-``mps-health ack``: the event a person caused on purpose, acknowledged.
-
-Every action prints its plan, and stops there with --dry-run. Exit 0 done or nothing to
-do, 1 refused (nothing changed; for dirs: a dir left to a reset), 2 acted but failed, 3
-could not start (or bad usage).
+"""``mps-health remediate ACTION``: careful repair, each action planned before it acts
+(exit codes: mps_health.remediation.actions); ``mps-health ack``: the event a person
+caused on purpose, acknowledged.
 """
 
 import argparse
 from typing import Callable
 
-from mps_health.cli.common import add_common, load_config, say
+from mps_health.cli.common import add_common, add_config, load_config, say
 from mps_health.hostio.planned import acknowledge
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape
@@ -83,9 +80,7 @@ def register_ack(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], i
     p.add_argument("code", choices=EVENT_CODES, help="the event to acknowledge")
     p.add_argument("instance", nargs="?", default="",
                    help="the instance (as the check names it; default: every instance)")
-    p.add_argument("--config", metavar="FILE",
-                   help="config file, for its state_dir (default /etc/mps-health/config.yaml "
-                   "if it exists)")
+    add_config(p, ", for its state_dir")
     return ack
 
 

@@ -12,7 +12,7 @@ import sys
 import sysconfig
 from typing import Any, Callable, Tuple
 
-from mps_health.cli.common import load_config
+from mps_health.cli.common import add_config, load_config
 from mps_health.config.load import Config
 from mps_health.config.slurm import mps_gpu_ids, settings
 from mps_health.hostio.safefiles import read_small
@@ -35,8 +35,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     i = sub.add_parser("install", help="write the Prolog, TaskProlog and Epilog scripts "
                        "(the per-job layout's; none for the node and per-gpu layouts)")
     for q in (g, c, i):
-        q.add_argument("--config", metavar="FILE",
-                       help="config file (default /etc/mps-health/config.yaml if it exists)")
+        add_config(q)
     for q in (g, c):  # the GPUs, from NVML
         q.add_argument("--mps-gpus", metavar="all|none|0,1",
                        help="GPUs (indices or UUIDs) that get Name=mps lines (default: the "

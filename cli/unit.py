@@ -1,16 +1,13 @@
-"""``mps-health unit prepare|stop``: the two steps of contrib/systemd/nvidia-mps@.service
-that a plain command line cannot do safely (mps_health.remediation.unit says how).
-
-The dirs come from the unit's ``Environment=``, so the unit file interpolates nothing
-into a command line. Exit 0 done, 2 failed (systemd marks the start or stop failed), 3
-bad usage.
+"""``mps-health unit prepare|stop`` (mps_health.remediation.unit). The dirs come from the
+unit's ``Environment=``, so the unit file interpolates nothing into a command line.
+Exit 0 done, 2 failed (systemd marks the start or stop failed), 3 bad usage.
 """
 
 import argparse
 import os
 from typing import Callable
 
-from mps_health.cli.common import load_config, say
+from mps_health.cli.common import add_config, load_config, say
 from mps_health.config.load import ConfigError
 from mps_health.model.exitcodes import Failure
 from mps_health.remediation.unit import prepare, stop
@@ -24,9 +21,7 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         a = sub.add_parser(name, help=text, description=text)
         a.add_argument("--pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
                        help="default: $CUDA_MPS_PIPE_DIRECTORY")
-        a.add_argument("--config", metavar="FILE",
-                       help="config file, for its state_dir, where the start or stop is "
-                       "recorded as planned (default /etc/mps-health/config.yaml if it exists)")
+        add_config(a, ", for its state_dir, where the start or stop is recorded as planned")
         if name == "prepare":
             a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
                            help="default: $CUDA_MPS_LOG_DIRECTORY")

@@ -1,13 +1,10 @@
 """check_mps' output: one Report as a nagiosplugin Check, in the Nagios plugin format.
 
-Only nagiosplugin's public API (what its package exports and its docs describe): a Check
-of our Resource (``Probe``), Contexts, Results, Performance and Summary. Ours: results keep
-their checks' states (``Reported``), combined as ``results.worst`` (``overall``: nagiosplugin
-puts UNKNOWN above CRITICAL); -w/-c are our ``Range`` (plain decimals, finite numbers),
-judged by the ``Latency`` context; the status line names codes, latency over -w/-c is
-``control-slow`` (``Headline``); the layout (status, long output, perfdata) is written here
-(``layout``), each line screened by ``_clean``; 8 KiB at most (``fit``). Not nagiosplugin's
-Runtime (one per process, SIGALRM, tracebacks).
+Only nagiosplugin's public API. Ours: results keep their checks' states, combined in
+mps-health's order (``overall``: nagiosplugin puts UNKNOWN above CRITICAL); -w/-c are
+our ``Range`` (plain decimals, finite numbers); latency over them is ``control-slow``;
+the layout is written here, each line screened (``_clean``), 8 KiB at most (``fit``).
+Not nagiosplugin's Runtime (one per process, SIGALRM, tracebacks).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import io
 import logging
 import math
 import re
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
 from mps_health.exporters.series import PREFIX, Sample, samples
@@ -57,29 +54,16 @@ class Number(float):
         return plain(self)
 
 
-class Range:
-    """A monitoring-plugins range, ``[@][start:][end]`` (``~`` no start, no end: no limit),
-    read as nagiosplugin reads it (a number with a '.' is a float, else a whole number), but
-    its numbers printed back plain (0.00001 stays 0.00001, never 1e-05) and a number beyond
-    a float refused (nagiosplugin reads 1.0e400 as no limit). Ours rather than a subclass of
-    nagiosplugin's: its parsing is private to it."""
+class Range(nagiosplugin.Range):
+    """nagiosplugin's monitoring-plugins range, ``[@][start:][end]``, its numbers printed
+    back plain (0.00001 stays 0.00001, never 1e-05) and a number beyond a float refused
+    (nagiosplugin reads 1.0e400 as no limit)."""
 
-    __slots__ = ("end", "invert", "start")
-
-    def __init__(self, spec: Optional[str] = "") -> None:
-        spec = spec or ""
-        self.invert = spec.startswith("@")
-        body = spec[1:] if self.invert else spec
-        start, end = body.split(":") if ":" in body else ("", body)  # "1:2:3" is refused
-        self.start = float("-inf") if start == "~" else _atom(start, 0)
-        self.end = _atom(end, float("inf"))
-        if self.start > self.end:
-            raise ValueError(f"start {plain(self.start)} must not be greater than end "
-                             f"{plain(self.end)}")
-
-    def match(self, value: float) -> bool:
-        """Whether ``value`` is fine: inside the range, or outside it when inverted."""
-        return (self.start <= value <= self.end) != self.invert
+    def __new__(cls, spec: Optional[str] = "") -> Range:
+        if any(atom not in ("", "~") and not math.isfinite(float(atom))
+               for atom in (spec or "").removeprefix("@").split(":")):
+            raise ValueError(f"not a finite number: {spec!r}")
+        return super().__new__(cls, spec)
 
     def text(self, omit_zero_start: bool = True) -> str:
         out = "@" if self.invert else ""
@@ -92,22 +76,10 @@ class Range:
     def __str__(self) -> str:
         return self.text()
 
-    def __repr__(self) -> str:
-        return f"Range({self.text()!r})"
-
     @property
     def violation(self) -> str:
         """Why a value does not match, worded as nagiosplugin's ScalarContext words it."""
         return f"outside range {self.text(omit_zero_start=False)}"
-
-
-def _atom(atom: str, default: float) -> float:
-    if atom == "":
-        return default
-    value: Union[int, float] = float(atom) if "." in atom else int(atom)
-    if not math.isfinite(float(atom)):
-        raise ValueError(f"not a finite number: {atom!r}")
-    return value
 
 
 def thresholds(warning: Optional[str], critical: Optional[str], default_s: float
@@ -189,25 +161,12 @@ class Reported(nagiosplugin.Context):
         return None
 
 
-class Latency(nagiosplugin.Context):
-    """The control daemon's answer time against -w/-c, as nagiosplugin's ScalarContext
-    judges it, with our ``Range`` (its numbers written plain in the perfdata)."""
-
-    def __init__(self, warning: Range, critical: Range) -> None:
-        super().__init__("latency")
-        self.warning, self.critical = warning, critical
-
-    def evaluate(self, metric: Any, resource: Any) -> Any:
-        for state, limit in ((nagiosplugin.Critical, self.critical),
-                             (nagiosplugin.Warn, self.warning)):
-            if not limit.match(metric.value):
-                return nagiosplugin.Result(state, limit.violation, metric)
-        return nagiosplugin.Result(nagiosplugin.Ok, metric=metric)
-
-    def performance(self, metric: Any, resource: Any) -> Any:
-        return nagiosplugin.Performance(metric.name, metric.value, metric.uom,
-                                        str(self.warning), str(self.critical),
-                                        metric.min, metric.max)
+def latency(warning: Range, critical: Range) -> Any:
+    """The control daemon's answer time against -w/-c: nagiosplugin's ScalarContext, with
+    our ``Range``s set after it is made (its constructor would copy them into its own)."""
+    context = nagiosplugin.ScalarContext("latency")
+    context.warning, context.critical = warning, critical
+    return context
 
 
 def _clean(text: str) -> str:
@@ -340,7 +299,7 @@ def render(probe: Probe, warning: Range, critical: Range, verbose: int = 0) -> T
     """(output, exit code); nagiosplugin's log lines go in the long output, as its Runtime
     puts them."""
     check = nagiosplugin.Check(probe, Reported("judged"), Reported("measured"),
-                               Latency(warning, critical), Headline(probe, verbose),
+                               latency(warning, critical), Headline(probe, verbose),
                                name=SERVICE)
     log = io.StringIO()
     handler = logging.StreamHandler(log)

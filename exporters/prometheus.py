@@ -10,14 +10,14 @@ import os
 import platform
 from collections import Counter
 from types import SimpleNamespace
-from typing import Iterator, List, Mapping, NamedTuple, Optional
+from typing import Iterator, List, NamedTuple, Optional
 
 from mps_health import __version__
 from mps_health.exporters.series import PREFIX, Labels, labels_of, samples
 from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from prometheus_client import ProcessCollector
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2.x parses
@@ -40,13 +40,6 @@ class RunRecord(NamedTuple):
 def run_success(report: Report) -> bool:
     """Did every check judge? An UNKNOWN result means the monitor itself is blind there."""
     return all(r.state != UNKNOWN or r.cause for run in report.runs for r in run.results)
-
-
-def _gauge(name: str, doc: str, value: float, labels: Optional[Mapping[str, str]] = None
-           ) -> Metric:
-    m = Metric(name, doc, "gauge")
-    m.add_sample(name, dict(labels or {}), float(value))
-    return m
 
 
 def _value_families(report: Report) -> Iterator[Metric]:
@@ -88,10 +81,10 @@ def _problem_family(report: Report, starting: bool = False) -> Metric:
 
 
 def _report_families(report: Report) -> Iterator[Metric]:
-    yield _gauge(PREFIX + "status", "Worst state of the last run: 0 OK, 1 WARNING, "
-                 "2 CRITICAL, 3 UNKNOWN (Nagios codes).", report.state)
-    yield _gauge(PREFIX + "run_duration_seconds", "Time the last run took, gathering "
-                 "and judging.", report.duration_s)
+    yield GaugeMetricFamily(PREFIX + "status", "Worst state of the last run: 0 OK, 1 WARNING, "
+                 "2 CRITICAL, 3 UNKNOWN (Nagios codes).", value=report.state)
+    yield GaugeMetricFamily(PREFIX + "run_duration_seconds", "Time the last run took, "
+                            "gathering and judging.", value=report.duration_s)
     status = Metric(PREFIX + "check_status", "State of each check in the last run: "
                     "0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.", "gauge")
     success = Metric(PREFIX + "check_success", "1 when the check could judge (no UNKNOWN "
@@ -117,8 +110,10 @@ def _report_families(report: Report) -> Iterator[Metric]:
 
 def families(record: Optional[RunRecord]) -> List[Metric]:
     """Every family for one scrape or one textfile (only build info before the first run)."""
-    out = [_gauge(PREFIX + "build_info", "mps-health version, as a label; always 1.", 1,
-                  {"version": __version__, "python": platform.python_version()})]
+    info = GaugeMetricFamily(PREFIX + "build_info", "mps-health version, as a label; always 1.",
+                             labels=["version", "python"])
+    info.add_metric([__version__, platform.python_version()], 1)
+    out: List[Metric] = [info]
     if record is None:
         return out
     for name, doc, value in (
@@ -132,7 +127,7 @@ def families(record: Optional[RunRecord]) -> List[Metric]:
              "(slurmd's HealthCheckProgram) took; slurmd kills it at 60 s.",
              record.healthcheck_s)):
         if value is not None:  # no success yet, no health check run here: no series
-            out.append(_gauge(PREFIX + name, doc, value))
+            out.append(GaugeMetricFamily(PREFIX + name, doc, value=value))
     if record.report is not None:
         out.extend(_report_families(record.report))
     return out

@@ -120,8 +120,7 @@ def samples(report: Report, instance_gpus: Optional[Mapping[str, str]] = None) -
     chosen: Dict[Tuple[str, Labels], Sample] = {}
     for run in report.runs:
         for result in run.results:
-            extra: Labels = getattr(result, "labels", ())
-            labels = labels_of(result.instance, extra, gpus)
+            labels = labels_of(result.instance, result.labels, gpus)
             for key, value in result.values:
                 try:
                     number = float(value)

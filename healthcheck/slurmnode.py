@@ -108,11 +108,6 @@ def reason_text(tag: str, code: str, text: str, limit: int = 120) -> str:
     return full if len(full) <= limit else full[:limit - 3].rstrip() + "..."
 
 
-def _update(config: Config, node: str, timeout_s: float, *fields: str) -> None:
-    call(scontrol_argv(config, "update", f"NodeName={node}", *fields), timeout_s,
-         "scontrol update")
-
-
 def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int]) -> Breaker:
     """The circuit breaker: a drain waits when, in the partitions ``me`` is in, more than
     ``max_nodes`` nodes or more than ``max_share`` of the nodes already carry our tag
@@ -142,11 +137,24 @@ def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s
                      ) -> Tuple[str, str, Optional[SlurmNode]]:
     """Read, decide, drain: ("drained" | "already" | "left" | "held" | "error", why, view).
     ``breaker`` costs one more call (every node), only when about to drain."""
+    return _update(config, node, tag, timeout_s, may_drain, breaker, "drained",
+                   "State=DRAIN", f"Reason={reason}")
+
+
+def resume_if_ours(config: Config, node: str, tag: str, timeout_s: float
+                   ) -> Tuple[str, str, Optional[SlurmNode]]:
+    """Read (just before), decide, resume: ("resumed" | "left" | "error", why, view)."""
+    return _update(config, node, tag, timeout_s, may_resume, None, "resumed", "State=RESUME")
+
+
+def _update(config: Config, node: str, tag: str, timeout_s: float,
+            may: Callable[[SlurmNode, str], Tuple[bool, str]], breaker: Optional[Breaker],
+            done: str, *fields: str) -> Tuple[str, str, Optional[SlurmNode]]:
     try:
         view = read_node(config, node, timeout_s)
     except SlurmError as e:
         return "error", str(e), None
-    allowed, why = may_drain(view, tag)
+    allowed, why = may(view, tag)
     if not allowed:
         return ("already" if why == "already drained by us" else "left"), why, view
     if breaker is not None:
@@ -157,24 +165,8 @@ def drain_if_allowed(config: Config, node: str, tag: str, reason: str, timeout_s
         if held:
             return "held", held, view
     try:
-        _update(config, node, timeout_s, "State=DRAIN", f"Reason={reason}")
+        call(scontrol_argv(config, "update", f"NodeName={node}", *fields), timeout_s,
+             "scontrol update")
     except SlurmError as e:
         return "error", str(e), view
-    return "drained", why, view
-
-
-def resume_if_ours(config: Config, node: str, tag: str, timeout_s: float
-                   ) -> Tuple[str, str, Optional[SlurmNode]]:
-    """Read (just before), decide, resume: ("resumed" | "left" | "error", why, view)."""
-    try:
-        view = read_node(config, node, timeout_s)
-    except SlurmError as e:
-        return "error", str(e), None
-    allowed, why = may_resume(view, tag)
-    if not allowed:
-        return "left", why, view
-    try:
-        _update(config, node, timeout_s, "State=RESUME")
-    except SlurmError as e:
-        return "error", str(e), view
-    return "resumed", why, view
+    return done, why, view

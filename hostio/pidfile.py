@@ -2,7 +2,7 @@
 
 Anyone may write in a 0777 pipe dir, so the file is read with ``safefiles.read_small``
 (no link followed, a FIFO cannot block, at most a few bytes) and what it names is only a
-candidate: ``processes.daemon_of`` checks /proc before anything acts on it.
+candidate: ``processes.named_daemon`` checks /proc before anything acts on it.
 """
 
 from __future__ import annotations

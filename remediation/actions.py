@@ -219,8 +219,7 @@ def _unblock_first(ctx: Context, inst: Instance, settings: RemediationSettings, 
                    say: Say) -> None:
     """Free what holds the daemon before planning a restart: a wedge that freeing cures
     needs none, and a restart would end other users' servers (remediation/unblock.py)."""
-    facts = unblock_mod.for_instances(unblock_mod.look(ctx.config, ctx.root, (inst,),
-                                                       ctx.config.budget_s), [inst.name])
+    facts = unblock_mod.look(ctx.config, ctx.root, (inst,), ctx.config.budget_s)
     found = unblock_mod.plans(facts).get(inst.name, ())
     if not found:
         return
@@ -243,9 +242,7 @@ def unblock(config: Config, root: str, wanted: Sequence[str], dry_run: bool, say
     need_root(dry_run, "unblock")
     chosen = choose(ctx, wanted, True, doing=" to unblock")
     with lock_node(ctx, settings, "unblock " + ",".join(i.name for i in chosen), dry_run):
-        facts = unblock_mod.for_instances(unblock_mod.look(config, root, chosen,
-                                                           config.budget_s),
-                                          [i.name for i in chosen])
+        facts = unblock_mod.look(config, root, chosen, config.budget_s)
         todo = unblock_mod.plans(facts)
         audit = None if dry_run else audit_for(ctx, settings, "unblock")
         rc = DONE

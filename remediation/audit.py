@@ -24,15 +24,11 @@ from mps_health.model.printable import printable
 _UNSET_LOGINUID = 4294967295
 
 
-def _user_name(uid: int) -> str:
-    return name_of(uid) or str(uid)
-
-
 def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str:
     """'alice (via sudo, uid 0)', 'root', 'slurmd (healthcheck, uid 0)', ..."""
     environ = os.environ if environ is None else environ
     uid = os.getuid()
-    acting = _user_name(uid)
+    acting = name_of(uid) or str(uid)
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
     try:
@@ -40,7 +36,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     except (OSError, ValueError):
         login = _UNSET_LOGINUID
     if login not in (_UNSET_LOGINUID, uid):
-        return f"{_user_name(login)} (login uid {login}, as {acting})"
+        return f"{name_of(login) or login} (login uid {login}, as {acting})"
     return acting
 
 

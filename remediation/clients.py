@@ -6,15 +6,14 @@ either, no client is possible if no server of the instance runs (clients only ta
 a server); otherwise it is "unknown", and a reset refuses as if clients were there.
 """
 
-import contextlib
 import time
-import warnings
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance, ProcessFact
 from mps_health.probes.clientinfo import read_client
 from mps_health.probes.control import NO_DAEMON, ask_all
+from mps_health.probes.nvml import PynvmlApi, read_nvml
 
 
 class Clients(NamedTuple):
@@ -58,33 +57,20 @@ def from_control(ctx: Context, inst: Instance, timeout_s: float) -> Optional[Cli
 
 def nvml_clients(gpus: Sequence[str]) -> Optional[Tuple[int, ...]]:
     """MPS client PIDs on these GPUs (all GPUs if empty), or None if NVML cannot tell."""
-    try:
-        with warnings.catch_warnings():  # the deprecated pynvml shim warns on import
-            warnings.simplefilter("ignore")
-            import pynvml  # nvidia-ml-py; absent on nodes without the driver
-        pynvml.nvmlInit()
-    except Exception:
+    facts = read_nvml(PynvmlApi())
+    chosen = [g for g in facts.gpus if not gpus or str(g.gpu_index) in gpus or g.uuid in gpus]
+    if not facts.available or any(g.mps_processes is None for g in chosen):
         return None
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(int(g)) if g.isdigit()
-                   else pynvml.nvmlDeviceGetHandleByUUID(g) for g in gpus] or \
-            [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        return tuple(dict.fromkeys(p.pid for h in handles
-                                   for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)))
-    except Exception:
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    return tuple(dict.fromkeys(p.pid for g in chosen for p in g.mps_processes or ()))
 
 
 def find(ctx: Context, inst: Instance, servers: Sequence[ProcessFact], daemon_answers: bool,
-         timeout_s: float, use_nvml: bool = True) -> Clients:
+         timeout_s: float) -> Clients:
     """The clients of ``inst``; ``servers`` are its server processes seen in /proc."""
     seen = tuple(s.pid for s in servers)
     control = from_control(ctx, inst, timeout_s) if daemon_answers else None
     nvml: Optional[Tuple[int, ...]] = None
-    if use_nvml and inst.layout != "per-job":  # NVML cannot tell per-job instances apart
+    if inst.layout != "per-job":  # NVML cannot tell per-job instances apart
         nvml = nvml_clients([inst.gpu] if inst.gpu else [])
     if control is not None:
         extra = tuple(p for p in (nvml or ()) if p not in control.pids)

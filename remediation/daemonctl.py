@@ -1,13 +1,6 @@
 """Starting and quitting an MPS control daemon: the one way, for ``remediate reset`` and
-``orphans``, ``unit stop`` and the Slurm Prolog/Epilog.
-
-``start_daemon``: ``nvidia-cuda-mps-control -d`` as the daemon's user (``runas``: no
-shell, no login, output in unlinked files as a daemon may keep inherited descriptors),
-with the caller's explicit environment; then, bounded, wait for a live daemon of that
-user on this pipe dir that the pid file names (written once its socket is bound:
-``processes.named_daemon``) and its socket, and prove with one query that it answers.
-``quit_daemon``: ``quit -t N`` through the control client as the daemon's user (the
-daemon ends servers still busy after N s), bounded by ``timeout_s``.
+``orphans``, ``unit stop`` and the Slurm Prolog/Epilog. A start is proven by the daemon's
+pid file (written once its socket is bound), /proc agreeing, and one answered query.
 """
 
 from __future__ import annotations

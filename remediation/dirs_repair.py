@@ -1,13 +1,8 @@
 """``remediate dirs [INSTANCE...]``: put an instance's pipe and log dirs right and change
 nothing else: no daemon quit, started or signalled, no client cut off.
 
-The plan is ``dirs.plan_fix``'s (the check's own rule, ``directories.repair_of``): a
-trusted owner's dir is set right through an fd opened ``O_NOFOLLOW|O_DIRECTORY``, a
-missing log dir made; a swap is refused, naming the reset, while any daemon or server
-(of any uid) uses the instance. Each dir is judged again under the node lock
-(``dirs.repair``), a swap only if still unused; verified by the directories check,
-every step audited.
-
+The plan is ``dirs.plan_fix``'s; each dir is judged again under the node lock, a swap
+only if still unused, then verified by the directories check, every step audited.
 Exit 0 done or nothing to do, 1 a dir left to a reset (the rest done), 2 a step failed,
 3 could not start.
 """

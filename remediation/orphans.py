@@ -1,15 +1,10 @@
 """``remediate orphans``: stop and remove per-job MPS instances whose job has left the node.
 
-``orphans_of`` is pure (an orphan's job id is not among Slurm's jobs on this node);
-``clean`` removes them. If the one ``squeue`` call fails nothing is an orphan (a broken
-squeue's empty answer must never look like "no jobs"). A pipe dir younger than
-``orphans.min_age_s`` is skipped: its job's prolog may still be setting it up.
-
-Only dirs our Prolog recorded for the job (``hostio.jobrecords``), owned by the recorded
-uid or root, are orphans: a dir a user made under a job's name is left alone (said).
-Each orphan: ``quit -t N`` as the daemon's own user; what is left ended by verified
-PID; its pipe and log dirs removed without following any symlink
-(``safedirs.remove_tree``); then the job's record dropped.
+If the one ``squeue`` call fails nothing is an orphan (a broken squeue's empty answer
+must never look like "no jobs"). A pipe dir younger than ``orphans.min_age_s`` is
+skipped: its job's prolog may still be setting it up. Only dirs our Prolog recorded for
+the job (``hostio.jobrecords``), owned by the recorded uid or root, are orphans: a dir a
+user made under a job's name is left alone (said).
 """
 
 import os

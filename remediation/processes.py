@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.pidfile import read_pid
 from mps_health.hostio.process_identity import (  # noqa: F401  (the identity rule, re-exported)
@@ -78,17 +78,6 @@ def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid
     pid = read_pid(pipe_dir)
     p = read_process(proc_dir, pid, binaries) if pid is not None else None
     return p if p is not None and daemons_in((p,), (pipe_dir,), (uid,), pid) else None
-
-
-def daemon_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
-              ) -> Optional[ProcessFact]:
-    """The control daemon of ``uid`` serving ``pipe_dir``: the one the pid file names if
-    /proc agrees (one process read), else the first started found in /proc."""
-    named = named_daemon(proc_dir, pipe_dir, binaries, uid)
-    if named is not None:
-        return named
-    found = daemons_of(proc_dir, pipe_dir, binaries, uid)
-    return min(found, key=lambda p: (p.start_ticks, p.pid)) if found else None
 
 
 def pid_file_ignored(named: Optional[int], daemons: Collection[ProcessFact],
@@ -154,8 +143,12 @@ def gone(proc_dir: str, fact: ProcessFact) -> bool:
 
 def wait_gone(proc_dir: str, facts: Collection[ProcessFact], timeout_s: float) -> bool:
     """Wait until every process of ``facts`` has ended; False if one is left at the end."""
+    return _waited(lambda: all(gone(proc_dir, f) for f in facts), timeout_s)
+
+
+def _waited(done: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while not all(gone(proc_dir, f) for f in facts):
+    while not done():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
@@ -261,12 +254,8 @@ def signal_verified(proc_dir: str, pid: int, uid: int, start_ticks: int, end: bo
             return None
 
         def ended(wait_s: float) -> bool:
-            deadline = time.monotonic() + wait_s
-            while _same_identity(proc_dir, pid, uid, start_ticks) is None:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.02)
-            return True
+            return _waited(lambda: _same_identity(proc_dir, pid, uid, start_ticks) is not None,
+                           wait_s)
 
         changed = send(signal.SIGTERM if end else signal.SIGCONT)
         if changed is not None:

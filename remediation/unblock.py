@@ -1,17 +1,12 @@
 """unblock: free a control daemon that a local process holds, harming no one else.
 
-What holds it is ``checks.blockers.find``'s rule: a stopped daemon or a stopped server of
-the instance is continued (SIGCONT: its jobs go on, where a reset would end them); a
-process holding an idle connection to the control socket, or a genuine server binary
-run on the pipe dir and stopped, which the daemon never started, is ended. Each PID is
-verified in /proc just before its signal (``processes.signal_verified``: uid and start
-time, through a pidfd); a process of root's is never ended here, only named. Then the
-daemon is asked again and the answer printed. Every step is audited and each process
-acted on recorded (``hostio/unblocks``: who blocks MPS again and again); an unblock is
-no reset, so it neither counts towards nor waits for the reset cooldown.
-
-Used by ``mps-health remediate unblock``, by reset before it plans (a wedge an unblock
-cures needs no restart) and by the health check (``healthcheck.unblock``).
+What holds it is ``checks.blockers.find``'s rule: a stopped daemon or server of the
+instance is continued (its jobs go on, where a reset would end them); an idle connection
+or a stopped server the daemon never started is ended; a process of root's is only
+named. Each PID is verified just before its signal (``processes.signal_verified``).
+An unblock is no reset: it neither counts towards nor waits for the reset cooldown.
+Used by ``remediate unblock``, by reset before it plans (a wedge an unblock cures needs
+no restart) and by the health check (``healthcheck.unblock``).
 """
 
 from __future__ import annotations
@@ -129,12 +124,12 @@ def summary(freed: Freed) -> str:
 
 
 def look(config: Config, root: str, insts: Tuple[Instance, ...], budget_s: float) -> Facts:
-    """The facts an unblock plans on: processes, dirs, one control query, the blockers."""
-    return engine.facts_within(engine.fit_control(config, budget_s), root, NEEDS, budget_s) \
-        if insts else Facts("", time.time(), root, (), {}, {}, {})
-
-
-def for_instances(facts: Facts, names: Sequence[str]) -> Facts:
+    """The facts an unblock plans on (processes, dirs, one control query, the blockers),
+    of ``insts`` only."""
+    if not insts:
+        return Facts("", time.time(), root, (), {}, {}, {})
+    facts = engine.facts_within(engine.fit_control(config, budget_s), root, NEEDS, budget_s)
+    names = {i.name for i in insts}
     return facts._replace(instances=tuple(i for i in facts.instances if i.name in names))
 
 

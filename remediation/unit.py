@@ -1,23 +1,16 @@
 """The two steps of contrib/systemd/nvidia-mps@.service that a plain command line cannot
-do safely (``mps-health unit prepare|stop``, from mps_health.cli.unit).
+do safely (``mps-health unit prepare|stop``).
 
-* ``prepare`` (ExecStartPre) makes the pipe dir (``--mode``, 0777) and the log dir
-  (``--log-mode``, 0755: only the daemon writes there) real directories of root without
+* ``prepare`` (ExecStartPre) makes the pipe and log dirs real directories of root without
   following a symlink (``install -d`` would follow one planted in the world-writable
-  /tmp): what else is in their place is moved aside, as a reset does. control.log and
-  server.log must then be root's regular files (``safedirs.keep_files``), so the root
-  daemon never appends to a file a user chose. Stale daemon entries are left: the
-  daemon starts fine among them.
-* ``stop`` (ExecStop) sends ``quit -t N`` through the control client (no shell) and
-  waits, bounded, for the daemon to exit: systemd SIGTERMs what is left once ExecStop
-  returns, cutting its own shutdown of its servers short. The daemon is found in /proc
-  (``processes.daemons_in``), not through the pid file, which any user may delete or
-  point elsewhere in the 0777 pipe dir: a pid file naming another process is said and
-  ignored; only the daemons found are waited on.
+  /tmp), and control.log and server.log root's regular files, so the root daemon never
+  appends to a file a user chose. Stale daemon entries are left: it starts among them.
+* ``stop`` (ExecStop) sends ``quit -t N`` and waits, bounded, for the daemon to exit:
+  systemd SIGTERMs what is left once ExecStop returns, cutting the daemon's own shutdown
+  of its servers short. The daemon is found in /proc, not through the pid file, which
+  any user may delete or point elsewhere in the 0777 pipe dir.
 
-The dirs come from the unit's ``Environment=``, so the unit file interpolates nothing
-into a command line. Exit 0 done; a failure raises ``Failure``: 2 failed (systemd marks
-the start or stop failed), 3 could not start.
+Exit 0 done; a failure raises ``Failure``: 2 failed, 3 could not start.
 """
 
 import os

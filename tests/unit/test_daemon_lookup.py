@@ -1,4 +1,4 @@
-"""processes.candidates/daemons_in/daemons_of/daemon_of: a pipe dir's control daemon is
+"""processes.candidates/daemons_in/daemons_of/named_daemon: a pipe dir's control daemon is
 found in /proc (the configured binary, -d, the daemon's uid, its environ naming the pipe
 dir); the pid file is a hint that must agree, never the way to a process.
 
@@ -77,8 +77,6 @@ def test_the_daemon_is_found_whatever_the_pid_file_says(node, pid_file) -> None:
     _pid_file(pipe, pid_file)
     binaries = fake_binaries()
     assert _pids(processes.daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON]
-    daemon = processes.daemon_of(proc, str(pipe), binaries, 0)
-    assert daemon is not None and daemon.pid == ROOT_DAEMON
     named = processes.named_daemon(proc, str(pipe), binaries, 0)
     assert (named.pid if named else None) == (ROOT_DAEMON if pid_file == str(ROOT_DAEMON)
                                               else None)
@@ -90,9 +88,7 @@ def test_another_uids_daemon_is_never_the_one_even_when_named(node) -> None:
     binaries = fake_binaries()
     assert processes.named_daemon(proc, str(pipe), binaries, 0) is None
     assert _pids(processes.daemons_of(proc, str(pipe), binaries, EVIL)) == [EVIL_DAEMON]
-    evil = processes.daemon_of(proc, str(pipe), binaries, EVIL)
-    assert evil is not None and evil.pid == EVIL_DAEMON  # the lookup for that uid only
-    assert processes.daemon_of(proc, str(pipe), binaries, 4242) is None
+    assert processes.daemons_of(proc, str(pipe), binaries, 4242) == ()
 
 
 def test_a_pid_file_that_disagrees_is_said_and_ignored(node) -> None:
@@ -123,10 +119,10 @@ def test_with_no_daemon_of_the_uid_there_is_none(node) -> None:
     empty = pipe.parent / "empty"
     empty.mkdir()
     assert processes.daemons_of(proc, str(empty), fake_binaries(), 0) == ()
-    assert processes.daemon_of(proc, str(empty), fake_binaries(), 0) is None
+    assert processes.named_daemon(proc, str(empty), fake_binaries(), 0) is None
 
 
-def test_the_first_started_is_the_daemon_when_two_serve_one_dir_and_none_is_named(
+def test_two_daemons_serving_one_dir_are_both_found_and_the_named_one_agrees(
         tmp_path: Path) -> None:
     pipe = tmp_path / "pipe"
     pipe.mkdir()
@@ -134,10 +130,8 @@ def test_the_first_started_is_the_daemon_when_two_serve_one_dir_and_none_is_name
         _process(tmp_path, pid, FAKE_CONTROL, pipe=pipe)
     proc = str(tmp_path / "proc")
     assert _pids(processes.daemons_of(proc, str(pipe), fake_binaries(), 0)) == [200, 300]
-    first = processes.daemon_of(proc, str(pipe), fake_binaries(), 0)
-    assert first is not None and first.pid == 200  # same start time: the lower PID
     _pid_file(pipe, "300")
-    named = processes.daemon_of(proc, str(pipe), fake_binaries(), 0)
+    named = processes.named_daemon(proc, str(pipe), fake_binaries(), 0)
     assert named is not None and named.pid == 300
 
 

@@ -18,7 +18,7 @@ def test_start_answers_then_quit_ends_it(site) -> None:
     env = env_for(site.pipe, site.log)
     started = start_daemon(FAKE_CONTROL, str(site.pipe), None, env, 10.0)
     assert started.pid is not None, started.detail
-    daemon = processes.daemon_of("/proc", str(site.pipe), fake_binaries(), os.geteuid())
+    daemon = processes.named_daemon("/proc", str(site.pipe), fake_binaries(), os.geteuid())
     assert daemon is not None and daemon.pid == started.pid
     assert quit_daemon(FAKE_CONTROL, None, env, 1, 6.0) == ""
     assert processes.wait_gone("/proc", (daemon,), 5.0)

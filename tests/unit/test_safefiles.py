@@ -106,7 +106,7 @@ def test_read_small_refuses_links_fifos_and_large_files(shared: Path, victim: Pa
 def test_a_fifo_as_pid_file_does_not_hang_and_names_nobody(shared: Path, user) -> None:
     as_user(user, "mkfifo", str(shared / pidfile.PID_FILE))
     assert pidfile.read_pid(str(shared)) is None
-    assert processes.daemon_of("/proc", str(shared), fake_binaries(), os.geteuid()) is None
+    assert processes.named_daemon("/proc", str(shared), fake_binaries(), os.geteuid()) is None
 
 
 def test_a_pid_file_naming_an_unrelated_process_names_no_daemon(shared: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_pid_file_naming_an_unrelated_process_names_no_daemon(shared: Path) ->
     try:
         (shared / pidfile.PID_FILE).write_text(f"{sleeper.pid}\n")
         assert pidfile.read_pid(str(shared)) == sleeper.pid
-        assert processes.daemon_of("/proc", str(shared), fake_binaries(), os.geteuid()) is None  # not a control daemon
+        assert processes.named_daemon("/proc", str(shared), fake_binaries(), os.geteuid()) is None  # not a control daemon
     finally:
         sleeper.kill()
         sleeper.wait()
