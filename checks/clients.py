@@ -19,8 +19,8 @@ from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
-from mps_health.model import registry
-from mps_health.model.actionhints import RESET, advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import RESET, advice
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from mps_health.model.printable import escape

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from mps_health.checks.common import nvml_unavailable
 from mps_health.config.load import Config
 from mps_health.config.slurm import GpuSettings, gpu_settings, mps_gpu_ids
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 

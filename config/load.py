@@ -9,7 +9,7 @@ With no file the defaults apply and neither PyYAML nor any owner module is impor
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
@@ -226,28 +226,39 @@ class ChecksConfig(Record):
     observe: Tuple[str, ...] = custom((), names)
 
 
-def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
-                   ) -> ChecksConfig:
-    lists = ("only", "enable", "disable", "observe")
-    if not c.modules and not any(getattr(c, key) for key in lists):
-        return c
-    from mps_health.model import registry  # small; the checks it imports are light
+class CheckTable(Protocol):
+    """What judging a ``checks`` section needs of the run's check table. The engine owns
+    it, a layer above config, so the commands hand ``mps_health.engine.registry`` in."""
 
+    SITE_SECTIONS: Dict[str, Section[Any]]  # section name -> as a site module declares it
+
+    def load_site_module(self, module: str) -> None: ...
+
+    def checks(self) -> Mapping[str, Any]: ...
+
+
+def _site_sections(c: ChecksConfig, table: Optional[CheckTable]) -> Dict[str, Section[Any]]:
+    """Import the site's check modules (``modules``) and judge every check name against
+    ``table``; the sections those modules declare. Without a table (a caller that runs no
+    check) nothing is imported or judged."""
+    lists = ("only", "enable", "disable", "observe")
+    if table is None or (not c.modules and not any(getattr(c, key) for key in lists)):
+        return {}
     for module in c.modules:
-        registry.load_site_module(module)  # Invalid names the module
-    known = registry.checks()
+        table.load_site_module(module)  # Invalid names the module
+    known = table.checks()
     for key in lists:
         for name in getattr(c, key):
             if name not in known:
                 raise Invalid(f"unknown check {shown(name)} (known: "
                               f"{', '.join(sorted(known))})", key)
-    return c
+    return dict(table.SITE_SECTIONS)
 
 
 MPS = Section("mps", MpsConfig, _finish_mps)
 CONTROL = Section("control", ControlConfig)
 TMPFILES = Section("tmpfiles", TmpfilesConfig)
-CHECKS = Section("checks", ChecksConfig, _finish_checks)
+CHECKS = Section("checks", ChecksConfig)
 CORE_SECTIONS = (CHECKS, MPS, CONTROL, TMPFILES)  # checks first: it may add site sections
 
 
@@ -297,7 +308,8 @@ TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
 MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
 
 
-def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
+def load(path: Optional[str] = None, text: Optional[str] = None,
+         table: Optional[CheckTable] = None) -> Config:
     """The config from ``path`` (else the default file, if it exists) or from ``text``. A
     symlink is followed (the path is the admin's choice); anything but a regular file is
     refused without blocking, and so is one over MAX_BYTES or past ``inputs.parse_yaml``'s
@@ -316,18 +328,20 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
         raise ConfigError(f"{path}: {e}") from None
     if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return from_mapping(data or {}, path)
+    return from_mapping(data or {}, path, table)
 
 
 def _owner_sections(module: str) -> Dict[str, Section]:
-    from mps_health.model.registry import module_named
+    import importlib
 
-    owner = module_named(module)
+    owner = importlib.import_module(module, "mps_health")
     return {s.name: s for s in getattr(owner, "SECTIONS", ())}
 
 
-def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
-    """Validate every key of ``data``; ConfigError names the first bad one."""
+def from_mapping(data: Mapping[str, Any], path: Optional[str],
+                 table: Optional[CheckTable] = None) -> Config:
+    """Validate every key of ``data``; ConfigError names the first bad one. ``table``: the
+    check table the ``checks`` section is judged against (``_site_sections``)."""
     where = path or "<defaults>"
     key = ""
     try:
@@ -336,21 +350,22 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
             if key in data:
                 top[key] = Config._specs[key].parse(data[key])
         loaded: Dict[str, Record] = {}
-        for section in CORE_SECTIONS:
+        key = CHECKS.name  # first: its site modules may add sections
+        checks = loaded[key] = CHECKS.validate(_mapping(data.get(key)), loaded)
+        site = _site_sections(checks, table)
+        for section in CORE_SECTIONS[1:]:
             key = section.name
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
-        from mps_health.model import registry  # site sections are known once CHECKS is valid
-
-        known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+        known = (*TOP_KEYS, *loaded, *SECTIONS, *site)
         for key in data:
             if key not in known:
                 raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
         wanted = set(data)
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
         owners: Dict[str, Section] = {}
-        for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
-                                     *registry.SITE_SECTIONS.values())):
+        for module in dict.fromkeys(m for k, m in SECTIONS.items() if k in wanted):
             owners.update(_owner_sections(module))
+        owners.update(site)
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
     except Invalid as e:

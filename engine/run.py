@@ -19,14 +19,15 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from mps_health import __version__
 from mps_health.config.load import Config
+from mps_health.engine import actionhints, registry
 from mps_health.hostio.resources import OutOfResources
-from mps_health.model import actionhints, registry, results
-from mps_health.model.context import Context, joined, node_name
+from mps_health.model import results
 from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold
 from mps_health.probes import instances
+from mps_health.probes.context import Context, joined, node_name
 
 T = TypeVar("T")
 

@@ -10,7 +10,8 @@ import json
 from typing import Any, Dict, Mapping, Tuple
 
 from mps_health import __version__
-from mps_health.model import codec, registry
+from mps_health.engine import registry
+from mps_health.model import codec
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import escape
 

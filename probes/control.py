@@ -17,10 +17,10 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.runner import Completed, Pending, child_env, wait_all
-from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance
+from mps_health.probes.context import Context
+from mps_health.probes.process_identity import locate, not_found
 
 QUERY = "get_default_active_thread_percentage"
 NO_DAEMON = "Cannot find MPS control daemon process"

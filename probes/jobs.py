@@ -7,8 +7,8 @@ import time
 from typing import NamedTuple, Optional, Tuple
 
 from mps_health.hostio.runner import Pending, child_env
-from mps_health.model.context import Context, node_name
 from mps_health.model.facts import Instance
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.hostlist import ParseError
 from mps_health.probes.slurm import SlurmJob, classify_failure, parse_squeue, squeue_argv
 

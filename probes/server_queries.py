@@ -13,10 +13,10 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from mps_health.hostio.users import name_of
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import ClientFact, DeviceFact, InstanceServers, ServerFact
 from mps_health.probes import clientinfo, control, proc
+from mps_health.probes.context import Context
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
-from mps_health.model.context import Context, node_name
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.hostlist import ParseError, parse_count, range_items, split_top
 
 if TYPE_CHECKING:

@@ -5,9 +5,9 @@ import importlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from mps_health.engine import snapshot
+from mps_health.engine import registry, snapshot
 from mps_health.hostio import jobrecords, unblocks
-from mps_health.model import codec, facts_deep, registry
+from mps_health.model import codec, facts_deep
 from mps_health.model.facts import Facts, Instance
 
 STATE_TYPES = (jobrecords.VALUE_TYPE, unblocks.VALUE_TYPE, Tuple[facts_deep.Ack, ...],

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TRIPWIRE_DIR
 from mps_health.config import load as config
+from mps_health.engine import registry
 
 
 def test_no_file_gives_the_defaults_without_yaml() -> None:
@@ -88,7 +89,7 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(config.ConfigError) as e:
-        config.load(str(path))
+        config.load(str(path), table=registry)
     assert str(e.value).startswith(str(path))
     assert message in str(e.value)
     assert "\n" not in str(e.value)

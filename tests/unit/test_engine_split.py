@@ -9,9 +9,9 @@ from typing import List
 
 import pytest
 from mps_health.config.load import from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
-from mps_health.model import registry
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 
 ORDER: List[str] = []
 

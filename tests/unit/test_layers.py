@@ -1,5 +1,6 @@
 """The layers stay visible: every import between mps-health's modules goes down the
-order written in docs/DEVELOPING.md ("Layers"), and no module imports itself back.
+order written in docs/DEVELOPING.md ("Layers"), no module imports itself back, and no
+two folders import each other, however indirectly (within the base layer too).
 
 Read from the source with ``ast`` (imports inside functions and under TYPE_CHECKING
 count too: a lazy import is still a dependency), without importing anything.
@@ -15,10 +16,10 @@ from conftest import REPO
 # Each folder of the package is one layer: a module's layer is its folder's (checks/ has
 # its shared helpers as the one exception: the check helpers below the checks).
 FOLDER_LAYERS = {
-    "hostio": "base", "config": "base", "model": "base",
+    "model": "model", "hostio": "hostio", "config": "config",
     "probes": "probes",
-    "checks": "checks",
     "engine": "run",
+    "checks": "checks",
     "exporters": "exporters",
     "remediation": "actions", "healthcheck": "actions", "slurm": "actions",
     "cli": "commands",
@@ -26,16 +27,18 @@ FOLDER_LAYERS = {
 FOLDERS = tuple(FOLDER_LAYERS)
 
 # Lowest first. A module may import modules of its own layer and of the layers it names.
-BASE = "base"
+BASE = ("model", "hostio", "config")  # records; the host's files and programs; the config
 LAYERS: Dict[str, Tuple[str, ...]] = {
-    BASE: (),
-    "probes": (BASE,),
-    "check helpers": (BASE, "probes"),
-    "checks": (BASE, "probes", "check helpers"),
-    "run": (BASE, "probes", "check helpers", "checks"),
-    "exporters": (BASE,),
-    "actions": (BASE, "probes", "check helpers", "checks", "run", "exporters"),
-    "commands": (BASE, "probes", "check helpers", "checks", "run", "exporters", "actions"),
+    "model": (),
+    "hostio": ("model",),
+    "config": ("model", "hostio"),
+    "probes": BASE,
+    "run": (*BASE, "probes"),
+    "check helpers": (*BASE, "probes", "run"),
+    "checks": (*BASE, "probes", "run", "check helpers"),
+    "exporters": (*BASE, "run"),
+    "actions": (*BASE, "probes", "run", "check helpers", "checks", "exporters"),
+    "commands": (*BASE, "probes", "run", "check helpers", "checks", "exporters", "actions"),
 }
 # Layers whose modules may not import one another (only shared helpers, a layer below).
 NO_SIBLINGS = {"checks"}
@@ -47,7 +50,7 @@ def layer_of(module: str) -> str:
         return "check helpers"
     parts = module.split(".")
     if len(parts) < 2:
-        return BASE  # the package itself: its version
+        return "model"  # the package itself: its version
     return FOLDER_LAYERS[parts[1]]
 
 
@@ -153,11 +156,75 @@ def test_no_import_cycle() -> None:
     assert cycle(GRAPH) is None
 
 
+def folder_of(module: str) -> str:
+    """The folder a module lives in (the package's own ``__init__`` is its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_edges(graph: Dict[str, Set[str]]) -> Dict[Tuple[str, str], List[str]]:
+    """Each import from one folder into another, as the module imports making it."""
+    edges: Dict[Tuple[str, str], List[str]] = {}
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            pair = (folder_of(module), folder_of(target))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, []).append(f"{module} imports {target}")
+    return edges
+
+
+def folder_circles(graph: Dict[str, Set[str]]) -> List[str]:
+    """The imports between folders that lie on a circle of folders (each folder of a
+    circle reaches the other): what must move for the folders to be layers."""
+    edges = folder_edges(graph)
+    out: Dict[str, Set[str]] = {}
+    for a, b in edges:
+        out.setdefault(a, set()).add(b)
+
+    def reach(start: str) -> Set[str]:
+        seen: Set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in out.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {folder: reach(folder) for folder in out}
+    return [f"{a} -> {b}: {made}" for (a, b), imports in sorted(edges.items())
+            if a in reached.get(b, ()) for made in imports]
+
+
+def test_no_import_circle_between_folders() -> None:
+    """A folder is a layer only if no folder it imports imports it back, directly or
+    through others: the folders' order (docs/DEVELOPING.md, "Layers") is one-way."""
+    assert folder_circles(GRAPH) == []
+
+
+def test_a_circle_between_folders_is_caught() -> None:
+    graph = {"mps_health.config.inputs": {"mps_health.hostio.safefiles"},
+             "mps_health.hostio.safefiles": set(),
+             "mps_health.hostio.state": {"mps_health.model.codec"},
+             "mps_health.model.codec": set(),
+             "mps_health.model.results": {"mps_health.config.load"},
+             "mps_health.config.load": set(),
+             "mps_health.cli.main": {"mps_health.model.results"}}
+    assert folder_circles(graph) == [
+        "config -> hostio: mps_health.config.inputs imports mps_health.hostio.safefiles",
+        "hostio -> model: mps_health.hostio.state imports mps_health.model.codec",
+        "model -> config: mps_health.model.results imports mps_health.config.load"]
+    graph["mps_health.model.results"] = set()
+    assert folder_circles(graph) == []
+
+
 @pytest.mark.parametrize("graph, says", [
     ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
      "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
-    ({"mps_health.exporters.nagios": {"mps_health.engine.run"}, "mps_health.engine.run": set()},
-     "mps_health.exporters.nagios (exporters) imports mps_health.engine.run (run)"),
+    ({"mps_health.hostio.state": {"mps_health.config.load"}, "mps_health.config.load": set()},
+     "mps_health.hostio.state (hostio) imports mps_health.config.load (config)"),
+    ({"mps_health.engine.run": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
+     "mps_health.engine.run (run) imports mps_health.checks.daemon (checks)"),
     ({"mps_health.remediation.unit": {"mps_health.cli.common"},
       "mps_health.cli.common": set()},
      "mps_health.remediation.unit (actions) imports mps_health.cli.common (commands)"),
@@ -166,7 +233,7 @@ def test_no_import_cycle() -> None:
      "mps_health.checks.orphans (checks) imports mps_health.checks.gres_drift (checks)"),
     ({"mps_health.config.load": {"mps_health.exporters.prometheus"},
       "mps_health.exporters.prometheus": set()},
-     "mps_health.config.load (base) imports mps_health.exporters.prometheus (exporters)"),
+     "mps_health.config.load (config) imports mps_health.exporters.prometheus (exporters)"),
 ])
 def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> None:
     assert upward(graph) == [says]

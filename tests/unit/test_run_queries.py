@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from mps_health.config import load as config_mod
-from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance
 from mps_health.probes import control
+from mps_health.probes.context import Context
 
 Q = control.QUERY
 INST = Instance("gpu0", "per-gpu", "/tmp/mpsh-unit/pipe0", "/tmp/mpsh-unit/log0", gpu="0")

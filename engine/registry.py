@@ -20,7 +20,10 @@ import os
 import threading
 from importlib.machinery import all_suffixes
 from types import ModuleType
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Tuple
+
+if TYPE_CHECKING:
+    from mps_health.config.schema import Section
 
 
 class Source(NamedTuple):
@@ -133,7 +136,8 @@ def relative(target: str) -> str:
     return target[len("mps_health"):] if target.startswith("mps_health.") else target
 
 
-SITE_SECTIONS: Dict[str, str] = {}  # config section -> the site module declaring it
+# Config section -> as the site module declaring it gives it (config.load validates it).
+SITE_SECTIONS: Dict[str, Section[Any]] = {}
 
 
 def load_site_module(module: str) -> None:
@@ -150,10 +154,10 @@ def load_site_module(module: str) -> None:
     declared = relative(module)
     if not any(c.target.partition(":")[0] == declared for c in _CHECKS.values()):
         raise Invalid(f"{shown(module)} declares no check: call "
-                      "mps_health.model.registry.check(name, 'module:function', needs) at import",
+                      "mps_health.engine.registry.check(name, 'module:function', needs) at import",
                       "modules")
     for section in getattr(mod, "SECTIONS", ()):
-        SITE_SECTIONS[section.name] = module
+        SITE_SECTIONS[section.name] = section
 
 
 def module_named(name: str) -> ModuleType:
