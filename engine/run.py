@@ -181,29 +181,36 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         durations[src.name] = durations.get(src.name, 0.0) + time.monotonic() - t0
         doing.discard(src.name)
 
-    def call(target: str) -> Callable[[], object]:
-        return lambda: registry.load(target)(ctx, insts)
+    probes: Dict[str, registry.Probe] = {}
+    for src in wanted:  # imported first: no two threads import at once
+        try:
+            probes[src.name] = src.probe()
+        except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
+            errors[src.name] = _one_line(e)
+    wanted = [src for src in wanted if src.name in probes]
+
+    def call(step: Callable[[Context, Tuple[Instance, ...]], object]) -> Callable[[], object]:
+        return lambda: step(ctx, insts)
 
     # A source with a start has its commands started first and is collected last, in the
     # registry's order (the control query's pipe dir locks before the servers wait).
-    split = [src for src in wanted if src.start]
-    for src in split:
-        collect(src, call(src.start))
+    split = []
+    for src in wanted:
+        start = probes[src.name].start
+        if start is not None:
+            split.append(src)
+            collect(src, call(start))
     ending = {src.name: values.pop(src.name) for src in split if src.name in values}
-    # A thread's modules are imported before it starts: two threads importing at once
-    # only hand the GIL back and forth.
     threads = []
     for src in wanted:
         if src.blocking:
-            with contextlib.suppress(Exception):  # its thread's collect() says what is wrong
-                registry.load(src.target)
-            t = threading.Thread(target=collect, args=(src, call(src.target)),
+            t = threading.Thread(target=collect, args=(src, call(probes[src.name].gather)),
                                  name=f"source {src.name}", daemon=True)
             t.start()
             threads.append((src, t))
     for src in wanted:
-        if not (src.blocking or src.start):
-            collect(src, call(src.target))
+        if not (src.blocking or src in split):
+            collect(src, call(probes[src.name].gather))
     if meanwhile is not None:
         meanwhile()
     for src in split:

@@ -44,7 +44,7 @@ def check(facts, config):
     return iter(())
 
 
-registry.source("site-fifo", "site_hang:gather", "builtins:str")
+registry.source("site-fifo", lambda: registry.Probe(gather, str))
 registry.check("site-hang", "site_hang:check", ("site-fifo",))
 '''
 
