@@ -28,8 +28,8 @@ from mps_health.model.results import UNKNOWN, WARNING, Result, ok
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmJob
     from mps_health.probes.jobs import JobsFacts
-    from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",

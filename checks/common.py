@@ -14,8 +14,8 @@ from mps_health.probes.instances import pipe_paths
 from mps_health.probes.process_identity import is_daemon
 
 if TYPE_CHECKING:
+    from mps_health.model.slurm_facts import SlurmFacts
     from mps_health.probes.nvml import NvmlFacts
-    from mps_health.probes.slurm import SlurmFacts
 
 T = TypeVar("T")
 PING = "check slurmctld ('scontrol ping'); this is not an MPS failure"

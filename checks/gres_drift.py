@@ -22,9 +22,9 @@ from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmFacts, SlurmNode
     from mps_health.probes.gres_conf import DeviceFile, GresConf
     from mps_health.probes.nvml import NvmlFacts
-    from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
 CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-minor",

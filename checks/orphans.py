@@ -26,8 +26,8 @@ from mps_health.probes.process_identity import is_daemon, is_server, proves_noth
 from mps_health.probes.servertrack import remembered
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmFacts
     from mps_health.probes.jobdirs import JobDir, JobRecords
-    from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",

@@ -162,7 +162,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         errors["instances"] = _one_line(e)
     doing.discard("instances")
     if "control" in needed or "servers" in needed:  # one timeout per wedged daemon
-        from mps_health.probes.control import Queries
+        from mps_health.probes.queries import Queries
 
         ctx = ctx._replace(queries=Queries())
     if "slurm" in needed and "canary" in needed:  # one node read for both

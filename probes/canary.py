@@ -30,7 +30,7 @@ from mps_health.probes.proc import identity
 from mps_health.probes.server_queries import parse_pid_list
 
 if TYPE_CHECKING:
-    from mps_health.probes.slurm import SlurmNode
+    from mps_health.model.slurm_facts import SlurmNode
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client

@@ -24,7 +24,7 @@ from mps_health.probes.context import Context
 
 if TYPE_CHECKING:
     from mps_health.model.facts_deep import PlannedRestart
-    from mps_health.probes.slurm import SlurmJob
+    from mps_health.model.slurm_facts import SlurmJob
 
 SETUP_START = "prolog start"
 SETUP_DONE = "prolog"
