@@ -9,7 +9,7 @@ With no file the defaults apply and neither PyYAML nor any owner module is impor
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
@@ -21,6 +21,7 @@ from mps_health.config.schema import (
     command,
     custom,
     flag,
+    gpu_ids,
     internal,
     names,
     number,
@@ -45,16 +46,45 @@ LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the
 # indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
 LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
-# Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
-# has the owners of the sections it gives imported and all their sections validated (absent
-# ones as empty); where one section's rules read another (READ_BY), giving slurm validates
-# healthcheck too. Without a file, none is imported. Order matters.
-SECTIONS = {
-    **dict.fromkeys(("servers", "logs", "canary", "clients"), ".config.deep_checks"),
-    **dict.fromkeys(("gpu", "slurm", "orphans"), ".config.slurm"),
-    "jobs": ".config.jobs",
-    **dict.fromkeys(("healthcheck", "remediation"), ".config.remediation"),
-    "exporter": ".config.exporter",
+# Sections owned by other modules: name -> the function importing the module whose
+# SECTIONS declares it. A file has the owners of the sections it gives imported and all
+# their sections validated (absent ones as empty); where one section's rules read another
+# (READ_BY), giving slurm validates healthcheck too. Without a file, none is imported (a
+# node's file of core keys costs no owner's import). Order matters.
+Owner = Callable[[], Sequence["Section[Any]"]]
+
+
+def _deep_checks() -> Sequence[Section[Any]]:
+    from mps_health.config import deep_checks
+    return deep_checks.SECTIONS
+
+
+def _slurm() -> Sequence[Section[Any]]:
+    from mps_health.config import slurm
+    return slurm.SECTIONS
+
+
+def _jobs() -> Sequence[Section[Any]]:
+    from mps_health.config import jobs
+    return jobs.SECTIONS
+
+
+def _remediation() -> Sequence[Section[Any]]:
+    from mps_health.config import remediation
+    return remediation.SECTIONS
+
+
+def _exporter() -> Sequence[Section[Any]]:
+    from mps_health.config import exporter
+    return exporter.SECTIONS
+
+
+SECTIONS: Dict[str, Owner] = {
+    **dict.fromkeys(("servers", "logs", "canary", "clients"), _deep_checks),
+    **dict.fromkeys(("gpu", "slurm", "orphans"), _slurm),
+    "jobs": _jobs,
+    **dict.fromkeys(("healthcheck", "remediation"), _remediation),
+    "exporter": _exporter,
 }
 
 READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
@@ -84,22 +114,6 @@ class ConfigError(Exception):
 
 
 # --- the core's own sections ------------------------------------------------------------
-
-def gpu_ids(value: Any, all_ok: bool = False) -> Optional[Tuple[str, ...]]:
-    """GPU indices or UUIDs (one alone is a list of one). ``all_ok`` (gpu.mps_gpus): all or
-    null is None, [] is taken; else none holds '/', '{' or '}' (they fill dir templates)."""
-    if all_ok and (value is None or value == "all"):
-        return None
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not (value or all_ok) or not all(
-            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and (all_ok or not any(c in str(g) for c in "/{}")) and str(g).isprintable()
-            for g in value):
-        raise Invalid(f"must be {'all or ' if all_ok else ''}a list of GPU indices or UUIDs, "
-                      f"e.g. [0, 1] (got {shown(value)})")
-    return tuple(str(g).strip() for g in value)
-
 
 def _mode(value: Any) -> int:
     try:
@@ -331,13 +345,6 @@ def load(path: Optional[str] = None, text: Optional[str] = None,
     return from_mapping(data or {}, path, table)
 
 
-def _owner_sections(module: str) -> Dict[str, Section]:
-    import importlib
-
-    owner = importlib.import_module(module, "mps_health")
-    return {s.name: s for s in getattr(owner, "SECTIONS", ())}
-
-
 def from_mapping(data: Mapping[str, Any], path: Optional[str],
                  table: Optional[CheckTable] = None) -> Config:
     """Validate every key of ``data``; ConfigError names the first bad one. ``table``: the
@@ -363,8 +370,8 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str],
         wanted = set(data)
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
         owners: Dict[str, Section] = {}
-        for module in dict.fromkeys(m for k, m in SECTIONS.items() if k in wanted):
-            owners.update(_owner_sections(module))
+        for owner in dict.fromkeys(o for k, o in SECTIONS.items() if k in wanted):
+            owners.update((s.name, s) for s in owner())
         owners.update(site)
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
@@ -383,3 +390,14 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise Invalid("must be a mapping of keys")
     return value
+
+
+def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
+    """The GPUs (indices or UUIDs) MPS serves: ``gpu.mps_gpus``, else the per-gpu layout's
+    ``mps.gpus``, else None for every GPU (a node-wide or per-job daemon serves any)."""
+    from mps_health.config.slurm import gpu_settings  # the gpu section's owner
+
+    chosen = gpu_settings(config).mps_gpus
+    if chosen is None and config.mps.layout == "per-gpu":
+        return config.mps.gpus
+    return chosen
