@@ -1,12 +1,15 @@
 """The layers stay visible: every import between mps-health's modules goes down the
-order written in docs/DEVELOPING.md ("Layers"), no module imports itself back, and no
-two folders import each other, however indirectly (within the base layer too).
+order written in docs/DEVELOPING.md ("Layers"), no module imports itself back, no two
+folders import each other, however indirectly, and no module imports one of the
+package's modules by a name written as a string (``".probes.dirs:gather"``), which this
+reader could not see.
 
 Read from the source with ``ast`` (imports inside functions and under TYPE_CHECKING
 count too: a lazy import is still a dependency), without importing anything.
 """
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -218,6 +221,54 @@ def test_a_circle_between_folders_is_caught() -> None:
     assert folder_circles(graph) == []
 
 
+# A module named in a string, as a table of "module:function" targets or an argument of
+# importlib.import_module would name it: an import the graph above cannot see.
+ADDRESS = re.compile(r"(mps_health)?(\.\w+)+(:\w+)?")
+# Names that import nothing the graph misses: module -> the string, and why.
+NAMED_ON_PURPOSE = {
+    ("mps_health.engine.registry", ".checks"): "the checks are found by listing their package",
+    ("mps_health.engine.run", "mps_health.hostio.runner"):
+        "an overrun looks the module up, never imports it (a stuck thread may hold its lock)",
+    ("mps_health.slurm.render", "mps_health.slurm"): "where Jinja2 finds the templates",
+}
+
+
+def addressed(module: str, path: Path, known: Dict[str, Path]) -> List[str]:
+    """The strings in ``module`` that name one of the package's modules."""
+    found = []
+    nodes = sorted(ast.walk(ast.parse(path.read_text(), str(path))),
+                   key=lambda n: getattr(n, "lineno", 0))
+    for node in nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and ADDRESS.fullmatch(node.value):
+            name = node.value.partition(":")[0]
+            if ("mps_health" + name if name.startswith(".") else name) in known \
+                    and (module, node.value) not in NAMED_ON_PURPOSE:
+                found.append(f"{module}:{node.lineno} names {node.value!r}")
+    return found
+
+
+def test_no_module_is_imported_by_a_name_in_a_string() -> None:
+    known = modules()
+    assert [line for m, p in known.items() for line in addressed(m, p, known)] == []
+
+
+def test_a_name_in_a_string_is_caught(tmp_path: Path) -> None:
+    src = tmp_path / "main.py"
+    src.write_text('COMMANDS = {"check": (".cli.check", "run the checks")}\n'
+                   'import importlib\nimportlib.import_module("mps_health.probes.slurm")\n'
+                   'SOURCE = ".probes.dirs:gather"\nBUILTIN = ".checks"\n'
+                   'ok = (f"{__name__}:check", "see .probes.dirs:gather", "mps_health", ".x")\n')
+    known = {m: tmp_path for m in ("mps_health.cli.check", "mps_health.probes.slurm",
+                                   "mps_health.probes.dirs", "mps_health.checks")}
+    assert addressed("mps_health.cli.main", src, known) == [
+        "mps_health.cli.main:1 names '.cli.check'",
+        "mps_health.cli.main:3 names 'mps_health.probes.slurm'",
+        "mps_health.cli.main:4 names '.probes.dirs:gather'",
+        "mps_health.cli.main:5 names '.checks'"]
+    assert addressed("mps_health.engine.registry", src, known)[-1].endswith("'.probes.dirs:gather'")
+
+
 @pytest.mark.parametrize("graph, says", [
     ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
      "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
@@ -249,9 +300,9 @@ def test_a_cycle_is_caught() -> None:
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     src = tmp_path / "canary.py"
-    src.write_text("from ..model.context import Context\n\ndef f():\n    from . import control\n"
+    src.write_text("from ..model.facts import Facts\n\ndef f():\n    from . import control\n"
                    "    from mps_health.checks.daemon import expected_uid\n")
-    known = {m: tmp_path for m in ("mps_health.model.context", "mps_health.probes.control",
+    known = {m: tmp_path for m in ("mps_health.model.facts", "mps_health.probes.control",
                                    "mps_health.checks.daemon", "mps_health.probes.canary")}
     assert imports_of("mps_health.probes.canary", src, known) == {
-        "mps_health.model.context", "mps_health.probes.control", "mps_health.checks.daemon"}
+        "mps_health.model.facts", "mps_health.probes.control", "mps_health.checks.daemon"}
