@@ -22,15 +22,15 @@ from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 from mps_health.checks.common import group, live_daemons
 from mps_health.config.load import Config
-from mps_health.hostio.process_identity import STOPPED_STATES, is_server
+from mps_health.engine import registry
+from mps_health.engine.actionhints import Advice, advice
 from mps_health.hostio.unblocks import Unblocked
-from mps_health.model import registry
-from mps_health.model.actionhints import Advice, advice
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.printable import escape
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
 from mps_health.probes.blockers import BlockerFacts, Holder, Waiting
 from mps_health.probes.instances import pipe_paths
+from mps_health.probes.process_identity import STOPPED_STATES, is_server
 
 NAME = "blockers"
 CODES = ("blocked-connection", "blocked-server", "blocked-foreign-server", "blocker-repeated")

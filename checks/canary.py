@@ -10,8 +10,8 @@ from typing import Iterator, Mapping
 
 from mps_health.checks.common import present, reset_action
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import Advice, advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import Advice, advice
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import CanaryFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, Result

@@ -19,8 +19,8 @@ from mps_health.config.deep_checks import CLIENTS as SECTION
 from mps_health.config.deep_checks import ClientsConfig
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
-from mps_health.model import registry
-from mps_health.model.actionhints import RESET, advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import RESET, advice
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact, ServersFacts
 from mps_health.model.printable import escape
@@ -28,8 +28,8 @@ from mps_health.model.results import UNKNOWN, WARNING, Result, ok
 from mps_health.probes.proc import DEFAULT_PIPE_DIR
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmJob
     from mps_health.probes.jobs import JobsFacts
-    from mps_health.probes.slurm import SlurmJob
 
 NAME = "clients"
 CODES = ("client-job-mismatch", "client-not-mps-job", "client-over-limit", "clients-near-cap",

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
-from mps_health.hostio.process_identity import is_daemon
-from mps_health.model.actionhints import RESET, Advice, advice
+from mps_health.engine.actionhints import RESET, Advice, advice
 from mps_health.model.facts import DirFact, Instance, ProcessFact
 from mps_health.model.printable import escape
 from mps_health.model.results import UNKNOWN, Result
 from mps_health.probes.instances import pipe_paths
+from mps_health.probes.process_identity import is_daemon
 
 if TYPE_CHECKING:
+    from mps_health.model.slurm_facts import SlurmFacts
     from mps_health.probes.nvml import NvmlFacts
-    from mps_health.probes.slurm import SlurmFacts
 
 T = TypeVar("T")
 PING = "check slurmctld ('scontrol ping'); this is not an MPS failure"

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from mps_health.checks.common import nvml_unavailable
-from mps_health.config.load import Config
-from mps_health.config.slurm import GpuSettings, gpu_settings, mps_gpu_ids
-from mps_health.model import registry
+from mps_health.config.load import Config, mps_gpu_ids
+from mps_health.config.slurm import GpuSettings, gpu_settings
+from mps_health.engine import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 

@@ -13,8 +13,8 @@ from typing import Iterator, Mapping
 
 from mps_health.checks.common import reset_action
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import Advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import Advice
 from mps_health.model.facts import ControlAnswer, Facts
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 

@@ -12,8 +12,8 @@ from typing import Iterator, Mapping, Optional, Tuple
 
 from mps_health.checks.common import live_daemons, reset_action
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import advice
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
 from mps_health.probes.instances import expected_uid

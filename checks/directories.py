@@ -19,8 +19,8 @@ from typing import FrozenSet, Iterator, List, Mapping, Optional
 
 from mps_health.checks.common import reset_action
 from mps_health.config.load import LONGEST_ENTRY, SUN_PATH_MAX, Config, socket_path_bytes
-from mps_health.model import registry
-from mps_health.model.actionhints import Advice, advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import Advice, advice
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
 from mps_health.probes.instances import expected_uid

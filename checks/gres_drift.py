@@ -15,16 +15,16 @@ import os
 from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.checks.common import live_daemons, nvml_unavailable, reset_action, slurm_unavailable
-from mps_health.config.load import Config
-from mps_health.config.slurm import SlurmSettings, gpu_settings, mps_gpu_ids, settings
-from mps_health.model import registry
+from mps_health.config.load import Config, mps_gpu_ids
+from mps_health.config.slurm import SlurmSettings, gpu_settings, settings
+from mps_health.engine import registry
 from mps_health.model.facts import DirFact, Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmFacts, SlurmNode
     from mps_health.probes.gres_conf import DeviceFile, GresConf
     from mps_health.probes.nvml import NvmlFacts
-    from mps_health.probes.slurm import SlurmFacts, SlurmNode
 
 NAME = "gres-drift"
 CODES = ("gpu-count", "gres-conf-gpu-count", "gres-conf-invalid", "gres-file-minor",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 from mps_health.checks.common import present, some, user_of
 from mps_health.config.load import Config
 from mps_health.config.slurm import settings as slurm_settings
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.model.facts import ControlAnswer, Facts, Instance
 from mps_health.model.facts_deep import InstanceServers, LogsFacts, ServerFact, ServersFacts
 from mps_health.model.printable import escape

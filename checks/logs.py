@@ -17,8 +17,8 @@ from typing import Callable, Dict, Iterator, List, Tuple
 
 from mps_health.checks.common import group, some
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import RESET, VERBOSE, Advice, advice, quoted
+from mps_health.engine import registry
+from mps_health.engine.actionhints import RESET, VERBOSE, Advice, advice, quoted
 from mps_health.model.facts import Facts
 from mps_health.model.facts_deep import LogFileFact, LogFinding, LogsFacts
 from mps_health.model.results import OK, UNKNOWN, WARNING, Result, ok

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Set, Tuple
 from mps_health.checks.common import PING, group, slurm_unavailable, some
 from mps_health.config.load import Config
 from mps_health.config.slurm import orphan_settings
-from mps_health.hostio.process_identity import is_daemon, is_server, proves_nothing
-from mps_health.model import registry
-from mps_health.model.actionhints import advice
+from mps_health.engine import registry
+from mps_health.engine.actionhints import advice
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result
-from mps_health.model.servertrack import remembered
+from mps_health.probes.process_identity import is_daemon, is_server, proves_nothing
+from mps_health.probes.servertrack import remembered
 
 if TYPE_CHECKING:  # fact types only: few runs run the check
+    from mps_health.model.slurm_facts import SlurmFacts
     from mps_health.probes.jobdirs import JobDir, JobRecords
-    from mps_health.probes.slurm import SlurmFacts
 
 NAME = "orphans"
 CODES = ("orphan-daemon", "orphan-dir", "orphan-server", "orphan-unrecorded",

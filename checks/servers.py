@@ -2,7 +2,7 @@
 
 A daemon that answers does not prove MPS serves work: a server in FAULT refuses new
 clients until its clients exit; one stuck INITIALIZING holds its clients forever. Daemon
-restarts and servers gone under live clients (``model.servertrack``) stay reported for
+restarts and servers gone under live clients (``probes.servertrack``) stay reported for
 ``servers.event_window_s``.
 """
 
@@ -12,8 +12,8 @@ from typing import Iterator, List, Optional
 
 from mps_health.checks.common import group, present, reset_action, user_of
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import VERBOSE, quoted
+from mps_health.engine import registry
+from mps_health.engine.actionhints import VERBOSE, quoted
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.facts_deep import (
     InstanceServers,
@@ -23,12 +23,12 @@ from mps_health.model.facts_deep import (
     ServersFacts,
 )
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, Result, ok
-from mps_health.model.servertrack import advance, status_since
 from mps_health.probes.servers import settings
+from mps_health.probes.servertrack import advance, status_since
 
 NAME = "servers"
 CODES = ("server-fault", "server-stuck-initializing", "server-unreadable", "servers-not-asked",
-         "daemon-restarted", "server-churn",  # these two: events of model/servertrack.py
+         "daemon-restarted", "server-churn",  # these two: events of probes/servertrack.py
          "history-not-saved")  # a note (OK), no check passed: not in "N checks passed"
 
 registry.check(NAME, f"{__name__}:check", ("servers",), order=60,

@@ -2,7 +2,7 @@
 
 A server whose daemon is gone holds GPU memory and takes no new clients; a daemon on a
 pipe dir the config does not know was started by hand or an out-of-date script. What is
-a daemon or server is the configured binary (``hostio.process_identity``), not a name:
+a daemon or server is the configured binary (``probes.process_identity``), not a name:
 a process named like one is at most the WARNING ``mps-impostor``.
 
 The server binary is world-executable: a user can run it too, held under ptrace or an
@@ -37,13 +37,13 @@ from typing import (
 from mps_health.checks.common import group, reset_action, some
 from mps_health.config.load import Config
 from mps_health.config.templates import match
-from mps_health.hostio.process_identity import is_daemon, is_impostor, is_server, proves_nothing
-from mps_health.model import registry
-from mps_health.model.actionhints import RESET, quoted
+from mps_health.engine import registry
+from mps_health.engine.actionhints import RESET, quoted
 from mps_health.model.facts import Facts, Instance, ProcessFact
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
-from mps_health.model.servertrack import remembered
 from mps_health.probes.instances import pipe_paths
+from mps_health.probes.process_identity import is_daemon, is_impostor, is_server, proves_nothing
+from mps_health.probes.servertrack import remembered
 
 if TYPE_CHECKING:
     from mps_health.model.facts_deep import ServersFacts

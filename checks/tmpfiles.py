@@ -13,8 +13,8 @@ from fnmatch import fnmatchcase
 from typing import Callable, Iterator, Optional, Tuple
 
 from mps_health.config.load import Config
-from mps_health.model import registry
-from mps_health.model.actionhints import quoted
+from mps_health.engine import registry
+from mps_health.engine.actionhints import quoted
 from mps_health.model.facts import Facts, TmpfilesFacts, TmpfilesRule
 from mps_health.model.results import OK, WARNING, Result, ok
 

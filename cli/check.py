@@ -12,6 +12,7 @@ from typing import Callable
 
 from mps_health.cli.common import add_common, boot_grace, emit, load_config, warn, written
 from mps_health.config.load import Config, from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
 from mps_health.exporters import text
 from mps_health.hostio.state import is_fault
@@ -45,7 +46,8 @@ def replayed(args: argparse.Namespace) -> tuple[Facts, Config]:
         config = load_config(args)
     else:
         # Its node's config, not a file here: the actions' commands name no --config.
-        config = from_mapping(saved_config, f"{args.replay} (its config)")._replace(path=None)
+        config = from_mapping(saved_config, f"{args.replay} (its config)",
+                              registry)._replace(path=None)
     # Whoever wrote the snapshot, it is judged within the bounds of a live run.
     return capped(facts, config.mps.max_instances), config
 
@@ -105,7 +107,6 @@ def register_snapshot(p: argparse.ArgumentParser) -> Callable[[argparse.Namespac
 def snapshot(args: argparse.Namespace) -> int:
     from mps_health.engine.snapshot import dumps
     from mps_health.hostio.safefiles import write_atomic
-    from mps_health.model import registry
 
     config = load_config(args)
     if args.all:

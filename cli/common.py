@@ -164,7 +164,9 @@ def boot_grace(config: Config) -> float:
 def load_config(args: argparse.Namespace) -> Config:
     """The config named by --config (else the default file, else the defaults).
     A bad file raises ConfigError: the edge prints it in one line, exit 3."""
-    return load(getattr(args, "config", None))
+    from mps_health.engine import registry  # the check table the checks section names
+
+    return load(getattr(args, "config", None), table=registry)
 
 
 def system_root(value: str) -> str:

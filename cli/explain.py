@@ -11,9 +11,9 @@ import importlib
 from typing import Callable, Dict, List
 
 from mps_health.cli.common import emit, written
+from mps_health.engine import registry
 from mps_health.engine import run as engine
 from mps_health.healthcheck import run as healthcheck
-from mps_health.model import registry
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape
 from mps_health.model.runbook import EXAMPLE_CONFIG, entries, read_data

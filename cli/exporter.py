@@ -30,8 +30,8 @@ from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
 from mps_health.exporters.http import Limits
 from mps_health.exporters.http import serve as serve_http
 from mps_health.healthcheck import state as hcstate
-from mps_health.model.context import Context
 from mps_health.model.exitcodes import Failure
+from mps_health.probes.context import Context
 
 
 def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

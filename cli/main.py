@@ -8,29 +8,94 @@ error edge (``cli.common.edge``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from mps_health import __version__
 from mps_health.cli.common import Formatter, UsageError, edge, flushed, standard_fds, warn
 from mps_health.model.exitcodes import ExitCode
 
-# name -> (module defining register(parser) -> handler, or "module:function" naming
-# another register function, one-line help). One line each.
-COMMANDS: Dict[str, Tuple[str, str]] = {
-    "check": (".cli.check", "run the checks (NHC-style text, or --format json)"),
-    "snapshot": (".cli.check:register_snapshot", "save the gathered facts as JSON"),
-    "exporter": (".cli.exporter", "serve Prometheus metrics, or write a textfile"),
-    "healthcheck": (".cli.check:register_healthcheck", "Slurm HealthCheckProgram: drain/resume"),
-    "remediate": (".cli.remediate", "careful repair: reset, drain, resume, ..."),
-    "slurm": (".cli.slurm", "gres.conf/slurm.conf from NVML; install job hooks"),
-    "unit": (".cli.unit", "steps of the nvidia-mps@ systemd unit: prepare, stop"),
-    "clients": (".cli.clients", "who MPS serves: servers, clients, jobs, limits"),
-    "explain": (".cli.explain", "a code's runbook entry (no code: list them)"),
-    "config": (".cli.explain:register_config", "config example: print the example config"),
-    "contrib": (".cli.contrib", "the units, Nagios/Icinga and alert files the package carries"),
-    "ack": (".cli.remediate:register_ack", "acknowledge a daemon-restarted or server-churn event"),
+# Each command's register function (it adds the command's arguments and returns its
+# handler), found by a function that imports its module: only the chosen command's
+# module is imported.
+Handler = Callable[[argparse.Namespace], int]
+Register = Callable[[argparse.ArgumentParser], Handler]
+
+
+def _check() -> Register:
+    from mps_health.cli import check
+    return check.register
+
+
+def _snapshot() -> Register:
+    from mps_health.cli import check
+    return check.register_snapshot
+
+
+def _exporter() -> Register:
+    from mps_health.cli import exporter
+    return exporter.register
+
+
+def _healthcheck() -> Register:
+    from mps_health.cli import check
+    return check.register_healthcheck
+
+
+def _remediate() -> Register:
+    from mps_health.cli import remediate
+    return remediate.register
+
+
+def _slurm() -> Register:
+    from mps_health.cli import slurm
+    return slurm.register
+
+
+def _unit() -> Register:
+    from mps_health.cli import unit
+    return unit.register
+
+
+def _clients() -> Register:
+    from mps_health.cli import clients
+    return clients.register
+
+
+def _explain() -> Register:
+    from mps_health.cli import explain
+    return explain.register
+
+
+def _config() -> Register:
+    from mps_health.cli import explain
+    return explain.register_config
+
+
+def _contrib() -> Register:
+    from mps_health.cli import contrib
+    return contrib.register
+
+
+def _ack() -> Register:
+    from mps_health.cli import remediate
+    return remediate.register_ack
+
+
+# name -> (its register function's finder, one-line help). One line each.
+COMMANDS: Dict[str, Tuple[Callable[[], Register], str]] = {
+    "check": (_check, "run the checks (NHC-style text, or --format json)"),
+    "snapshot": (_snapshot, "save the gathered facts as JSON"),
+    "exporter": (_exporter, "serve Prometheus metrics, or write a textfile"),
+    "healthcheck": (_healthcheck, "Slurm HealthCheckProgram: drain/resume"),
+    "remediate": (_remediate, "careful repair: reset, drain, resume, ..."),
+    "slurm": (_slurm, "gres.conf/slurm.conf from NVML; install job hooks"),
+    "unit": (_unit, "steps of the nvidia-mps@ systemd unit: prepare, stop"),
+    "clients": (_clients, "who MPS serves: servers, clients, jobs, limits"),
+    "explain": (_explain, "a code's runbook entry (no code: list them)"),
+    "config": (_config, "config example: print the example config"),
+    "contrib": (_contrib, "the units, Nagios/Icinga and alert files the package carries"),
+    "ack": (_ack, "acknowledge a daemon-restarted or server-churn event"),
 }
 
 
@@ -50,14 +115,12 @@ def build(argv: Sequence[str]) -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
                                 prog=parser.prog)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (target, help_text) in COMMANDS.items():
+    for name, (register, help_text) in COMMANDS.items():
         if chosen in COMMANDS and name != chosen:
             continue  # only the chosen one's module is imported, and with it its libraries
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            module, _, function = target.partition(":")
-            found = importlib.import_module(module, "mps_health")
-            p.set_defaults(handler=getattr(found, function or "register")(p))
+            p.set_defaults(handler=register()(p))
     return parser
 
 

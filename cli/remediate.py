@@ -7,11 +7,12 @@ import argparse
 from typing import Callable
 
 from mps_health.cli.common import add_common, add_config, load_config, say
+from mps_health.healthcheck import node_actions
 from mps_health.hostio.planned import acknowledge
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape
-from mps_health.model.servertrack import EVENT_CODES
-from mps_health.remediation import actions, dirs_repair, node_actions, orphans, tmpfiles_guard
+from mps_health.probes.servertrack import EVENT_CODES
+from mps_health.remediation import actions, dirs_repair, orphans, tmpfiles_guard
 
 ACTIONS = {
     "reset": "restart one MPS instance: quit, end verified PIDs, fix dirs, start, verify",

@@ -13,11 +13,11 @@ import sysconfig
 from typing import Any, Callable, Tuple
 
 from mps_health.cli.common import add_config, load_config
-from mps_health.config.load import Config
-from mps_health.config.slurm import mps_gpu_ids, settings
+from mps_health.config.load import Config, mps_gpu_ids
+from mps_health.config.slurm import settings
 from mps_health.hostio.safefiles import read_small
-from mps_health.model.context import node_name
 from mps_health.model.exitcodes import ExitCode, Failure
+from mps_health.probes.context import node_name
 from mps_health.slurm import gpus as nvml
 from mps_health.slurm import render
 from mps_health.slurm.install import InstallError, conf_lines, hooks_for, plan, written_before

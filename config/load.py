@@ -9,7 +9,7 @@ With no file the defaults apply and neither PyYAML nor any owner module is impor
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from mps_health.config.inputs import InputError, parse_yaml, read_text
 from mps_health.config.schema import (
@@ -21,6 +21,7 @@ from mps_health.config.schema import (
     command,
     custom,
     flag,
+    gpu_ids,
     internal,
     names,
     number,
@@ -45,16 +46,45 @@ LONGEST_ENTRY = "control_privileged"  # the longest name the daemon binds in the
 # indices (a UUID in CUDA_VISIBLE_DEVICES is caught when the prolog makes the path).
 LONGEST_FIELDS = {"job": "4294967295", "gpu": "99"}
 
-# Sections owned by other modules: name -> the module whose SECTIONS declares it. A file
-# has the owners of the sections it gives imported and all their sections validated (absent
-# ones as empty); where one section's rules read another (READ_BY), giving slurm validates
-# healthcheck too. Without a file, none is imported. Order matters.
-SECTIONS = {
-    **dict.fromkeys(("servers", "logs", "canary", "clients"), ".config.deep_checks"),
-    **dict.fromkeys(("gpu", "slurm", "orphans"), ".config.slurm"),
-    "jobs": ".config.jobs",
-    **dict.fromkeys(("healthcheck", "remediation"), ".config.remediation"),
-    "exporter": ".config.exporter",
+# Sections owned by other modules: name -> the function importing the module whose
+# SECTIONS declares it. A file has the owners of the sections it gives imported and all
+# their sections validated (absent ones as empty); where one section's rules read another
+# (READ_BY), giving slurm validates healthcheck too. Without a file, none is imported (a
+# node's file of core keys costs no owner's import). Order matters.
+Owner = Callable[[], Sequence["Section[Any]"]]
+
+
+def _deep_checks() -> Sequence[Section[Any]]:
+    from mps_health.config import deep_checks
+    return deep_checks.SECTIONS
+
+
+def _slurm() -> Sequence[Section[Any]]:
+    from mps_health.config import slurm
+    return slurm.SECTIONS
+
+
+def _jobs() -> Sequence[Section[Any]]:
+    from mps_health.config import jobs
+    return jobs.SECTIONS
+
+
+def _remediation() -> Sequence[Section[Any]]:
+    from mps_health.config import remediation
+    return remediation.SECTIONS
+
+
+def _exporter() -> Sequence[Section[Any]]:
+    from mps_health.config import exporter
+    return exporter.SECTIONS
+
+
+SECTIONS: Dict[str, Owner] = {
+    **dict.fromkeys(("servers", "logs", "canary", "clients"), _deep_checks),
+    **dict.fromkeys(("gpu", "slurm", "orphans"), _slurm),
+    "jobs": _jobs,
+    **dict.fromkeys(("healthcheck", "remediation"), _remediation),
+    "exporter": _exporter,
 }
 
 READ_BY = {"slurm": ("healthcheck",)}  # section -> those whose rules read it
@@ -84,22 +114,6 @@ class ConfigError(Exception):
 
 
 # --- the core's own sections ------------------------------------------------------------
-
-def gpu_ids(value: Any, all_ok: bool = False) -> Optional[Tuple[str, ...]]:
-    """GPU indices or UUIDs (one alone is a list of one). ``all_ok`` (gpu.mps_gpus): all or
-    null is None, [] is taken; else none holds '/', '{' or '}' (they fill dir templates)."""
-    if all_ok and (value is None or value == "all"):
-        return None
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not (value or all_ok) or not all(
-            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
-            and (all_ok or not any(c in str(g) for c in "/{}")) and str(g).isprintable()
-            for g in value):
-        raise Invalid(f"must be {'all or ' if all_ok else ''}a list of GPU indices or UUIDs, "
-                      f"e.g. [0, 1] (got {shown(value)})")
-    return tuple(str(g).strip() for g in value)
-
 
 def _mode(value: Any) -> int:
     try:
@@ -226,28 +240,39 @@ class ChecksConfig(Record):
     observe: Tuple[str, ...] = custom((), names)
 
 
-def _finish_checks(c: ChecksConfig, given: Mapping[str, Any], loaded: Mapping[str, Record]
-                   ) -> ChecksConfig:
-    lists = ("only", "enable", "disable", "observe")
-    if not c.modules and not any(getattr(c, key) for key in lists):
-        return c
-    from mps_health.model import registry  # small; the checks it imports are light
+class CheckTable(Protocol):
+    """What judging a ``checks`` section needs of the run's check table. The engine owns
+    it, a layer above config, so the commands hand ``mps_health.engine.registry`` in."""
 
+    SITE_SECTIONS: Dict[str, Section[Any]]  # section name -> as a site module declares it
+
+    def load_site_module(self, module: str) -> None: ...
+
+    def checks(self) -> Mapping[str, Any]: ...
+
+
+def _site_sections(c: ChecksConfig, table: Optional[CheckTable]) -> Dict[str, Section[Any]]:
+    """Import the site's check modules (``modules``) and judge every check name against
+    ``table``; the sections those modules declare. Without a table (a caller that runs no
+    check) nothing is imported or judged."""
+    lists = ("only", "enable", "disable", "observe")
+    if table is None or (not c.modules and not any(getattr(c, key) for key in lists)):
+        return {}
     for module in c.modules:
-        registry.load_site_module(module)  # Invalid names the module
-    known = registry.checks()
+        table.load_site_module(module)  # Invalid names the module
+    known = table.checks()
     for key in lists:
         for name in getattr(c, key):
             if name not in known:
                 raise Invalid(f"unknown check {shown(name)} (known: "
                               f"{', '.join(sorted(known))})", key)
-    return c
+    return dict(table.SITE_SECTIONS)
 
 
 MPS = Section("mps", MpsConfig, _finish_mps)
 CONTROL = Section("control", ControlConfig)
 TMPFILES = Section("tmpfiles", TmpfilesConfig)
-CHECKS = Section("checks", ChecksConfig, _finish_checks)
+CHECKS = Section("checks", ChecksConfig)
 CORE_SECTIONS = (CHECKS, MPS, CONTROL, TMPFILES)  # checks first: it may add site sections
 
 
@@ -297,7 +322,8 @@ TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
 MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
 
 
-def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
+def load(path: Optional[str] = None, text: Optional[str] = None,
+         table: Optional[CheckTable] = None) -> Config:
     """The config from ``path`` (else the default file, if it exists) or from ``text``. A
     symlink is followed (the path is the admin's choice); anything but a regular file is
     refused without blocking, and so is one over MAX_BYTES or past ``inputs.parse_yaml``'s
@@ -316,18 +342,13 @@ def load(path: Optional[str] = None, text: Optional[str] = None) -> Config:
         raise ConfigError(f"{path}: {e}") from None
     if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return from_mapping(data or {}, path)
+    return from_mapping(data or {}, path, table)
 
 
-def _owner_sections(module: str) -> Dict[str, Section]:
-    from mps_health.model.registry import module_named
-
-    owner = module_named(module)
-    return {s.name: s for s in getattr(owner, "SECTIONS", ())}
-
-
-def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
-    """Validate every key of ``data``; ConfigError names the first bad one."""
+def from_mapping(data: Mapping[str, Any], path: Optional[str],
+                 table: Optional[CheckTable] = None) -> Config:
+    """Validate every key of ``data``; ConfigError names the first bad one. ``table``: the
+    check table the ``checks`` section is judged against (``_site_sections``)."""
     where = path or "<defaults>"
     key = ""
     try:
@@ -336,21 +357,22 @@ def from_mapping(data: Mapping[str, Any], path: Optional[str]) -> Config:
             if key in data:
                 top[key] = Config._specs[key].parse(data[key])
         loaded: Dict[str, Record] = {}
-        for section in CORE_SECTIONS:
+        key = CHECKS.name  # first: its site modules may add sections
+        checks = loaded[key] = CHECKS.validate(_mapping(data.get(key)), loaded)
+        site = _site_sections(checks, table)
+        for section in CORE_SECTIONS[1:]:
             key = section.name
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
-        from mps_health.model import registry  # site sections are known once CHECKS is valid
-
-        known = (*TOP_KEYS, *loaded, *SECTIONS, *registry.SITE_SECTIONS)
+        known = (*TOP_KEYS, *loaded, *SECTIONS, *site)
         for key in data:
             if key not in known:
                 raise Invalid(f"unknown section (known: {', '.join(sorted(known))})")
         wanted = set(data)
         wanted.update(r for k in data for r in READ_BY.get(str(k), ()))
         owners: Dict[str, Section] = {}
-        for module in dict.fromkeys((*(m for k, m in SECTIONS.items() if k in wanted),
-                                     *registry.SITE_SECTIONS.values())):
-            owners.update(_owner_sections(module))
+        for owner in dict.fromkeys(o for k, o in SECTIONS.items() if k in wanted):
+            owners.update((s.name, s) for s in owner())
+        owners.update(site)
         for key, section in owners.items():  # absent ones too: rules across sections
             loaded[key] = section.validate(_mapping(data.get(key)), loaded)
     except Invalid as e:
@@ -368,3 +390,14 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise Invalid("must be a mapping of keys")
     return value
+
+
+def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
+    """The GPUs (indices or UUIDs) MPS serves: ``gpu.mps_gpus``, else the per-gpu layout's
+    ``mps.gpus``, else None for every GPU (a node-wide or per-job daemon serves any)."""
+    from mps_health.config.slurm import gpu_settings  # the gpu section's owner
+
+    chosen = gpu_settings(config).mps_gpus
+    if chosen is None and config.mps.layout == "per-gpu":
+        return config.mps.gpus
+    return chosen

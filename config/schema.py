@@ -219,3 +219,19 @@ def internal(default: Any) -> Any:
     def parse(value: Any) -> Any:
         raise Invalid("is not a config key")
     return Spec(default, parse)
+
+
+def gpu_ids(value: Any, all_ok: bool = False) -> Optional[tuple[str, ...]]:
+    """GPU indices or UUIDs (one alone is a list of one). ``all_ok`` (gpu.mps_gpus): all or
+    null is None, [] is taken; else none holds '/', '{' or '}' (they fill dir templates)."""
+    if all_ok and (value is None or value == "all"):
+        return None
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not (value or all_ok) or not all(
+            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip()
+            and (all_ok or not any(c in str(g) for c in "/{}")) and str(g).isprintable()
+            for g in value):
+        raise Invalid(f"must be {'all or ' if all_ok else ''}a list of GPU indices or UUIDs, "
+                      f"e.g. [0, 1] (got {shown(value)})")
+    return tuple(str(g).strip() for g in value)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Optional, Tuple
 
-from mps_health.config.load import Config, gpu_ids
 from mps_health.config.schema import (
     Invalid,
     Record,
     Section,
     custom,
+    gpu_ids,
     number,
     pathname,
     shown,
@@ -99,12 +99,3 @@ SECTIONS = (GPU, SLURM, ORPHANS)
 settings = SLURM.of
 orphan_settings = ORPHANS.of
 gpu_settings = GPU.of
-
-
-def mps_gpu_ids(config: Config) -> Optional[Tuple[str, ...]]:
-    """The GPUs (indices or UUIDs) MPS serves: ``gpu.mps_gpus``, else the per-gpu layout's
-    ``mps.gpus``, else None for every GPU (a node-wide or per-job daemon serves any)."""
-    chosen = gpu_settings(config).mps_gpus
-    if chosen is None and config.mps.layout == "per-gpu":
-        return config.mps.gpus
-    return chosen

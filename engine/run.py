@@ -19,14 +19,15 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from mps_health import __version__
 from mps_health.config.load import Config
+from mps_health.engine import actionhints, registry
 from mps_health.hostio.resources import OutOfResources
-from mps_health.model import actionhints, registry, results
-from mps_health.model.context import Context, joined, node_name
+from mps_health.model import results
 from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, UNKNOWN, WARNING, CheckRun, Report, Result, fold
 from mps_health.probes import instances
+from mps_health.probes.context import Context, joined, node_name
 
 T = TypeVar("T")
 
@@ -161,7 +162,7 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         errors["instances"] = _one_line(e)
     doing.discard("instances")
     if "control" in needed or "servers" in needed:  # one timeout per wedged daemon
-        from mps_health.probes.control import Queries
+        from mps_health.probes.queries import Queries
 
         ctx = ctx._replace(queries=Queries())
     if "slurm" in needed and "canary" in needed:  # one node read for both
@@ -180,29 +181,36 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         durations[src.name] = durations.get(src.name, 0.0) + time.monotonic() - t0
         doing.discard(src.name)
 
-    def call(target: str) -> Callable[[], object]:
-        return lambda: registry.load(target)(ctx, insts)
+    probes: Dict[str, registry.Probe] = {}
+    for src in wanted:  # imported first: no two threads import at once
+        try:
+            probes[src.name] = src.probe()
+        except Exception as e:  # one line for the user, UNKNOWN for the checks needing it
+            errors[src.name] = _one_line(e)
+    wanted = [src for src in wanted if src.name in probes]
+
+    def call(step: Callable[[Context, Tuple[Instance, ...]], object]) -> Callable[[], object]:
+        return lambda: step(ctx, insts)
 
     # A source with a start has its commands started first and is collected last, in the
     # registry's order (the control query's pipe dir locks before the servers wait).
-    split = [src for src in wanted if src.start]
-    for src in split:
-        collect(src, call(src.start))
+    split = []
+    for src in wanted:
+        start = probes[src.name].start
+        if start is not None:
+            split.append(src)
+            collect(src, call(start))
     ending = {src.name: values.pop(src.name) for src in split if src.name in values}
-    # A thread's modules are imported before it starts: two threads importing at once
-    # only hand the GIL back and forth.
     threads = []
     for src in wanted:
         if src.blocking:
-            with contextlib.suppress(Exception):  # its thread's collect() says what is wrong
-                registry.load(src.target)
-            t = threading.Thread(target=collect, args=(src, call(src.target)),
+            t = threading.Thread(target=collect, args=(src, call(probes[src.name].gather)),
                                  name=f"source {src.name}", daemon=True)
             t.start()
             threads.append((src, t))
     for src in wanted:
-        if not (src.blocking or src.start):
-            collect(src, call(src.target))
+        if not (src.blocking or src in split):
+            collect(src, call(probes[src.name].gather))
     if meanwhile is not None:
         meanwhile()
     for src in split:

@@ -5,12 +5,12 @@ symlink, of at most MAX_BYTES; nesting past ``inputs.MAX_DEPTH`` is refused; err
 quote cut values. Replay judges at most ``mps.max_instances`` instances, as a live run.
 """
 
-import importlib
 import json
 from typing import Any, Dict, Mapping, Tuple
 
 from mps_health import __version__
-from mps_health.model import codec, registry
+from mps_health.engine import registry
+from mps_health.model import codec
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.printable import escape
 
@@ -92,9 +92,7 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             src = registry.SOURCES.get(name)
             if src is None:
                 continue  # a source this version does not know: ignore it
-            module, _, attr = src.value_type.partition(":")
-            value_type = getattr(importlib.import_module(module, "mps_health"), attr)
-            sources[name] = codec.decode(value_type, value, f"sources.{name}")
+            sources[name] = codec.decode(src.probe().value_type, value, f"sources.{name}")
         facts = Facts(sources=sources, **{
             key: codec.decode(tp, data.get(key, default), key)
             for key, tp, default in FIELDS})

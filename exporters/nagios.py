@@ -16,9 +16,9 @@ import re
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import nagiosplugin
+from mps_health.engine.actionhints import VERBOSE, given, quoted
 from mps_health.exporters.series import PREFIX, Sample, samples
 from mps_health.exporters.text import counted, folded_line, gathered, ok_line, passed
-from mps_health.model.actionhints import VERBOSE, given, quoted
 from mps_health.model.printable import printable
 from mps_health.model.results import OK, STARTING, Report, Result, is_problem, worst
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Iterator, List, NamedTuple, Optional
 
 from mps_health import __version__
+from mps_health.engine import registry
 from mps_health.exporters.series import PREFIX, Labels, labels_of, samples
-from mps_health.model import registry
 from mps_health.model.results import STARTING, STATE_NAMES, UNKNOWN, Report
 from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Iterator, List, TextIO
 
-from mps_health.model.actionhints import quoted
+from mps_health.engine.actionhints import quoted
 from mps_health.model.results import OK, STARTING, STATE_NAMES, Command, Report, Result, is_problem
 
 # SGR colours of each state's name: green, yellow, bold red, magenta.

@@ -25,15 +25,15 @@ from mps_health.config.remediation import (
 )
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.engine import run as engine
+from mps_health.engine.actionhints import read_more
 from mps_health.exporters import text
 from mps_health.healthcheck import detach, slurmnode
 from mps_health.healthcheck import state as hcstate
 from mps_health.hostio.filelock import node_lock
-from mps_health.model.actionhints import read_more
-from mps_health.model.context import Context, node_name
 from mps_health.model.facts import Facts
 from mps_health.model.printable import printable
 from mps_health.model.results import CRITICAL, STARTING, UNKNOWN, WARNING, Report, worst
+from mps_health.probes.context import Context, node_name
 from mps_health.remediation.audit import Audit, who
 
 LOCK_NAME = "healthcheck"

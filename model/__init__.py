@@ -1,1 +1,1 @@
-"""What probes, checks and outputs share: facts, results, the registry, the run's context."""
+"""What every layer shares: facts, results, printable text, the snapshot codec, exit codes."""

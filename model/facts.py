@@ -33,7 +33,7 @@ class ProcessFact(NamedTuple):
     start_ticks: int  # field 22 of stat: with the pid it names the process uniquely
     pipe_dir: Optional[str]  # CUDA_MPS_PIPE_DIRECTORY from environ; None when unreadable
     environ_readable: bool
-    # /proc/PID/exe is its role's configured binary (hostio.process_identity); None:
+    # /proc/PID/exe is its role's configured binary (probes.process_identity); None:
     # cannot be told (not root, a --root tree).
     genuine: Optional[bool] = None
     # TracerPid is not 0: held under ptrace (maybe at its exec), it proves nothing of MPS.

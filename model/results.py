@@ -20,7 +20,7 @@ STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNK
 _RANK = {OK: 0, UNKNOWN: 1, WARNING: 2, CRITICAL: 3}
 
 
-# A command an action advises, as its argv (model/actionhints.py quotes it).
+# A command an action advises, as its argv (engine/actionhints.py quotes it).
 Command = Tuple[str, ...]
 
 
@@ -46,7 +46,7 @@ class Result(NamedTuple):
     # The code of the finding this one follows from (see ``fold``); "" for one that counts.
     cause: str = ""
     # The mps-health commands ``action`` quotes, as argv, in its order (see
-    # model/actionhints.py): the run's options are added to them, never to the text.
+    # engine/actionhints.py): the run's options are added to them, never to the text.
     commands: Tuple[Command, ...] = ()
 
 
@@ -172,7 +172,7 @@ class Report(NamedTuple):
     # Instance name -> its GPU (index or UUID), where it has one: outputs label by it.
     instance_gpus: Mapping[str, str] = {}
     # (option, value) of the run that change what a command acts on (--config, --root):
-    # the actions' commands carry them (model/actionhints.py).
+    # the actions' commands carry them (engine/actionhints.py).
     options: Tuple[Tuple[str, str], ...] = ()
 
     @property

@@ -25,8 +25,8 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.unblocks import Unblocked
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
+from mps_health.probes.context import Context
 from mps_health.probes.instances import pipe_paths
 
 SHOWN_CONNECTIONS = 8  # a daemon reads one at a time: more than a few is already a flood

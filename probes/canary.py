@@ -22,15 +22,15 @@ from mps_health.config.load import Config
 from mps_health.hostio.runner import Completed, Pending
 from mps_health.hostio.safefiles import read_small
 from mps_health.hostio.users import by_uid, name_of, uid_of
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import CanaryFact
 from mps_health.probes import control
+from mps_health.probes.context import Context
 from mps_health.probes.proc import identity
 from mps_health.probes.server_queries import parse_pid_list
 
 if TYPE_CHECKING:
-    from mps_health.probes.slurm import SlurmNode
+    from mps_health.model.slurm_facts import SlurmNode
 
 TAG = "mps-health-canary"
 COMMAND = "mps-health-canary"  # commands.mps-health-canary overrides the built-in client
@@ -174,7 +174,7 @@ def node_busy(ctx: Context) -> str:
     ``scontrol show node`` (the slurm source's own, where the run reads one); not run where
     Slurm is absent (canary.when: always runs it)."""
     from mps_health.config.slurm import settings as slurm_settings
-    from mps_health.model.context import node_name
+    from mps_health.probes.context import node_name
     from mps_health.probes.slurm import SlurmError, node_facts, read_node
 
     name = node_name(ctx.config, ctx.env)

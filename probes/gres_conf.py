@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from mps_health.model.context import Context, node_name
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.hostlist import ParseError, expand, parse_count
 
 KEYS = {"autodetect": "AutoDetect", "count": "Count", "cores": "Cores", "cpus": "CPUs",

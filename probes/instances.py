@@ -12,8 +12,8 @@ import os
 from typing import List, Optional, Tuple
 
 from mps_health.config.load import Config
-from mps_health.model.context import Context
 from mps_health.model.facts import DirFact, Instance
+from mps_health.probes.context import Context
 
 
 def configured(config: Config) -> Tuple[Instance, ...]:

@@ -10,7 +10,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.jobrecords import JobRecord
 from mps_health.hostio.jobrecords import load as load_records
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 from mps_health.probes.dirs import kind_of, owner_name
 from mps_health.probes.instances import matching
 

@@ -19,12 +19,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
+from mps_health.probes.context import Context
 
 if TYPE_CHECKING:
     from mps_health.model.facts_deep import PlannedRestart
-    from mps_health.probes.slurm import SlurmJob
+    from mps_health.model.slurm_facts import SlurmJob
 
 SETUP_START = "prolog start"
 SETUP_DONE = "prolog"

@@ -7,10 +7,11 @@ import time
 from typing import NamedTuple, Optional, Tuple
 
 from mps_health.hostio.runner import Pending, child_env
-from mps_health.model.context import Context, node_name
 from mps_health.model.facts import Instance
+from mps_health.model.slurm_facts import SlurmJob
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.hostlist import ParseError
-from mps_health.probes.slurm import SlurmJob, classify_failure, parse_squeue, squeue_argv
+from mps_health.probes.slurm import classify_failure, parse_squeue, squeue_argv
 
 
 class JobsFacts(NamedTuple):

@@ -18,7 +18,6 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 from mps_health.config.deep_checks import LOGS, LogsConfig
 from mps_health.config.load import Config
 from mps_health.hostio.resources import raise_if_starved
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import (
     LOG_FILES,
@@ -28,6 +27,7 @@ from mps_health.model.facts_deep import (
     LogPosition,
     LogsFacts,
 )
+from mps_health.probes.context import Context
 
 PENDING_KEEP_S = 86400.0  # a pending client still alive is remembered up to a day
 HEAD_BYTES = 64  # a file's first bytes, to tell a replaced file that reused the inode

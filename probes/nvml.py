@@ -10,7 +10,7 @@ import json
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 
 RECORD_FORMAT = "mps-health-nvml-record"
 RECORD_VERSION = 1

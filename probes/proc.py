@@ -1,7 +1,7 @@
 """The MPS processes in the process table, read from /proc (under --root).
 
 The kernel cuts daemon's and servers' ``comm`` to ``nvidia-cuda-mps``, so the role comes
-from ``cmdline`` and the binary from ``exe`` (``mps_health.hostio.process_identity``). A
+from ``cmdline`` and the binary from ``exe`` (``mps_health.probes.process_identity``). A
 zombie has an empty cmdline: role "unknown", state "Z".
 """
 
@@ -11,10 +11,10 @@ import errno
 import os
 from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
-from mps_health.hostio.process_identity import Binaries, binaries_for, genuine, role_of
 from mps_health.hostio.safefiles import open_regular, read_small
-from mps_health.model.context import Context
 from mps_health.model.facts import ProcessFact
+from mps_health.probes.context import Context
+from mps_health.probes.process_identity import Binaries, binaries_for, genuine, role_of
 
 if TYPE_CHECKING:
     from mps_health.model.facts import DirFact

@@ -4,7 +4,7 @@
 client is (probes.clientinfo). One client run a query (its exit status says nothing: each
 answer is parsed), all under the pipe dir's lock the control probe takes, so our queries
 to one daemon never overlap. Not asked when the run's control query of the daemon went
-unanswered (``control.Queries``): a wedged daemon costs the run one timeout, not two.
+unanswered (``queries.Queries``): a wedged daemon costs the run one timeout, not two.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from mps_health.hostio.users import name_of
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import ClientFact, DeviceFact, InstanceServers, ServerFact
 from mps_health.probes import clientinfo, control, proc
+from mps_health.probes.context import Context
 
 T = TypeVar("T")
 

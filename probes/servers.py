@@ -18,12 +18,12 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from mps_health.config.deep_checks import SERVERS, ServersConfig
 from mps_health.config.load import Config
 from mps_health.hostio.pidfile import read_pid
-from mps_health.hostio.process_identity import is_daemon
 from mps_health.hostio.safefiles import read_small
-from mps_health.model.context import Context, joined
 from mps_health.model.facts import Instance
 from mps_health.model.facts_deep import InstanceServers, ServerMemory, ServersFacts
 from mps_health.probes import proc
+from mps_health.probes.context import Context, joined
+from mps_health.probes.process_identity import is_daemon
 
 
 def settings(config: Config) -> ServersConfig:
@@ -130,7 +130,7 @@ def _collect(ctx: Context, instances: Tuple[Instance, ...], now: float,
     from mps_health.hostio.planned import load as load_planned
     from mps_health.hostio.planned import load_acks
     from mps_health.hostio.state import StateFile
-    from mps_health.model import servertrack
+    from mps_health.probes import servertrack
 
     cfg = settings(ctx.config)
     state = StateFile(ctx.path(ctx.config.state_dir), "servers")

@@ -14,69 +14,17 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mps_health.hostio.runner import Completed, Pending, child_env, run, wait_all
-from mps_health.model.context import Context, node_name
+from mps_health.model.slurm_facts import GresItem, JobList, SlurmFacts, SlurmJob, SlurmNode
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.hostlist import ParseError, parse_count, range_items, split_top
 
 if TYPE_CHECKING:
     from mps_health.config.load import Config
 
 SQUEUE_FORMAT = "%A|%u|%U|%T|%M|%b"  # job id, user, uid, state, time used, gres per node
-
-
-class GresItem(NamedTuple):
-    """One GRES of a node's Gres/GresUsed, e.g. ``mps:(null):1(IDX:0)``."""
-
-    name: str
-    type: Optional[str]
-    quantity: int
-    indices: Optional[Tuple[int, ...]] = None  # GPU indices in use (IDX, or used a/b slots)
-    per_device: Optional[Tuple[Tuple[int, int], ...]] = None  # 23.11+: (used, total) per GPU
-
-
-class SlurmNode(NamedTuple):
-    name: str
-    state: str  # as Slurm prints it: "IDLE", "MIXED+DRAIN", ...
-    flags: Tuple[str, ...]  # the state split on '+': ("MIXED", "DRAIN"); '*' NOT_RESPONDING
-    reason: str  # without Slurm's trailing "[user@time]"; "" when none
-    gres: Tuple[GresItem, ...]
-    gres_used: Optional[Tuple[GresItem, ...]]  # None when Slurm did not print it
-    slurmd_version: Optional[str] = None
-    partitions: Tuple[str, ...] = ()  # the partitions the node is in
-
-
-class SlurmJob(NamedTuple):
-    job_id: str
-    user: str
-    uid: int
-    state: str
-    elapsed_s: Optional[float]
-    gres: str  # squeue's tres-per-node, e.g. "gres:mps:50"
-
-    @property
-    def holds_mps(self) -> bool:
-        """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
-        return any(part.removeprefix("gres:").removeprefix("gres/").split(":")[0] == "mps"
-                   for part in self.gres.split(","))
-
-
-class SlurmFacts(NamedTuple):
-    node_name: str
-    node: Optional[SlurmNode] = None
-    error_code: Optional[str] = None  # timeout | unreachable | node-unknown | exec-failed | ...
-    error: Optional[str] = None  # one line for the admin
-    jobs: Optional[Tuple[SlurmJob, ...]] = None  # None: not asked, or it failed (jobs_error)
-    jobs_error: Optional[str] = None
-    calls: Tuple[str, ...] = ()  # every command this run started, for the record
-
-
-class JobList(NamedTuple):
-    """Slurm's jobs on this node, asked once per run for the per-job layout's instances."""
-
-    jobs: Optional[Tuple[SlurmJob, ...]]  # None when squeue failed
-    error: str = ""
 
 
 # --- pure parsers ---------------------------------------------------------------------
@@ -358,8 +306,7 @@ def node_facts(ctx: Context) -> Optional[SlurmFacts]:
     own; None when the shared read did not end within the run's budget."""
     if ctx.slurm_node is None:
         return read_slurm(ctx, want_jobs=ctx.config.mps.layout == "per-job")
-    shared: SharedRead = ctx.slurm_node
-    return shared.get(ctx, ctx.remaining())
+    return ctx.slurm_node.get(ctx, ctx.remaining())
 
 
 def gather(ctx: Context, instances: object) -> SlurmFacts:

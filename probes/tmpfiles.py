@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from mps_health.hostio.resources import raise_if_starved
 from mps_health.hostio.safefiles import read_small
-from mps_health.model.context import Context
 from mps_health.model.facts import TmpfilesFacts, TmpfilesRule
+from mps_health.probes.context import Context
 
 # Larger is no tmpfiles.d file a package ships; read no further (bounded work).
 MAX_FILE_BYTES = 1 << 20

@@ -11,18 +11,18 @@ from typing import ContextManager, Optional, Sequence, Tuple
 
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
+from mps_health.engine.actionhints import Advice, run_options, with_options
 from mps_health.hostio import planned
 from mps_health.hostio.executable import why_not_runnable
 from mps_health.hostio.filelock import LockBusy, node_lock
-from mps_health.hostio.process_identity import locate, not_found
 from mps_health.hostio.users import UserError, resolve
-from mps_health.model.actionhints import Advice, run_options, with_options
-from mps_health.model.context import Context, node_name
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts import Instance
 from mps_health.model.printable import escape
 from mps_health.model.results import STATE_NAMES
 from mps_health.probes import instances
+from mps_health.probes.context import Context, node_name
+from mps_health.probes.process_identity import locate, not_found
 from mps_health.probes.slurm import SlurmError, read_jobs, with_jobs
 from mps_health.remediation import reset as reset_mod
 from mps_health.remediation import unblock as unblock_mod

@@ -9,9 +9,9 @@ a server); otherwise it is "unknown", and a reset refuses as if clients were the
 import time
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
-from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance, ProcessFact
 from mps_health.probes.clientinfo import read_client
+from mps_health.probes.context import Context
 from mps_health.probes.control import NO_DAEMON, ask_all
 from mps_health.probes.nvml import PynvmlApi, read_nvml
 

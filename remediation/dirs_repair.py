@@ -13,9 +13,9 @@ from typing import List, Optional, Sequence, Tuple
 from mps_health.checks.directories import judge_dir
 from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.model.results import OK, STATE_NAMES
+from mps_health.probes.context import Context
 from mps_health.probes.dirs import blocked_parents, read_dir
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs

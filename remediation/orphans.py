@@ -17,8 +17,8 @@ from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords, safedirs
 from mps_health.hostio.runner import RunAs
 from mps_health.hostio.users import by_uid, groups_of
-from mps_health.model.context import Context, node_name
 from mps_health.model.facts import Instance
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.instances import discover_jobs
 from mps_health.probes.slurm import SlurmError, read_jobs
 from mps_health.remediation import processes as procs

@@ -25,7 +25,11 @@ import time
 from typing import Callable, Collection, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.pidfile import read_pid
-from mps_health.hostio.process_identity import (  # noqa: F401  (the identity rule, re-exported)
+from mps_health.model.facts import Instance, ProcessFact
+from mps_health.probes.context import Context
+from mps_health.probes.instances import pipe_paths
+from mps_health.probes.proc import binaries_here, identity, read_process, read_processes
+from mps_health.probes.process_identity import (  # noqa: F401  (the identity rule, re-exported)
     GONE_STATES,
     Binaries,
     binaries_for,
@@ -34,10 +38,6 @@ from mps_health.hostio.process_identity import (  # noqa: F401  (the identity ru
     is_server,
     proves_nothing,
 )
-from mps_health.model.context import Context
-from mps_health.model.facts import Instance, ProcessFact
-from mps_health.probes.instances import pipe_paths
-from mps_health.probes.proc import binaries_here, identity, read_process, read_processes
 
 
 class Ended(NamedTuple):

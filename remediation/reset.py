@@ -20,24 +20,24 @@ from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from mps_health.checks import directories
 from mps_health.config.remediation import RemediationSettings
+from mps_health.engine import registry
 from mps_health.engine import run as engine
+from mps_health.engine.actionhints import Advice, advice, quoted
 from mps_health.hostio.planned import RESET_BEGIN
 from mps_health.hostio.planned import record as record_planned
-from mps_health.hostio.process_identity import CONTROL, locate
 from mps_health.hostio.runner import SAFE_PATH, RunAs
 from mps_health.hostio.safedirs import UnsafePath, keep_files
 from mps_health.hostio.safefiles import read_tail
 from mps_health.hostio.users import ROOT, User, groups_of
-from mps_health.model import registry
-from mps_health.model.actionhints import Advice, advice, quoted
-from mps_health.model.context import Context, node_name
 from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.model.facts_deep import LOG_FILES
 from mps_health.model.printable import escape
 from mps_health.model.results import CRITICAL, UNKNOWN, Command, Result, is_problem
 from mps_health.probes import control as control_probe
+from mps_health.probes.context import Context, node_name
 from mps_health.probes.dirs import read_dir
 from mps_health.probes.proc import binaries_here, read_processes, with_named
+from mps_health.probes.process_identity import CONTROL, locate
 from mps_health.remediation import clients as clients_mod
 from mps_health.remediation import dirs
 from mps_health.remediation import processes as procs

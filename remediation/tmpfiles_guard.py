@@ -21,7 +21,7 @@ from mps_health.config.remediation import remediation
 from mps_health.config.templates import expand, glob
 from mps_health.hostio.safedirs import open_dir, split
 from mps_health.hostio.safefiles import read_small, write_atomic
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 from mps_health.probes.tmpfiles import gather, parse_tmpfiles
 from mps_health.remediation.actions import (
     DONE,

@@ -18,10 +18,10 @@ from mps_health.checks import blockers
 from mps_health.config.load import Config
 from mps_health.engine import run as engine
 from mps_health.hostio import unblocks
-from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, DirFact, Facts, Instance, ProcessFact
 from mps_health.probes import control as control_probe
 from mps_health.probes.blockers import BlockerFacts
+from mps_health.probes.context import Context
 from mps_health.remediation import processes
 from mps_health.remediation.audit import Audit
 

@@ -19,10 +19,10 @@ from typing import Callable
 from mps_health.hostio import runner
 from mps_health.hostio.pidfile import read_pid
 from mps_health.hostio.planned import record
-from mps_health.hostio.process_identity import find
 from mps_health.hostio.safedirs import keep_files
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts_deep import LOG_FILES
+from mps_health.probes.process_identity import find
 from mps_health.remediation.daemonctl import quit_daemon
 from mps_health.remediation.dirs import DirTarget, repair
 from mps_health.remediation.processes import (

@@ -47,10 +47,11 @@ def main(hook: str, config_path: Optional[str] = None,
 def _run(hook: str, config_path: Optional[str], env: Mapping[str, str], log) -> int:
     from mps_health.config.jobs import jobs_settings
     from mps_health.config.load import ConfigError, load
+    from mps_health.engine import registry  # the check table the checks section names
     from mps_health.slurm.jobenv import JobEnvError, parse_job_env, wants_daemon
 
     try:
-        config = load(config_path)
+        config = load(config_path, table=registry)
         settings = jobs_settings(config)
     except ConfigError as e:
         log.error(f"{e}; fix the config (nothing was done for this job)")

@@ -26,12 +26,12 @@ from mps_health.config.load import SUN_PATH_MAX, Config, socket_path_bytes
 from mps_health.config.templates import expand, match
 from mps_health.hostio import jobrecords, safedirs
 from mps_health.hostio.planned import record as record_planned
-from mps_health.hostio.process_identity import CONTROL, locate, not_found
 from mps_health.hostio.runas import RunAs, for_user, user_env
 from mps_health.model.facts import ProcessFact
 from mps_health.model.facts_deep import LOG_FILES
 from mps_health.probes.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
 from mps_health.probes.proc import read_processes
+from mps_health.probes.process_identity import CONTROL, locate, not_found
 from mps_health.remediation import processes
 from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 from mps_health.slurm.hooklog import HookLog

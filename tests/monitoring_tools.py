@@ -28,7 +28,7 @@ def need(tool: str) -> str:
 def node_wide_check() -> str:
     """The check that reports daemons no configured instance uses: skipped where a test
     needs a clean OK, since other tests' fake daemons may run on the same machine."""
-    from mps_health.model import registry
+    from mps_health.engine import registry
 
     assert "strays" in registry.checks()
     return "strays"

@@ -1,7 +1,7 @@
 """The commands a problem line quotes, pasted as printed, act on what the run judged.
 
 A run given --config FILE (or --root DIR) adds them to every quoted 'mps-health ...'
-command (mps_health.model.actionhints); each command here is taken from the output,
+command (mps_health.engine.actionhints); each command here is taken from the output,
 split as a shell would (shlex.split, never a shell) and run.
 """
 

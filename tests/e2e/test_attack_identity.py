@@ -3,7 +3,7 @@
 argv0 and ``comm`` are anyone's to set (a copy of any program named
 ``nvidia-cuda-mps-server`` has both), and MPS servers run as their clients' users, so
 neither name nor owner can tell a real server from a pretender: the binary it runs can
-(/proc/PID/exe, ``mps_health.hostio.process_identity``). A pretender is at most the WARNING
+(/proc/PID/exe, ``mps_health.probes.process_identity``). A pretender is at most the WARNING
 ``mps-impostor`` naming its owner: never CRITICAL (a drain), never ended by a reset.
 """
 

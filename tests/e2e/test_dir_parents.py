@@ -78,7 +78,7 @@ def test_a_parent_behind_roots_link_is_judged_a_users_link_is_not_followed(site)
 
 def test_the_walk_is_bounded(site) -> None:
     from mps_health.config.load import load
-    from mps_health.model.context import Context
+    from mps_health.probes.context import Context
     from mps_health.probes.dirs import MAX_PARENTS, blocked_parents
 
     deep = Path(site.root)

@@ -18,8 +18,8 @@ from mps_health.model.facts_deep import (
     ServerFact,
     ServerMemory,
 )
-from mps_health.model.servertrack import MAX_EVENTS, advance
 from mps_health.probes.jobphase import TEARDOWN
+from mps_health.probes.servertrack import MAX_EVENTS, advance
 from mpsdaemon import query, start_daemon
 from remhelp import daemons_of, kill_and_wait, make_dirs, remediating  # noqa: F401
 

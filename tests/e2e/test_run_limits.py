@@ -28,7 +28,7 @@ SITE_HANG = '''
 
 import os
 
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.hostio.runner import Pending
 
 
@@ -44,7 +44,7 @@ def check(facts, config):
     return iter(())
 
 
-registry.source("site-fifo", "site_hang:gather", "builtins:str")
+registry.source("site-fifo", lambda: registry.Probe(gather, str))
 registry.check("site-hang", "site_hang:check", ("site-fifo",))
 '''
 
@@ -99,8 +99,8 @@ def test_tmpfiles_read_follows_root_links_and_masks(tmp_path: Path) -> None:
     """Non-blocking reads keep systemd's rules: a link to /dev/null masks a file, a link
     elsewhere is read (in the tree, under --root)."""
     from mps_health.config.load import from_mapping
-    from mps_health.model.context import Context
     from mps_health.probes import tmpfiles
+    from mps_health.probes.context import Context
 
     tree = tmp_path / "tree"
     etc, lib = tree / "etc" / "tmpfiles.d", tree / "usr" / "lib" / "tmpfiles.d"
@@ -118,7 +118,7 @@ def test_tmpfiles_read_follows_root_links_and_masks(tmp_path: Path) -> None:
 
 def test_gres_conf_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None:
     from mps_health.config.load import from_mapping
-    from mps_health.model.context import Context
+    from mps_health.probes.context import Context
     from mps_health.probes.gres_conf import read_gres_conf
 
     os.mkfifo(tmp_path / "gres.conf")

@@ -11,10 +11,10 @@ import pytest
 from clirun import mps_health, results
 from conftest import fixture_text
 from mps_health.model.facts_deep import ClientFact, InstanceServers, ServerFact
-from mps_health.model.servertrack import advance
 from mps_health.probes import clientinfo
 from mps_health.probes import server_queries as probe
 from mps_health.probes.servers import parse_children
+from mps_health.probes.servertrack import advance
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from nodesite import Site
 SITE_CHECK = '''
 """A site check: the pipe dir's mode, judged against the site's own section."""
 
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.model.results import OK, WARNING, Result
 from mps_health.config.schema import Record, Section, whole
 
@@ -52,7 +52,7 @@ def site_tree(tmp_path: Path) -> Path:
     (pkg / "broken.py").write_text("import no_such_package_here\n")
     (pkg / "silent.py").write_text("X = 1\n")
     (pkg / "clash.py").write_text(
-        "from mps_health.model import registry\n"
+        "from mps_health.engine import registry\n"
         "registry.check('daemon', f'{__name__}:check', ('dirs',))\n")
     return tmp_path / "site"
 

@@ -382,7 +382,7 @@ def prepare() -> None:
 
 def have_clients_check() -> bool:
     try:
-        from mps_health.model import registry
+        from mps_health.engine import registry
     except ImportError:
         return False
     return "clients" in registry.checks()

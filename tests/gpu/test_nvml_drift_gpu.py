@@ -17,9 +17,9 @@ from typing import Any, Dict, List
 import pytest
 from clirun import mps_health
 from mps_health.config.load import from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
-from mps_health.model import registry
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 from mps_health.probes.nvml import NvmlFacts, PynvmlApi, RecordedApi, read_nvml, record
 from paths import FIXTURES
 

@@ -21,11 +21,11 @@ import pytest
 from clirun import mps_health
 from conftest import FAKE_CONTROL, fixture_text
 from mps_health.config.load import from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
-from mps_health.model import registry
-from mps_health.model.context import Context
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
+from mps_health.probes.context import Context
 from mps_health.probes.nvml import load_record, read_nvml
 from mps_health.probes.slurm import parse_gres
 from mpsdaemon import start_daemon, stop_process

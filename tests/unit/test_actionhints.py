@@ -1,6 +1,6 @@
 """Every command an action advises is carried as its argv, given the run's options and
 quoted as shlex.join writes it; every problem gets its runbook entry
-(mps_health.model.actionhints), once for every output."""
+(mps_health.engine.actionhints), once for every output."""
 
 import shlex
 
@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from mps_health.cli import main as argv
 from mps_health.cli.common import UsageError
 from mps_health.config.load import DEFAULT_PATH
+from mps_health.engine import actionhints
 from mps_health.engine import run as engine
+from mps_health.engine.actionhints import RESET, Advice, advice, quoted, run_options, with_options
 from mps_health.exporters import nagios, text
-from mps_health.model import actionhints
-from mps_health.model.actionhints import RESET, Advice, advice, quoted, run_options, with_options
 from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
 from pasted import commands
 
@@ -147,7 +147,7 @@ def test_every_problem_ends_with_its_runbook_entry_and_ok_says_nothing() -> None
 
 
 def test_a_site_checks_codes_get_no_runbook_entry_but_the_engines_do() -> None:
-    from mps_health.model import registry
+    from mps_health.engine import registry
 
     registry.checks()  # the built-ins first, as a run has them
     registry.check("site-probe", "site_x:check", ())

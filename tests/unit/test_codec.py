@@ -1,13 +1,12 @@
 """model/codec.py decodes from real types: every record a snapshot or a state file holds
 has field annotations that resolve at run time, and the forms facts use read back."""
 
-import importlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from mps_health.engine import snapshot
+from mps_health.engine import registry, snapshot
 from mps_health.hostio import jobrecords, unblocks
-from mps_health.model import codec, facts_deep, registry
+from mps_health.model import codec, facts_deep
 from mps_health.model.facts import Facts, Instance
 
 STATE_TYPES = (jobrecords.VALUE_TYPE, unblocks.VALUE_TYPE, Tuple[facts_deep.Ack, ...],
@@ -16,11 +15,7 @@ STATE_TYPES = (jobrecords.VALUE_TYPE, unblocks.VALUE_TYPE, Tuple[facts_deep.Ack,
 
 
 def source_types() -> List[Any]:
-    types = []
-    for src in registry.SOURCES.values():
-        module, _, attr = src.value_type.partition(":")
-        types.append(getattr(importlib.import_module(module, "mps_health"), attr))
-    return types
+    return [src.probe().value_type for src in registry.SOURCES.values()]
 
 
 def records_in(node: codec.Node, seen: set) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TRIPWIRE_DIR
 from mps_health.config import load as config
+from mps_health.engine import registry
 
 
 def test_no_file_gives_the_defaults_without_yaml() -> None:
@@ -88,7 +89,7 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(config.ConfigError) as e:
-        config.load(str(path))
+        config.load(str(path), table=registry)
     assert str(e.value).startswith(str(path))
     assert message in str(e.value)
     assert "\n" not in str(e.value)
@@ -111,12 +112,9 @@ def test_unknown_key_names_are_cut_too() -> None:
 
 
 def test_every_declared_section_loads_its_defaults() -> None:
-    """The table names each section's module, and that module declares it."""
-    import importlib
-
-    for name, module in config.SECTIONS.items():
-        declared = {s.name: s for s in importlib.import_module(module, "mps_health").SECTIONS}
-        assert name in declared, f"{module} does not declare {name}"
+    """The table names each section's owner, and its module declares it."""
+    for name, owner in config.SECTIONS.items():
+        assert name in {s.name for s in owner()}, f"{owner.__name__} does not declare {name}"
     full = config.from_mapping({name: {} for name in config.SECTIONS}, "c.yaml")
     assert set(full.sections) == set(config.SECTIONS)
     assert full.given == tuple(config.SECTIONS)
@@ -128,8 +126,8 @@ def test_a_file_imports_only_the_owners_of_the_sections_it_gives(
     a section's owner is loaded with it, and slurm brings healthcheck, whose rules read
     it."""
     asked: list = []
-    owners = config._owner_sections
-    monkeypatch.setattr(config, "_owner_sections", lambda m: asked.append(m) or owners(m))
+    counted = {o: lambda o=o: asked.append(o.__name__) or o() for o in config.SECTIONS.values()}
+    monkeypatch.setattr(config, "SECTIONS", {k: counted[o] for k, o in config.SECTIONS.items()})
 
     def loads(data: dict) -> list:
         asked.clear()
@@ -137,8 +135,8 @@ def test_a_file_imports_only_the_owners_of_the_sections_it_gives(
         return sorted(asked)
 
     assert loads({"run_dir": "/run/x", "mps": {"layout": "node"}}) == []
-    assert loads({"logs": {}}) == [".config.deep_checks"]
-    assert loads({"slurm": {}}) == [".config.remediation", ".config.slurm"]
+    assert loads({"logs": {}}) == ["_deep_checks"]
+    assert loads({"slurm": {}}) == ["_remediation", "_slurm"]
     c = config.from_mapping({"slurm": {}}, "c.yaml")
     assert sorted(c.sections) == ["gpu", "healthcheck", "orphans", "remediation", "slurm"]
 

@@ -6,9 +6,9 @@ import time
 import pytest
 from mps_health.config import load as config_mod
 from mps_health.hostio.runner import Completed
-from mps_health.model.context import Context
 from mps_health.model.facts import Instance
 from mps_health.probes import control
+from mps_health.probes.context import Context
 from nodesite import Site
 
 Q = control.QUERY

@@ -1,50 +1,44 @@
-"""A source split in two (registry ``start=``): started before the others are read,
+"""A source split in two (its probe's ``start``): started before the others are read,
 collected after them, with no thread of the engine's."""
 
-import sys
 import time
-import types
 from pathlib import Path
 from typing import List
 
 import pytest
 from mps_health.config.load import from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
-from mps_health.model import registry
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 
 ORDER: List[str] = []
 
 
-def _module() -> types.ModuleType:
-    mod = types.ModuleType("split_probe")
+def start(ctx, insts):
+    ORDER.append("start")
+    return lambda: ORDER.append("collected") or "answer"
 
-    def start(ctx, insts):
-        ORDER.append("start")
-        return lambda: ORDER.append("collected") or "answer"
 
-    def broken_start(ctx, insts):
-        raise OSError("cannot start it")
+def broken_start(ctx, insts):
+    raise OSError("cannot start it")
 
-    def inline(ctx, insts):
-        ORDER.append("inline")
-        return "read"
 
-    mod.start, mod.broken_start, mod.inline = start, broken_start, inline
-    mod.gather = lambda ctx, insts: "whole"
-    return mod
+def inline(ctx, insts):
+    ORDER.append("inline")
+    return "read"
+
+
+def whole(ctx, insts):
+    return "whole"
 
 
 @pytest.fixture
 def threads(monkeypatch: pytest.MonkeyPatch) -> List[object]:
     """The threads the engine would have started (none are)."""
-    monkeypatch.setitem(sys.modules, "split_probe", _module())
     monkeypatch.setattr(registry, "SOURCES", {
-        "split": registry.Source("split", "split_probe:gather", "builtins:str",
-                                 start="split_probe:start"),
-        "inline": registry.Source("inline", "split_probe:inline", "builtins:str"),
-        "broken": registry.Source("broken", "split_probe:gather", "builtins:str",
-                                  start="split_probe:broken_start"),
+        "split": registry.Source("split", lambda: registry.Probe(whole, str, start)),
+        "inline": registry.Source("inline", lambda: registry.Probe(inline, str)),
+        "broken": registry.Source("broken", lambda: registry.Probe(whole, str, broken_start)),
     })
     started: List[object] = []
     monkeypatch.setattr(engine.threading, "Thread", lambda *a, **kw: started.append(kw))

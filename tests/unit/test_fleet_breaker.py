@@ -6,6 +6,7 @@ from typing import Sequence
 import pytest
 from hostile import public_dir  # noqa: F401
 from mps_health.config.load import ConfigError, from_mapping
+from mps_health.engine import registry
 from mps_health.healthcheck import run as healthcheck
 from mps_health.healthcheck import slurmnode
 from mps_health.model.results import CRITICAL, OK, WARNING, CheckRun, Report, Result
@@ -53,7 +54,7 @@ def config(tmp_path: Path, **extra) -> object:
     return from_mapping({"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
                          "mps": {"pipe_dir": str(tmp_path / "pipe"),
                                  "log_dir": str(tmp_path / "log")},
-                         **extra}, None)
+                         **extra}, None, registry)
 
 
 def test_observed_checks_are_reported_but_never_drain(tmp_path: Path) -> None:

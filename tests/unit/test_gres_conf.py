@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, fixture_text
 from mps_health.config.load import from_mapping
-from mps_health.model.context import Context
+from mps_health.probes.context import Context
 from mps_health.probes.gres_conf import GresLine, parse_count, parse_gres_conf, read_gres_conf
 from mps_health.probes.hostlist import ParseError, expand
 

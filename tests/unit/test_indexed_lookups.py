@@ -5,9 +5,9 @@ import itertools
 from typing import List, Optional, Tuple
 
 from mps_health.checks.common import live_daemons
-from mps_health.hostio.process_identity import is_daemon
 from mps_health.model.facts import DirFact, Instance, ProcessFact
 from mps_health.probes.instances import pipe_paths
+from mps_health.probes.process_identity import is_daemon
 
 
 def scanned(inst: Instance, procs: Tuple[ProcessFact, ...], pipe: Optional[DirFact],

@@ -3,7 +3,7 @@ probe wait for theirs."""
 
 import threading
 
-from mps_health.model.context import joined
+from mps_health.probes.context import joined
 
 
 def test_a_thread_is_joined_against_a_deadline() -> None:

@@ -1,11 +1,15 @@
 """The layers stay visible: every import between mps-health's modules goes down the
-order written in docs/DEVELOPING.md ("Layers"), and no module imports itself back.
+order written in docs/DEVELOPING.md ("Layers"), no module imports itself back, no two
+folders import each other, however indirectly, and no module imports one of the
+package's modules by a name written as a string (``".probes.dirs:gather"``), which this
+reader could not see.
 
 Read from the source with ``ast`` (imports inside functions and under TYPE_CHECKING
 count too: a lazy import is still a dependency), without importing anything.
 """
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -15,10 +19,10 @@ from conftest import REPO
 # Each folder of the package is one layer: a module's layer is its folder's (checks/ has
 # its shared helpers as the one exception: the check helpers below the checks).
 FOLDER_LAYERS = {
-    "hostio": "base", "config": "base", "model": "base",
+    "model": "model", "hostio": "hostio", "config": "config",
     "probes": "probes",
-    "checks": "checks",
     "engine": "run",
+    "checks": "checks",
     "exporters": "exporters",
     "remediation": "actions", "healthcheck": "actions", "slurm": "actions",
     "cli": "commands",
@@ -26,16 +30,18 @@ FOLDER_LAYERS = {
 FOLDERS = tuple(FOLDER_LAYERS)
 
 # Lowest first. A module may import modules of its own layer and of the layers it names.
-BASE = "base"
+BASE = ("model", "hostio", "config")  # records; the host's files and programs; the config
 LAYERS: Dict[str, Tuple[str, ...]] = {
-    BASE: (),
-    "probes": (BASE,),
-    "check helpers": (BASE, "probes"),
-    "checks": (BASE, "probes", "check helpers"),
-    "run": (BASE, "probes", "check helpers", "checks"),
-    "exporters": (BASE,),
-    "actions": (BASE, "probes", "check helpers", "checks", "run", "exporters"),
-    "commands": (BASE, "probes", "check helpers", "checks", "run", "exporters", "actions"),
+    "model": (),
+    "hostio": ("model",),
+    "config": ("model", "hostio"),
+    "probes": BASE,
+    "run": (*BASE, "probes"),
+    "check helpers": (*BASE, "probes", "run"),
+    "checks": (*BASE, "probes", "run", "check helpers"),
+    "exporters": (*BASE, "run"),
+    "actions": (*BASE, "probes", "run", "check helpers", "checks", "exporters"),
+    "commands": (*BASE, "probes", "run", "check helpers", "checks", "exporters", "actions"),
 }
 # Layers whose modules may not import one another (only shared helpers, a layer below).
 NO_SIBLINGS = {"checks"}
@@ -47,7 +53,7 @@ def layer_of(module: str) -> str:
         return "check helpers"
     parts = module.split(".")
     if len(parts) < 2:
-        return BASE  # the package itself: its version
+        return "model"  # the package itself: its version
     return FOLDER_LAYERS[parts[1]]
 
 
@@ -153,11 +159,123 @@ def test_no_import_cycle() -> None:
     assert cycle(GRAPH) is None
 
 
+def folder_of(module: str) -> str:
+    """The folder a module lives in (the package's own ``__init__`` is its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_edges(graph: Dict[str, Set[str]]) -> Dict[Tuple[str, str], List[str]]:
+    """Each import from one folder into another, as the module imports making it."""
+    edges: Dict[Tuple[str, str], List[str]] = {}
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            pair = (folder_of(module), folder_of(target))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, []).append(f"{module} imports {target}")
+    return edges
+
+
+def folder_circles(graph: Dict[str, Set[str]]) -> List[str]:
+    """The imports between folders that lie on a circle of folders (each folder of a
+    circle reaches the other): what must move for the folders to be layers."""
+    edges = folder_edges(graph)
+    out: Dict[str, Set[str]] = {}
+    for a, b in edges:
+        out.setdefault(a, set()).add(b)
+
+    def reach(start: str) -> Set[str]:
+        seen: Set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in out.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {folder: reach(folder) for folder in out}
+    return [f"{a} -> {b}: {made}" for (a, b), imports in sorted(edges.items())
+            if a in reached.get(b, ()) for made in imports]
+
+
+def test_no_import_circle_between_folders() -> None:
+    """A folder is a layer only if no folder it imports imports it back, directly or
+    through others: the folders' order (docs/DEVELOPING.md, "Layers") is one-way."""
+    assert folder_circles(GRAPH) == []
+
+
+def test_a_circle_between_folders_is_caught() -> None:
+    graph = {"mps_health.config.inputs": {"mps_health.hostio.safefiles"},
+             "mps_health.hostio.safefiles": set(),
+             "mps_health.hostio.state": {"mps_health.model.codec"},
+             "mps_health.model.codec": set(),
+             "mps_health.model.results": {"mps_health.config.load"},
+             "mps_health.config.load": set(),
+             "mps_health.cli.main": {"mps_health.model.results"}}
+    assert folder_circles(graph) == [
+        "config -> hostio: mps_health.config.inputs imports mps_health.hostio.safefiles",
+        "hostio -> model: mps_health.hostio.state imports mps_health.model.codec",
+        "model -> config: mps_health.model.results imports mps_health.config.load"]
+    graph["mps_health.model.results"] = set()
+    assert folder_circles(graph) == []
+
+
+# A module named in a string, as a table of "module:function" targets or an argument of
+# importlib.import_module would name it: an import the graph above cannot see.
+ADDRESS = re.compile(r"(mps_health)?(\.\w+)+(:\w+)?")
+# Names that import nothing the graph misses: module -> the string, and why.
+NAMED_ON_PURPOSE = {
+    ("mps_health.engine.registry", ".checks"): "the checks are found by listing their package",
+    ("mps_health.engine.run", "mps_health.hostio.runner"):
+        "an overrun looks the module up, never imports it (a stuck thread may hold its lock)",
+    ("mps_health.slurm.render", "mps_health.slurm"): "where Jinja2 finds the templates",
+}
+
+
+def addressed(module: str, path: Path, known: Dict[str, Path]) -> List[str]:
+    """The strings in ``module`` that name one of the package's modules."""
+    found = []
+    nodes = sorted(ast.walk(ast.parse(path.read_text(), str(path))),
+                   key=lambda n: getattr(n, "lineno", 0))
+    for node in nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and ADDRESS.fullmatch(node.value):
+            name = node.value.partition(":")[0]
+            if ("mps_health" + name if name.startswith(".") else name) in known \
+                    and (module, node.value) not in NAMED_ON_PURPOSE:
+                found.append(f"{module}:{node.lineno} names {node.value!r}")
+    return found
+
+
+def test_no_module_is_imported_by_a_name_in_a_string() -> None:
+    known = modules()
+    assert [line for m, p in known.items() for line in addressed(m, p, known)] == []
+
+
+def test_a_name_in_a_string_is_caught(tmp_path: Path) -> None:
+    src = tmp_path / "main.py"
+    src.write_text('COMMANDS = {"check": (".cli.check", "run the checks")}\n'
+                   'import importlib\nimportlib.import_module("mps_health.probes.slurm")\n'
+                   'SOURCE = ".probes.dirs:gather"\nBUILTIN = ".checks"\n'
+                   'ok = (f"{__name__}:check", "see .probes.dirs:gather", "mps_health", ".x")\n')
+    known = {m: tmp_path for m in ("mps_health.cli.check", "mps_health.probes.slurm",
+                                   "mps_health.probes.dirs", "mps_health.checks")}
+    assert addressed("mps_health.cli.main", src, known) == [
+        "mps_health.cli.main:1 names '.cli.check'",
+        "mps_health.cli.main:3 names 'mps_health.probes.slurm'",
+        "mps_health.cli.main:4 names '.probes.dirs:gather'",
+        "mps_health.cli.main:5 names '.checks'"]
+    assert addressed("mps_health.engine.registry", src, known)[-1].endswith("'.probes.dirs:gather'")
+
+
 @pytest.mark.parametrize("graph, says", [
     ({"mps_health.probes.canary": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
      "mps_health.probes.canary (probes) imports mps_health.checks.daemon (checks)"),
-    ({"mps_health.exporters.nagios": {"mps_health.engine.run"}, "mps_health.engine.run": set()},
-     "mps_health.exporters.nagios (exporters) imports mps_health.engine.run (run)"),
+    ({"mps_health.hostio.state": {"mps_health.config.load"}, "mps_health.config.load": set()},
+     "mps_health.hostio.state (hostio) imports mps_health.config.load (config)"),
+    ({"mps_health.engine.run": {"mps_health.checks.daemon"}, "mps_health.checks.daemon": set()},
+     "mps_health.engine.run (run) imports mps_health.checks.daemon (checks)"),
     ({"mps_health.remediation.unit": {"mps_health.cli.common"},
       "mps_health.cli.common": set()},
      "mps_health.remediation.unit (actions) imports mps_health.cli.common (commands)"),
@@ -166,7 +284,7 @@ def test_no_import_cycle() -> None:
      "mps_health.checks.orphans (checks) imports mps_health.checks.gres_drift (checks)"),
     ({"mps_health.config.load": {"mps_health.exporters.prometheus"},
       "mps_health.exporters.prometheus": set()},
-     "mps_health.config.load (base) imports mps_health.exporters.prometheus (exporters)"),
+     "mps_health.config.load (config) imports mps_health.exporters.prometheus (exporters)"),
 ])
 def test_an_upward_import_is_caught(graph: Dict[str, Set[str]], says: str) -> None:
     assert upward(graph) == [says]
@@ -182,9 +300,9 @@ def test_a_cycle_is_caught() -> None:
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     src = tmp_path / "canary.py"
-    src.write_text("from ..model.context import Context\n\ndef f():\n    from . import control\n"
+    src.write_text("from ..model.facts import Facts\n\ndef f():\n    from . import control\n"
                    "    from mps_health.checks.daemon import expected_uid\n")
-    known = {m: tmp_path for m in ("mps_health.model.context", "mps_health.probes.control",
+    known = {m: tmp_path for m in ("mps_health.model.facts", "mps_health.probes.control",
                                    "mps_health.checks.daemon", "mps_health.probes.canary")}
     assert imports_of("mps_health.probes.canary", src, known) == {
-        "mps_health.model.context", "mps_health.probes.control", "mps_health.checks.daemon"}
+        "mps_health.model.facts", "mps_health.probes.control", "mps_health.checks.daemon"}

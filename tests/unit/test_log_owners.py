@@ -62,7 +62,7 @@ def test_log_owners_follow_the_daemon_user() -> None:
 
 
 def gathered(tmp_path: Path, log: Path) -> LogsFacts:
-    from mps_health.model.context import Context
+    from mps_health.probes.context import Context
 
     cfg = config_mod.from_mapping({"state_dir": str(tmp_path / "state"),
                                    "mps": {"log_dir": str(log)}}, None)

@@ -96,7 +96,7 @@ def test_the_runs_own_control_client_is_not_a_daemon(tmp_path: Path) -> None:
     import subprocess
 
     from mps_health.config.load import from_mapping
-    from mps_health.model.context import Context
+    from mps_health.probes.context import Context
 
     client = tmp_path / "nvidia-cuda-mps-control"  # comm and cmdline[0] as the real client's
     client.symlink_to("/bin/sleep")
@@ -131,7 +131,7 @@ def test_a_daemon_whose_parent_is_the_run_is_still_a_daemon(tmp_path: Path) -> N
     under unshare --pid) becomes the parent of every daemon, which forks away from its
     starter: only its own control clients are left out, never a daemon."""
     from mps_health.config.load import from_mapping
-    from mps_health.model.context import Context
+    from mps_health.probes.context import Context
 
     daemon = tmp_path / "nvidia-cuda-mps-control"  # comm and cmdline[0] as the real one's
     daemon.symlink_to(os.path.realpath("/usr/bin/python3"))

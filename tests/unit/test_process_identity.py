@@ -1,4 +1,4 @@
-"""mps_health.hostio.process_identity: a daemon, a client, a server, or a process only named so.
+"""mps_health.probes.process_identity: a daemon, a client, a server, or a process only named so.
 
 Real processes in the real /proc: copies of coreutils programs at "configured" paths
 stand in for the MPS binaries (a copy is a file of its own, as the real binary is), so
@@ -14,7 +14,8 @@ from typing import Iterator, List
 import pytest
 from hostile import exec_done
 from mps_health.config import load as config
-from mps_health.hostio.process_identity import (
+from mps_health.probes.proc import read_process
+from mps_health.probes.process_identity import (
     binaries_for,
     binaries_of,
     is_daemon,
@@ -25,7 +26,6 @@ from mps_health.hostio.process_identity import (
     role_of,
     runs_binary,
 )
-from mps_health.probes.proc import read_process
 from mps_health.remediation import processes
 
 

@@ -1,7 +1,7 @@
 """A check is one module that declares itself: no list of checks to edit.
 
 Every module of ``checks/`` (bar its helpers) is in ``registry.checks()`` with its own
-target, ``model/registry.py`` names no check, and a module dropped into a copy of the
+target, ``engine/registry.py`` names no check, and a module dropped into a copy of the
 package runs, at the place its ``order`` gives, with nothing else edited.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from mps_health.model import registry
+from mps_health.engine import registry
 from paths import REPO
 
 # The run's and every output's order (users and tests read it).
@@ -41,7 +41,7 @@ def test_every_module_of_checks_declares_its_own_check() -> None:
 
 def test_the_registry_names_no_check() -> None:
     """Its module-level calls declare fact sources only; no string names a check module."""
-    tree = ast.parse((REPO / "model" / "registry.py").read_text())
+    tree = ast.parse((REPO / "engine" / "registry.py").read_text())
     calls = [node.value.func.id for node in tree.body
              if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
              and isinstance(node.value.func, ast.Name)]
@@ -67,7 +67,7 @@ def test_a_site_check_without_an_order_runs_after_the_built_ins() -> None:
 
 
 MADE_CHECK = '''
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.model.results import ok
 
 NAME = "made-new"
@@ -82,7 +82,7 @@ def check(facts, config):
 LIST_AND_RUN = '''
 import json, sys
 from mps_health.cli.main import main
-from mps_health.model import registry
+from mps_health.engine import registry
 print(json.dumps([registry.__file__, list(registry.checks())]))
 sys.stdout.flush()
 sys.exit(main(["check", "--only", sys.argv[1], "--root", sys.argv[2], "--format", "json"]))
@@ -144,7 +144,7 @@ def test_a_default_run_loads_no_probe_of_a_check_it_does_not_run(tmp_path: Path)
     code = ("import sys, io, contextlib\nfrom mps_health.cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    main(['check', '--root', {str(tmp_path)!r}])\n"
-            "from mps_health.model import registry\n"
+            "from mps_health.engine import registry\n"
             "print(len(registry.checks()), sorted(m for m in sys.modules if m.startswith("
             "('mps_health.probes.slurm', 'mps_health.probes.nvml', 'mps_health.probes.jobs',"
             " 'mps_health.probes.gres_conf', 'mps_health.probes.jobdirs'))))\n")

@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 from mps_health.config import load as config_mod
-from mps_health.model.context import Context
 from mps_health.model.facts import ControlAnswer, Instance
 from mps_health.probes import control
+from mps_health.probes.context import Context
+from mps_health.probes.queries import Queries
 
 Q = control.QUERY
 INST = Instance("gpu0", "per-gpu", "/tmp/mpsh-unit/pipe0", "/tmp/mpsh-unit/log0", gpu="0")
@@ -24,7 +25,7 @@ def _ctx(tmp_path: Path, queries: object) -> Context:
 
 
 def test_a_daemon_that_gave_no_answer_is_not_asked_again(tmp_path: Path) -> None:
-    queries = control.Queries()
+    queries = Queries()
     queries.record(INST.pipe_dir, TIMED_OUT)
     answer = control.ask(_ctx(tmp_path, queries), INST, "get_server_list", time.monotonic() + 5)
     assert (answer.status, answer.latency_s) == ("skipped", 0.0)
@@ -33,7 +34,7 @@ def test_a_daemon_that_gave_no_answer_is_not_asked_again(tmp_path: Path) -> None
 
 
 def test_an_answered_daemon_is_asked(tmp_path: Path) -> None:
-    queries = control.Queries()
+    queries = Queries()
     queries.record(INST.pipe_dir, ControlAnswer(Q, "ok", 0, "100.0\n", "", 0.01))
     answer = control.ask(_ctx(tmp_path, queries), INST, "get_server_list", time.monotonic() + 5)
     assert answer.status == "exec-failed"  # asked: the client was started (and missing)
@@ -41,7 +42,7 @@ def test_an_answered_daemon_is_asked(tmp_path: Path) -> None:
 
 def test_a_query_waits_for_the_runs_query_of_that_daemon(tmp_path: Path) -> None:
     """The servers probe asks only once the run's control query of the instance is in."""
-    queries = control.Queries()
+    queries = Queries()
     queries.expect(INST.pipe_dir)
     got = []
     t = threading.Thread(target=lambda: got.append(
@@ -56,7 +57,7 @@ def test_a_query_waits_for_the_runs_query_of_that_daemon(tmp_path: Path) -> None
 
 
 def test_a_failed_query_lets_its_waiters_go(tmp_path: Path) -> None:
-    queries = control.Queries()
+    queries = Queries()
     queries.expect(INST.pipe_dir)
     queries.settle([INST.pipe_dir])
     assert queries.unanswered(INST.pipe_dir, time.monotonic() + 30) == ""
@@ -65,7 +66,7 @@ def test_a_failed_query_lets_its_waiters_go(tmp_path: Path) -> None:
 def test_the_servers_probe_does_not_ask_a_daemon_that_gave_no_answer(tmp_path: Path) -> None:
     from mps_health.probes import server_queries
 
-    queries = control.Queries()
+    queries = Queries()
     queries.expect(INST.pipe_dir)
     threading.Timer(0.2, queries.record, (INST.pipe_dir, TIMED_OUT)).start()
     found = server_queries.read_instance(_ctx(tmp_path, queries), INST, (4242, 7))

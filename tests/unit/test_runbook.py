@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Dict, Set
 
 from conftest import REPO
+from mps_health.engine import registry
 from mps_health.engine import run as engine
 from mps_health.healthcheck import run as healthcheck
-from mps_health.model import registry
 
 
 def declared_by_check() -> Dict[str, Set[str]]:

@@ -11,8 +11,8 @@ from typing import List
 import pytest
 from conftest import FIXTURES
 from mps_health.config.load import from_mapping
-from mps_health.model.context import Context
 from mps_health.probes import slurm as probe
+from mps_health.probes.context import Context
 
 NODE_LINE = (FIXTURES / "scontrol_show_node_-d_-o__slurm-24.11_idle.txt").read_text()
 

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mps_health.checks import tmpfiles as guard
 from mps_health.config.load import from_mapping
-from mps_health.model.context import Context
 from mps_health.model.facts import Facts, Instance
 from mps_health.model.results import OK, WARNING
 from mps_health.probes import tmpfiles
+from mps_health.probes.context import Context
 
 
 def rules_of(text: str):

@@ -6,8 +6,8 @@ import pytest
 from conftest import fixture_text
 from mps_health.checks import compute_mode
 from mps_health.config.load import ConfigError, from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
-from mps_health.model import registry
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.nvml import GpuFact, NvmlFacts, load_record, read_nvml

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
 import pytest
-from mps_health.model import registry
+from mps_health.engine import registry
 from paths import REPO
 
 HERE = Path(__file__).resolve().parent

@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from mps_health.config.load import from_mapping
+from mps_health.engine import registry
 from mps_health.engine import run as engine
 from mps_health.hostio.jobrecords import JobRecord
-from mps_health.model import registry
 from mps_health.model.facts import Facts, ProcessFact
 from mps_health.model.facts_deep import RememberedServer, ServerMemory, ServersFacts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING, Result

@@ -6,7 +6,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from mps_health.checks import strays
 from mps_health.config.load import from_mapping
-from mps_health.hostio.process_identity import proves_nothing
 from mps_health.model.facts import Facts, Instance, ProcessFact
 from mps_health.model.facts_deep import (
     InstanceServers,
@@ -16,8 +15,9 @@ from mps_health.model.facts_deep import (
     ServersFacts,
 )
 from mps_health.model.results import CRITICAL, OK, WARNING, Result
-from mps_health.model.servertrack import advance, remembered
 from mps_health.probes.proc import parse_status_traced
+from mps_health.probes.process_identity import proves_nothing
+from mps_health.probes.servertrack import advance, remembered
 
 PIPE = "/tmp/nvidia-mps"
 EVIL = 1001
@@ -259,8 +259,8 @@ def test_once_the_job_has_ended_its_server_is_critical() -> None:
 def test_the_engine_keeps_a_running_jobs_server_a_warning_whoever_owns_the_dirs() -> None:
     """engine.judge lowers a per-job CRITICAL only where the job's user owns its MPS; this
     WARNING holds for root-owned per-job MPS too."""
+    from mps_health.engine import registry
     from mps_health.engine import run as engine
-    from mps_health.model import registry
 
     facts = Facts("n1", 2000.0, "/", (JOB77,), {"processes": (job_server(),),
                                                 "servers": servers_facts(
@@ -337,8 +337,8 @@ def test_an_ended_instances_memory_stays_while_its_server_lives(tmp_path) -> Non
     import time
 
     from mps_health.hostio.state import StateFile
-    from mps_health.model.context import Context
     from mps_health.probes import proc
+    from mps_health.probes.context import Context
     from mps_health.probes.servers import _collect
 
     cfg = from_mapping({"state_dir": str(tmp_path / "state")}, "site.yaml")
@@ -375,8 +375,8 @@ def test_planned_restarts_are_read_from_the_tree_under_root(tmp_path) -> None:
     import time
 
     from mps_health.hostio.state import StateFile
-    from mps_health.model.context import Context
     from mps_health.model.facts_deep import PlannedRestart
+    from mps_health.probes.context import Context
     from mps_health.probes.servers import _collect
 
     state_dir = "/var/lib/mps-health-test-tree-only"

@@ -18,7 +18,7 @@ import shlex
 import time
 from typing import Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from mps_health.model import registry
+from mps_health.engine import registry
 from mps_health.model.printable import printable
 from mps_health.model.results import CheckRun, Command, Result, is_problem
 

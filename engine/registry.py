@@ -9,8 +9,9 @@ run's and every output's order; the table is kept sorted by it).
 
 A site's own check is a module named in ``checks.modules``, imported at config load; it
 declares itself the same way (its config sections in ``SECTIONS``) and, without an
-``order``, runs after the built-ins. Targets ("module:function") are imported lazily; a
-built-in's is relative to the package (``.checks.daemon:check``), which tells it apart.
+``order``, runs after the built-ins. A check's target ("module:function") is imported when
+it runs; a built-in's is relative to the package (``.checks.daemon:check``), which tells it
+apart.
 """
 
 from __future__ import annotations
@@ -20,17 +21,46 @@ import os
 import threading
 from importlib.machinery import all_suffixes
 from types import ModuleType
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Tuple,
+)
+
+from mps_health.model.facts import Instance
+from mps_health.probes.context import Context
+
+if TYPE_CHECKING:
+    from mps_health.config.schema import Section
+
+
+Instances = Tuple[Instance, ...]
+# A probe's start: called before the other sources are read, it starts what the source
+# waits on (daemon queries) and returns the function that collects it.
+Start = Callable[[Context, Instances], Callable[[], object]]
+
+
+class Probe(NamedTuple):
+    """A fact source's probe, as its module gives it."""
+
+    gather: Callable[[Context, Instances], object]  # the source's value
+    value_type: Any  # the value's type (the probe's VALUE_TYPE), for a snapshot's replay
+    start: Optional[Start] = None
 
 
 class Source(NamedTuple):
     name: str
-    target: str  # "module:function", called as function(ctx, instances)
-    value_type: str  # "module:NAME" of the value's type, for snapshot replay
+    # Imports the probe when a run needs it: most runs need few sources (no NVML, no Slurm
+    # unless a check needs them), and a run imports only the probes it reads.
+    probe: Callable[[], Probe]
     blocking: bool = False  # waits on other programs: gathered in a thread of its own
-    # Or "module:function" called as function(ctx, instances) before the other sources are
-    # read: it starts what the source waits on and returns the function that collects it.
-    start: str = ""
 
 
 LAST = 1000  # where a check that gives no order runs: after every built-in
@@ -60,9 +90,8 @@ _found = False  # whether the built-in checks were imported
 _finding = threading.RLock()
 
 
-def source(name: str, target: str, value_type: str, blocking: bool = False,
-           start: str = "") -> None:
-    SOURCES[name] = Source(name, target, value_type, blocking, start)
+def source(name: str, probe: Callable[[], Probe], blocking: bool = False) -> None:
+    SOURCES[name] = Source(name, probe, blocking)
 
 
 def check(name: str, target: str, needs: Tuple[str, ...], default_on: bool = True,
@@ -133,7 +162,8 @@ def relative(target: str) -> str:
     return target[len("mps_health"):] if target.startswith("mps_health.") else target
 
 
-SITE_SECTIONS: Dict[str, str] = {}  # config section -> the site module declaring it
+# Config section -> as the site module declaring it gives it (config.load validates it).
+SITE_SECTIONS: Dict[str, Section[Any]] = {}
 
 
 def load_site_module(module: str) -> None:
@@ -150,10 +180,10 @@ def load_site_module(module: str) -> None:
     declared = relative(module)
     if not any(c.target.partition(":")[0] == declared for c in _CHECKS.values()):
         raise Invalid(f"{shown(module)} declares no check: call "
-                      "mps_health.model.registry.check(name, 'module:function', needs) at import",
+                      "mps_health.engine.registry.check(name, 'module:function', needs) at import",
                       "modules")
     for section in getattr(mod, "SECTIONS", ()):
-        SITE_SECTIONS[section.name] = module
+        SITE_SECTIONS[section.name] = section
 
 
 def module_named(name: str) -> ModuleType:
@@ -167,22 +197,92 @@ def load(target: str):  # -> the object named "module:attr"
 
 
 # --- fact sources -----------------------------------------------------------------
-source("processes", ".probes.proc:gather_for", ".probes.proc:VALUE_TYPE")
-source("dirs", ".probes.dirs:gather", ".probes.dirs:VALUE_TYPE")
-source("control", ".probes.control:gather", ".probes.control:VALUE_TYPE",
-       start=".probes.control:start")
-source("tmpfiles", ".probes.tmpfiles:gather_for", ".probes.tmpfiles:VALUE_TYPE")
-source("servers", ".probes.servers:gather", ".probes.servers:VALUE_TYPE",
-       start=".probes.servers:start")
+# Each probe is imported by a function of its own, the first time a run reads its source.
+
+
+def _processes() -> Probe:
+    from mps_health.probes import proc
+    return Probe(proc.gather_for, proc.VALUE_TYPE)
+
+
+def _dirs() -> Probe:
+    from mps_health.probes import dirs
+    return Probe(dirs.gather, dirs.VALUE_TYPE)
+
+
+def _control() -> Probe:
+    from mps_health.probes import control
+    return Probe(control.gather, control.VALUE_TYPE, control.start)
+
+
+def _tmpfiles() -> Probe:
+    from mps_health.probes import tmpfiles
+    return Probe(tmpfiles.gather, tmpfiles.VALUE_TYPE)
+
+
+def _servers() -> Probe:
+    from mps_health.probes import servers
+    return Probe(servers.gather, servers.VALUE_TYPE, servers.start)
+
+
+def _blockers() -> Probe:
+    from mps_health.probes import blockers
+    return Probe(blockers.gather, blockers.VALUE_TYPE, blockers.start)
+
+
+def _logs() -> Probe:
+    from mps_health.probes import logs
+    return Probe(logs.gather, logs.VALUE_TYPE)
+
+
+def _canary() -> Probe:
+    from mps_health.probes import canary
+    return Probe(canary.gather, canary.VALUE_TYPE)
+
+
+def _nvml() -> Probe:
+    from mps_health.probes import nvml
+    return Probe(nvml.gather, nvml.VALUE_TYPE)
+
+
+def _slurm() -> Probe:
+    from mps_health.probes import slurm
+    return Probe(slurm.gather, slurm.VALUE_TYPE)
+
+
+def _gres_conf() -> Probe:
+    from mps_health.probes import gres_conf
+    return Probe(gres_conf.gather, gres_conf.VALUE_TYPE)
+
+
+def _jobs() -> Probe:
+    from mps_health.probes import jobs
+    return Probe(jobs.gather, jobs.VALUE_TYPE)
+
+
+def _job_dirs() -> Probe:
+    from mps_health.probes import jobdirs
+    return Probe(jobdirs.gather, jobdirs.VALUE_TYPE)
+
+
+def _job_records() -> Probe:
+    from mps_health.probes import jobdirs
+    return Probe(jobdirs.gather_records, jobdirs.RECORDS_TYPE)
+
+
+source("processes", _processes)
+source("dirs", _dirs)
+source("control", _control)
+source("tmpfiles", _tmpfiles)
+source("servers", _servers)
 # After control and servers (collected in this order): it looks only at the daemons they
 # could not ask.
-source("blockers", ".probes.blockers:gather", ".probes.blockers:VALUE_TYPE",
-       start=".probes.blockers:start")
-source("logs", ".probes.logs:gather", ".probes.logs:VALUE_TYPE")
-source("canary", ".probes.canary:gather", ".probes.canary:VALUE_TYPE", blocking=True)
-source("nvml", ".probes.nvml:gather", ".probes.nvml:VALUE_TYPE", blocking=True)
-source("slurm", ".probes.slurm:gather", ".probes.slurm:VALUE_TYPE", blocking=True)
-source("gres_conf", ".probes.gres_conf:gather", ".probes.gres_conf:VALUE_TYPE")
-source("jobs", ".probes.jobs:gather", ".probes.jobs:VALUE_TYPE", blocking=True)
-source("job_dirs", ".probes.jobdirs:gather", ".probes.jobdirs:VALUE_TYPE")
-source("job_records", ".probes.jobdirs:gather_records", ".probes.jobdirs:RECORDS_TYPE")
+source("blockers", _blockers)
+source("logs", _logs)
+source("canary", _canary, blocking=True)
+source("nvml", _nvml, blocking=True)
+source("slurm", _slurm, blocking=True)
+source("gres_conf", _gres_conf)
+source("jobs", _jobs, blocking=True)
+source("job_dirs", _job_dirs)
+source("job_records", _job_records)

@@ -14,7 +14,7 @@ from mps_health.config.remediation import remediation
 from mps_health.config.slurm import settings as slurm_settings
 from mps_health.healthcheck import slurmnode
 from mps_health.healthcheck import state as hcstate
-from mps_health.model.context import Context, node_name
+from mps_health.probes.context import Context, node_name
 from mps_health.remediation.actions import CANNOT, DONE, FAILED, REFUSED, Say, audit_for, lock_node
 
 

@@ -9,9 +9,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Protocol
 
 from mps_health.config.load import Config
+
+if TYPE_CHECKING:  # types only: a run imports what it shares when it shares it
+    from mps_health.model.slurm_facts import JobList, SlurmFacts
+    from mps_health.probes.queries import Queries
+
+
+class NodeRead(Protocol):
+    """The run's one ``scontrol show node`` (``probes.slurm.SharedRead``)."""
+
+    def get(self, ctx: Context, wait_s: float) -> Optional[SlurmFacts]: ...
 
 
 class Context(NamedTuple):
@@ -19,14 +29,14 @@ class Context(NamedTuple):
     root: str = "/"
     deadline: float = float("inf")  # time.monotonic() by which every fact must be in
     env: Optional[Mapping[str, str]] = None  # environment for commands (default: ours)
-    # Per-job layout: Slurm's jobs here (probes.slurm.JobList), asked once per run.
-    jobs: Any = None
-    # The run's control queries (probes.control.Queries), shared by every probe: a daemon
-    # that did not answer one is asked nothing more and costs one timeout. None elsewhere.
-    queries: Any = None
-    # The run's one ``scontrol show node`` (probes.slurm.SharedRead) where the slurm source
-    # and the canary's idle gate both need the node: one slurmctld call serves both.
-    slurm_node: Any = None
+    # Per-job layout: Slurm's jobs here, asked once per run.
+    jobs: Optional[JobList] = None
+    # The run's control queries, shared by every probe: a daemon that did not answer one
+    # is asked nothing more and costs one timeout. None elsewhere.
+    queries: Optional[Queries] = None
+    # Where the slurm source and the canary's idle gate both need the node: one
+    # slurmctld call serves both.
+    slurm_node: Optional[NodeRead] = None
 
     def path(self, absolute: str) -> str:
         """``absolute`` as seen under the configured root."""
