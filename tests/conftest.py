@@ -2,9 +2,10 @@
 
 import contextlib
 import os
+import stat
 import sys
 from pathlib import Path
-from typing import Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -35,14 +36,49 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(TRIPWIRE_DIR), os.environ.get("PYTHONPATH")) if p)
 
 
+# The host's mps-health state, as a fingerprint cheap enough to take around every test:
+# each path and the entries directly in it (e.g. /var/log/mps-health/audit.log), their
+# existence, mtime and size. The tripwire above sees only Python; this sees the fake
+# binaries and every other program a test starts, and the host paths the tripwire allows.
+HOST_STATE = ("/var/log/mps-health", "/var/lib/mps-health", "/run/mps-health",
+              "/etc/mps-health", "/tmp/nvidia-mps")
+Fingerprint = Dict[str, Tuple[int, int]]
+
+
+def host_state_fingerprint() -> Fingerprint:
+    found: Fingerprint = {}
+    for top in HOST_STATE:
+        try:
+            st = os.lstat(top)
+        except OSError:
+            continue
+        found[top] = (st.st_mtime_ns, st.st_size)
+        if stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError), os.scandir(top) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        est = entry.stat(follow_symlinks=False)
+                        found[entry.path] = (est.st_mtime_ns, est.st_size)
+    return found
+
+
+def host_state_changes(before: Fingerprint, after: Fingerprint) -> List[str]:
+    """What a test did to the host's state: only changes count, never what was there."""
+    return [f"{'created' if path not in before else 'removed' if path not in after else 'changed'}"
+            f" {path}" for path in sorted(before.keys() | after.keys())
+            if before.get(path) != after.get(path)]
+
+
 @pytest.fixture(autouse=True)
 def host_state_untouched() -> Iterator[None]:
-    """Fails the test that read or wrote /var/lib/mps-health, /run/mps-health, ..."""
+    """Fails the test that read or wrote /var/lib/mps-health, /run/mps-health, ... (the
+    tripwire), or that created or changed anything of HOST_STATE (the fingerprint)."""
     _TOUCHED.clear()
     with contextlib.suppress(FileNotFoundError):
         _TRIPWIRE_LOG.unlink()
+    before = host_state_fingerprint()
     yield
-    touched = list(_TOUCHED)
+    touched = list(_TOUCHED) + host_state_changes(before, host_state_fingerprint())
     with contextlib.suppress(FileNotFoundError):
         touched += _TRIPWIRE_LOG.read_text().splitlines()
         _TRIPWIRE_LOG.unlink()
