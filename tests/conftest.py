@@ -73,18 +73,19 @@ def host_state_changes(before: Fingerprint, after: Fingerprint) -> List[str]:
 def host_state_untouched() -> Iterator[None]:
     """Fails the test that read or wrote /var/lib/mps-health, /run/mps-health, ... (the
     tripwire), or that created or changed anything of HOST_STATE (the fingerprint)."""
+    before = host_state_fingerprint()  # before the tripwire listens: its scandir is no test's
     _TOUCHED.clear()
     with contextlib.suppress(FileNotFoundError):
         _TRIPWIRE_LOG.unlink()
-    before = host_state_fingerprint()
     yield
-    touched = list(_TOUCHED) + host_state_changes(before, host_state_fingerprint())
+    touched = list(_TOUCHED)  # before the fingerprint's own scandir lands there
+    touched += host_state_changes(before, host_state_fingerprint())
     with contextlib.suppress(FileNotFoundError):
         touched += _TRIPWIRE_LOG.read_text().splitlines()
         _TRIPWIRE_LOG.unlink()
     if touched:
         pytest.fail("the test touched the host's real mps-health state (give the config "
-                    "tmp dirs): " + "; ".join(dict.fromkeys(touched))[:2000], pytrace=False)
+                    "tmp dirs, a repair's audit log too: remhelp.audit_in): " + "; ".join(dict.fromkeys(touched))[:2000], pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

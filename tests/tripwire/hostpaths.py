@@ -1,8 +1,9 @@
 """Tripwire: record any file operation on the host's real mps-health state.
 
 Tests must never read or write /var/lib/mps-health, /run/mps-health, /etc/slurm,
-/tmp/nvidia-mps or /var/log/nvidia-mps (the defaults a missing config key falls back to;
-the per-gpu defaults /tmp/nvidia-mps_N and /var/log/nvidia-mps_N too). ``install(record)``
+/var/log/mps-health (a repair's audit log), /tmp/nvidia-mps or /var/log/nvidia-mps (the
+defaults a missing config key falls back to; the per-gpu defaults /tmp/nvidia-mps_N and
+/var/log/nvidia-mps_N too). ``install(record)``
 adds a Python audit hook that calls ``record(event, path)`` for an open, mkdir, rename,
 remove, listdir, chmod... of such a path; tests/conftest.py installs it in the pytest
 process, and sitecustomize.py here in every Python program the tests start (this folder
@@ -14,7 +15,9 @@ import os
 import sys
 from typing import Callable
 
-FORBIDDEN = ("/var/lib/mps-health", "/run/mps-health", "/etc/slurm")
+# /etc/mps-health is left out: a command run without --config opens its default config
+# file there (none on a test machine); the fingerprint in tests/conftest.py sees a change.
+FORBIDDEN = ("/var/lib/mps-health", "/run/mps-health", "/etc/slurm", "/var/log/mps-health")
 FORBIDDEN_MPS = ("/tmp/nvidia-mps", "/var/log/nvidia-mps")  # and their _N per-gpu siblings
 # The remediation audit trail's syslog ident: its lines go to the host's syslog (the job
 # hooks' own idents, mps-health-prolog..., have no switch and are left alone).
