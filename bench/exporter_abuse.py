@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
-CLIENTS = REPO / "tests" / "abuse_clients.py"
+CLIENTS = REPO / "tests" / "helpers" / "abuse_clients.py"
 
 # The normal scraper: its own process, so its GIL never slows the server under test.
 SCRAPER = r"""

@@ -10,13 +10,14 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 # Tests live in folders by kind (unit, e2e, real, fleet, gpu); the shared helper modules
-# beside this file are imported by plain name from all of them.
-for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent / "gpu"):
+# in helpers/ (and this file, and gpu/'s mpsgpu) are imported by plain name from all of them.
+_TESTS = Path(__file__).resolve().parent
+for _path in (_TESTS, _TESTS / "gpu", _TESTS / "helpers"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-# The real Slurm cluster (tests/slurm_fixture.py), the real-GPU fixtures (tests/gpu), and
-# the private PID namespace of the tests that judge the whole node (tests/privatepids.py).
+# The real Slurm cluster (tests/helpers/slurm_fixture.py), the real-GPU fixtures (tests/gpu), and
+# the private PID namespace of the tests that judge the whole node (tests/helpers/privatepids.py).
 pytest_plugins = ["slurm_fixture", "mpsgpu", "privatepids"]
 
 from nodesite import Site  # noqa: E402  (found through the path set above)
@@ -24,7 +25,7 @@ from paths import FAKE_BIN, FAKE_CONTROL, FAKE_SERVER, FAKES, FIXTURES, REPO, TE
 
 # Tripwire: no test may touch the host's real state (tests/tripwire/hostpaths.py). This
 # process is watched by an audit hook, every Python program it starts by sitecustomize.
-TRIPWIRE_DIR = Path(__file__).parent / "tripwire"
+TRIPWIRE_DIR = _TESTS / "tripwire"
 sys.path.insert(0, str(TRIPWIRE_DIR))
 import hostpaths  # noqa: E402
 
@@ -128,7 +129,7 @@ def fake_path(monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture
 def site(fake_path: str) -> Iterator[Site]:
-    """A node's site under a fresh root (tests/nodesite.py), tests/fakes first on PATH
+    """A node's site under a fresh root (tests/helpers/nodesite.py), tests/fakes first on PATH
     and, where mps-health looks, in its config's mps.binary_dirs; its daemons and
     processes ended and its root removed afterwards."""
     s = Site.create(binary_dirs=(str(FAKE_BIN),))

@@ -60,7 +60,7 @@ def check_json(config: Path, only: str = "daemon,strays") -> Tuple[int, dict]:
 
 
 # strays judges every process on the machine: in its own PID namespace, the test sees
-# only the impostors it started, not other test runs' (tests/privatepids.py).
+# only the impostors it started, not other test runs' (tests/helpers/privatepids.py).
 @pytest.mark.private_pids
 def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, site: Site,
                                                                   posers) -> None:
