@@ -16,7 +16,7 @@ on the machine's speed:
 * that audit with slurmctld down: scontrol alone blocks for seconds.
 
 On a machine without a GPU the daemon is tests/fakes' fake, and its client is the C
-version (tests/fakes/launcher.c's FAST_CLIENT, built by tests/fakebin.py) so the query
+version (tests/fakes/launcher.c's FAST_CLIENT, built by tests/helpers/fakebin.py) so the query
 costs what the real C client costs.
 On a GPU node (--real) the real nvidia-cuda-mps-control is used.
 
@@ -110,9 +110,9 @@ def spread(num: List[float], den: List[float]) -> str:
 
 
 def build_fast_client(bindir: Path) -> Optional[Path]:
-    """The fake binaries (tests/fakebin.py, the client in C) in ``bindir``; None without
+    """The fake binaries (tests/helpers/fakebin.py, the client in C) in ``bindir``; None without
     a C compiler or python3-dev."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from fakebin import FakeBinError, install_fakes
 
     try:

@@ -47,8 +47,8 @@ def main() -> int:
         d.chmod(0o777)
     if args.real:
         control = shutil.which("nvidia-cuda-mps-control")
-    else:  # the fake as an executable (tests/fakebin.py), as mps-health judges binaries
-        sys.path.insert(0, str(REPO / "tests"))
+    else:  # the fake as an executable (tests/helpers/fakebin.py), as mps-health judges binaries
+        sys.path.insert(0, str(REPO / "tests" / "helpers"))
         from fakebin import install_fakes
 
         control = str(install_fakes(base / "bin", fast_client=False))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
-CLIENTS = REPO / "tests" / "abuse_clients.py"
+CLIENTS = REPO / "tests" / "helpers" / "abuse_clients.py"
 
 # The normal scraper: its own process, so its GIL never slows the server under test.
 SCRAPER = r"""
@@ -125,6 +125,19 @@ def scrape(port: int, n: int, gap: float, pid: int) -> Tuple[Dict[str, dict], Tu
             for name, p in procs.items()}, peak
 
 
+def scrape_under(attackers: List[subprocess.Popen], port: int, n: int, gap: float,
+                 pid: int) -> Tuple[Dict[str, dict], Tuple[int, int]]:
+    """``scrape`` while the attackers run, then end them (whatever the scrape did)."""
+    try:
+        time.sleep(3)  # the attackers' interpreters have started
+        return scrape(port, n, gap, pid)
+    finally:
+        for a in attackers:
+            a.terminate()
+        for a in attackers:
+            a.wait(30)
+
+
 def talk_flood(port: int, talkers: int, flood: int, seconds: float) -> List[subprocess.Popen]:
     """The cap full of connections that keep asking, then a flood of held-open ones."""
     client = [sys.executable, str(CLIENTS)]
@@ -173,24 +186,11 @@ def main() -> int:
         base, base_peak = scrape(port, args.scrapes, args.gap, proc.pid)
         seconds = args.scrapes * (args.gap + 0.05) + 120  # outlasts the scrapes; ended below
         attackers = attack(port, args.flood, args.slowloris, args.nonreaders, seconds)
-        try:
-            time.sleep(3)  # the attackers' interpreters have started
-            during, attack_peak = scrape(port, args.scrapes, args.gap, proc.pid)
-        finally:
-            for a in attackers:
-                a.terminate()
-            for a in attackers:
-                a.wait(30)
+        during, attack_peak = scrape_under(attackers, port, args.scrapes, args.gap, proc.pid)
         seconds = args.talk_scrapes * (args.talk_gap + 11) + 60
         attackers = talk_flood(port, args.talkers, args.flood, seconds)
-        try:
-            time.sleep(3)
-            talk, talk_peak = scrape(port, args.talk_scrapes, args.talk_gap, proc.pid)
-        finally:
-            for a in attackers:
-                a.terminate()
-            for a in attackers:
-                a.wait(30)
+        talk, talk_peak = scrape_under(attackers, port, args.talk_scrapes, args.talk_gap,
+                                       proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)

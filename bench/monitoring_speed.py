@@ -9,7 +9,7 @@
 * Memory: the exporter's resident set (VmRSS) after the scrapes. Goal: under 60 MB.
 * check_mps against `mps-health check` on the same node and checks: median wall time.
 
-The daemon is tests/fakes' fake, built as an executable by tests/fakebin.py with its
+The daemon is tests/fakes' fake, built as an executable by tests/helpers/fakebin.py with its
 client in C (launcher.c's FAST_CLIENT), as the real client is: otherwise the Python fake
 client's start-up would dominate both check timings. Needs a C compiler and python3-dev.
 
@@ -113,8 +113,8 @@ def timed(argv: List[str], env: Dict[str, str]) -> float:
 
 
 def build_fast_client(bindir: Path) -> Path:
-    """The fake binaries (tests/fakebin.py, the client in C) in ``bindir``."""
-    sys.path.insert(0, str(REPO / "tests"))
+    """The fake binaries (tests/helpers/fakebin.py, the client in C) in ``bindir``."""
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from fakebin import install_fakes
 
     return install_fakes(bindir, fast_client=True)

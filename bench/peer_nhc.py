@@ -10,8 +10,8 @@ nhc.conf, as a site without mps-health writes them:
   * the daemon answers within 3 s        check_cmd_output -t 3 -r 0 /bin/sh -c
                                          "echo get_server_list | nvidia-cuda-mps-control"
 
-On one fake node (tests/fakebin.py's binaries, the control client in C so that a query
-costs what the real client costs; the daemon started through tests/mpsdaemon.py), in
+On one fake node (tests/helpers/fakebin.py's binaries, the control client in C so that a query
+costs what the real client costs; the daemon started through tests/helpers/mpsdaemon.py), in
 ROUNDS interleaved rounds (the order turned each round, so drift and the machine's other
 work hit every series alike):
 
@@ -66,7 +66,7 @@ from typing import Dict, List, Optional, Tuple
 from _timing import run_timed
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "helpers"))
 
 NHC_VERSION = "1.4.3"
 # What NHC needs from its tree: the driver and the check libraries it sources.

@@ -3,12 +3,12 @@
 
     python3 bench/slurm_calls.py [RUNS] [--slurm24]   (root: it starts a real Slurm)
 
-Starts the one-node Slurm of tests/slurmcluster.py and a fake MPS daemon, puts counting
+Starts the one-node Slurm of tests/helpers/slurmcluster.py and a fake MPS daemon, puts counting
 wrappers for scontrol and squeue first on PATH, and runs the full check RUNS times
 (default 15) per setup, against ``python3 -c pass`` measured in the same run. Prints
 calls per run (the goal: one scontrol call; per-job layouts add one squeue, started
 at the same time) and median wall times with their ratio to the baseline. With
-``--slurm24`` the cluster is Slurm 24.11 in a Debian 13 root (tests/slurmroot.py; the
+``--slurm24`` the cluster is Slurm 24.11 in a Debian 13 root (tests/helpers/slurmroot.py; the
 times then include entering the root's namespace for each call).
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "helpers"))
 
 from slurmcluster import SlurmCluster, skip_reason  # noqa: E402 (needs sys.path)
 from slurmroot import SlurmRoot, make_root, remove_root  # noqa: E402

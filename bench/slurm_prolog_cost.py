@@ -13,9 +13,9 @@ so nothing depends on the machine's speed:
   first answer; then quit, verified cleanup), against that bash prolog and epilog
   doing the same with the same daemon.
 
-The daemon is tests/fakes' fake, built by tests/fakebin.py with its client in C, so a
+The daemon is tests/fakes' fake, built by tests/helpers/fakebin.py with its client in C, so a
 query costs what the real client costs. Needs root and the
-test user (tests/slurmcluster.py's ensure_user creates it).
+test user (tests/helpers/slurmcluster.py's ensure_user creates it).
 
 Usage: python3 bench/slurm_prolog_cost.py [--runs N]
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "helpers"))
 from jobhooks import Site, user_python  # noqa: E402
 from slurmcluster import ensure_user  # noqa: E402
 
@@ -75,7 +75,7 @@ def once(argv: List[str], env: Dict[str, str], user_kw: Optional[dict] = None) -
 
 
 def fast_client(work: Path) -> str:
-    """The fake binaries with the client in C (tests/fakebin.py), in ``work/bin``."""
+    """The fake binaries with the client in C (tests/helpers/fakebin.py), in ``work/bin``."""
     from fakebin import install_fakes
 
     return str(install_fakes(work / "bin", fast_client=True))

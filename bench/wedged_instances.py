@@ -41,7 +41,7 @@ def main() -> int:
     if not args.real:
         bindir = work / "bin"
         bindir.mkdir()
-        sys.path.insert(0, str(REPO / "tests"))
+        sys.path.insert(0, str(REPO / "tests" / "helpers"))
         from fakebin import install_fakes  # the fake binaries, the client in C
 
         install_fakes(bindir, fast_client=True)

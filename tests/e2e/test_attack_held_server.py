@@ -25,7 +25,7 @@ from nodesite import Site
 from paths import FAKE_SERVER
 
 # strays judges every process on the machine: in its own PID namespace, the test sees
-# only the servers it started, not other test runs' (tests/privatepids.py).
+# only the servers it started, not other test runs' (tests/helpers/privatepids.py).
 pytestmark = pytest.mark.private_pids
 
 

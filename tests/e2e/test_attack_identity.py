@@ -17,14 +17,16 @@ import pytest
 from clirun import mps_health
 from hostile import ATTACKER, as_user, ensure_user, exec_done
 from nodesite import Daemon, Site
+from remhelp import audit_in
 
 
 @pytest.fixture
 def node(site: Site) -> Tuple[Path, Path, Daemon]:
     """A node-layout instance on a 0777 pipe dir, served by a root daemon (the fake
-    binaries, found on PATH as a site finds the real ones)."""
+    binaries, found on PATH as a site finds the real ones); a reset's audit trail in the
+    site."""
     daemon = site.start_daemon()
-    return Path(site.config()), daemon.pipe_dir, daemon
+    return Path(site.config(audit_in(site))), daemon.pipe_dir, daemon
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def check_json(config: Path, only: str = "daemon,strays") -> Tuple[int, dict]:
 
 
 # strays judges every process on the machine: in its own PID namespace, the test sees
-# only the impostors it started, not other test runs' (tests/privatepids.py).
+# only the impostors it started, not other test runs' (tests/helpers/privatepids.py).
 @pytest.mark.private_pids
 def test_a_users_fake_server_and_daemon_are_a_warning_naming_them(node, site: Site,
                                                                   posers) -> None:

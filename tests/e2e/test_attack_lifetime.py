@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS
 from hostile import ATTACKER, ensure_user, in_namespace, public_dir
+from paths import HELPERS
 
 __all__ = ["public_dir"]  # the fixture, used by name
 
-SCENARIO = str(TESTS / "lifetime_scenario.py")
+SCENARIO = str(HELPERS / "lifetime_scenario.py")
 
 
 @pytest.mark.parametrize("how", ["pid", "group"])

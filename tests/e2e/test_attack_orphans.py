@@ -1,6 +1,6 @@
 """Per-job dirs against their users: a dir only named like a job's, and a job's own mess.
 
-The hooks run as slurmd runs them (tests/jobhooks.py, the fake daemon); the attacker is
+The hooks run as slurmd runs them (tests/helpers/jobhooks.py, the fake daemon); the attacker is
 the unprivileged ``mpshevil``, who also owns the jobs here. A dir they make under an
 ended job's name, back-dated and with a server of the configured binary in it, is no
 orphan of ours: not CRITICAL, not removed by root. What they nest inside their own job's

@@ -3,7 +3,7 @@ nothing a user does this way drains the node or ends another user's work.
 
 The fake daemon reads one connection at a time, as the real one does: a connection to
 its 0666 control socket that sends nothing holds every query and client. Attacks run as
-an unprivileged uid (tests/hostile.py).
+an unprivileged uid (tests/helpers/hostile.py).
 """
 
 import json

@@ -17,7 +17,7 @@ from conftest import FAKES
 
 # The idle gate watches the whole node for a new root slurmstepd (a job step arriving):
 # in its own PID namespace a test sees only its own, never another run's or another
-# engineer's Slurm (tests/privatepids.py).
+# engineer's Slurm (tests/helpers/privatepids.py).
 pytestmark = pytest.mark.private_pids
 
 IDLE = (Path(__file__).resolve().parent.parent / "fixtures"
@@ -164,7 +164,7 @@ def test_on_by_default_only_where_slurm_manages_the_node(site) -> None:
     site.start_daemon()
     idle = scontrol(site)
     # "canary: {}": the canary's section alone (defaults, when: idle) turns nothing on;
-    # it also keeps tests/nodesite.py from turning the canary off for this test.
+    # it also keeps tests/helpers/nodesite.py from turning the canary off for this test.
     no_slurm = config(site, idle, "canary: {}\n")
     assert "canary" not in checks_run(no_slurm)
     assert connects(site) == 0

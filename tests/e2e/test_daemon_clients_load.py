@@ -5,7 +5,7 @@ A control client is the daemon's own binary without ``-d``/``-f``: its argv0 is
 ``nvidia-cuda-mps-control``, its comm ``nvidia-cuda-mps``, its environment names the pipe
 dir and /proc/PID/exe is the configured binary; an admin's ``echo get_server_list |
 nvidia-cuda-mps-control``, a prolog's query, or the check's own. Here the clients are the
-fake's executable (tests/fakebin.py), so they look to /proc exactly as the real binary
+fake's executable (tests/helpers/fakebin.py), so they look to /proc exactly as the real binary
 does, and they stay alive through every check (an admin typing at the client), while
 others come and go and busy loops keep both CPUs loaded. Every check must be OK.
 """

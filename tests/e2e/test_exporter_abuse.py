@@ -18,9 +18,9 @@ import pytest
 from clirun import argv
 from hostile import ATTACKER, as_user
 from monitoring_tools import get, metric_lines, started, wait_for
-from paths import REPO
+from paths import HELPERS, REPO
 
-CLIENTS = str(REPO / "tests" / "abuse_clients.py")
+CLIENTS = str(HELPERS / "abuse_clients.py")
 PYTHON = "/usr/bin/python3"  # the attacker's own python: the test's may be in root's home
 
 

@@ -3,17 +3,14 @@ Where the binaries are found: ``commands``, else ``mps.binary_dirs``, never PATH
 check and the reset it advises always agree. One cause is one problem: MPS gone after a
 daemon ran, and a dead daemon too."""
 
-import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 from clirun import check_mps, mps_health, problem_codes, report
 from nodesite import Site
 from paths import FAKE_BIN
-from remhelp import alive, remediating
+from remhelp import kill_and_wait, killed_daemon, remediating
 
 # strays judges the whole node, where other tests' daemons run; tmpfiles the host's rules.
 SKIP = ("--skip", "tmpfiles,strays")
@@ -196,11 +193,7 @@ def test_binaries_gone_after_a_daemon_restarted_are_one_problem(site) -> None:
     cfg = site.config(remediating(site), commands={"nvidia-cuda-mps-control": site.control})
 
     def restart(pid: int) -> int:
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while alive(pid):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        kill_and_wait(pid)
         return site.start_daemon().pid if own.exists() else 0
 
     first = site.start_daemon().pid
@@ -222,13 +215,7 @@ def test_binaries_gone_after_a_daemon_restarted_are_one_problem(site) -> None:
 def test_a_dead_daemon_is_one_critical(site) -> None:
     """Killed, its dirs left: daemon-stale alone; control-absent and servers-not-asked
     follow from it. Its dirs gone too: daemon-absent alone (the missing dirs folded)."""
-    d = site.start_daemon()
-    cfg = site.config(remediating(site))
-    os.kill(d.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(d.pid):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    cfg = killed_daemon(site)
     r = mps_health("check", "--config", cfg, "--format", "json", *SKIP)
     assert r.returncode == 2 and problem_codes(r) == ["daemon-stale"], r.stdout
     folded = {x["code"]: x["cause"] for c in report(r)["checks"] for x in c["results"]

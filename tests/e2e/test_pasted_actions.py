@@ -22,7 +22,7 @@ from clirun import mps_health
 from mpsdaemon import stop_process
 from nodesite import Daemon, Site
 from pasted import commands
-from remhelp import alive, daemons_of, remediating
+from remhelp import alive, daemons_of, kill_and_wait, killed_daemon, remediating
 
 CHECKS = "daemon,control,directories,servers"
 
@@ -115,12 +115,7 @@ def test_a_stopped_daemon_pasted_is_healthy_again(site: Site) -> None:
 
 
 def test_a_dead_daemon_pasted_is_healthy_again(site: Site) -> None:
-    d = site.start_daemon()
-    cfg = site.config(remediating(site))
-    os.kill(d.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(d.pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    cfg = killed_daemon(site)
     codes = paste_all(cfg)
     assert {"daemon-stale", "daemon-absent"} & set(codes), codes
     assert node_problems(cfg) == []
@@ -207,11 +202,7 @@ def test_a_reset_refused_for_the_cooldown_names_the_logs_and_the_check_says_so(
     first = mps_health("remediate", "reset", "--config", cfg)
     assert first.returncode == 0, first.stdout + first.stderr
     [pid] = daemons_of(site.pipe)
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(pid):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    kill_and_wait(pid)
     control_log, audit = f"{site.log}/control.log", f"{site.root}/audit.log"
     # The alert: its advice is a reset, and it says that reset is refused for now.
     [problem] = node_problems(cfg)
@@ -251,13 +242,7 @@ def test_check_mps_says_what_to_do_on_its_first_line(site: Site) -> None:
     from clirun import check_mps
     from plugin_output import parse
 
-    d = site.start_daemon()
-    cfg = site.config(remediating(site))
-    os.kill(d.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(d.pid):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    cfg = killed_daemon(site)
     r = check_mps("--config", cfg, "--only", CHECKS)
     assert r.returncode == 2, r.stdout
     out = parse(r.stdout, 2)

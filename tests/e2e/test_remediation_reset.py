@@ -360,6 +360,7 @@ def test_audit_goes_to_syslog_too(site) -> None:
     import socket
 
     import pytest
+    from hostpaths import SYSLOG_LISTENED
 
     if os.path.lexists("/dev/log"):
         pytest.skip("/dev/log belongs to this machine's syslog daemon")
@@ -371,7 +372,7 @@ def test_audit_goes_to_syslog_too(site) -> None:
     try:
         site.dirs()
         cfg = site.config(remediating(site), remediation={"syslog": True})
-        r = reset(cfg)
+        r = reset(cfg, env={SYSLOG_LISTENED: "1"})  # the tripwire: this syslog is ours
         assert r.returncode == 0, r.stdout + r.stderr
         sock.settimeout(2.0)
         got = []

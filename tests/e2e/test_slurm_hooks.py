@@ -1,6 +1,6 @@
 """The installed Prolog, TaskProlog and Epilog, run as slurmd runs them, with the fake daemon.
 
-Each test gets its hooks on a private site (tests/jobhooks.py): a sticky parent dir for
+Each test gets its hooks on a private site (tests/helpers/jobhooks.py): a sticky parent dir for
 /tmp, a per-job config, hooks written by ``mps-health slurm install``. The hooks get
 the environment real slurmd 22.05 gave them (tests/fixtures/slurm_hook_env__*); the
 TaskProlog runs as the test user. The real-Slurm version is tests/real/test_slurm_jobs.py.

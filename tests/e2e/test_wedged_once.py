@@ -4,18 +4,15 @@ not "up", and a terminal is told what the run waits for. No timings here: what w
 waited for is asserted; bench/wedged_instances.py measures the time."""
 
 import json
-import os
-import pty
 import re
-import select
 import signal
-import subprocess
 from pathlib import Path
 from typing import Tuple
 
-from clirun import argv, check_mps, mps_health, results
+from clirun import check_mps, mps_health, results
 from monitoring_tools import metric_lines
 from plugin_output import parse
+from ptyrun import stderr_on_pty
 
 NOT_ASKED = ("not asked: the control daemon gave no answer to "
              "get_default_active_thread_percentage this run (no answer within ")
@@ -88,38 +85,10 @@ def test_exporter_counts_a_stopped_daemon_as_down(tmp_path: Path, site) -> None:
     assert 'mps_health_problems{check="daemon",code="daemon-stopped"' in text
 
 
-def _run_on_a_terminal(*args: str) -> Tuple[int, str]:
-    """``mps-health ARGS`` with stderr on a pty: (exit status, what the terminal got)."""
-    master, slave = pty.openpty()
-    try:
-        p = subprocess.Popen(argv("mps-health", *args), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=slave)
-    finally:
-        os.close(slave)
-    said = b""
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], 60)
-            if not ready:
-                break
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            said += chunk
-    finally:
-        os.close(master)
-        rc = p.wait(timeout=60)
-    return rc, said.decode("utf-8", "replace")
-
-
 def test_a_terminal_is_told_what_the_run_waits_for(site) -> None:
     d = site.start_daemon()
     cfg = site.config("control:\n  timeout_s: 3.0\n")  # room past the second, under load
-    rc, said = _stopped(d, lambda: _run_on_a_terminal("check", "--config", cfg, "--only",
-                                                       "control"))
+    rc, said = _stopped(d, lambda: stderr_on_pty("check", "--config", cfg, "--only", "control"))
     assert rc == 2, said
     assert re.search(r"mps-health: waiting for the control daemon of node \(up to (3|2\.9)s\)"
                      r"\.\.\.\r?\n", said), said

@@ -8,7 +8,7 @@
  * parent then sleeps holding it there until killed; the child dies with it (the parent
  * sets PTRACE_O_EXITKILL, and the child PR_SET_PDEATHSIG before its exec).
  *
- * Prints the child's pid on a line once it is held. Build (tests/hostile.py does it):
+ * Prints the child's pid on a line once it is held. Build (tests/helpers/hostile.py does it):
  *   cc -O1 -o held held.c
  * Use: held PROGRAM [ARGS...]
  */

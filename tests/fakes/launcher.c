@@ -8,13 +8,13 @@
  * ("nvidia-cuda-mps-control -d", comm "nvidia-cuda-mps"), as with the real binary.
  * sys.executable is this file, so the fake can start itself again.
  *
- * With -DFAST_CLIENT (benchmarks: tests/fakebin.py fake_bin(fast_client=True)), the
+ * With -DFAST_CLIENT (benchmarks: tests/helpers/fakebin.py fake_bin(fast_client=True)), the
  * control binary is the client in C when started without -d, -f or -h, so a query costs
  * what the real (C) client costs, not a Python start-up; same protocol as the fake's
  * client: one command per connection, the answer until EOF. That build is not linked
  * with libpython (-DLIBPYTHON names it; the daemon modes open it).
  *
- * Build (tests/fakebin.py does it): cc -o nvidia-cuda-mps-control launcher.c
+ * Build (tests/helpers/fakebin.py does it): cc -o nvidia-cuda-mps-control launcher.c
  *   -DFAKE='"/path/to/tests/fakes/nvidia-cuda-mps-control"' -DPYHOME='"/usr"'
  *   $(python3-config --embed --cflags --ldflags)
  */

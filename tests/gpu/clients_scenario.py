@@ -40,8 +40,8 @@ FAKES = Path(__file__).resolve().parent.parent / "fakes"
 # --fake: the fake daemon and a client without CUDA (it joins through fake_client_connect),
 # to exercise this script on a machine without a GPU before the one real run.
 FAKE = "--fake" in sys.argv
-if FAKE:  # the fake as an executable, as mps-health judges binaries (tests/fakebin.py)
-    sys.path.insert(0, str(FAKES.parent))
+if FAKE:  # the fake as an executable, as mps-health judges binaries (tests/helpers/fakebin.py)
+    sys.path.insert(0, str(FAKES.parent / "helpers"))
     from fakebin import fake_bin
 CONTROL = str(fake_bin() / "nvidia-cuda-mps-control") if FAKE else (
     shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control")

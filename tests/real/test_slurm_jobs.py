@@ -1,6 +1,6 @@
 """Per-job MPS under a real Slurm: jobs of an ordinary user get their own daemon and leave nothing.
 
-The test cluster (tests/slurmcluster.py) runs the hooks `mps-health slurm install`
+The test cluster (tests/helpers/slurmcluster.py) runs the hooks `mps-health slurm install`
 wrote, from a per-job config whose control binary is the fake daemon; jobs run as the
 test user. On this machine's Slurm and on Slurm 24.11 in the Debian 13 root (whose
 hooks are installed by, and run, the root's own mps-health). After each job (finished or scancelled) the node goes back to IDLE only

@@ -1,4 +1,4 @@
-"""gres-drift and orphans against a real Slurm (tests/slurmcluster.py) and real jobs.
+"""gres-drift and orphans against a real Slurm (tests/helpers/slurmcluster.py) and real jobs.
 
 NVML facts are the recorded 2-GPU ones (this machine has no GPU); everything else is
 live: scontrol/squeue answers, gres.conf and its device nodes, the fake MPS daemons in

@@ -2,7 +2,7 @@
 found in /proc (the configured binary, -d, the daemon's uid, its environ naming the pipe
 dir); the pid file is a hint that must agree, never the way to a process.
 
-On a fake /proc tree (tests/roottree.py): each process's ``exe`` is a link to the binary
+On a fake /proc tree (tests/helpers/roottree.py): each process's ``exe`` is a link to the binary
 it runs, as /proc shows it, so the binary rule is the real one. Pipe dirs are in the
 test's tmp dir (the pid file is read there), never /tmp/nvidia-mps.
 """

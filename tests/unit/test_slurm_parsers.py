@@ -147,7 +147,7 @@ def test_node_line_errors() -> None:
         parse_node_line("Foo=bar")
 
 
-# --- Slurm 24.11, captured from the Debian 13 root (tests/capture_slurm_fixtures.py
+# --- Slurm 24.11, captured from the Debian 13 root (tests/helpers/capture_slurm_fixtures.py
 # --slurm24): the text and the JSON form of each state, and what the tag rules make of it.
 
 V24 = "scontrol_show_node_-d_-o__slurm-24.11_{}.txt"

@@ -1,8 +1,8 @@
 """Slurm 24.11 for the test cluster: a Debian 13 root with slurm-wlm, munge and mps-health.
 
-tests/slurmcluster.py runs its daemons either from this machine's own Slurm or, given
+tests/helpers/slurmcluster.py runs its daemons either from this machine's own Slurm or, given
 a :class:`SlurmRoot`, from the root. The root is a fresh copy of the cached Debian 13
-root (tests/debian_root.py) with mps-health installed as a node would have it: a venv
+root (tests/helpers/debian_root.py) with mps-health installed as a node would have it: a venv
 at /opt/mps-health holding a wheel built from this checkout, plus the wheels of the
 dependencies that wheel names (fetched once per list with ``pip download`` into the
 test cache).

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Capture real Slurm output from the test cluster into tests/fixtures (run as root).
 
-    python3 tests/capture_slurm_fixtures.py            # this machine's Slurm (22.05)
-    python3 tests/capture_slurm_fixtures.py --slurm24  # Slurm 24.11 in a Debian 13 root
+    python3 tests/helpers/capture_slurm_fixtures.py            # this machine's Slurm (22.05)
+    python3 tests/helpers/capture_slurm_fixtures.py --slurm24  # Slurm 24.11 in a Debian 13 root
 
 Every file is named after the command and the Slurm version that printed it, e.g.
 ``scontrol_show_node_-d_-o__slurm-22.05_mps-job.txt``; the parser tests read them.
-The cluster is the one of tests/slurmcluster.py (node mpsnode, Gres=gpu:2,mps:200).
+The cluster is the one of tests/helpers/slurmcluster.py (node mpsnode, Gres=gpu:2,mps:200).
 Slurm 23.02 and later also give ``scontrol --json show node`` in the same states.
 """
 
@@ -22,7 +22,7 @@ from mps_health.probes.slurm import SQUEUE_FORMAT
 from slurmcluster import SlurmCluster, ensure_user
 from slurmroot import SlurmRoot, make_root, remove_root
 
-OUT = Path(__file__).parent / "fixtures"
+OUT = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Start, ask and end an MPS control daemon: one way for every test, fake or real binary.
 
 The fake is an executable (tests/fakes/nvidia-cuda-mps-control run by the launcher that
-tests/fakebin.py builds) and runs as a real binary does; a script given instead runs
+tests/helpers/fakebin.py builds) and runs as a real binary does; a script given instead runs
 under the interpreter given. The daemon writes its PID file after binding its socket, so a
 started daemon is one whose PID file names a new PID. Daemons end by the PID we started,
 never by name.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Capture what slurmd gives the Prolog, TaskProlog and Epilog (the real Slurm fixture).
 
-Run as root where slurm-wlm and munge are installed: ``python3 tests/capture_slurm_hook_env.py``.
+Run as root where slurm-wlm and munge are installed: ``python3 tests/helpers/capture_slurm_hook_env.py``.
 It starts the test cluster with hooks that dump their environment and ``id``, runs an
 mps:50 job, a gpu:1 job and a job without GRES as the test user, and writes
 ``tests/fixtures/slurm_hook_env__slurm-<version>_<hook>_<job>.txt``. Only variables
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from slurmcluster import SlurmCluster, ensure_user
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 KEEP = ("SLURM_", "CUDA_", "GPU_", "ROCR_", "ZE_", "PATH=")
 DROP = ("SLURM_CONF=", "SLURM_SRUN_COMM_PORT=", "SLURM_STEP_LAUNCHER_PORT=",
         "SLURM_WORKING_CLUSTER=", "SLURM_TASK_PID=", "SLURM_SUBMIT_DIR=", "SLURM_JOB_WORK_DIR=")

@@ -43,10 +43,25 @@ def remediating(site: Site) -> Config:
         "mps": {"layout": "node"},
         # cooldown_s 0: tests restart an instance many times on purpose; the cooldown's
         # own tests set it.
-        "remediation": {"audit_log": f"{site.root}/audit.log", "syslog": False,
+        "remediation": {**audit_in(site)["remediation"],
                         "quit_timeout_s": 2, "term_timeout_s": 2, "verify_timeout_s": 10,
                         "cooldown_s": 0},
     }
+
+
+def audit_in(site: Site) -> Config:
+    """The audit trail of a repair in the site: its audit log there, never syslog (for a
+    test that keeps everything else of its config as it is)."""
+    return {"remediation": {"audit_log": f"{site.root}/audit.log", "syslog": False}}
+
+
+def killed_daemon(site: Site) -> str:
+    """A site whose daemon was killed (SIGKILL, waited for), its dirs left behind: the
+    config, remediating."""
+    d = site.start_daemon()
+    cfg = site.config(remediating(site))
+    kill_and_wait(d.pid)
+    return cfg
 
 
 def make_dirs(*paths: Path, mode: int = 0o777) -> None:

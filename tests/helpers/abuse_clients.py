@@ -24,6 +24,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 HOST = "127.0.0.1"
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 GONE = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
@@ -35,38 +36,6 @@ def closed_by_server(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-def flood(port: int, n: int, seconds: float) -> Dict[str, int]:
-    held: Dict[int, socket.socket] = {}
-    poller = select.poll()
-    opened = replaced = failed = 0
-    end = time.monotonic() + seconds
-    announced = False
-    while time.monotonic() < end:
-        while len(held) < n and time.monotonic() < end:
-            try:
-                s = socket.create_connection((HOST, port), timeout=2)
-            except OSError:
-                failed += 1
-                break
-            s.setblocking(False)
-            held[s.fileno()] = s
-            poller.register(s, select.POLLIN)
-            opened += 1
-        if not announced and len(held) >= n:
-            print("ready", flush=True)
-            announced = True
-        for fd, _ in poller.poll(50):
-            s = held[fd]
-            if closed_by_server(s):
-                poller.unregister(fd)
-                s.close()
-                del held[fd]
-                replaced += 1
-    for s in held.values():
-        s.close()
-    return {"opened": opened, "closed_by_server": replaced, "connect_failed": failed}
 
 
 def slowloris(port: int, interval: float, limit: float) -> Dict[str, Optional[float]]:
@@ -99,7 +68,6 @@ def nonreader(port: int, limit: float) -> Dict[str, Optional[float]]:
     except OSError:  # closed at once (over the cap)
         return {"dropped_after_s": 0.0, "requests": 0}
     s.setblocking(False)
-    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
     poller = select.poll()
     poller.register(s, select.POLLOUT)
     sent = 0
@@ -108,16 +76,13 @@ def nonreader(port: int, limit: float) -> Dict[str, Optional[float]]:
         if events.get(s.fileno(), 0) & GONE:
             return {"dropped_after_s": round(time.monotonic() - start, 3), "requests": sent}
         try:
-            s.send(request)  # a partial send only ever splits the last request
+            s.send(REQUEST)  # a partial send only ever splits the last request
             sent += 1
         except BlockingIOError:
             pass
         except OSError:
             return {"dropped_after_s": round(time.monotonic() - start, 3), "requests": sent}
     return {"dropped_after_s": None, "requests": sent}
-
-
-REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 def responses_in(buf: bytearray) -> int:
@@ -138,62 +103,75 @@ def responses_in(buf: bytearray) -> int:
         n += 1
 
 
-def talker(port: int, n: int, seconds: float) -> Dict[str, int]:
+def hold(port: int, n: int, seconds: float, ask: bool) -> Dict[str, int]:
+    """N connections held for SECONDS, each one the server closes replaced at the next
+    turn: silent ones (the flood: "ready" once N were opened) or ones that ask for
+    /metrics again as soon as the last response is in (the talkers: "ready" once N
+    answers came)."""
     held: Dict[int, Tuple[socket.socket, bytearray]] = {}
     poller = select.poll()
-    opened = replaced = answered = failed = 0
+    seen = {"opened": 0, "closed_by_server": 0, "answered": 0, "connect_failed": 0}
     end = time.monotonic() + seconds
     announced = False
     while time.monotonic() < end:
         while len(held) < n and time.monotonic() < end:
             try:
                 s = socket.create_connection((HOST, port), timeout=2)
-                s.sendall(REQUEST)
+                if ask:
+                    s.sendall(REQUEST)
             except OSError:
-                failed += 1
+                seen["connect_failed"] += 1
                 break
             s.setblocking(False)
             held[s.fileno()] = (s, bytearray())
             poller.register(s, select.POLLIN)
-            opened += 1
-        if not announced and answered >= n:
+            seen["opened"] += 1
+        if not announced and (seen["answered"] if ask else len(held)) >= n:
             print("ready", flush=True)
             announced = True
         for fd, _ in poller.poll(50):
             s, buf = held[fd]
-            try:
-                data = s.recv(65536)
-                if data:
-                    buf += data
-                    got = responses_in(buf)
-                    if got:
-                        answered += got
-                        s.send(REQUEST)  # a few dozen bytes: the send buffer has room
-                    continue
-            except BlockingIOError:
+            answered = asked_again(s, buf) if ask else (None if closed_by_server(s) else 0)
+            if answered is not None:
+                seen["answered"] += answered
                 continue
-            except OSError:
-                pass
             poller.unregister(fd)  # closed by the server: replaced at the next turn
             s.close()
             del held[fd]
-            replaced += 1
+            seen["closed_by_server"] += 1
     for s, _ in held.values():
         s.close()
-    return {"opened": opened, "closed_by_server": replaced, "answered": answered,
-            "connect_failed": failed}
+    if not ask:
+        del seen["answered"]
+    return seen
+
+
+def asked_again(s: socket.socket, buf: bytearray) -> Optional[int]:
+    """Read what came on an asking connection and ask again once a response is whole: how
+    many responses came (None: the server closed the connection)."""
+    try:
+        data = s.recv(65536)
+        if not data:
+            return None
+        buf += data
+        got = responses_in(buf)
+        if got:
+            s.send(REQUEST)  # a few dozen bytes: the send buffer has room
+        return got
+    except BlockingIOError:
+        return 0
+    except OSError:
+        return None
 
 
 def main(argv: List[str]) -> int:
     mode, port = argv[0], int(argv[1])
-    if mode == "flood":
-        result: dict = flood(port, int(argv[2]), float(argv[3]))
+    if mode in ("flood", "talker"):
+        result: dict = hold(port, int(argv[2]), float(argv[3]), ask=mode == "talker")
     elif mode == "slowloris":
         result = slowloris(port, float(argv[2]), float(argv[3]))
     elif mode == "nonreader":
         result = nonreader(port, float(argv[2]))
-    elif mode == "talker":
-        result = talker(port, int(argv[2]), float(argv[3]))
     else:
         print(f"unknown mode {mode!r}", file=sys.stderr)
         return 2

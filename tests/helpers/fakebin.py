@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Tuple
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+FAKES = Path(__file__).resolve().parent.parent / "fakes"
 SOURCE = FAKES / "launcher.c"
 NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 PYTHON_CONFIG = "/usr/bin/python3-config"

@@ -64,7 +64,7 @@ def fake_squeue(directory: Path, lines: Iterable[str]) -> str:
 
 @pytest.fixture
 def public_dir() -> Iterator[Path]:
-    """The root of a site (tests/nodesite.py) for tests that build its files themselves,
+    """The root of a site (tests/helpers/nodesite.py) for tests that build its files themselves,
     without the fakes on PATH: root-owned, 0755 (pytest's tmp_path is 0700 to other
     users); make sticky 1777 dirs inside it to stand in for /tmp. Closed afterwards."""
     from nodesite import Site
@@ -119,7 +119,7 @@ def held_binary() -> Path:
     out = Path(tempfile.mkdtemp(prefix="mpsh-held-"))
     atexit.register(shutil.rmtree, out, True)
     subprocess.run([cc, "-O1", "-o", str(out / "held"),
-                    str(Path(__file__).resolve().parent / "fakes" / "held.c")],
+                    str(Path(__file__).resolve().parent.parent / "fakes" / "held.c")],
                    check=True, capture_output=True, text=True, timeout=120)
     out.chmod(0o755)
     _HELD_BUILT.append(out / "held")

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-FAKE = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
+FAKE = str(Path(__file__).resolve().parent.parent / "fakes" / "nvidia-cuda-mps-control")
 
 
 def live_clients(daemon: int) -> list:

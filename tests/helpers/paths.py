@@ -5,7 +5,8 @@ from pathlib import Path
 
 from fakebin import FakeBinError, fake_bin
 
-TESTS = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parent  # these shared modules
+TESTS = HELPERS.parent
 REPO = TESTS.parent
 FAKES = TESTS / "fakes"  # the fakes' sources (scripts), and mps-canary
 FIXTURES = TESTS / "fixtures"

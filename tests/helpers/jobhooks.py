@@ -1,6 +1,6 @@
 """Test helpers for the per-job hooks on a site: parent dir, config, installed hooks.
 
-The site (tests/nodesite.py) holds a root-owned sticky dir standing in for /tmp, a config
+The site (tests/helpers/nodesite.py) holds a root-owned sticky dir standing in for /tmp, a config
 with the per-job layout pointing there and at the fake control binary, and the three
 hook scripts written by ``mps-health slurm install``. The hooks run with the
 environment slurmd was seen to give them (tests/fixtures/slurm_hook_env__*), as root
@@ -74,7 +74,7 @@ def user_python(base: Path, user: str) -> Optional[str]:
 
 
 class JobHooks:
-    """The per-job layout on a site (tests/nodesite.py): a parent dir standing in for /tmp,
+    """The per-job layout on a site (tests/helpers/nodesite.py): a parent dir standing in for /tmp,
     a per-job config, Slurm's job list, and the hooks installed by ``mps-health slurm
     install``; ``jobs`` adds to the config's jobs section. Closing closes the site (a
     fresh one unless given)."""

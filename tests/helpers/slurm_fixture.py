@@ -1,7 +1,7 @@
 """pytest plugin: a real one-node Slurm (``slurm_cluster``) for tests marked ``slurm``.
 
 Every cluster fixture here runs once per Slurm: this machine's own (Debian 12: 22.05)
-and Slurm 24.11 from a Debian 13 root (tests/slurmroot.py), the latter marked
+and Slurm 24.11 from a Debian 13 root (tests/helpers/slurmroot.py), the latter marked
 ``slurm24`` (``pytest -m slurm24`` runs those alone). ``slurm_where`` says which: None
 for this machine's Slurm, else the started root, made once per session.
 

@@ -6,7 +6,7 @@ The root is a fresh dir under /tmp that other users may enter (0755; pytest's tm
 0700), so a daemon or hook run as a test user reaches it, and its paths stay short (a
 socket path holds 108 bytes). ``config()`` writes YAML made from a dict: the node-wide
 layout on this site's dirs, merged section by section with what the test gives. Daemons
-start and answer through tests/mpsdaemon.py. Closing ends, by PID, every process whose
+start and answer through tests/helpers/mpsdaemon.py. Closing ends, by PID, every process whose
 CUDA_MPS_PIPE_DIRECTORY lies in the root (daemons, servers and clients, ours or a test
 user's), then removes the root.
 """
@@ -63,7 +63,7 @@ def canary_off_unless_named(data: Config) -> Config:
 
 def strays_off_unless_private(data: Config) -> Config:
     """``data`` with the strays check disabled, unless the config names it (checks.only,
-    enable or disable) or the test runs in its own PID namespace (tests/privatepids.py):
+    enable or disable) or the test runs in its own PID namespace (tests/helpers/privatepids.py):
     strays judges every MPS process of the machine, and other test runs' fakes and test
     users' impostors would be judged with this test's. A test about strays is marked
     private_pids."""
