@@ -3,10 +3,9 @@
 import os
 import pwd
 import signal
-import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import List
 
 import pytest
 from mps_health.probes.proc import read_processes
@@ -17,21 +16,13 @@ TEST_USER = "mpsh-remtest"
 
 
 @pytest.fixture(scope="session")
-def test_user() -> Iterator[pwd.struct_passwd]:
-    """An ordinary user for foreign-owned dirs and per-user daemons (created, then removed)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a test user")
-    created = False
-    try:
-        pw = pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        TEST_USER], check=True, capture_output=True)
-        created = True
-        pw = pwd.getpwnam(TEST_USER)
-    yield pw
-    if created:
-        subprocess.run(["userdel", TEST_USER], capture_output=True)
+def test_user() -> pwd.struct_passwd:
+    """An ordinary user for foreign-owned dirs and per-user daemons, created once per
+    machine and kept, as the attack tests' users are: a run that removed it at its end
+    would pull it from under another test run on the same machine."""
+    from hostile import ensure_user
+
+    return ensure_user(TEST_USER)
 
 
 def remediating(site: Site) -> Config:
