@@ -6,7 +6,10 @@ out of reach of a SIGKILL sent to us or of slurmd's kill of our group, so, lest 
 outlive the run, each starts through util-linux's ``setpriv --pdeathsig KILL``
 (PR_SET_PDEATHSIG, kept across exec: the kernel SIGKILLs it when the thread that started
 it dies; a daemon that ``-d`` forks off keeps running). It is looked up on PATH here
-first, so "not found" names it.
+first, so "not found" names it. A command gets its stdin only once ``setpriv`` has exec'd
+it, so with that signal set: one whose parent died before (a kill landing between fork
+and ``prctl``, which the kernel never reports to it) reads end-of-file instead of the
+command it would hang on, and exits.
 
 ``wait_all`` collects several commands against one deadline, each in its own thread, so
 N wedged daemons cost one timeout, not N; one still running there is killed with its
@@ -44,6 +47,8 @@ _LIVE: Set[Pending] = set()
 _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)),
                 None)
 
+ARMED_WAIT_S = 1.0  # how long to wait for setpriv to exec the command before feeding it
+ARMED_POLL_S = 0.0005
 LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
 POLL_S = 0.05  # how often a wait wakes up to notice one that exited, its pipes held open
 # A person at a terminal is told what a run waits for once a command has run this long
@@ -75,6 +80,21 @@ def dies_with_us(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     # Without util-linux's setpriv the deadline's group kill is all there is.
     wrap = [] if _SETPRIV is None else [_SETPRIV, "--pdeathsig", "KILL", "--"]
     return [*wrap, _resolve(argv[0], env), *argv[1:]]
+
+
+def _await_exec(pid: int, wrapper: str) -> None:
+    """Return once ``pid`` no longer runs ``wrapper`` (it exec'd the command, its
+    parent-death signal set), has exited, or after ``ARMED_WAIT_S``."""
+    until = time.monotonic() + ARMED_WAIT_S
+    while True:
+        try:
+            if os.readlink(f"/proc/{pid}/exe") != wrapper:
+                return
+        except OSError:  # exited (a zombie has no exe) or not ours to see: nothing to wait for
+            return
+        if time.monotonic() >= until:
+            return
+        time.sleep(ARMED_POLL_S)
 
 
 class Completed(NamedTuple):
@@ -168,6 +188,8 @@ class Pending:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ,
             start_new_session=True, close_fds=True, **drop)
         self.proc, self.pid = proc, proc.pid
+        if _SETPRIV is not None and stdin:
+            _await_exec(proc.pid, os.path.realpath(_SETPRIV))
         # Feed stdin now, not at collection time: the client reads its command first and
         # must not wait on us while we collect another command. Commands are small.
         assert proc.stdin is not None

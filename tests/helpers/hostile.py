@@ -10,7 +10,7 @@ import pwd
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -102,28 +102,28 @@ def in_namespace(argv: Sequence[str]) -> List[str]:
     return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", *argv]
 
 
-_HELD_BUILT: List[Path] = []  # the one build of this session
+_BUILT: Dict[str, Path] = {}  # the one build of each, this session
 
 
-def held_binary() -> Path:
-    """tests/fakes/held.c built once per session into a world-readable tmp dir (so the
+def c_fake(name: str) -> Path:
+    """tests/fakes/NAME.c built once per session into a world-readable tmp dir (so the
     test users can run it); skips without a C compiler."""
-    if _HELD_BUILT:
-        return _HELD_BUILT[0]
+    if name in _BUILT:
+        return _BUILT[name]
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler (cc) to build tests/fakes/held.c")
+        pytest.skip(f"no C compiler (cc) to build tests/fakes/{name}.c")
     import atexit
     import tempfile
 
-    out = Path(tempfile.mkdtemp(prefix="mpsh-held-"))
+    out = Path(tempfile.mkdtemp(prefix=f"mpsh-{name}-"))
     atexit.register(shutil.rmtree, out, True)
-    subprocess.run([cc, "-O1", "-o", str(out / "held"),
-                    str(Path(__file__).resolve().parent.parent / "fakes" / "held.c")],
+    subprocess.run([cc, "-O1", "-o", str(out / name),
+                    str(Path(__file__).resolve().parent.parent / "fakes" / f"{name}.c")],
                    check=True, capture_output=True, text=True, timeout=120)
     out.chmod(0o755)
-    _HELD_BUILT.append(out / "held")
-    return out / "held"
+    _BUILT[name] = out / name
+    return out / name
 
 
 class Held:
@@ -137,7 +137,7 @@ class Held:
         self.pid = 0
 
     def __enter__(self) -> "Held":
-        self.holder = subprocess.Popen([str(held_binary()), *self.argv], env=self.env,
+        self.holder = subprocess.Popen([str(c_fake("held")), *self.argv], env=self.env,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True,
                                        **as_user(self.user))

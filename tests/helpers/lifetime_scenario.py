@@ -2,8 +2,9 @@
 stopped, root's check hangs on its control client, the check is SIGKILLed; print the
 control clients still alive afterwards, as JSON.
 
-argv: WORK_DIR USER HOW, HOW being "pid" (SIGKILL the check) or "group" (SIGKILL its
-process group, as slurmd does at its time limit).
+argv: WORK_DIR USER HOW [SETPRIV], HOW being "pid" (SIGKILL the check) or "group" (SIGKILL
+its process group, as slurmd does at its time limit); SETPRIV, a stand-in for util-linux's
+setpriv the check then starts its commands through (tests/fakes/late_setpriv.c).
 """
 
 import json
@@ -35,6 +36,7 @@ def live_clients(daemon: int) -> list:
 
 def main() -> None:
     work, user, how = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    setpriv = sys.argv[4:]
     pw = pwd.getpwnam(user)
     pipe, log = work / "pipe", work / "log"
     config = work / "config.yaml"
@@ -53,8 +55,15 @@ def main() -> None:
     daemon = int(pid_file.read_text())
     subprocess.run(["kill", "-STOP", str(daemon)], check=True, timeout=10, user=pw.pw_uid,
                    group=pw.pw_gid, extra_groups=[])  # the user stops their own daemon
-    check = subprocess.Popen([sys.executable, "-m", "mps_health.cli.main", "check", "--config",
-                              str(config), "--only", "control"], start_new_session=True,
+    started_as = [sys.executable, "-m", "mps_health.cli.main"]
+    if setpriv:
+        started_as = [sys.executable, "-c", "import runpy, sys\n"
+                      "import mps_health.hostio.runner as runner\n"
+                      "runner._SETPRIV = sys.argv.pop(1)\n"
+                      "runpy.run_module('mps_health.cli.main', run_name='__main__')",
+                      setpriv[0]]
+    check = subprocess.Popen([*started_as, "check", "--config", str(config), "--only",
+                              "control"], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while not live_clients(daemon) and time.monotonic() < deadline:
