@@ -85,7 +85,8 @@ from mps_health.cli.main import main
 from mps_health.engine import registry
 print(json.dumps([registry.__file__, list(registry.checks())]))
 sys.stdout.flush()
-sys.exit(main(["check", "--only", sys.argv[1], "--root", sys.argv[2], "--format", "json"]))
+sys.exit(main(["check", "--only", sys.argv[1], "--root", sys.argv[2], "--config", sys.argv[3],
+              "--format", "json"]))
 '''
 
 
@@ -102,8 +103,10 @@ def package_copy(tmp_path: Path) -> Iterator[Path]:
 def _list_and_run(copy: Path, tmp_path: Path, only: str) -> tuple:
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
+    config = tmp_path / "empty.yaml"  # the defaults, never the host's /etc/mps-health
+    config.write_text("")
     env = {"PATH": "/nonexistent", "PYTHONPATH": str(copy.parent)}
-    r = subprocess.run([sys.executable, "-c", LIST_AND_RUN, only, str(root)],
+    r = subprocess.run([sys.executable, "-c", LIST_AND_RUN, only, str(root), str(config)],
                        capture_output=True, text=True, timeout=120, env=env)
     first, _, rest = r.stdout.partition("\n")
     where, names = json.loads(first)

@@ -185,41 +185,48 @@ def test_slurm_conf_diff() -> None:
     assert "-NodeName=gpu01 Gres=gpu:1" in diff and "+NodeName=gpu01 Gres=gpu:1,mps:100" in diff
 
 
-def test_cli_gres_conf_from_a_recording() -> None:
-    r = mps_health("slurm", "gres-conf", "--nvml-record", str(FIXTURES / EIGHT), "--mps-gpus",
-                   "0", "--node-name", "gpu01")
+@pytest.fixture
+def defaults(tmp_path: Path) -> tuple:
+    """``--config`` of an empty file: the defaults, never the host's /etc/mps-health."""
+    (tmp_path / "empty.yaml").write_text("")
+    return ("--config", str(tmp_path / "empty.yaml"))
+
+
+def test_cli_gres_conf_from_a_recording(defaults: tuple) -> None:
+    r = mps_health("slurm", "gres-conf", *defaults, "--nvml-record", str(FIXTURES / EIGHT),
+                   "--mps-gpus", "0", "--node-name", "gpu01")
     assert r.returncode == 0, r.stderr
     assert "Name=mps Count=100 File=/dev/nvidia0\n" in r.stdout
     assert r.stdout.count("Name=mps") == 1 and r.stdout.count("Name=gpu") == 8
 
 
-def test_cli_diff_exit_codes(tmp_path: Path) -> None:
+def test_cli_diff_exit_codes(tmp_path: Path, defaults: tuple) -> None:
     record = str(FIXTURES / H200)
     same = tmp_path / "gres.conf"
     same.write_text("Name=gpu File=/dev/nvidia0\nName=mps Count=100 File=/dev/nvidia0\n")
-    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+    r = mps_health("slurm", "gres-conf", *defaults, "--nvml-record", record, "--diff", "--gres-conf",
                    str(same), "--node-name", "n1")
     assert (r.returncode, r.stdout.strip()) == (0, f"{same} matches NVML for n1")
     other = tmp_path / "gres-old.conf"
     other.write_text("Name=gpu File=/dev/nvidia0\n")
-    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+    r = mps_health("slurm", "gres-conf", *defaults, "--nvml-record", record, "--diff", "--gres-conf",
                    str(other), "--node-name", "n1")
     assert r.returncode == 1 and "+Name=mps Count=100 File=/dev/nvidia0" in r.stdout
     assert r.stderr.strip() == (f"mps-health: {other} differs from NVML for n1 "
                                 "(- installed, + expected)")
-    r = mps_health("slurm", "gres-conf", "--nvml-record", record, "--diff", "--gres-conf",
+    r = mps_health("slurm", "gres-conf", *defaults, "--nvml-record", record, "--diff", "--gres-conf",
                    str(tmp_path / "missing.conf"))
     assert r.returncode == 3 and "cannot read: No such file or directory" in r.stderr
 
 
-def test_cli_diff_reads_includes(tmp_path: Path) -> None:
+def test_cli_diff_reads_includes(tmp_path: Path, defaults: tuple) -> None:
     """--diff reads the installed file as slurmd does, its Include files too."""
     (tmp_path / "gres.d").mkdir()
     (tmp_path / "gres.d" / "mps.conf").write_text("Name=mps Count=100 File=/dev/nvidia0\n")
     conf = tmp_path / "gres.conf"
     conf.write_text("Name=gpu File=/dev/nvidia0\nInclude gres.d/mps.conf\n")
-    r = mps_health("slurm", "gres-conf", "--nvml-record", str(FIXTURES / H200), "--diff",
-                   "--gres-conf", str(conf), "--node-name", "n1")
+    r = mps_health("slurm", "gres-conf", *defaults, "--nvml-record", str(FIXTURES / H200),
+                   "--diff", "--gres-conf", str(conf), "--node-name", "n1")
     assert (r.returncode, r.stdout.strip()) == (0, f"{conf} matches NVML for n1"), r.stderr
 
 
@@ -230,8 +237,8 @@ def test_cli_diff_reads_includes(tmp_path: Path) -> None:
     (["--nvml-record", str(FIXTURES / H200), "--mps-gpus", "3"], "--mps-gpus names 3"),
     (["--nvml-record", str(FIXTURES / H200), "--count", "0"], "mps Count must be"),
 ])
-def test_cli_errors_are_one_line_exit_3(args: list, message: str) -> None:
-    r = mps_health("slurm", "gres-conf", *args)
+def test_cli_errors_are_one_line_exit_3(args: list, message: str, defaults: tuple) -> None:
+    r = mps_health("slurm", "gres-conf", *defaults, *args)
     assert r.returncode == 3 and r.stdout == ""
     assert len(r.stderr.splitlines()) == 1 and message in r.stderr, r.stderr
 
@@ -246,16 +253,16 @@ def test_cli_gres_conf_default_mps_gpus_from_the_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a driver")
-def test_cli_without_a_driver_says_so_in_one_line() -> None:
-    r = mps_health("slurm", "gres-conf")
+def test_cli_without_a_driver_says_so_in_one_line(defaults: tuple) -> None:
+    r = mps_health("slurm", "gres-conf", *defaults)
     assert r.returncode == 3 and r.stdout == "" and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith("mps-health: NVML: ")
 
 
-def test_cli_conf_without_nvml_writes_every_line_but_the_gres() -> None:
+def test_cli_conf_without_nvml_writes_every_line_but_the_gres(defaults: tuple) -> None:
     """slurm.conf's lines need no GPU but the node's Gres=: the controller, a login node
     or a node without the driver still gets them, and the missing line is named."""
-    r = mps_health("slurm", "conf", "--node-name", "n1", "--nvml-record",
+    r = mps_health("slurm", "conf", *defaults, "--node-name", "n1", "--nvml-record",
                    str(FIXTURES / "nvml__cpu-vm_no-driver.json"))
     assert r.returncode == 0, r.stderr
     assert "GresTypes=gpu,mps" in r.stdout and "HealthCheckProgram=" in r.stdout
@@ -264,7 +271,7 @@ def test_cli_conf_without_nvml_writes_every_line_but_the_gres() -> None:
         in r.stdout
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("mps-health: note: NVML: ")
     # a recording that cannot be read is still an error
-    bad = mps_health("slurm", "conf", "--nvml-record", "/nonexistent.json")
+    bad = mps_health("slurm", "conf", *defaults, "--nvml-record", "/nonexistent.json")
     assert bad.returncode == 3 and "cannot read" in bad.stderr
 
 
