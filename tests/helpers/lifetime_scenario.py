@@ -4,7 +4,9 @@ control clients still alive afterwards, as JSON.
 
 argv: WORK_DIR USER HOW [SETPRIV], HOW being "pid" (SIGKILL the check) or "group" (SIGKILL
 its process group, as slurmd does at its time limit); SETPRIV, a stand-in for util-linux's
-setpriv the check then starts its commands through (tests/fakes/late_setpriv.c).
+setpriv the check then starts its commands through (tests/fakes/late_setpriv.c). The
+control binary is tests/fakes' fake, or the one LIFETIME_CONTROL names (the real one on a
+GPU node: tests/gpu/test_lifetime_gpu.py).
 """
 
 import json
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 FAKE = str(Path(__file__).resolve().parent.parent / "fakes" / "nvidia-cuda-mps-control")
+CONTROL = os.environ.get("LIFETIME_CONTROL", FAKE)
 
 
 def live_clients(daemon: int) -> list:
@@ -29,7 +32,7 @@ def live_clients(daemon: int) -> list:
             state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if FAKE.encode() in cmdline and state != "Z":
+        if CONTROL.encode() in cmdline and state != "Z":
             found.append(int(name))
     return found
 
@@ -42,10 +45,11 @@ def main() -> None:
     config = work / "config.yaml"
     config.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n  daemon_user: {user}\n"
-                      f"commands:\n  nvidia-cuda-mps-control: {FAKE}\n")
+                      f"commands:\n  nvidia-cuda-mps-control: {CONTROL}\n")
     env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
            "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    subprocess.run(["/usr/bin/python3", FAKE, "-d"], env=env, check=True, timeout=10,
+    start = ["/usr/bin/python3", FAKE, "-d"] if CONTROL == FAKE else [CONTROL, "-d"]
+    subprocess.run(start, env=env, check=True, timeout=10,
                    user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
     pid_file = pipe / "nvidia-cuda-mps-control.pid"
     for _ in range(500):

@@ -1,0 +1,48 @@
+"""No real control client outlives a killed check: tests/e2e/test_attack_lifetime.py with
+NVIDIA's binaries. A user's real control daemon is stopped, root's check hangs on its
+real client, the check is SIGKILLed (by PID, or its process group as slurmd does), in a
+private PID namespace; with util-linux's setpriv, and with a stand-in that sets the
+parent-death signal only after its parent died (tests/fakes/late_setpriv.c), so the kill
+lands between the client's fork and its prctl: the client then reads end-of-file on its
+stdin and must exit, not connect and hang.
+
+Run on the GPU node as root: ``python3 -m pytest -m gpu tests/gpu/test_lifetime_gpu.py -v -s``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hostile import ATTACKER, c_fake, ensure_user, in_namespace, public_dir
+from mpsgpu import have_gpu, real_control, say
+from paths import HELPERS
+
+pytestmark = pytest.mark.gpu
+__all__ = ["public_dir"]  # the fixture, used by name
+
+if not have_gpu() or os.geteuid() != 0:
+    pytest.skip("needs root, an NVIDIA GPU and the real MPS binaries", allow_module_level=True)
+
+
+@pytest.mark.parametrize("setpriv", ["setpriv", "late"])
+@pytest.mark.parametrize("how", ["pid", "group"])
+def test_killing_the_check_leaves_no_real_control_client(public_dir: Path, how: str,
+                                                         setpriv: str) -> None:
+    ensure_user(ATTACKER)
+    for name in ("pipe", "log"):
+        (public_dir / name).mkdir(mode=0o777)
+        (public_dir / name).chmod(0o777)
+    late = [str(c_fake("late_setpriv"))] if setpriv == "late" else []
+    scenario = str(HELPERS / "lifetime_scenario.py")
+    r = subprocess.run(in_namespace([sys.executable, scenario, str(public_dir), ATTACKER, how,
+                                     *late]),
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "LIFETIME_CONTROL": str(real_control())})
+    say(f"{how} kill, {setpriv}: rc {r.returncode} {r.stdout.strip()} {r.stderr.strip()[-300:]}")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["hung_clients"], "the check never started a client: the attack did not happen"
+    assert seen["left"] == []
