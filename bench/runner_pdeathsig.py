@@ -4,7 +4,9 @@
 mps_health.hostio.runner starts every command (the control client, scontrol, squeue) through
 util-linux's setpriv so that it dies with the run. That is one more exec per command;
 this prints the cost per command with and without it, measured in the same run, as a
-ratio (a check on a healthy node starts one control client).
+ratio (a check on a healthy node starts one control client). Then what the runner's wait
+for setpriv's exec costs a command fed stdin (``/bin/cat``, as the control client is fed its
+query): wall and CPU per command with the wait and with it skipped, in the same run.
 
 Usage: python3 bench/runner_pdeathsig.py [--runs N]
 """
@@ -16,10 +18,15 @@ from mps_health.hostio import runner
 
 
 def per_command_ms(runs: int) -> float:
-    t0 = time.perf_counter()
+    return per_command(runs, ("/bin/true",), "")[0]
+
+
+def per_command(runs: int, argv: tuple, stdin: str) -> tuple:
+    """(wall ms, CPU ms of this process) per command."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(runs):
-        runner.run(["/bin/true"], 5)
-    return (time.perf_counter() - t0) / runs * 1000
+        runner.run(list(argv), 5, stdin=stdin)
+    return ((time.perf_counter() - t0) / runs * 1000, (time.process_time() - c0) / runs * 1000)
 
 
 def main() -> None:
@@ -37,6 +44,16 @@ def main() -> None:
         runner._SETPRIV = saved
     print(f"/bin/true through the runner: {plain:.2f} ms plain, {wrapped:.2f} ms with "
           f"setpriv --pdeathsig: {wrapped / plain:.2f}x, +{wrapped - plain:.2f} ms per command")
+    fed = ("/bin/cat",), "get_server_list\n"
+    waited = per_command(args.runs, *fed)
+    saved_wait, runner._await_exec = runner._await_exec, lambda pid, wrapper: None
+    try:
+        unwaited = per_command(args.runs, *fed)
+    finally:
+        runner._await_exec = saved_wait
+    print(f"/bin/cat fed stdin: {waited[0]:.2f} ms (CPU {waited[1]:.2f}) waiting for setpriv's "
+          f"exec, {unwaited[0]:.2f} ms (CPU {unwaited[1]:.2f}) without: "
+          f"{waited[0] / unwaited[0]:.2f}x wall, {waited[1] / unwaited[1]:.2f}x CPU")
 
 
 if __name__ == "__main__":
