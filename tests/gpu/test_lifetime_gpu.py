@@ -11,13 +11,16 @@ Run on the GPU node as root: ``python3 -m pytest -m gpu tests/gpu/test_lifetime_
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hostile import ATTACKER, c_fake, ensure_user, in_namespace, public_dir
-from mpsgpu import have_gpu, real_control, say
+from mpsgpu import Mps, have_gpu, real_control, say
 from paths import HELPERS
 
 pytestmark = pytest.mark.gpu
@@ -46,3 +49,33 @@ def test_killing_the_check_leaves_no_real_control_client(public_dir: Path, how: 
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["hung_clients"], "the check never started a client: the attack did not happen"
     assert seen["left"] == []
+
+
+
+@pytest.mark.parametrize("stdin", ["empty", "held-open"])
+def test_real_client_on_a_stopped_daemon(mps: Mps, stdin: str) -> None:
+    """What the runner's fence assumes of NVIDIA's client: with its daemon stopped, a
+    client whose stdin is at end-of-file exits (the fence's orphan); one whose stdin
+    stays open waits (the hang the fence prevents). Both recorded."""
+    assert mps.start().returncode == 0
+    pid = mps.daemon_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        feed = subprocess.DEVNULL if stdin == "empty" else subprocess.PIPE
+        client = subprocess.Popen([mps.binary], stdin=feed, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=mps.env)
+        try:
+            code: Optional[int] = client.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+            client.kill()
+            client.wait(timeout=10)
+        waited = time.monotonic() - started
+        say(f"real client, daemon stopped, stdin {stdin}: "
+            f"{f'exited {code}' if code is not None else 'still waiting'} after {waited:.2f} s")
+        if stdin == "empty":
+            assert code is not None, "the real client waits on an empty stdin"
+    finally:
+        os.kill(pid, signal.SIGCONT)
