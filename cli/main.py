@@ -9,94 +9,60 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 from mps_health import __version__
 from mps_health.cli.common import Formatter, UsageError, edge, flushed, standard_fds, warn
 from mps_health.model.exitcodes import ExitCode
 
-# Each command's register function (it adds the command's arguments and returns its
-# handler), found by a function that imports its module: only the chosen command's
-# module is imported.
 Handler = Callable[[argparse.Namespace], int]
 Register = Callable[[argparse.ArgumentParser], Handler]
 
-
-def _check() -> Register:
-    from mps_health.cli import check
-    return check.register
-
-
-def _snapshot() -> Register:
-    from mps_health.cli import check
-    return check.register_snapshot
-
-
-def _exporter() -> Register:
-    from mps_health.cli import exporter
-    return exporter.register
-
-
-def _healthcheck() -> Register:
-    from mps_health.cli import check
-    return check.register_healthcheck
+# name -> one-line help. One line each.
+COMMANDS: Dict[str, str] = {
+    "check": "run the checks (NHC-style text, or --format json)",
+    "snapshot": "save the gathered facts as JSON",
+    "exporter": "serve Prometheus metrics, or write a textfile",
+    "healthcheck": "Slurm HealthCheckProgram: drain/resume",
+    "remediate": "careful repair: reset, drain, resume, ...",
+    "slurm": "gres.conf/slurm.conf from NVML; install job hooks",
+    "unit": "steps of the nvidia-mps@ systemd unit: prepare, stop",
+    "clients": "who MPS serves: servers, clients, jobs, limits",
+    "explain": "a code's runbook entry (no code: list them)",
+    "config": "config example: print the example config",
+    "contrib": "the units, Nagios/Icinga and alert files the package carries",
+    "ack": "acknowledge a daemon-restarted or server-churn event",
+}
 
 
-def _remediate() -> Register:
-    from mps_health.cli import remediate
-    return remediate.register
-
-
-def _slurm() -> Register:
-    from mps_health.cli import slurm
-    return slurm.register
-
-
-def _unit() -> Register:
-    from mps_health.cli import unit
-    return unit.register
-
-
-def _clients() -> Register:
-    from mps_health.cli import clients
-    return clients.register
-
-
-def _explain() -> Register:
-    from mps_health.cli import explain
-    return explain.register
-
-
-def _config() -> Register:
-    from mps_health.cli import explain
-    return explain.register_config
-
-
-def _contrib() -> Register:
+def register_of(name: str) -> Register:
+    """The register function of command ``name`` (it adds the command's arguments and
+    returns its handler). Its module is imported here, so a run imports only the chosen
+    command's module, and with it only that command's libraries."""
+    if name in ("check", "snapshot", "healthcheck"):
+        from mps_health.cli import check
+        return {"check": check.register, "snapshot": check.register_snapshot,
+                "healthcheck": check.register_healthcheck}[name]
+    if name in ("remediate", "ack"):
+        from mps_health.cli import remediate
+        return remediate.register if name == "remediate" else remediate.register_ack
+    if name in ("explain", "config"):
+        from mps_health.cli import explain
+        return explain.register if name == "explain" else explain.register_config
+    if name == "exporter":
+        from mps_health.cli import exporter
+        return exporter.register
+    if name == "slurm":
+        from mps_health.cli import slurm
+        return slurm.register
+    if name == "unit":
+        from mps_health.cli import unit
+        return unit.register
+    if name == "clients":
+        from mps_health.cli import clients
+        return clients.register
     from mps_health.cli import contrib
     return contrib.register
-
-
-def _ack() -> Register:
-    from mps_health.cli import remediate
-    return remediate.register_ack
-
-
-# name -> (its register function's finder, one-line help). One line each.
-COMMANDS: Dict[str, Tuple[Callable[[], Register], str]] = {
-    "check": (_check, "run the checks (NHC-style text, or --format json)"),
-    "snapshot": (_snapshot, "save the gathered facts as JSON"),
-    "exporter": (_exporter, "serve Prometheus metrics, or write a textfile"),
-    "healthcheck": (_healthcheck, "Slurm HealthCheckProgram: drain/resume"),
-    "remediate": (_remediate, "careful repair: reset, drain, resume, ..."),
-    "slurm": (_slurm, "gres.conf/slurm.conf from NVML; install job hooks"),
-    "unit": (_unit, "steps of the nvidia-mps@ systemd unit: prepare, stop"),
-    "clients": (_clients, "who MPS serves: servers, clients, jobs, limits"),
-    "explain": (_explain, "a code's runbook entry (no code: list them)"),
-    "config": (_config, "config example: print the example config"),
-    "contrib": (_contrib, "the units, Nagios/Icinga and alert files the package carries"),
-    "ack": (_ack, "acknowledge a daemon-restarted or server-churn event"),
-}
 
 
 class Parser(argparse.ArgumentParser):
@@ -115,12 +81,12 @@ def build(argv: Sequence[str]) -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
                                 prog=parser.prog)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (register, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         if chosen in COMMANDS and name != chosen:
             continue  # only the chosen one's module is imported, and with it its libraries
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            p.set_defaults(handler=register()(p))
+            p.set_defaults(handler=register_of(name)(p))
     return parser
 
 
