@@ -9,6 +9,7 @@ from typing import Callable
 
 from mps_health.cli.common import add_config, load_config, say
 from mps_health.config.load import ConfigError
+from mps_health.config.schema import octal_mode
 from mps_health.model.exitcodes import Failure
 from mps_health.remediation.unit import prepare, stop
 
@@ -25,8 +26,10 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
         if name == "prepare":
             a.add_argument("--log-dir", default=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
                            help="default: $CUDA_MPS_LOG_DIRECTORY")
-            a.add_argument("--mode", default="0777", help="mode of the pipe dir (octal)")
-            a.add_argument("--log-mode", default="0755",
+            # The config's rule for a mode; argparse names the option in a bad one's line.
+            a.add_argument("--mode", default="0777", type=octal_mode,
+                           help="mode of the pipe dir (octal)")
+            a.add_argument("--log-mode", default="0755", type=octal_mode,
                            help="mode of the log dir (octal; only the daemon writes there)")
         else:
             a.add_argument("--control", default="nvidia-cuda-mps-control",
@@ -45,23 +48,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.log_dir or not os.path.isabs(args.log_dir):
             raise Failure("unit prepare: set CUDA_MPS_LOG_DIRECTORY (an absolute path) in the "
                           "unit's Environment=, or give --log-dir")
-        mode = _mode("--mode", args.mode)
-        log_mode = _mode("--log-mode", args.log_mode)
-        if log_mode & 0o700 != 0o700:
-            raise Failure(f"unit prepare: --log-mode {args.log_mode!r} must let the daemon "
+        if args.log_mode & 0o700 != 0o700:
+            raise Failure(f"unit prepare: --log-mode {args.log_mode:04o} must let the daemon "
                           "(root) read, write and enter the log dir (0700 at least)")
-        return prepare(args.pipe_dir, args.log_dir, mode, say, _state_dir(args), log_mode)
+        return prepare(args.pipe_dir, args.log_dir, args.mode, say, _state_dir(args),
+                       args.log_mode)
     return stop(args.pipe_dir, args.control, args.timeout, say, _state_dir(args))
-
-
-def _mode(option: str, value: str) -> int:
-    try:
-        mode = int(value, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o7777:
-        raise Failure(f"unit prepare: {option} {value!r} is not an octal mode")
-    return mode
 
 
 def _state_dir(args: argparse.Namespace) -> str:

@@ -25,6 +25,7 @@ from mps_health.config.schema import (
     internal,
     names,
     number,
+    octal_mode,
     pathname,
     shown,
     text,
@@ -115,16 +116,6 @@ class ConfigError(Exception):
 
 # --- the core's own sections ------------------------------------------------------------
 
-def _mode(value: Any) -> int:
-    try:
-        mode = int(value, 8) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        mode = -1
-    if isinstance(value, bool) or not 0 <= mode <= 0o7777:
-        raise Invalid(f"must be an octal mode as a string, e.g. '0777' (got {shown(value)})")
-    return mode
-
-
 def _dirs(value: Any) -> Tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
@@ -138,10 +129,10 @@ class MpsConfig(Record):
     pipe_dir: str = pathname("/tmp/nvidia-mps")  # default: DEFAULT_DIRS of the layout
     log_dir: str = pathname("/var/log/nvidia-mps")
     gpus: Tuple[str, ...] = custom(("0",), gpu_ids)  # per-gpu: the GPUs that run an instance
-    dir_mode: int = custom(0o777, _mode)  # pipe dirs: every user's clients connect there
+    dir_mode: int = custom(0o777, octal_mode)  # pipe dirs: every user's clients connect there
     # Log dirs: only the control daemon writes there, so no one else may (a user's entry
     # there is a link the daemon would append to, or a forged log). Default 0755, per-job 0700.
-    log_dir_mode: int = custom(0o755, _mode)
+    log_dir_mode: int = custom(0o755, octal_mode)
     dir_owner: str = text("root")  # user name, uid, or "job" (per-job: the job's user)
     daemon_user: str = text("root")  # "job" for per-job daemons; "any" to not check
     forbid_root_daemon: bool = flag(False)

@@ -202,6 +202,17 @@ def command(value: Any) -> str:
     return value
 
 
+def octal_mode(value: Any) -> int:
+    """A file mode: an octal string ('0777'), or a number YAML read; 0 to 0o7777."""
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        mode = -1
+    if isinstance(value, bool) or not 0 <= mode <= 0o7777:
+        raise Invalid(f"must be an octal mode as a string, e.g. '0777' (got {shown(value)})")
+    return mode
+
+
 def names(value: Any) -> tuple[str, ...]:
     """A list of names (a single name is a list of one)."""
     if isinstance(value, str):

@@ -221,7 +221,6 @@ class Headline(nagiosplugin.Summary):
             label, message, action = said(r)
             lines.append(_clean(f"{str(r.state).upper()} {label + ': ' if label else ''}"
                                 f"{message}" + (f" -> {action}" if action else "")))
-        report = self.probe.judged
         for run in report.runs:
             for res in run.results:
                 if res.state == OK:
