@@ -27,7 +27,6 @@ from mps_health.config.load import Config
 from mps_health.engine import run as engine
 from mps_health.exporters import prometheus
 from mps_health.exporters.fdbudget import RESERVE_FDS, connection_budget
-from mps_health.exporters.http import Limits
 from mps_health.exporters.http import serve as serve_http
 from mps_health.healthcheck import state as hcstate
 from mps_health.model.exitcodes import Failure
@@ -143,8 +142,6 @@ def serve(config: Config, args: argparse.Namespace, listen: str, interval: float
         note = (f"; at most {fds.cap} connections, not exporter.max_connections "
                 f"{settings.max_connections}: the open-file limit {fds.limit} keeps "
                 f"{RESERVE_FDS} for the checks (raise LimitNOFILE=)")
-    limits = Limits(fds.cap, settings.header_timeout_s, settings.write_timeout_s,
-                    settings.idle_timeout_s, settings.log_interval_s)
     budget = args.budget if args.budget is not None else \
         engine.budget_within(interval, config.budget_s)
     refresher = Refresher(config, args, interval, budget)
@@ -160,7 +157,8 @@ def serve(config: Config, args: argparse.Namespace, listen: str, interval: float
         checks.start()
 
     try:
-        serve_http(lambda: refresher.page, address, listening, stop, limits)
+        serve_http(lambda: refresher.page, address, listening, stop,
+                   settings._replace(max_connections=fds.cap))
     except OSError as e:  # the errno says it in the usual words
         raise Failure(f"cannot listen on {listen}: "
                       f"{os.strerror(e.errno) if e.errno else e}") from None

@@ -40,7 +40,7 @@ class ExporterConfig(Record):
     max_connections: int = whole(64, low=1, high=100000)
     header_timeout_s: float = number(10.0, low=0.1, high=300.0)
     write_timeout_s: float = number(10.0, low=0.1, high=300.0)
-    idle_timeout_s: float = number(120.0, low=1.0, high=3600.0)
+    idle_timeout_s: float = number(120.0, low=1.0, high=3600.0)  # Prometheus': 90 s
     log_interval_s: float = number(60.0, low=1.0, high=3600.0)
 
 

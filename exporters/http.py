@@ -50,10 +50,11 @@ import termios
 import threading
 import time
 from collections import deque
-from typing import IO, Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, cast
+from typing import IO, Any, Callable, Deque, Dict, Iterable, List, Optional, cast
 from wsgiref.handlers import SimpleHandler
 from wsgiref.simple_server import WSGIRequestHandler
 
+from mps_health.config.exporter import ExporterConfig
 from mps_health.exporters.logthrottle import Throttled
 from mps_health.exporters.prometheus import CONTENT_TYPE, latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -88,16 +89,6 @@ RECENT_S = 10.0
 
 # Why the server closed a connection (or could not accept one): the series' label.
 REFUSALS = ("over_cap", "header_timeout", "write_timeout", "accept_failed", "internal_error")
-
-
-class Limits(NamedTuple):
-    """What one client may hold (the config's ``exporter`` keys of the same names)."""
-
-    max_connections: int = 64
-    header_timeout_s: float = 10.0
-    write_timeout_s: float = 10.0
-    idle_timeout_s: float = 120.0  # Prometheus' own keep-alive idle limit is 90 s
-    log_interval_s: float = 60.0
 
 
 class Conn:
@@ -254,8 +245,8 @@ class MetricsServer(ThreadingWSGIServer):
     block_on_close = False  # stopping never waits for a client's thread
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], page: Callable[[], bytes], limits: Limits,
-                 log: Throttled, with_process: bool = True) -> None:
+    def __init__(self, address: tuple[str, int], page: Callable[[], bytes],
+                 limits: ExporterConfig, log: Throttled, with_process: bool = True) -> None:
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.page, self.limits, self.log, self.with_process = page, limits, log, with_process
@@ -468,9 +459,11 @@ def waiting(sock: socket.socket) -> bool:
 
 
 def serve(page: Callable[[], bytes], address: tuple[str, int],
-          listening: Callable[[str], None], stop: threading.Event, limits: Limits) -> None:
-    """Serve ``page()`` at /metrics until ``stop`` is set, on this thread.
-    ``listening`` is told the URL once the address is bound; OSError when it cannot be."""
+          listening: Callable[[str], None], stop: threading.Event,
+          limits: ExporterConfig) -> None:
+    """Serve ``page()`` at /metrics until ``stop`` is set, on this thread, each client held
+    to ``limits`` (the ``exporter`` section). ``listening`` is told the URL once the
+    address is bound; OSError when it cannot be."""
     server = MetricsServer(address, page, limits, Throttled(limits.log_interval_s))
     try:
         host, port = (str(part) for part in server.server_address[:2])

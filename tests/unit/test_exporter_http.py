@@ -5,7 +5,8 @@ import socket
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from mps_health.exporters.http import DEMANDING_PER_S, GRACE_S, Conn, Limits, MetricsServer
+from mps_health.config.exporter import ExporterConfig
+from mps_health.exporters.http import DEMANDING_PER_S, GRACE_S, Conn, MetricsServer
 from mps_health.exporters.logthrottle import Throttled
 
 
@@ -16,7 +17,7 @@ def server(monkeypatch: pytest.MonkeyPatch):
 
     # http.server's own bind asks DNS for the host's name; a hung resolver would hang it.
     monkeypatch.setattr(socket, "getfqdn", no_dns)
-    srv = MetricsServer(("127.0.0.1", 0), lambda: b"page\n", Limits(), Throttled(60.0),
+    srv = MetricsServer(("127.0.0.1", 0), lambda: b"page\n", ExporterConfig(), Throttled(60.0),
                         with_process=False)
     yield srv
     srv.server_close()
