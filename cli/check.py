@@ -78,21 +78,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def terminal(out: object) -> tuple[int, bool]:
-    """(width, colour) where ``out`` is a terminal: its width (``COLUMNS`` first, as the
-    help does) and colour unless ``NO_COLOR`` is set (https://no-color.org) or ``TERM``
-    is dumb. (0, False) elsewhere: slurmd, pipes and files get the lines as they are."""
+    """(width, colour) where ``out`` is a terminal: its width as the help finds it
+    (``COLUMNS`` first) and colour unless ``NO_COLOR`` is set (https://no-color.org) or
+    ``TERM`` is dumb. (0, False) elsewhere: slurmd, pipes and files get the lines as they are."""
     try:
-        fd = out.fileno()  # type: ignore[attr-defined]
-        if not os.isatty(fd):
+        if not os.isatty(out.fileno()):  # type: ignore[attr-defined]
             return 0, False
-        width = os.get_terminal_size(fd).columns
     except (AttributeError, OSError, ValueError):
         return 0, False
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        width = int(columns)
+    import shutil  # only on a terminal: a run for slurmd, a pipe or a file does without it
+
     colour = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-    return width or 80, colour
+    return shutil.get_terminal_size().columns or 80, colour
 
 
 def register_snapshot(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

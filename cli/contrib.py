@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple, Tuple
 from mps_health.cli.common import emit, written
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.printable import escape
+from mps_health.model.runbook import read_data
 
 
 class Carried(NamedTuple):
@@ -77,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
     if args.path:
         emit(where(found.name))
         return ExitCode.OK
-    text = importlib.resources.files("mps_health").joinpath(found.name).read_text("utf-8")
+    text = read_data(found.name)
     written(lambda out: out.write(text))
     return ExitCode.OK
