@@ -8,7 +8,8 @@ line whole; ``colour`` paints state names.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, TextIO
+from collections import Counter
+from typing import Iterable, Iterator, List, TextIO
 
 from mps_health.engine.actionhints import quoted
 from mps_health.model.results import OK, STARTING, STATE_NAMES, Command, Report, Result, is_problem
@@ -65,10 +66,7 @@ def counted(labels: Iterable[str], most: int) -> str:
     """``labels`` listed once each, in order of first appearance, a repeated one with its
     count ("pipe-entry-foreign node x3"), at most ``most`` of them and then how many
     more: the counts listed add up to the labels given, as the summary's N says."""
-    counts: Dict[str, int] = {}  # a dict: many problems stay linear, in order
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
-    items = list(counts.items())
+    items = list(Counter(labels).items())  # in order of first appearance, linear
     shown = [f"{label} x{n}" if n > 1 else label for label, n in items[:most]]
     rest = sum(n for _, n in items[most:])
     return ", ".join(shown + ([f"+{rest} more"] if rest else []))
