@@ -144,30 +144,20 @@ def read_waiting(ctx: Context, held: Tuple[Instance, ...], unanswered: Dict[str,
 
 
 def holder(ctx: Context, pid: int) -> Optional[Holder]:
-    """``pid`` named: uid and user, Slurm job, state, start; None when it is gone."""
-    from mps_health.hostio.safefiles import read_small
+    """``pid`` named: uid and user, Slurm job (``clientinfo.read_client``'s rule, as for
+    any client: its job cgroup, else its environment's claim), state, start; None when it
+    is gone."""
     from mps_health.hostio.users import name_of
-    from mps_health.probes.clientinfo import parse_cgroup
-    from mps_health.probes.proc import ParseError, parse_environ, parse_stat, parse_status_uid
+    from mps_health.probes.clientinfo import read_client
+    from mps_health.probes.proc import ParseError, parse_stat, parse_status_uid, read_text
 
     base = f"{ctx.proc}/{pid}"
     try:
-        comm, state, ppid, start = parse_stat((read_small(f"{base}/stat") or b"").decode(
-            "utf-8", "replace"))
-        uid = parse_status_uid((read_small(f"{base}/status") or b"").decode("utf-8", "replace"))
+        comm, state, ppid, start = parse_stat(read_text(f"{base}/stat"))
+        uid = parse_status_uid(read_text(f"{base}/status"))
     except (OSError, ParseError):
         return None
-    job: Optional[str] = None
-    try:
-        job = parse_cgroup((read_small(f"{base}/cgroup") or b"").decode("utf-8", "replace"))[0]
-    except OSError:
-        pass
-    if not job:
-        try:  # the environment says it where the cgroup does not (no task/cgroup plugin)
-            job = parse_environ(read_small(f"{base}/environ", 1 << 20) or b"").get(
-                "SLURM_JOB_ID") or None
-        except OSError:
-            job = None
+    job = read_client(ctx.proc, pid, start).job_id or None
     return Holder(pid, uid, name_of(uid), start, state, ppid, comm, job, started_at(ctx, start))
 
 

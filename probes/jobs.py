@@ -3,15 +3,12 @@ to judge MPS clients against their job's ``--gres=mps:N`` or ``gpu``. Not asked 
 daemon has a server (two small /proc reads each).
 """
 
-import time
 from typing import NamedTuple, Optional, Tuple
 
-from mps_health.hostio.runner import Pending, child_env
 from mps_health.model.facts import Instance
 from mps_health.model.slurm_facts import SlurmJob
 from mps_health.probes.context import Context, node_name
-from mps_health.probes.hostlist import ParseError
-from mps_health.probes.slurm import classify_failure, parse_squeue, squeue_argv
+from mps_health.probes.slurm import node_jobs
 
 
 class JobsFacts(NamedTuple):
@@ -33,7 +30,6 @@ def gres_count(job: SlurmJob, name: str) -> Optional[int]:
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
-    from mps_health.config.slurm import settings
     from mps_health.probes.servers import read_daemon
 
     node = node_name(ctx.config, ctx.env)
@@ -41,16 +37,8 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> JobsFacts:
     if not any(pid is not None and busy
                for pid, _start, busy in (read_daemon(ctx, inst) for inst in instances)):
         return JobsFacts(node, None, "", asked=False)
-    timeout = settings(ctx.config).timeout_s
-    argv = squeue_argv(ctx.config, node)
-    done = Pending(argv, env=child_env(ctx.env or {})).wait(
-        min(time.monotonic() + timeout, ctx.deadline))
-    if done.rc != 0:
-        return JobsFacts(node, None, classify_failure(done, "squeue", timeout)[1])
-    try:
-        return JobsFacts(node, parse_squeue(done.stdout))
-    except ParseError as e:
-        return JobsFacts(node, None, f"squeue: {e}")
+    found = node_jobs(ctx)
+    return JobsFacts(node, found.jobs, found.error)
 
 
 VALUE_TYPE = JobsFacts

@@ -294,30 +294,38 @@ def foreign_entries(log_dir: str, entries: Sequence[Tuple[str, os.stat_result]],
                 stat.S_ISLNK(st.st_mode) or (owners is not None and st.st_uid not in owners))]
 
 
-def _read_dir(dir_fd: int, log_dir: str, owners: Optional[AbstractSet[int]],
-              memory: LogMemory, cfg: LogsConfig, now: float, files: List[LogFileFact],
+def _read_dir(ctx: Context, log_dir: str, memory: LogMemory, cfg: LogsConfig, now: float,
+              files: List[LogFileFact], foreign: List[LogFileFact],
               positions: Dict[str, LogPosition], new: List[LogFinding]) -> None:
-    """Read the daemon's two logs in one log dir (only its user's regular files)."""
-    for name in LOG_FILES:
-        shown = os.path.join(log_dir, name)
-        try:
-            seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
-                raise NotTheDaemons(seen)
-            chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
-                                         int(cfg.max_read_bytes), owners)
-        except FileNotFoundError:
-            files.append(LogFileFact(shown, "missing"))
-        except NotTheDaemons as e:  # not the daemon's, or replaced after our look
-            files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
-        except OSError as e:
-            files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
-        else:
-            positions[shown] = pos
-            for file_name, text in chunks:
-                new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
-                                          now))
-            files.append(LogFileFact(shown, "read", note, sum(len(t) for _, t in chunks)))
+    """Read the daemon's two logs in one log dir (only its user's regular files), and name
+    what else is there; OSError when the dir itself cannot be opened or listed."""
+    dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
+    try:
+        owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
+        entries, _ = scan(dir_fd)  # bounded: the first MAX_ENTRIES
+        foreign.extend(foreign_entries(log_dir, entries, owners))
+        for name in LOG_FILES:
+            shown = os.path.join(log_dir, name)
+            try:
+                seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not ours(seen, owners):  # a link, FIFO, dir, another user's file: not read
+                    raise NotTheDaemons(seen)
+                chunks, pos, note = _read_in(dir_fd, name, memory.positions.get(shown),
+                                             int(cfg.max_read_bytes), owners)
+            except FileNotFoundError:
+                files.append(LogFileFact(shown, "missing"))
+            except NotTheDaemons as e:  # not the daemon's, or replaced after our look
+                files.append(LogFileFact(shown, "bad", e.what, 0, e.uid))
+            except OSError as e:
+                files.append(LogFileFact(shown, "error", f"cannot read: {e.strerror}"))
+            else:
+                positions[shown] = pos
+                for file_name, text in chunks:
+                    new.extend(parse_findings(text, log_dir, file_name.split(".log")[0] + ".log",
+                                              now))
+                files.append(LogFileFact(shown, "read", note, sum(len(t) for _, t in chunks)))
+    finally:
+        os.close(dir_fd)
 
 
 def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
@@ -336,30 +344,15 @@ def gather(ctx: Context, instances: Tuple[Instance, ...]) -> LogsFacts:
     for log_dir in dict.fromkeys(i.log_dir for i in instances):
         both = [os.path.join(log_dir, n) for n in LOG_FILES]
         try:
-            dir_fd = os.open(ctx.path(log_dir), DIR_FLAGS)
+            _read_dir(ctx, log_dir, memory, cfg, now, files, foreign, positions, new)
         except FileNotFoundError:  # the directories check reports a missing log dir
             files.extend(LogFileFact(p, "missing") for p in both)
-            continue
         except OSError as e:
-            raise_if_starved(e, f"open {log_dir}")  # our want of fds is no fact of the dir
+            raise_if_starved(e, f"read {log_dir}")  # our want of fds is no fact of the dir
             # A per-job log dir belongs to a user: never read where a link points as root.
             why = "the log dir is a symlink" if os.path.islink(ctx.path(log_dir)) \
                 else e.strerror
             files.extend(LogFileFact(p, "error", f"cannot read: {why}") for p in both)
-            continue
-        try:
-            owners = log_owners(ctx.config, os.fstat(dir_fd).st_uid)
-            entries, _ = scan(dir_fd)  # bounded: the first MAX_ENTRIES
-        except OSError as e:
-            os.close(dir_fd)
-            raise_if_starved(e, f"list {log_dir}")
-            files.extend(LogFileFact(p, "error", f"cannot read: {e.strerror}") for p in both)
-            continue
-        try:
-            foreign.extend(foreign_entries(log_dir, entries, owners))
-            _read_dir(dir_fd, log_dir, owners, memory, cfg, now, files, positions, new)
-        finally:
-            os.close(dir_fd)
     # A finding dated in the future (clock stepped back, damaged logs.json) would stay
     # "recent" for ever: dropped, as is nan or infinity (they fail the comparison).
     merged = {f: None for f in (*memory.findings, *new)

@@ -88,7 +88,8 @@ def _read(path: str) -> bytes:
     return data
 
 
-def _text(path: str) -> str:
+def read_text(path: str) -> str:
+    """A /proc file (``_read``) as text."""
     return _read(path).decode("utf-8", "replace")
 
 
@@ -110,8 +111,8 @@ def identity(proc_dir: str, pid: int, uid: bool = True) -> Optional[Tuple[int, i
     """(uid, or with ``uid=False`` the parent pid; start ticks) of any live process, or
     None when it is gone or unreadable."""
     try:
-        _comm, state, ppid, start = parse_stat(_text(f"{proc_dir}/{pid}/stat"))
-        who = parse_status_uid(_text(f"{proc_dir}/{pid}/status")) if uid else ppid
+        _comm, state, ppid, start = parse_stat(read_text(f"{proc_dir}/{pid}/stat"))
+        who = parse_status_uid(read_text(f"{proc_dir}/{pid}/status")) if uid else ppid
     except (OSError, ParseError):
         return None
     return None if state in ("Z", "X") else (who, start)
@@ -123,12 +124,12 @@ def read_process(proc_dir: str, pid: int, binaries: Optional[Binaries] = None
     the configured binary is told only when ``binaries`` is given."""
     base = f"{proc_dir}/{pid}"
     try:
-        comm, state, ppid, start = parse_stat(_text(f"{base}/stat"))
+        comm, state, ppid, start = parse_stat(read_text(f"{base}/stat"))
         if not comm.startswith(COMM_PREFIX):
             return None
         cmdline = tuple(a.decode("utf-8", "replace") for a in _read(f"{base}/cmdline")
                         .split(b"\0") if a)
-        status = _text(f"{base}/status")
+        status = read_text(f"{base}/status")
         uid = parse_status_uid(status)
     except (OSError, ParseError):
         return None  # exited while we looked, or not readable: not ours to judge

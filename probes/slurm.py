@@ -234,16 +234,22 @@ def read_jobs(config: Config, node: str, timeout_s: float) -> Dict[str, SlurmJob
 
 
 def with_jobs(ctx: Context) -> Context:
-    """``ctx`` with this node's Slurm jobs (one bounded ``squeue``; a failure as one line)
-    where the per-job layout needs them for its instances; the slurm source reuses them."""
-    from mps_health.config.slurm import settings
-
+    """``ctx`` with this node's Slurm jobs where the per-job layout needs them for its
+    instances; the slurm source reuses them."""
     if ctx.jobs is not None or ctx.config.mps.layout != "per-job":
         return ctx
+    return ctx._replace(jobs=node_jobs(ctx))
+
+
+def node_jobs(ctx: Context) -> JobList:
+    """This node's Slurm jobs: one ``squeue``, bounded by ``slurm.timeout_s`` and the run's
+    deadline; a failure as one line, never raised."""
+    from mps_health.config.slurm import settings
+
     timeout_s = min(settings(ctx.config).timeout_s, ctx.remaining())
     done = run(squeue_argv(ctx.config, node_name(ctx.config, ctx.env)), timeout_s,
                env=child_env(ctx.env or {}))
-    return ctx._replace(jobs=_job_list(done, timeout_s))
+    return _job_list(done, timeout_s)
 
 
 def _job_list(done: Completed, timeout_s: float) -> JobList:
