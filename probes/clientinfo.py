@@ -215,11 +215,10 @@ def interpret(environ: Dict[str, str], status: str, cmdline: bytes, cgroup: str,
     claimed = environ.get("SLURM_JOB_ID", "")  # as Slurm sets it: digits alone
     if not in_slurm and _number(claimed) not in (None, "0"):
         job, job_from = claimed, "environ"
-    try:
-        pct: Optional[float] = float(environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
-    except (KeyError, ValueError):
-        pct = None
-    if pct is not None and not 0.0 <= pct <= 100.0:
+    try:  # the daemon's own rule for a percentage: a number in 0..100
+        pct: Optional[float] = parse_percentage(
+            environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", ""))
+    except ParseError:
         pct = None
     return ClientProc(command, job, job_from if job else "", status, pct,
                       environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")[:100],

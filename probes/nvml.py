@@ -139,8 +139,6 @@ class PynvmlApi:
         return int(self._call("nvmlDeviceGetCount"))
 
     def query(self, index: int, field: str) -> Any:
-        if field not in QUERIES:
-            raise NvmlError("INVALID_ARGUMENT")
         if index not in self._handles:
             self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
         name, keep = QUERIES[field]

@@ -138,4 +138,3 @@ def gather(ctx: Context, instances: object = None) -> TmpfilesFacts:
 
 
 VALUE_TYPE = TmpfilesFacts
-gather_for = gather  # the source's name in the registry
