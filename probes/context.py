@@ -51,7 +51,9 @@ class Context(NamedTuple):
         return self.root not in ("", "/")
 
     def remaining(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
+        # A timeout every blocking call takes: threading's waits refuse an infinite one
+        # (OverflowError), which the default deadline would give.
+        return min(max(0.0, self.deadline - time.monotonic()), threading.TIMEOUT_MAX)
 
     @property
     def proc(self) -> str:

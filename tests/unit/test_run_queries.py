@@ -4,6 +4,7 @@ the daemons, ask a daemon that gave no answer nothing more."""
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from mps_health.config import load as config_mod
 from mps_health.model.facts import ControlAnswer, Instance
@@ -72,3 +73,15 @@ def test_the_servers_probe_does_not_ask_a_daemon_that_gave_no_answer(tmp_path: P
     found = server_queries.read_instance(_ctx(tmp_path, queries), INST, (4242, 7))
     assert found.query == "skipped"
     assert found.detail.startswith("not asked: the control daemon gave no answer to " + Q)
+
+
+def test_a_run_without_a_deadline_waits_for_its_canaries(monkeypatch: Any) -> None:
+    # Context's default deadline is infinite; threading's waits refuse an infinite
+    # timeout, so the canary's wait for its threads once raised OverflowError.
+    from mps_health.model.facts_deep import CanaryFact
+    from mps_health.probes import canary
+
+    served = CanaryFact("served", "", 1)
+    monkeypatch.setattr(canary, "run_one", lambda ctx, inst, cfg: served)
+    ctx = Context(config_mod.from_mapping({"canary": {"when": "always"}}, None))
+    assert canary.gather(ctx, (INST,)) == {INST.name: served}
