@@ -313,9 +313,11 @@ TOP_KEYS = ("node_name", "budget_s", "state_dir", "run_dir", "commands")
 MAX_BYTES = 1 << 20  # a config is a few KiB; a larger file is refused, never cut
 
 
-def load(path: Optional[str] = None, text: Optional[str] = None,
-         table: Optional[CheckTable] = None) -> Config:
-    """The config from ``path`` (else the default file, if it exists) or from ``text``. A
+def load(path: Optional[str] = None, text: Optional[str] = None, *,
+         table: Optional[CheckTable]) -> Config:
+    """The config from ``path`` (else the default file, if it exists) or from ``text``;
+    ``table`` is required so that no command skips judging the check names by leaving it
+    out (None: a caller that runs no check, ``_site_sections``). A
     symlink is followed (the path is the admin's choice); anything but a regular file is
     refused without blocking, and so is one over MAX_BYTES or past ``inputs.parse_yaml``'s
     bounds (nesting past ``inputs.MAX_DEPTH``, aliases past ``inputs.MAX_VALUES`` values)."""

@@ -19,7 +19,7 @@ RESTARTS = 25
 
 def test_a_daemon_started_after_the_scan_is_not_stale(site, monkeypatch) -> None:
     d = site.start_daemon()
-    config = load(site.config())
+    config = load(site.config(), table=None)
     # The scan ran just before the daemon started: it saw no MPS process at all.
     monkeypatch.setattr(proc, "gather_for", lambda ctx, instances: ())
     _facts, report = engine.run(config, only=["daemon"])
@@ -40,7 +40,7 @@ def test_restarts_while_checks_run_never_call_a_live_daemon_stale(site, monkeypa
     through its whole run."""
     d = site.start_daemon()
     cfg = site.config()
-    config = load(cfg)
+    config = load(cfg, table=None)
     # pid -> (monotonic time it was known alive from, time it was killed; inf while alive)
     lives: Dict[int, Tuple[float, float]] = {}
     assert d.pid is not None

@@ -270,5 +270,5 @@ def test_the_example_config_is_the_default_node(tmp_path: Path) -> None:
     assert (mps["layout"], mps["pipe_dir"], mps["log_dir"]) == (
         "node", "/tmp/nvidia-mps", "/var/log/nvidia-mps")
     assert "#   layout: per-gpu" in r.stdout and "#   layout: per-job" in r.stdout
-    given = load(text=r.stdout).mps
-    assert given == load(text="").mps  # the example is the defaults
+    given = load(text=r.stdout, table=None).mps
+    assert given == load(text="", table=None).mps  # the example is the defaults

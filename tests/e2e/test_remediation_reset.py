@@ -350,7 +350,7 @@ def test_bad_remediation_config_is_one_line(site) -> None:
     assert r.stderr.strip() == (f"mps-health: {cfg}: key 'remediation.lock_wait_s': must be a "
                                 "number between 0 and 3600 (got 'soon')")
     with pytest.raises(ConfigError):  # whoever loads the file: the whole file is checked
-        load(cfg)
+        load(cfg, table=None)
 
 
 

@@ -220,7 +220,7 @@ def test_config_example_loads() -> None:
     from mps_health.config import load as core_config
 
     path = str(CONTRIB / "config.example.yaml")
-    c = core_config.load(path)
+    c = core_config.load(path, table=None)
     raw = yaml.safe_load(Path(path).read_text())
     declared = {s.name: s.record._fields for s in core_config.CORE_SECTIONS}
     for name, owner in core_config.SECTIONS.items():
@@ -230,7 +230,7 @@ def test_config_example_loads() -> None:
     assert set(raw) == set(declared) | set(core_config.TOP_KEYS)
     # The node without a config file (contrib/systemd/nvidia-mps.service); the other
     # layouts are commented alternatives.
-    assert c.mps == core_config.load(text="").mps
+    assert c.mps == core_config.load(text="", table=None).mps
     assert "#   layout: per-gpu" in Path(path).read_text()
 
 

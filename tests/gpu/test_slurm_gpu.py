@@ -108,7 +108,7 @@ def task_exports(hooks: JobHooks, job: str) -> List[str]:
         from mps_health.config.load import load
         from mps_health.slurm.lifecycle import task_exports as exports
 
-        lines = exports(env, load(str(hooks.config)), hooks.pw.pw_uid)
+        lines = exports(env, load(str(hooks.config), table=None), hooks.pw.pw_uid)
         say(f"--- TaskProlog lines (computed as root: {hooks.user} cannot import "
             f"mps_health with {sys.executable}):", *("    " + x for x in lines))
     return lines

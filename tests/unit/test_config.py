@@ -13,7 +13,7 @@ from mps_health.engine import registry
 
 def test_no_file_gives_the_defaults_without_yaml() -> None:
     code = ("import sys; from mps_health.config import load as config; "
-            "c = config.load(); print(c.mps.pipe_dir, c.mps.log_dir, oct(c.mps.dir_mode)); "
+            "c = config.load(table=None); print(c.mps.pipe_dir, c.mps.log_dir, oct(c.mps.dir_mode)); "
             "print('yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -24,7 +24,7 @@ def test_no_file_gives_the_defaults_without_yaml() -> None:
 
 def test_explicit_missing_file(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="no such file"):
-        config.load(str(tmp_path / "nope.yaml"))
+        config.load(str(tmp_path / "nope.yaml"), table=None)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -99,7 +99,7 @@ def test_quoted_values_are_cut_and_escaped(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("mps:\n  layout: \"" + "\\e[2J" * 500 + "\"\n")
     with pytest.raises(config.ConfigError) as e:
-        config.load(str(path))
+        config.load(str(path), table=None)
     line = str(e.value)
     assert "\x1b" not in line and "\\x1b[2J" in line and line.endswith("...)")
     assert len(line) < len(str(path)) + 160
@@ -209,11 +209,11 @@ def test_libyaml_where_pyyaml_has_it_else_its_own_loader_with_the_same_bounds(
     monkeypatch.setattr(yaml, "load", load)
 
     def outcomes():
-        loaded = config.load(str(good))
+        loaded = config.load(str(good), table=None)
         refusals = []
         for path in (deep, bomb):
             with pytest.raises(config.ConfigError) as e:
-                config.load(str(path))
+                config.load(str(path), table=None)
             refusals.append(str(e.value))
         return loaded, refusals
 

@@ -39,7 +39,7 @@ def test_error_detail_is_first_line() -> None:
 
 
 def _ctx(site: Site, timeout: float = 1.0) -> Context:
-    cfg = config_mod.load(site.config(control={"timeout_s": timeout}))
+    cfg = config_mod.load(site.config(control={"timeout_s": timeout}), table=None)
     return Context(cfg, "/", time.monotonic() + 30)
 
 
@@ -53,7 +53,8 @@ def test_wedged_instances_cost_one_timeout(site) -> None:
     for d in daemons[:2]:
         d.signal(signal.SIGSTOP)
     cfg = config_mod.load(site.config(control={"timeout_s": WEDGED_TIMEOUT_S},
-                                      pipe=daemons[0].pipe_dir, log=daemons[0].log_dir))
+                                      pipe=daemons[0].pipe_dir, log=daemons[0].log_dir),
+                          table=None)
     ctx = Context(cfg, "/", time.monotonic() + 30)
     insts = tuple(Instance(f"i{n}", "node", str(d.pipe_dir), str(d.log_dir))
                   for n, d in enumerate(daemons))
