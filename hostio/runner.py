@@ -150,7 +150,7 @@ class Pending:
 
     def __init__(self, argv: Sequence[str], stdin: Optional[str] = None,
                  env: Optional[Mapping[str, str]] = None, user: Optional[int] = None,
-                 group: Optional[int] = None, as_user: Optional[RunAs] = None) -> None:
+                 group: Optional[int] = None) -> None:
         self.argv = list(argv)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.started = time.monotonic()
@@ -164,9 +164,9 @@ class Pending:
         # (errno, strerror) when it could not start for lack of our own fds or memory
         self.starved: Optional[Tuple[int, str]] = None
         try:
-            if as_user is None and (user is not None or group is not None):
-                as_user = RunAs(user if user is not None else os.getuid(),
-                                group if group is not None else os.getgid())
+            as_user = None if user is None and group is None else RunAs(
+                user if user is not None else os.getuid(),
+                group if group is not None else os.getgid())
             self._start(stdin or "", env, as_user)
         except (OSError, subprocess.SubprocessError) as e:
             self.error = start_error(self.argv[0], e)
@@ -308,9 +308,9 @@ def kill_started_since(started: float) -> None:
 
 
 def run(argv: Sequence[str], timeout_s: float, stdin: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None, as_user: Optional[RunAs] = None) -> Completed:
+        env: Optional[Mapping[str, str]] = None) -> Completed:
     """Run one command to completion or ``timeout_s``, whichever comes first."""
-    return Pending(argv, stdin, env, as_user=as_user).wait(time.monotonic() + timeout_s)
+    return Pending(argv, stdin, env).wait(time.monotonic() + timeout_s)
 
 
 def child_env(extra: Mapping[str, str]) -> Dict[str, str]:

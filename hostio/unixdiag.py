@@ -46,12 +46,12 @@ class UnixSocket(NamedTuple):
     peer: int  # the peer's inode; 0 when not known (proc_net_unix) or none
 
 
-def request(seq: int = 1) -> bytes:
+def request() -> bytes:
     """The dump request for connected unix sockets, with their names and peers."""
     body = _REQUEST.pack(socket.AF_UNIX, 0, 0, 1 << TCP_ESTABLISHED, 0,
                          UDIAG_SHOW_NAME | UDIAG_SHOW_PEER, 0xFFFFFFFF, 0xFFFFFFFF)
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY,
-                          NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+                          NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body  # seq 1: one per socket
 
 
 def _attributes(data: bytes) -> Iterator[Tuple[int, bytes]]:
