@@ -8,15 +8,9 @@ from typing import Dict, List, Optional, Tuple
 
 from mps_health.hostio.pidfile import PID_FILE, read_text
 from mps_health.hostio.resources import raise_if_starved
+from mps_health.hostio.safedirs import kind_of
 from mps_health.model.facts import DirFact, EntryFact, Instance, ParentFact
 from mps_health.probes.context import Context
-
-KINDS = {stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFREG: "file",
-         stat.S_IFSOCK: "socket", stat.S_IFIFO: "fifo"}
-
-
-def kind_of(mode: int) -> str:
-    return KINDS.get(stat.S_IFMT(mode), "other")
 
 
 def read_dir(path: str, shown_as: str, with_entries: bool) -> DirFact:

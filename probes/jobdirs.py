@@ -10,8 +10,9 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from mps_health.hostio.jobrecords import JobRecord
 from mps_health.hostio.jobrecords import load as load_records
+from mps_health.hostio.safedirs import kind_of
 from mps_health.probes.context import Context
-from mps_health.probes.dirs import kind_of, owner_name
+from mps_health.probes.dirs import owner_name
 from mps_health.probes.instances import matching
 
 
