@@ -25,8 +25,7 @@ from mps_health.hostio.resources import raise_if_starved
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
-                 owner: Optional[tuple] = None) -> None:
+def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/") -> None:
     """Replace ``path`` (absolute, under ``root``) with ``data``; OSError if it cannot."""
     from mps_health.hostio.safedirs import open_dir, split  # lazy: readers never need it
 
@@ -42,8 +41,6 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644, root: str = "/",
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            if owner is not None:
-                os.fchown(fd, *owner)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
@@ -96,13 +93,12 @@ def read_upto(fd: int, limit: int, size_hint: int = 0) -> bytes:
     return b"".join(chunks)
 
 
-def read_small(path: str, limit: int = 1 << 20, dir_fd: Optional[int] = None,
-               follow: bool = False) -> Optional[bytes]:
+def read_small(path: str, limit: int = 1 << 20, follow: bool = False) -> Optional[bytes]:
     """The content of regular file ``path``; None if it does not exist. OSError if it is a
     link (ELOOP, unless ``follow``: a path an admin or root chose), not a regular file,
     longer than ``limit``, or unreadable."""
     try:
-        fd, st = open_regular(path, dir_fd, follow)
+        fd, st = open_regular(path, follow=follow)
     except FileNotFoundError:
         return None
     try:
