@@ -55,7 +55,6 @@ class Entry(NamedTuple):
     """What a name in a directory is, by lstat relative to the directory's fd."""
 
     kind: str  # "missing" | "dir" | "symlink" | "file" | "socket" | "fifo" | "other"
-    mode: int = 0
     uid: int = -1
     gid: int = -1
     dev_ino: Tuple[int, int] = (0, 0)
@@ -74,8 +73,7 @@ def look(parent_fd: int, name: str) -> Entry:
         st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
         return Entry("missing")
-    return Entry(kind_of(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
-                 (st.st_dev, st.st_ino))
+    return Entry(kind_of(st.st_mode), st.st_uid, st.st_gid, (st.st_dev, st.st_ino))
 
 
 def split(path: str) -> Tuple[str, str]:
