@@ -23,7 +23,7 @@ def is_fault(note: str) -> bool:
 
 
 class StateFile:
-    """``state_dir/NAME.json`` and its lock ``NAME.lock``; use as a context manager."""
+    """``state_dir/NAME.json`` and its lock ``NAME.lock`` (``lock``, then ``unlock``)."""
 
     def __init__(self, state_dir: str, name: str) -> None:
         self.dir = state_dir
