@@ -313,7 +313,6 @@ def detached(config: Config, root: str, hc: HealthcheckSettings) -> RunResult:
 
 def main_run(config: Config, root: str, dry_run: bool, mode: Optional[str]) -> RunResult:
     hc = healthcheck(config)
-    remediation(config)  # validate the section before anything runs
     if (mode or ("detached" if hc.detached else "foreground")) == "detached" and not dry_run:
         return detached(config, root, hc)
     return locked_run(config, root, dry_run)
