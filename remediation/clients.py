@@ -12,7 +12,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 from mps_health.model.facts import ControlAnswer, Instance, ProcessFact
 from mps_health.probes.clientinfo import read_client
 from mps_health.probes.context import Context
-from mps_health.probes.control import NO_DAEMON, ask_all
+from mps_health.probes.control import ask_all
 from mps_health.probes.nvml import PynvmlApi, read_nvml
 
 
@@ -31,25 +31,22 @@ def ask(ctx: Context, inst: Instance, command: str, timeout_s: float) -> Control
     return ask_all(sub, (inst,), command)[inst.name]
 
 
-def answered(answer: ControlAnswer) -> bool:
-    """Did the daemon itself answer (the client exits 0 for answers and for most errors)?"""
-    return answer.rc == 0 and not answer.stdout.startswith(("Unknown command", NO_DAEMON))
-
-
 def pid_lines(text: str) -> Tuple[int, ...]:
     """PIDs, one a line, as get_server_list and get_client_list print them."""
     return tuple(int(w) for w in text.split() if w.isdigit())
 
 
 def from_control(ctx: Context, inst: Instance, timeout_s: float) -> Optional[Clients]:
+    # "ok": the daemon itself answered (probes.control.classify: the client exits 0 for
+    # answers and for most errors); an empty list is an answer.
     servers_answer = ask(ctx, inst, "get_server_list", timeout_s)
-    if not answered(servers_answer):
+    if servers_answer.status != "ok":
         return None
     servers = pid_lines(servers_answer.stdout)
     pids: Dict[int, None] = {}
     for server in servers:
         a = ask(ctx, inst, f"get_client_list {server}", timeout_s)
-        if not answered(a):
+        if a.status != "ok":
             return None
         pids.update(dict.fromkeys(pid_lines(a.stdout)))
     return Clients(True, servers, tuple(pids), "asked the control daemon")
