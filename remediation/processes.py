@@ -64,13 +64,6 @@ def daemons_in(procs: Iterable[ProcessFact], paths: Collection[str],
                  and (p.pipe_dir in wanted if p.environ_readable else p.pid == named))
 
 
-def daemons_of(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
-               ) -> Tuple[ProcessFact, ...]:
-    """Every control daemon of ``uid`` serving ``pipe_dir``, found in /proc whatever the
-    pid file says (deleted, or naming another process)."""
-    return daemons_in(candidates(proc_dir, binaries), (pipe_dir,), (uid,), read_pid(pipe_dir))
-
-
 def named_daemon(proc_dir: str, pipe_dir: str, binaries: Optional[Binaries], uid: int
                  ) -> Optional[ProcessFact]:
     """The control daemon the pid file names, if /proc agrees it is ``uid``'s serving

@@ -1,4 +1,4 @@
-"""processes.candidates/daemons_in/daemons_of/named_daemon: a pipe dir's control daemon is
+"""processes.candidates/daemons_in/named_daemon: a pipe dir's control daemon is
 found in /proc (the configured binary, -d, the daemon's uid, its environ naming the pipe
 dir); the pid file is a hint that must agree, never the way to a process.
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from mps_health.hostio.pidfile import PID_FILE
+from mps_health.hostio.pidfile import PID_FILE, read_pid
 from mps_health.remediation import processes
 from paths import FAKE_CONTROL, fake_binaries
 from roottree import add_process
@@ -56,6 +56,13 @@ def _pids(found) -> list:
     return sorted(p.pid for p in found)
 
 
+def _daemons_of(proc: str, pipe: str, binaries, uid: int) -> tuple:
+    """Every daemon of ``uid`` serving ``pipe`` as ``unit stop`` finds them: the /proc
+    candidates, the pid file only a hint for one whose environ cannot be read."""
+    return processes.daemons_in(processes.candidates(proc, binaries), (pipe,), (uid,),
+                                read_pid(pipe))
+
+
 def _pid_file(pipe: Path, text: Optional[str]) -> None:
     if text is None:
         (pipe / PID_FILE).unlink(missing_ok=True)
@@ -76,7 +83,7 @@ def test_the_daemon_is_found_whatever_the_pid_file_says(node, pid_file) -> None:
     proc, pipe = node
     _pid_file(pipe, pid_file)
     binaries = fake_binaries()
-    assert _pids(processes.daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON]
+    assert _pids(_daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON]
     named = processes.named_daemon(proc, str(pipe), binaries, 0)
     assert (named.pid if named else None) == (ROOT_DAEMON if pid_file == str(ROOT_DAEMON)
                                               else None)
@@ -87,13 +94,13 @@ def test_another_uids_daemon_is_never_the_one_even_when_named(node) -> None:
     _pid_file(pipe, str(EVIL_DAEMON))
     binaries = fake_binaries()
     assert processes.named_daemon(proc, str(pipe), binaries, 0) is None
-    assert _pids(processes.daemons_of(proc, str(pipe), binaries, EVIL)) == [EVIL_DAEMON]
-    assert processes.daemons_of(proc, str(pipe), binaries, 4242) == ()
+    assert _pids(_daemons_of(proc, str(pipe), binaries, EVIL)) == [EVIL_DAEMON]
+    assert _daemons_of(proc, str(pipe), binaries, 4242) == ()
 
 
 def test_a_pid_file_that_disagrees_is_said_and_ignored(node) -> None:
     proc, pipe = node
-    daemons = processes.daemons_of(proc, str(pipe), fake_binaries(), 0)
+    daemons = _daemons_of(proc, str(pipe), fake_binaries(), 0)
     line = processes.pid_file_ignored(EVIL_POSER, daemons, (0,))
     assert line.startswith(f"the pid file names {EVIL_POSER}, which is not a control "
                            "daemon of uid 0") and "left alone" in line
@@ -106,11 +113,11 @@ def test_a_daemon_whose_environ_cannot_be_read_counts_only_when_the_pid_file_nam
     proc, pipe = node
     binaries = fake_binaries()
     _pid_file(pipe, str(HIDDEN))
-    assert _pids(processes.daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON, HIDDEN]
+    assert _pids(_daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON, HIDDEN]
     hidden = processes.named_daemon(proc, str(pipe), binaries, 0)
     assert hidden is not None and hidden.pid == HIDDEN
     _pid_file(pipe, None)
-    assert _pids(processes.daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON]
+    assert _pids(_daemons_of(proc, str(pipe), binaries, 0)) == [ROOT_DAEMON]
 
 
 def test_with_no_daemon_of_the_uid_there_is_none(node) -> None:
@@ -118,7 +125,7 @@ def test_with_no_daemon_of_the_uid_there_is_none(node) -> None:
     _pid_file(pipe, str(EVIL_DAEMON))
     empty = pipe.parent / "empty"
     empty.mkdir()
-    assert processes.daemons_of(proc, str(empty), fake_binaries(), 0) == ()
+    assert _daemons_of(proc, str(empty), fake_binaries(), 0) == ()
     assert processes.named_daemon(proc, str(empty), fake_binaries(), 0) is None
 
 
@@ -129,7 +136,7 @@ def test_two_daemons_serving_one_dir_are_both_found_and_the_named_one_agrees(
     for pid in (300, 200):
         _process(tmp_path, pid, FAKE_CONTROL, pipe=pipe)
     proc = str(tmp_path / "proc")
-    assert _pids(processes.daemons_of(proc, str(pipe), fake_binaries(), 0)) == [200, 300]
+    assert _pids(_daemons_of(proc, str(pipe), fake_binaries(), 0)) == [200, 300]
     _pid_file(pipe, "300")
     named = processes.named_daemon(proc, str(pipe), fake_binaries(), 0)
     assert named is not None and named.pid == 300
