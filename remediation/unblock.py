@@ -126,8 +126,6 @@ def summary(freed: Freed) -> str:
 def look(config: Config, root: str, insts: Tuple[Instance, ...], budget_s: float) -> Facts:
     """The facts an unblock plans on (processes, dirs, one control query, the blockers),
     of ``insts`` only."""
-    if not insts:
-        return Facts("", time.time(), root, (), {}, {}, {})
     facts = engine.facts_within(engine.fit_control(config, budget_s), root, NEEDS, budget_s)
     names = {i.name for i in insts}
     return facts._replace(instances=tuple(i for i in facts.instances if i.name in names))
