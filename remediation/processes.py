@@ -41,9 +41,11 @@ from mps_health.probes.process_identity import (  # noqa: F401  (the identity ru
 
 
 class Ended(NamedTuple):
+    """What signalling one process did (``end_all``, ``signal_verified``)."""
+
     pid: int
     # "gone" (already), "terminated", "killed", "replaced" (pid reused), "alive",
-    # "refused" (not proven to run the MPS binary: never signalled)
+    # "refused" (not proven to run the MPS binary: never signalled), "continued" (SIGCONT)
     outcome: str
     detail: str = ""
 
@@ -211,12 +213,6 @@ def describe(p: ProcessFact) -> str:
     return f"{p.role} {p.pid} (uid {p.uid}{', ' + state if state else ''})"
 
 
-class Signalled(NamedTuple):
-    pid: int
-    outcome: str  # "continued", "terminated", "killed", "gone", "replaced", "alive"
-    detail: str
-
-
 def _same_identity(proc_dir: str, pid: int, uid: int, start_ticks: int) -> Optional[str]:
     """None while ``pid`` is still the process planned on, else "gone" or "replaced"."""
     now = identity(proc_dir, pid)
@@ -226,7 +222,7 @@ def _same_identity(proc_dir: str, pid: int, uid: int, start_ticks: int) -> Optio
 
 
 def signal_verified(proc_dir: str, pid: int, uid: int, start_ticks: int, end: bool,
-                    grace_s: float = 1.0, kill_wait_s: float = 3.0) -> Signalled:
+                    grace_s: float = 1.0, kill_wait_s: float = 3.0) -> Ended:
     """Continue (``end`` False) or end one process of any binary, by PID, only while /proc
     shows the very process planned on (its uid and start time), through a pidfd opened
     before that check where the kernel has them. Ending: SIGTERM with SIGCONT (a stopped
@@ -252,19 +248,19 @@ def signal_verified(proc_dir: str, pid: int, uid: int, start_ticks: int, end: bo
 
         changed = send(signal.SIGTERM if end else signal.SIGCONT)
         if changed is not None:
-            return Signalled(pid, changed, "already exited" if changed == "gone" else
+            return Ended(pid, changed, "already exited" if changed == "gone" else
                              "the PID now names another process: left alone")
         if not end:
-            return Signalled(pid, "continued", "continued (SIGCONT)")
+            return Ended(pid, "continued", "continued (SIGCONT)")
         send(signal.SIGCONT)
         if ended(grace_s):
-            return Signalled(pid, "terminated", "ended by SIGTERM")
+            return Ended(pid, "terminated", "ended by SIGTERM")
         send(signal.SIGKILL)
         if ended(kill_wait_s):
-            return Signalled(pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL")
-        return Signalled(pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
+            return Ended(pid, "killed", f"ignored SIGTERM for {grace_s:g}s: SIGKILL")
+        return Ended(pid, "alive", "still running after SIGKILL (uninterruptible sleep?)")
     except PermissionError as e:
-        return Signalled(pid, "alive", f"cannot signal it: {e.strerror}")
+        return Ended(pid, "alive", f"cannot signal it: {e.strerror}")
     finally:
         if pidfd is not None:
             os.close(pidfd)

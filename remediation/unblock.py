@@ -37,7 +37,7 @@ class Freed(NamedTuple):
     """What one unblock of an instance did."""
 
     inst: Instance
-    acted: Tuple[Tuple[blockers.Blocker, processes.Signalled], ...]
+    acted: Tuple[Tuple[blockers.Blocker, processes.Ended], ...]
     left: Tuple[str, ...]  # blockers named but not acted on (root's), one line each
     answer: Optional[ControlAnswer]  # the daemon's answer afterwards (None: not asked)
 
@@ -73,7 +73,7 @@ def step_text(b: blockers.Blocker) -> str:
 def free(ctx: Context, inst: Instance, found: Sequence[blockers.Blocker], say: Say,
          audit: Optional[Audit], deadline: float) -> Freed:
     """Act on ``found`` (each PID verified first), then ask the daemon again."""
-    acted: List[Tuple[blockers.Blocker, processes.Signalled]] = []
+    acted: List[Tuple[blockers.Blocker, processes.Ended]] = []
     records: List[unblocks.Unblocked] = []
     left: List[str] = []
     for number, b in enumerate(found, 1):
