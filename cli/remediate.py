@@ -59,22 +59,19 @@ def register(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
-    try:
-        if args.action == "reset":
-            return actions.reset(config, args.root, args.instance, args.all, args.force,
-                                 args.dry_run, say, args.automatic)
-        if args.action == "unblock":
-            return actions.unblock(config, args.root, args.instance, args.dry_run, say)
-        if args.action == "dirs":
-            return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
-        if args.action in ("drain", "resume"):
-            return node_actions.run(config, args.root, args.action,
-                                    getattr(args, "reason", ""), args.dry_run, say)
-        if args.action == "orphans":
-            return orphans.run(config, args.root, args.dry_run, say)
-        return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
-    except actions.ActionError as e:
-        raise Failure(str(e)) from None
+    if args.action == "reset":
+        return actions.reset(config, args.root, args.instance, args.all, args.force,
+                             args.dry_run, say, args.automatic)
+    if args.action == "unblock":
+        return actions.unblock(config, args.root, args.instance, args.dry_run, say)
+    if args.action == "dirs":
+        return dirs_repair.run(config, args.root, args.instance, args.dry_run, say)
+    if args.action in ("drain", "resume"):
+        return node_actions.run(config, args.root, args.action,
+                                getattr(args, "reason", ""), args.dry_run, say)
+    if args.action == "orphans":
+        return orphans.run(config, args.root, args.dry_run, say)
+    return tmpfiles_guard.run(config, args.root, args.force, args.dry_run, say)
 
 
 def register_ack(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

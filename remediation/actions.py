@@ -32,9 +32,6 @@ from mps_health.remediation.reset import Say
 
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
 
-class ActionError(Exception):
-    """The action cannot start; the message is its one line, exit 3."""
-
 
 def audit_for(ctx: Context, settings: RemediationSettings, action: str,
               actor: Optional[str] = None) -> Audit:
@@ -51,15 +48,15 @@ def lock_node(ctx: Context, settings: RemediationSettings, what: str, dry_run: b
     try:
         return node_lock(ctx.path(ctx.config.run_dir)).acquire(settings.lock_wait_s, what)
     except LockBusy as e:
-        raise ActionError(str(e)) from None
+        raise Failure(str(e), CANNOT) from None
     except OSError as e:
-        raise ActionError(f"cannot take the remediation lock in {ctx.config.run_dir}: "
-                          f"{e.strerror}") from None
+        raise Failure(f"cannot take the remediation lock in {ctx.config.run_dir}: "
+                      f"{e.strerror}", CANNOT) from None
 
 
 def need_root(dry_run: bool, action: str) -> None:
     if not dry_run and os.geteuid() != 0:
-        raise ActionError(f"{action} must run as root (add --dry-run to see the plan)")
+        raise Failure(f"{action} must run as root (add --dry-run to see the plan)", CANNOT)
 
 
 def choose(ctx: Context, wanted: Sequence[str], every: bool = True,
@@ -72,14 +69,15 @@ def choose(ctx: Context, wanted: Sequence[str], every: bool = True,
     known = {i.name: i for i in found}
     for name in wanted:
         if name not in known:
-            raise ActionError(f"no MPS instance named '{name}' on this node (known: {names})")
+            raise Failure(f"no MPS instance named '{name}' on this node (known: {names})",
+                          CANNOT)
     if wanted:
         return tuple(known[n] for n in dict.fromkeys(wanted))
     if every or len(found) == 1:
         if not found:
-            raise ActionError(f"no MPS instance on this node{doing}")
+            raise Failure(f"no MPS instance on this node{doing}", CANNOT)
         return found
-    raise ActionError(f"name the instance{doing} ({names}), or give --all")
+    raise Failure(f"name the instance{doing} ({names}), or give --all", CANNOT)
 
 
 def target_for(ctx: Context, inst: Instance, settings: RemediationSettings) -> reset_mod.Target:
@@ -89,17 +87,17 @@ def target_for(ctx: Context, inst: Instance, settings: RemediationSettings) -> r
         try:
             jobs = read_jobs(ctx.config, node_name(ctx.config), settings.term_timeout_s + 5)
         except SlurmError as e:
-            raise ActionError(f"cannot tell the user of job {inst.job_id}: {e}") from None
+            raise Failure(f"cannot tell the user of job {inst.job_id}: {e}", CANNOT) from None
         job = jobs.get(inst.job_id)
         if job is None:
-            raise ActionError(f"job {inst.job_id} is not on this node any more: its instance "
-                              "is an orphan; see 'mps-health remediate orphans'")
+            raise Failure(f"job {inst.job_id} is not on this node any more: its instance "
+                          "is an orphan; see 'mps-health remediate orphans'", CANNOT)
         job_uid = job.uid
     try:
         owner = resolve(mps.dir_owner, job_uid, "mps.dir_owner")
         daemon_user = resolve(mps.daemon_user, job_uid, "mps.daemon_user")
     except UserError as e:
-        raise ActionError(str(e)) from None
+        raise Failure(str(e), CANNOT) from None
     trusted = frozenset({0, owner.uid, daemon_user.uid})
     uid, gid = (None, None) if mps.dir_owner == "any" else (owner.uid, owner.gid)
     # The log dir is the daemon's user's (only the daemon writes there: its mode lets no

@@ -17,6 +17,7 @@ from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords, safedirs
 from mps_health.hostio.runner import RunAs
 from mps_health.hostio.users import by_uid, groups_of
+from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Instance
 from mps_health.probes.context import Context, node_name
 from mps_health.probes.instances import discover_jobs
@@ -26,7 +27,6 @@ from mps_health.remediation.actions import (
     CANNOT,
     DONE,
     FAILED,
-    ActionError,
     Say,
     audit_for,
     lock_node,
@@ -179,8 +179,8 @@ def run(config: Config, root: str, dry_run: bool, say: Say) -> int:
     try:
         jobs = read_jobs(config, node, settings.term_timeout_s + 5.0)
     except SlurmError as e:
-        raise ActionError(f"cannot list the jobs on {node}, so no instance is judged an "
-                          f"orphan: {e}") from None
+        raise Failure(f"cannot list the jobs on {node}, so no instance is judged an "
+                      f"orphan: {e}", CANNOT) from None
     orphans, notes = find(ctx, jobs, time.time())
     say(f"orphans on {node}: {len(orphans)} (jobs Slurm lists here: "
         f"{', '.join(sorted(jobs)) or 'none'})")
