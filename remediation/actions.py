@@ -33,10 +33,8 @@ from mps_health.remediation.reset import Say
 DONE, REFUSED, FAILED, CANNOT = 0, 1, 2, 3
 
 
-def audit_for(ctx: Context, settings: RemediationSettings, action: str,
-              actor: Optional[str] = None) -> Audit:
-    return Audit(ctx.path(settings.audit_log), settings.syslog, node_name(ctx.config), action,
-                 actor)
+def audit_for(ctx: Context, settings: RemediationSettings, action: str) -> Audit:
+    return Audit(ctx.path(settings.audit_log), settings.syslog, node_name(ctx.config), action)
 
 
 def lock_node(ctx: Context, settings: RemediationSettings, what: str, dry_run: bool = False

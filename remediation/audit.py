@@ -24,7 +24,7 @@ from mps_health.model.printable import printable
 _UNSET_LOGINUID = 4294967295
 
 
-def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str:
+def who(environ: Optional[Mapping[str, str]] = None) -> str:
     """'alice (via sudo, uid 0)', 'root', 'slurmd (healthcheck, uid 0)', ..."""
     environ = os.environ if environ is None else environ
     uid = os.getuid()
@@ -32,7 +32,7 @@ def who(environ: Optional[Mapping[str, str]] = None, proc: str = "/proc") -> str
     if environ.get("SUDO_USER"):
         return f"{environ['SUDO_USER']} (via sudo as {acting})"
     try:
-        login = int((read_small(f"{proc}/self/loginuid", 64) or b"").strip() or _UNSET_LOGINUID)
+        login = int((read_small("/proc/self/loginuid", 64) or b"").strip() or _UNSET_LOGINUID)
     except (OSError, ValueError):
         login = _UNSET_LOGINUID
     if login not in (_UNSET_LOGINUID, uid):
