@@ -12,7 +12,8 @@ from typing import Mapping, NamedTuple, Optional
 
 from mps_health.hostio.runas import RunAs, run_as
 from mps_health.probes.control import NO_DAEMON, QUERY
-from mps_health.remediation.processes import binaries_of, named_daemon
+from mps_health.probes.process_identity import binaries_of
+from mps_health.remediation.processes import named_daemon
 
 
 class Started(NamedTuple):

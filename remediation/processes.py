@@ -29,11 +29,9 @@ from mps_health.model.facts import Instance, ProcessFact
 from mps_health.probes.context import Context
 from mps_health.probes.instances import pipe_paths
 from mps_health.probes.proc import binaries_here, identity, read_process, read_processes
-from mps_health.probes.process_identity import (  # noqa: F401  (the identity rule, re-exported)
+from mps_health.probes.process_identity import (
     GONE_STATES,
     Binaries,
-    binaries_for,
-    binaries_of,
     is_daemon,
     is_server,
     proves_nothing,

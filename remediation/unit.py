@@ -22,11 +22,10 @@ from mps_health.hostio.planned import record
 from mps_health.hostio.safedirs import keep_files
 from mps_health.model.exitcodes import ExitCode, Failure
 from mps_health.model.facts_deep import LOG_FILES
-from mps_health.probes.process_identity import find
+from mps_health.probes.process_identity import binaries_of, find
 from mps_health.remediation.daemonctl import quit_daemon
 from mps_health.remediation.dirs import DirTarget, repair
 from mps_health.remediation.processes import (
-    binaries_of,
     candidates,
     daemons_in,
     gone,

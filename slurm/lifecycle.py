@@ -31,7 +31,7 @@ from mps_health.model.facts import ProcessFact
 from mps_health.model.facts_deep import LOG_FILES
 from mps_health.probes.jobphase import SETUP_DONE, SETUP_START, TEARDOWN
 from mps_health.probes.proc import read_processes
-from mps_health.probes.process_identity import CONTROL, locate, not_found
+from mps_health.probes.process_identity import CONTROL, binaries_for, is_daemon, locate, not_found
 from mps_health.remediation import processes
 from mps_health.remediation.daemonctl import quit_daemon, start_daemon
 from mps_health.slurm.hooklog import HookLog
@@ -229,7 +229,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     all_dirs = found_job_dirs(config, job.job_id, job.gpus)
     pipes = {d.pipe_dir for d in all_dirs}
     procs = sum(processes.of_pipe_dirs(
-        read_processes(proc_dir, processes.binaries_for(config)), pipes), ())
+        read_processes(proc_dir, binaries_for(config)), pipes), ())
     if not procs and not any(os.path.lexists(p) for d in all_dirs
                              for p in (d.pipe_dir, d.log_dir)):
         _forget(config, job.job_id, [], log)  # gone already: no name may stay ours
@@ -239,7 +239,7 @@ def cleanup(job: JobEnv, config: Config, settings: JobsSettings, log: HookLog,
     as_user = for_user(job.uid, job.gid, job.user)
     control = locate(config)
     for dirs in all_dirs:
-        daemon = [p for p in procs if processes.is_daemon(p) and p.pipe_dir == dirs.pipe_dir]
+        daemon = [p for p in procs if is_daemon(p) and p.pipe_dir == dirs.pipe_dir]
         if not daemon or control is None:
             continue
         if daemon[0].state in ("T", "t", "D"):

@@ -23,9 +23,9 @@ FAKE_CONTROL = str(FAKE_BIN / "nvidia-cuda-mps-control")
 FAKE_SERVER = str(FAKE_BIN / "nvidia-cuda-mps-server")
 
 
-def fake_binaries():  # -> mps_health.remediation.processes.Binaries
+def fake_binaries():  # -> mps_health.probes.process_identity.Binaries
     """The fakes as the binaries mps-health judges processes by (as a config naming them
     would give)."""
-    from mps_health.remediation.processes import binaries_of
+    from mps_health.probes.process_identity import binaries_of
 
     return binaries_of(FAKE_CONTROL)
