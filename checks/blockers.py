@@ -40,8 +40,6 @@ registry.check(NAME, f"{__name__}:check", ("processes", "dirs", "control", "bloc
 
 # Unblocks of one uid within hostio.unblocks.KEEP_S that make it a repeated blocker.
 REPEATED = 3
-CODE_OF = {"connection": "blocked-connection", "server": "blocked-server",
-           "foreign-server": "blocked-foreign-server"}
 
 
 class Blocker(NamedTuple):
@@ -122,7 +120,7 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
         else "the control daemon"
     held = [b for b in blockers if b.kind != "daemon"]
     # One series per instance (mps_health_blockers): the count, never a pid or uid label.
-    values, labels = (("blockers", float(len(held))),), ()
+    values = (("blockers", float(len(held))),)
     unblock = unblock_action(inst.name)
     for b in held:
         if b.kind == "server":
@@ -131,13 +129,13 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
             yield Result(NAME, CRITICAL, "blocked-server", inst.name,
                          f"MPS server {who(b)} of this instance is stopped (state {b.state}): "
                          "the control daemon and every new client of every user wait for it",
-                         go_on.text, values, labels, commands=go_on.commands)
+                         go_on.text, values, commands=go_on.commands)
         elif b.kind == "foreign-server":
             yield Result(NAME, CRITICAL, "blocked-foreign-server", inst.name,
                          f"nvidia-cuda-mps-server {who(b)}, which the control daemon did not "
                          f"start, is stopped (state {b.state}) on {inst.pipe_dir}: the daemon "
                          "and every new client of every user wait for it",
-                         unblock.text, values, labels, commands=unblock.commands)
+                         unblock.text, values, commands=unblock.commands)
         else:
             action = unblock if b.remedy else Advice(
                 f"pid {b.pid} runs as root, so mps-health does not end it: see what it is "
@@ -145,7 +143,7 @@ def judge(inst: Instance, blockers: Tuple[Blocker, ...], waiting: Optional[Waiti
             yield Result(NAME, CRITICAL, "blocked-connection", inst.name,
                          f"{daemon} waits on a connection to its control socket held by "
                          f"{who(b)} that sends no command: every query and every new client "
-                         "of every user waits", action.text, values, labels,
+                         "of every user waits", action.text, values,
                          commands=action.commands)
     if held:
         return
