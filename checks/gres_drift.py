@@ -185,6 +185,8 @@ def judge_resident(node: SlurmNode, conf: GresConf, nvml: Optional[NvmlFacts],
 def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...],
                   procs: Tuple[ProcessFact, ...], dirs: Mapping[str, DirFact], root: str,
                   cfg: SlurmSettings, unjudged: Mapping[str, str]) -> Iterator[Result]:
+    from mps_health.probes.jobs import gres_count  # only where the check runs
+
     live: Dict[str, List[int]] = {}
     for inst in insts:
         for p in live_daemons(inst, procs, dirs.get(inst.pipe_dir), root) if inst.job_id else ():
@@ -200,7 +202,8 @@ def judge_per_job(slurm: SlurmFacts, node: SlurmNode, insts: Tuple[Instance, ...
                      f"cannot list this node's jobs: {slurm.jobs_error}",
                      "check slurmctld ('scontrol ping'); this is not an MPS failure")
         return
-    mps_jobs = {j.job_id: j for j in slurm.jobs if j.holds_mps and j.state == "RUNNING"}
+    mps_jobs = {j.job_id: j for j in slurm.jobs
+                if gres_count(j, "mps") is not None and j.state == "RUNNING"}
     for job in mps_jobs.values():
         if job.job_id in live:
             yield ok(NAME, f"job{job.job_id}", f"job {job.job_id} ({job.user}) holds mps and "

@@ -34,13 +34,7 @@ class SlurmJob(NamedTuple):
     uid: int
     state: str
     elapsed_s: Optional[float]
-    gres: str  # squeue's tres-per-node, e.g. "gres:mps:50"
-
-    @property
-    def holds_mps(self) -> bool:
-        """Whether the job asked for mps ("gres:mps:50", 23.x "gres/mps:50", "mps:50")."""
-        return any(part.removeprefix("gres:").removeprefix("gres/").split(":")[0] == "mps"
-                   for part in self.gres.split(","))
+    gres: str  # squeue's tres-per-node, e.g. "gres:mps:50" (probes.jobs.gres_count reads it)
 
 
 class SlurmFacts(NamedTuple):

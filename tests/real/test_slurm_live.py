@@ -26,6 +26,7 @@ from mps_health.engine import run as engine
 from mps_health.model.facts import Facts
 from mps_health.model.results import CRITICAL, OK, UNKNOWN, WARNING
 from mps_health.probes.context import Context
+from mps_health.probes.jobs import gres_count
 from mps_health.probes.nvml import load_record, read_nvml
 from mps_health.probes.slurm import parse_gres
 from mpsdaemon import start_daemon, stop_process
@@ -325,7 +326,7 @@ def test_slurm_and_nvml_facts_survive_a_snapshot(per_job, tmp_path, slurm_user) 
     again, _ = loads(dumps(facts, cfg.raw), "snapshot.json")
     for name in ("slurm", "nvml", "gres_conf", "job_dirs"):
         assert again.sources[name] == facts.sources[name], name
-    assert again.sources["slurm"].jobs[0].holds_mps
+    assert gres_count(again.sources["slurm"].jobs[0], "mps") is not None
     assert verdicts(again, cfg) == verdicts(facts, cfg)
     cluster.cancel_all()
     job.wait(30)

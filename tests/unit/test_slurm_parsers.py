@@ -6,6 +6,7 @@ import pytest
 from conftest import fixture_text
 from mps_health.hostio.runner import Completed
 from mps_health.probes.hostlist import ParseError
+from mps_health.probes.jobs import gres_count
 from mps_health.probes.slurm import (
     GresItem,
     classify_failure,
@@ -88,7 +89,7 @@ def test_23_11_handwritten_per_device_usage() -> None:
 
 def test_squeue_three_jobs() -> None:
     jobs = parse_squeue(fixture_text("squeue_-h_-w_-o__slurm-22.05_three-jobs.txt"))
-    assert [(j.job_id, j.user, j.uid, j.state, j.holds_mps) for j in jobs] == [
+    assert [(j.job_id, j.user, j.uid, j.state, gres_count(j, "mps") is not None) for j in jobs] == [
         ("1", "root", 0, "RUNNING", True), ("2", "mpshtest", 1002, "RUNNING", True),
         ("3", "root", 0, "RUNNING", False)]
     assert all(j.elapsed_s is not None and j.elapsed_s >= 0 for j in jobs)
@@ -223,7 +224,7 @@ def test_24_11_tag_rules_on_real_states(label: str, drain: bool, resume: bool) -
 
 def test_24_11_squeue_writes_gres_with_a_slash() -> None:
     jobs = parse_squeue(fixture_text("squeue_-h_-w_-o__slurm-24.11_three-jobs.txt"))
-    assert [(j.job_id, j.user, j.uid, j.gres, j.holds_mps) for j in jobs] == [
+    assert [(j.job_id, j.user, j.uid, j.gres, gres_count(j, "mps") is not None) for j in jobs] == [
         ("1", "root", 0, "gres/mps:50", True), ("2", "mpshtest", 1002, "gres/mps:30", True),
         ("3", "root", 0, "gres/gpu:1", False)]
 
