@@ -23,7 +23,7 @@ from mps_health.engine import registry
 from mps_health.engine.actionhints import Advice, advice
 from mps_health.model.facts import DirFact, Facts, Instance
 from mps_health.model.results import CRITICAL, WARNING, Result, ok
-from mps_health.probes.instances import expected_uid
+from mps_health.probes.instances import daemon_uid, expected_uid
 
 NAME = "directories"
 CODES = (*(f"{role}-dir-{what}" for role in ("pipe", "log")
@@ -45,14 +45,6 @@ def log_dir_owner(config: Config) -> str:
     return config.mps.dir_owner if config.mps.daemon_user == "any" else config.mps.daemon_user
 
 
-def expected_owner(owner: str) -> Optional[int]:
-    if owner in ("job", "any"):
-        return None  # per-job dirs belong to the job's user: the daemon check compares
-    from mps_health.hostio.users import uid_of
-
-    return uid_of(owner)
-
-
 def _dirs(inst: Instance) -> Advice:
     return advice("run ", ("mps-health", "remediate", "dirs", inst.name), " (dry run first: "
                   "--dry-run); the daemon and its clients keep running")
@@ -70,7 +62,7 @@ def repair_of(role: str, kind: str, trusted_owner: bool) -> str:
 
 def trusted_uids(config: Config) -> FrozenSet[int]:
     """Owners whose dir is repaired in place: root, ``mps.dir_owner``, ``mps.daemon_user``."""
-    uids = map(expected_owner, (config.mps.dir_owner, config.mps.daemon_user))
+    uids = (daemon_uid(owner, None) for owner in (config.mps.dir_owner, config.mps.daemon_user))
     return frozenset({0, *(uid for uid in uids if uid is not None)})
 
 
@@ -116,7 +108,7 @@ def judge_dir(inst: Instance, role: str, d: Optional[DirFact], config: Config) -
                      commands=reset.commands)
         return
     owner = config.mps.dir_owner if role == "pipe" else log_dir_owner(config)
-    want_uid = expected_owner(owner)
+    want_uid = daemon_uid(owner, None)  # None: "any", or "job" (the daemon check compares)
     trusted = want_uid is None or d.uid in trusted_uids(config)
     fix = _dirs(inst) if repair_of(role, d.kind, trusted) == "dirs" else reset
     problems: List[Result] = []
