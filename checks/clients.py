@@ -168,23 +168,22 @@ def device_results(inst: Instance, server: ServerFact, cfg: ClientsConfig
                      f"contexts, {pct}, {escape(limit)}", "", values, (("UUID", d.uuid),))
 
 
-def judge_instance(inst: Instance, cur: InstanceServers, jobs: Optional[JobsFacts],
+def judge_instance(inst: Instance, cur: InstanceServers, jobs: JobsFacts,
                    cfg: ClientsConfig, mps_per_gpu: int, isolation: bool) -> Iterator[Result]:
     live = [s for s in cur.servers if s.status not in ("gone", "error")]
     clients = [(s, c) for s in live for c in s.clients if c.uid is not None]
-    by_id: Dict[str, SlurmJob] = {j.job_id: j for j in (jobs.jobs or ())} if jobs else {}
+    by_id: Dict[str, SlurmJob] = {j.job_id: j for j in jobs.jobs or ()}
     problems = [r for server in live for r in judge_server(inst, server, cfg, isolation)]
     with_job = [(s, c) for s, c in clients if c.job_id]
     # Until squeue says whose each job is, the jobs are those the clients name.
     job_ids = {c.job_id for _s, c in with_job}
     wrong: Dict[int, List[Tuple[ClientFact, str]]] = {}
-    if jobs is not None and not jobs.asked:
+    if not jobs.asked:
         pass  # a server started after the jobs source looked: judged next run
-    elif with_job and (jobs is None or jobs.jobs is None):
-        why = jobs.error if jobs is not None else "not gathered"
+    elif with_job and jobs.jobs is None:
         problems.append(Result(NAME, UNKNOWN, "slurm-jobs-unavailable", inst.name,
                                f"{len(with_job)} clients belong to Slurm jobs, but the job "
-                               f"list could not be read ({why})",
+                               f"list could not be read ({jobs.error})",
                                "scontrol ping; squeue -w NODE by hand"))
     else:
         job_ids = set()
@@ -223,7 +222,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
     isolation = cfg.per_gpu_isolation if cfg.per_gpu_isolation is not None \
         else config.mps.layout == "per-gpu"
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
-    jobs: Optional[JobsFacts] = facts.sources.get("jobs")  # type: ignore[assignment]
+    jobs: JobsFacts = facts.get("jobs")
     for inst in facts.instances:
         cur = sf.instances.get(inst.name)
         if cur is None or cur.query not in ("ok", "idle"):

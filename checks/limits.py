@@ -15,7 +15,7 @@ against the device table of a daemon with a server.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mps_health.checks.common import present, some, user_of
 from mps_health.config.load import Config
@@ -114,11 +114,11 @@ def default_limits(cur: InstanceServers) -> Dict[str, str]:
     return {uuid: by_ordinal[o] for o, uuid in cur.default_devices if o in by_ordinal}
 
 
-def settings_in_log(inst: Instance, logs: Optional[LogsFacts]) -> List[Tuple[str, str, float]]:
+def settings_in_log(inst: Instance, logs: LogsFacts) -> List[Tuple[str, str, float]]:
     """(device ID, value, time) of each default pinned limit set in the instance's
     control.log, oldest first."""
     out: List[Tuple[str, str, float]] = []
-    for f in sorted((f for f in (logs.findings if logs else ())
+    for f in sorted((f for f in logs.findings
                      if f.log_dir == inst.log_dir and f.file == "control.log"), key=lambda f: f.at):
         if f.code == "log-daemon-start":
             out = []  # a new daemon starts with no default limit: the earlier ones are gone
@@ -220,8 +220,8 @@ def gpu_values(inst: Instance, live: List[ServerFact], defaults: Dict[str, str]
 
 def check(facts: Facts, config: Config) -> Iterator[Result]:
     sf: ServersFacts = facts.sources["servers"]  # type: ignore[assignment]
-    control = facts.sources.get("control")
-    logs: Optional[LogsFacts] = facts.sources.get("logs")  # type: ignore[assignment]
+    control: Mapping[str, ControlAnswer] = facts.get("control")
+    logs: LogsFacts = facts.get("logs")
     jobs: Optional[JobsFacts] = facts.sources.get("jobs")  # type: ignore[assignment]
     mps_per_gpu = slurm_settings(config).mps_per_gpu
     for inst in facts.instances:
@@ -230,7 +230,7 @@ def check(facts: Facts, config: Config) -> Iterator[Result]:
             # The servers check says why (servers-not-asked): not a second time here.
             yield ok(NAME, inst.name, "the servers were not asked: see the servers check")
             continue
-        answer = control.get(inst.name) if isinstance(control, dict) else None
+        answer = control.get(inst.name)
         yield from judge_instance(inst, cur, default_percentage(answer),
                                   job_share(inst, jobs, mps_per_gpu), settings_in_log(inst, logs))
     if not facts.instances:
