@@ -133,7 +133,7 @@ def judge_server(inst: Instance, server: ServerFact, cfg: ClientsConfig,
     if not counts and not devices:
         counts = [("", len(server.clients))]
     for uuid, n in counts:
-        if n is not None and n >= warn_at:
+        if n >= warn_at:
             on = f" on GPU {escape(uuid)}" if uuid else ""
             yield Result(NAME, WARNING, "clients-near-cap", inst.name,
                          f"server {server.pid} has {n} client contexts{on}: the MPS limit is "

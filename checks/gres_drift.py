@@ -126,7 +126,7 @@ def judge_files(conf: GresConf, nvml: Optional[NvmlFacts]) -> Iterator[Result]:
                          f"gres.conf names {dev.path}, which is a {dev.kind}, not a character "
                          "device: slurmd rejects it and jobs get no CUDA_VISIBLE_DEVICES",
                          RECONFIGURE)
-        elif nvml is not None and minors and file_minor(dev) not in minors:
+        elif minors and file_minor(dev) not in minors:  # no NVML: no minors
             yield Result(NAME, CRITICAL, "gres-file-minor", "",
                          f"gres.conf names {dev.path} (minor {file_minor(dev)}), but NVML's GPUs "
                          f"have minors {', '.join(str(m) for m in sorted(minors))}", RECONFIGURE)
