@@ -6,12 +6,13 @@ quote cut values. Replay judges at most ``mps.max_instances`` instances, as a li
 """
 
 import json
+import typing
 from typing import Any, Dict, Mapping, Tuple
 
 from mps_health import __version__
 from mps_health.engine import registry
 from mps_health.model import codec
-from mps_health.model.facts import Facts, Instance
+from mps_health.model.facts import Facts
 from mps_health.model.printable import escape
 
 FORMAT = "mps-health-snapshot"
@@ -20,12 +21,10 @@ FORMAT_VERSION = 1
 MAX_BYTES = 256 << 20
 
 
-# The Facts fields besides sources: (key, type, value when absent).
-FIELDS: Tuple[Tuple[str, Any, Any], ...] = (
-    ("node", str, None), ("taken_at", float, None), ("root", str, "/"),
-    ("instances", Tuple[Instance, ...], []), ("errors", Dict[str, str], {}),
-    ("durations", Dict[str, float], {}), ("instances_over_cap", int, 0),
-    ("unjudged", Tuple[Tuple[str, str], ...], []))
+# What a snapshot may leave out of the Facts fields besides sources (node and taken_at
+# it must give), and what that means; each field is decoded as Facts declares it.
+ABSENT: Dict[str, Any] = {"root": "/", "instances": [], "errors": {}, "durations": {},
+                          "instances_over_cap": 0, "unjudged": []}
 
 
 class SnapshotError(ValueError):
@@ -93,9 +92,10 @@ def loads(text: str, where: str) -> Tuple[Facts, Dict[str, Any]]:
             if src is None:
                 continue  # a source this version does not know: ignore it
             sources[name] = codec.decode(src.probe().value_type, value, f"sources.{name}")
+        types = typing.get_type_hints(Facts)
         facts = Facts(sources=sources, **{
-            key: codec.decode(tp, data.get(key, default), key)
-            for key, tp, default in FIELDS})
+            key: codec.decode(types[key], data.get(key, ABSENT.get(key)), key)
+            for key in Facts._fields if key != "sources"})
     except codec.DecodeError as e:  # it names keys from the file: quoted, cut
         raise SnapshotError(f"{where}: {escape(str(e), 300)}") from None
     return facts, config
