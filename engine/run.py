@@ -189,9 +189,6 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
             errors[src.name] = _one_line(e)
     wanted = [src for src in wanted if src.name in probes]
 
-    def call(step: Callable[[Context, Tuple[Instance, ...]], object]) -> Callable[[], object]:
-        return lambda: step(ctx, insts)
-
     # A source with a start has its commands started first and is collected last, in the
     # registry's order (the control query's pipe dir locks before the servers wait).
     split = []
@@ -199,18 +196,19 @@ def gather(ctx: Context, needs: Iterable[str], in_flight: Optional[Set[str]] = N
         start = probes[src.name].start
         if start is not None:
             split.append(src)
-            collect(src, call(start))
+            collect(src, functools.partial(start, ctx, insts))
     ending = {src.name: values.pop(src.name) for src in split if src.name in values}
     threads = []
     for src in wanted:
         if src.blocking:
-            t = threading.Thread(target=collect, args=(src, call(probes[src.name].gather)),
-                                 name=f"source {src.name}", daemon=True)
+            step = functools.partial(probes[src.name].gather, ctx, insts)
+            t = threading.Thread(target=collect, args=(src, step), name=f"source {src.name}",
+                                 daemon=True)
             t.start()
             threads.append((src, t))
     for src in wanted:
         if not (src.blocking or src in split):
-            collect(src, call(probes[src.name].gather))
+            collect(src, functools.partial(probes[src.name].gather, ctx, insts))
     if meanwhile is not None:
         meanwhile()
     for src in split:
