@@ -41,7 +41,7 @@ RECONFIGURE = "fix gres.conf or the node's Gres= in slurm.conf, then 'scontrol r
 
 def node_context(node: SlurmNode, cfg: SlurmSettings) -> Result:
     drained = any(f in ("DRAIN", "DRAINING", "DRAINED") for f in node.flags)
-    ours = drained and node.reason.startswith(cfg.drain_tag)
+    ours = drained and node.reason_is(cfg.drain_tag)
     reason = f", reason '{node.reason}'" if node.reason else ""
     whose = " (drained by mps-health)" if ours else ""
     return ok(NAME, "", f"Slurm: node {node.name} is {node.state}{reason}{whose}",

@@ -59,10 +59,6 @@ BY_ANY_USER_UNLESS_CRITICAL = frozenset({"orphan-server"})
 NOT_COUNTED = BY_ANY_USER | {"pipe-entry-owner", "pipe-entry-bad"}
 
 
-def ours(view: SlurmNode, tag: str) -> bool:
-    """Is the reason ours? Its first word is our tag (NHC's rule, with our own tag)."""
-    words = view.reason.split(None, 1)
-    return bool(words) and words[0] == tag
 
 
 def by_any_user(result: Result) -> bool:
@@ -82,9 +78,9 @@ def may_drain(view: SlurmNode, tag: str) -> Tuple[bool, str]:
     if HANDS_OFF.intersection(view.flags):
         return False, f"node is {view.state}: left to Slurm and the admins"
     if DRAINED.intersection(view.flags):
-        return False, "already drained by us" if ours(view, tag) else \
+        return False, "already drained by us" if view.reason_is(tag) else \
             f"already drained by someone else ({view.reason or 'no reason'}): left alone"
-    if view.reason and not ours(view, tag):
+    if view.reason and not view.reason_is(tag):
         return True, f"node is {view.state} (its reason '{view.reason}' is left from an " \
             "earlier drain)"
     return True, f"node is {view.state}"
@@ -94,7 +90,7 @@ def may_resume(view: SlurmNode, tag: str) -> Tuple[bool, str]:
     """(act?, why) for resuming: drained, our tag first, and nothing else holds it."""
     if not DRAINED.intersection(view.flags):
         return False, f"node is {view.state}, not drained"
-    if not ours(view, tag):
+    if not view.reason_is(tag):
         return False, f"drained by someone else ({view.reason or 'no reason'}): left alone"
     if HANDS_OFF.intersection(view.flags):
         return False, f"node is {view.state}: left to Slurm and the admins"
@@ -118,7 +114,7 @@ def fleet_breaker(me: str, tag: str, max_share: float, max_nodes: Optional[int])
         parts = set(mine.partitions) if mine is not None else set()
         peers = [n for n in nodes if parts.intersection(n.partitions)] if parts else list(nodes)
         ours_now = [n for n in peers if n.name != me and DRAINED.intersection(n.flags)
-                    and ours(n, tag) and reason_code(n.reason, tag) not in NOT_COUNTED]
+                    and n.reason_is(tag) and reason_code(n.reason, tag) not in NOT_COUNTED]
         size = max(1, len(peers))
         where = f"partition {','.join(sorted(parts))}" if parts else "the cluster"
         over = (max_nodes is not None and len(ours_now) > max_nodes) or \

@@ -27,6 +27,12 @@ class SlurmNode(NamedTuple):
     slurmd_version: Optional[str] = None
     partitions: Tuple[str, ...] = ()  # the partitions the node is in
 
+    def reason_is(self, tag: str) -> bool:
+        """Is the reason tagged ``tag``? Its first word is the tag (NHC's rule), so a
+        human's reason that only begins with the same letters is never taken for ours."""
+        words = self.reason.split(None, 1)
+        return bool(words) and words[0] == tag
+
 
 class SlurmJob(NamedTuple):
     job_id: str

@@ -44,8 +44,8 @@ def test_parse_our_drain_strips_slurms_user_and_time() -> None:
     v = node("drained-mps-hc")
     assert v.state == "IDLE+DRAIN"
     assert v.reason == "MPS-HC: control-wedged node: the control daemon did not answer"
-    assert slurmnode.ours(v, TAG)
-    assert not slurmnode.ours(v, "NHC:")
+    assert v.reason_is(TAG)
+    assert not v.reason_is("NHC:")
 
 
 def test_parse_reason_with_spaces_and_commas() -> None:

@@ -76,6 +76,15 @@ def test_the_nodes_state_is_context_never_a_failure() -> None:
     assert dict(found[0].values) == {"node_drained": 1.0, "node_drained_by_us": 1.0}
 
 
+def test_a_humans_reason_that_only_begins_with_the_tag_is_not_ours() -> None:
+    # The health check resumes only a reason whose first word is its tag; the metric
+    # and the text say "by mps-health" by the same rule, never for a human's drain.
+    slurm = SlurmFacts("n1", node(state="IDLE+DRAIN", reason="MPS-HC:maintenance by bob"))
+    found = judge(slurm, procs=[proc(100)])
+    assert "(drained by mps-health)" not in found[0].message
+    assert dict(found[0].values) == {"node_drained": 1.0, "node_drained_by_us": 0.0}
+
+
 def test_slurm_that_cannot_be_asked_is_unknown_and_the_rest_still_judged() -> None:
     slurm = SlurmFacts("n1", None, "timeout", "scontrol timed out after 5s")
     found = judge(slurm, gres=conf(devices=[DeviceFile("/dev/nvidia0", "missing")]))
