@@ -46,11 +46,11 @@ def main() -> None:
           f"setpriv --pdeathsig: {wrapped / plain:.2f}x, +{wrapped - plain:.2f} ms per command")
     fed = ("/bin/cat",), "get_server_list\n"
     waited = per_command(args.runs, *fed)
-    saved_wait, runner._await_exec = runner._await_exec, lambda pid, wrapper: None
+    saved_wait, runner._armed = runner._armed, lambda pid, wrapper, wait_s, poll_s: True
     try:
         unwaited = per_command(args.runs, *fed)
     finally:
-        runner._await_exec = saved_wait
+        runner._armed = saved_wait
     print(f"/bin/cat fed stdin: {waited[0]:.2f} ms (CPU {waited[1]:.2f}) waiting for setpriv's "
           f"exec, {unwaited[0]:.2f} ms (CPU {unwaited[1]:.2f}) without: "
           f"{waited[0] / unwaited[0]:.2f}x wall, {waited[1] / unwaited[1]:.2f}x CPU")

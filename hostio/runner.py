@@ -31,7 +31,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import IO, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from mps_health.hostio.executable import start_failure, why_not_runnable
 from mps_health.hostio.resources import STARVED, OutOfResources, starved_line
@@ -47,8 +47,13 @@ _LIVE: Set[Pending] = set()
 _SETPRIV = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)),
                 None)
 
-ARMED_WAIT_S = 1.0  # how long to wait for setpriv to exec the command before feeding it
+# A command is fed its stdin only once setpriv has exec'd it (its parent-death signal
+# set): the start waits ARMED_WAIT_S for that, then a feeder thread waits on, at most
+# LATE_ARMED_S (the command's deadline kills it long before).
+ARMED_WAIT_S = 0.1
 ARMED_POLL_S = 0.0005
+LATE_ARMED_S = 120.0
+LATE_POLL_S = 0.005
 LEFT_PIPES_GRACE_S = 0.2  # how long to read a finished command's pipes that stay open
 POLL_S = 0.05  # how often a wait wakes up to notice one that exited, its pipes held open
 # A person at a terminal is told what a run waits for once a command has run this long
@@ -82,19 +87,48 @@ def dies_with_us(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     return [*wrap, _resolve(argv[0], env), *argv[1:]]
 
 
-def _await_exec(pid: int, wrapper: str) -> None:
-    """Return once ``pid`` no longer runs ``wrapper`` (it exec'd the command, its
-    parent-death signal set), has exited, or after ``ARMED_WAIT_S``."""
-    until = time.monotonic() + ARMED_WAIT_S
+def _armed(pid: int, wrapper: str, wait_s: float, poll_s: float) -> bool:
+    """True once ``pid`` no longer runs ``wrapper`` (it exec'd the command, its
+    parent-death signal set) or has exited; False if it still runs it after ``wait_s``."""
+    until = time.monotonic() + wait_s
     while True:
         try:
             if os.readlink(f"/proc/{pid}/exe") != wrapper:
-                return
+                return True
         except OSError:  # exited (a zombie has no exe) or not ours to see: nothing to wait for
-            return
+            return True
         if time.monotonic() >= until:
-            return
-        time.sleep(ARMED_POLL_S)
+            return False
+        time.sleep(poll_s)
+
+
+def _feed(pipe: IO[bytes], data: bytes, armed: bool = True) -> None:
+    """Write ``data`` (when ``armed``) and close: a command that exited without reading
+    has its output say why."""
+    with contextlib.suppress(OSError):
+        if armed:
+            pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
+def _feed_when_armed(pid: int, pipe: IO[bytes], data: bytes) -> None:
+    """Feed ``data`` to ``pid`` once setpriv has exec'd it. Never before: a command
+    orphaned between its fork and setpriv's prctl would then read its query and hang
+    for good, with no parent-death signal; fed nothing, it reads end-of-file and exits."""
+    wrapper = os.path.realpath(_SETPRIV) if _SETPRIV is not None else None
+    if wrapper is None or not data or _armed(pid, wrapper, ARMED_WAIT_S, ARMED_POLL_S):
+        _feed(pipe, data)
+        return
+    # A slow machine: wait on in a thread, not here, so other commands still start. It
+    # dies with us, and with it the pipe's last writer.
+    late = threading.Thread(target=lambda: _feed(
+        pipe, data, _armed(pid, wrapper, LATE_ARMED_S, LATE_POLL_S)), daemon=True,
+        name=f"feed {pid}")
+    try:
+        late.start()
+    except RuntimeError:  # no thread to be had (our own limits): end-of-file, not a risk
+        _feed(pipe, data, armed=False)
 
 
 class Completed(NamedTuple):
@@ -188,15 +222,11 @@ class Pending:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ,
             start_new_session=True, close_fds=True, **drop)
         self.proc, self.pid = proc, proc.pid
-        if _SETPRIV is not None and stdin:
-            _await_exec(proc.pid, os.path.realpath(_SETPRIV))
         # Feed stdin now, not at collection time: the client reads its command first and
         # must not wait on us while we collect another command. Commands are small.
-        assert proc.stdin is not None
-        with contextlib.suppress(OSError):  # it exited without reading: its output says why
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        proc.stdin = None  # fed and closed: communicate has nothing to send
+        pipe, proc.stdin = proc.stdin, None  # ours to feed: communicate sends nothing
+        assert pipe is not None
+        _feed_when_armed(proc.pid, pipe, stdin.encode())
 
     def finished(self) -> bool:
         """Has the command exited? (Its output can still be collected with wait.)"""

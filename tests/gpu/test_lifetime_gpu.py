@@ -20,6 +20,7 @@ from typing import Optional
 
 import pytest
 from hostile import ATTACKER, c_fake, ensure_user, in_namespace, public_dir
+from mps_health.hostio import runner
 from mpsgpu import Mps, have_gpu, real_control, say
 from paths import HELPERS
 
@@ -30,7 +31,7 @@ if not have_gpu() or os.geteuid() != 0:
     pytest.skip("needs root, an NVIDIA GPU and the real MPS binaries", allow_module_level=True)
 
 
-@pytest.mark.parametrize("setpriv", ["setpriv", "late"])
+@pytest.mark.parametrize("setpriv", ["setpriv", "late", "late-after-wait"])
 @pytest.mark.parametrize("how", ["pid", "group"])
 def test_killing_the_check_leaves_no_real_control_client(public_dir: Path, how: str,
                                                          setpriv: str) -> None:
@@ -38,12 +39,14 @@ def test_killing_the_check_leaves_no_real_control_client(public_dir: Path, how: 
     for name in ("pipe", "log"):
         (public_dir / name).mkdir(mode=0o777)
         (public_dir / name).chmod(0o777)
-    late = [str(c_fake("late_setpriv"))] if setpriv == "late" else []
+    late = [str(c_fake("late_setpriv"))] if setpriv.startswith("late") else []
+    delay = runner.ARMED_WAIT_S + 0.5 if setpriv == "late-after-wait" else 0.0
     scenario = str(HELPERS / "lifetime_scenario.py")
     r = subprocess.run(in_namespace([sys.executable, scenario, str(public_dir), ATTACKER, how,
                                      *late]),
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "LIFETIME_CONTROL": str(real_control())})
+                       env={**os.environ, "LIFETIME_CONTROL": str(real_control()),
+                            "LIFETIME_KILL_DELAY_S": str(delay)})
     say(f"{how} kill, {setpriv}: rc {r.returncode} {r.stdout.strip()} {r.stderr.strip()[-300:]}")
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout.strip().splitlines()[-1])

@@ -6,7 +6,9 @@ argv: WORK_DIR USER HOW [SETPRIV], HOW being "pid" (SIGKILL the check) or "group
 its process group, as slurmd does at its time limit); SETPRIV, a stand-in for util-linux's
 setpriv the check then starts its commands through (tests/fakes/late_setpriv.c). The
 control binary is tests/fakes' fake, or the one LIFETIME_CONTROL names (the real one on a
-GPU node: tests/gpu/test_lifetime_gpu.py).
+GPU node: tests/gpu/test_lifetime_gpu.py). LIFETIME_KILL_DELAY_S: how long after the
+client appears the check is killed (default at once); longer than the runner's own wait
+for setpriv's exec, it lands after that wait gave up.
 """
 
 import json
@@ -20,6 +22,7 @@ from pathlib import Path
 
 FAKE = str(Path(__file__).resolve().parent.parent / "fakes" / "nvidia-cuda-mps-control")
 CONTROL = os.environ.get("LIFETIME_CONTROL", FAKE)
+KILL_DELAY_S = float(os.environ.get("LIFETIME_KILL_DELAY_S", "0"))
 
 
 def live_clients(daemon: int) -> list:
@@ -45,7 +48,9 @@ def main() -> None:
     config = work / "config.yaml"
     config.write_text(f"run_dir: {work}/run\nstate_dir: {work}/state\n"
                       f"mps:\n  pipe_dir: {pipe}\n  log_dir: {log}\n  daemon_user: {user}\n"
-                      f"commands:\n  nvidia-cuda-mps-control: {CONTROL}\n")
+                      f"commands:\n  nvidia-cuda-mps-control: {CONTROL}\n"
+                      # the kill, not the check's own timeout, ends the hung query
+                      f"control:\n  timeout_s: 30\n")
     env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
            "CUDA_MPS_LOG_DIRECTORY": str(log)}
     start = ["/usr/bin/python3", FAKE, "-d"] if CONTROL == FAKE else [CONTROL, "-d"]
@@ -73,6 +78,7 @@ def main() -> None:
     while not live_clients(daemon) and time.monotonic() < deadline:
         time.sleep(0.02)
     hung = live_clients(daemon)
+    time.sleep(KILL_DELAY_S)
     if how == "group":
         os.killpg(check.pid, signal.SIGKILL)
     else:

@@ -152,3 +152,14 @@ def test_without_a_thread_to_be_had_each_is_collected_in_turn(
     done = wait_all(pending, time.monotonic() + SHARED_S)
     assert time.monotonic() - t0 < 2 * SHARED_S  # one deadline for all, not one each
     assert [d.timed_out for d in done] == [True, True, False] and done[2].stdout == "hi\n"
+
+
+def test_a_slow_setpriv_still_gets_the_command_its_stdin(monkeypatch) -> None:
+    # setpriv that execs the command only after the runner's first wait gave up (a busy
+    # machine): the command is fed once armed, by a thread, and answers as usual.
+    from hostile import c_fake
+
+    monkeypatch.setattr(runner, "_SETPRIV", str(c_fake("slow_setpriv")))
+    monkeypatch.setenv("SLOW_SETPRIV_MS", str(int(runner.ARMED_WAIT_S * 1000) + 300))
+    done = run(["/bin/cat"], 30, stdin="get_server_list\n")
+    assert (done.rc, done.stdout, done.timed_out) == (0, "get_server_list\n", False)
