@@ -15,7 +15,7 @@ from mps_health.config.load import Config
 from mps_health.config.remediation import RemediationSettings, remediation
 from mps_health.config.slurm import orphan_settings
 from mps_health.hostio import jobrecords, safedirs
-from mps_health.hostio.runner import RunAs
+from mps_health.hostio.runner import SAFE_PATH, RunAs
 from mps_health.hostio.users import by_uid, groups_of
 from mps_health.model.exitcodes import Failure
 from mps_health.model.facts import Instance
@@ -55,7 +55,8 @@ def plan_lines(ctx: Context, inst: Instance, settings: RemediationSettings) -> L
 
 def _quit_as_owner(ctx: Context, inst: Instance, uid: int, timeout_s: float) -> str:
     user = by_uid(uid)
-    env = {"PATH": os.environ.get("PATH") or "/usr/bin:/bin",
+    # The fixed PATH reset gives a daemon: never the caller's (a user's bin first).
+    env = {"PATH": SAFE_PATH,
            "CUDA_MPS_PIPE_DIRECTORY": ctx.path(inst.pipe_dir),
            "CUDA_MPS_LOG_DIRECTORY": ctx.path(inst.log_dir)}
     as_user = RunAs(user.uid, user.gid, groups_of(user)) if uid != os.geteuid() else None
